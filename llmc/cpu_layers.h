@@ -1,0 +1,368 @@
+/*
+cpu_layers.h: the GPT-2 layers on the CPU, fp32, each forward beside its backward.
+
+This is the one CPU reference of every layer. train_gpt.c runs the model with it,
+test_gpt.c checks it against PyTorch, and the CUDA tests compare their kernels
+with it; nothing else in the project re-implements a layer.
+
+Conventions (as in llm.c):
+- B = batch, T = sequence length, C = channels, NH = heads, hs = C / NH,
+  V = vocabulary size, Vp = V padded up to a multiple of 128 (rows of a (B,T,Vp)
+  tensor past V are never read by softmax, loss or sampling).
+- Every tensor is row-major; the comment before each function gives shapes.
+- A forward writes (=) its output. A backward ACCUMULATES (+=) into the
+  gradients of its inputs and parameters, so the caller zeroes them once per
+  step (this is what makes gradient accumulation and the residual branches work).
+  The exceptions are marked "writes".
+- Every loop is parallel over an index that owns its output, never with atomics,
+  so results are bitwise reproducible run to run.
+
+    layernorm_forward(out, mean, rstd, x, w, b, B, T, C);
+    layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, B, T, C);
+*/
+#ifndef LLMC_CPU_LAYERS_H
+#define LLMC_CPU_LAYERS_H
+
+#include <math.h>
+#include <stddef.h>
+#include "matmul.h"
+
+#define LAYERNORM_EPS 1e-5f              // GPT-2's LayerNorm epsilon (biased variance)
+#define GELU_SCALE 0.7978845608028654f   // sqrt(2/pi), GELU's tanh approximation
+
+// ----------------------------------------------------------------------------
+// encoder: token embedding + position embedding
+
+// out (B,T,C) = wte[inp[b,t]] (Vp,C) + wpe[t] (maxT,C); inp (B,T) token ids
+static void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,
+                            int B, int T, int C) {
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            float* o = out + ((size_t)b * T + t) * C;
+            const float* we = wte + (size_t)inp[b * T + t] * C;
+            const float* pe = wpe + (size_t)t * C;
+            for (int c = 0; c < C; c++) { o[c] = we[c] + pe[c]; }
+        }
+    }
+}
+
+// dwte (Vp,C) += scatter of dout (B,T,C) by token; dwpe (maxT,C) += sum over b
+// parallel over channels: each thread owns columns of dwte and dwpe
+static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
+                             int B, int T, int C) {
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                float d = dout[((size_t)b * T + t) * C + c];
+                dwte[(size_t)inp[b * T + t] * C + c] += d;
+                dwpe[(size_t)t * C + c] += d;
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// layernorm
+
+// out (B,T,C) = (x - mean) * rstd * w (C) + b (C); saves mean, rstd (B,T) for backward
+static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int B, int T, int C) {
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* x = inp + (size_t)bt * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) { m += x[c]; }
+        m /= C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
+        v /= C;
+        float s = 1.0f / sqrtf(v + LAYERNORM_EPS);
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; }
+        mean[bt] = m;
+        rstd[bt] = s;
+    }
+}
+
+// dinp (B,T,C) +=, dweight (C) +=, dbias (C) += from dout (B,T,C)
+static void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const float* mean,
+                               const float* rstd, int B, int T, int C) {
+    // input gradient: rows are independent
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* dy = dout + (size_t)bt * C;
+        const float* x = inp + (size_t)bt * C;
+        float* dx = dinp + (size_t)bt * C;
+        float m = mean[bt], s = rstd[bt];
+        // the two means that the normalisation feeds back through
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float dnorm = weight[c] * dy[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * (x[c] - m) * s;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = weight[c] * dy[c];
+            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+    // parameter gradients: each thread owns a channel and sums over rows in order
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        float dw = 0.0f, db = 0.0f;
+        for (int bt = 0; bt < B * T; bt++) {
+            float norm = (inp[(size_t)bt * C + c] - mean[bt]) * rstd[bt];
+            float dy = dout[(size_t)bt * C + c];
+            dw += norm * dy;
+            db += dy;
+        }
+        dweight[c] += dw;
+        if (dbias != NULL) { dbias[c] += db; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// matmul (a linear layer): weights are (out, in) as in PyTorch and the checkpoint
+
+// out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC); bias may be NULL
+static void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                           int B, int T, int C, int OC) {
+    int BT = B * T;
+    mm_sgemm(MM_N, MM_T, BT, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+    if (bias == NULL) { return; }
+    #pragma omp parallel for
+    for (int bt = 0; bt < BT; bt++) {
+        float* o = out + (size_t)bt * OC;
+        for (int i = 0; i < OC; i++) { o[i] += bias[i]; }
+    }
+}
+
+// dinp (B,T,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += sum of dout
+// dinp may be NULL (nothing upstream needs it)
+static void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, int B, int T, int C, int OC) {
+    int BT = B * T;
+    if (dinp != NULL) { mm_sgemm(MM_N, MM_N, BT, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C); }
+    mm_sgemm(MM_T, MM_N, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dbias == NULL) { return; }
+    #pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+        float s = 0.0f;
+        for (int bt = 0; bt < BT; bt++) { s += dout[(size_t)bt * OC + o]; }
+        dbias[o] += s;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// causal self-attention
+
+// att (B,NH,T,T) writes: row t is the softmax of preatt's positions 0..t, zero after t.
+// att may equal preatt (in place).
+static void causal_softmax_forward(float* att, const float* preatt, int B, int NH, int T) {
+    #pragma omp parallel for
+    for (size_t row = 0; row < (size_t)B * NH * T; row++) {
+        int t = (int)(row % T);
+        const float* p = preatt + row * T;
+        float* a = att + row * T;
+        float maxv = -INFINITY;
+        for (int u = 0; u <= t; u++) { if (p[u] > maxv) { maxv = p[u]; } }
+        float sum = 0.0f;
+        for (int u = 0; u <= t; u++) { a[u] = expf(p[u] - maxv); sum += a[u]; }
+        float inv = 1.0f / sum;
+        for (int u = 0; u <= t; u++) { a[u] *= inv; }
+        for (int u = t + 1; u < T; u++) { a[u] = 0.0f; }
+    }
+}
+
+// qkv (B,T,3C) holds q, k, v side by side, each split into NH heads of hs = C/NH.
+// out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads concatenated.
+// att (B,NH,T,T) writes the attention weights, which backward needs.
+static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    // scores into att (as the pre-softmax preatt), then softmax in place
+    #pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                for (int u = 0; u <= t; u++) {
+                    const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
+                    a[u] = s * scale;
+                }
+            }
+        }
+    }
+    causal_softmax_forward(att, att, B, NH, T);
+    #pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                float* o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+                for (int u = 0; u <= t; u++) {
+                    const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+                    for (int i = 0; i < hs; i++) { o[i] += a[u] * v[i]; }
+                }
+            }
+        }
+    }
+}
+
+// dqkv (B,T,3C) += from dout (B,T,C); datt (B,NH,T,T) is scratch (written, then overwritten
+// in place by the gradient of the pre-softmax scores). Parallel over (b, h): a head owns its
+// slices of dq, dk, dv.
+static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                               const float* att, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                float* da = datt + (((size_t)b * NH + h) * T + t) * T;
+                const float* dy = dout + ((size_t)b * T + t) * C + h * hs;
+                // through the weighted sum of values: datt = dy . v, dv += att * dy
+                for (int u = 0; u <= t; u++) {
+                    const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+                    float* dv = dqkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) { s += v[i] * dy[i]; dv[i] += a[u] * dy[i]; }
+                    da[u] = s;
+                }
+                // through the softmax: dpre[u] = att[u] * (datt[u] - sum_j att[j] datt[j])
+                float dot = 0.0f;
+                for (int u = 0; u <= t; u++) { dot += a[u] * da[u]; }
+                for (int u = 0; u <= t; u++) { da[u] = a[u] * (da[u] - dot); }
+                // through the scores q.k * scale
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                for (int u = 0; u <= t; u++) {
+                    const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+                    float* dk = dqkv + ((size_t)b * T + u) * C3 + C + h * hs;
+                    float g = da[u] * scale;
+                    for (int i = 0; i < hs; i++) { dq[i] += g * k[i]; dk[i] += g * q[i]; }
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+
+#define GELU_CUBIC 0.044715f
+
+// out (N) = gelu(inp (N))
+static void gelu_forward(float* out, const float* inp, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + GELU_CUBIC * x * x * x)));
+    }
+}
+
+// dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers
+static void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + GELU_CUBIC * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float local = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        dinp[i] += local * dout[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// residual connection
+
+// out (N) = a (N) + b (N)
+static void residual_forward(float* out, const float* a, const float* b, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
+}
+
+// da (N) += dout, db (N) += dout
+static void residual_backward(float* da, float* db, const float* dout, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) { da[i] += dout[i]; db[i] += dout[i]; }
+}
+
+// ----------------------------------------------------------------------------
+// softmax and cross-entropy over the (unpadded) vocabulary
+
+// probs (B,T,Vp) writes softmax over the first V entries of logits (B,T,Vp), zero after V.
+// probs may equal logits (in place).
+static void softmax_forward(float* probs, const float* logits, int B, int T, int V, int Vp) {
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* x = logits + (size_t)bt * Vp;
+        float* p = probs + (size_t)bt * Vp;
+        float maxv = -INFINITY;
+        for (int i = 0; i < V; i++) { if (x[i] > maxv) { maxv = x[i]; } }
+        float sum = 0.0f;
+        for (int i = 0; i < V; i++) { p[i] = expf(x[i] - maxv); sum += p[i]; }
+        float inv = 1.0f / sum;
+        for (int i = 0; i < V; i++) { p[i] *= inv; }
+        for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
+    }
+}
+
+// losses (B,T) writes -log probs[target]; targets (B,T)
+static void crossentropy_forward(float* losses, const float* probs, const int* targets,
+                                 int B, int T, int Vp) {
+    for (int bt = 0; bt < B * T; bt++) {
+        losses[bt] = -logf(probs[(size_t)bt * Vp + targets[bt]]);
+    }
+}
+
+// dlogits (B,T,Vp) writes (probs - onehot(target)) * dloss, zero past V.
+// dloss is d(total loss)/d(each position's loss), e.g. 1/(B*T) for a mean.
+// dlogits may equal probs (in place).
+static void crossentropy_softmax_backward(float* dlogits, const float* probs, const int* targets,
+                                          float dloss, int B, int T, int V, int Vp) {
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* p = probs + (size_t)bt * Vp;
+        float* d = dlogits + (size_t)bt * Vp;
+        int target = targets[bt];
+        for (int i = 0; i < V; i++) { d[i] = (p[i] - (i == target ? 1.0f : 0.0f)) * dloss; }
+        for (int i = V; i < Vp; i++) { d[i] = 0.0f; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// AdamW (Loshchilov & Hutter), bias-corrected, decoupled weight decay.
+// t is the step number starting at 1. For each of the n entries:
+//   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
+//   p -= lr * ( (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * p )
+static void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    float bc1 = 1.0f - powf(beta1, (float)t);
+    float bc2 = 1.0f - powf(beta2, (float)t);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * params[i]);
+    }
+}
+
+#endif // LLMC_CPU_LAYERS_H
