@@ -1,0 +1,226 @@
+"""
+tinyshakespeare.py: tokenize TinyShakespeare with GPT-2's BPE into llm.c's file formats.
+
+    python3 dev/data/tinyshakespeare.py            # writes the three files below
+    python3 dev/data/tinyshakespeare.py --force    # rewrite them even if present
+
+Writes (paths are defaults, see --help):
+    data/tinyshakespeare/tiny_shakespeare_val.bin    first 32,768 tokens
+    data/tinyshakespeare/tiny_shakespeare_train.bin  the rest (305,260 tokens)
+    data/gpt2_tokenizer.bin                          id -> bytes table, for decoding in C
+
+Like llm.c's dev/data/tinyshakespeare.py, every blank-line separated block of the
+play (mostly one speaker's lines) is a document: it starts with <|endoftext|> and
+keeps its trailing "\\n\\n". Stdlib only: the BPE is dev/data/gpt2_bpe.py. The
+input files are read from <repo>/../shared/data/; only if they are absent there
+are they downloaded (into data/) from the usual URLs.
+
+File formats (all integers little-endian):
+    token shard:  256 x int32 header [magic 20240520, version 1, n_tokens, 0...]
+                  then n_tokens x uint16 token ids
+    tokenizer:    256 x int32 header [magic 20240328, version 2, vocab 50257, eot 50256, 0...]
+                  then for each id 0..vocab-1: uint8 length, then that many raw bytes
+"""
+
+import argparse
+import os
+import struct
+import sys
+import time
+import urllib.request
+from array import array
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt2_bpe  # noqa: E402  (lives next to this file)
+
+REPO_DIR = gpt2_bpe.REPO_DIR
+SHARED_DATA_DIR = os.path.normpath(os.path.join(REPO_DIR, "..", "shared", "data"))
+DATA_DIR = os.path.join(REPO_DIR, "data")  # gitignored
+
+TEXT_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # + file name
+
+VAL_TOKENS = 32768  # llm.c's split: the first 32,768 tokens are val (~10%)
+
+# header slots, shared by both file kinds
+HEADER_INTS = 256
+HEADER_MAGIC, HEADER_VERSION, HEADER_COUNT, HEADER_EOT = 0, 1, 2, 3
+SHARD_MAGIC, SHARD_VERSION = 20240520, 1          # count = number of uint16 tokens
+TOKENIZER_MAGIC, TOKENIZER_VERSION = 20240328, 2  # count = vocab size; v2 adds the eot slot
+
+# -----------------------------------------------------------------------------
+# command line: one table gives both the parser and the usage text
+
+FLAGS = [
+    # flag, default, help
+    ("--input", None, "TinyShakespeare text (default: <repo>/../shared/data/tinyshakespeare.txt, "
+                      "downloaded into data/ if absent)"),
+    ("--bpe-dir", None, "folder with GPT-2's encoder.json and vocab.bpe (default: "
+                        "<repo>/../shared/data/gpt2/, downloaded into data/gpt2/ if absent)"),
+    ("--out-dir", os.path.join(DATA_DIR, "tinyshakespeare"),
+     "where the .bin token shards go (default: <repo>/data/tinyshakespeare)"),
+    ("--tokenizer-out", os.path.join(DATA_DIR, "gpt2_tokenizer.bin"),
+     "tokenizer file to write (default: <repo>/data/gpt2_tokenizer.bin)"),
+]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    for flag, default, help_text in FLAGS:
+        parser.add_argument(flag, default=default, help=help_text)
+    parser.add_argument("--force", action="store_true", help="rewrite outputs that already exist")
+    return parser.parse_args(argv)
+
+# -----------------------------------------------------------------------------
+# inputs: the local shared copy, else a cached download, else download
+
+
+def download(url, path):
+    print(f"downloading {url} -> {path}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp:
+            data = resp.read()
+    except OSError as e:
+        return f"download of {url} failed: {e}"
+    write_atomic(path, data)
+    return None
+
+
+def find_input(given, shared_path, cache_path, url, fix):
+    """path of an input file: the one given, else the shared copy, else a download.
+    Exits with a message naming the fix if none can be had."""
+    if given is not None:
+        if os.path.exists(given):
+            return given
+        sys.exit(f"error: input file not found: {given}\n  hint: {fix}")
+    looked = [shared_path] if shared_path == cache_path else [shared_path, cache_path]
+    for path in looked:
+        if os.path.exists(path):
+            return path
+    problem = download(url, cache_path)
+    if problem is not None:
+        sys.exit(f"error: no local copy at {' or '.join(looked)}, and {problem}\n  hint: {fix}")
+    return cache_path
+
+
+def find_text(given):
+    return find_input(given,
+                      os.path.join(SHARED_DATA_DIR, "tinyshakespeare.txt"),
+                      os.path.join(DATA_DIR, "tinyshakespeare", "tiny_shakespeare.txt"),
+                      TEXT_URL,
+                      f"copy {TEXT_URL} to <repo>/../shared/data/tinyshakespeare.txt "
+                      f"or pass --input PATH")
+
+
+def find_bpe_dir(given):
+    fix = ("copy encoder.json and vocab.bpe from " + BPE_URL +
+           " into <repo>/../shared/data/gpt2/ or pass --bpe-dir DIR")
+    files = (gpt2_bpe.ENCODER_JSON, gpt2_bpe.VOCAB_BPE)
+    if given is not None:
+        for name in files:
+            find_input(os.path.join(given, name), None, None, None, fix)  # exits if missing
+        return given
+    shared_dir = os.path.join(SHARED_DATA_DIR, "gpt2")
+    if all(os.path.exists(os.path.join(shared_dir, name)) for name in files):
+        return shared_dir
+    cache_dir = os.path.join(DATA_DIR, "gpt2")
+    for name in files:  # both files come from the same folder, so fetch both into the cache
+        find_input(None, os.path.join(cache_dir, name), os.path.join(cache_dir, name),
+                   BPE_URL + name, fix)
+    return cache_dir
+
+# -----------------------------------------------------------------------------
+# tokenize
+
+
+def tokenize_documents(enc, text):
+    """llm.c's tokenization: '<|endoftext|>' + text, with every '\\n\\n' followed by
+    '<|endoftext|>', encoded with EOT as a special token. Each section between two
+    EOTs is encoded on its own (tiktoken splits at special tokens the same way)."""
+    sections = text.split("\n\n")
+    tokens = []
+    for i, section in enumerate(sections):
+        is_last = i == len(sections) - 1
+        tokens.append(gpt2_bpe.EOT_TOKEN)
+        tokens.extend(enc.encode(section if is_last else section + "\n\n"))
+    return tokens
+
+# -----------------------------------------------------------------------------
+# writers
+
+
+def write_atomic(path, data):
+    """write bytes to path via a temp file + os.replace, so a reader (or a killed
+    run) never sees a half-written file"""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def header_bytes(magic, version, count, eot=0):
+    header = [0] * HEADER_INTS
+    header[HEADER_MAGIC] = magic
+    header[HEADER_VERSION] = version
+    header[HEADER_COUNT] = count
+    header[HEADER_EOT] = eot
+    return struct.pack(f"<{HEADER_INTS}i", *header)
+
+
+def write_shard(path, tokens):
+    """token shard: header, then the tokens as little-endian uint16"""
+    assert len(tokens) < 2**31, "token count does not fit the int32 header slot"
+    body = array("H", tokens)  # raises OverflowError for ids >= 65536
+    if sys.byteorder != "little":
+        body.byteswap()
+    data = header_bytes(SHARD_MAGIC, SHARD_VERSION, len(tokens)) + body.tobytes()
+    write_atomic(path, data)
+    print(f"wrote {len(tokens):,} tokens to {path} ({len(data):,} bytes)")
+
+
+def write_tokenizer(path, enc):
+    """tokenizer file: header, then per token id a uint8 length and the token's bytes"""
+    parts = [header_bytes(TOKENIZER_MAGIC, TOKENIZER_VERSION, gpt2_bpe.VOCAB_SIZE,
+                          gpt2_bpe.EOT_TOKEN)]
+    for token_id in range(gpt2_bpe.VOCAB_SIZE):
+        b = enc.token_bytes(token_id)
+        assert 0 < len(b) < 256, f"token {token_id} is {len(b)} bytes, does not fit a uint8"
+        parts.append(bytes([len(b)]) + b)
+    data = b"".join(parts)
+    write_atomic(path, data)
+    print(f"wrote {gpt2_bpe.VOCAB_SIZE:,} tokens (eot {gpt2_bpe.EOT_TOKEN}) to {path} "
+          f"({len(data):,} bytes)")
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    val_path = os.path.join(args.out_dir, "tiny_shakespeare_val.bin")
+    train_path = os.path.join(args.out_dir, "tiny_shakespeare_train.bin")
+    outputs = [val_path, train_path, args.tokenizer_out]
+    if not args.force and all(os.path.exists(p) for p in outputs):
+        print("already present (use --force to rewrite):\n  " + "\n  ".join(outputs))
+        return
+
+    t0 = time.time()
+    text_path = find_text(args.input)
+    bpe_dir = find_bpe_dir(args.bpe_dir)
+    print(f"text: {text_path}\nbpe:  {bpe_dir}")
+    enc = gpt2_bpe.load_encoder(bpe_dir)
+    with open(text_path, "r", encoding="utf-8") as f:
+        text = f.read()
+    tokens = tokenize_documents(enc, text)
+    print(f"tokenized {len(text):,} chars into {len(tokens):,} tokens in {time.time() - t0:.1f}s")
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.tokenizer_out)), exist_ok=True)
+    write_shard(val_path, tokens[:VAL_TOKENS])
+    write_shard(train_path, tokens[VAL_TOKENS:])
+    write_tokenizer(args.tokenizer_out, enc)
+    print(f"done in {time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
