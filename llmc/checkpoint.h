@@ -1,0 +1,274 @@
+/*
+checkpoint.h: the model file (llm.c's format, so models move between the two
+projects), the training-state file, and atomic writes.
+
+Model file: header 256 x int32 with named slots (MODEL_SLOT_*): magic 20240326,
+version 3 (fp32 weights) or 5 (bf16 weights, read and converted to fp32), maxT, V,
+L, NH, C, Vp; then the 16 parameter tensors in model_config.h's order.
+
+Training-state file (this project's own): header 256 x int32 (STATE_SLOT_*, 64-bit
+values in two slots, low half first): magic, version, processes, rank, step, data
+position, sampling RNG, optimizer-state length; then the optimizer state (fp32).
+
+A checkpoint of step S in directory D is D/model_S.bin, D/state_S_rank.bin and,
+written last, D/DONE_S: a checkpoint without its DONE marker is incomplete and never
+resumed from. Every file is written to a temporary name, flushed to disk (fsync) and
+renamed into place, so a crash leaves either the old file or the new one, never half.
+
+    GPT2Config cfg; FILE* f = model_file_open(path, &cfg, &version);
+    model_file_read_params(f, path, &cfg, version, params);
+
+Failure: a foreign, truncated or inconsistent file stops with what is wrong and
+how to make a right one.
+*/
+#ifndef LLMC_CHECKPOINT_H
+#define LLMC_CHECKPOINT_H
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "model_config.h"
+#include "utils.h"
+
+#define CHECKPOINT_HEADER_INTS 256
+
+#define MODEL_MAGIC 20240326
+#define MODEL_VERSION_FP32 3
+#define MODEL_VERSION_BF16 5
+enum {
+    MODEL_SLOT_MAGIC = 0, MODEL_SLOT_VERSION = 1, MODEL_SLOT_MAX_SEQ_LEN = 2, MODEL_SLOT_VOCAB_SIZE = 3,
+    MODEL_SLOT_NUM_LAYERS = 4, MODEL_SLOT_NUM_HEADS = 5, MODEL_SLOT_CHANNELS = 6, MODEL_SLOT_PADDED_VOCAB = 7,
+};
+
+#define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
+#define STATE_VERSION 1
+enum {
+    STATE_SLOT_MAGIC = 0, STATE_SLOT_VERSION = 1, STATE_SLOT_NUM_PROCESSES = 2, STATE_SLOT_RANK = 3,
+    STATE_SLOT_STEP = 4, STATE_SLOT_DATA_SHARD = 5, STATE_SLOT_DATA_EPOCH = 6,
+    STATE_SLOT_DATA_POSITION = 8,    // 64-bit: slots 8, 9
+    STATE_SLOT_RNG = 10,             // 64-bit: slots 10, 11
+    STATE_SLOT_OPT_FLOATS = 12,      // 64-bit: slots 12, 13
+    STATE_SLOT_NUM_PARAMS = 14,      // 64-bit: slots 14, 15
+};
+
+static void header_set64(int* h, int slot, uint64_t v) { h[slot] = (int)(uint32_t)v; h[slot + 1] = (int)(uint32_t)(v >> 32); }
+static uint64_t header_get64(const int* h, int slot) { return (uint64_t)(uint32_t)h[slot] | ((uint64_t)(uint32_t)h[slot + 1] << 32); }
+
+// ----------------------------------------------------------------------------
+// atomic writes: write to "<path>.tmp", fsync, rename over <path>, fsync the directory
+
+typedef struct { FILE* f; char path[1100]; char tmp[1104]; } AtomicFile;
+
+static void atomic_open(AtomicFile* a, const char* path) {
+    snprintf(a->path, sizeof(a->path), "%s", path);
+    snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path);
+    a->f = fopen(a->tmp, "wb");
+    if (a->f == NULL) {
+        fail("cannot write '%s': %s\n  hint: check that the output directory (-o) exists and is writable", a->tmp, strerror(errno));
+    }
+}
+
+static void fsync_dir_of(const char* path) {
+    char dir[1100];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) { strcpy(dir, "."); } else if (slash == dir) { dir[1] = '\0'; } else { *slash = '\0'; }
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+static void atomic_commit(AtomicFile* a) {
+    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) { fail("cannot flush '%s' to disk: %s", a->tmp, strerror(errno)); }
+    fclose_check(a->f);
+    if (rename(a->tmp, a->path) != 0) { fail("cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno)); }
+    fsync_dir_of(a->path);
+}
+
+// ----------------------------------------------------------------------------
+// model file
+
+#define MODEL_REGEN_HINT "a model file comes from this trainer (-o) or from llm.c's train_gpt2.py"
+
+// opens a model file and reads its header into cfg; leaves f at the first tensor
+static FILE* model_file_open(const char* path, GPT2Config* cfg, int* version) {
+    FILE* f = fopen_check(path, "rb");
+    long size = file_size(f);
+    int h[CHECKPOINT_HEADER_INTS];
+    if (size < (long)sizeof(h)) { fail("model file '%s' is truncated (%ld bytes)\n  hint: %s", path, size, MODEL_REGEN_HINT); }
+    fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
+    if (h[MODEL_SLOT_MAGIC] != MODEL_MAGIC) { fail("'%s' is not a model file (magic %d, want %d)\n  hint: %s", path, h[MODEL_SLOT_MAGIC], MODEL_MAGIC, MODEL_REGEN_HINT); }
+    *version = h[MODEL_SLOT_VERSION];
+    if (*version != MODEL_VERSION_FP32 && *version != MODEL_VERSION_BF16) {
+        fail("model file '%s' has version %d; this program reads %d (fp32) and %d (bf16)\n  hint: %s",
+             path, *version, MODEL_VERSION_FP32, MODEL_VERSION_BF16, MODEL_REGEN_HINT);
+    }
+    cfg->max_seq_len = h[MODEL_SLOT_MAX_SEQ_LEN];
+    cfg->vocab_size = h[MODEL_SLOT_VOCAB_SIZE];
+    cfg->num_layers = h[MODEL_SLOT_NUM_LAYERS];
+    cfg->num_heads = h[MODEL_SLOT_NUM_HEADS];
+    cfg->channels = h[MODEL_SLOT_CHANNELS];
+    cfg->padded_vocab_size = h[MODEL_SLOT_PADDED_VOCAB];
+    gpt2_config_check(cfg, path);
+    size_t bytes_per = *version == MODEL_VERSION_FP32 ? sizeof(float) : sizeof(uint16_t);
+    long expected = (long)sizeof(h) + (long)(gpt2_num_parameters(cfg) * bytes_per);
+    if (size != expected) {
+        fail("model file '%s' is %ld bytes, but its header (L=%d C=%d V=%d) implies %ld: truncated or corrupt\n  hint: %s",
+             path, size, cfg->num_layers, cfg->channels, cfg->vocab_size, expected, MODEL_REGEN_HINT);
+    }
+    return f;
+}
+
+#define BF16_READ_CHUNK 65536  // bf16 values converted per read
+
+// reads all parameters (fp32, or bf16 widened to fp32 exactly) and closes f
+static void model_file_read_params(FILE* f, const char* path, const GPT2Config* cfg, int version, float* params) {
+    size_t n = gpt2_num_parameters(cfg);
+    if (version == MODEL_VERSION_FP32) {
+        fread_check(params, sizeof(float), n, f);
+    } else {
+        uint16_t buf[BF16_READ_CHUNK];
+        for (size_t done = 0; done < n; ) {
+            size_t k = n - done < BF16_READ_CHUNK ? n - done : BF16_READ_CHUNK;
+            fread_check(buf, sizeof(uint16_t), k, f);
+            for (size_t i = 0; i < k; i++) {
+                uint32_t bits = (uint32_t)buf[i] << 16;  // bf16 is the top half of an fp32
+                memcpy(&params[done + i], &bits, sizeof(float));
+            }
+            done += k;
+        }
+    }
+    (void)path;
+    fclose(f);
+}
+
+static void model_file_write(const char* path, const GPT2Config* cfg, const float* params) {
+    int h[CHECKPOINT_HEADER_INTS] = {0};
+    h[MODEL_SLOT_MAGIC] = MODEL_MAGIC;
+    h[MODEL_SLOT_VERSION] = MODEL_VERSION_FP32;
+    h[MODEL_SLOT_MAX_SEQ_LEN] = cfg->max_seq_len;
+    h[MODEL_SLOT_VOCAB_SIZE] = cfg->vocab_size;
+    h[MODEL_SLOT_NUM_LAYERS] = cfg->num_layers;
+    h[MODEL_SLOT_NUM_HEADS] = cfg->num_heads;
+    h[MODEL_SLOT_CHANNELS] = cfg->channels;
+    h[MODEL_SLOT_PADDED_VOCAB] = cfg->padded_vocab_size;
+    AtomicFile a;
+    atomic_open(&a, path);
+    fwrite_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, a.f);
+    fwrite_check(params, sizeof(float), gpt2_num_parameters(cfg), a.f);
+    atomic_commit(&a);
+}
+
+// ----------------------------------------------------------------------------
+// training-state file
+
+typedef struct {
+    int num_processes, rank;
+    int step;                   // optimizer steps completed
+    int data_shard, data_epoch;
+    uint64_t data_position;
+    uint64_t rng;               // sampling RNG
+    uint64_t num_params;        // sanity check against the model
+    size_t opt_floats;          // length of the optimizer state
+} TrainState;
+
+static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
+    int h[CHECKPOINT_HEADER_INTS] = {0};
+    h[STATE_SLOT_MAGIC] = STATE_MAGIC;
+    h[STATE_SLOT_VERSION] = STATE_VERSION;
+    h[STATE_SLOT_NUM_PROCESSES] = s->num_processes;
+    h[STATE_SLOT_RANK] = s->rank;
+    h[STATE_SLOT_STEP] = s->step;
+    h[STATE_SLOT_DATA_SHARD] = s->data_shard;
+    h[STATE_SLOT_DATA_EPOCH] = s->data_epoch;
+    header_set64(h, STATE_SLOT_DATA_POSITION, s->data_position);
+    header_set64(h, STATE_SLOT_RNG, s->rng);
+    header_set64(h, STATE_SLOT_OPT_FLOATS, s->opt_floats);
+    header_set64(h, STATE_SLOT_NUM_PARAMS, s->num_params);
+    AtomicFile a;
+    atomic_open(&a, path);
+    fwrite_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, a.f);
+    fwrite_check(opt_state, sizeof(float), s->opt_floats, a.f);
+    atomic_commit(&a);
+}
+
+// reads the header into s and the optimizer state into opt_state, which must hold
+// expected_opt_floats floats (checked against the file)
+static void state_file_read(const char* path, TrainState* s, float* opt_state, size_t expected_opt_floats) {
+    FILE* f = fopen_check(path, "rb");
+    long size = file_size(f);
+    int h[CHECKPOINT_HEADER_INTS];
+    if (size < (long)sizeof(h)) { fail("state file '%s' is truncated (%ld bytes)", path, size); }
+    fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
+    if (h[STATE_SLOT_MAGIC] != STATE_MAGIC || h[STATE_SLOT_VERSION] != STATE_VERSION) {
+        fail("'%s' is not a training-state file of this program (magic %d version %d)", path, h[STATE_SLOT_MAGIC], h[STATE_SLOT_VERSION]);
+    }
+    s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
+    s->rank = h[STATE_SLOT_RANK];
+    s->step = h[STATE_SLOT_STEP];
+    s->data_shard = h[STATE_SLOT_DATA_SHARD];
+    s->data_epoch = h[STATE_SLOT_DATA_EPOCH];
+    s->data_position = header_get64(h, STATE_SLOT_DATA_POSITION);
+    s->rng = header_get64(h, STATE_SLOT_RNG);
+    s->opt_floats = header_get64(h, STATE_SLOT_OPT_FLOATS);
+    s->num_params = header_get64(h, STATE_SLOT_NUM_PARAMS);
+    if (s->opt_floats != expected_opt_floats) {
+        fail("state file '%s' holds %zu optimizer floats, this run needs %zu\n"
+             "  hint: resume with the same model, optimizer and number of processes", path, s->opt_floats, expected_opt_floats);
+    }
+    long expected = (long)sizeof(h) + (long)(s->opt_floats * sizeof(float));
+    if (size != expected) { fail("state file '%s' is %ld bytes, its header implies %ld: truncated or corrupt", path, size, expected); }
+    fread_check(opt_state, sizeof(float), s->opt_floats, f);
+    fclose(f);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoint names and the DONE marker
+
+static void checkpoint_path(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
+    if (rank < 0) { snprintf(buf, n, "%s/%s_%08d.bin", dir, kind, step); }
+    else { snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank); }
+}
+
+static void checkpoint_mark_done(const char* dir, int step) {
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+    AtomicFile a;
+    atomic_open(&a, path);
+    atomic_commit(&a);
+}
+
+// the step of the newest complete checkpoint in dir, or -1 if there is none
+static int checkpoint_latest(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int latest = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char extra;
+        if (sscanf(e->d_name, "DONE_%8d%c", &step, &extra) == 1 && step > latest) { latest = step; }
+    }
+    closedir(d);
+    return latest;
+}
+
+// creates dir if needed and proves it is writable, before any training is spent
+static void ensure_output_dir(const char* dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (mkdir(dir, 0755) != 0) { fail("cannot create output directory '%s': %s\n  hint: choose another -o", dir, strerror(errno)); }
+    } else if (!S_ISDIR(st.st_mode)) {
+        fail("output path '%s' exists and is not a directory\n  hint: choose another -o", dir);
+    }
+    char probe[1100];
+    snprintf(probe, sizeof(probe), "%s/.write_test", dir);
+    FILE* f = fopen(probe, "wb");
+    if (f == NULL) { fail("output directory '%s' is not writable: %s\n  hint: choose another -o, or -o \"\" to write nothing", dir, strerror(errno)); }
+    fclose(f);
+    remove(probe);
+}
+
+#endif // LLMC_CHECKPOINT_H

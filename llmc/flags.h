@@ -1,0 +1,219 @@
+/*
+flags.h: the trainer's options (one struct), and the one table of flags from which
+both the parser and the usage text are generated, so the two cannot drift apart.
+
+    TrainOptions opt = options_default();
+    parse_flags(&opt, argc, argv);     // -x 100, --steps 100, --steps=100
+    print_usage(argv[0]);              // -h
+
+Failure: an unknown flag, a missing value or a malformed number stops with a
+message naming the flag and pointing at -h.
+*/
+#ifndef LLMC_FLAGS_H
+#define LLMC_FLAGS_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "utils.h"
+
+#define PATH_MAX_LEN 1024
+
+typedef struct {
+    // data and model
+    char train_data[PATH_MAX_LEN];   // token shard(s) to train on, a glob pattern
+    char val_data[PATH_MAX_LEN];     // token shard(s) for validation, "" for none
+    char tokenizer[PATH_MAX_LEN];    // tokenizer file for decoding samples, "" for none
+    char model[PATH_MAX_LEN];        // preset dN, or a checkpoint file to start from
+    char out_dir[PATH_MAX_LEN];      // checkpoints and log go here, "" for none
+    // batch
+    int batch_size;                  // B, sequences per micro-batch
+    int seq_len;                     // T, tokens per sequence
+    int total_batch_size;            // tokens per optimizer step; -1 = B*T (no accumulation)
+    // optimization
+    float learning_rate;             // peak learning rate
+    int warmup_steps;                // linear warmup from 0 over this many steps
+    float final_lr_frac;             // cosine decay ends at learning_rate * this
+    float weight_decay;              // decoupled, on the 2-D weights only
+    float beta1, beta2, eps;         // AdamW
+    float grad_clip;                 // global gradient-norm clip, 0 = off
+    int max_steps;                   // -1: one pass over the training data
+    uint64_t seed;                   // initialisation and sampling
+    // evaluation, sampling, checkpoints
+    int val_every;                   // steps between validation losses, 0 = never
+    int val_steps;                   // batches per validation
+    int sample_every;                // steps between samples, 0 = never
+    int gen_tokens;                  // tokens per sample
+    int checkpoint_every;            // steps between checkpoints, 0 = only at the end
+    int resume;                      // 1: continue from the latest checkpoint in out_dir
+    int plan_only;                   // 1: print the memory plan and exit
+} TrainOptions;
+
+static TrainOptions options_default(void) {
+    TrainOptions o;
+    memset(&o, 0, sizeof(o));
+    strcpy(o.train_data, "data/tinyshakespeare/tiny_shakespeare_train.bin");
+    strcpy(o.val_data, "data/tinyshakespeare/tiny_shakespeare_val.bin");
+    strcpy(o.tokenizer, "data/gpt2_tokenizer.bin");
+    strcpy(o.model, "d6");
+    strcpy(o.out_dir, "out");
+    o.batch_size = 4;
+    o.seq_len = 64;
+    o.total_batch_size = -1;
+    o.learning_rate = 1e-3f;
+    o.warmup_steps = 10;
+    o.final_lr_frac = 0.1f;
+    o.weight_decay = 0.1f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.grad_clip = 1.0f;
+    o.max_steps = 100;
+    o.seed = 1337;
+    o.val_every = 25;
+    o.val_steps = 10;
+    o.sample_every = 50;
+    o.gen_tokens = 64;
+    o.checkpoint_every = 0;
+    o.resume = 0;
+    o.plan_only = 0;
+    return o;
+}
+
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH } FlagType;
+
+typedef struct {
+    const char* shortname;   // "-x", or NULL
+    const char* longname;    // "--steps"
+    FlagType type;
+    size_t offset;           // field in TrainOptions
+    const char* help;
+} FlagSpec;
+
+#define OPT(field) offsetof(TrainOptions, field)
+static const FlagSpec FLAGS[] = {
+    {"-i", "--train",         FLAG_STRING, OPT(train_data),       "training token shards (glob pattern)"},
+    {"-j", "--val",           FLAG_STRING, OPT(val_data),         "validation token shards (glob), \"\" = none"},
+    {"-k", "--tokenizer",     FLAG_STRING, OPT(tokenizer),        "tokenizer file for samples, \"\" = none"},
+    {"-e", "--model",         FLAG_STRING, OPT(model),            "preset d6|d12|d24|d36|d48|d60, or a checkpoint .bin"},
+    {"-o", "--out",           FLAG_STRING, OPT(out_dir),          "output directory for checkpoints and log, \"\" = none"},
+    {"-b", "--batch",         FLAG_INT,    OPT(batch_size),       "micro-batch size B (sequences)"},
+    {"-t", "--seq",           FLAG_INT,    OPT(seq_len),          "sequence length T (tokens)"},
+    {"-d", "--total-batch",   FLAG_INT,    OPT(total_batch_size), "tokens per optimizer step (gradient accumulation); -1 = B*T"},
+    {"-l", "--lr",            FLAG_FLOAT,  OPT(learning_rate),    "peak learning rate"},
+    {"-u", "--warmup",        FLAG_INT,    OPT(warmup_steps),     "learning-rate warmup steps"},
+    {"-q", "--final-lr-frac", FLAG_FLOAT,  OPT(final_lr_frac),    "cosine schedule ends at lr times this"},
+    {"-c", "--weight-decay",  FLAG_FLOAT,  OPT(weight_decay),     "decoupled weight decay (2-D weights only)"},
+    {NULL, "--beta1",         FLAG_FLOAT,  OPT(beta1),            "AdamW beta1"},
+    {NULL, "--beta2",         FLAG_FLOAT,  OPT(beta2),            "AdamW beta2"},
+    {NULL, "--eps",           FLAG_FLOAT,  OPT(eps),              "AdamW epsilon"},
+    {NULL, "--grad-clip",     FLAG_FLOAT,  OPT(grad_clip),        "clip the global gradient norm to this, 0 = off"},
+    {"-x", "--steps",         FLAG_INT,    OPT(max_steps),        "optimizer steps; -1 = one epoch of the training data"},
+    {NULL, "--seed",          FLAG_U64,    OPT(seed),             "random seed (initialisation, sampling)"},
+    {"-v", "--val-every",     FLAG_INT,    OPT(val_every),        "validate every N steps, 0 = never"},
+    {"-m", "--val-steps",     FLAG_INT,    OPT(val_steps),        "batches per validation"},
+    {"-s", "--sample-every",  FLAG_INT,    OPT(sample_every),     "print a sample every N steps, 0 = never"},
+    {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (at most T)"},
+    {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
+    {"-y", "--resume",        FLAG_INT,    OPT(resume),           "1 = resume from the latest checkpoint in the output directory"},
+    {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},
+};
+#undef OPT
+#define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
+
+// writes the current value of a flag into buf, for the usage text and the config table
+static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* buf, size_t n) {
+    const char* p = (const char*)o + f->offset;
+    switch (f->type) {
+        case FLAG_INT: case FLAG_SWITCH: snprintf(buf, n, "%d", *(const int*)p); break;
+        case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)p); break;
+        case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
+        case FLAG_STRING: snprintf(buf, n, "\"%s\"", p); break;
+    }
+}
+
+static void print_usage(const char* prog) {
+    TrainOptions d = options_default();
+    printf("usage: %s [flags]   (each flag also takes --name=value)\n", prog);
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        char def[PATH_MAX_LEN + 8];
+        flag_value_string(&FLAGS[i], &d, def, sizeof(def));
+        printf("  %-3s %-20s %s (default %s)\n", FLAGS[i].shortname ? FLAGS[i].shortname : "",
+               FLAGS[i].longname, FLAGS[i].help, def);
+    }
+    printf("  -h  --help                 this text\n");
+}
+
+static const FlagSpec* find_flag(const char* name, size_t len) {
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* f = &FLAGS[i];
+        if (f->shortname && strlen(f->shortname) == len && strncmp(f->shortname, name, len) == 0) { return f; }
+        if (strlen(f->longname) == len && strncmp(f->longname, name, len) == 0) { return f; }
+    }
+    return NULL;
+}
+
+static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
+    char* p = (char*)o + f->offset;
+    char* end = NULL;
+    errno = 0;
+    switch (f->type) {
+        case FLAG_INT: case FLAG_SWITCH: {
+            long v = strtol(value, &end, 10);
+            if (*value == '\0' || *end != '\0' || errno != 0 || v < -2147483647L || v > 2147483647L) {
+                fail("flag %s: '%s' is not an integer\n  hint: see -h", f->longname, value);
+            }
+            *(int*)p = (int)v;
+            break;
+        }
+        case FLAG_U64: {
+            unsigned long long v = strtoull(value, &end, 10);
+            if (*value == '\0' || *value == '-' || *end != '\0' || errno != 0) {
+                fail("flag %s: '%s' is not a non-negative integer\n  hint: see -h", f->longname, value);
+            }
+            *(uint64_t*)p = v;
+            break;
+        }
+        case FLAG_FLOAT: {
+            float v = strtof(value, &end);
+            if (*value == '\0' || *end != '\0' || errno != 0 || v != v) {
+                fail("flag %s: '%s' is not a number\n  hint: see -h", f->longname, value);
+            }
+            *(float*)p = v;
+            break;
+        }
+        case FLAG_STRING:
+            if (strlen(value) >= PATH_MAX_LEN) { fail("flag %s: value longer than %d characters", f->longname, PATH_MAX_LEN - 1); }
+            strcpy(p, value);
+            break;
+    }
+}
+
+// parses argv into o; returns 0 normally, 1 if -h was given (usage already printed)
+static int parse_flags(TrainOptions* o, int argc, char** argv) {
+    for (int i = 1; i < argc; i++) {
+        const char* arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { print_usage(argv[0]); return 1; }
+        const char* eq = strchr(arg, '=');
+        size_t len = (arg[0] == '-' && arg[1] == '-' && eq) ? (size_t)(eq - arg) : strlen(arg);
+        const FlagSpec* f = arg[0] == '-' ? find_flag(arg, len) : NULL;
+        if (f == NULL) { fail("unknown flag '%s'\n  hint: %s -h lists the flags", arg, argv[0]); }
+        if (f->type == FLAG_SWITCH) {
+            if (eq && len == (size_t)(eq - arg)) { set_flag(o, f, eq + 1); } else { *(int*)((char*)o + f->offset) = 1; }
+            continue;
+        }
+        const char* value;
+        if (eq && len == (size_t)(eq - arg)) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) { fail("flag %s needs a value\n  hint: %s -h", arg, argv[0]); }
+            value = argv[++i];
+        }
+        set_flag(o, f, value);
+    }
+    return 0;
+}
+
+#endif // LLMC_FLAGS_H

@@ -1,0 +1,103 @@
+/*
+memory.h: every large allocation of the trainer goes through one accounting
+allocator, by category, with high-water marks; and the process's resident set
+size read from the OS, to check the accounting against reality.
+
+    float* p = mem_alloc(MEM_PARAMETERS, n * sizeof(float));   // 64-byte aligned
+    ...
+    mem_free(p);
+    size_t peak = g_mem.peak[MEM_PARAMETERS];
+
+The planner (planner.h) predicts the same numbers from closed-form formulas; the
+trainer prints both side by side, and test_gpt.c checks they agree exactly.
+Failure: out of memory stops with the category and size, and a hint (--plan).
+*/
+#ifndef LLMC_MEMORY_H
+#define LLMC_MEMORY_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "utils.h"
+
+typedef enum {
+    MEM_PARAMETERS,       // the weights, fp32
+    MEM_GRADIENTS,        // one gradient per weight
+    MEM_OPTIMIZER,        // optimizer state (AdamW: m and v)
+    MEM_ACTIVATIONS,      // what forward keeps for backward, and the logits
+    MEM_ACT_GRADIENTS,    // backward's working buffers (one layer's worth, reused)
+    MEM_SCRATCH,          // data loader batches, sampling buffer
+    NUM_MEM_CATEGORIES
+} MemCategory;
+
+static const char* MEM_CATEGORY_NAMES[NUM_MEM_CATEGORIES] = {
+    "parameters", "gradients", "optimizer state", "activations", "activation grads", "scratch",
+};
+
+typedef struct {
+    size_t current[NUM_MEM_CATEGORIES];  // bytes live now
+    size_t peak[NUM_MEM_CATEGORIES];     // high-water mark of each category
+    size_t total_current, total_peak;    // all categories together
+} MemStats;
+
+static MemStats g_mem;  // one accounting per process
+
+#define MEM_ALIGN 64  // a cache line, and the widest vector load (AVX-512)
+
+// each block carries a header (one alignment unit) recording its size and category
+typedef struct { size_t bytes; int category; } MemHeader;
+
+static void* mem_alloc_at(MemCategory cat, size_t bytes, const char* file, int line) {
+    size_t total = MEM_ALIGN + (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
+    char* base = aligned_alloc(MEM_ALIGN, total);
+    if (base == NULL) {
+        fail_at(file, line, "out of memory allocating %.1f MiB of %s (%.1f MiB already in use)\n"
+                "  hint: run with --plan to see what this model, batch and flags need",
+                bytes / 1048576.0, MEM_CATEGORY_NAMES[cat], g_mem.total_current / 1048576.0);
+    }
+    MemHeader* h = (MemHeader*)base;
+    h->bytes = bytes;
+    h->category = cat;
+    g_mem.current[cat] += bytes;
+    if (g_mem.current[cat] > g_mem.peak[cat]) { g_mem.peak[cat] = g_mem.current[cat]; }
+    g_mem.total_current += bytes;
+    if (g_mem.total_current > g_mem.total_peak) { g_mem.total_peak = g_mem.total_current; }
+    return base + MEM_ALIGN;
+}
+#define mem_alloc(cat, bytes) mem_alloc_at(cat, bytes, __FILE__, __LINE__)
+
+// zero-filled
+static void* mem_calloc_at(MemCategory cat, size_t bytes, const char* file, int line) {
+    void* p = mem_alloc_at(cat, bytes, file, line);
+    memset(p, 0, bytes);
+    return p;
+}
+#define mem_calloc(cat, bytes) mem_calloc_at(cat, bytes, __FILE__, __LINE__)
+
+static void mem_free(void* p) {
+    if (p == NULL) { return; }
+    char* base = (char*)p - MEM_ALIGN;
+    MemHeader* h = (MemHeader*)base;
+    g_mem.current[h->category] -= h->bytes;
+    g_mem.total_current -= h->bytes;
+    free(base);
+}
+
+// resident set size of this process, from /proc/self/status (Linux); 0 where unknown.
+// field "VmRSS" is the current size, "VmHWM" its high-water mark.
+static size_t mem_rss_field(const char* field) {
+    FILE* f = fopen("/proc/self/status", "r");
+    if (f == NULL) { return 0; }
+    char line[256];
+    size_t kib = 0, n = strlen(field);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, field, n) == 0 && line[n] == ':') { kib = strtoull(line + n + 1, NULL, 10); break; }
+    }
+    fclose(f);
+    return kib * 1024;
+}
+static size_t mem_rss_now(void) { return mem_rss_field("VmRSS"); }
+static size_t mem_rss_peak(void) { return mem_rss_field("VmHWM"); }
+
+#endif // LLMC_MEMORY_H

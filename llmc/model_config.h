@@ -1,0 +1,119 @@
+/*
+model_config.h: the GPT-2 shape (one struct), the llm.c presets, and the size table
+of the 16 parameter tensors in checkpoint order. Shared by the CPU and CUDA paths.
+
+    GPT2Config cfg;
+    if (!gpt2_config_preset(&cfg, "d12")) { ... }   // GPT-2 124M
+    size_t sizes[NUM_PARAMETER_TENSORS]; gpt2_parameter_sizes(sizes, &cfg);
+
+Failure: gpt2_config_check() stops with a message naming the impossible shape.
+*/
+#ifndef LLMC_MODEL_CONFIG_H
+#define LLMC_MODEL_CONFIG_H
+
+#include <stdio.h>
+#include <string.h>
+#include "utils.h"
+
+#define GPT2_VOCAB_SIZE 50257   // GPT-2's BPE vocabulary
+#define GPT2_MAX_SEQ_LEN 1024   // GPT-2's context length
+#define GPT2_EOT 50256          // <|endoftext|>
+#define VOCAB_PAD_MULTIPLE 128  // Vp = V rounded up to this (llm.c): aligned rows, faster matmuls
+
+typedef struct {
+    int max_seq_len;        // maxT, positions in wpe
+    int vocab_size;         // V, real tokens
+    int padded_vocab_size;  // Vp >= V; rows V..Vp-1 of wte are zero and never used
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+} GPT2Config;
+
+static int gpt2_padded_vocab(int V) {
+    return (V + VOCAB_PAD_MULTIPLE - 1) / VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE;
+}
+
+// named presets as llm.c spells them: dN = depth N with GPT-2's widths
+typedef struct { const char* name; int layers, channels, heads; const char* note; } GPT2Preset;
+static const GPT2Preset GPT2_PRESETS[] = {
+    {"tiny", 2, 64, 4, "for tests and quick checks, 3.3M params"},
+    {"d6", 6, 384, 6, "small default, 30M params"},
+    {"d12", 12, 768, 12, "GPT-2 124M"},
+    {"d24", 24, 1024, 16, "GPT-2 350M"},
+    {"d36", 36, 1280, 20, "GPT-2 774M"},
+    {"d48", 48, 1600, 25, "GPT-2 1558M"},
+    {"d60", 60, 1920, 30, "2.7B"},
+};
+#define NUM_GPT2_PRESETS ((int)(sizeof(GPT2_PRESETS) / sizeof(GPT2_PRESETS[0])))
+
+// fills cfg from a preset name; returns 0 if the name is not a preset
+static int gpt2_config_preset(GPT2Config* cfg, const char* name) {
+    for (int i = 0; i < NUM_GPT2_PRESETS; i++) {
+        if (strcmp(name, GPT2_PRESETS[i].name) == 0) {
+            cfg->max_seq_len = GPT2_MAX_SEQ_LEN;
+            cfg->vocab_size = GPT2_VOCAB_SIZE;
+            cfg->padded_vocab_size = gpt2_padded_vocab(GPT2_VOCAB_SIZE);
+            cfg->num_layers = GPT2_PRESETS[i].layers;
+            cfg->channels = GPT2_PRESETS[i].channels;
+            cfg->num_heads = GPT2_PRESETS[i].heads;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+// stops with a clear message if the shape cannot be a GPT-2
+static void gpt2_config_check(const GPT2Config* c, const char* where) {
+    if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->vocab_size < 1 || c->max_seq_len < 1) {
+        fail("%s: impossible model shape L=%d C=%d NH=%d V=%d maxT=%d (all must be >= 1)",
+             where, c->num_layers, c->channels, c->num_heads, c->vocab_size, c->max_seq_len);
+    }
+    if (c->channels % c->num_heads != 0) {
+        fail("%s: channels C=%d is not divisible by heads NH=%d\n  hint: pick NH dividing C (head size C/NH)",
+             where, c->channels, c->num_heads);
+    }
+    if (c->padded_vocab_size < c->vocab_size) {
+        fail("%s: padded vocabulary Vp=%d is smaller than V=%d", where, c->padded_vocab_size, c->vocab_size);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the 16 parameter tensors, in the order of the checkpoint file (llm.c's order)
+
+#define NUM_PARAMETER_TENSORS 16
+static const char* PARAMETER_NAMES[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+};
+// which tensors are matrices (get weight decay, factored optimizer state)
+static const int PARAMETER_IS_MATRIX[NUM_PARAMETER_TENSORS] = {1,1,0,0,1,0,1,0,0,0,1,0,1,0,0,0};
+
+// number of floats of each tensor; per-layer tensors hold all L layers, layer-major
+static void gpt2_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const GPT2Config* cfg) {
+    size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
+    sizes[0] = Vp * C;           // wte      (Vp, C)
+    sizes[1] = maxT * C;         // wpe      (maxT, C)
+    sizes[2] = L * C;            // ln1w     (L, C)
+    sizes[3] = L * C;            // ln1b     (L, C)
+    sizes[4] = L * (3 * C) * C;  // qkvw     (L, 3C, C)
+    sizes[5] = L * (3 * C);      // qkvb     (L, 3C)
+    sizes[6] = L * C * C;        // attprojw (L, C, C)
+    sizes[7] = L * C;            // attprojb (L, C)
+    sizes[8] = L * C;            // ln2w     (L, C)
+    sizes[9] = L * C;            // ln2b     (L, C)
+    sizes[10] = L * (4 * C) * C; // fcw      (L, 4C, C)
+    sizes[11] = L * (4 * C);     // fcb      (L, 4C)
+    sizes[12] = L * C * (4 * C); // fcprojw  (L, C, 4C)
+    sizes[13] = L * C;           // fcprojb  (L, C)
+    sizes[14] = C;               // lnfw     (C)
+    sizes[15] = C;               // lnfb     (C)
+}
+
+static size_t gpt2_num_parameters(const GPT2Config* cfg) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    gpt2_parameter_sizes(sizes, cfg);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { n += sizes[i]; }
+    return n;
+}
+
+#endif // LLMC_MODEL_CONFIG_H

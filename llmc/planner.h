@@ -1,0 +1,82 @@
+/*
+planner.h: how many bytes a run needs, by category, from closed-form formulas of
+the model shape and the batch. This is deliberately separate code from the
+allocations in train_gpt.c: the trainer prints the plan at start-up and the
+measured high-water marks (memory.h) after the first step, and the tests check
+that the two agree exactly. `train_gpt --plan` prints it without training.
+
+Notation: L layers, C channels, NH heads, Vp padded vocabulary, maxT positions,
+B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
+*/
+#ifndef LLMC_PLANNER_H
+#define LLMC_PLANNER_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include "memory.h"
+#include "model_config.h"
+
+typedef struct {
+    int B, T;              // micro-batch shape
+    int num_loaders;       // data loaders (train, and val if any)
+} PlanInputs;
+
+typedef struct {
+    size_t bytes[NUM_MEM_CATEGORIES];
+    const char* formula[NUM_MEM_CATEGORIES];  // how bytes[] was computed, for the table
+} MemPlan;
+
+static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
+    size_t L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
+    size_t Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
+    size_t B = in.B, T = in.T, BT = B * T, F = sizeof(float);
+    size_t P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
+    MemPlan p;
+    p.bytes[MEM_PARAMETERS] = P * F;
+    p.formula[MEM_PARAMETERS] = "4P";
+    p.bytes[MEM_GRADIENTS] = P * F;
+    p.formula[MEM_GRADIENTS] = "4P";
+    p.bytes[MEM_OPTIMIZER] = 2 * P * F;
+    p.formula[MEM_OPTIMIZER] = "AdamW m, v: 8P";
+    // per layer: ln1, atty, residual2, ln2, residual3 (BTC each), qkv (3BTC), fch and its
+    // GELU (4BTC each), attention weights (B NH T^2), four LayerNorm statistics (BT each);
+    // outside the layers: embedding output and final LayerNorm (BTC each), its two
+    // statistics, losses (BT each) and the logits (BT Vp)
+    p.bytes[MEM_ACTIVATIONS] = (L * (16 * BT * C + 4 * BT + B * NH * T * T) + 2 * BT * C + 3 * BT + BT * Vp) * F;
+    p.formula[MEM_ACTIVATIONS] = "4[L(16BTC + 4BT + B NH T^2) + 2BTC + 3BT + BT Vp]";
+    // one layer's backward buffers: residual-stream grad and one (B,T,C) temporary, dqkv (3BTC),
+    // MLP grads (2 x 4BTC), attention-score grad (B NH T^2)
+    p.bytes[MEM_ACT_GRADIENTS] = (13 * BT * C + B * NH * T * T) * F;
+    p.formula[MEM_ACT_GRADIENTS] = "4(13BTC + B NH T^2)";
+    // each loader: uint16 read buffer of BT+1 tokens, int inputs and targets (BT each);
+    // sampling: one int per position of a generated sequence (T)
+    p.bytes[MEM_SCRATCH] = in.num_loaders * ((BT + 1) * sizeof(uint16_t) + 2 * BT * sizeof(int)) + T * sizeof(int);
+    p.formula[MEM_SCRATCH] = "loaders x (2(BT+1) + 8BT) + 4T";
+    return p;
+}
+
+static size_t plan_total(const MemPlan* p) {
+    size_t s = 0;
+    for (int i = 0; i < NUM_MEM_CATEGORIES; i++) { s += p->bytes[i]; }
+    return s;
+}
+
+#define MIB (1024.0 * 1024.0)
+
+// prints the plan; with measured != NULL, the measured high-water marks beside it
+static void print_memory_table(const MemPlan* p, const MemStats* measured) {
+    printf("+--------------------+------------+------------+-------------------------------------------------+\n");
+    printf("| memory             | planned    | measured   | formula (bytes)                                 |\n");
+    printf("+--------------------+------------+------------+-------------------------------------------------+\n");
+    for (int i = 0; i < NUM_MEM_CATEGORIES; i++) {
+        char m[32] = "-";
+        if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->peak[i] / MIB); }
+        printf("| %-18s | %6.2f MiB | %10s | %-47s |\n", MEM_CATEGORY_NAMES[i], p->bytes[i] / MIB, m, p->formula[i]);
+    }
+    char m[32] = "-";
+    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
+    printf("| %-18s | %6.2f MiB | %10s | %-47s |\n", "total", plan_total(p) / MIB, m, "");
+    printf("+--------------------+------------+------------+-------------------------------------------------+\n");
+}
+
+#endif // LLMC_PLANNER_H

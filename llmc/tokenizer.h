@@ -1,0 +1,88 @@
+/*
+tokenizer.h: decodes GPT-2 token ids to text for printing samples. Reads llm.c's
+tokenizer file, written by dev/data/tinyshakespeare.py:
+  header 256 x int32: [0] magic 20240328, [1] version 2, [2] vocabulary size, [3] EOT id
+  then for each token id: one uint8 length n, then n raw bytes (may be partial UTF-8).
+
+    Tokenizer tok; tokenizer_init(&tok, "data/gpt2_tokenizer.bin");
+    if (tok.init_ok) { safe_print(tokenizer_decode(&tok, id)); }
+
+Failure: a missing file only disables decoding (samples print as ids); a foreign or
+truncated file stops with the reason and the script that regenerates it.
+*/
+#ifndef LLMC_TOKENIZER_H
+#define LLMC_TOKENIZER_H
+
+#include <ctype.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "utils.h"
+
+#define TOKENIZER_MAGIC 20240328
+#define TOKENIZER_VERSION 2
+#define FILE_HEADER_INTS 256  // every llm.c file starts with 256 int32 slots
+#define TOKENIZER_REGEN_HINT "regenerate it with: python3 dev/data/tinyshakespeare.py --force"
+
+typedef struct {
+    uint32_t vocab_size;
+    char** token_table;   // (vocab_size) NUL-terminated byte strings
+    int eot_token;
+    int init_ok;
+} Tokenizer;
+
+static void tokenizer_init(Tokenizer* tok, const char* path) {
+    tok->init_ok = 0;
+    tok->vocab_size = 0;
+    tok->token_table = NULL;
+    if (path[0] == '\0') { return; }  // decoding turned off
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {
+        printf("note: no tokenizer at '%s': samples print token ids (%s)\n", path, TOKENIZER_REGEN_HINT);
+        return;
+    }
+    long size = file_size(f);
+    int header[FILE_HEADER_INTS];
+    if (size < (long)sizeof(header)) { fail("tokenizer '%s' is truncated (%ld bytes)\n  hint: %s", path, size, TOKENIZER_REGEN_HINT); }
+    fread_check(header, sizeof(int), FILE_HEADER_INTS, f);
+    if (header[0] != TOKENIZER_MAGIC) { fail("'%s' is not a tokenizer file (magic %d, want %d)\n  hint: %s", path, header[0], TOKENIZER_MAGIC, TOKENIZER_REGEN_HINT); }
+    if (header[1] != TOKENIZER_VERSION) { fail("tokenizer '%s' has version %d, want %d\n  hint: %s", path, header[1], TOKENIZER_VERSION, TOKENIZER_REGEN_HINT); }
+    if (header[2] <= 0) { fail("tokenizer '%s': bad vocabulary size %d\n  hint: %s", path, header[2], TOKENIZER_REGEN_HINT); }
+    tok->vocab_size = (uint32_t)header[2];
+    tok->eot_token = header[3];
+    tok->token_table = (char**)malloc_check(tok->vocab_size * sizeof(char*));
+    for (uint32_t i = 0; i < tok->vocab_size; i++) {
+        unsigned char len;
+        fread_check(&len, 1, 1, f);
+        tok->token_table[i] = (char*)malloc_check(len + 1);
+        fread_check(tok->token_table[i], 1, len, f);
+        tok->token_table[i][len] = '\0';
+    }
+    if (ftell(f) != size) { fail("tokenizer '%s' has %ld trailing bytes\n  hint: %s", path, size - ftell(f), TOKENIZER_REGEN_HINT); }
+    fclose(f);
+    tok->init_ok = 1;
+}
+
+// the bytes of one token; "" for an id outside the vocabulary
+static const char* tokenizer_decode(const Tokenizer* tok, uint32_t id) {
+    if (!tok->init_ok || id >= tok->vocab_size) { return ""; }
+    return tok->token_table[id];
+}
+
+// prints a token's bytes, skipping lone control bytes that would garble a terminal
+static void safe_print(const char* piece) {
+    if (piece == NULL || piece[0] == '\0') { return; }
+    if (piece[1] == '\0') {
+        unsigned char b = (unsigned char)piece[0];
+        if (!(isprint(b) || isspace(b))) { return; }
+    }
+    printf("%s", piece);
+}
+
+static void tokenizer_free(Tokenizer* tok) {
+    if (!tok->init_ok) { return; }
+    for (uint32_t i = 0; i < tok->vocab_size; i++) { free(tok->token_table[i]); }
+    free(tok->token_table);
+    tok->init_ok = 0;
+}
+
+#endif // LLMC_TOKENIZER_H

@@ -1,0 +1,506 @@
+/*
+test_gpt.c: tests of the CPU reference trainer. It includes train_gpt.c (without
+its main) and checks it against an independent implementation:
+- logits, loss, all 16 gradients and 10 AdamW steps against PyTorch
+  (dev/reference/tiny_*.bin, made by dev/reference/make_reference.py);
+- a finite-difference check of the gradient of every parameter tensor;
+- model-file round trips (fp32, and bf16 read), tokenizer decoding, the data
+  loader walking every token once per epoch, the memory planner against the
+  measured allocations.
+
+    make test_gpt && ./test_gpt            # prints "N passed, N failed", exit 1 on failure
+    ./test_gpt --write-fixtures DIR        # tiny model, shards, tokenizer, and broken
+                                           # variants of each, for scripts/test_cli.sh
+*/
+#define TESTING
+#include "train_gpt.c"
+
+#include <sys/stat.h>
+
+static int g_pass = 0, g_fail = 0;
+
+static void check(int ok, const char* name, const char* fmt, ...) {
+    if (ok) {
+        g_pass++;
+        printf("ok   %s\n", name);
+        return;
+    }
+    g_fail++;
+    printf("FAIL %s: ", name);
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+}
+
+// largest |a-b| / (atol + rtol |b|) over n values; <= 1 means within tolerance
+static double tolerance_ratio(const float* a, const float* b, size_t n, double atol, double rtol, size_t* worst) {
+    double r = 0.0;
+    *worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / (atol + rtol * fabs((double)b[i]));
+        if (!(d <= r)) { r = d; *worst = i; }  // NaN counts as worst
+    }
+    return r;
+}
+
+static void check_close(const char* name, const float* got, const float* want, size_t n, double atol, double rtol) {
+    size_t w;
+    double r = tolerance_ratio(got, want, n, atol, rtol, &w);
+    check(r <= 1.0, name, "worst at %zu: got %.9g want %.9g (%.2fx the tolerance atol %g rtol %g)",
+          w, n ? got[w] : 0.0f, n ? want[w] : 0.0f, r, atol, rtol);
+}
+
+// ----------------------------------------------------------------------------
+// the PyTorch reference (layout: dev/reference/README.md)
+
+#define REF_MAGIC 20240327
+#define REF_VERSION 2
+enum { REF_SLOT_B = 2, REF_SLOT_T = 3, REF_SLOT_STEPS = 4, REF_SLOT_OPTIMIZER = 5,
+       REF_SLOT_LR = 8, REF_SLOT_BETA1 = 9, REF_SLOT_BETA2 = 10, REF_SLOT_EPS = 11,
+       REF_SLOT_WEIGHT_DECAY = 12, REF_SLOT_GRAD_CLIP = 13 };
+#define REF_DIR "dev/reference/"
+#define REF_HINT "regenerate with: python3 dev/reference/make_reference.py"
+
+typedef struct {
+    int B, T, steps;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    int* x; int* y;
+    float* logits;       // (B,T,V)
+    float loss;
+    float* grads;        // (P) padded layout
+    float* step_losses;  // (steps)
+    float* step_norms;   // (steps)
+    float* final_params; // (P)
+} Reference;
+
+static float header_float(const int* h, int slot) { float f; memcpy(&f, &h[slot], sizeof(f)); return f; }
+
+static void reference_read(Reference* r, const char* path, const GPT2Config* cfg) {
+    FILE* f = fopen_check(path, "rb");
+    int h[CHECKPOINT_HEADER_INTS];
+    fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
+    if (h[0] != REF_MAGIC || h[1] != REF_VERSION) { fail("%s: not a reference file\n  hint: %s", path, REF_HINT); }
+    r->B = h[REF_SLOT_B]; r->T = h[REF_SLOT_T]; r->steps = h[REF_SLOT_STEPS];
+    r->lr = header_float(h, REF_SLOT_LR); r->beta1 = header_float(h, REF_SLOT_BETA1);
+    r->beta2 = header_float(h, REF_SLOT_BETA2); r->eps = header_float(h, REF_SLOT_EPS);
+    r->weight_decay = header_float(h, REF_SLOT_WEIGHT_DECAY); r->grad_clip = header_float(h, REF_SLOT_GRAD_CLIP);
+    size_t BT = (size_t)r->B * r->T, P = gpt2_num_parameters(cfg);
+    r->x = (int*)malloc_check(BT * sizeof(int));
+    r->y = (int*)malloc_check(BT * sizeof(int));
+    r->logits = (float*)malloc_check(BT * cfg->vocab_size * sizeof(float));
+    r->grads = (float*)malloc_check(P * sizeof(float));
+    r->step_losses = (float*)malloc_check(r->steps * sizeof(float));
+    r->step_norms = (float*)malloc_check(r->steps * sizeof(float));
+    r->final_params = (float*)malloc_check(P * sizeof(float));
+    fread_check(r->x, sizeof(int), BT, f);
+    fread_check(r->y, sizeof(int), BT, f);
+    fread_check(r->logits, sizeof(float), BT * cfg->vocab_size, f);
+    fread_check(&r->loss, sizeof(float), 1, f);
+    fread_check(r->grads, sizeof(float), P, f);
+    fread_check(r->step_losses, sizeof(float), r->steps, f);
+    fread_check(r->step_norms, sizeof(float), r->steps, f);
+    fread_check(r->final_params, sizeof(float), P, f);
+    fclose(f);
+}
+
+static void reference_free(Reference* r) {
+    free(r->x); free(r->y); free(r->logits); free(r->grads);
+    free(r->step_losses); free(r->step_norms); free(r->final_params);
+}
+
+// logits from the probabilities the forward leaves: log p + a per-row constant;
+// compare the softmax instead (what the model defines), against the reference's softmax
+static void reference_probs(float* probs, const float* logits, int BT, int V) {
+    for (int bt = 0; bt < BT; bt++) {
+        const float* x = logits + (size_t)bt * V;
+        double maxv = x[0], sum = 0.0;
+        for (int i = 1; i < V; i++) { if (x[i] > maxv) { maxv = x[i]; } }
+        for (int i = 0; i < V; i++) { sum += exp(x[i] - maxv); }
+        for (int i = 0; i < V; i++) { probs[(size_t)bt * V + i] = (float)(exp(x[i] - maxv) / sum); }
+    }
+}
+
+static void test_against_pytorch(void) {
+    GPT2 m;
+    gpt2_load(&m, REF_DIR "tiny_model.bin");
+    const GPT2Config* c = &m.config;
+    Reference r;
+    reference_read(&r, REF_DIR "tiny_adamw.bin", c);
+    gpt2_alloc_training(&m, r.B, r.T);
+    int BT = r.B * r.T, V = c->vocab_size, Vp = c->padded_vocab_size;
+
+    // forward: the model keeps probabilities; the logits' matmul is checked through them
+    matmul_forward(m.acts.logits, m.acts.lnf, m.params.wte, NULL, r.B, r.T, c->channels, Vp);
+    gpt2_forward(&m, r.x, r.y, r.B, r.T);
+    float* want_probs = (float*)malloc_check((size_t)BT * V * sizeof(float));
+    float* got_probs = (float*)malloc_check((size_t)BT * V * sizeof(float));
+    reference_probs(want_probs, r.logits, BT, V);
+    for (int bt = 0; bt < BT; bt++) { memcpy(got_probs + (size_t)bt * V, m.acts.logits + (size_t)bt * Vp, V * sizeof(float)); }
+    check_close("pytorch: probabilities (softmax of the logits)", got_probs, want_probs, (size_t)BT * V, 1e-7, 1e-5);
+    // and the logits themselves, recomputed from the final LayerNorm output
+    float* logits = (float*)malloc_check((size_t)BT * Vp * sizeof(float));
+    matmul_forward(logits, m.acts.lnf, m.params.wte, NULL, r.B, r.T, c->channels, Vp);
+    float* got_logits = (float*)malloc_check((size_t)BT * V * sizeof(float));
+    for (int bt = 0; bt < BT; bt++) { memcpy(got_logits + (size_t)bt * V, logits + (size_t)bt * Vp, V * sizeof(float)); }
+    check_close("pytorch: logits", got_logits, r.logits, (size_t)BT * V, 1e-5, 1e-5);
+    int pad_zero = 1;
+    for (int bt = 0; bt < BT; bt++) { for (int i = V; i < Vp; i++) { pad_zero &= logits[(size_t)bt * Vp + i] == 0.0f && m.acts.logits[(size_t)bt * Vp + i] == 0.0f; } }
+    check(pad_zero, "pytorch: padded vocabulary columns stay zero", "nonzero logit or probability past V");
+    check(fabsf(m.mean_loss - r.loss) <= 1e-5f * fabsf(r.loss), "pytorch: loss", "got %.8f want %.8f", m.mean_loss, r.loss);
+
+    // backward: every parameter tensor's gradient
+    gpt2_zero_grad(&m);
+    gpt2_backward(&m, r.x, r.y, r.B, r.T, 1.0f / BT);
+    size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
+    gpt2_parameter_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "pytorch: gradient of %s", PARAMETER_NAMES[i]);
+        // absolute floor: some entries are exactly zero in exact arithmetic (key biases)
+        check_close(name, m.grads_memory + off, r.grads + off, sizes[i], 1e-7, 1e-4);
+        off += sizes[i];
+    }
+
+    // ten AdamW steps on the same batch: losses, norms, final parameters
+    float losses[64], norms[64];
+    for (int s = 0; s < r.steps; s++) {
+        gpt2_forward(&m, r.x, r.y, r.B, r.T);
+        losses[s] = m.mean_loss;
+        gpt2_zero_grad(&m);
+        gpt2_backward(&m, r.x, r.y, r.B, r.T, 1.0f / BT);
+        norms[s] = gpt2_grad_norm(&m);
+        AdamWConfig ac = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip, s + 1};
+        gpt2_update(&m, &ac, norms[s]);
+    }
+    check_close("pytorch: AdamW step losses", losses, r.step_losses, r.steps, 0.0, 2e-6);
+    check_close("pytorch: AdamW step gradient norms", norms, r.step_norms, r.steps, 0.0, 1e-5);
+    // the key biases (rows C..2C-1 of qkvb) get an exactly-zero gradient in exact arithmetic
+    // (softmax is shift-invariant); fp32 computes rounding noise of ~1e-11 there, which
+    // Adam's normalisation turns into steps of up to lr: those entries get a looser floor
+    size_t key_bias = (size_t)(m.params.qkvb - m.params_memory), C = c->channels;
+    float* got = (float*)malloc_check(m.num_parameters * sizeof(float));
+    memcpy(got, m.params_memory, m.num_parameters * sizeof(float));
+    int keys_ok = 1;
+    for (int l = 0; l < c->num_layers; l++) {
+        for (size_t j = C; j < 2 * C; j++) {
+            size_t i = key_bias + l * 3 * C + j;
+            keys_ok &= fabsf(got[i] - r.final_params[i]) <= r.steps * r.lr * 0.01f;
+            got[i] = r.final_params[i];  // excluded from the tight check below
+        }
+    }
+    check(keys_ok, "pytorch: key biases after the AdamW steps (within 1% of steps x lr)", "beyond");
+    check_close("pytorch: parameters after the AdamW steps", got, r.final_params, m.num_parameters, 1e-6, 1e-4);
+    free(got);
+    free(want_probs); free(got_probs); free(logits); free(got_logits);
+    reference_free(&r);
+    gpt2_free(&m);
+}
+
+// ----------------------------------------------------------------------------
+// finite differences: for each tensor, the loss's change along a random direction
+// against the gradient's projection on it, d/dh L(p + h d) = g . d
+
+#define FD_STEP 1e-3
+#define FD_TOLERANCE 2e-2  // relative error allowed between numeric and analytic derivative
+#define FD_NOISE 1e-3      // fp32 loss rounding (~1e-6) over the step: the floor of the relative error
+
+static double loss_at(GPT2* m, const int* x, const int* y, int B, int T) {
+    gpt2_forward(m, x, y, B, T);
+    return m->mean_loss;
+}
+
+static void test_finite_differences(void) {
+    GPT2 m;
+    gpt2_load(&m, REF_DIR "tiny_model.bin");
+    const GPT2Config* c = &m.config;
+    int B = 2, T = 7, BT = B * T;
+    gpt2_alloc_training(&m, B, T);
+    int x[14], y[14];
+    uint64_t rng = 7;
+    for (int i = 0; i < BT; i++) { x[i] = rand_u32(&rng) % c->vocab_size; y[i] = rand_u32(&rng) % c->vocab_size; }
+    gpt2_forward(&m, x, y, B, T);
+    gpt2_zero_grad(&m);
+    gpt2_backward(&m, x, y, B, T, 1.0f / BT);
+    size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
+    gpt2_parameter_sizes(sizes, c);
+    float* saved = (float*)malloc_check(m.num_parameters * sizeof(float));
+    memcpy(saved, m.params_memory, m.num_parameters * sizeof(float));
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t n = sizes[i];
+        if (i == 0) { n = (size_t)c->vocab_size * c->channels; }  // padded rows have no gradient
+        float* dir = (float*)malloc_check(n * sizeof(float));
+        double gd = 0.0, dd = 0.0;
+        for (size_t j = 0; j < n; j++) { dir[j] = rand_normal(&rng); gd += (double)m.grads_memory[off + j] * dir[j]; dd += (double)dir[j] * dir[j]; }
+        // step so that each entry moves by about 1e-3: small against the weights (curvature),
+        // large against fp32 rounding of the loss
+        double h = FD_STEP / sqrt(dd / n);
+        for (size_t j = 0; j < n; j++) { m.params_memory[off + j] = saved[off + j] + (float)(h * dir[j]); }
+        double lp = loss_at(&m, x, y, B, T);
+        for (size_t j = 0; j < n; j++) { m.params_memory[off + j] = saved[off + j] - (float)(h * dir[j]); }
+        double lm = loss_at(&m, x, y, B, T);
+        memcpy(m.params_memory + off, saved + off, n * sizeof(float));
+        double fd = (lp - lm) / (2 * h);
+        double err = fabs(fd - gd) / (fabs(gd) + FD_NOISE);
+        char name[64];
+        snprintf(name, sizeof(name), "finite differences: %s", PARAMETER_NAMES[i]);
+        check(err < FD_TOLERANCE, name, "numeric %.6g analytic %.6g (relative error %.3g)", fd, gd, err);
+        free(dir);
+        off += sizes[i];
+    }
+    free(saved);
+    gpt2_free(&m);
+}
+
+// ----------------------------------------------------------------------------
+// model files
+
+static void test_model_files(const char* dir) {
+    GPT2 a, b;
+    gpt2_load(&a, REF_DIR "tiny_model.bin");
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/roundtrip.bin", dir);
+    model_file_write(path, &a.config, a.params_memory);
+    gpt2_load(&b, path);
+    check(memcmp(&a.config, &b.config, sizeof(a.config)) == 0 &&
+          memcmp(a.params_memory, b.params_memory, a.num_parameters * sizeof(float)) == 0,
+          "model file: write then read gives the same config and weights bitwise", "differs");
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/roundtrip.bin.tmp", dir);
+    check(stat(path, &st) != 0, "model file: no temporary file left after an atomic write", "%s exists", path);
+    // bf16 (version 5): the top 16 bits of each weight, read back widened exactly
+    snprintf(path, sizeof(path), "%s/bf16.bin", dir);
+    FILE* f = fopen_check(path, "wb");
+    int h[CHECKPOINT_HEADER_INTS] = {0};
+    h[MODEL_SLOT_MAGIC] = MODEL_MAGIC; h[MODEL_SLOT_VERSION] = MODEL_VERSION_BF16;
+    h[MODEL_SLOT_MAX_SEQ_LEN] = a.config.max_seq_len; h[MODEL_SLOT_VOCAB_SIZE] = a.config.vocab_size;
+    h[MODEL_SLOT_NUM_LAYERS] = a.config.num_layers; h[MODEL_SLOT_NUM_HEADS] = a.config.num_heads;
+    h[MODEL_SLOT_CHANNELS] = a.config.channels; h[MODEL_SLOT_PADDED_VOCAB] = a.config.padded_vocab_size;
+    fwrite_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
+    for (size_t i = 0; i < a.num_parameters; i++) {
+        uint32_t bits; memcpy(&bits, &a.params_memory[i], 4);
+        uint16_t top = (uint16_t)(bits >> 16);
+        fwrite_check(&top, sizeof(top), 1, f);
+    }
+    fclose(f);
+    GPT2 c;
+    gpt2_load(&c, path);
+    int same = 1;
+    for (size_t i = 0; i < a.num_parameters; i++) {
+        uint32_t bits; memcpy(&bits, &a.params_memory[i], 4);
+        bits &= 0xFFFF0000u;
+        float want; memcpy(&want, &bits, 4);
+        same &= c.params_memory[i] == want;
+    }
+    check(same, "model file: bf16 (version 5) weights read as their exact fp32 values", "differs");
+    gpt2_free(&a); gpt2_free(&b); gpt2_free(&c);
+}
+
+// ----------------------------------------------------------------------------
+// tokenizer
+
+static void write_tokenizer(const char* path, int V) {
+    FILE* f = fopen_check(path, "wb");
+    int h[FILE_HEADER_INTS] = {0};
+    h[0] = TOKENIZER_MAGIC; h[1] = TOKENIZER_VERSION; h[2] = V; h[3] = V - 1;
+    fwrite_check(h, sizeof(int), FILE_HEADER_INTS, f);
+    for (int i = 0; i < V; i++) {
+        char s[16];
+        unsigned char len = (unsigned char)snprintf(s, sizeof(s), "<t%d>", i);
+        fwrite_check(&len, 1, 1, f);
+        fwrite_check(s, 1, len, f);
+    }
+    fclose(f);
+}
+
+static void test_tokenizer(const char* dir) {
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/tok.bin", dir);
+    write_tokenizer(path, 300);
+    Tokenizer t;
+    tokenizer_init(&t, path);
+    check(t.init_ok && t.vocab_size == 300 && t.eot_token == 299, "tokenizer: header read", "init_ok %d V %u", t.init_ok, t.vocab_size);
+    check(strcmp(tokenizer_decode(&t, 0), "<t0>") == 0 && strcmp(tokenizer_decode(&t, 257), "<t257>") == 0,
+          "tokenizer: decode gives each token's bytes", "got '%s'", tokenizer_decode(&t, 257));
+    check(strcmp(tokenizer_decode(&t, 300), "") == 0, "tokenizer: an id past the vocabulary decodes to nothing", "not empty");
+    tokenizer_free(&t);
+    Tokenizer none;
+    tokenizer_init(&none, "");
+    check(!none.init_ok, "tokenizer: empty path turns decoding off", "init_ok set");
+}
+
+// ----------------------------------------------------------------------------
+// data loader
+
+static void write_shard(const char* path, const uint16_t* tokens, int n) {
+    FILE* f = fopen_check(path, "wb");
+    int h[SHARD_HEADER_INTS] = {0};
+    h[0] = SHARD_MAGIC; h[1] = SHARD_VERSION; h[2] = n;
+    fwrite_check(h, sizeof(int), SHARD_HEADER_INTS, f);
+    fwrite_check(tokens, sizeof(uint16_t), n, f);
+    fclose(f);
+}
+
+// over one epoch, every token position of the shards must be an input exactly once,
+// except each shard's tail that does not fill a whole step
+static void test_dataloader(const char* dir) {
+    enum { N0 = 1000, N1 = 777, B = 2, T = 8 };
+    uint16_t toks[N0];
+    for (int i = 0; i < N0; i++) { toks[i] = (uint16_t)i; }  // token = position: inputs say where they came from
+    char p0[1100], p1[1100], pattern[1100];
+    snprintf(p0, sizeof(p0), "%s/walk_000.bin", dir);
+    snprintf(p1, sizeof(p1), "%s/walk_001.bin", dir);
+    snprintf(pattern, sizeof(pattern), "%s/walk_*.bin", dir);
+    write_shard(p0, toks, N0);
+    for (int i = 0; i < N1; i++) { toks[i] = (uint16_t)(N0 + i); }  // shard 1 continues the numbering
+    write_shard(p1, toks, N1);
+    for (int procs = 1; procs <= 2; procs++) {
+        static int seen[N0 + N1];
+        memset(seen, 0, sizeof(seen));
+        DataLoader dl[2];
+        for (int r = 0; r < procs; r++) { dataloader_init(&dl[r], pattern, B, T, r, procs, 65535); }
+        int step_tokens = B * T * procs;
+        int steps = (N0 - 1) / step_tokens + (N1 - 1) / step_tokens;
+        int targets_ok = 1;
+        for (int s = 0; s < steps; s++) {
+            for (int r = 0; r < procs; r++) {
+                dataloader_next_batch(&dl[r]);
+                for (int i = 0; i < B * T; i++) {
+                    seen[dl[r].inputs[i]]++;
+                    targets_ok &= dl[r].targets[i] == dl[r].inputs[i] + 1;
+                }
+            }
+        }
+        int covered0 = (N0 - 1) / step_tokens * step_tokens, covered1 = (N1 - 1) / step_tokens * step_tokens;
+        int once = 1;
+        for (int i = 0; i < N0 + N1; i++) {
+            int in_range = i < covered0 || (i >= N0 && i < N0 + covered1);
+            once &= seen[i] == (in_range ? 1 : 0);
+        }
+        char name[96];
+        snprintf(name, sizeof(name), "data loader: %d process(es) see every position once per epoch", procs);
+        check(once, name, "a position was skipped or repeated");
+        snprintf(name, sizeof(name), "data loader: %d process(es): targets are the next tokens", procs);
+        check(targets_ok, name, "target != input + 1");
+        dataloader_next_batch(&dl[0]);
+        snprintf(name, sizeof(name), "data loader: %d process(es): the next epoch starts at the first shard", procs);
+        check(dl[0].epoch == 1 && dl[0].inputs[0] == 0, name, "epoch %d first input %d", dl[0].epoch, dl[0].inputs[0]);
+        for (int r = 0; r < procs; r++) { dataloader_free(&dl[r]); }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// memory: the planner's closed forms equal what the trainer allocates
+
+static void test_memory_plan(void) {
+    GPT2Config shapes[3] = {
+        {16, 101, 128, 2, 4, 48},
+        {64, 50257, 50304, 3, 6, 96},
+        {32, 300, 384, 1, 1, 8},
+    };
+    int BTs[3][2] = {{3, 11}, {2, 64}, {5, 1}};
+    for (int k = 0; k < 3; k++) {
+        memset(&g_mem, 0, sizeof(g_mem));
+        GPT2 m;
+        gpt2_init_random(&m, &shapes[k], 1);
+        gpt2_alloc_training(&m, BTs[k][0], BTs[k][1]);
+        int* gen = (int*)mem_alloc(MEM_SCRATCH, (size_t)BTs[k][1] * sizeof(int));
+        // one loader's buffers, as the trainer allocates them
+        size_t BT = (size_t)BTs[k][0] * BTs[k][1];
+        void* b1 = mem_alloc(MEM_SCRATCH, (BT + 1) * sizeof(uint16_t));
+        void* b2 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
+        void* b3 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
+        PlanInputs in = {BTs[k][0], BTs[k][1], 1};
+        MemPlan p = plan_memory(&shapes[k], in);
+        int same = 1;
+        char detail[256] = "";
+        for (int i = 0; i < NUM_MEM_CATEGORIES; i++) {
+            if (p.bytes[i] != g_mem.peak[i]) {
+                same = 0;
+                snprintf(detail, sizeof(detail), "%s: planned %zu measured %zu", MEM_CATEGORY_NAMES[i], p.bytes[i], g_mem.peak[i]);
+            }
+        }
+        char name[96];
+        snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d)",
+                 shapes[k].num_layers, shapes[k].channels, BTs[k][0], BTs[k][1]);
+        check(same, name, "%s", detail);
+        mem_free(gen); mem_free(b1); mem_free(b2); mem_free(b3);
+        gpt2_free(&m);
+        check(g_mem.total_current == 0, "memory: everything allocated is freed", "%zu bytes left", g_mem.total_current);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// fixtures for the command-line tests (scripts/test_cli.sh)
+
+#define FIXTURE_V 64      // vocabulary of the fixture model and shards
+#define FIXTURE_TOKENS 4096
+
+static void write_model_variant(const char* dir, const char* name, const GPT2* m, int slot, int value, long truncate_to) {
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    model_file_write(path, &m->config, m->params_memory);
+    if (slot >= 0) {
+        FILE* f = fopen_check(path, "r+b");
+        fseek_check(f, slot * (long)sizeof(int), SEEK_SET);
+        fwrite_check(&value, sizeof(int), 1, f);
+        fclose(f);
+    }
+    if (truncate_to > 0 && truncate(path, truncate_to) != 0) { fail("truncate %s", path); }
+}
+
+static void write_fixtures(const char* dir) {
+    mkdir(dir, 0755);
+    GPT2Config cfg = {32, FIXTURE_V, 128, 2, 4, 32};  // maxT, V, Vp, L, NH, C
+    GPT2 m;
+    gpt2_init_random(&m, &cfg, 42);
+    write_model_variant(dir, "model.bin", &m, -1, 0, 0);
+    write_model_variant(dir, "model_badmagic.bin", &m, MODEL_SLOT_MAGIC, 12345, 0);
+    write_model_variant(dir, "model_badversion.bin", &m, MODEL_SLOT_VERSION, 4, 0);
+    write_model_variant(dir, "model_badheads.bin", &m, MODEL_SLOT_NUM_HEADS, 5, 0);  // C=32 not divisible by 5
+    write_model_variant(dir, "model_truncated.bin", &m, -1, 0, 5000);
+    gpt2_free(&m);
+    uint16_t toks[FIXTURE_TOKENS];
+    uint64_t rng = 3;
+    for (int i = 0; i < FIXTURE_TOKENS; i++) { toks[i] = (uint16_t)(rand_u32(&rng) % FIXTURE_V); }
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/train.bin", dir); write_shard(path, toks, FIXTURE_TOKENS);
+    snprintf(path, sizeof(path), "%s/val.bin", dir); write_shard(path, toks, FIXTURE_TOKENS / 4);
+    snprintf(path, sizeof(path), "%s/shard_small.bin", dir); write_shard(path, toks, 10);
+    toks[100] = FIXTURE_V;  // one token outside the vocabulary
+    snprintf(path, sizeof(path), "%s/shard_bigtoken.bin", dir); write_shard(path, toks, FIXTURE_TOKENS);
+    toks[100] = 0;
+    const struct { const char* name; int slot, value; } bad[] = {
+        {"shard_badmagic.bin", 0, 1}, {"shard_badversion.bin", 1, 7}, {"shard_badcount.bin", 2, FIXTURE_TOKENS + 5},
+    };
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, bad[i].name);
+        write_shard(path, toks, FIXTURE_TOKENS);
+        FILE* f = fopen_check(path, "r+b");
+        fseek_check(f, bad[i].slot * (long)sizeof(int), SEEK_SET);
+        fwrite_check(&bad[i].value, sizeof(int), 1, f);
+        fclose(f);
+    }
+    snprintf(path, sizeof(path), "%s/tokenizer.bin", dir); write_tokenizer(path, FIXTURE_V);
+    printf("fixtures written to %s\n", dir);
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char** argv) {
+    if (argc == 3 && strcmp(argv[1], "--write-fixtures") == 0) { write_fixtures(argv[2]); return 0; }
+    char dir[] = "/tmp/test_gpt_XXXXXX";
+    if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
+    test_against_pytorch();
+    test_finite_differences();
+    test_model_files(dir);
+    test_tokenizer(dir);
+    test_dataloader(dir);
+    test_memory_plan();
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail == 0 ? 0 : 1;
+}

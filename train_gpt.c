@@ -1,0 +1,705 @@
+/*
+train_gpt.c: GPT-2 training on the CPU, fp32, C11 + OpenMP. The reference path:
+every other path of the project (the memory-saving flags, the CUDA program) is
+tested against what this file computes.
+
+Reading order: the model's tensors (parameters, activations, backward buffers),
+one transformer block forward and backward, the whole model forward and backward,
+the optimizer step, sampling, checkpoints, and the training loop with main().
+The layers themselves are in llmc/cpu_layers.h; files, flags and memory
+accounting are in the other small headers of llmc/.
+
+    make train_gpt && ./train_gpt             # d6 on TinyShakespeare (make run prepares the data)
+    ./train_gpt -e d12 -b 4 -t 64             # GPT-2 124M
+    ./train_gpt --plan -e d48 -b 8 -t 1024    # what would that need?
+*/
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "llmc/utils.h"
+#include "llmc/model_config.h"
+#include "llmc/cpu_layers.h"
+#include "llmc/memory.h"
+#include "llmc/planner.h"
+#include "llmc/rand.h"
+#include "llmc/flags.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/checkpoint.h"
+
+// ----------------------------------------------------------------------------
+// parameters: 16 tensors carved from one allocation, in checkpoint order
+
+typedef struct {
+    float* wte;      // (Vp, C) token embedding, also the classifier (tied)
+    float* wpe;      // (maxT, C) position embedding
+    float* ln1w;     // (L, C)
+    float* ln1b;     // (L, C)
+    float* qkvw;     // (L, 3C, C)
+    float* qkvb;     // (L, 3C)
+    float* attprojw; // (L, C, C)
+    float* attprojb; // (L, C)
+    float* ln2w;     // (L, C)
+    float* ln2b;     // (L, C)
+    float* fcw;      // (L, 4C, C)
+    float* fcb;      // (L, 4C)
+    float* fcprojw;  // (L, C, 4C)
+    float* fcprojb;  // (L, C)
+    float* lnfw;     // (C)
+    float* lnfb;     // (C)
+} ParameterTensors;
+
+// points the 16 tensors of p into memory, in model_config.h's order
+static void point_parameters(ParameterTensors* p, float* memory, const GPT2Config* cfg) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, cfg);
+    float** ptrs[NUM_PARAMETER_TENSORS] = {
+        &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
+        &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
+    };
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { *ptrs[i] = memory; memory += sizes[i]; }
+}
+
+// one layer's slice of the per-layer tensors
+typedef struct {
+    const float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} LayerParams;
+typedef struct {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} LayerGrads;
+
+static LayerParams layer_params(const ParameterTensors* p, int l, int C) {
+    size_t c = C;
+    LayerParams lp = {
+        p->ln1w + l * c, p->ln1b + l * c, p->qkvw + l * 3 * c * c, p->qkvb + l * 3 * c,
+        p->attprojw + l * c * c, p->attprojb + l * c, p->ln2w + l * c, p->ln2b + l * c,
+        p->fcw + l * 4 * c * c, p->fcb + l * 4 * c, p->fcprojw + l * 4 * c * c, p->fcprojb + l * c,
+    };
+    return lp;
+}
+static LayerGrads layer_grads(const ParameterTensors* g, int l, int C) {
+    LayerParams lp = layer_params(g, l, C);  // same offsets, writable memory
+    LayerGrads lg;
+    memcpy(&lg, &lp, sizeof(lg));
+    return lg;
+}
+
+// ----------------------------------------------------------------------------
+// activations: what forward keeps for backward. Each layer's tensors are one
+// contiguous block (so a layer can later be moved or dropped as a unit).
+
+typedef struct {
+    float* ln1;        // (B,T,C)  LayerNorm 1 output
+    float* ln1_mean;   // (B,T)
+    float* ln1_rstd;   // (B,T)
+    float* qkv;        // (B,T,3C) query, key, value
+    float* atty;       // (B,T,C)  attention output, heads concatenated
+    float* att;        // (B,NH,T,T) attention weights (softmax output)
+    float* residual2;  // (B,T,C)  residual stream after attention
+    float* ln2;        // (B,T,C)
+    float* ln2_mean;   // (B,T)
+    float* ln2_rstd;   // (B,T)
+    float* fch;        // (B,T,4C) MLP hidden, before GELU
+    float* fch_gelu;   // (B,T,4C) after GELU
+    float* residual3;  // (B,T,C)  block output = next block's input
+} LayerActs;
+#define NUM_LAYER_ACTS 13
+
+static void layer_act_sizes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH) {
+    size_t BT = (size_t)B * T;
+    size_t sizes[NUM_LAYER_ACTS] = {
+        BT * C, BT, BT, BT * 3 * C, BT * C, (size_t)B * NH * T * T, BT * C,
+        BT * C, BT, BT, BT * 4 * C, BT * 4 * C, BT * C,
+    };
+    memcpy(s, sizes, sizeof(sizes));
+}
+
+static size_t point_layer_acts(LayerActs* a, float* memory, int B, int T, int C, int NH) {
+    size_t s[NUM_LAYER_ACTS], total = 0;
+    layer_act_sizes(s, B, T, C, NH);
+    float** ptrs[NUM_LAYER_ACTS] = {
+        &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att, &a->residual2,
+        &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu, &a->residual3,
+    };
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { *ptrs[i] = memory + total; total += s[i]; }
+    return total;
+}
+
+typedef struct {
+    float* encoded;     // (B,T,C) embeddings = input of layer 0
+    LayerActs* layers;  // [L]
+    float* lnf;         // (B,T,C) final LayerNorm output
+    float* lnf_mean;    // (B,T)
+    float* lnf_rstd;    // (B,T)
+    float* logits;      // (B,T,Vp) logits, turned in place into probabilities, then into their gradient
+    float* losses;      // (B,T) per-position cross-entropy
+} ActivationTensors;
+
+// backward's working set: one layer's worth, reused by every layer
+typedef struct {
+    float* dresidual;   // (B,T,C) gradient of the residual stream at the current layer boundary
+    float* dbtc;        // (B,T,C) temporary: d(ln2), then d(atty), then d(ln1)
+    float* dqkv;        // (B,T,3C)
+    float* dfch_gelu;   // (B,T,4C)
+    float* dfch;        // (B,T,4C)
+    float* datt;        // (B,NH,T,T) attention-weight gradient (scratch)
+} BackwardBuffers;
+
+typedef struct {
+    GPT2Config config;
+    size_t num_parameters;
+    float* params_memory;
+    ParameterTensors params;
+    float* grads_memory;
+    ParameterTensors grads;
+    float* opt_memory;        // optimizer state, one block (AdamW: m then v, 2 x num_parameters)
+    size_t opt_floats;
+    float* m_memory;          // AdamW first moment, in opt_memory
+    float* v_memory;          // AdamW second moment, in opt_memory
+    ActivationTensors acts;
+    float* acts_memory;
+    BackwardBuffers bwd;
+    float* bwd_memory;
+    int batch_size, seq_len;  // the (B,T) the activations were sized for
+    float mean_loss;          // of the last forward with targets
+} GPT2;
+
+static float* layer_input(const GPT2* m, int l) {
+    return l == 0 ? m->acts.encoded : m->acts.layers[l - 1].residual3;
+}
+
+// ----------------------------------------------------------------------------
+// model creation: random initialisation or a checkpoint
+
+static void gpt2_alloc_params(GPT2* m, const GPT2Config* cfg) {
+    m->config = *cfg;
+    m->num_parameters = gpt2_num_parameters(cfg);
+    m->params_memory = (float*)mem_alloc(MEM_PARAMETERS, m->num_parameters * sizeof(float));
+    point_parameters(&m->params, m->params_memory, cfg);
+    m->grads_memory = NULL;
+    m->opt_memory = m->m_memory = m->v_memory = NULL;
+    m->acts_memory = m->bwd_memory = NULL;
+    m->acts.layers = NULL;
+}
+
+#define INIT_STD 0.02f  // GPT-2's initialisation scale
+
+// GPT-2 initialisation: weights normal(0, 0.02), residual projections 0.02/sqrt(2L),
+// biases 0, LayerNorm weights 1; padded vocabulary rows 0. Deterministic in the seed.
+static void gpt2_init_random(GPT2* m, const GPT2Config* cfg, uint64_t seed) {
+    gpt2_alloc_params(m, cfg);
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, cfg);
+    float residual_std = INIT_STD / sqrtf(2.0f * cfg->num_layers);
+    uint64_t rng = RNG_SEED_MIX ^ seed;
+    float* p = m->params_memory;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        const char* name = PARAMETER_NAMES[i];
+        int is_ln_weight = strcmp(name, "ln1w") == 0 || strcmp(name, "ln2w") == 0 || strcmp(name, "lnfw") == 0;
+        float std = (strcmp(name, "attprojw") == 0 || strcmp(name, "fcprojw") == 0) ? residual_std : INIT_STD;
+        size_t n = sizes[i];
+        if (i == 0) { n = (size_t)cfg->vocab_size * cfg->channels; }  // wte: real rows only
+        for (size_t j = 0; j < sizes[i]; j++) {
+            if (j >= n) { p[j] = 0.0f; }
+            else if (PARAMETER_IS_MATRIX[i]) { p[j] = std * rand_normal(&rng); }
+            else { p[j] = is_ln_weight ? 1.0f : 0.0f; }
+        }
+        p += sizes[i];
+    }
+}
+
+static void gpt2_load(GPT2* m, const char* path) {
+    GPT2Config cfg;
+    int version;
+    FILE* f = model_file_open(path, &cfg, &version);
+    gpt2_alloc_params(m, &cfg);
+    model_file_read_params(f, path, &cfg, version, m->params_memory);
+}
+
+// gradients, optimizer state, activations and backward buffers for micro-batches of (B,T)
+static void gpt2_alloc_training(GPT2* m, int B, int T) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t BT = (size_t)B * T, P = m->num_parameters;
+    m->batch_size = B;
+    m->seq_len = T;
+    m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, P * sizeof(float));
+    point_parameters(&m->grads, m->grads_memory, c);
+    m->opt_floats = 2 * P;
+    m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
+    m->m_memory = m->opt_memory;
+    m->v_memory = m->opt_memory + P;
+    // activations: encoded, L layer blocks, lnf, lnf_mean, lnf_rstd, logits, losses
+    size_t ls[NUM_LAYER_ACTS], layer_floats = 0;
+    layer_act_sizes(ls, B, T, C, NH);
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { layer_floats += ls[i]; }
+    size_t total = BT * C + L * layer_floats + BT * C + 2 * BT + BT * Vp + BT;
+    m->acts_memory = (float*)mem_calloc(MEM_ACTIVATIONS, total * sizeof(float));
+    m->acts.layers = (LayerActs*)malloc_check(L * sizeof(LayerActs));  // pointers only, not counted
+    float* p = m->acts_memory;
+    m->acts.encoded = p; p += BT * C;
+    for (int l = 0; l < L; l++) { p += point_layer_acts(&m->acts.layers[l], p, B, T, C, NH); }
+    m->acts.lnf = p; p += BT * C;
+    m->acts.lnf_mean = p; p += BT;
+    m->acts.lnf_rstd = p; p += BT;
+    m->acts.logits = p; p += BT * Vp;
+    m->acts.losses = p; p += BT;
+    // backward buffers
+    size_t bsizes[6] = {BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C, (size_t)B * NH * T * T};
+    float** bptrs[6] = {&m->bwd.dresidual, &m->bwd.dbtc, &m->bwd.dqkv, &m->bwd.dfch_gelu, &m->bwd.dfch, &m->bwd.datt};
+    size_t btotal = 0;
+    for (int i = 0; i < 6; i++) { btotal += bsizes[i]; }
+    m->bwd_memory = (float*)mem_calloc(MEM_ACT_GRADIENTS, btotal * sizeof(float));
+    p = m->bwd_memory;
+    for (int i = 0; i < 6; i++) { *bptrs[i] = p; p += bsizes[i]; }
+}
+
+static void gpt2_free(GPT2* m) {
+    mem_free(m->params_memory);
+    mem_free(m->grads_memory);
+    mem_free(m->opt_memory);
+    mem_free(m->acts_memory);
+    mem_free(m->bwd_memory);
+    free(m->acts.layers);
+}
+
+// ----------------------------------------------------------------------------
+// one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that))
+
+// x (B,T,C) is the block's input; fills a (its residual3 is the block output)
+static void block_forward(LayerActs* a, const float* x, const LayerParams* p, int B, int T, int C, int NH) {
+    size_t BTC = (size_t)B * T * C;
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C);
+    matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C);
+    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    matmul_forward(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C);
+    residual_forward(a->residual2, x, a->residual2, BTC);  // in place: residual2 = x + projection
+    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C);
+    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C);
+    gelu_forward(a->fch_gelu, a->fch, BTC * 4);
+    matmul_forward(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C);
+    residual_forward(a->residual3, a->residual2, a->residual3, BTC);
+}
+
+// on entry bwd->dresidual holds d(block output); on exit d(block input) (x).
+// Parameter gradients accumulate into g.
+static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float* x, const LayerParams* p,
+                           const LayerGrads* g, int B, int T, int C, int NH) {
+    size_t BTC = (size_t)B * T * C;
+    // MLP branch; the residual passes dresidual through unchanged, so it stays in place
+    memset(bwd->dfch_gelu, 0, BTC * 4 * sizeof(float));
+    matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, bwd->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C);
+    memset(bwd->dfch, 0, BTC * 4 * sizeof(float));
+    gelu_backward(bwd->dfch, a->fch, bwd->dfch_gelu, BTC * 4);
+    memset(bwd->dbtc, 0, BTC * sizeof(float));
+    matmul_backward(bwd->dbtc, g->fcw, g->fcb, bwd->dfch, a->ln2, p->fcw, B, T, C, 4 * C);
+    layernorm_backward(bwd->dresidual, g->ln2w, g->ln2b, bwd->dbtc, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C);
+    // attention branch
+    memset(bwd->dbtc, 0, BTC * sizeof(float));
+    matmul_backward(bwd->dbtc, g->attprojw, g->attprojb, bwd->dresidual, a->atty, p->attprojw, B, T, C, C);
+    memset(bwd->dqkv, 0, BTC * 3 * sizeof(float));
+    attention_backward(bwd->dqkv, bwd->datt, bwd->dbtc, a->qkv, a->att, B, T, C, NH);
+    memset(bwd->dbtc, 0, BTC * sizeof(float));
+    matmul_backward(bwd->dbtc, g->qkvw, g->qkvb, bwd->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C);
+    layernorm_backward(bwd->dresidual, g->ln1w, g->ln1b, bwd->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C);
+}
+
+// ----------------------------------------------------------------------------
+// the whole model
+
+// inputs (B,T) token ids; targets (B,T) or NULL. Leaves probabilities in acts.logits
+// and, with targets, per-position losses and their mean in m->mean_loss.
+static void gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
+    if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
+    ActivationTensors* a = &m->acts;
+    encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+    for (int l = 0; l < L; l++) {
+        LayerParams lp = layer_params(&m->params, l, C);
+        block_forward(&a->layers[l], layer_input(m, l), &lp, B, T, C, NH);
+    }
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(m, L), m->params.lnfw, m->params.lnfb, B, T, C);
+    matmul_forward(a->logits, a->lnf, m->params.wte, NULL, B, T, C, Vp);
+    softmax_forward(a->logits, a->logits, B, T, V, Vp);  // in place: logits -> probabilities
+    if (targets == NULL) { m->mean_loss = -1.0f; return; }
+    crossentropy_forward(a->losses, a->logits, targets, B, T, Vp);
+    double sum = 0.0;
+    for (int i = 0; i < B * T; i++) { sum += a->losses[i]; }
+    m->mean_loss = (float)(sum / (B * T));
+}
+
+static void gpt2_zero_grad(GPT2* m) {
+    memset(m->grads_memory, 0, m->num_parameters * sizeof(float));
+}
+
+// accumulates into the gradients d(loss_scale * sum of position losses) for the batch
+// of the last forward; loss_scale is 1/(B*T*accumulation steps) for a mean loss.
+static void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
+    ActivationTensors* a = &m->acts;
+    BackwardBuffers* bwd = &m->bwd;
+    size_t BTC = (size_t)B * T * C;
+    crossentropy_softmax_backward(a->logits, a->logits, targets, loss_scale, B, T, V, Vp);  // probs -> dlogits
+    memset(bwd->dbtc, 0, BTC * sizeof(float));
+    matmul_backward(bwd->dbtc, m->grads.wte, NULL, a->logits, a->lnf, m->params.wte, B, T, C, Vp);
+    memset(bwd->dresidual, 0, BTC * sizeof(float));
+    layernorm_backward(bwd->dresidual, m->grads.lnfw, m->grads.lnfb, bwd->dbtc, layer_input(m, L),
+                       m->params.lnfw, a->lnf_mean, a->lnf_rstd, B, T, C);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerParams lp = layer_params(&m->params, l, C);
+        LayerGrads lg = layer_grads(&m->grads, l, C);
+        block_backward(bwd, &a->layers[l], layer_input(m, l), &lp, &lg, B, T, C, NH);
+    }
+    encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C);
+}
+
+// ----------------------------------------------------------------------------
+// optimizer step
+
+#define NORM_CHUNKS 256  // fixed partition of the sum of squares: same result for any thread count
+
+// global L2 norm of all gradients, summed in double over a fixed partition
+static float gpt2_grad_norm(const GPT2* m) {
+    double partial[NORM_CHUNKS];
+    size_t n = m->num_parameters, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
+    #pragma omp parallel for
+    for (int k = 0; k < NORM_CHUNKS; k++) {
+        double s = 0.0;
+        size_t end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
+        for (size_t i = k * chunk; i < end; i++) { s += (double)m->grads_memory[i] * m->grads_memory[i]; }
+        partial[k] = s;
+    }
+    double total = 0.0;
+    for (int k = 0; k < NORM_CHUNKS; k++) { total += partial[k]; }
+    return (float)sqrt(total);
+}
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_clip;  // 0 = off
+    int t;            // optimizer step, from 1
+} AdamWConfig;
+
+// clips the gradients to the global norm (given) and takes one AdamW step;
+// weight decay applies to the 2-D weights only
+static void gpt2_update(GPT2* m, const AdamWConfig* o, float grad_norm) {
+    if (o->grad_clip > 0.0f && grad_norm > o->grad_clip) {
+        float scale = o->grad_clip / grad_norm;
+        #pragma omp parallel for
+        for (size_t i = 0; i < m->num_parameters; i++) { m->grads_memory[i] *= scale; }
+    }
+    size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
+    gpt2_parameter_sizes(sizes, &m->config);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        float wd = PARAMETER_IS_MATRIX[i] ? o->weight_decay : 0.0f;
+        adamw_update(m->params_memory + off, m->grads_memory + off, m->m_memory + off, m->v_memory + off,
+                     sizes[i], o->lr, o->beta1, o->beta2, o->eps, wd, o->t);
+        off += sizes[i];
+    }
+}
+
+// warmup (linear from lr/warmup) then cosine decay to lr * final_frac at max_steps
+static float learning_rate_at(const TrainOptions* o, int step, int max_steps) {
+    if (step < o->warmup_steps) { return o->learning_rate * (step + 1) / o->warmup_steps; }
+    if (max_steps <= o->warmup_steps) { return o->learning_rate; }
+    float ratio = (float)(step - o->warmup_steps) / (float)(max_steps - o->warmup_steps);
+    float coeff = 0.5f * (1.0f + cosf((float)M_PI * ratio));
+    float min_lr = o->learning_rate * o->final_lr_frac;
+    return min_lr + coeff * (o->learning_rate - min_lr);
+}
+
+// ----------------------------------------------------------------------------
+// sampling
+
+// draws an index from probs (n) given a uniform coin in [0, 1)
+static int sample_index(const float* probs, int n, float coin) {
+    float cdf = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cdf += probs[i];
+        if (coin < cdf) { return i; }
+    }
+    return n - 1;  // rounding
+}
+
+// generates tokens[1..n-1] after tokens[0] (EOT), one forward per token, and prints them
+static void gpt2_sample(GPT2* m, int* tokens, int n, const Tokenizer* tok, uint64_t* rng) {
+    tokens[0] = GPT2_EOT;
+    for (int t = 1; t < n; t++) {
+        gpt2_forward(m, tokens, NULL, 1, t);
+        const float* probs = m->acts.logits + (size_t)(t - 1) * m->config.padded_vocab_size;
+        tokens[t] = sample_index(probs, m->config.vocab_size, rand_uniform(rng));
+        if (tok->init_ok) { safe_print(tokenizer_decode(tok, tokens[t])); } else { printf("%d ", tokens[t]); }
+        fflush(stdout);
+    }
+    printf("\n");
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: model file + training state + DONE marker (checkpoint.h)
+
+static void gpt2_save_checkpoint(const GPT2* m, const char* dir, int step, const DataLoader* dl, uint64_t rng) {
+    char path[1100];
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    model_file_write(path, &m->config, m->params_memory);
+    TrainState s = {1, 0, step, (int)dl->shard, dl->epoch, dl->position, rng, m->num_parameters, m->opt_floats};
+    checkpoint_path(path, sizeof(path), dir, "state", step, 0);
+    state_file_write(path, &s, m->opt_memory);
+    checkpoint_mark_done(dir, step);
+    printf("checkpoint: wrote step %d to %s/\n", step, dir);
+}
+
+// loads the newest complete checkpoint of dir into an allocated model; returns its step
+static int gpt2_resume(GPT2* m, const char* dir, DataLoader* dl, uint64_t* rng) {
+    int step = checkpoint_latest(dir);
+    if (step < 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
+    char path[1100];
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    GPT2Config cfg;
+    int version;
+    FILE* f = model_file_open(path, &cfg, &version);
+    if (memcmp(&cfg, &m->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", path); }
+    model_file_read_params(f, path, &cfg, version, m->params_memory);
+    TrainState s;
+    checkpoint_path(path, sizeof(path), dir, "state", step, 0);
+    state_file_read(path, &s, m->opt_memory, m->opt_floats);
+    dataloader_seek(dl, (size_t)s.data_shard, s.data_position, s.data_epoch);
+    *rng = s.rng;
+    printf("resumed from %s/ at step %d\n", dir, step);
+    return step;
+}
+
+// ----------------------------------------------------------------------------
+// training
+
+static volatile sig_atomic_t g_stop_requested = 0;
+static void on_stop_signal(int sig) { (void)sig; g_stop_requested = 1; }
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's
+// score and value products, 12 L T C (PaLM's estimate, as llm.c)
+static double flops_per_token(const GPT2* m, int T) {
+    const GPT2Config* c = &m->config;
+    return 6.0 * m->num_parameters + 12.0 * c->num_layers * T * c->channels;
+}
+
+// model from -e: a preset name initialises randomly, anything else is a model file
+static void build_model(GPT2* m, const TrainOptions* o) {
+    GPT2Config cfg;
+    if (gpt2_config_preset(&cfg, o->model)) {
+        gpt2_init_random(m, &cfg, o->seed);
+        return;
+    }
+    FILE* f = fopen(o->model, "rb");
+    if (f == NULL) {
+        fail("-e '%s' is neither a preset (tiny, d6, d12, d24, d36, d48, d60) nor a readable model file", o->model);
+    }
+    fclose(f);
+    gpt2_load(m, o->model);
+}
+
+// checks the options against each other and the model; returns gradient accumulation steps
+static int check_options(const TrainOptions* o, const GPT2Config* c) {
+    if (o->batch_size < 1) { fail("-b %d: the batch size must be >= 1", o->batch_size); }
+    if (o->seq_len < 1) { fail("-t %d: the sequence length must be >= 1", o->seq_len); }
+    if (o->seq_len > c->max_seq_len) {
+        fail("-t %d is longer than the model's context maxT=%d\n  hint: use -t %d or less", o->seq_len, c->max_seq_len, c->max_seq_len);
+    }
+    int BT = o->batch_size * o->seq_len;
+    int total = o->total_batch_size == -1 ? BT : o->total_batch_size;
+    if (total < 1 || total % BT != 0) {
+        fail("-d %d: the total batch (tokens per step) must be a positive multiple of B*T = %d\n"
+             "  hint: use -d %d, %d, ... or -d -1", o->total_batch_size, BT, BT, 2 * BT);
+    }
+    if (o->learning_rate < 0.0f || o->weight_decay < 0.0f || o->grad_clip < 0.0f) { fail("-l, -c and --grad-clip must be >= 0"); }
+    if (o->beta1 < 0.0f || o->beta1 >= 1.0f || o->beta2 < 0.0f || o->beta2 >= 1.0f) { fail("--beta1 and --beta2 must be in [0, 1)"); }
+    if (o->warmup_steps < 0 || o->val_every < 0 || o->sample_every < 0 || o->checkpoint_every < 0 || o->val_steps < 0) {
+        fail("-u, -v, -m, -s and -n must be >= 0");
+    }
+    if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
+    if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
+    if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
+    if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
+    return total / BT;
+}
+
+static void print_config(const TrainOptions* o, const GPT2* m, int accum) {
+    const GPT2Config* c = &m->config;
+    printf("+-----------------------+----------------------------------------------------+\n");
+    printf("| model                 | L=%d C=%d NH=%d V=%d Vp=%d maxT=%d\n", c->num_layers, c->channels,
+           c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
+    printf("| parameters            | %zu (%.1fM)\n", m->num_parameters, m->num_parameters / 1e6);
+    printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", accum, o->batch_size * o->seq_len);
+    printf("| OpenMP threads        | %d\n", num_threads());
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        char v[PATH_MAX_LEN + 8];
+        flag_value_string(&FLAGS[i], o, v, sizeof(v));
+        printf("| %-21s | %s\n", FLAGS[i].longname + 2, v);
+    }
+    printf("+-----------------------+----------------------------------------------------+\n");
+}
+
+static float validation_loss(GPT2* m, DataLoader* val, int steps) {
+    dataloader_reset(val);
+    double sum = 0.0;
+    for (int i = 0; i < steps; i++) {
+        dataloader_next_batch(val);
+        gpt2_forward(m, val->inputs, val->targets, val->B, val->T);
+        sum += m->mean_loss;
+    }
+    return (float)(sum / steps);
+}
+
+static int run_training(const TrainOptions* o) {
+    // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
+    // threads' stacks (started by a first parallel region), the tokenizer
+    #pragma omp parallel
+    { (void)0; }
+    Tokenizer tok;
+    tokenizer_init(&tok, o->tokenizer);
+    size_t rss_at_start = mem_rss_now();
+    GPT2 model;
+    build_model(&model, o);
+    int accum = check_options(o, &model.config);
+    int B = o->batch_size, T = o->seq_len;
+    int has_val = o->val_data[0] != '\0' && o->val_steps > 0;
+    PlanInputs plan_in = {B, T, 1 + has_val};
+    MemPlan plan = plan_memory(&model.config, plan_in);
+    if (o->plan_only) {
+        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (AdamW, fp32):\n", model.config.num_layers,
+               model.config.channels, model.config.num_heads, model.config.padded_vocab_size, B, T);
+        print_memory_table(&plan, NULL);
+        return 0;
+    }
+    int has_out = o->out_dir[0] != '\0';
+    if (has_out) { ensure_output_dir(o->out_dir); }
+    gpt2_alloc_training(&model, B, T);
+    DataLoader train, val;
+    dataloader_init(&train, o->train_data, B, T, 0, 1, model.config.vocab_size);
+    if (has_val) { dataloader_init(&val, o->val_data, B, T, 0, 1, model.config.vocab_size); }
+    int gen_len = o->gen_tokens < T ? o->gen_tokens : T;
+    int* gen_tokens = (int*)mem_alloc(MEM_SCRATCH, (size_t)T * sizeof(int));
+    // steps: -x, or one epoch of the training shards
+    int max_steps = o->max_steps;
+    if (max_steps == -1) {
+        size_t tokens = 0;
+        for (size_t s = 0; s < train.num_shards; s++) { dataloader_open_shard(&train, s); tokens += train.shard_tokens - 1; }
+        dataloader_reset(&train);
+        max_steps = (int)(tokens / ((size_t)B * T * accum));
+        if (max_steps < 1) { max_steps = 1; }
+    }
+    uint64_t sample_rng = RNG_SEED_MIX ^ (o->seed + 1);
+    int start_step = o->resume ? gpt2_resume(&model, o->out_dir, &train, &sample_rng) : 0;
+    print_config(o, &model, accum);
+    printf("memory plan (bytes by category; measured after the first step):\n");
+    print_memory_table(&plan, NULL);
+    FILE* log = NULL;
+    if (has_out) {
+        char path[1100];
+        snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
+        log = fopen_check(path, o->resume ? "a" : "w");
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    double fpt = flops_per_token(&model, T);
+    for (int step = start_step; step <= max_steps; step++) {
+        int last = step == max_steps;
+        if (has_val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
+            float vl = validation_loss(&model, &val, o->val_steps);
+            printf("step %5d | val loss %.6f\n", step, vl);
+            if (log) { fprintf(log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(log); }
+        }
+        if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last)) {
+            printf("---- sample at step %d ----\n", step);
+            gpt2_sample(&model, gen_tokens, gen_len, &tok, &sample_rng);
+            printf("---------------------------\n");
+        }
+        int stop = g_stop_requested;
+        int periodic = o->checkpoint_every > 0 && step > start_step && step % o->checkpoint_every == 0;
+        if (has_out && (last || stop || periodic)) { gpt2_save_checkpoint(&model, o->out_dir, step, &train, sample_rng); }
+        if (stop) {
+            printf("stopped by signal after step %d; resume with the same flags and -y 1\n", step);
+            break;
+        }
+        if (last) { break; }
+
+        double t0 = now_seconds();
+        gpt2_zero_grad(&model);
+        double loss = 0.0;
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_next_batch(&train);
+            gpt2_forward(&model, train.inputs, train.targets, B, T);
+            gpt2_backward(&model, train.inputs, train.targets, B, T, 1.0f / ((float)B * T * accum));
+            loss += model.mean_loss;
+        }
+        loss /= accum;
+        float norm = gpt2_grad_norm(&model);
+        if (!isfinite(loss) || !isfinite(norm)) {
+            fail("the loss (%f) or gradient norm (%f) is not finite at step %d; the weights were not updated\n"
+                 "  hint: lower the learning rate (-l), keep --grad-clip on; checkpoints already in '%s' are intact",
+                 loss, norm, step + 1, has_out ? o->out_dir : "(no -o)");
+        }
+        AdamWConfig ac = {learning_rate_at(o, step, max_steps), o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip, step + 1};
+        gpt2_update(&model, &ac, norm);
+        double dt = now_seconds() - t0;
+        double tokens = (double)B * T * accum;
+        printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s\n",
+               step + 1, max_steps, loss, norm, ac.lr, dt * 1e3, tokens / dt, fpt * tokens / dt / 1e9);
+        if (log) {
+            fprintf(log, "{\"step\": %d, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+                    step + 1, loss, norm, ac.lr, dt * 1e3, tokens / dt);
+            fflush(log);
+        }
+        if (step == start_step) {
+            printf("memory after the first step (planned vs measured high-water marks):\n");
+            print_memory_table(&plan, &g_mem);
+        }
+    }
+    size_t peak = mem_rss_peak();
+    printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
+           "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",
+           peak / MIB, g_mem.total_peak / MIB, rss_at_start / MIB,
+           ((double)peak - (double)g_mem.total_peak - (double)rss_at_start) / MIB);
+    if (log) { fclose(log); }
+    mem_free(gen_tokens);
+    dataloader_free(&train);
+    if (has_val) { dataloader_free(&val); }
+    tokenizer_free(&tok);
+    gpt2_free(&model);
+    return 0;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    TrainOptions opt = options_default();
+    if (parse_flags(&opt, argc, argv)) { return 0; }
+    return run_training(&opt);
+}
+#endif
