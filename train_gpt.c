@@ -505,19 +505,26 @@ static double flops_per_token(const GPT2* m, int T) {
     return 6.0 * m->num_parameters + 12.0 * c->num_layers * T * c->channels;
 }
 
-// model from -e: a preset name initialises randomly, anything else is a model file
-static void build_model(GPT2* m, const TrainOptions* o) {
-    GPT2Config cfg;
-    if (gpt2_config_preset(&cfg, o->model)) {
-        gpt2_init_random(m, &cfg, o->seed);
-        return;
-    }
+// the model's shape from -e: a preset name, or the header of a model file
+static int model_is_preset(const TrainOptions* o, GPT2Config* cfg) {
+    return gpt2_config_preset(cfg, o->model);
+}
+
+static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
+    if (model_is_preset(o, cfg)) { return; }
     FILE* f = fopen(o->model, "rb");
     if (f == NULL) {
         fail("-e '%s' is neither a preset (tiny, d6, d12, d24, d36, d48, d60) nor a readable model file", o->model);
     }
     fclose(f);
-    gpt2_load(m, o->model);
+    int version;
+    fclose(model_file_open(o->model, cfg, &version));
+}
+
+// the model from -e: a preset initialises randomly, a model file is loaded
+static void build_model(GPT2* m, const TrainOptions* o) {
+    GPT2Config cfg;
+    if (model_is_preset(o, &cfg)) { gpt2_init_random(m, &cfg, o->seed); } else { gpt2_load(m, o->model); }
 }
 
 // checks the options against each other and the model; returns gradient accumulation steps
@@ -580,19 +587,21 @@ static int run_training(const TrainOptions* o) {
     Tokenizer tok;
     tokenizer_init(&tok, o->tokenizer);
     size_t rss_at_start = mem_rss_now();
-    GPT2 model;
-    build_model(&model, o);
-    int accum = check_options(o, &model.config);
+    GPT2Config cfg;
+    resolve_model_config(o, &cfg);
+    int accum = check_options(o, &cfg);
     int B = o->batch_size, T = o->seq_len;
     int has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     PlanInputs plan_in = {B, T, 1 + has_val};
-    MemPlan plan = plan_memory(&model.config, plan_in);
-    if (o->plan_only) {
-        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (AdamW, fp32):\n", model.config.num_layers,
-               model.config.channels, model.config.num_heads, model.config.padded_vocab_size, B, T);
+    MemPlan plan = plan_memory(&cfg, plan_in);
+    if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
+        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (AdamW, fp32):\n", cfg.num_layers,
+               cfg.channels, cfg.num_heads, cfg.padded_vocab_size, B, T);
         print_memory_table(&plan, NULL);
         return 0;
     }
+    GPT2 model;
+    build_model(&model, o);
     int has_out = o->out_dir[0] != '\0';
     if (has_out) { ensure_output_dir(o->out_dir); }
     gpt2_alloc_training(&model, B, T);

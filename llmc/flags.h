@@ -70,11 +70,11 @@ static TrainOptions options_default(void) {
     o.beta2 = 0.95f;
     o.eps = 1e-8f;
     o.grad_clip = 1.0f;
-    o.max_steps = 100;
+    o.max_steps = 200;
     o.seed = 1337;
     o.val_every = 25;
     o.val_steps = 10;
-    o.sample_every = 50;
+    o.sample_every = 100;
     o.gen_tokens = 64;
     o.checkpoint_every = 0;
     o.resume = 0;

@@ -62,21 +62,22 @@ static size_t plan_total(const MemPlan* p) {
 }
 
 #define MIB (1024.0 * 1024.0)
+#define MEM_TABLE_RULE "+--------------------+----------------+----------------+-----------------------------------------------------+\n"
 
 // prints the plan; with measured != NULL, the measured high-water marks beside it
 static void print_memory_table(const MemPlan* p, const MemStats* measured) {
-    printf("+--------------------+------------+------------+-------------------------------------------------+\n");
-    printf("| memory             | planned    | measured   | formula (bytes)                                 |\n");
-    printf("+--------------------+------------+------------+-------------------------------------------------+\n");
+    printf("%s", MEM_TABLE_RULE);
+    printf("| %-18s | %-14s | %-14s | %-51s |\n", "memory", "planned", "measured", "formula (bytes)");
+    printf("%s", MEM_TABLE_RULE);
     for (int i = 0; i < NUM_MEM_CATEGORIES; i++) {
         char m[32] = "-";
         if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->peak[i] / MIB); }
-        printf("| %-18s | %6.2f MiB | %10s | %-47s |\n", MEM_CATEGORY_NAMES[i], p->bytes[i] / MIB, m, p->formula[i]);
+        printf("| %-18s | %10.2f MiB | %14s | %-51s |\n", MEM_CATEGORY_NAMES[i], p->bytes[i] / MIB, m, p->formula[i]);
     }
     char m[32] = "-";
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
-    printf("| %-18s | %6.2f MiB | %10s | %-47s |\n", "total", plan_total(p) / MIB, m, "");
-    printf("+--------------------+------------+------------+-------------------------------------------------+\n");
+    printf("| %-18s | %10.2f MiB | %14s | %-51s |\n", "total", plan_total(p) / MIB, m, "");
+    printf("%s", MEM_TABLE_RULE);
 }
 
 #endif // LLMC_PLANNER_H

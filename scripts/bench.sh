@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# bench.sh: CPU training throughput against OpenBLAS's sgemm, in one run on one machine.
+# Writes a markdown table to stdout and to dev/bench_cpu.md (override with BENCH_OUT).
+#   make bench                       # d12 (B=4, T=64) and the default model d6
+#   STEPS=8 bash scripts/bench.sh    # more steps per model (the first is not timed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-5}
+OUT=${BENCH_OUT:-dev/bench_cpu.md}
+DATA="-i data/tinyshakespeare/tiny_shakespeare_train.bin -j '' -o '' -s 0 -v 0"
+
+sgemm_line=$(./build/bench_matmul | tee /dev/stderr | grep '^sgemm_openblas_gflops' | tail -n 1)
+sgemm=$(echo "$sgemm_line" | awk '{print $2}')
+
+# runs one model; prints a table row: model, ms/step, tok/s, GFLOP/s, % of sgemm, peak RSS
+bench_model() {
+    local model="$1" B="$2" T="$3"
+    local log
+    log=$(mktemp)
+    eval ./train_gpt -e "$model" -b "$B" -t "$T" -x "$STEPS" $DATA > "$log"
+    # average over the steps after the first (warm caches, pages already touched)
+    local stats
+    stats=$(grep -E '^step +[0-9]+/' "$log" | tail -n +2 | \
+        sed -E 's/.*\| +([0-9.]+) ms \| +([0-9]+) tok\/s \| +([0-9.]+) GFLOP\/s.*/\1 \2 \3/' | \
+        awk '{ms+=$1; tok+=$2; gf+=$3; n++} END {printf "%.1f %.0f %.1f", ms/n, tok/n, gf/n}')
+    local rss
+    rss=$(grep -E '^peak RSS' "$log" | sed -E 's/peak RSS ([0-9.]+) MiB.*/\1/')
+    rm -f "$log"
+    set -- $stats
+    local pct
+    pct=$(awk -v g="$3" -v s="$sgemm" 'BEGIN {printf "%.0f", 100*g/s}')
+    echo "| $model | $B | $T | $1 | $2 | $3 | $pct% | $rss |"
+}
+
+{
+    echo "# CPU training benchmark"
+    echo
+    echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), OpenMP threads: ${OMP_NUM_THREADS:-all}."
+    echo "OpenBLAS sgemm on the largest forward shape of d12 (the classifier) in this run: **$sgemm GFLOP/s**."
+    echo "GFLOP/s counts 6 per parameter per token plus attention's 12 L T C (PaLM's estimate, as llm.c);"
+    echo "ms/step, tok/s and GFLOP/s average steps 2..$STEPS. Command: \`make bench\` (STEPS=$STEPS)."
+    echo
+    echo "| model | B | T | ms/step | tok/s | GFLOP/s | of sgemm | peak RSS MiB |"
+    echo "|---|---|---|---|---|---|---|---|"
+    bench_model d12 4 64
+    bench_model d6 4 64
+} | tee "$OUT"
