@@ -1,0 +1,473 @@
+/*
+emu_blas.cpp: cuBLAS and cuBLASLt on the emulated device. Every GEMM entry point fills one
+gemm_problem and queues reference_gemm() on its stream; reference_gemm is the cuBLAS definition,
+column-major, computed plainly:
+
+    D[i,j] = epilogue(alpha * sum_l op(A)[i,l] * op(B)[l,j] + beta * C[i,j])   i < m, j < n, l < k
+    op(X)[r,c] = X[r + c*ldX]  (CUBLAS_OP_N)   or   X[c + r*ldX]  (CUBLAS_OP_T / _C, real types)
+
+  - the sum accumulates in fp32, in order l = 0, 1, ..., k-1 (CUBLAS_COMPUTE_32F; the TF32 and
+    16BF "fast" compute types are computed the same, exactly);
+  - beta == 0 means C is not read at all (it may hold NaNs), as the documentation promises;
+  - elements are loaded as fp32 from fp32, bf16 or fp16 and stored rounded to nearest-even;
+  - batches: matrix b starts at X + b * strideX elements.
+
+cuBLASLt epilogues, as cublasLt.h documents them (D has m rows and n columns):
+    BIAS         x += bias[i]                 bias has m elements (rows of D), added before GELU
+    GELU         x = gelu(x)                  the tanh approximation (GELU_SCALING_FACTOR below)
+    ..._AUX      aux[i + j*aux_ld] = x        the GELU input (after the bias), before GELU
+    DGELU        x *= gelu'(aux[i + j*aux_ld])
+    DGELU_BGRAD  and bias[i] = sum_j x        the bias gradient of the DGELU output
+    BGRADA       bias[i] = sum_l op(A)[i,l]   m elements, reduced over the GEMM's k
+    BGRADB       bias[j] = sum_l op(B)[l,j]   n elements (columns of D), reduced over k
+The bias (and bias gradient) and aux types default to D's type, as in cuBLASLt.
+
+Scalars alpha and beta are read when the call is made (host pointer mode semantics).
+*/
+#include "emu_internal.h"
+
+#include <vector>
+
+struct cublasContext {
+    cudaStream_t stream;
+    cublasPointerMode_t pointer_mode;
+};
+
+struct cublasLtContext {
+    int unused;
+};
+
+static const float GELU_SCALING_FACTOR = 0.7978845608028654f;  // sqrt(2 / pi)
+static const float GELU_CUBIC = 0.044715f;
+
+static float gelu(float x) {
+    float cube = GELU_CUBIC * x * x * x;
+    return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
+}
+
+// d/dx of gelu(x) above
+static float gelu_grad(float x) {
+    float u = GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x);
+    float t = tanhf(u);
+    float sech2 = 1.0f - t * t;
+    return 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
+}
+
+// ----------------------------------------------------------------------------
+// elements
+
+static bool supported_type(cudaDataType t) {
+    return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F;
+}
+
+static float load(const void* p, cudaDataType t, int64_t i) {
+    switch (t) {
+        case CUDA_R_16BF: return __bfloat162float(((const __nv_bfloat16*)p)[i]);
+        case CUDA_R_16F: return __half2float(((const __half*)p)[i]);
+        default: return ((const float*)p)[i];
+    }
+}
+
+static void store(void* p, cudaDataType t, int64_t i, float v) {
+    switch (t) {
+        case CUDA_R_16BF: ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); break;
+        case CUDA_R_16F: ((__half*)p)[i] = __float2half(v); break;
+        default: ((float*)p)[i] = v; break;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the reference GEMM
+
+struct matrix {
+    const void* data;
+    cudaDataType type;
+    int64_t ld;
+    int64_t batch_stride;   // elements between consecutive matrices of a batch
+};
+
+enum bias_grad_source { BIAS_GRAD_NONE, BIAS_GRAD_FROM_A, BIAS_GRAD_FROM_B, BIAS_GRAD_FROM_D };
+
+struct epilogue_plan {
+    bool add_bias;
+    bool relu;
+    bool gelu;
+    bool store_aux;          // the GELU input goes to aux
+    bool dgelu;              // multiply by gelu'(aux)
+    bias_grad_source bias_grad;
+};
+
+struct gemm_problem {
+    cublasOperation_t transa, transb;
+    int m, n, k, batch;
+    float alpha, beta;
+    matrix A, B, C, D;
+    epilogue_plan epilogue;
+    void* bias;             // bias (read) or bias gradient (written)
+    cudaDataType bias_type;
+    int64_t bias_batch_stride;
+    void* aux;
+    cudaDataType aux_type;
+    int64_t aux_ld, aux_batch_stride;
+};
+
+// op(X)[r, c] of batch b
+static float element(const matrix& x, cublasOperation_t op, int b, int r, int c) {
+    int64_t at = (op == CUBLAS_OP_N) ? r + c * x.ld : c + r * x.ld;
+    return load(x.data, x.type, b * x.batch_stride + at);
+}
+
+static void reference_gemm(const gemm_problem& p) {
+    const epilogue_plan& e = p.epilogue;
+    for (int b = 0; b < p.batch; b++) {
+        std::vector<float> row_sums(p.m, 0.0f);  // for DGELU_BGRAD
+        for (int j = 0; j < p.n; j++) {
+            for (int i = 0; i < p.m; i++) {
+                float acc = 0.0f;
+                for (int l = 0; l < p.k; l++) {
+                    acc += element(p.A, p.transa, b, i, l) * element(p.B, p.transb, b, l, j);
+                }
+                float x = p.alpha * acc;
+                if (p.beta != 0.0f) { x += p.beta * element(p.C, CUBLAS_OP_N, b, i, j); }
+                int64_t aux_at = b * p.aux_batch_stride + i + j * p.aux_ld;
+                if (e.add_bias) { x += load(p.bias, p.bias_type, b * p.bias_batch_stride + i); }
+                if (e.store_aux) { store(p.aux, p.aux_type, aux_at, x); }
+                if (e.relu) { x = x > 0.0f ? x : 0.0f; }
+                if (e.gelu) { x = gelu(x); }
+                if (e.dgelu) { x *= gelu_grad(load(p.aux, p.aux_type, aux_at)); }
+                row_sums[i] += x;
+                store((void*)p.D.data, p.D.type, b * p.D.batch_stride + i + j * p.D.ld, x);
+            }
+        }
+        void* bias = p.bias;
+        int64_t bias_at = b * p.bias_batch_stride;
+        if (e.bias_grad == BIAS_GRAD_FROM_D) {
+            for (int i = 0; i < p.m; i++) { store(bias, p.bias_type, bias_at + i, row_sums[i]); }
+        } else if (e.bias_grad == BIAS_GRAD_FROM_A) {
+            for (int i = 0; i < p.m; i++) {
+                float s = 0.0f;
+                for (int l = 0; l < p.k; l++) { s += element(p.A, p.transa, b, i, l); }
+                store(bias, p.bias_type, bias_at + i, s);
+            }
+        } else if (e.bias_grad == BIAS_GRAD_FROM_B) {
+            for (int j = 0; j < p.n; j++) {
+                float s = 0.0f;
+                for (int l = 0; l < p.k; l++) { s += element(p.B, p.transb, b, l, j); }
+                store(bias, p.bias_type, bias_at + j, s);
+            }
+        }
+    }
+}
+
+static cublasStatus_t enqueue_gemm(cudaStream_t stream, const char* what, const gemm_problem& p) {
+    if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) { return CUBLAS_STATUS_INVALID_VALUE; }
+    if (!supported_type(p.A.type) || !supported_type(p.B.type) || !supported_type(p.D.type)) {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    // the leading dimensions cuBLAS requires: at least the stored rows of each matrix
+    int64_t a_rows = p.transa == CUBLAS_OP_N ? p.m : p.k;
+    int64_t b_rows = p.transb == CUBLAS_OP_N ? p.k : p.n;
+    if (p.A.ld < (a_rows > 1 ? a_rows : 1) || p.B.ld < (b_rows > 1 ? b_rows : 1) || p.D.ld < (p.m > 1 ? p.m : 1)) {
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    emu_enqueue(stream, what, [p] { reference_gemm(p); });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static gemm_problem plain_gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                               const void* alpha, matrix A, matrix B, const void* beta, matrix C) {
+    gemm_problem p = {};
+    p.transa = transa;
+    p.transb = transb;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.batch = 1;
+    p.alpha = *(const float*)alpha;
+    p.beta = *(const float*)beta;
+    p.A = A;
+    p.B = B;
+    p.C = C;
+    p.D = C;
+    return p;
+}
+
+// ----------------------------------------------------------------------------
+// cuBLAS
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+    *handle = new cublasContext{0, CUBLAS_POINTER_MODE_HOST};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) { delete handle; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) { handle->stream = stream; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) { *stream = handle->stream; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, size_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode) {
+    handle->pointer_mode = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasGetStatusName(cublasStatus_t s) {
+    switch (s) {
+        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+        default: return "CUBLAS_STATUS_(other)";
+    }
+}
+const char* cublasGetStatusString(cublasStatus_t s) { return cublasGetStatusName(s); }
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                           const float* beta, float* C, int ldc) {
+    gemm_problem p = plain_gemm(transa, transb, m, n, k, alpha, matrix{A, CUDA_R_32F, lda, 0},
+                                matrix{B, CUDA_R_32F, ldb, 0}, beta, matrix{C, CUDA_R_32F, ldc, 0});
+    return enqueue_gemm(handle->stream, "cublasSgemm", p);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* A, int lda,
+                                         long long strideA, const float* B, int ldb, long long strideB,
+                                         const float* beta, float* C, int ldc, long long strideC, int batchCount) {
+    gemm_problem p = plain_gemm(transa, transb, m, n, k, alpha, matrix{A, CUDA_R_32F, lda, strideA},
+                                matrix{B, CUDA_R_32F, ldb, strideB}, beta, matrix{C, CUDA_R_32F, ldc, strideC});
+    p.batch = batchCount;
+    return enqueue_gemm(handle->stream, "cublasSgemmStridedBatched", p);
+}
+
+static bool supported_compute(cublasComputeType_t c) {
+    return c == CUBLAS_COMPUTE_32F || c == CUBLAS_COMPUTE_32F_PEDANTIC || c == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+           c == CUBLAS_COMPUTE_32F_FAST_16BF || c == CUBLAS_COMPUTE_32F_FAST_16F;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    (void)algo;
+    if (!supported_compute(computeType)) { return CUBLAS_STATUS_NOT_SUPPORTED; }
+    gemm_problem p = plain_gemm(transa, transb, m, n, k, alpha, matrix{A, Atype, lda, 0}, matrix{B, Btype, ldb, 0},
+                                beta, matrix{C, Ctype, ldc, 0});
+    return enqueue_gemm(handle->stream, "cublasGemmEx", p);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
+    (void)algo;
+    if (!supported_compute(computeType)) { return CUBLAS_STATUS_NOT_SUPPORTED; }
+    gemm_problem p = plain_gemm(transa, transb, m, n, k, alpha, matrix{A, Atype, lda, strideA},
+                                matrix{B, Btype, ldb, strideB}, beta, matrix{C, Ctype, ldc, strideC});
+    p.batch = batchCount;
+    return enqueue_gemm(handle->stream, "cublasGemmStridedBatchedEx", p);
+}
+
+// ----------------------------------------------------------------------------
+// cuBLASLt: descriptors live inside the headers' semi-opaque structs
+
+struct lt_layout {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+    int32_t batch_count;
+    int64_t batch_stride;
+    int32_t order;
+};
+struct lt_matmul_desc {
+    cublasComputeType_t compute;
+    cudaDataType scale_type;
+    int32_t transa, transb;
+    uint32_t epilogue;
+    const void* bias;
+    int32_t bias_type;      // -1: D's type
+    int64_t bias_batch_stride;
+    void* aux;
+    int64_t aux_ld, aux_batch_stride;
+    int32_t aux_type;       // -1: D's type
+    int32_t pointer_mode;
+};
+static_assert(sizeof(lt_layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout must fit its opaque struct");
+static_assert(sizeof(lt_matmul_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "desc must fit its opaque struct");
+static lt_layout* layout_of(cublasLtMatrixLayout_t l) { return reinterpret_cast<lt_layout*>(l->data); }
+static lt_matmul_desc* desc_of(cublasLtMatmulDesc_t d) { return reinterpret_cast<lt_matmul_desc*>(d->data); }
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) { *handle = new cublasLtContext{0}; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) { delete handle; return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
+                                          uint64_t cols, int64_t ld) {
+    *layout = new cublasLtMatrixLayoutOpaque_t{};
+    *layout_of(*layout) = lt_layout{type, rows, cols, ld, 1, 0, CUBLASLT_ORDER_COL};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) { delete layout; return CUBLAS_STATUS_SUCCESS; }
+
+// copy an attribute value of exactly the documented size
+template <typename T>
+static cublasStatus_t set_attribute(T* field, const void* buf, size_t bytes) {
+    if (buf == nullptr || bytes != sizeof(T)) { return CUBLAS_STATUS_INVALID_VALUE; }
+    memcpy(field, buf, sizeof(T));
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t bytes) {
+    lt_layout* l = layout_of(layout);
+    switch (attr) {
+        case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return set_attribute(&l->batch_count, buf, bytes);
+        case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return set_attribute(&l->batch_stride, buf, bytes);
+        case CUBLASLT_MATRIX_LAYOUT_ORDER: return set_attribute(&l->order, buf, bytes);
+        case CUBLASLT_MATRIX_LAYOUT_ROWS: return set_attribute(&l->rows, buf, bytes);
+        case CUBLASLT_MATRIX_LAYOUT_COLS: return set_attribute(&l->cols, buf, bytes);
+        case CUBLASLT_MATRIX_LAYOUT_LD: return set_attribute(&l->ld, buf, bytes);
+        default: return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale_type) {
+    *desc = new cublasLtMatmulDescOpaque_t{};
+    *desc_of(*desc) = lt_matmul_desc{compute, scale_type, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT,
+                                     nullptr, -1, 0, nullptr, 0, 0, -1, CUBLASLT_POINTER_MODE_HOST};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) { delete desc; return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t bytes) {
+    lt_matmul_desc* d = desc_of(desc);
+    switch (attr) {
+        case CUBLASLT_MATMUL_DESC_TRANSA: return set_attribute(&d->transa, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_TRANSB: return set_attribute(&d->transb, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_attribute(&d->epilogue, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_attribute(&d->bias, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_attribute(&d->bias_type, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE: return set_attribute(&d->bias_batch_stride, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return set_attribute(&d->aux, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set_attribute(&d->aux_ld, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE: return set_attribute(&d->aux_batch_stride, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return set_attribute(&d->aux_type, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_POINTER_MODE: return set_attribute(&d->pointer_mode, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_SCALE_TYPE: return set_attribute(&d->scale_type, buf, bytes);
+        case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return set_attribute(&d->compute, buf, bytes);
+        default: return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+    *pref = new cublasLtMatmulPreferenceOpaque_t{};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) { delete pref; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
+                                                    const void* buf, size_t) {
+    return buf == nullptr ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;  // workspace limits: no effect
+}
+
+// the epilogues the emulator knows (see the top of this file); false for the rest
+static bool plan_epilogue(uint32_t epilogue, epilogue_plan* e) {
+    *e = epilogue_plan{false, false, false, false, false, BIAS_GRAD_NONE};
+    switch (epilogue) {
+        case CUBLASLT_EPILOGUE_DEFAULT: return true;
+        case CUBLASLT_EPILOGUE_BIAS: e->add_bias = true; return true;
+        case CUBLASLT_EPILOGUE_RELU: e->relu = true; return true;
+        case CUBLASLT_EPILOGUE_RELU_BIAS: e->relu = e->add_bias = true; return true;
+        case CUBLASLT_EPILOGUE_GELU: e->gelu = true; return true;
+        case CUBLASLT_EPILOGUE_GELU_BIAS: e->gelu = e->add_bias = true; return true;
+        case CUBLASLT_EPILOGUE_GELU_AUX: e->gelu = e->store_aux = true; return true;
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: e->gelu = e->store_aux = e->add_bias = true; return true;
+        case CUBLASLT_EPILOGUE_DGELU: e->dgelu = true; return true;
+        case CUBLASLT_EPILOGUE_DGELU_BGRAD: e->dgelu = true; e->bias_grad = BIAS_GRAD_FROM_D; return true;
+        case CUBLASLT_EPILOGUE_BGRADA: e->bias_grad = BIAS_GRAD_FROM_A; return true;
+        case CUBLASLT_EPILOGUE_BGRADB: e->bias_grad = BIAS_GRAD_FROM_B; return true;
+        default: return false;
+    }
+}
+
+// the matmul the descriptors describe, or a status saying why not
+static cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
+                                 cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc,
+                                 cublasLtMatrixLayout_t Ddesc, gemm_problem* p) {
+    const lt_matmul_desc* d = desc_of(desc);
+    const lt_layout *a = layout_of(Adesc), *b = layout_of(Bdesc), *c = layout_of(Cdesc), *o = layout_of(Ddesc);
+    if (!supported_compute(d->compute) || d->scale_type != CUDA_R_32F) { return CUBLAS_STATUS_NOT_SUPPORTED; }
+    for (const lt_layout* l : {a, b, c, o}) {
+        if (l->order != CUBLASLT_ORDER_COL || !supported_type(l->type)) { return CUBLAS_STATUS_NOT_SUPPORTED; }
+    }
+    *p = gemm_problem{};
+    p->transa = (cublasOperation_t)d->transa;
+    p->transb = (cublasOperation_t)d->transb;
+    p->m = (int)o->rows;
+    p->n = (int)o->cols;
+    p->k = (int)(p->transa == CUBLAS_OP_N ? a->cols : a->rows);
+    uint64_t a_other = p->transa == CUBLAS_OP_N ? a->rows : a->cols;
+    uint64_t b_k = p->transb == CUBLAS_OP_N ? b->rows : b->cols;
+    uint64_t b_n = p->transb == CUBLAS_OP_N ? b->cols : b->rows;
+    if (a_other != o->rows || b_k != (uint64_t)p->k || b_n != o->cols || c->rows != o->rows || c->cols != o->cols) {
+        return CUBLAS_STATUS_INVALID_VALUE;  // the shapes do not chain: op(A) is m x k, op(B) k x n, C and D m x n
+    }
+    p->batch = o->batch_count;
+    for (const lt_layout* l : {a, b, c}) {
+        if (l->batch_count != o->batch_count) { return CUBLAS_STATUS_INVALID_VALUE; }
+    }
+    if (!plan_epilogue(d->epilogue, &p->epilogue)) { return CUBLAS_STATUS_NOT_SUPPORTED; }
+    p->A = matrix{nullptr, a->type, a->ld, a->batch_stride};
+    p->B = matrix{nullptr, b->type, b->ld, b->batch_stride};
+    p->C = matrix{nullptr, c->type, c->ld, c->batch_stride};
+    p->D = matrix{nullptr, o->type, o->ld, o->batch_stride};
+    p->bias = (void*)d->bias;
+    p->bias_type = d->bias_type < 0 ? o->type : (cudaDataType)d->bias_type;
+    p->bias_batch_stride = d->bias_batch_stride;
+    p->aux = d->aux;
+    p->aux_type = d->aux_type < 0 ? o->type : (cudaDataType)d->aux_type;
+    p->aux_ld = d->aux_ld;
+    p->aux_batch_stride = d->aux_batch_stride;
+    bool needs_bias = p->epilogue.add_bias || p->epilogue.bias_grad != BIAS_GRAD_NONE;
+    bool needs_aux = p->epilogue.store_aux || p->epilogue.dgelu;
+    if ((needs_bias && p->bias == nullptr) || (needs_aux && (p->aux == nullptr || p->aux_ld < p->m))) {
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+                                              cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+                                              cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* returned) {
+    gemm_problem p;
+    cublasStatus_t s = lt_problem(desc, Adesc, Bdesc, Cdesc, Ddesc, &p);
+    *returned = 0;
+    if (s != CUBLAS_STATUS_SUCCESS) { return s; }
+    if (requested < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
+    memset(&results[0], 0, sizeof(results[0]));  // one algorithm: the reference GEMM
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
+                              cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
+                              const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
+    (void)algo;
+    (void)workspace;
+    (void)workspace_bytes;
+    gemm_problem p;
+    cublasStatus_t s = lt_problem(desc, Adesc, Bdesc, Cdesc, Ddesc, &p);
+    if (s != CUBLAS_STATUS_SUCCESS) { return s; }
+    p.alpha = *(const float*)alpha;
+    p.beta = *(const float*)beta;
+    p.A.data = A;
+    p.B.data = B;
+    p.C.data = C;
+    p.D.data = D;
+    return enqueue_gemm(stream, "cublasLtMatmul", p);
+}

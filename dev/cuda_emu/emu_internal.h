@@ -1,0 +1,78 @@
+/*
+emu_internal.h: what the emulator's own source files share; never included by a .cu.
+
+  emu_fail()      stop with "cuda_emu: error: ..." and the file:line of the call
+  emu_config      the settings read once from the environment (CUDA_EMU_*), see README.md
+  emu_enqueue()   put one piece of device work on a stream (emu_stream.cpp decides when it runs)
+  emu_run_grid()  run a kernel launch, block by block (emu_kernel.cpp)
+  device memory lookups for the runtime's argument checks (emu_runtime.cpp)
+
+Invariant: everything here runs on the host thread that made the CUDA call; the emulator starts no
+OS threads of its own.
+*/
+#ifndef CUDA_EMU_INTERNAL_H
+#define CUDA_EMU_INTERNAL_H
+
+#include "cuda_emu.h"
+
+#include <functional>
+
+[[noreturn]] void emu_fail_at(const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define emu_fail(...) emu_fail_at(__FILE__, __LINE__, __VA_ARGS__)
+
+// ----------------------------------------------------------------------------
+// settings from the environment, read once at the first CUDA call
+
+enum emu_stream_mode {
+    EMU_STREAMS_INORDER,  // every operation runs when it is enqueued
+    EMU_STREAMS_EARLY,    // the same schedule: work takes no time, so enqueue time is the earliest
+    EMU_STREAMS_LATE,     // operations wait until the host forces them (sync, event, dependency)
+};
+enum emu_thread_order {
+    EMU_ORDER_FORWARD,    // between barriers, threads run 0, 1, 2, ...
+    EMU_ORDER_REVERSE,    // ... n-1, n-2, ..., 0
+    EMU_ORDER_SHUFFLE,    // a fresh pseudo-random order in every round (seed: CUDA_EMU_SEED)
+};
+struct emu_settings {
+    size_t device_memory_bytes;   // CUDA_EMU_MEMORY_BYTES
+    emu_stream_mode streams;      // CUDA_EMU_STREAMS
+    emu_thread_order thread_order;// CUDA_EMU_THREAD_ORDER
+    unsigned seed;                // CUDA_EMU_SEED
+};
+const emu_settings& emu_config();
+
+// ----------------------------------------------------------------------------
+// streams (emu_stream.cpp)
+
+// enqueue work on a stream; `what` names it in messages. Returns after it ran if the mode says so.
+void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> work);
+// run everything the stream has queued so far (and whatever that depends on)
+void emu_stream_drain(cudaStream_t stream);
+// run all queued work of every stream
+void emu_device_drain();
+
+// ----------------------------------------------------------------------------
+// kernels (emu_kernel.cpp)
+
+struct emu_grid {
+    emu_launch_site site;
+    dim3 grid, block;
+    size_t dynamic_shared_bytes;
+    std::function<void()> body;   // runs the kernel for the current fiber
+};
+void emu_run_grid(const emu_grid& g);
+
+// ----------------------------------------------------------------------------
+// memory (emu_runtime.cpp)
+
+// bytes of the device allocation holding [p, p+bytes), or 0 if that range is not device memory
+bool emu_is_device_range(const void* p, size_t bytes);
+// whether [p, p+bytes) lies in page-locked host memory (cudaMallocHost, cudaHostAlloc, cudaHostRegister)
+bool emu_is_pinned_range(const void* p, size_t bytes);
+// set the error that cudaGetLastError() returns next
+void emu_set_last_error(cudaError_t e);
+// fill pattern of fresh device memory and shared memory: every float, bf16 and half is a NaN
+enum { EMU_UNWRITTEN_BYTE = 0xFF };
+
+#endif // CUDA_EMU_INTERNAL_H

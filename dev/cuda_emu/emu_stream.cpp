@@ -1,0 +1,232 @@
+/*
+emu_stream.cpp: streams and events. Every piece of device work (a kernel grid, a copy, a memset,
+a GEMM, an event record) is an operation queued on a stream; CUDA_EMU_STREAMS decides when it runs:
+
+  inorder, early   at once, when it is enqueued (device work takes no time here, so this is both
+                   the in-order and the earliest possible schedule)
+  late             only when the host forces it: cudaStreamSynchronize, cudaEventSynchronize,
+                   cudaDeviceSynchronize, a synchronous cudaMemcpy, cudaFree, or an operation that
+                   depends on it. Forcing one stream runs only that stream and what its waits need;
+                   cudaDeviceSynchronize drains the most recently used stream first. So a consumer
+                   on stream B that forgot cudaStreamWaitEvent on producer stream A reads stale
+                   data, and a host buffer reused before its async copy ran is copied too late.
+
+Dependencies an operation carries (and so what forcing it runs first):
+  - the operations before it on its own stream;
+  - the event record a cudaStreamWaitEvent names;
+  - the legacy default stream's implicit synchronization: work on stream 0 waits for all earlier
+    work on blocking streams, and work on a blocking stream waits for earlier work on stream 0.
+
+Invariant: an operation only ever depends on operations enqueued before it, so running the
+dependencies first always terminates.
+*/
+#include "emu_internal.h"
+
+#include <time.h>
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <vector>
+
+struct emu_op {
+    uint64_t seq;                               // enqueue order, over all streams
+    const char* what;
+    std::function<void()> work;
+    std::vector<std::shared_ptr<emu_op>> deps;  // must be done before this runs
+    CUstream_st* stream;
+    bool done;
+};
+
+struct CUstream_st {
+    std::deque<std::shared_ptr<emu_op>> queue;  // enqueued, not yet run, in order
+    std::shared_ptr<emu_op> last;               // the latest operation enqueued (run or not)
+    bool blocking;                              // synchronizes with the legacy default stream
+};
+
+struct CUevent_st {
+    std::shared_ptr<emu_op> record;             // the latest cudaEventRecord on it
+    std::shared_ptr<double> time_ms;            // set when that record runs
+    bool timing;
+};
+
+static CUstream_st legacy_default_stream = {{}, nullptr, true};
+static std::vector<CUstream_st*> streams = {&legacy_default_stream};
+static uint64_t next_seq = 1;
+
+static double now_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+// stream 0, cudaStreamLegacy and cudaStreamPerThread are all the legacy default stream here
+static CUstream_st* resolve(cudaStream_t s) {
+    if (s == 0 || s == cudaStreamLegacy || s == cudaStreamPerThread) { return &legacy_default_stream; }
+    return s;
+}
+
+static bool pending(const std::shared_ptr<emu_op>& op) { return op && !op->done; }
+
+static void run_until(const std::shared_ptr<emu_op>& target);
+
+// run the first queued operation of a stream, after whatever it depends on
+static void run_front(CUstream_st* s) {
+    std::shared_ptr<emu_op> op = s->queue.front();
+    for (auto& d : op->deps) { run_until(d); }
+    s->queue.pop_front();
+    std::function<void()> work = std::move(op->work);
+    work();
+    op->done = true;
+}
+
+static void run_until(const std::shared_ptr<emu_op>& target) {
+    while (pending(target)) { run_front(target->stream); }
+}
+
+// enqueue, optionally also after one more operation (the record a stream waits for)
+static void enqueue(cudaStream_t stream, const char* what, std::function<void()> work,
+                    std::shared_ptr<emu_op> after) {
+    CUstream_st* s = resolve(stream);
+    auto op = std::make_shared<emu_op>(emu_op{next_seq++, what, std::move(work), {}, s, false});
+    if (after) { op->deps.push_back(after); }
+    if (s == &legacy_default_stream) {
+        for (CUstream_st* other : streams) {
+            if (other != s && other->blocking && pending(other->last)) { op->deps.push_back(other->last); }
+        }
+    } else if (s->blocking && pending(legacy_default_stream.last)) {
+        op->deps.push_back(legacy_default_stream.last);
+    }
+    s->queue.push_back(op);
+    s->last = op;
+    if (emu_config().streams != EMU_STREAMS_LATE) { run_until(op); }
+}
+
+void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> work) {
+    enqueue(stream, what, std::move(work), nullptr);
+}
+
+void emu_stream_drain(cudaStream_t stream) {
+    run_until(resolve(stream)->last);
+}
+
+void emu_device_drain() {
+    // most recently used stream first: the order most likely to expose a missing wait
+    std::vector<CUstream_st*> order = streams;
+    std::sort(order.begin(), order.end(), [](CUstream_st* a, CUstream_st* b) {
+        uint64_t sa = a->last ? a->last->seq : 0, sb = b->last ? b->last->seq : 0;
+        return sa > sb;
+    });
+    for (CUstream_st* s : order) { run_until(s->last); }
+}
+
+// ----------------------------------------------------------------------------
+// streams
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+    CUstream_st* s = new CUstream_st{{}, nullptr, (flags & cudaStreamNonBlocking) == 0};
+    streams.push_back(s);
+    *stream = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+    return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+    (void)priority;  // one emulated queue has no priorities
+    return cudaStreamCreateWithFlags(stream, flags);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    CUstream_st* s = resolve(stream);
+    if (s == &legacy_default_stream) { return cudaErrorInvalidResourceHandle; }
+    run_until(s->last);  // CUDA finishes the queued work of a destroyed stream
+    streams.erase(std::find(streams.begin(), streams.end(), s));
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    emu_stream_drain(stream);
+    return cudaSuccess;
+}
+
+// not ready while work is queued; asking makes it run, so a polling loop ends
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    CUstream_st* s = resolve(stream);
+    if (!pending(s->last)) { return cudaSuccess; }
+    run_until(s->last);
+    return cudaErrorNotReady;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    (void)flags;
+    if (event == nullptr) { return cudaErrorInvalidResourceHandle; }
+    std::shared_ptr<emu_op> record = event->record;  // the record as of now, as CUDA captures it
+    if (!pending(record)) { return cudaSuccess; }
+    enqueue(stream, "cudaStreamWaitEvent", [] {}, record);
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+    emu_enqueue(stream, "cudaLaunchHostFunc", [fn, user_data] { fn(user_data); });
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    emu_device_drain();
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------
+// events
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+    *event = new CUevent_st{nullptr, std::make_shared<double>(0.0), (flags & cudaEventDisableTiming) == 0};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+    return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    delete event;  // a pending record keeps its own reference to the time slot
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (event == nullptr) { return cudaErrorInvalidResourceHandle; }
+    std::shared_ptr<double> slot = std::make_shared<double>(0.0);
+    event->time_ms = slot;
+    emu_enqueue(stream, "cudaEventRecord", [slot] { *slot = now_ms(); });
+    event->record = resolve(stream)->last;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+    (void)flags;
+    return cudaEventRecord(event, stream);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (event == nullptr) { return cudaErrorInvalidResourceHandle; }
+    run_until(event->record);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    if (event == nullptr) { return cudaErrorInvalidResourceHandle; }
+    if (!pending(event->record)) { return cudaSuccess; }
+    run_until(event->record);
+    return cudaErrorNotReady;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (start == nullptr || end == nullptr || !start->timing || !end->timing) { return cudaErrorInvalidResourceHandle; }
+    if (!start->record || !end->record) { return cudaErrorInvalidResourceHandle; }
+    if (pending(start->record) || pending(end->record)) { return cudaErrorNotReady; }
+    *ms = (float)(*end->time_ms - *start->time_ms);
+    return cudaSuccess;
+}
