@@ -433,7 +433,7 @@ static int sample_index(const float* probs, int n, float coin) {
 
 // generates tokens[1..n-1] after tokens[0] (EOT), one forward per token, and prints them
 static void gpt2_sample(GPT2* m, int* tokens, int n, const Tokenizer* tok, uint64_t* rng) {
-    tokens[0] = GPT2_EOT;
+    tokens[0] = m->config.vocab_size > GPT2_EOT ? GPT2_EOT : m->config.vocab_size - 1;  // a smaller vocabulary: its last id, where GPT-2 keeps EOT
     for (int t = 1; t < n; t++) {
         gpt2_forward(m, tokens, NULL, 1, t);
         const float* probs = m->acts.logits + (size_t)(t - 1) * m->config.padded_vocab_size;
