@@ -644,7 +644,7 @@ static int run_training(const TrainOptions* o) {
             printf("step %5d | val loss %.6f\n", step, vl);
             if (log) { fprintf(log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(log); }
         }
-        if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last)) {
+        if (o->sample_every > 0 && step > start_step && (step % o->sample_every == 0 || last)) {
             printf("---- sample at step %d ----\n", step);
             gpt2_sample(&model, gen_tokens, gen_len, &tok, &sample_rng);
             printf("---------------------------\n");
