@@ -23,7 +23,7 @@ ifneq ($(EMU_MPICXX),)
   EMU_MPI_LDLIBS := $(shell mpicxx --showme:link)
 endif
 
-EMU_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wno-unused-function -I. -I$(CUDA_HOME)/include -I$(EMU_DIR) \
+EMU_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wno-unused-function -Wno-unknown-pragmas -I. -I$(CUDA_HOME)/include -I$(EMU_DIR) \
                 -include cuda_emu.h $(EMU_MPI_CFLAGS)
 EMU_LIB_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I$(CUDA_HOME)/include -I$(EMU_DIR) $(EMU_MPI_CFLAGS)
 EMU_LDLIBS := -lm $(EMU_MPI_LDLIBS)

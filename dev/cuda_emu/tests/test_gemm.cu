@@ -1,0 +1,419 @@
+/*
+test_gemm.cu: every GEMM entry point against a naive loop written from the cuBLAS documentation
+(column-major; op(X) = X or X^T; leading dimensions; D = alpha op(A) op(B) + beta C), for all four
+transpose combinations, odd sizes and padded (odd) leading dimensions:
+  cublasSgemm, cublasGemmEx (fp32 and bf16), cublasSgemmStridedBatched, cublasGemmStridedBatchedEx,
+  and cublasLtMatmul with each epilogue (DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS,
+  DGELU, BGRADA, BGRADB) and with batched layouts.
+GELU comes from the project's one CPU reference, llmc/cpu_layers.h.
+*/
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <vector>
+#include "check.h"
+#include "llmc/cpu_layers.h"
+
+#define CUBLAS_CHECK(call) cublas_check_at((call), #call, __FILE__, __LINE__)
+static void cublas_check_at(cublasStatus_t s, const char* call, const char* file, int line) {
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "error: %s failed with cublasStatus_t %d\n  (at %s:%d)\n", call, (int)s, file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static const float FP32_TOLERANCE = 1e-5f;
+static const float BF16_TOLERANCE = 2e-2f;   // inputs and outputs rounded to 8 mantissa bits
+static const int LD_PADDING = 3;             // leading dimensions are rows + 3: odd, never tight
+
+// one GEMM problem's shape: op(A) is m x k, op(B) is k x n, C and D are m x n
+struct shape {
+    cublasOperation_t ta, tb;
+    int m, n, k, batch;
+    int lda, ldb, ldc;
+    long long stride_a, stride_b, stride_c;
+};
+
+static shape make_shape(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int batch) {
+    shape s;
+    s.ta = ta;
+    s.tb = tb;
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    s.batch = batch;
+    s.lda = (ta == CUBLAS_OP_N ? m : k) + LD_PADDING;
+    s.ldb = (tb == CUBLAS_OP_N ? k : n) + LD_PADDING;
+    s.ldc = m + LD_PADDING;
+    s.stride_a = (long long)s.lda * (ta == CUBLAS_OP_N ? k : m) + 1;  // +1: batches not back to back
+    s.stride_b = (long long)s.ldb * (tb == CUBLAS_OP_N ? n : k) + 1;
+    s.stride_c = (long long)s.ldc * n + 1;
+    return s;
+}
+
+static float op_at(const std::vector<float>& x, cublasOperation_t op, int ld, long long base, int r, int c) {
+    return op == CUBLAS_OP_N ? x[base + r + (long long)c * ld] : x[base + c + (long long)r * ld];
+}
+
+// the documented definition, in double: d = alpha op(A) op(B) + beta c (c not read when beta == 0)
+static std::vector<float> naive_gemm(const shape& s, float alpha, const std::vector<float>& a,
+                                     const std::vector<float>& b, float beta, const std::vector<float>& c) {
+    std::vector<float> d = c;
+    for (int p = 0; p < s.batch; p++) {
+        for (int j = 0; j < s.n; j++) {
+            for (int i = 0; i < s.m; i++) {
+                double acc = 0.0;
+                for (int l = 0; l < s.k; l++) {
+                    acc += (double)op_at(a, s.ta, s.lda, p * s.stride_a, i, l) *
+                           op_at(b, s.tb, s.ldb, p * s.stride_b, l, j);
+                }
+                long long at = p * s.stride_c + i + (long long)j * s.ldc;
+                d[at] = (float)(alpha * acc + (beta != 0.0f ? beta * (double)c[at] : 0.0));
+            }
+        }
+    }
+    return d;
+}
+
+// ----------------------------------------------------------------------------
+// device buffers in fp32 or bf16
+
+struct device_matrix {
+    void* ptr;
+    size_t n;
+    cudaDataType type;
+};
+
+static device_matrix upload(const std::vector<float>& x, cudaDataType type) {
+    device_matrix d = {nullptr, x.size(), type};
+    if (type == CUDA_R_32F) {
+        CUDA_CHECK(cudaMalloc(&d.ptr, x.size() * sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(d.ptr, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    } else {
+        std::vector<__nv_bfloat16> h(x.size());
+        for (size_t i = 0; i < x.size(); i++) { h[i] = __float2bfloat16(x[i]); }
+        CUDA_CHECK(cudaMalloc(&d.ptr, x.size() * sizeof(__nv_bfloat16)));
+        CUDA_CHECK(cudaMemcpy(d.ptr, h.data(), x.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    }
+    return d;
+}
+
+static std::vector<float> download(const device_matrix& d) {
+    std::vector<float> x(d.n);
+    if (d.type == CUDA_R_32F) {
+        CUDA_CHECK(cudaMemcpy(x.data(), d.ptr, d.n * sizeof(float), cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<__nv_bfloat16> h(d.n);
+        CUDA_CHECK(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < d.n; i++) { x[i] = __bfloat162float(h[i]); }
+    }
+    return x;
+}
+
+// what the device sees of x: bf16 inputs are rounded before the GEMM
+static std::vector<float> as_type(const std::vector<float>& x, cudaDataType type) {
+    std::vector<float> r = x;
+    if (type == CUDA_R_16BF) {
+        for (float& v : r) { v = __bfloat162float(__float2bfloat16(v)); }
+    }
+    return r;
+}
+
+static std::vector<float> random_vector(size_t n, unsigned seed) {
+    std::vector<float> x(n);
+    fill_uniform(x.data(), n, seed);
+    return x;
+}
+
+// ----------------------------------------------------------------------------
+// cuBLAS
+
+enum gemm_api { SGEMM, GEMM_EX, SGEMM_STRIDED_BATCHED, GEMM_STRIDED_BATCHED_EX };
+static const char* API_NAMES[] = {"cublasSgemm", "cublasGemmEx", "cublasSgemmStridedBatched",
+                                  "cublasGemmStridedBatchedEx"};
+
+static void run_cublas(cublasHandle_t handle, gemm_api api, const shape& s, float alpha, const device_matrix& a,
+                       const device_matrix& b, float beta, const device_matrix& c) {
+    switch (api) {
+        case SGEMM:
+            CUBLAS_CHECK(cublasSgemm(handle, s.ta, s.tb, s.m, s.n, s.k, &alpha, (const float*)a.ptr, s.lda,
+                                     (const float*)b.ptr, s.ldb, &beta, (float*)c.ptr, s.ldc));
+            break;
+        case GEMM_EX:
+            CUBLAS_CHECK(cublasGemmEx(handle, s.ta, s.tb, s.m, s.n, s.k, &alpha, a.ptr, a.type, s.lda, b.ptr,
+                                      b.type, s.ldb, &beta, c.ptr, c.type, s.ldc, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+            break;
+        case SGEMM_STRIDED_BATCHED:
+            CUBLAS_CHECK(cublasSgemmStridedBatched(handle, s.ta, s.tb, s.m, s.n, s.k, &alpha, (const float*)a.ptr,
+                                                   s.lda, s.stride_a, (const float*)b.ptr, s.ldb, s.stride_b, &beta,
+                                                   (float*)c.ptr, s.ldc, s.stride_c, s.batch));
+            break;
+        case GEMM_STRIDED_BATCHED_EX:
+            CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, s.ta, s.tb, s.m, s.n, s.k, &alpha, a.ptr, a.type, s.lda,
+                                                    s.stride_a, b.ptr, b.type, s.ldb, s.stride_b, &beta, c.ptr,
+                                                    c.type, s.ldc, s.stride_c, s.batch, CUBLAS_COMPUTE_32F,
+                                                    CUBLAS_GEMM_DEFAULT));
+            break;
+    }
+}
+
+static void test_cublas(cublasHandle_t handle, gemm_api api, cudaDataType type) {
+    bool batched = api == SGEMM_STRIDED_BATCHED || api == GEMM_STRIDED_BATCHED_EX;
+    float tolerance = type == CUDA_R_32F ? FP32_TOLERANCE : BF16_TOLERANCE;
+    const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T};
+    for (cublasOperation_t ta : ops) {
+        for (cublasOperation_t tb : ops) {
+            for (float beta : {0.0f, 0.5f}) {
+                shape s = make_shape(ta, tb, 5, 7, 3, batched ? 3 : 1);
+                size_t na = s.stride_a * s.batch, nb = s.stride_b * s.batch, nc = s.stride_c * s.batch;
+                std::vector<float> a = as_type(random_vector(na, 1), type);
+                std::vector<float> b = as_type(random_vector(nb, 2), type);
+                std::vector<float> c = as_type(random_vector(nc, 3), type);
+                device_matrix da = upload(a, type), db = upload(b, type), dc = upload(c, type);
+                if (beta == 0.0f) {  // C may hold anything, NaNs included, when beta is 0
+                    CUDA_CHECK(cudaMemset(dc.ptr, 0xFF, nc * (type == CUDA_R_32F ? 4 : 2)));
+                    for (float& v : c) { v = NAN; }
+                }
+                float alpha = 1.5f;
+                run_cublas(handle, api, s, alpha, da, db, beta, dc);
+                std::vector<float> got = download(dc);
+                std::vector<float> want = naive_gemm(s, alpha, a, b, beta, c);
+                // compare only the m x n elements of each batch; the padding must stay untouched
+                float err = 0.0f;
+                for (int p = 0; p < s.batch; p++) {
+                    for (int j = 0; j < s.n; j++) {
+                        long long at = p * s.stride_c + (long long)j * s.ldc;
+                        float e = max_rel_error(&got[at], &want[at], s.m);
+                        err = e > err ? e : err;
+                    }
+                }
+                char name[128];
+                snprintf(name, sizeof name, "%s %s op(A)=%c op(B)=%c beta=%g", API_NAMES[api],
+                         type == CUDA_R_32F ? "fp32" : "bf16", ta == CUBLAS_OP_N ? 'N' : 'T',
+                         tb == CUBLAS_OP_N ? 'N' : 'T', beta);
+                check(err <= tolerance, name, "max relative error %g", err);
+                CUDA_CHECK(cudaFree(da.ptr));
+                CUDA_CHECK(cudaFree(db.ptr));
+                CUDA_CHECK(cudaFree(dc.ptr));
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// cuBLASLt
+
+struct lt_case {
+    cublasLtEpilogue_t epilogue;
+    const char* name;
+};
+
+static cublasLtMatrixLayout_t lt_layout(cudaDataType type, int rows, int cols, int ld, int batch, long long stride) {
+    cublasLtMatrixLayout_t l;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
+    if (batch > 1) {
+        int32_t count = batch;
+        int64_t offset = stride;
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset,
+                                                      sizeof offset));
+    }
+    return l;
+}
+
+// the expected D (and bias output) of one cublasLt call, from the naive GEMM and the CPU GELU
+static void expected_lt(const lt_case& t, const shape& s, const std::vector<float>& pre, const std::vector<float>& a,
+                        const std::vector<float>& b, const std::vector<float>& bias, const std::vector<float>& aux_in,
+                        std::vector<float>* d, std::vector<float>* aux_out, std::vector<float>* bias_grad) {
+    bool add_bias = t.epilogue == CUBLASLT_EPILOGUE_BIAS || t.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS ||
+                    t.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool gelu = t.epilogue == CUBLASLT_EPILOGUE_GELU || t.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS ||
+                t.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || t.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    *d = pre;
+    for (int j = 0; j < s.n; j++) {
+        for (int i = 0; i < s.m; i++) {
+            size_t at = i + (size_t)j * s.ldc;
+            float x = pre[at] + (add_bias ? bias[i] : 0.0f);
+            (*aux_out)[at] = x;
+            if (gelu) { gelu_forward(&x, &x, 1); }
+            if (t.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+                float dx = 0.0f;
+                gelu_backward(&dx, &aux_in[at], &pre[at], 1);
+                x = dx;
+            }
+            (*d)[at] = x;
+        }
+    }
+    if (t.epilogue == CUBLASLT_EPILOGUE_BGRADB) {  // n sums over k of op(B)
+        bias_grad->assign(s.n, 0.0f);
+        for (int j = 0; j < s.n; j++) {
+            for (int l = 0; l < s.k; l++) { (*bias_grad)[j] += op_at(b, s.tb, s.ldb, 0, l, j); }
+        }
+    }
+    if (t.epilogue == CUBLASLT_EPILOGUE_BGRADA) {  // m sums over k of op(A)
+        bias_grad->assign(s.m, 0.0f);
+        for (int i = 0; i < s.m; i++) {
+            for (int l = 0; l < s.k; l++) { (*bias_grad)[i] += op_at(a, s.ta, s.lda, 0, i, l); }
+        }
+    }
+}
+
+static void test_cublaslt_epilogues(cublasLtHandle_t lt) {
+    const lt_case cases[] = {
+        {CUBLASLT_EPILOGUE_DEFAULT, "DEFAULT"},   {CUBLASLT_EPILOGUE_BIAS, "BIAS"},
+        {CUBLASLT_EPILOGUE_GELU, "GELU"},         {CUBLASLT_EPILOGUE_GELU_BIAS, "GELU_BIAS"},
+        {CUBLASLT_EPILOGUE_GELU_AUX, "GELU_AUX"}, {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, "GELU_AUX_BIAS"},
+        {CUBLASLT_EPILOGUE_DGELU, "DGELU"},       {CUBLASLT_EPILOGUE_BGRADA, "BGRADA"},
+        {CUBLASLT_EPILOGUE_BGRADB, "BGRADB"},
+    };
+    const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T};
+    for (const lt_case& t : cases) {
+        bool ok = true;
+        char detail[160] = "";
+        for (cublasOperation_t ta : ops) {
+            for (cublasOperation_t tb : ops) {
+                shape s = make_shape(ta, tb, 6, 5, 7, 1);
+                size_t nd = (size_t)s.ldc * s.n;
+                std::vector<float> a = random_vector(s.stride_a, 11), b = random_vector(s.stride_b, 12);
+                std::vector<float> bias = random_vector(s.m > s.n ? s.m : s.n, 13), aux_in = random_vector(nd, 14);
+                std::vector<float> c(nd, 0.0f);
+                float alpha = 0.75f, beta = 0.0f;
+                std::vector<float> pre = naive_gemm(s, alpha, a, b, beta, c);
+                std::vector<float> want_d, want_aux(nd, 0.0f), want_bias;
+                expected_lt(t, s, pre, a, b, bias, aux_in, &want_d, &want_aux, &want_bias);
+
+                device_matrix da = upload(a, CUDA_R_32F), db = upload(b, CUDA_R_32F), dd = upload(c, CUDA_R_32F);
+                device_matrix dbias = upload(bias, CUDA_R_32F), daux = upload(aux_in, CUDA_R_32F);
+                cublasLtMatmulDesc_t desc;
+                CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+                int32_t opa = ta, opb = tb;
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &t.epilogue,
+                                                            sizeof t.epilogue));
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias.ptr,
+                                                            sizeof dbias.ptr));
+                int64_t aux_ld = s.ldc;
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                            &daux.ptr, sizeof daux.ptr));
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                            sizeof aux_ld));
+                cublasLtMatrixLayout_t la = lt_layout(CUDA_R_32F, ta == CUBLAS_OP_N ? s.m : s.k,
+                                                      ta == CUBLAS_OP_N ? s.k : s.m, s.lda, 1, 0);
+                cublasLtMatrixLayout_t lb = lt_layout(CUDA_R_32F, tb == CUBLAS_OP_N ? s.k : s.n,
+                                                      tb == CUBLAS_OP_N ? s.n : s.k, s.ldb, 1, 0);
+                cublasLtMatrixLayout_t ld = lt_layout(CUDA_R_32F, s.m, s.n, s.ldc, 1, 0);
+                cublasLtMatmulPreference_t pref;
+                CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+                size_t workspace_bytes = 0;
+                CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                  &workspace_bytes, sizeof workspace_bytes));
+                cublasLtMatmulHeuristicResult_t heuristic;
+                int found = 0;
+                CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+                CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, da.ptr, la, db.ptr, lb, &beta, dd.ptr, ld, dd.ptr, ld,
+                                            &heuristic.algo, nullptr, 0, 0));
+                std::vector<float> got_d = download(dd), got_aux = download(daux), got_bias = download(dbias);
+                float err = 0.0f;
+                for (int j = 0; j < s.n; j++) {
+                    float e = max_rel_error(&got_d[(size_t)j * s.ldc], &want_d[(size_t)j * s.ldc], s.m);
+                    err = e > err ? e : err;
+                    bool stores_aux = t.epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
+                                      t.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+                    if (stores_aux) {
+                        e = max_rel_error(&got_aux[(size_t)j * s.ldc], &want_aux[(size_t)j * s.ldc], s.m);
+                        err = e > err ? e : err;
+                    }
+                }
+                if (!want_bias.empty()) {
+                    float e = max_rel_error(got_bias.data(), want_bias.data(), want_bias.size());
+                    err = e > err ? e : err;
+                }
+                if (found != 1 || err > FP32_TOLERANCE) {
+                    if (ok) {
+                        snprintf(detail, sizeof detail, "op(A)=%c op(B)=%c: %d algos, max relative error %g",
+                                 ta == CUBLAS_OP_N ? 'N' : 'T', tb == CUBLAS_OP_N ? 'N' : 'T', found, err);
+                    }
+                    ok = false;
+                }
+                cublasLtMatmulPreferenceDestroy(pref);
+                cublasLtMatrixLayoutDestroy(la);
+                cublasLtMatrixLayoutDestroy(lb);
+                cublasLtMatrixLayoutDestroy(ld);
+                cublasLtMatmulDescDestroy(desc);
+                for (device_matrix* m : {&da, &db, &dd, &dbias, &daux}) { CUDA_CHECK(cudaFree(m->ptr)); }
+            }
+        }
+        char name[96];
+        snprintf(name, sizeof name, "cublasLtMatmul epilogue %s, all transposes", t.name);
+        check(ok, name, "%s", detail);
+    }
+}
+
+// a strided batch described by the layouts alone, bf16 in and out, with a bias epilogue
+static void test_cublaslt_batched_bf16(cublasLtHandle_t lt) {
+    shape s = make_shape(CUBLAS_OP_T, CUBLAS_OP_N, 4, 6, 5, 3);
+    size_t na = s.stride_a * s.batch, nb = s.stride_b * s.batch, nc = s.stride_c * s.batch;
+    std::vector<float> a = as_type(random_vector(na, 21), CUDA_R_16BF);
+    std::vector<float> b = as_type(random_vector(nb, 22), CUDA_R_16BF);
+    std::vector<float> c = as_type(random_vector(nc, 23), CUDA_R_16BF);
+    std::vector<float> bias = as_type(random_vector(s.m, 24), CUDA_R_16BF);
+    float alpha = 1.0f, beta = 1.0f;
+    std::vector<float> want = naive_gemm(s, alpha, a, b, beta, c);
+    device_matrix da = upload(a, CUDA_R_16BF), db = upload(b, CUDA_R_16BF), dc = upload(c, CUDA_R_16BF);
+    device_matrix dbias = upload(bias, CUDA_R_16BF);
+    cublasLtMatmulDesc_t desc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t opa = s.ta;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias.ptr, sizeof dbias.ptr));
+    cublasLtMatrixLayout_t la = lt_layout(CUDA_R_16BF, s.k, s.m, s.lda, s.batch, s.stride_a);
+    cublasLtMatrixLayout_t lb = lt_layout(CUDA_R_16BF, s.k, s.n, s.ldb, s.batch, s.stride_b);
+    cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_16BF, s.m, s.n, s.ldc, s.batch, s.stride_c);
+    CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, da.ptr, la, db.ptr, lb, &beta, dc.ptr, lc, dc.ptr, lc, nullptr,
+                                nullptr, 0, 0));
+    std::vector<float> got = download(dc);
+    float err = 0.0f;
+    for (int p = 0; p < s.batch; p++) {
+        for (int j = 0; j < s.n; j++) {
+            for (int i = 0; i < s.m; i++) {
+                long long at = p * s.stride_c + i + (long long)j * s.ldc;
+                float w = want[at] + bias[i];
+                float e = fabsf(got[at] - w) / fmaxf(1.0f, fabsf(w));
+                err = e > err ? e : err;
+            }
+        }
+    }
+    check(err <= BF16_TOLERANCE, "cublasLtMatmul bf16, BATCH_COUNT 3 + STRIDED_BATCH_OFFSET, BIAS, beta 1",
+          "max relative error %g", err);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    for (device_matrix* m : {&da, &db, &dc, &dbias}) { CUDA_CHECK(cudaFree(m->ptr)); }
+}
+
+int main() {
+    cublasHandle_t handle;
+    CUBLAS_CHECK(cublasCreate(&handle));
+    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    test_cublas(handle, SGEMM, CUDA_R_32F);
+    test_cublas(handle, GEMM_EX, CUDA_R_32F);
+    test_cublas(handle, GEMM_EX, CUDA_R_16BF);
+    test_cublas(handle, SGEMM_STRIDED_BATCHED, CUDA_R_32F);
+    test_cublas(handle, GEMM_STRIDED_BATCHED_EX, CUDA_R_32F);
+    test_cublas(handle, GEMM_STRIDED_BATCHED_EX, CUDA_R_16BF);
+    CUBLAS_CHECK(cublasDestroy(handle));
+
+    cublasLtHandle_t lt;
+    CUBLAS_CHECK(cublasLtCreate(&lt));
+    test_cublaslt_epilogues(lt);
+    test_cublaslt_batched_bf16(lt);
+    CUBLAS_CHECK(cublasLtDestroy(lt));
+    return check_summary();
+}
