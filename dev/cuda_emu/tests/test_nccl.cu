@@ -1,0 +1,179 @@
+/*
+test_nccl.cu: each NCCL collective (all-reduce, reduce-scatter, all-gather, broadcast) with ncclSum
+and ncclAvg, in fp32 and bf16, between the processes of one run, set up as the trainer does it:
+rank 0 makes the ncclUniqueId and MPI sends it to the others.
+
+    mpirun -np 2 build/emu/dev/cuda_emu/tests/test_nccl     (built with -DUSE_MPI)
+    build/emu/dev/cuda_emu/tests/test_nccl                  (one rank; without MPI too)
+
+Rank r contributes x_r[i] = (r + 1) * (i + 1) / 8, exact in bf16 for the sizes used, so the
+expected sums and averages are exact in every type.
+*/
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <vector>
+#include "check.h"
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+
+#define NCCL_CHECK(call) nccl_check_at((call), #call, __FILE__, __LINE__)
+static void nccl_check_at(ncclResult_t r, const char* call, const char* file, int line) {
+    if (r != ncclSuccess) {
+        fprintf(stderr, "error: %s failed: %s\n  (at %s:%d)\n", call, ncclGetErrorString(r), file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static const int COUNT = 12;  // elements per rank chunk
+
+static float contribution(int rank, int i) { return (float)((rank + 1) * (i + 1)) / 8.0f; }
+
+// a device buffer of n values in fp32 or bf16, filled from f(i) (or NaN bytes when f is null)
+struct buffer {
+    void* ptr;
+    int n;
+    ncclDataType_t type;
+};
+
+static size_t element_bytes(ncclDataType_t type) { return type == ncclFloat ? sizeof(float) : sizeof(__nv_bfloat16); }
+
+static buffer make_buffer(int n, ncclDataType_t type, const std::vector<float>* values) {
+    buffer b = {nullptr, n, type};
+    CUDA_CHECK(cudaMalloc(&b.ptr, n * element_bytes(type)));
+    if (values != nullptr) {
+        if (type == ncclFloat) {
+            CUDA_CHECK(cudaMemcpy(b.ptr, values->data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        } else {
+            std::vector<__nv_bfloat16> h(n);
+            for (int i = 0; i < n; i++) { h[i] = __float2bfloat16((*values)[i]); }
+            CUDA_CHECK(cudaMemcpy(b.ptr, h.data(), n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+        }
+    }
+    return b;
+}
+
+static std::vector<float> read_buffer(const buffer& b) {
+    std::vector<float> out(b.n);
+    if (b.type == ncclFloat) {
+        CUDA_CHECK(cudaMemcpy(out.data(), b.ptr, b.n * sizeof(float), cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<__nv_bfloat16> h(b.n);
+        CUDA_CHECK(cudaMemcpy(h.data(), b.ptr, b.n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < b.n; i++) { out[i] = __bfloat162float(h[i]); }
+    }
+    return out;
+}
+
+static bool equal(const std::vector<float>& got, const std::vector<float>& want, char* detail, size_t detail_size) {
+    for (size_t i = 0; i < want.size(); i++) {
+        if (got[i] != want[i]) {
+            snprintf(detail, detail_size, "element %zu: got %g want %g", i, got[i], want[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void test_collectives(ncclComm_t comm, int rank, int nranks, ncclDataType_t type, cudaStream_t stream) {
+    const char* type_name = type == ncclFloat ? "fp32" : "bf16";
+    char name[96], detail[128] = "";
+    int total = COUNT * nranks;
+
+    for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
+        const char* op_name = op == ncclSum ? "sum" : "avg";
+        // all-reduce over COUNT * nranks elements; reduce-scatter of the same input
+        std::vector<float> mine(total), want(total);
+        for (int i = 0; i < total; i++) {
+            mine[i] = contribution(rank, i);
+            float sum = 0.0f;
+            for (int r = 0; r < nranks; r++) { sum += contribution(r, i); }
+            want[i] = op == ncclSum ? sum : sum / nranks;
+        }
+        buffer send = make_buffer(total, type, &mine), recv = make_buffer(total, type, nullptr);
+        NCCL_CHECK(ncclAllReduce(send.ptr, recv.ptr, total, type, op, comm, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        snprintf(name, sizeof name, "ncclAllReduce %s %s, %d ranks", op_name, type_name, nranks);
+        check(equal(read_buffer(recv), want, detail, sizeof detail), name, "%s", detail);
+
+        buffer chunk = make_buffer(COUNT, type, nullptr);
+        NCCL_CHECK(ncclReduceScatter(send.ptr, chunk.ptr, COUNT, type, op, comm, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<float> want_chunk(want.begin() + rank * COUNT, want.begin() + (rank + 1) * COUNT);
+        snprintf(name, sizeof name, "ncclReduceScatter %s %s, %d ranks", op_name, type_name, nranks);
+        check(equal(read_buffer(chunk), want_chunk, detail, sizeof detail), name, "%s", detail);
+        for (buffer* b : {&send, &recv, &chunk}) { CUDA_CHECK(cudaFree(b->ptr)); }
+    }
+
+    // all-gather, in place: each rank's chunk already sits at its place in the full buffer
+    std::vector<float> full(total), want(total);
+    for (int i = 0; i < total; i++) {
+        int owner = i / COUNT;
+        full[i] = owner == rank ? contribution(rank, i) : -1.0f;
+        want[i] = contribution(owner, i);
+    }
+    buffer gathered = make_buffer(total, type, &full);
+    char* my_chunk = (char*)gathered.ptr + rank * COUNT * element_bytes(type);
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclAllGather(my_chunk, gathered.ptr, COUNT, type, comm, stream));
+    NCCL_CHECK(ncclGroupEnd());
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    snprintf(name, sizeof name, "ncclAllGather in place %s, %d ranks", type_name, nranks);
+    check(equal(read_buffer(gathered), want, detail, sizeof detail), name, "%s", detail);
+    CUDA_CHECK(cudaFree(gathered.ptr));
+
+    // broadcast from the last rank
+    int root = nranks - 1;
+    std::vector<float> values(COUNT), want_root(COUNT);
+    for (int i = 0; i < COUNT; i++) {
+        values[i] = rank == root ? contribution(root, i) : 0.0f;
+        want_root[i] = contribution(root, i);
+    }
+    buffer b = make_buffer(COUNT, type, &values);
+    NCCL_CHECK(ncclBroadcast(b.ptr, b.ptr, COUNT, type, root, comm, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    snprintf(name, sizeof name, "ncclBroadcast from rank %d %s, %d ranks", root, type_name, nranks);
+    check(equal(read_buffer(b), want_root, detail, sizeof detail), name, "%s", detail);
+    CUDA_CHECK(cudaFree(b.ptr));
+}
+
+int main(int argc, char** argv) {
+    int rank = 0, nranks = 1;
+#ifdef USE_MPI
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+#else
+    (void)argc;
+    (void)argv;
+#endif
+    // one report per run: rank 0's lines, and at the end the totals of all ranks
+    if (rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) { return EXIT_FAILURE; }
+    ncclUniqueId id;
+    if (rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
+#ifdef USE_MPI
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+    CUDA_CHECK(cudaSetDevice(0));  // one emulated device per process (a real run would use rank % devices)
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+
+    test_collectives(comm, rank, nranks, ncclFloat, stream);
+    test_collectives(comm, rank, nranks, ncclBfloat16, stream);
+
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    NCCL_CHECK(ncclCommDestroy(comm));
+#ifdef USE_MPI
+    if (rank != 0 && checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", rank, checks_failed); }
+    int counts[2] = {checks_passed, checks_failed}, totals[2];
+    MPI_Allreduce(counts, totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    checks_passed = totals[0];
+    checks_failed = totals[1];
+    MPI_Finalize();
+#endif
+    return check_summary();
+}
