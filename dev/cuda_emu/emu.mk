@@ -19,7 +19,9 @@ EMU_CXX ?= g++
 # NCCL across processes goes through MPI; without mpicxx the emulator supports one rank
 EMU_MPICXX := $(shell command -v mpicxx 2>/dev/null)
 ifneq ($(EMU_MPICXX),)
-  EMU_MPI_CFLAGS := -DCUDA_EMU_MPI -DUSE_MPI -DOMPI_SKIP_MPICXX $(shell mpicxx --showme:compile)
+  # USE_MPI: the test programs use MPI themselves; CUDA_EMU_MPI: the emulator's NCCL uses it
+  MPI_CFLAGS := -DUSE_MPI -DOMPI_SKIP_MPICXX $(shell mpicxx --showme:compile)
+  EMU_MPI_CFLAGS := -DCUDA_EMU_MPI $(MPI_CFLAGS)
   EMU_MPI_LDLIBS := $(shell mpicxx --showme:link)
 endif
 
@@ -59,7 +61,7 @@ emu-test:
 # the same tests with the real CUDA toolchain: they must stay ordinary CUDA
 build/nvcc/%: $(EMU_DIR)/tests/%.cu $(EMU_DIR)/tests/check.h
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O1 -arch=sm_90 -I. $(EMU_MPI_CFLAGS) $< -o $@ \
+	$(NVCC) -std=c++17 -O1 -arch=sm_90 -I. $(MPI_CFLAGS) $< -o $@ \
 		-lcublas -lcublasLt -L$(CUDA_HOME)/lib -lnccl $(EMU_MPI_LDLIBS)
 
 emu-nvcc-check: $(EMU_NVCC_TESTS)
