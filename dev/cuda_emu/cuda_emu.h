@@ -176,6 +176,13 @@ static inline T emu_atomic_add_by_cas(T* p, T v) {
         }
     }
 }
+static inline float atomicExch(float* p, float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits = __atomic_exchange_n(reinterpret_cast<uint32_t*>(p), bits, __ATOMIC_RELAXED);
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
 static inline float atomicAdd(float* p, float v) { return emu_atomic_add_by_cas<float, uint32_t>(p, v); }
 static inline double atomicAdd(double* p, double v) { return emu_atomic_add_by_cas<double, uint64_t>(p, v); }
 static inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {

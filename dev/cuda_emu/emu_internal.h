@@ -66,7 +66,7 @@ void emu_run_grid(const emu_grid& g);
 // ----------------------------------------------------------------------------
 // memory (emu_runtime.cpp)
 
-// bytes of the device allocation holding [p, p+bytes), or 0 if that range is not device memory
+// whether [p, p+bytes) lies inside one live cudaMalloc allocation
 bool emu_is_device_range(const void* p, size_t bytes);
 // whether [p, p+bytes) lies in page-locked host memory (cudaMallocHost, cudaHostAlloc, cudaHostRegister)
 bool emu_is_pinned_range(const void* p, size_t bytes);
