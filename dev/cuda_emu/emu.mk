@@ -39,6 +39,8 @@ EMU_TEST_SRCS := $(wildcard $(EMU_DIR)/tests/*.cu)
 EMU_TESTS := $(patsubst %.cu,$(EMU_BUILD)/%,$(EMU_TEST_SRCS))
 EMU_NVCC_TESTS := $(patsubst $(EMU_DIR)/tests/%.cu,build/nvcc/%,$(EMU_TEST_SRCS))
 
+# kept between builds (make would delete them as intermediates of the pattern rule below)
+.PRECIOUS: $(EMU_BUILD)/obj/%.o
 $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_HEADERS)
 	@mkdir -p $(@D)
 	$(EMU_CXX) $(EMU_LIB_CXXFLAGS) -c $< -o $@
