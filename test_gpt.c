@@ -1,8 +1,9 @@
 /*
 test_gpt.c: tests of the CPU reference trainer. It includes train_gpt.c (without
 its main) and checks it against an independent implementation:
-- logits, loss, all 16 gradients and 10 AdamW steps against PyTorch
-  (dev/reference/tiny_*.bin, made by dev/reference/make_reference.py);
+- logits, loss, all 16 gradients and 10 AdamW steps against PyTorch, and 10 steps
+  of Adafactor (HF transformers) and CAME (came-pytorch) (dev/reference/tiny_*.bin,
+  made by dev/reference/make_reference.py);
 - a finite-difference check of the gradient of every parameter tensor;
 - model-file round trips (fp32, and bf16 read), tokenizer decoding, the data
   loader walking every token once per epoch, the memory planner against the
@@ -55,27 +56,63 @@ static void check_close(const char* name, const float* got, const float* want, s
 // ----------------------------------------------------------------------------
 // the PyTorch reference (layout: dev/reference/README.md)
 
+#define REF_DIR "dev/reference/"
+#define REF_HINT "regenerate with: python3 dev/reference/make_reference.py"
 #define REF_MAGIC 20240327
 #define REF_VERSION 2
 enum { REF_SLOT_B = 2, REF_SLOT_T = 3, REF_SLOT_STEPS = 4, REF_SLOT_OPTIMIZER = 5,
-       REF_SLOT_LR = 8, REF_SLOT_BETA1 = 9, REF_SLOT_BETA2 = 10, REF_SLOT_EPS = 11,
-       REF_SLOT_WEIGHT_DECAY = 12, REF_SLOT_GRAD_CLIP = 13 };
-#define REF_DIR "dev/reference/"
-#define REF_HINT "regenerate with: python3 dev/reference/make_reference.py"
+       REF_SLOT_LR = 8, REF_SLOT_BETA1 = 9, REF_SLOT_BETA2 = 10, REF_SLOT_EPS1 = 11,
+       REF_SLOT_WEIGHT_DECAY = 12, REF_SLOT_GRAD_CLIP = 13, REF_SLOT_EXTRA0 = 14, REF_SLOT_EXTRA1 = 15 };
+#define REF_MAX_STEPS 64
 
 typedef struct {
     int B, T, steps;
-    float lr, beta1, beta2, eps, weight_decay, grad_clip;
-    int* x; int* y;
-    float* logits;       // (B,T,V)
-    float loss;
-    float* grads;        // (P) padded layout
-    float* step_losses;  // (steps)
-    float* step_norms;   // (steps)
-    float* final_params; // (P)
+    OptimizerKind kind;
+    float grad_clip;
+    OptimizerHyper hyper;
+    int* x; int* y;               // (B,T)
+    float* logits;                // (B,T,V)
+    float loss;                   // mean cross-entropy of the first forward
+    float* grads;                 // (P) of the first backward, padded layout
+    float losses[REF_MAX_STEPS];  // loss before each step
+    float norms[REF_MAX_STEPS];   // grad norm before clipping
+    float* final_params;          // (P) padded layout
 } Reference;
 
-static float header_float(const int* h, int slot) { float f; memcpy(&f, &h[slot], sizeof(f)); return f; }
+static float slot_float(const int* h, int slot) { float f; memcpy(&f, &h[slot], sizeof(f)); return f; }
+
+// the script's hyperparameters are Python doubles written as float32 (0.999 -> 0.999000013);
+// the shortest decimal that rounds to the same float gives the double back (0.999), so that
+// 1 - beta is what the packages computed (optimizers.h explains why that matters to CAME)
+static double slot_decimal(const int* h, int slot) {
+    float f = slot_float(h, slot);
+    char s[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(s, sizeof(s), "%.*g", digits, f);
+        if ((float)strtod(s, NULL) == f) { break; }
+    }
+    return strtod(s, NULL);
+}
+
+// the header's float slots, read as the optimizer of its id (README's slot table)
+static OptimizerHyper hyper_from_header(const int* h, OptimizerKind kind) {
+    OptimizerHyper o;
+    memset(&o, 0, sizeof(o));
+    double lr = slot_decimal(h, REF_SLOT_LR), beta1 = slot_decimal(h, REF_SLOT_BETA1), wd = slot_decimal(h, REF_SLOT_WEIGHT_DECAY);
+    double beta2 = slot_decimal(h, REF_SLOT_BETA2), eps1 = slot_decimal(h, REF_SLOT_EPS1);
+    double extra0 = slot_decimal(h, REF_SLOT_EXTRA0), extra1 = slot_decimal(h, REF_SLOT_EXTRA1);
+    if (kind == OPT_ADAMW) {
+        AdamWHyper a = {lr, beta1, beta2, eps1, wd};
+        o.adamw = a;
+    } else if (kind == OPT_ADAFACTOR) {  // lr 0: relative step with scale_parameter
+        AdafactorHyper a = {lr, beta1, beta2, eps1, extra0, extra1, wd, lr == 0.0, lr == 0.0};
+        o.adafactor = a;
+    } else {
+        CAMEHyper c = {lr, beta1, beta2, extra0, eps1, extra1, CAME_CLIP_THRESHOLD, wd};
+        o.came = c;
+    }
+    return o;
+}
 
 static void reference_read(Reference* r, const char* path, const GPT2Config* cfg) {
     FILE* f = fopen_check(path, "rb");
@@ -83,32 +120,31 @@ static void reference_read(Reference* r, const char* path, const GPT2Config* cfg
     fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
     if (h[0] != REF_MAGIC || h[1] != REF_VERSION) { fail("%s: not a reference file\n  hint: %s", path, REF_HINT); }
     r->B = h[REF_SLOT_B]; r->T = h[REF_SLOT_T]; r->steps = h[REF_SLOT_STEPS];
-    r->lr = header_float(h, REF_SLOT_LR); r->beta1 = header_float(h, REF_SLOT_BETA1);
-    r->beta2 = header_float(h, REF_SLOT_BETA2); r->eps = header_float(h, REF_SLOT_EPS);
-    r->weight_decay = header_float(h, REF_SLOT_WEIGHT_DECAY); r->grad_clip = header_float(h, REF_SLOT_GRAD_CLIP);
+    if (r->steps > REF_MAX_STEPS || h[REF_SLOT_OPTIMIZER] < 0 || h[REF_SLOT_OPTIMIZER] >= NUM_OPTIMIZERS) {
+        fail("%s: %d steps of optimizer %d: unexpected\n  hint: %s", path, r->steps, h[REF_SLOT_OPTIMIZER], REF_HINT);
+    }
+    r->kind = (OptimizerKind)h[REF_SLOT_OPTIMIZER];
+    r->grad_clip = slot_float(h, REF_SLOT_GRAD_CLIP);
+    r->hyper = hyper_from_header(h, r->kind);
     size_t BT = (size_t)r->B * r->T, P = gpt2_num_parameters(cfg);
     r->x = (int*)malloc_check(BT * sizeof(int));
     r->y = (int*)malloc_check(BT * sizeof(int));
+    r->final_params = (float*)malloc_check(P * sizeof(float));
     r->logits = (float*)malloc_check(BT * cfg->vocab_size * sizeof(float));
     r->grads = (float*)malloc_check(P * sizeof(float));
-    r->step_losses = (float*)malloc_check(r->steps * sizeof(float));
-    r->step_norms = (float*)malloc_check(r->steps * sizeof(float));
-    r->final_params = (float*)malloc_check(P * sizeof(float));
     fread_check(r->x, sizeof(int), BT, f);
     fread_check(r->y, sizeof(int), BT, f);
     fread_check(r->logits, sizeof(float), BT * cfg->vocab_size, f);
     fread_check(&r->loss, sizeof(float), 1, f);
     fread_check(r->grads, sizeof(float), P, f);
-    fread_check(r->step_losses, sizeof(float), r->steps, f);
-    fread_check(r->step_norms, sizeof(float), r->steps, f);
+    fread_check(r->losses, sizeof(float), r->steps, f);
+    fread_check(r->norms, sizeof(float), r->steps, f);
     fread_check(r->final_params, sizeof(float), P, f);
     fclose(f);
 }
 
-static void reference_free(Reference* r) {
-    free(r->x); free(r->y); free(r->logits); free(r->grads);
-    free(r->step_losses); free(r->step_norms); free(r->final_params);
-}
+static void reference_free(Reference* r) { free(r->x); free(r->y); free(r->final_params); free(r->logits); free(r->grads); }
+
 
 // logits from the probabilities the forward leaves: log p + a per-row constant;
 // compare the softmax instead (what the model defines), against the reference's softmax
@@ -128,7 +164,7 @@ static void test_against_pytorch(void) {
     const GPT2Config* c = &m.config;
     Reference r;
     reference_read(&r, REF_DIR "tiny_adamw.bin", c);
-    gpt2_alloc_training(&m, r.B, r.T);
+    gpt2_alloc_training(&m, r.B, r.T, OPT_ADAMW, 0);
     int BT = r.B * r.T, V = c->vocab_size, Vp = c->padded_vocab_size;
 
     // forward: the model keeps probabilities; the logits' matmul is checked through them
@@ -164,18 +200,18 @@ static void test_against_pytorch(void) {
     }
 
     // ten AdamW steps on the same batch: losses, norms, final parameters
-    float losses[64], norms[64];
+    float losses[REF_MAX_STEPS], norms[REF_MAX_STEPS];
     for (int s = 0; s < r.steps; s++) {
         gpt2_forward(&m, r.x, r.y, r.B, r.T);
         losses[s] = m.mean_loss;
         gpt2_zero_grad(&m);
         gpt2_backward(&m, r.x, r.y, r.B, r.T, 1.0f / BT);
         norms[s] = gpt2_grad_norm(&m);
-        AdamWConfig ac = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip, s + 1};
-        gpt2_update(&m, &ac, norms[s]);
+        StepConfig sc = {r.hyper, r.grad_clip, s + 1};
+        gpt2_update(&m, &sc, norms[s]);
     }
-    check_close("pytorch: AdamW step losses", losses, r.step_losses, r.steps, 0.0, 2e-6);
-    check_close("pytorch: AdamW step gradient norms", norms, r.step_norms, r.steps, 0.0, 1e-5);
+    check_close("pytorch: AdamW step losses", losses, r.losses, r.steps, 0.0, 2e-6);
+    check_close("pytorch: AdamW step gradient norms", norms, r.norms, r.steps, 0.0, 1e-5);
     // the key biases (rows C..2C-1 of qkvb) get an exactly-zero gradient in exact arithmetic
     // (softmax is shift-invariant); fp32 computes rounding noise of ~1e-11 there, which
     // Adam's normalisation turns into steps of up to lr: those entries get a looser floor
@@ -186,7 +222,7 @@ static void test_against_pytorch(void) {
     for (int l = 0; l < c->num_layers; l++) {
         for (size_t j = C; j < 2 * C; j++) {
             size_t i = key_bias + l * 3 * C + j;
-            keys_ok &= fabsf(got[i] - r.final_params[i]) <= r.steps * r.lr * 0.01f;
+            keys_ok &= fabsf(got[i] - r.final_params[i]) <= r.steps * (float)r.hyper.adamw.lr * 0.01f;
             got[i] = r.final_params[i];  // excluded from the tight check below
         }
     }
@@ -216,7 +252,7 @@ static void test_finite_differences(void) {
     gpt2_load(&m, REF_DIR "tiny_model.bin");
     const GPT2Config* c = &m.config;
     int B = 2, T = 7, BT = B * T;
-    gpt2_alloc_training(&m, B, T);
+    gpt2_alloc_training(&m, B, T, OPT_ADAMW, 0);
     int x[14], y[14];
     uint64_t rng = 7;
     for (int i = 0; i < BT; i++) { x[i] = rand_u32(&rng) % c->vocab_size; y[i] = rand_u32(&rng) % c->vocab_size; }
@@ -400,18 +436,21 @@ static void test_memory_plan(void) {
         {32, 300, 384, 1, 1, 8},
     };
     int BTs[3][2] = {{3, 11}, {2, 64}, {5, 1}};
-    for (int k = 0; k < 3; k++) {
+    // each shape with each optimizer (Adafactor with and without its first moment)
+    int opts[4][2] = {{OPT_ADAMW, 0}, {OPT_ADAFACTOR, 0}, {OPT_ADAFACTOR, 1}, {OPT_CAME, 0}};
+    for (int run = 0; run < 12; run++) {
+        int k = run % 3, opt = opts[run / 3][0], beta1 = opts[run / 3][1];
         memset(&g_mem, 0, sizeof(g_mem));
         GPT2 m;
         gpt2_init_random(&m, &shapes[k], 1);
-        gpt2_alloc_training(&m, BTs[k][0], BTs[k][1]);
+        gpt2_alloc_training(&m, BTs[k][0], BTs[k][1], (OptimizerKind)opt, beta1);
         int* gen = (int*)mem_alloc(MEM_SCRATCH, (size_t)BTs[k][1] * sizeof(int));
         // one loader's buffers, as the trainer allocates them
         size_t BT = (size_t)BTs[k][0] * BTs[k][1];
         void* b1 = mem_alloc(MEM_SCRATCH, (BT + 1) * sizeof(uint16_t));
         void* b2 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
         void* b3 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
-        PlanInputs in = {BTs[k][0], BTs[k][1], 1};
+        PlanInputs in = {BTs[k][0], BTs[k][1], 1, opt, beta1};
         MemPlan p = plan_memory(&shapes[k], in);
         int same = 1;
         char detail[256] = "";
@@ -422,14 +461,131 @@ static void test_memory_plan(void) {
             }
         }
         char name[96];
-        snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d)",
-                 shapes[k].num_layers, shapes[k].channels, BTs[k][0], BTs[k][1]);
+        snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d, %s%s)",
+                 shapes[k].num_layers, shapes[k].channels, BTs[k][0], BTs[k][1], OPTIMIZER_NAMES[opt], beta1 ? " + beta1" : "");
         check(same, name, "%s", detail);
         mem_free(gen); mem_free(b1); mem_free(b2); mem_free(b3);
         gpt2_free(&m);
         check(g_mem.total_current == 0, "memory: everything allocated is freed", "%zu bytes left", g_mem.total_current);
     }
 }
+
+// ----------------------------------------------------------------------------
+// Adafactor and CAME against the PyTorch packages: the reference's training loop through optimizer_step
+
+typedef struct {
+    float losses[REF_MAX_STEPS], norms[REF_MAX_STEPS];
+    float* params;  // (P) after the last step
+} Run;
+
+// the trainer's own step (gpt2_update: clip, then the model's optimizer) on the reference batch
+static Run run_reference(const Reference* r) {
+    GPT2 m;
+    gpt2_load(&m, REF_DIR "tiny_model.bin");
+    gpt2_alloc_training(&m, r->B, r->T, r->kind, r->kind == OPT_ADAFACTOR && r->hyper.adafactor.beta1 > 0.0);
+    Run out;
+    for (int s = 0; s < r->steps; s++) {
+        gpt2_forward(&m, r->x, r->y, r->B, r->T);
+        out.losses[s] = m.mean_loss;
+        gpt2_zero_grad(&m);
+        gpt2_backward(&m, r->x, r->y, r->B, r->T, 1.0f / (r->B * r->T));
+        out.norms[s] = gpt2_grad_norm(&m);
+        StepConfig sc = {r->hyper, r->grad_clip, s + 1};
+        gpt2_update(&m, &sc, out.norms[s]);
+    }
+    out.params = (float*)malloc_check(m.num_parameters * sizeof(float));
+    memcpy(out.params, m.params_memory, m.num_parameters * sizeof(float));
+    gpt2_free(&m);
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// comparisons
+
+// tolerances: a correct fp32 run can reach about 1e-6 (README: fp32 against fp64 agree to
+// 7e-7); measured here, the worst step loss is 2e-7 relative, the worst norm 3e-6 (CAME,
+// whose updates are normalised per entry), the worst parameter 2e-7 absolute
+#define LOSS_RTOL 1e-6
+#define NORM_RTOL 1e-5
+#define PARAM_RTOL 2e-6
+#define PARAM_ATOL 5e-7  // small entries: parameters are ~0.02, moved by ~1e-3 per step
+// the key biases (rows C..2C-1 of each layer's qkvb) have an exactly-zero gradient in exact
+// arithmetic; both sides compute rounding noise (~1e-11) there, different noise. Adafactor
+// and CAME (eps1 = 1e-12 under g^2) turn it into steps of ~1e-5 lr: their key biases stay in
+// the tight check (AdamW's are checked apart in test_against_pytorch).
+
+static void check_padded_rows_zero(const char* file, const float* params, const GPT2Config* c) {
+    size_t begin = (size_t)c->vocab_size * c->channels, end = (size_t)c->padded_vocab_size * c->channels;
+    int zero = 1;
+    for (size_t i = begin; i < end; i++) { zero &= params[i] == 0.0f; }
+    char name[128];
+    snprintf(name, sizeof(name), "%s: padded wte rows stay zero", file);
+    check(zero, name, "a padded row was written");
+}
+
+static void test_optimizer_reference(const char* file) {
+    GPT2 shape;
+    gpt2_load(&shape, REF_DIR "tiny_model.bin");
+    GPT2Config c = shape.config;
+    gpt2_free(&shape);
+    char path[256], name[128];
+    snprintf(path, sizeof(path), REF_DIR "%s", file);
+    Reference r;
+    reference_read(&r, path, &c);
+    printf("-- %s: %s, grad_clip %g\n", file, OPTIMIZER_NAMES[r.kind], r.grad_clip);
+    Run run = run_reference(&r);
+    snprintf(name, sizeof(name), "%s: step losses", file);
+    check_close(name, run.losses, r.losses, r.steps, 0.0, LOSS_RTOL);
+    snprintf(name, sizeof(name), "%s: step gradient norms", file);
+    check_close(name, run.norms, r.norms, r.steps, 0.0, NORM_RTOL);
+    check_padded_rows_zero(file, run.params, &c);
+    snprintf(name, sizeof(name), "%s: parameters after %d steps", file, r.steps);
+    check_close(name, run.params, r.final_params, gpt2_num_parameters(&c), PARAM_ATOL, PARAM_RTOL);
+    free(run.params);
+    reference_free(&r);
+}
+
+// ----------------------------------------------------------------------------
+// unit checks
+
+// the same steps with one thread and with three must give the same bits
+static void test_thread_count(const char* file) {
+    GPT2 shape;
+    gpt2_load(&shape, REF_DIR "tiny_model.bin");
+    GPT2Config c = shape.config;
+    gpt2_free(&shape);
+    char path[256], name[128];
+    snprintf(path, sizeof(path), REF_DIR "%s", file);
+    Reference r;
+    reference_read(&r, path, &c);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    Run one = run_reference(&r);
+    omp_set_num_threads(3);
+    Run three = run_reference(&r);
+    omp_set_num_threads(threads);
+    snprintf(name, sizeof(name), "%s: 1 and 3 threads give the same parameters bit for bit", file);
+    check(memcmp(one.params, three.params, gpt2_num_parameters(&c) * sizeof(float)) == 0, name, "differs");
+    free(one.params); free(three.params);
+    reference_free(&r);
+}
+
+#define D12_MAX_STATE_FRACTION 0.003  // Adafactor (no beta1) keeps under 0.3% of AdamW's state
+
+static void test_d12_state_size(void) {
+    GPT2Config c;
+    gpt2_config_preset(&c, "d12");
+    size_t adamw = optimizer_state_floats(&c, OPT_ADAMW, 0) * sizeof(float);
+    size_t adafactor = optimizer_state_floats(&c, OPT_ADAFACTOR, 0) * sizeof(float);
+    size_t adafactor_m = optimizer_state_floats(&c, OPT_ADAFACTOR, 1) * sizeof(float);
+    size_t came = optimizer_state_floats(&c, OPT_CAME, 0) * sizeof(float);
+    printf("-- d12 optimizer state: AdamW %zu bytes, Adafactor %zu (with beta1 %zu), CAME %zu\n",
+           adamw, adafactor, adafactor_m, came);
+    check((double)adafactor < D12_MAX_STATE_FRACTION * adamw, "d12: Adafactor (no beta1) state under 0.3% of AdamW's",
+          "%zu of %zu bytes (%.3f%%)", adafactor, adamw, 100.0 * adafactor / adamw);
+}
+
+// ----------------------------------------------------------------------------
 
 // ----------------------------------------------------------------------------
 // fixtures for the command-line tests (scripts/test_cli.sh)
@@ -498,6 +654,11 @@ int main(int argc, char** argv) {
     test_tokenizer(dir);
     test_dataloader(dir);
     test_memory_plan();
+    const char* files[] = {"tiny_adafactor.bin", "tiny_adafactor_beta1.bin", "tiny_came.bin", "tiny_came_wd.bin"};
+    for (int i = 0; i < (int)(sizeof(files) / sizeof(files[0])); i++) { test_optimizer_reference(files[i]); }
+    test_thread_count("tiny_adafactor_beta1.bin");
+    test_thread_count("tiny_came.bin");
+    test_d12_state_size();
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }

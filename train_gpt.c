@@ -27,6 +27,7 @@ accounting are in the other small headers of llmc/.
 #include "llmc/utils.h"
 #include "llmc/model_config.h"
 #include "llmc/cpu_layers.h"
+#include "llmc/optimizers.h"
 #include "llmc/memory.h"
 #include "llmc/planner.h"
 #include "llmc/rand.h"
@@ -160,10 +161,10 @@ typedef struct {
     ParameterTensors params;
     float* grads_memory;
     ParameterTensors grads;
-    float* opt_memory;        // optimizer state, one block (AdamW: m then v, 2 x num_parameters)
+    OptimizerKind optimizer;
+    int use_beta1;            // Adafactor: keeps a first moment
+    float* opt_memory;        // optimizer state, one block (layout: llmc/optimizers.h)
     size_t opt_floats;
-    float* m_memory;          // AdamW first moment, in opt_memory
-    float* v_memory;          // AdamW second moment, in opt_memory
     ActivationTensors acts;
     float* acts_memory;
     BackwardBuffers bwd;
@@ -185,7 +186,7 @@ static void gpt2_alloc_params(GPT2* m, const GPT2Config* cfg) {
     m->params_memory = (float*)mem_alloc(MEM_PARAMETERS, m->num_parameters * sizeof(float));
     point_parameters(&m->params, m->params_memory, cfg);
     m->grads_memory = NULL;
-    m->opt_memory = m->m_memory = m->v_memory = NULL;
+    m->opt_memory = NULL;
     m->acts_memory = m->bwd_memory = NULL;
     m->acts.layers = NULL;
 }
@@ -225,7 +226,7 @@ static void gpt2_load(GPT2* m, const char* path) {
 }
 
 // gradients, optimizer state, activations and backward buffers for micro-batches of (B,T)
-static void gpt2_alloc_training(GPT2* m, int B, int T) {
+static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, int use_beta1) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
     size_t BT = (size_t)B * T, P = m->num_parameters;
@@ -233,10 +234,10 @@ static void gpt2_alloc_training(GPT2* m, int B, int T) {
     m->seq_len = T;
     m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, P * sizeof(float));
     point_parameters(&m->grads, m->grads_memory, c);
-    m->opt_floats = 2 * P;
+    m->optimizer = optimizer;
+    m->use_beta1 = use_beta1;
+    m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1);
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
-    m->m_memory = m->opt_memory;
-    m->v_memory = m->opt_memory + P;
     // activations: encoded, L layer blocks, lnf, lnf_mean, lnf_rstd, logits, losses
     size_t ls[NUM_LAYER_ACTS], layer_floats = 0;
     layer_act_sizes(ls, B, T, C, NH);
@@ -385,27 +386,41 @@ static float gpt2_grad_norm(const GPT2* m) {
 }
 
 typedef struct {
-    float lr, beta1, beta2, eps, weight_decay;
-    float grad_clip;  // 0 = off
-    int t;            // optimizer step, from 1
-} AdamWConfig;
+    OptimizerHyper hyper;  // of the model's optimizer (llmc/optimizers.h)
+    float grad_clip;       // 0 = off
+    int t;                 // optimizer step, from 1
+} StepConfig;
 
-// clips the gradients to the global norm (given) and takes one AdamW step;
-// weight decay applies to the 2-D weights only
-static void gpt2_update(GPT2* m, const AdamWConfig* o, float grad_norm) {
-    if (o->grad_clip > 0.0f && grad_norm > o->grad_clip) {
-        float scale = o->grad_clip / grad_norm;
+// clips the gradients to the global norm (given) and takes one step of the model's optimizer
+static void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
+    if (s->grad_clip > 0.0f && grad_norm > s->grad_clip) {
+        float scale = s->grad_clip / grad_norm;
         #pragma omp parallel for
         for (size_t i = 0; i < m->num_parameters; i++) { m->grads_memory[i] *= scale; }
     }
-    size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
-    gpt2_parameter_sizes(sizes, &m->config);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        float wd = PARAMETER_IS_MATRIX[i] ? o->weight_decay : 0.0f;
-        adamw_update(m->params_memory + off, m->grads_memory + off, m->m_memory + off, m->v_memory + off,
-                     sizes[i], o->lr, o->beta1, o->beta2, o->eps, wd, o->t);
-        off += sizes[i];
+    optimizer_step(m->optimizer, m->params_memory, m->grads_memory, m->opt_memory, &m->config, &s->hyper, s->t);
+}
+
+// the optimizer's hyperparameters from the flags, at this step's scheduled learning rate.
+// Adafactor and CAME take their papers' defaults for what the flags do not set.
+static OptimizerHyper optimizer_hyper(const TrainOptions* o, OptimizerKind kind, float lr) {
+    OptimizerHyper h;
+    memset(&h, 0, sizeof(h));
+    if (kind == OPT_ADAMW) {
+        AdamWHyper a = {lr, o->beta1, o->beta2, o->eps, o->weight_decay};
+        h.adamw = a;
+    } else if (kind == OPT_ADAFACTOR) {
+        // --relative-step: lr = min(1e-2, 1/sqrt(t)) * max(eps2, RMS(p)) and -l is ignored;
+        // otherwise the scheduled -l (as HF Trainer uses Adafactor)
+        int rel = o->relative_step;
+        AdafactorHyper a = {rel ? 0.0 : lr, o->adafactor_beta1, ADAFACTOR_DECAY_RATE, ADAFACTOR_EPS1, ADAFACTOR_EPS2,
+                            ADAFACTOR_CLIP_THRESHOLD, o->weight_decay, rel, rel};
+        h.adafactor = a;
+    } else {
+        CAMEHyper c = {lr, CAME_BETA1, CAME_BETA2, CAME_BETA3, CAME_EPS1, CAME_EPS2, CAME_CLIP_THRESHOLD, o->weight_decay};
+        h.came = c;
     }
+    return h;
 }
 
 // warmup (linear from lr/warmup) then cosine decay to lr * final_frac at max_steps
@@ -548,6 +563,8 @@ static int check_options(const TrainOptions* o, const GPT2Config* c) {
     if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
     if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
+    if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
+    if (o->adafactor_beta1 < 0.0f || o->adafactor_beta1 >= 1.0f) { fail("--adafactor-beta1 must be in [0, 1)"); }
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
     return total / BT;
 }
@@ -580,6 +597,21 @@ static float validation_loss(GPT2* m, DataLoader* val, int steps) {
 }
 
 static int run_training(const TrainOptions* o) {
+    GPT2Config cfg;
+    resolve_model_config(o, &cfg);
+    int accum = check_options(o, &cfg);
+    int B = o->batch_size, T = o->seq_len;
+    int has_val = o->val_data[0] != '\0' && o->val_steps > 0;
+    OptimizerKind optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
+    int use_beta1 = optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
+    PlanInputs plan_in = {B, T, 1 + has_val, optimizer, use_beta1};
+    MemPlan plan = plan_memory(&cfg, plan_in);
+    if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
+        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, fp32):\n", cfg.num_layers,
+               cfg.channels, cfg.num_heads, cfg.padded_vocab_size, B, T, o->optimizer);
+        print_memory_table(&plan, NULL);
+        return 0;
+    }
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer
     #pragma omp parallel
@@ -587,24 +619,11 @@ static int run_training(const TrainOptions* o) {
     Tokenizer tok;
     tokenizer_init(&tok, o->tokenizer);
     size_t rss_at_start = mem_rss_now();
-    GPT2Config cfg;
-    resolve_model_config(o, &cfg);
-    int accum = check_options(o, &cfg);
-    int B = o->batch_size, T = o->seq_len;
-    int has_val = o->val_data[0] != '\0' && o->val_steps > 0;
-    PlanInputs plan_in = {B, T, 1 + has_val};
-    MemPlan plan = plan_memory(&cfg, plan_in);
-    if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
-        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (AdamW, fp32):\n", cfg.num_layers,
-               cfg.channels, cfg.num_heads, cfg.padded_vocab_size, B, T);
-        print_memory_table(&plan, NULL);
-        return 0;
-    }
     GPT2 model;
     build_model(&model, o);
     int has_out = o->out_dir[0] != '\0';
     if (has_out) { ensure_output_dir(o->out_dir); }
-    gpt2_alloc_training(&model, B, T);
+    gpt2_alloc_training(&model, B, T, optimizer, use_beta1);
     DataLoader train, val;
     dataloader_init(&train, o->train_data, B, T, 0, 1, model.config.vocab_size);
     if (has_val) { dataloader_init(&val, o->val_data, B, T, 0, 1, model.config.vocab_size); }
@@ -674,15 +693,16 @@ static int run_training(const TrainOptions* o) {
                  "  hint: lower the learning rate (-l), keep --grad-clip on; checkpoints already in '%s' are intact",
                  loss, norm, step + 1, has_out ? o->out_dir : "(no -o)");
         }
-        AdamWConfig ac = {learning_rate_at(o, step, max_steps), o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip, step + 1};
-        gpt2_update(&model, &ac, norm);
+        float lr = learning_rate_at(o, step, max_steps);
+        StepConfig sc = {optimizer_hyper(o, model.optimizer, lr), o->grad_clip, step + 1};
+        gpt2_update(&model, &sc, norm);
         double dt = now_seconds() - t0;
         double tokens = (double)B * T * accum;
         printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s\n",
-               step + 1, max_steps, loss, norm, ac.lr, dt * 1e3, tokens / dt, fpt * tokens / dt / 1e9);
+               step + 1, max_steps, loss, norm, lr, dt * 1e3, tokens / dt, fpt * tokens / dt / 1e9);
         if (log) {
             fprintf(log, "{\"step\": %d, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
-                    step + 1, loss, norm, ac.lr, dt * 1e3, tokens / dt);
+                    step + 1, loss, norm, lr, dt * 1e3, tokens / dt);
             fflush(log);
         }
         if (step == start_step) {

@@ -39,6 +39,9 @@ typedef struct {
     float weight_decay;              // decoupled, on the 2-D weights only
     float beta1, beta2, eps;         // AdamW
     float grad_clip;                 // global gradient-norm clip, 0 = off
+    char optimizer[16];              // adamw | adafactor | came
+    int relative_step;               // Adafactor: relative step size instead of -l
+    float adafactor_beta1;           // Adafactor: first-moment decay, 0 = none (least memory)
     int max_steps;                   // -1: one pass over the training data
     uint64_t seed;                   // initialisation and sampling
     // evaluation, sampling, checkpoints
@@ -70,6 +73,9 @@ static TrainOptions options_default(void) {
     o.beta2 = 0.95f;
     o.eps = 1e-8f;
     o.grad_clip = 1.0f;
+    strcpy(o.optimizer, "adamw");
+    o.relative_step = 0;
+    o.adafactor_beta1 = 0.0f;
     o.max_steps = 200;
     o.seed = 1337;
     o.val_every = 25;
@@ -97,7 +103,7 @@ static const FlagSpec FLAGS[] = {
     {"-i", "--train",         FLAG_STRING, OPT(train_data),       "training token shards (glob pattern)"},
     {"-j", "--val",           FLAG_STRING, OPT(val_data),         "validation token shards (glob), \"\" = none"},
     {"-k", "--tokenizer",     FLAG_STRING, OPT(tokenizer),        "tokenizer file for samples, \"\" = none"},
-    {"-e", "--model",         FLAG_STRING, OPT(model),            "preset d6|d12|d24|d36|d48|d60, or a checkpoint .bin"},
+    {"-e", "--model",         FLAG_STRING, OPT(model),            "preset tiny|d6|d12|d24|d36|d48|d60, or a checkpoint .bin"},
     {"-o", "--out",           FLAG_STRING, OPT(out_dir),          "output directory for checkpoints and log, \"\" = none"},
     {"-b", "--batch",         FLAG_INT,    OPT(batch_size),       "micro-batch size B (sequences)"},
     {"-t", "--seq",           FLAG_INT,    OPT(seq_len),          "sequence length T (tokens)"},
@@ -110,6 +116,9 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--beta2",         FLAG_FLOAT,  OPT(beta2),            "AdamW beta2"},
     {NULL, "--eps",           FLAG_FLOAT,  OPT(eps),              "AdamW epsilon"},
     {NULL, "--grad-clip",     FLAG_FLOAT,  OPT(grad_clip),        "clip the global gradient norm to this, 0 = off"},
+    {NULL, "--optimizer",     FLAG_STRING, OPT(optimizer),        "adamw | adafactor | came (Adafactor, CAME: papers' betas and eps)"},
+    {NULL, "--relative-step", FLAG_SWITCH, OPT(relative_step),    "Adafactor: step min(1e-2, 1/sqrt(t)) x RMS(param) instead of -l"},
+    {NULL, "--adafactor-beta1", FLAG_FLOAT, OPT(adafactor_beta1), "Adafactor: first-moment decay, 0 = none"},
     {"-x", "--steps",         FLAG_INT,    OPT(max_steps),        "optimizer steps; -1 = one epoch of the training data"},
     {NULL, "--seed",          FLAG_U64,    OPT(seed),             "random seed (initialisation, sampling)"},
     {"-v", "--val-every",     FLAG_INT,    OPT(val_every),        "validate every N steps, 0 = never"},

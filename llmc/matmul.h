@@ -108,8 +108,9 @@ typedef enum {
 static void mm_kernel(int kc, const float* MM_RESTRICT a, const float* MM_RESTRICT b,
                       float* C, int ldc, int m, int n, float alpha, float beta, mm_store_mode mode) {
     // start fetching the C tile now so it is in L1 by the time the K loop ends
+    // (every cache line of it: a row of NR floats spans NR / 16 lines, one more if unaligned)
     for (int r = 0; r < m; r++) {
-        _mm_prefetch((const char*)(C + (size_t)r * ldc), _MM_HINT_T0);
+        for (int v = 0; v < MM_NV; v++) { _mm_prefetch((const char*)(C + (size_t)r * ldc + v * MM_VL), _MM_HINT_T0); }
         _mm_prefetch((const char*)(C + (size_t)r * ldc + n - 1), _MM_HINT_T0);
     }
     __m512 acc[MM_MR][MM_NV];
@@ -269,6 +270,7 @@ static void mm_kernel(int kc, const float* MM_RESTRICT a, const float* MM_RESTRI
 static void mm_pack_copy(const float* src, int ld, int rows, int kc, int panel, float* dst) {
     for (int k = 0; k < kc; k++) {
         const float* s = src + (size_t)k * ld;
+
         for (int p = 0; p < rows; p += panel) {
             float* d = dst + (size_t)p * kc + (size_t)k * panel;
             int w = mm_min(panel, rows - p);
@@ -391,16 +393,39 @@ static int mm_block_step(int range, int max_block, int unit) {
     return mm_round_up((range + nblocks - 1) / nblocks, unit);
 }
 
+#ifdef __cplusplus
+#define MM_THREAD_LOCAL thread_local
+#else
+#define MM_THREAD_LOCAL _Thread_local
+#endif
+
+// each thread's packing buffers, made at its first call and kept for the program's life
+// (1.25 MiB a thread): allocating them per call cost 100-450 page faults a call, a few %
+// of a layer's time. 64-byte aligned so packed B rows take aligned vector loads.
+// Thread-local, so calls from several threads at once (inside a caller's parallel loop)
+// are safe.
+static void mm_pack_buffers(float** Ap, float** Bp) {
+    static MM_THREAD_LOCAL float* a_buf = NULL;
+    static MM_THREAD_LOCAL float* b_buf = NULL;
+    if (a_buf == NULL) {
+        // mm_block_step rounds a block up to whole tiles, so a block can exceed MC by < MR
+        size_t a_bytes = (size_t)mm_round_up(MM_MC, MM_MR) * MM_KC * sizeof(float);
+        size_t b_bytes = (size_t)mm_round_up(MM_NC, MM_NR) * MM_KC * sizeof(float);
+        a_buf = (float*)aligned_alloc(64, (a_bytes + 63) / 64 * 64);
+        b_buf = (float*)aligned_alloc(64, (b_bytes + 63) / 64 * 64);
+        if (a_buf == NULL || b_buf == NULL) {
+            fail("mm_sgemm: out of memory for packing buffers (%zu + %zu bytes)", a_bytes, b_bytes);
+        }
+    }
+    *Ap = a_buf;
+    *Bp = b_buf;
+}
+
 static void mm_thread_block(const mm_args* g, int m0, int m1, int n0, int n1) {
     if (m1 <= m0 || n1 <= n0) { return; }
     int mc_step = mm_block_step(m1 - m0, MM_MC, MM_MR), nc_step = mm_block_step(n1 - n0, MM_NC, MM_NR);
-    size_t a_floats = (size_t)mc_step * MM_KC, b_floats = (size_t)nc_step * MM_KC;
-    // 64-byte aligned so packed B rows can be read with aligned vector loads
-    float* Ap = (float*)aligned_alloc(64, (a_floats * sizeof(float) + 63) / 64 * 64);
-    float* Bp = (float*)aligned_alloc(64, (b_floats * sizeof(float) + 63) / 64 * 64);
-    if (Ap == NULL || Bp == NULL) {
-        fail("mm_sgemm: out of memory for packing buffers (%zu + %zu floats)", a_floats, b_floats);
-    }
+    float *Ap, *Bp;
+    mm_pack_buffers(&Ap, &Bp);
     for (int jc = n0; jc < n1; jc += nc_step) {
         int nc = mm_min(nc_step, n1 - jc);
         for (int pc = 0; pc < g->K; pc += MM_KC) {
@@ -414,8 +439,6 @@ static void mm_thread_block(const mm_args* g, int m0, int m1, int n0, int n1) {
             }
         }
     }
-    free(Ap);
-    free(Bp);
 }
 
 // K = 0 or alpha = 0: nothing to multiply, C = beta * C (beta = 0 writes zeros, reads nothing)
@@ -427,25 +450,36 @@ static void mm_scale_c(int M, int N, float beta, float* C, int ldc) {
 }
 
 // ----------------------------------------------------------------------------
-// threading: a tm x tn grid of rectangles of C, one per thread
+// threading: C is cut into a grid of rectangles ("units", whole tiles each) that the
+// threads take dynamically, so a thread slowed by another process on its core does
+// not hold the others up. Which thread computes a unit never changes its bits.
 
 // below this many multiply-adds a call runs on one thread: a parallel region costs
 // a few microseconds, as much as a 64x64x64 product (attention's per-head size)
 #define MM_MIN_PARALLEL_FMAS (1 << 21)
 
-// the grid with the least work per thread, where work = the thread's FMAs plus its
-// packing (each packed element costs about as much as MM_PACK_COST FMAs of the tile)
+// the tm x tn grid, one rectangle per thread, with the least work per thread, where
+// work = the thread's FMAs plus its packing (each packed element costs about as much
+// as MM_PACK_COST FMAs: packing is a copy through memory, the FMAs run at 32 a cycle)
 #define MM_PACK_COST 16
-static void mm_thread_grid(int M, int N, int K, int nthreads, int* tm, int* tn) {
-    int mt = (M + MM_MR - 1) / MM_MR, nt = (N + MM_NR - 1) / MM_NR; // tiles
+static void mm_thread_grid(int mt, int nt, int nthreads, int* tm, int* tn) {
     double best = -1.0;
     for (int a = 1; a <= nthreads; a++) {
         if (nthreads % a != 0) { continue; }
         int b = nthreads / a;
         double rows = (double)((mt + a - 1) / a) * MM_MR, cols = (double)((nt + b - 1) / b) * MM_NR;
-        double work = rows * cols * K + (rows + cols) * K * MM_PACK_COST;
+        double work = rows * cols + (rows + cols) * MM_PACK_COST; // per unit of K
         if (best < 0.0 || work < best) { best = work; *tm = a; *tn = b; }
     }
+}
+
+// each thread's rectangle is cut again into up to MM_UNITS_PER_THREAD units along N
+// (or M), but never narrower than one B block (MM_NC columns) or two A blocks (2 * MM_MC
+// rows), so the cut adds little packing: a unit repacks what a block boundary would anyway
+#define MM_UNITS_PER_THREAD 4
+static int mm_units_along(int per_thread, int min_unit) {
+    int u = per_thread / min_unit;
+    return u < 1 ? 1 : u > MM_UNITS_PER_THREAD ? MM_UNITS_PER_THREAD : u;
 }
 
 static void mm_sgemm(mm_trans ta, mm_trans tb, int M, int N, int K, float alpha,
@@ -458,15 +492,19 @@ static void mm_sgemm(mm_trans ta, mm_trans tb, int M, int N, int K, float alpha,
 #ifdef _OPENMP
     if ((double)M * N * K >= MM_MIN_PARALLEL_FMAS && !omp_in_parallel()) { nthreads = omp_get_max_threads(); }
 #endif
-    int tm = 1, tn = 1;
-    mm_thread_grid(M, N, K, nthreads, &tm, &tn);
-    int mt = (M + MM_MR - 1) / MM_MR, nt = (N + MM_NR - 1) / MM_NR;
-#pragma omp parallel for num_threads(nthreads) schedule(static, 1) if (nthreads > 1)
-    for (int t = 0; t < tm * tn; t++) {
-        // thread t's rectangle, in whole tiles; the grid splits tiles as evenly as it can
-        int a = t / tn, b = t % tn;
-        int m0 = (int)((long)mt * a / tm) * MM_MR, m1 = mm_min(M, (int)((long)mt * (a + 1) / tm) * MM_MR);
-        int n0 = (int)((long)nt * b / tn) * MM_NR, n1 = mm_min(N, (int)((long)nt * (b + 1) / tn) * MM_NR);
+    int mt = (M + MM_MR - 1) / MM_MR, nt = (N + MM_NR - 1) / MM_NR; // tiles
+    int gm = 1, gn = 1; // the unit grid
+    if (nthreads > 1) {
+        mm_thread_grid(mt, nt, nthreads, &gm, &gn);
+        int un = mm_units_along(N / gn, MM_NC);
+        if (un > 1) { gn *= un; } else { gm *= mm_units_along(M / gm, 2 * MM_MC); }
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
+    for (int u = 0; u < gm * gn; u++) {
+        // unit u's rectangle, in whole tiles, the tiles split as evenly as the grid allows
+        int a = u / gn, b = u % gn;
+        int m0 = (int)((long)mt * a / gm) * MM_MR, m1 = mm_min(M, (int)((long)mt * (a + 1) / gm) * MM_MR);
+        int n0 = (int)((long)nt * b / gn) * MM_NR, n1 = mm_min(N, (int)((long)nt * (b + 1) / gn) * MM_NR);
         mm_thread_block(&g, m0, m1, n0, n1);
     }
 }

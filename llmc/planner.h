@@ -19,7 +19,11 @@ B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 typedef struct {
     int B, T;              // micro-batch shape
     int num_loaders;       // data loaders (train, and val if any)
+    int optimizer;         // OptimizerKind: 0 AdamW, 1 Adafactor, 2 CAME
+    int use_beta1;         // Adafactor keeps a first moment
 } PlanInputs;
+
+enum { PLAN_ADAMW = 0, PLAN_ADAFACTOR = 1, PLAN_CAME = 2 };  // = OptimizerKind (optimizers.h)
 
 typedef struct {
     size_t bytes[NUM_MEM_CATEGORIES];
@@ -36,8 +40,22 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     p.formula[MEM_PARAMETERS] = "4P";
     p.bytes[MEM_GRADIENTS] = P * F;
     p.formula[MEM_GRADIENTS] = "4P";
-    p.bytes[MEM_OPTIMIZER] = 2 * P * F;
-    p.formula[MEM_OPTIMIZER] = "AdamW m, v: 8P";
+    // Adafactor and CAME factor each matrix slice (rows + cols floats per statistic) and keep
+    // vectors whole. Matrices: wte (V,C), wpe (maxT,C), per layer qkvw (3C,C), attprojw (C,C),
+    // fcw (4C,C), fcprojw (C,4C): rows + cols = V + maxT + 2C + 16LC. Vectors: 13C per layer
+    // (two LayerNorms, four biases) + 2C (final LayerNorm). Pu = P - (Vp - V)C, the unpadded weights.
+    size_t V = cfg->vocab_size, Pu = P - (Vp - V) * C;
+    size_t factored = V + maxT + 2 * C + 16 * L * C, vectors = 13 * L * C + 2 * C;
+    if (in.optimizer == PLAN_ADAFACTOR) {
+        p.bytes[MEM_OPTIMIZER] = (factored + vectors + (in.use_beta1 ? Pu : 0)) * F;
+        p.formula[MEM_OPTIMIZER] = in.use_beta1 ? "Adafactor: 4(V + maxT + 4C + 29LC + Pu)" : "Adafactor: 4(V + maxT + 4C + 29LC)";
+    } else if (in.optimizer == PLAN_CAME) {
+        p.bytes[MEM_OPTIMIZER] = (Pu + 2 * factored + vectors) * F;
+        p.formula[MEM_OPTIMIZER] = "CAME: 4(Pu + 2(V + maxT + 2C + 16LC) + 13LC + 2C)";
+    } else {
+        p.bytes[MEM_OPTIMIZER] = 2 * P * F;
+        p.formula[MEM_OPTIMIZER] = "AdamW m, v: 8P";
+    }
     // per layer: ln1, atty, residual2, ln2, residual3 (BTC each), qkv (3BTC), fch and its
     // GELU (4BTC each), attention weights (B NH T^2), four LayerNorm statistics (BT each);
     // outside the layers: embedding output and final LayerNorm (BTC each), its two
