@@ -17,8 +17,9 @@ reads it, and the micro-kernel keeps an (MM_MR, MM_NR) tile of C in vector
 registers while it walks K. There is one micro-kernel per instruction set:
 AVX-512 (__AVX512F__), AVX2+FMA (__AVX2__ and __FMA__), and plain C for anything
 else, so the file builds everywhere and is fast where the Makefile's
--march=native allows. OpenMP threads each take a rectangle of C (whole MR/NR
-tiles) and pack their own copies of the blocks they need.
+-march=native allows. OpenMP threads take rectangles of C (whole MR x NR tiles)
+from a shared list and pack their own copies of the blocks they need into
+per-thread buffers that live for the whole program (1.25 MiB a thread).
 
 Invariant (determinism): every element of C is computed by the same sequence of
 floating point operations whatever the number of threads and wherever it lies
@@ -27,6 +28,7 @@ increasing order; inside a step the micro-kernel accumulates k = 0, 1, ... in a
 single register lane; and full and edge tiles share one kernel and one masked
 store. So results are bitwise identical from call to call and for 1 or 64 threads
 (for one build: a different instruction set or compiler may round differently).
+With USE_BLAS the invariant is OpenBLAS's to keep, and it does not promise it.
 
 Contract: any M, N, K >= 0 and any leading dimensions with lda >= the row length
 of A as stored (K for MM_N, M for MM_T), likewise ldb, and ldc >= N. K = 0 gives
@@ -34,7 +36,8 @@ C = beta * C, as does alpha = 0 (A and B are then not read). beta = 0 never read
 C, so NaN or garbage in C is overwritten. Products under ~2M multiply-adds, and
 calls made from inside an OpenMP parallel region, run on the calling thread only.
 Failure: if the packing buffers cannot be allocated the program stops with an
-error naming the size (see utils.h); there is no other failure mode.
+error naming the size (fail() in utils.h); there is no other failure mode, and no
+argument checking: bad leading dimensions read or write out of bounds, as in BLAS.
 
 Build with -O3 -march=native -fopenmp. Compiles as C11 and as C++ (the CUDA
 emulation tests include it). With -DUSE_BLAS, mm_sgemm forwards to cblas_sgemm
