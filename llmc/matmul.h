@@ -271,14 +271,17 @@ static void mm_kernel(int kc, const float* MM_RESTRICT a, const float* MM_RESTRI
 // cache lines, enough to hide DRAM latency when the lm head's weight streams in
 #define MM_PACK_PREFETCH 64
 
+// panel by panel, so the writes are sequential; the panel's stripe of each source row
+// is still in L1 when the next panel reads the rest of that cache line (k-outer order,
+// with 32 write streams, measured 5-8% slower on the dW products)
 static void mm_pack_copy(const float* src, int ld, int rows, int kc, int panel, float* dst) {
-    for (int k = 0; k < kc; k++) {
-        const float* s = src + (size_t)k * ld;
-
-        for (int p = 0; p < rows; p += panel) {
-            float* d = dst + (size_t)p * kc + (size_t)k * panel;
-            int w = mm_min(panel, rows - p);
-            for (int i = 0; i < w; i++) { d[i] = s[p + i]; }
+    for (int p = 0; p < rows; p += panel) {
+        int w = mm_min(panel, rows - p);
+        float* d = dst + (size_t)p * kc;
+        const float* s = src + p;
+        for (int k = 0; k < kc; k++, d += panel, s += ld) {
+            if (w == panel) { memcpy(d, s, (size_t)panel * sizeof(float)); continue; }
+            for (int i = 0; i < w; i++) { d[i] = s[i]; }
             for (int i = w; i < panel; i++) { d[i] = 0.0f; }
         }
     }
