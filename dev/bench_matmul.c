@@ -38,7 +38,9 @@ static const bench_layer LAYERS[] = {
 #define BT 256
 
 typedef enum { FWD, BWD_DINP, BWD_DW } bench_kind;
-static const char* KIND_NAME[] = {"fwd  out = inp @ W^T   (N,T)", "bwd  dinp += dout @ W  (N,N)", "bwd  dW += dout^T @ inp (T,N)"};
+static const char* KIND_NAME[] = {
+    "fwd  out = inp @ W^T   (N,T)", "bwd  dinp += dout @ W  (N,N)", "bwd  dW += dout^T @ inp (T,N)",
+};
 
 typedef struct { mm_trans ta, tb; int M, N, K, lda, ldb, ldc; float beta; } bench_shape;
 

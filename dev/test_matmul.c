@@ -124,7 +124,8 @@ static void test_large(void) {
     for (int t = 0; t < 4; t++) {
         int ok = 1;
         for (int s = 0; s < 3; s++) {
-            case_t c = {(mm_trans)(t >> 1), (mm_trans)(t & 1), SHAPES[s][0], SHAPES[s][1], SHAPES[s][2], 5, 0.5f, 1.0f, 0};
+            case_t c = {(mm_trans)(t >> 1), (mm_trans)(t & 1), SHAPES[s][0], SHAPES[s][1], SHAPES[s][2],
+                        5, 0.5f, 1.0f, 0};
             ok &= run_case(c);
         }
         char name[64];

@@ -96,10 +96,10 @@ typedef enum {
 
 #if defined(__AVX512F__)
 // 8x48: 24 zmm accumulators + 3 for the B row + 1 broadcast = 28 of 32 registers. Per k
-// it issues 24 FMAs against 3 loads and 8 broadcasts, so the two FMA pipes are the limit;
-// in L1 it runs at ~98% of FMA peak on Zen 5, as do 14x32, 8x32, 12x32 and 6x64 (all
-// measured; in whole GEMMs they were within noise of each other). 8 and 48 divide the trainer's sizes
-// (BT = 256; C = 768, 3C, 4C, Vp = 50304), so it wastes no edge tiles there.
+// it issues 24 FMAs against 3 loads and 8 broadcasts, so the two FMA pipes are the limit.
+// In L1 it runs at ~98% of FMA peak on Zen 5, as do 14x32, 8x32, 12x32 and 6x64 (all
+// measured; in whole GEMMs they were within noise of each other). 8 and 48 divide the
+// trainer's sizes (BT = 256; C = 768, 3C, 4C, Vp = 50304), so no edge tiles there.
 // Another shape can be tried with -DMM_MR=14 -DMM_NR=32 (NR a multiple of 16, <= 64).
 #ifndef MM_MR
 #define MM_MR 8
@@ -168,6 +168,10 @@ static void mm_kernel(int kc, const float* MM_RESTRICT a, const float* MM_RESTRI
 
 static void mm_kernel(int kc, const float* MM_RESTRICT a, const float* MM_RESTRICT b,
                       float* C, int ldc, int m, int n, float alpha, float beta, mm_store_mode mode) {
+    for (int r = 0; r < m; r++) { // the C tile, every line, as in the AVX-512 kernel
+        _mm_prefetch((const char*)(C + (size_t)r * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char*)(C + (size_t)r * ldc + n - 1), _MM_HINT_T0);
+    }
     __m256 acc[MM_MR][MM_NV];
 #pragma GCC unroll 32
     for (int r = 0; r < MM_MR; r++) {
@@ -318,8 +322,10 @@ static void mm_transpose16(const float* src, int ld, int n, int kn, __m512 out[1
     }
     // r[4g + q], lane L now holds k = 4L + q of rows 4g..4g+3: gather the 4 groups' lanes
     for (int q = 0; q < 4; q++) {
-        __m512 x0 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0x88), x1 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0xDD);
-        __m512 y0 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0x88), y1 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0xDD);
+        __m512 x0 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0x88);
+        __m512 x1 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0xDD);
+        __m512 y0 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0x88);
+        __m512 y1 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0xDD);
         out[q] = _mm512_shuffle_f32x4(x0, y0, 0x88);
         out[4 + q] = _mm512_shuffle_f32x4(x1, y1, 0x88);
         out[8 + q] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
