@@ -12,10 +12,10 @@ Each entry is the best of several timed calls after one warm-up call.
 
 Measured (2-core AMD EPYC Zen 5, gcc 12, Debian OpenBLAS 0.3.21, which picks its
 AVX2 "Haswell" kernels on this CPU; FMA peak is ~248 GFLOP/s a core with AVX-512):
-  1 thread:  ours 190-218 GFLOP/s, OpenBLAS 106-116  (ours/OpenBLAS 1.75-1.96)
-  2 threads: ours 375-425 GFLOP/s, OpenBLAS 208-232  (1.62-1.89)
-With OPENBLAS_CORETYPE=SkylakeX (OpenBLAS's AVX-512 kernels) the ratio is 1.0-1.1
-on the forward and dinp products and 0.85-0.95 on the dW products.
+  1 thread:  ours 193-225 GFLOP/s, OpenBLAS  99-116  (ours/OpenBLAS 1.71-2.06)
+  2 threads: ours 390-431 GFLOP/s, OpenBLAS 202-247  (1.70-2.02)
+With OPENBLAS_CORETYPE=SkylakeX (OpenBLAS's AVX-512 kernels, about twice as fast
+here) the ratio is 0.95-1.11 on the forward and dinp products, 0.91-0.99 on dW.
 The machine is shared: rerun when the numbers look low, other work steals cores.
 */
 #include <stdio.h>
