@@ -164,7 +164,7 @@ static void test_against_pytorch(void) {
     const GPT2Config* c = &m.config;
     Reference r;
     reference_read(&r, REF_DIR "tiny_adamw.bin", c);
-    gpt2_alloc_training(&m, r.B, r.T, OPT_ADAMW, 0);
+    gpt2_alloc_training(&m, r.B, r.T, OPT_ADAMW, 0, &ACT_KEEP_ALL);
     int BT = r.B * r.T, V = c->vocab_size, Vp = c->padded_vocab_size;
 
     // forward: the model keeps probabilities (softmax of the logits, in place)
@@ -251,7 +251,7 @@ static void test_finite_differences(void) {
     gpt2_load(&m, REF_DIR "tiny_model.bin");
     const GPT2Config* c = &m.config;
     int B = 2, T = 7, BT = B * T;
-    gpt2_alloc_training(&m, B, T, OPT_ADAMW, 0);
+    gpt2_alloc_training(&m, B, T, OPT_ADAMW, 0, &ACT_KEEP_ALL);
     int x[14], y[14];
     uint64_t rng = 7;
     for (int i = 0; i < BT; i++) { x[i] = rand_u32(&rng) % c->vocab_size; y[i] = rand_u32(&rng) % c->vocab_size; }
@@ -428,6 +428,58 @@ static void test_dataloader(const char* dir) {
 // ----------------------------------------------------------------------------
 // memory: the planner's closed forms equal what the trainer allocates
 
+// the activation policies the tests run: every kind of --recompute and --offload, alone
+// and together. Segment sizes beyond a model's L are clamped to L; a policy the trainer
+// refuses for a model (offload with one segment) is skipped.
+static const ActPolicy TEST_POLICIES[] = {
+    {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 1, 1, 0},
+    {2, 1, 1, 0}, {0, 0, 0, 1}, {0, 1, 1, 1}, {1, 0, 0, 1}, {2, 0, 1, 1}, {3, 1, 0, 1},
+};
+#define NUM_TEST_POLICIES ((int)(sizeof(TEST_POLICIES) / sizeof(TEST_POLICIES[0])))
+
+// TEST_POLICIES[i] for a model of L layers; 0 if the trainer would refuse it
+static int test_policy(ActPolicy* p, int i, int L) {
+    *p = TEST_POLICIES[i];
+    if (p->segment > L) { p->segment = L; }
+    return !(p->offload && p->segment > 0 && act_num_segments(p, L) == 1);
+}
+
+static void policy_name(char* out, size_t n, const ActPolicy* p) {
+    snprintf(out, n, "k=%d%s%s%s", p->segment, p->gelu ? " gelu" : "", p->attn ? " attn" : "", p->offload ? " offload" : "");
+}
+
+// allocates like the trainer (model, one loader, the sampling buffer) and compares the
+// plan with the high-water marks, category by category
+static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, int opt, int beta1, const ActPolicy* pol) {
+    memset(&g_mem, 0, sizeof(g_mem));
+    GPT2 m;
+    gpt2_init_random(&m, cfg, 1);
+    gpt2_alloc_training(&m, B, T, (OptimizerKind)opt, beta1, pol);
+    int* gen = (int*)mem_alloc(MEM_SCRATCH, (size_t)T * sizeof(int));
+    size_t BT = (size_t)B * T;
+    void* b1 = mem_alloc(MEM_SCRATCH, (BT + 1) * sizeof(uint16_t));
+    void* b2 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
+    void* b3 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
+    PlanInputs in = {B, T, 1, opt, beta1, *pol};
+    MemPlan p = plan_memory(cfg, in);
+    int same = 1;
+    char detail[256] = "", pn[64];
+    for (int i = 0; i < NUM_MEM_CATEGORIES; i++) {
+        if (p.bytes[i] != g_mem.peak[i]) {
+            same = 0;
+            snprintf(detail, sizeof(detail), "%s: planned %zu measured %zu", MEM_CATEGORY_NAMES[i], p.bytes[i], g_mem.peak[i]);
+        }
+    }
+    policy_name(pn, sizeof(pn), pol);
+    char name[160];
+    snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d, %s%s, %s)",
+             cfg->num_layers, cfg->channels, B, T, OPTIMIZER_NAMES[opt], beta1 ? " + beta1" : "", pn);
+    check(same, name, "%s", detail);
+    mem_free(gen); mem_free(b1); mem_free(b2); mem_free(b3);
+    gpt2_free(&m);
+    check(g_mem.total_current == 0, "memory: everything allocated is freed", "%zu bytes left", g_mem.total_current);
+}
+
 static void test_memory_plan(void) {
     GPT2Config shapes[3] = {
         {16, 101, 128, 2, 4, 48},
@@ -435,38 +487,79 @@ static void test_memory_plan(void) {
         {32, 300, 384, 1, 1, 8},
     };
     int BTs[3][2] = {{3, 11}, {2, 64}, {5, 1}};
-    // each shape with each optimizer (Adafactor with and without its first moment)
+    // each shape with each optimizer (Adafactor with and without its first moment) ...
     int opts[4][2] = {{OPT_ADAMW, 0}, {OPT_ADAFACTOR, 0}, {OPT_ADAFACTOR, 1}, {OPT_CAME, 0}};
     for (int run = 0; run < 12; run++) {
-        int k = run % 3, opt = opts[run / 3][0], beta1 = opts[run / 3][1];
-        memset(&g_mem, 0, sizeof(g_mem));
-        GPT2 m;
-        gpt2_init_random(&m, &shapes[k], 1);
-        gpt2_alloc_training(&m, BTs[k][0], BTs[k][1], (OptimizerKind)opt, beta1);
-        int* gen = (int*)mem_alloc(MEM_SCRATCH, (size_t)BTs[k][1] * sizeof(int));
-        // one loader's buffers, as the trainer allocates them
-        size_t BT = (size_t)BTs[k][0] * BTs[k][1];
-        void* b1 = mem_alloc(MEM_SCRATCH, (BT + 1) * sizeof(uint16_t));
-        void* b2 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
-        void* b3 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
-        PlanInputs in = {BTs[k][0], BTs[k][1], 1, opt, beta1};
-        MemPlan p = plan_memory(&shapes[k], in);
-        int same = 1;
-        char detail[256] = "";
-        for (int i = 0; i < NUM_MEM_CATEGORIES; i++) {
-            if (p.bytes[i] != g_mem.peak[i]) {
-                same = 0;
-                snprintf(detail, sizeof(detail), "%s: planned %zu measured %zu", MEM_CATEGORY_NAMES[i], p.bytes[i], g_mem.peak[i]);
+        int k = run % 3;
+        check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], opts[run / 3][0], opts[run / 3][1], &ACT_KEEP_ALL);
+    }
+    // ... and with every activation policy
+    for (int k = 0; k < 3; k++) {
+        for (int i = 1; i < NUM_TEST_POLICIES; i++) {
+            ActPolicy pol;
+            if (test_policy(&pol, i, shapes[k].num_layers)) {
+                check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], OPT_ADAMW, 0, &pol);
             }
         }
-        char name[96];
-        snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d, %s%s)",
-                 shapes[k].num_layers, shapes[k].channels, BTs[k][0], BTs[k][1], OPTIMIZER_NAMES[opt], beta1 ? " + beta1" : "");
-        check(same, name, "%s", detail);
-        mem_free(gen); mem_free(b1); mem_free(b2); mem_free(b3);
-        gpt2_free(&m);
-        check(g_mem.total_current == 0, "memory: everything allocated is freed", "%zu bytes left", g_mem.total_current);
     }
+}
+
+// ----------------------------------------------------------------------------
+// recompute and offload: the same losses, gradients and weights, bit for bit
+
+#define POLICY_STEPS 3
+
+// POLICY_STEPS AdamW steps of a random 5-layer model on a fixed batch; fills the losses
+// (POLICY_STEPS), the last gradients and the final weights (P each)
+static void train_with_policy(const ActPolicy* pol, float* losses, float* grads, float* params) {
+    GPT2Config cfg = {16, 101, 128, 5, 4, 32};  // L=5: uneven segments for k=2 (2,2,1) and k=3 (3,2)
+    int B = 3, T = 11, BT = B * T;
+    GPT2 m;
+    gpt2_init_random(&m, &cfg, 5);
+    gpt2_alloc_training(&m, B, T, OPT_ADAMW, 0, pol);
+    int x[33], y[33], sample[8] = {0};
+    uint64_t rng = 11;
+    for (int i = 0; i < BT; i++) { x[i] = rand_u32(&rng) % cfg.vocab_size; y[i] = rand_u32(&rng) % cfg.vocab_size; }
+    OptimizerHyper h;
+    memset(&h, 0, sizeof(h));
+    AdamWHyper a = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+    h.adamw = a;
+    for (int s = 0; s < POLICY_STEPS; s++) {
+        gpt2_forward(&m, x, y, B, T);
+        losses[s] = m.mean_loss;
+        gpt2_zero_grad(&m);
+        gpt2_backward(&m, x, y, B, T, 1.0f / BT);
+        memcpy(grads, m.grads_memory, m.num_parameters * sizeof(float));
+        StepConfig sc = {h, 1.0f, s + 1};
+        gpt2_update(&m, &sc, gpt2_grad_norm(&m));
+        gpt2_forward(&m, sample, NULL, 1, 8);  // a sampling forward between steps must not disturb
+    }
+    memcpy(params, m.params_memory, m.num_parameters * sizeof(float));
+    gpt2_free(&m);
+}
+
+static void test_recompute_offload_bitwise(void) {
+    GPT2Config cfg = {16, 101, 128, 5, 4, 32};
+    size_t P = gpt2_num_parameters(&cfg);
+    float want_losses[POLICY_STEPS], got_losses[POLICY_STEPS];
+    float* want_g = (float*)malloc_check(P * sizeof(float));
+    float* want_p = (float*)malloc_check(P * sizeof(float));
+    float* got_g = (float*)malloc_check(P * sizeof(float));
+    float* got_p = (float*)malloc_check(P * sizeof(float));
+    train_with_policy(&ACT_KEEP_ALL, want_losses, want_g, want_p);
+    for (int i = 1; i < NUM_TEST_POLICIES + 2; i++) {
+        ActPolicy pol = {5, 0, 0, 0};  // i == NUM_TEST_POLICIES: one segment of all 5 layers
+        if (i == NUM_TEST_POLICIES + 1) { pol.segment = 4; pol.offload = 1; pol.gelu = 1; }
+        if (i < NUM_TEST_POLICIES && !test_policy(&pol, i, cfg.num_layers)) { continue; }
+        train_with_policy(&pol, got_losses, got_g, got_p);
+        char pn[64], name[192];
+        policy_name(pn, sizeof(pn), &pol);
+        int same = memcmp(got_losses, want_losses, sizeof(got_losses)) == 0 && memcmp(got_g, want_g, P * sizeof(float)) == 0
+                   && memcmp(got_p, want_p, P * sizeof(float)) == 0;
+        snprintf(name, sizeof(name), "recompute/offload %s: losses, gradients, weights bitwise equal to plain", pn);
+        check(same, name, "loss %.9g vs %.9g", got_losses[POLICY_STEPS - 1], want_losses[POLICY_STEPS - 1]);
+    }
+    free(want_g); free(want_p); free(got_g); free(got_p);
 }
 
 // ----------------------------------------------------------------------------
@@ -481,7 +574,7 @@ typedef struct {
 static Run run_reference(const Reference* r) {
     GPT2 m;
     gpt2_load(&m, REF_DIR "tiny_model.bin");
-    gpt2_alloc_training(&m, r->B, r->T, r->kind, r->kind == OPT_ADAFACTOR && r->hyper.adafactor.beta1 > 0.0);
+    gpt2_alloc_training(&m, r->B, r->T, r->kind, r->kind == OPT_ADAFACTOR && r->hyper.adafactor.beta1 > 0.0, &ACT_KEEP_ALL);
     Run out;
     for (int s = 0; s < r->steps; s++) {
         gpt2_forward(&m, r->x, r->y, r->B, r->T);
@@ -654,6 +747,7 @@ int main(int argc, char** argv) {
     test_tokenizer(dir);
     test_dataloader(dir);
     test_memory_plan();
+    test_recompute_offload_bitwise();
     const char* files[] = {"tiny_adafactor.bin", "tiny_adafactor_beta1.bin", "tiny_came.bin", "tiny_came_wd.bin"};
     for (int i = 0; i < (int)(sizeof(files) / sizeof(files[0])); i++) { test_optimizer_reference(files[i]); }
     test_thread_count("tiny_adafactor_beta1.bin");

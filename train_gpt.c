@@ -28,6 +28,7 @@ accounting are in the other small headers of llmc/.
 #include "llmc/model_config.h"
 #include "llmc/cpu_layers.h"
 #include "llmc/optimizers.h"
+#include "llmc/act_policy.h"
 #include "llmc/memory.h"
 #include "llmc/planner.h"
 #include "llmc/rand.h"
@@ -95,7 +96,7 @@ static LayerGrads layer_grads(const ParameterTensors* g, int l, int C) {
 
 // ----------------------------------------------------------------------------
 // activations: what forward keeps for backward. Each layer's tensors are one
-// contiguous block (so a layer can later be moved or dropped as a unit).
+// contiguous block, so a layer moves (offload) or is recomputed as a unit.
 
 typedef struct {
     float* ln1;        // (B,T,C)  LayerNorm 1 output
@@ -103,29 +104,33 @@ typedef struct {
     float* ln1_rstd;   // (B,T)
     float* qkv;        // (B,T,3C) query, key, value
     float* atty;       // (B,T,C)  attention output, heads concatenated
-    float* att;        // (B,NH,T,T) attention weights (softmax output)
+    float* att;        // (B,NH,T,T) attention weights (softmax output); --recompute attn: shared
     float* residual2;  // (B,T,C)  residual stream after attention
     float* ln2;        // (B,T,C)
     float* ln2_mean;   // (B,T)
     float* ln2_rstd;   // (B,T)
     float* fch;        // (B,T,4C) MLP hidden, before GELU
-    float* fch_gelu;   // (B,T,4C) after GELU
+    float* fch_gelu;   // (B,T,4C) after GELU; --recompute gelu: shared
     float* residual3;  // (B,T,C)  block output = next block's input
 } LayerActs;
 #define NUM_LAYER_ACTS 13
 
-static void layer_act_sizes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH) {
+// the floats of each tensor of one layer's block; selective recompute keeps no GELU
+// output and no attention weights in the block (one shared buffer of each serves)
+static void layer_act_sizes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t BT = (size_t)B * T;
+    size_t att = pol->attn ? 0 : (size_t)B * NH * T * T, gelu = pol->gelu ? 0 : BT * 4 * C;
     size_t sizes[NUM_LAYER_ACTS] = {
-        BT * C, BT, BT, BT * 3 * C, BT * C, (size_t)B * NH * T * T, BT * C,
-        BT * C, BT, BT, BT * 4 * C, BT * 4 * C, BT * C,
+        BT * C, BT, BT, BT * 3 * C, BT * C, att, BT * C,
+        BT * C, BT, BT, BT * 4 * C, gelu, BT * C,
     };
     memcpy(s, sizes, sizeof(sizes));
 }
 
-static size_t point_layer_acts(LayerActs* a, float* memory, int B, int T, int C, int NH) {
+// points a's tensors into memory; returns the block's floats
+static size_t point_layer_acts(LayerActs* a, float* memory, int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
-    layer_act_sizes(s, B, T, C, NH);
+    layer_act_sizes(s, B, T, C, NH, pol);
     float** ptrs[NUM_LAYER_ACTS] = {
         &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att, &a->residual2,
         &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu, &a->residual3,
@@ -134,14 +139,26 @@ static size_t point_layer_acts(LayerActs* a, float* memory, int B, int T, int C,
     return total;
 }
 
+// Where the activations live (llmc/act_policy.h): layer l computes into the working-set
+// buffer slots[l % slots]. Plain training has a slot per layer; checkpointing (segments of
+// k layers) has k slots and keeps each segment's input; offload moves the kept tensors to
+// the host store (host_layers or the segment inputs) and back.
 typedef struct {
-    float* encoded;     // (B,T,C) embeddings = input of layer 0
-    LayerActs* layers;  // [L]
-    float* lnf;         // (B,T,C) final LayerNorm output
-    float* lnf_mean;    // (B,T)
-    float* lnf_rstd;    // (B,T)
-    float* logits;      // (B,T,Vp) logits, turned in place into probabilities, then into their gradient
-    float* losses;      // (B,T) per-position cross-entropy
+    float* encoded;      // (B,T,C) embeddings = input of layer 0 (and of segment 0)
+    LayerActs* slots;    // [act_num_slots] the working set of layer blocks
+    int* slot_layer;     // [act_num_slots] the layer each slot holds now (offload), -1 none
+    size_t layer_floats; // one layer block
+    float* gelu_shared;  // (B,T,4C) --recompute gelu: the one GELU output buffer, else NULL
+    float* att_shared;   // (B,NH,T,T) --recompute attn: the one attention-weight buffer, else NULL
+    float** seg_inputs;  // [segments] checkpointing: each segment's input; [0] = encoded, the
+                         // others in device memory, or in the host store with offload
+    float* staging;      // (B,T,C) checkpointing + offload: the segment input back from the host
+    float* host_layers;  // (L, layer_floats) offload without checkpointing: every layer's block
+    float* lnf;          // (B,T,C) final LayerNorm output
+    float* lnf_mean;     // (B,T)
+    float* lnf_rstd;     // (B,T)
+    float* logits;       // (B,T,Vp) logits, turned in place into probabilities, then into their gradient
+    float* losses;       // (B,T) per-position cross-entropy
 } ActivationTensors;
 
 // backward's working set: one layer's worth, reused by every layer
@@ -165,16 +182,33 @@ typedef struct {
     int use_beta1;            // Adafactor: keeps a first moment
     float* opt_memory;        // optimizer state, one block (layout: llmc/optimizers.h)
     size_t opt_floats;
+    ActPolicy act;            // what forward keeps, and where (--recompute, --offload)
     ActivationTensors acts;
-    float* acts_memory;
+    float* acts_memory;       // device: the working set, kept segment inputs, the head
+    float* host_memory;       // host store of offloaded activations, NULL without --offload
     BackwardBuffers bwd;
     float* bwd_memory;
     int batch_size, seq_len;  // the (B,T) the activations were sized for
     float mean_loss;          // of the last forward with targets
 } GPT2;
 
-static float* layer_input(const GPT2* m, int l) {
-    return l == 0 ? m->acts.encoded : m->acts.layers[l - 1].residual3;
+// the working-set buffer layer l computes into
+static LayerActs* act_layer(const GPT2* m, int l) {
+    return &m->acts.slots[act_slot_of(&m->act, m->config.num_layers, l)];
+}
+
+// segment s's input in device memory: the embeddings, the kept tensor, or (offload) the staging buffer
+static float* segment_input(const GPT2* m, int s) {
+    if (s == 0) { return m->acts.encoded; }
+    return m->act.offload ? m->acts.staging : m->acts.seg_inputs[s];
+}
+
+// layer l's input, while l's block is in the working set; l == L: the last block's output
+static const float* layer_input(const GPT2* m, int l) {
+    if (l == 0) { return m->acts.encoded; }
+    int k = m->act.segment;
+    if (k > 0 && l % k == 0 && l < m->config.num_layers) { return segment_input(m, l / k); }
+    return act_layer(m, l - 1)->residual3;
 }
 
 // ----------------------------------------------------------------------------
@@ -187,8 +221,8 @@ static void gpt2_alloc_params(GPT2* m, const GPT2Config* cfg) {
     point_parameters(&m->params, m->params_memory, cfg);
     m->grads_memory = NULL;
     m->opt_memory = NULL;
-    m->acts_memory = m->bwd_memory = NULL;
-    m->acts.layers = NULL;
+    m->acts_memory = m->host_memory = m->bwd_memory = NULL;
+    memset(&m->acts, 0, sizeof(m->acts));
 }
 
 #define INIT_STD 0.02f  // GPT-2's initialisation scale
@@ -225,10 +259,72 @@ static void gpt2_load(GPT2* m, const char* path) {
     model_file_read_params(f, path, &cfg, version, m->params_memory);
 }
 
-// gradients, optimizer state, activations and backward buffers for micro-batches of (B,T)
-static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, int use_beta1) {
+// carves n floats from *p and returns them
+static float* carve(float** p, size_t n) {
+    float* t = *p;
+    *p += n;
+    return t;
+}
+
+// the activations for micro-batches of (B,T) under the policy: device memory (working set,
+// shared buffers, kept segment inputs, staging, head) and the host store (offload)
+static void gpt2_alloc_activations(GPT2* m, int B, int T, const ActPolicy* pol) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t BT = (size_t)B * T, BTC = BT * C;
+    ActivationTensors* a = &m->acts;
+    m->act = *pol;
+    int slots = act_num_slots(pol, L), segments = act_num_segments(pol, L);
+    int seg_kept = pol->segment > 0 ? segments - 1 : 0;  // segment inputs besides the embeddings
+    size_t ls[NUM_LAYER_ACTS];
+    layer_act_sizes(ls, B, T, C, NH, pol);
+    a->layer_floats = 0;
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { a->layer_floats += ls[i]; }
+    size_t gelu = pol->gelu ? BTC * 4 : 0, att = pol->attn ? (size_t)B * NH * T * T : 0;
+    size_t device_kept = pol->offload ? 0 : seg_kept * BTC, staging = pol->offload && seg_kept ? BTC : 0;
+    size_t head = BTC + 2 * BT + BT * Vp + BT;
+    size_t total = BTC + slots * a->layer_floats + gelu + att + device_kept + staging + head;
+    m->acts_memory = (float*)mem_calloc(MEM_ACTIVATIONS, total * sizeof(float));
+    a->slots = (LayerActs*)malloc_check(slots * sizeof(LayerActs));  // pointers only, not counted
+    a->slot_layer = (int*)malloc_check(slots * sizeof(int));
+    a->seg_inputs = (float**)malloc_check(segments * sizeof(float*));
+    float* p = m->acts_memory;
+    a->encoded = carve(&p, BTC);
+    for (int i = 0; i < slots; i++) {
+        p += point_layer_acts(&a->slots[i], p, B, T, C, NH, pol);
+        a->slot_layer[i] = -1;
+    }
+    a->gelu_shared = pol->gelu ? carve(&p, gelu) : NULL;
+    a->att_shared = pol->attn ? carve(&p, att) : NULL;
+    for (int i = 0; i < slots; i++) {
+        if (pol->gelu) { a->slots[i].fch_gelu = a->gelu_shared; }
+        if (pol->attn) { a->slots[i].att = a->att_shared; }
+    }
+    a->seg_inputs[0] = a->encoded;
+    for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : carve(&p, BTC); }
+    a->staging = staging ? carve(&p, staging) : NULL;
+    a->lnf = carve(&p, BTC);
+    a->lnf_mean = carve(&p, BT);
+    a->lnf_rstd = carve(&p, BT);
+    a->logits = carve(&p, BT * Vp);
+    a->losses = carve(&p, BT);
+    // the host store
+    a->host_layers = NULL;
+    if (!pol->offload) { return; }
+    size_t host = seg_kept ? seg_kept * BTC : (size_t)L * a->layer_floats;
+    m->host_memory = (float*)mem_calloc(MEM_OFFLOADED, host * sizeof(float));
+    p = m->host_memory;
+    if (seg_kept) {
+        for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = carve(&p, BTC); }
+    } else {
+        a->host_layers = m->host_memory;
+    }
+}
+
+// gradients, optimizer state, activations and backward buffers for micro-batches of (B,T)
+static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, int use_beta1, const ActPolicy* pol) {
+    const GPT2Config* c = &m->config;
+    int C = c->channels, NH = c->num_heads;
     size_t BT = (size_t)B * T, P = m->num_parameters;
     m->batch_size = B;
     m->seq_len = T;
@@ -238,29 +334,15 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     m->use_beta1 = use_beta1;
     m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1);
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
-    // activations: encoded, L layer blocks, lnf, lnf_mean, lnf_rstd, logits, losses
-    size_t ls[NUM_LAYER_ACTS], layer_floats = 0;
-    layer_act_sizes(ls, B, T, C, NH);
-    for (int i = 0; i < NUM_LAYER_ACTS; i++) { layer_floats += ls[i]; }
-    size_t total = BT * C + L * layer_floats + BT * C + 2 * BT + BT * Vp + BT;
-    m->acts_memory = (float*)mem_calloc(MEM_ACTIVATIONS, total * sizeof(float));
-    m->acts.layers = (LayerActs*)malloc_check(L * sizeof(LayerActs));  // pointers only, not counted
-    float* p = m->acts_memory;
-    m->acts.encoded = p; p += BT * C;
-    for (int l = 0; l < L; l++) { p += point_layer_acts(&m->acts.layers[l], p, B, T, C, NH); }
-    m->acts.lnf = p; p += BT * C;
-    m->acts.lnf_mean = p; p += BT;
-    m->acts.lnf_rstd = p; p += BT;
-    m->acts.logits = p; p += BT * Vp;
-    m->acts.losses = p; p += BT;
+    gpt2_alloc_activations(m, B, T, pol);
     // backward buffers
     size_t bsizes[6] = {BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C, (size_t)B * NH * T * T};
     float** bptrs[6] = {&m->bwd.dresidual, &m->bwd.dbtc, &m->bwd.dqkv, &m->bwd.dfch_gelu, &m->bwd.dfch, &m->bwd.datt};
     size_t btotal = 0;
     for (int i = 0; i < 6; i++) { btotal += bsizes[i]; }
     m->bwd_memory = (float*)mem_calloc(MEM_ACT_GRADIENTS, btotal * sizeof(float));
-    p = m->bwd_memory;
-    for (int i = 0; i < 6; i++) { *bptrs[i] = p; p += bsizes[i]; }
+    float* p = m->bwd_memory;
+    for (int i = 0; i < 6; i++) { *bptrs[i] = carve(&p, bsizes[i]); }
 }
 
 static void gpt2_free(GPT2* m) {
@@ -268,8 +350,11 @@ static void gpt2_free(GPT2* m) {
     mem_free(m->grads_memory);
     mem_free(m->opt_memory);
     mem_free(m->acts_memory);
+    mem_free(m->host_memory);
     mem_free(m->bwd_memory);
-    free(m->acts.layers);
+    free(m->acts.slots);
+    free(m->acts.slot_layer);
+    free(m->acts.seg_inputs);
 }
 
 // ----------------------------------------------------------------------------
@@ -291,10 +376,12 @@ static void block_forward(LayerActs* a, const float* x, const LayerParams* p, in
 }
 
 // on entry bwd->dresidual holds d(block output); on exit d(block input) (x).
-// Parameter gradients accumulate into g.
+// Parameter gradients accumulate into g. Selective recompute (pol) first runs the GELU
+// and the attention softmax again into their shared buffers.
 static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float* x, const LayerParams* p,
-                           const LayerGrads* g, int B, int T, int C, int NH) {
+                           const LayerGrads* g, int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t BTC = (size_t)B * T * C;
+    if (pol->gelu) { gelu_forward(a->fch_gelu, a->fch, BTC * 4); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place
     memset(bwd->dfch_gelu, 0, BTC * 4 * sizeof(float));
     matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, bwd->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C);
@@ -307,6 +394,7 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
     memset(bwd->dbtc, 0, BTC * sizeof(float));
     matmul_backward(bwd->dbtc, g->attprojw, g->attprojb, bwd->dresidual, a->atty, p->attprojw, B, T, C, C);
     memset(bwd->dqkv, 0, BTC * 3 * sizeof(float));
+    if (pol->attn) { attention_weights_forward(a->att, a->qkv, B, T, C, NH); }
     attention_backward(bwd->dqkv, bwd->datt, bwd->dbtc, a->qkv, a->att, B, T, C, NH);
     memset(bwd->dbtc, 0, BTC * sizeof(float));
     matmul_backward(bwd->dbtc, g->qkvw, g->qkvb, bwd->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C);
@@ -316,18 +404,70 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
 // ----------------------------------------------------------------------------
 // the whole model
 
+// after layer l's forward: offload moves its block to the host store; checkpointing keeps
+// the next segment's input (in device memory, or in the host store with offload)
+static void act_store_after_forward(GPT2* m, int l, size_t BTC) {
+    ActivationTensors* a = &m->acts;
+    int k = m->act.segment, L = m->config.num_layers;
+    LayerActs* la = act_layer(m, l);
+    if (k > 0) {
+        if ((l + 1) % k == 0 && l + 1 < L) { memcpy(a->seg_inputs[(l + 1) / k], la->residual3, BTC * sizeof(float)); }
+        return;
+    }
+    if (m->act.offload) {
+        memcpy(a->host_layers + (size_t)l * a->layer_floats, la->ln1, a->layer_floats * sizeof(float));
+        a->slot_layer[act_slot_of(&m->act, L, l)] = l;
+    }
+}
+
+// offload: brings layer l's block back from the host store unless its slot still holds it
+static void act_fetch_layer(GPT2* m, int l) {
+    ActivationTensors* a = &m->acts;
+    int slot = act_slot_of(&m->act, m->config.num_layers, l);
+    if (a->slot_layer[slot] == l) { return; }
+    memcpy(a->slots[slot].ln1, a->host_layers + (size_t)l * a->layer_floats, a->layer_floats * sizeof(float));
+    a->slot_layer[slot] = l;
+}
+
+// layers first..last forward from x into the working set
+static void forward_layers(GPT2* m, int first, int last, const float* x, int B, int T, int store) {
+    int C = m->config.channels, NH = m->config.num_heads;
+    for (int l = first; l <= last; l++) {
+        LayerParams lp = layer_params(&m->params, l, C);
+        LayerActs* la = act_layer(m, l);
+        block_forward(la, x, &lp, B, T, C, NH);
+        if (store) { act_store_after_forward(m, l, (size_t)B * T * C); }
+        x = la->residual3;
+    }
+}
+
+// before layer l's backward: its block and its input into the working set. Checkpointing:
+// at a segment's last layer, its input comes back (from the host with offload) and all
+// but the last segment run forward again. Offload: l's block and l-1's (the input) come back.
+static void act_prepare_backward(GPT2* m, int l, int B, int T) {
+    int k = m->act.segment, L = m->config.num_layers;
+    if (k > 0) {
+        int s = l / k, first = s * k, last = act_min(L, first + k) - 1, segments = act_num_segments(&m->act, L);
+        if (l != last) { return; }
+        if (m->act.offload && s > 0) { memcpy(m->acts.staging, m->acts.seg_inputs[s], (size_t)B * T * m->config.channels * sizeof(float)); }
+        if (s < segments - 1) { forward_layers(m, first, last, segment_input(m, s), B, T, 0); }
+        return;
+    }
+    if (m->act.offload) {
+        act_fetch_layer(m, l);
+        if (l > 0) { act_fetch_layer(m, l - 1); }
+    }
+}
+
 // inputs (B,T) token ids; targets (B,T) or NULL. Leaves probabilities in acts.logits
 // and, with targets, per-position losses and their mean in m->mean_loss.
 static void gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
     const GPT2Config* c = &m->config;
-    int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     ActivationTensors* a = &m->acts;
     encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
-    for (int l = 0; l < L; l++) {
-        LayerParams lp = layer_params(&m->params, l, C);
-        block_forward(&a->layers[l], layer_input(m, l), &lp, B, T, C, NH);
-    }
+    forward_layers(m, 0, L - 1, a->encoded, B, T, 1);
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(m, L), m->params.lnfw, m->params.lnfb, B, T, C);
     matmul_forward(a->logits, a->lnf, m->params.wte, NULL, B, T, C, Vp);
     softmax_forward(a->logits, a->logits, B, T, V, Vp);  // in place: logits -> probabilities
@@ -357,9 +497,10 @@ static void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B,
     layernorm_backward(bwd->dresidual, m->grads.lnfw, m->grads.lnfb, bwd->dbtc, layer_input(m, L),
                        m->params.lnfw, a->lnf_mean, a->lnf_rstd, B, T, C);
     for (int l = L - 1; l >= 0; l--) {
+        act_prepare_backward(m, l, B, T);
         LayerParams lp = layer_params(&m->params, l, C);
         LayerGrads lg = layer_grads(&m->grads, l, C);
-        block_backward(bwd, &a->layers[l], layer_input(m, l), &lp, &lg, B, T, C, NH);
+        block_backward(bwd, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T, C, NH, &m->act);
     }
     encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C);
 }
@@ -604,7 +745,8 @@ static int run_training(const TrainOptions* o) {
     int has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     OptimizerKind optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
     int use_beta1 = optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
-    PlanInputs plan_in = {B, T, 1 + has_val, optimizer, use_beta1};
+    ActPolicy act = act_policy_parse(o->recompute, o->offload, cfg.num_layers);
+    PlanInputs plan_in = {B, T, 1 + has_val, optimizer, use_beta1, act};
     MemPlan plan = plan_memory(&cfg, plan_in);
     if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
         printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, fp32):\n", cfg.num_layers,
@@ -623,7 +765,7 @@ static int run_training(const TrainOptions* o) {
     build_model(&model, o);
     int has_out = o->out_dir[0] != '\0';
     if (has_out) { ensure_output_dir(o->out_dir); }
-    gpt2_alloc_training(&model, B, T, optimizer, use_beta1);
+    gpt2_alloc_training(&model, B, T, optimizer, use_beta1, &act);
     DataLoader train, val;
     dataloader_init(&train, o->train_data, B, T, 0, 1, model.config.vocab_size);
     if (has_val) { dataloader_init(&val, o->val_data, B, T, 0, 1, model.config.vocab_size); }

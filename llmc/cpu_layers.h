@@ -181,9 +181,9 @@ static void causal_softmax_forward(float* att, const float* preatt, int B, int N
 }
 
 // qkv (B,T,3C) holds q, k, v side by side, each split into NH heads of hs = C/NH.
-// out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads concatenated.
-// att (B,NH,T,T) writes the attention weights, which backward needs.
-static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+// att (B,NH,T,T) writes the attention weights softmax(q k^T / sqrt(hs), causal). On its
+// own it is what selective recompute (--recompute attn) runs again in backward.
+static void attention_weights_forward(float* att, const float* qkv, int B, int T, int C, int NH) {
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     // scores into att (as the pre-softmax preatt), then softmax in place
@@ -203,6 +203,13 @@ static void attention_forward(float* out, float* att, const float* qkv, int B, i
         }
     }
     causal_softmax_forward(att, att, B, NH, T);
+}
+
+// out (B,T,C) = att v, heads concatenated; att (B,NH,T,T) writes the attention weights,
+// which backward needs
+static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    attention_weights_forward(att, qkv, B, T, C, NH);
     #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {

@@ -39,9 +39,12 @@ typedef struct {
     float weight_decay;              // decoupled, on the 2-D weights only
     float beta1, beta2, eps;         // AdamW
     float grad_clip;                 // global gradient-norm clip, 0 = off
-    char optimizer[16];              // adamw | adafactor | came
+    char optimizer[PATH_MAX_LEN];    // adamw | adafactor | came (string flags are all this size)
     int relative_step;               // Adafactor: relative step size instead of -l
     float adafactor_beta1;           // Adafactor: first-moment decay, 0 = none (least memory)
+    // what forward keeps for backward (llmc/act_policy.h)
+    char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
+    int offload;                     // 1: kept activations go to the host store
     int max_steps;                   // -1: one pass over the training data
     uint64_t seed;                   // initialisation and sampling
     // evaluation, sampling, checkpoints
@@ -76,6 +79,8 @@ static TrainOptions options_default(void) {
     strcpy(o.optimizer, "adamw");
     o.relative_step = 0;
     o.adafactor_beta1 = 0.0f;
+    strcpy(o.recompute, "none");
+    o.offload = 0;
     o.max_steps = 200;
     o.seed = 1337;
     o.val_every = 25;
@@ -127,6 +132,8 @@ static const FlagSpec FLAGS[] = {
     {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (at most T)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
     {"-y", "--resume",        FLAG_INT,    OPT(resume),           "1 = resume from the latest checkpoint in the output directory"},
+    {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
+    {NULL, "--offload",       FLAG_INT,    OPT(offload),          "1 = move kept activations to host memory between forward and backward"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},
 };
 #undef OPT

@@ -28,11 +28,13 @@ typedef enum {
     MEM_ACTIVATIONS,      // what forward keeps for backward, and the logits
     MEM_ACT_GRADIENTS,    // backward's working buffers (one layer's worth, reused)
     MEM_SCRATCH,          // data loader batches, sampling buffer
+    MEM_OFFLOADED,        // the host store of offloaded activations (--offload); the rest is "device"
     NUM_MEM_CATEGORIES
 } MemCategory;
 
 static const char* MEM_CATEGORY_NAMES[NUM_MEM_CATEGORIES] = {
     "parameters", "gradients", "optimizer state", "activations", "activation grads", "scratch",
+    "offloaded (host)",
 };
 
 typedef struct {

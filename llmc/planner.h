@@ -13,22 +13,38 @@ B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include "memory.h"
 #include "model_config.h"
+#include "act_policy.h"
 
 typedef struct {
     int B, T;              // micro-batch shape
     int num_loaders;       // data loaders (train, and val if any)
     int optimizer;         // OptimizerKind: 0 AdamW, 1 Adafactor, 2 CAME
     int use_beta1;         // Adafactor keeps a first moment
+    ActPolicy act;         // --recompute, --offload
 } PlanInputs;
 
 enum { PLAN_ADAMW = 0, PLAN_ADAFACTOR = 1, PLAN_CAME = 2 };  // = OptimizerKind (optimizers.h)
 
+#define PLAN_FORMULA_LEN 64
+
 typedef struct {
     size_t bytes[NUM_MEM_CATEGORIES];
-    const char* formula[NUM_MEM_CATEGORIES];  // how bytes[] was computed, for the table
+    char formula[NUM_MEM_CATEGORIES][PLAN_FORMULA_LEN];  // how bytes[] was computed, for the table
+    size_t layer_bytes;      // A: one layer's block of kept activations
+    size_t head_bytes;       // the final LayerNorm, logits and losses
+    char act_policy[128];    // the policy, in words
+    double recompute_flops;  // extra forward FLOPs per micro-step (checkpointing, selective recompute)
+    double step_flops;       // training FLOPs per micro-step without recompute, 6P + 12LTC per token
 } MemPlan;
+
+// appends to a formula
+static void plan_append(char* f, const char* fmt, size_t value) {
+    size_t n = strlen(f);
+    snprintf(f + n, PLAN_FORMULA_LEN - n, fmt, value);
+}
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
@@ -37,9 +53,9 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
     MemPlan p;
     p.bytes[MEM_PARAMETERS] = P * F;
-    p.formula[MEM_PARAMETERS] = "4P";
+    snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "4P");
     p.bytes[MEM_GRADIENTS] = P * F;
-    p.formula[MEM_GRADIENTS] = "4P";
+    snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4P");
     // Adafactor and CAME factor each matrix slice (rows + cols floats per statistic) and keep
     // vectors whole. Matrices: wte (V,C), wpe (maxT,C), per layer qkvw (3C,C), attprojw (C,C),
     // fcw (4C,C), fcprojw (C,4C): rows + cols = V + maxT + 2C + 16LC. Vectors: 13C per layer
@@ -48,28 +64,57 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t factored = V + maxT + 2 * C + 16 * L * C, vectors = 13 * L * C + 2 * C;
     if (in.optimizer == PLAN_ADAFACTOR) {
         p.bytes[MEM_OPTIMIZER] = (factored + vectors + (in.use_beta1 ? Pu : 0)) * F;
-        p.formula[MEM_OPTIMIZER] = in.use_beta1 ? "Adafactor: 4(V + maxT + 4C + 29LC + Pu)" : "Adafactor: 4(V + maxT + 4C + 29LC)";
+        snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", in.use_beta1 ? "Adafactor: 4(V + maxT + 4C + 29LC + Pu)" : "Adafactor: 4(V + maxT + 4C + 29LC)");
     } else if (in.optimizer == PLAN_CAME) {
         p.bytes[MEM_OPTIMIZER] = (Pu + 2 * factored + vectors) * F;
-        p.formula[MEM_OPTIMIZER] = "CAME: 4(Pu + 2(V + maxT + 2C + 16LC) + 13LC + 2C)";
+        snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", "CAME: 4(Pu + 2(V + maxT + 2C + 16LC) + 13LC + 2C)");
     } else {
         p.bytes[MEM_OPTIMIZER] = 2 * P * F;
-        p.formula[MEM_OPTIMIZER] = "AdamW m, v: 8P";
+        snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", "AdamW m, v: 8P");
     }
-    // per layer: ln1, atty, residual2, ln2, residual3 (BTC each), qkv (3BTC), fch and its
-    // GELU (4BTC each), attention weights (B NH T^2), four LayerNorm statistics (BT each);
-    // outside the layers: embedding output and final LayerNorm (BTC each), its two
-    // statistics, losses (BT each) and the logits (BT Vp)
-    p.bytes[MEM_ACTIVATIONS] = (L * (16 * BT * C + 4 * BT + B * NH * T * T) + 2 * BT * C + 3 * BT + BT * Vp) * F;
-    p.formula[MEM_ACTIVATIONS] = "4[L(16BTC + 4BT + B NH T^2) + 2BTC + 3BT + BT Vp]";
+    // A, one layer's block: ln1, atty, residual2, ln2, residual3 (BTC each), qkv (3BTC), fch
+    // and its GELU (4BTC each), attention weights (B NH T^2), four LayerNorm statistics (BT
+    // each); selective recompute drops the GELU output and the attention weights from it
+    // and keeps one shared buffer of each instead. Head: final LayerNorm output (BTC), its
+    // two statistics and the losses (BT each), logits (BT Vp). The embedding output (BTC)
+    // is layer 0's input. Checkpointing keeps segments - 1 more segment inputs (BTC each);
+    // offload moves them (or, without checkpointing, every layer's block) to the host and
+    // keeps one staging buffer for a segment input on its way back.
+    const ActPolicy* ap = &in.act;
+    size_t BTC = BT * C, att = B * NH * T * T;
+    size_t A = 16 * BTC + 4 * BT + att - (ap->gelu ? 4 * BTC : 0) - (ap->attn ? att : 0);
+    size_t shared = (ap->gelu ? 4 * BTC : 0) + (ap->attn ? att : 0), head = BTC + 3 * BT + BT * Vp;
+    size_t slots = act_num_slots(ap, (int)L), segments = act_num_segments(ap, (int)L);
+    size_t kept = ap->segment > 0 ? segments - 1 : 0;
+    size_t device_kept = ap->offload ? (kept > 0 ? BTC : 0) : kept * BTC;
+    p.bytes[MEM_ACTIVATIONS] = (BTC + slots * A + shared + device_kept + head) * F;
+    char* f = p.formula[MEM_ACTIVATIONS];
+    snprintf(f, PLAN_FORMULA_LEN, "4[BTC + %zu A", slots);
+    if (device_kept > 0) { plan_append(f, ap->offload ? " + BTC staging" : " + %zu BTC kept", kept); }
+    if (ap->gelu) { plan_append(f, " + 4BTC gelu", 0); }
+    if (ap->attn) { plan_append(f, " + B NH T^2 attn", 0); }
+    plan_append(f, " + head]", 0);
+    p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * BTC : L * A) * F : 0;
+    if (!ap->offload) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "no --offload"); }
+    else if (kept > 0) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "4 x %zu BTC: segment inputs", kept); }
+    else { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "4 x %zu A: every layer's block", L); }
+    p.layer_bytes = A * F;
+    p.head_bytes = head * F;
+    act_policy_describe(ap, (int)L, p.act_policy, sizeof(p.act_policy));
+    // FLOPs per token: a layer's forward is 24C^2 (matmuls) + 4TC (scores and values); a
+    // recomputed segment runs it again, selective attention runs the scores (2TC) again
+    double layer_forward = 24.0 * C * C + 4.0 * T * C;
+    double recomputed_layers = ap->segment > 0 ? (double)(segments - 1) * ap->segment : 0.0;
+    p.recompute_flops = BT * (recomputed_layers * layer_forward + (ap->attn ? L * 2.0 * T * C : 0.0));
+    p.step_flops = BT * (6.0 * P + 12.0 * L * T * C);
     // one layer's backward buffers: residual-stream grad and one (B,T,C) temporary, dqkv (3BTC),
     // MLP grads (2 x 4BTC), attention-score grad (B NH T^2)
     p.bytes[MEM_ACT_GRADIENTS] = (13 * BT * C + B * NH * T * T) * F;
-    p.formula[MEM_ACT_GRADIENTS] = "4(13BTC + B NH T^2)";
+    snprintf(p.formula[MEM_ACT_GRADIENTS], PLAN_FORMULA_LEN, "4(13BTC + B NH T^2)");
     // each loader: uint16 read buffer of BT+1 tokens, int inputs and targets (BT each);
     // sampling: one int per position of a generated sequence (T)
     p.bytes[MEM_SCRATCH] = in.num_loaders * ((BT + 1) * sizeof(uint16_t) + 2 * BT * sizeof(int)) + T * sizeof(int);
-    p.formula[MEM_SCRATCH] = "loaders x (2(BT+1) + 8BT) + 4T";
+    snprintf(p.formula[MEM_SCRATCH], PLAN_FORMULA_LEN, "loaders x (2(BT+1) + 8BT) + 4T");
     return p;
 }
 
@@ -80,22 +125,38 @@ static size_t plan_total(const MemPlan* p) {
 }
 
 #define MIB (1024.0 * 1024.0)
-#define MEM_TABLE_RULE "+--------------------+----------------+----------------+-----------------------------------------------------+\n"
+#define MEM_TABLE_RULE "+--------------------+----------------+----------------+------------------------------------------------------------------+\n"
 
-// prints the plan; with measured != NULL, the measured high-water marks beside it
+static void print_memory_row(const char* name, size_t planned, const char* measured, const char* formula) {
+    printf("| %-18s | %10.2f MiB | %14s | %-64s |\n", name, planned / MIB, measured, formula);
+}
+
+// prints the plan; with measured != NULL, the measured high-water marks beside it.
+// "device" is everything but the host store of offloaded activations.
 static void print_memory_table(const MemPlan* p, const MemStats* measured) {
     printf("%s", MEM_TABLE_RULE);
-    printf("| %-18s | %-14s | %-14s | %-51s |\n", "memory", "planned", "measured", "formula (bytes)");
+    printf("| %-18s | %-14s | %-14s | %-64s |\n", "memory", "planned", "measured", "formula (bytes)");
     printf("%s", MEM_TABLE_RULE);
-    for (int i = 0; i < NUM_MEM_CATEGORIES; i++) {
-        char m[32] = "-";
-        if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->peak[i] / MIB); }
-        printf("| %-18s | %10.2f MiB | %14s | %-51s |\n", MEM_CATEGORY_NAMES[i], p->bytes[i] / MIB, m, p->formula[i]);
-    }
     char m[32] = "-";
-    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
-    printf("| %-18s | %10.2f MiB | %14s | %-51s |\n", "total", plan_total(p) / MIB, m, "");
+    for (int i = 0; i < NUM_MEM_CATEGORIES; i++) {
+        if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->peak[i] / MIB); }
+        print_memory_row(MEM_CATEGORY_NAMES[i], p->bytes[i], m, p->formula[i]);
+    }
     printf("%s", MEM_TABLE_RULE);
+    size_t host = p->bytes[MEM_OFFLOADED];
+    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", (measured->total_peak - measured->peak[MEM_OFFLOADED]) / MIB); }
+    print_memory_row("device total", plan_total(p) - host, m, "all but the host store");
+    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->peak[MEM_OFFLOADED] / MIB); }
+    print_memory_row("host total", host, m, "offloaded activations");
+    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
+    print_memory_row("total", plan_total(p), m, "");
+    printf("%s", MEM_TABLE_RULE);
+    printf("activations: %s; A (one layer's block) = %.2f MiB, head = %.2f MiB\n",
+           p->act_policy, p->layer_bytes / MIB, p->head_bytes / MIB);
+    if (p->recompute_flops > 0.0) {
+        printf("recompute: +%.3f GFLOP of forward per micro-step, +%.1f%% of the step's %.3f GFLOP\n",
+               p->recompute_flops / 1e9, 100.0 * p->recompute_flops / p->step_flops, p->step_flops / 1e9);
+    }
 }
 
 #endif // LLMC_PLANNER_H

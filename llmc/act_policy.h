@@ -1,0 +1,112 @@
+/*
+act_policy.h: what forward keeps for backward, and where (flags --recompute and --offload).
+
+    ActPolicy p = act_policy_parse("sqrt,attn", 1, L);   // k = ceil(sqrt(L)), offload on
+    int slots = act_num_slots(&p, L);                    // layer buffers in the working set
+
+Activation checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+Cost"): the L layers are split into segments of k layers; forward keeps only each
+segment's input (one (B,T,C) residual-stream tensor) and k layers of working buffers;
+backward runs each segment's forward again from its input, then back-propagates through
+it. The last segment is still in the working buffers when backward starts, so it is not
+recomputed. k = L is plain training; k = 1 keeps every layer's input.
+
+Selective recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models"): no layer keeps its GELU output (B,T,4C) or its attention
+weights (B,NH,T,T); one shared buffer of each serves forward, and backward recomputes
+them from fch and from q, k (the softmax of q k^T) just before it needs them.
+
+Offload: the kept activations move to a host store after forward and come back before
+backward. Without checkpointing, each layer's whole block moves and the working set is
+two layer buffers (one computing, one moving); with checkpointing, the segment inputs
+move and the working set is the k layers a segment recomputes into, plus one staging
+buffer for the input being recomputed from.
+
+Every policy computes the same numbers in the same order: losses and gradients are
+bitwise identical to keeping everything.
+*/
+#ifndef LLMC_ACT_POLICY_H
+#define LLMC_ACT_POLICY_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "utils.h"
+
+typedef struct {
+    int segment;   // layers per checkpointed segment, 0 = keep every layer (no checkpointing)
+    int gelu;      // recompute the GELU output in backward
+    int attn;      // recompute the attention weights in backward
+    int offload;   // kept activations live in the host store between forward and backward
+} ActPolicy;
+
+static const ActPolicy ACT_KEEP_ALL = {0, 0, 0, 0};  // plain training
+
+static int act_min(int a, int b) { return a < b ? a : b; }
+
+// segments of k layers: ceil(L/k); without checkpointing, the whole model is one
+static int act_num_segments(const ActPolicy* p, int L) {
+    return p->segment > 0 ? (L + p->segment - 1) / p->segment : 1;
+}
+
+// layer buffers in the working set: k with checkpointing, two with offload, else L
+static int act_num_slots(const ActPolicy* p, int L) {
+    if (p->segment > 0) { return act_min(p->segment, L); }
+    return p->offload ? act_min(2, L) : L;
+}
+
+// the working-set buffer that layer l computes into
+static int act_slot_of(const ActPolicy* p, int L, int l) {
+    return l % act_num_slots(p, L);
+}
+
+// parses --recompute (comma-separated: none | sqrt | K | gelu | attn) and --offload for a
+// model of L layers; stops with a message on anything it cannot honour
+static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
+    ActPolicy p = {0, 0, 0, 0};
+    char buf[64];
+    if (strlen(spec) >= sizeof(buf)) { fail("--recompute '%s': too long", spec); }
+    strcpy(buf, spec);
+    int none = 0, tokens = 0;
+    for (char* tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ","), tokens++) {
+        char* end;
+        long k = strtol(tok, &end, 10);
+        if (strcmp(tok, "none") == 0) { none = 1; }
+        else if (strcmp(tok, "gelu") == 0) { p.gelu = 1; }
+        else if (strcmp(tok, "attn") == 0) { p.attn = 1; }
+        else if (strcmp(tok, "sqrt") == 0 || (*end == '\0' && end != tok)) {
+            if (p.segment) { fail("--recompute '%s': give one segment size (sqrt or a number), not two", spec); }
+            if (strcmp(tok, "sqrt") == 0) { k = (long)ceil(sqrt((double)L)); }
+            if (k < 1 || k > L) {
+                fail("--recompute %ld: the segment size must be 1..%d (the model's layers)\n"
+                     "  hint: 1 keeps every layer's input, %d is plain training, sqrt picks %d", k, L, L, (int)ceil(sqrt((double)L)));
+            }
+            p.segment = (int)k;
+        } else {
+            fail("--recompute '%s': unknown part '%s'\n  hint: none, sqrt, a segment size 1..%d, gelu, attn; "
+                 "combine with commas, e.g. --recompute sqrt,attn", spec, tok, L);
+        }
+    }
+    if (tokens == 0) { fail("--recompute '': empty\n  hint: none, sqrt, a segment size, gelu, attn"); }
+    if (none && tokens > 1) { fail("--recompute '%s': 'none' cannot be combined with other parts", spec); }
+    if (offload != 0 && offload != 1) { fail("--offload %d: offload is 0 or 1", offload); }
+    p.offload = offload;
+    if (p.offload && p.segment > 0 && act_num_segments(&p, L) == 1) {
+        fail("--offload 1 with --recompute %d: one segment keeps nothing but the embedding, so nothing would move to the host\n"
+             "  hint: a smaller segment size (e.g. sqrt), or offload without checkpointing", p.segment);
+    }
+    return p;
+}
+
+// "k=4 (3 segments), gelu, attn, offload" or "none", for the configuration table
+static void act_policy_describe(const ActPolicy* p, int L, char* out, size_t n) {
+    int used = snprintf(out, n, "%s", "");
+    if (p->segment > 0) { used += snprintf(out + used, n - used, "segments of k=%d layers (%d segments)", p->segment, act_num_segments(p, L)); }
+    if (p->gelu) { used += snprintf(out + used, n - used, "%sgelu", used ? ", " : ""); }
+    if (p->attn) { used += snprintf(out + used, n - used, "%sattn", used ? ", " : ""); }
+    if (p->offload) { used += snprintf(out + used, n - used, "%soffload to host", used ? ", " : ""); }
+    if (used == 0) { snprintf(out, n, "none: every layer keeps its activations"); }
+}
+
+#endif // LLMC_ACT_POLICY_H
