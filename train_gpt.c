@@ -710,6 +710,21 @@ static int check_options(const TrainOptions* o, const GPT2Config* c) {
     return total / BT;
 }
 
+// stops before allocating anything if the plan cannot fit in the memory this machine has
+// available (on the CPU the "device" and the host store share it)
+static void check_memory_fits(const MemPlan* plan, const ActPolicy* act) {
+    double avail = (double)mem_available(), host = (double)plan->bytes[MEM_OFFLOADED], total = (double)plan_total(plan);
+    if (avail == 0.0) { return; }  // unknown (not Linux)
+    if (act->offload && host > avail) {
+        fail("--offload 1: the host store for the offloaded activations needs %.1f MiB, but only %.1f MiB of host memory is available\n"
+             "  hint: --recompute sqrt offloads only the segment inputs; or lower -b or -t (see --plan)", host / MIB, avail / MIB);
+    }
+    if (total > avail) {
+        fail("this run needs %.1f MiB (the memory plan) but only %.1f MiB is available\n"
+             "  hint: see --plan; lower -b or -t, --recompute sqrt, --optimizer adafactor", total / MIB, avail / MIB);
+    }
+}
+
 static void print_config(const TrainOptions* o, const GPT2* m, int accum) {
     const GPT2Config* c = &m->config;
     printf("+-----------------------+----------------------------------------------------+\n");
@@ -754,6 +769,7 @@ static int run_training(const TrainOptions* o) {
         print_memory_table(&plan, NULL);
         return 0;
     }
+    check_memory_fits(&plan, &act);
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer
     #pragma omp parallel

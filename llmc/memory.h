@@ -86,10 +86,11 @@ static void mem_free(void* p) {
     free(base);
 }
 
-// resident set size of this process, from /proc/self/status (Linux); 0 where unknown.
-// field "VmRSS" is the current size, "VmHWM" its high-water mark.
-static size_t mem_rss_field(const char* field) {
-    FILE* f = fopen("/proc/self/status", "r");
+// a "Name:   N kB" field of a /proc file (Linux), in bytes; 0 where unknown.
+// /proc/self/status: "VmRSS" is the resident set size, "VmHWM" its high-water mark;
+// /proc/meminfo: "MemAvailable" is what can be allocated without swapping.
+static size_t mem_proc_field(const char* file, const char* field) {
+    FILE* f = fopen(file, "r");
     if (f == NULL) { return 0; }
     char line[256];
     size_t kib = 0, n = strlen(field);
@@ -99,7 +100,8 @@ static size_t mem_rss_field(const char* field) {
     fclose(f);
     return kib * 1024;
 }
-static size_t mem_rss_now(void) { return mem_rss_field("VmRSS"); }
-static size_t mem_rss_peak(void) { return mem_rss_field("VmHWM"); }
+static size_t mem_rss_now(void) { return mem_proc_field("/proc/self/status", "VmRSS"); }
+static size_t mem_rss_peak(void) { return mem_proc_field("/proc/self/status", "VmHWM"); }
+static size_t mem_available(void) { return mem_proc_field("/proc/meminfo", "MemAvailable"); }
 
 #endif // LLMC_MEMORY_H

@@ -113,6 +113,12 @@ latest_done() {
     echo "$best"
 }
 
+# the memory table after the first step: every row's measured MiB equals the planned
+plan_equals_measured() {
+    awk -F'|' '/^\| (parameters|gradients|optimizer state|activations|activation grads|scratch|offloaded \(host\)|device total|host total|total) /{
+        p=$3; m=$4; gsub(/ /, "", p); gsub(/ /, "", m); if (m ~ /MiB/) { n++; if (p != m) bad=1 } } END{exit !(n >= 10 && !bad)}' "$1"
+}
+
 ckpt() { printf "%s/%s_%08d%s" "$1" "$2" "$3" "${4:-}"; }  # ckpt DIR model|state|DONE STEP SUFFIX
 
 start_seconds=$(date +%s.%N)
@@ -383,8 +389,7 @@ for opt in "adafactor" "adafactor --adafactor-beta1 0.9" "came"; do
     # shellcheck disable=SC2086
     if expect_ok "$name: 6 steps with checkpoints at 3 and 6" -- "$TRAIN" "${RES[@]}" --optimizer $opt -o "$OA"; then
         cp "$OUT" "$W/opt.stdout"  # check() runs its command through run(), which rewrites $OUT
-        check "$name: measured memory equals the plan" "table rows differ" -- \
-            awk -F'|' '/^\| (parameters|gradients|optimizer state|activations|activation grads|scratch|total) /{ p=$3; m=$4; gsub(/ /, "", p); gsub(/ /, "", m); if (m ~ /MiB/) { n++; if (p != m) bad=1 } } END{exit !(n >= 7 && !bad)}' "$W/opt.stdout"
+        check "$name: measured memory equals the plan" "table rows differ" -- plan_equals_measured "$W/opt.stdout"
         mkdir -p "$OB"
         cp "$(ckpt "$OA" model 3 .bin)" "$(ckpt "$OA" state 3 _00000.bin)" "$(ckpt "$OA" DONE 3)" "$OB/"
         # shellcheck disable=SC2086
@@ -399,6 +404,46 @@ done
 expect_fail "optimizer: unknown name" "unknown; choose adamw, adafactor or came" -- "$TRAIN" "${BASE[@]}" --optimizer sgd -o ""
 expect_fail "optimizer: resume with another optimizer" "optimizer floats" -- \
     "$TRAIN" "${RES[@]}" --optimizer came -o "$W/opt_a_adafactor" -y 1
+
+# ----------------------------------------------------------------------------
+# 12. recompute and offload: every policy trains to the bitwise same model as the plain
+# run (the fixture has L=2: segments of k=1 are its checkpointing), the measured memory
+# equals the plan, and impossible requests are refused
+
+PLAIN="$W/act_plain"
+if expect_ok "activations: plain 6-step run" -- "$TRAIN" "${RES[@]}" -o "$PLAIN"; then
+    for pol in "--recompute 1" "--recompute 2" "--recompute gelu" "--recompute attn,gelu" "--offload 1" \
+               "--recompute 1 --offload 1" "--recompute 1,gelu,attn --offload 1" "--recompute gelu --offload 1 --optimizer came"; do
+        D="$W/act_${pol//[ ,-]/_}"
+        # shellcheck disable=SC2086
+        if expect_ok "activations $pol: 6 steps" -- "$TRAIN" "${RES[@]}" $pol -o "$D"; then
+            cp "$OUT" "$W/act.stdout"
+            check "activations $pol: measured memory equals the plan" "table rows differ" -- plan_equals_measured "$W/act.stdout"
+            if [ "${pol#*came}" = "$pol" ]; then
+                check "activations $pol: model at step 6 bitwise equal to the plain run" "cmp differs" -- \
+                    cmp -s "$(ckpt "$PLAIN" model 6 .bin)" "$(ckpt "$D" model 6 .bin)"
+                check "activations $pol: same losses in the log" "log.jsonl differs" -- \
+                    test "$(log_losses "$PLAIN/log.jsonl" 1 6)" = "$(log_losses "$D/log.jsonl" 1 6)"
+            fi
+        fi
+    done
+    check "activations: offload puts bytes in the host row" "host total is 0" -- \
+        grep -qE '^\| host total +\| +0\.[0-9]*[1-9][0-9]* MiB' "$W/act.stdout"
+fi
+expect_fail "recompute: unknown part" "unknown part 'all'" -- "$TRAIN" "${BASE[@]}" --recompute all
+expect_fail "recompute: segment size 0" "the segment size must be 1..2" -- "$TRAIN" "${BASE[@]}" --recompute 0
+expect_fail "recompute: segment size above L" "the segment size must be 1..2" -- "$TRAIN" "${BASE[@]}" --recompute 3
+expect_fail "recompute: two segment sizes" "give one segment size" -- "$TRAIN" "${BASE[@]}" --recompute sqrt,1
+expect_fail "recompute: none with others" "'none' cannot be combined" -- "$TRAIN" "${BASE[@]}" --recompute none,gelu
+expect_fail "offload: value other than 0 or 1" "--offload 2: offload is 0 or 1" -- "$TRAIN" "${BASE[@]}" --offload 2
+expect_fail "offload: one segment leaves nothing to offload" "nothing would move to the host" -- \
+    "$TRAIN" "${BASE[@]}" --recompute 2 --offload 1
+expect_fail "offload: host store larger than the host memory" "host memory" -- \
+    "$TRAIN" "${BASE[@]}" -e d48 -b 64 -t 1024 --offload 1
+if expect_ok "plan: --plan prints recompute FLOPs" -- "$TRAIN" --plan -e d12 -b 4 -t 64 --recompute sqrt,attn --offload 1; then
+    check "plan: recompute line and host row" "missing" -- \
+        grep -q '^recompute: +[0-9.]* GFLOP' "$OUT"
+fi
 
 echo "$npass passed, $nfail failed"
 [ "$nfail" -eq 0 ]
