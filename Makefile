@@ -3,6 +3,7 @@
 #   make run          build, prepare TinyShakespeare if missing, train the default model (d6)
 #   make test         build and run every test; the last line reads "N passed, N failed"
 #   make bench        d12 and default-model throughput against OpenBLAS's sgemm (scripts/bench.sh)
+#   make bench-flags  each memory flag's step time and memory on d12 (scripts/bench_flags.sh)
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of llmc/matmul.h
 
 CC ?= gcc
@@ -17,7 +18,7 @@ endif
 HEADERS = $(wildcard llmc/*.h)
 DATA = data/tinyshakespeare/tiny_shakespeare_train.bin
 
-.PHONY: all run data test bench clean help
+.PHONY: all run data test bench bench-flags clean help
 all: train_gpt
 
 # the CPU trainer
@@ -52,11 +53,14 @@ test: train_gpt test_gpt build/test_matmul $(EMU_TEST_DEPS)
 bench: train_gpt build/bench_matmul $(DATA)
 	bash scripts/bench.sh
 
+bench-flags: train_gpt $(DATA)
+	bash scripts/bench_flags.sh
+
 clean:
 	rm -rf train_gpt test_gpt build
 
 help:
-	@sed -n '2,9p' Makefile
+	@sed -n '2,10p' Makefile
 
 # the emulated CUDA device (dev/cuda_emu/README.md)
 -include dev/cuda_emu/emu.mk

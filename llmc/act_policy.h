@@ -94,7 +94,7 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
     p.offload = offload;
     if (p.offload && p.segment > 0 && act_num_segments(&p, L) == 1) {
         fail("--offload 1 with --recompute %d: one segment keeps nothing but the embedding, so nothing would move to the host\n"
-             "  hint: a smaller segment size (e.g. sqrt), or offload without checkpointing", p.segment);
+             "  hint: a segment size below %d, or offload without checkpointing", p.segment, L);
     }
     return p;
 }
