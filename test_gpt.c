@@ -435,13 +435,17 @@ static void test_memory_plan(void) {
         {32, 300, 384, 1, 1, 8},
     };
     int BTs[3][2] = {{3, 11}, {2, 64}, {5, 1}};
-    // each shape with each optimizer (Adafactor with and without its first moment)
+    // each shape with each optimizer (Adafactor with and without its first moment), on one
+    // process and as one rank of 2 and of 3 with ZeRO-1 (3 cuts V = 101, maxT = 16, C = 8 unevenly)
     int opts[4][2] = {{OPT_ADAMW, 0}, {OPT_ADAFACTOR, 0}, {OPT_ADAFACTOR, 1}, {OPT_CAME, 0}};
-    for (int run = 0; run < 12; run++) {
-        int k = run % 3, opt = opts[run / 3][0], beta1 = opts[run / 3][1];
+    for (int run = 0; run < 36; run++) {
+        int k = run % 3, opt = opts[(run / 3) % 4][0], beta1 = opts[(run / 3) % 4][1], world = 1 + run / 12;
         memset(&g_mem, 0, sizeof(g_mem));
         GPT2 m;
         gpt2_init_random(&m, &shapes[k], 1);
+        Dist last_rank = {world - 1, world};  // the rank whose blocks are shortest: same state size
+        m.dist = last_rank;
+        m.zero = world > 1 ? ZERO_SHARDED : ZERO_REPLICATED;
         gpt2_alloc_training(&m, BTs[k][0], BTs[k][1], (OptimizerKind)opt, beta1);
         int* gen = (int*)mem_alloc(MEM_SCRATCH, (size_t)BTs[k][1] * sizeof(int));
         // one loader's buffers, as the trainer allocates them
@@ -449,7 +453,7 @@ static void test_memory_plan(void) {
         void* b1 = mem_alloc(MEM_SCRATCH, (BT + 1) * sizeof(uint16_t));
         void* b2 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
         void* b3 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
-        PlanInputs in = {BTs[k][0], BTs[k][1], 1, opt, beta1, 1, ZERO_REPLICATED};
+        PlanInputs in = {BTs[k][0], BTs[k][1], 1, opt, beta1, world, m.zero};
         MemPlan p = plan_memory(&shapes[k], in);
         int same = 1;
         char detail[256] = "";
@@ -460,8 +464,8 @@ static void test_memory_plan(void) {
             }
         }
         char name[96];
-        snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d, %s%s)",
-                 shapes[k].num_layers, shapes[k].channels, BTs[k][0], BTs[k][1], OPTIMIZER_NAMES[opt], beta1 ? " + beta1" : "");
+        snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d, %s%s, %d rank(s))",
+                 shapes[k].num_layers, shapes[k].channels, BTs[k][0], BTs[k][1], OPTIMIZER_NAMES[opt], beta1 ? " + beta1" : "", world);
         check(same, name, "%s", detail);
         mem_free(gen); mem_free(b1); mem_free(b2); mem_free(b3);
         gpt2_free(&m);
