@@ -844,7 +844,7 @@ static int run_training(const TrainOptions* o, const Dist* dist) {
             print_memory_table(&plan, &g_mem);
         }
     }
-    if (world > 1) { gpt2_check_replicas(&model, step); }
+    if (world > 1 && !has_out) { gpt2_check_replicas(&model, step); }  // with -o, the last checkpoint checked
     size_t peak = mem_rss_peak();
     printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
            "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",
