@@ -450,17 +450,20 @@ static void policy_name(char* out, size_t n, const ActPolicy* p) {
 
 // allocates like the trainer (model, one loader, the sampling buffer) and compares the
 // plan with the high-water marks, category by category
-static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, int opt, int beta1, const ActPolicy* pol) {
+static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, int opt, int beta1, const ActPolicy* pol, int world) {
     memset(&g_mem, 0, sizeof(g_mem));
     GPT2 m;
     gpt2_init_random(&m, cfg, 1);
+    Dist last_rank = {world - 1, world};  // the rank whose blocks are shortest: same state size
+    m.dist = last_rank;
+    m.zero = world > 1 ? ZERO_SHARDED : ZERO_REPLICATED;
     gpt2_alloc_training(&m, B, T, (OptimizerKind)opt, beta1, pol);
     int* gen = (int*)mem_alloc(MEM_SCRATCH, (size_t)T * sizeof(int));
     size_t BT = (size_t)B * T;
     void* b1 = mem_alloc(MEM_SCRATCH, (BT + 1) * sizeof(uint16_t));
     void* b2 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
     void* b3 = mem_alloc(MEM_SCRATCH, BT * sizeof(int));
-    PlanInputs in = {B, T, 1, opt, beta1, *pol};
+    PlanInputs in = {B, T, 1, opt, beta1, *pol, world, m.zero};
     MemPlan p = plan_memory(cfg, in);
     int same = 1;
     char detail[256] = "", pn[64];
@@ -472,8 +475,8 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     }
     policy_name(pn, sizeof(pn), pol);
     char name[160];
-    snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d, %s%s, %s)",
-             cfg->num_layers, cfg->channels, B, T, OPTIMIZER_NAMES[opt], beta1 ? " + beta1" : "", pn);
+    snprintf(name, sizeof(name), "memory: plan equals allocations (L=%d C=%d B=%d T=%d, %s%s, %s, %d rank(s))",
+             cfg->num_layers, cfg->channels, B, T, OPTIMIZER_NAMES[opt], beta1 ? " + beta1" : "", pn, world);
     check(same, name, "%s", detail);
     mem_free(gen); mem_free(b1); mem_free(b2); mem_free(b3);
     gpt2_free(&m);
@@ -487,18 +490,19 @@ static void test_memory_plan(void) {
         {32, 300, 384, 1, 1, 8},
     };
     int BTs[3][2] = {{3, 11}, {2, 64}, {5, 1}};
-    // each shape with each optimizer (Adafactor with and without its first moment) ...
+    // each shape with each optimizer (Adafactor with and without its first moment), on one
+    // process and as one rank of 2 and of 3 with ZeRO-1 (3 cuts V = 101, maxT = 16, C = 8 unevenly) ...
     int opts[4][2] = {{OPT_ADAMW, 0}, {OPT_ADAFACTOR, 0}, {OPT_ADAFACTOR, 1}, {OPT_CAME, 0}};
-    for (int run = 0; run < 12; run++) {
-        int k = run % 3;
-        check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], opts[run / 3][0], opts[run / 3][1], &ACT_KEEP_ALL);
+    for (int run = 0; run < 36; run++) {
+        int k = run % 3, opt = opts[(run / 3) % 4][0], beta1 = opts[(run / 3) % 4][1], world = 1 + run / 12;
+        check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], opt, beta1, &ACT_KEEP_ALL, world);
     }
-    // ... and with every activation policy
+    // ... and with every activation policy, alone and with ZeRO-1 over 2 ranks
     for (int k = 0; k < 3; k++) {
         for (int i = 1; i < NUM_TEST_POLICIES; i++) {
             ActPolicy pol;
             if (test_policy(&pol, i, shapes[k].num_layers)) {
-                check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], OPT_ADAMW, 0, &pol);
+                check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], OPT_ADAMW, 0, &pol, 1 + i % 2);
             }
         }
     }
@@ -668,10 +672,10 @@ static void test_thread_count(const char* file) {
 static void test_d12_state_size(void) {
     GPT2Config c;
     gpt2_config_preset(&c, "d12");
-    size_t adamw = optimizer_state_floats(&c, OPT_ADAMW, 0) * sizeof(float);
-    size_t adafactor = optimizer_state_floats(&c, OPT_ADAFACTOR, 0) * sizeof(float);
-    size_t adafactor_m = optimizer_state_floats(&c, OPT_ADAFACTOR, 1) * sizeof(float);
-    size_t came = optimizer_state_floats(&c, OPT_CAME, 0) * sizeof(float);
+    size_t adamw = optimizer_state_floats(&c, OPT_ADAMW, 0, 1) * sizeof(float);
+    size_t adafactor = optimizer_state_floats(&c, OPT_ADAFACTOR, 0, 1) * sizeof(float);
+    size_t adafactor_m = optimizer_state_floats(&c, OPT_ADAFACTOR, 1, 1) * sizeof(float);
+    size_t came = optimizer_state_floats(&c, OPT_CAME, 0, 1) * sizeof(float);
     printf("-- d12 optimizer state: AdamW %zu bytes, Adafactor %zu (with beta1 %zu), CAME %zu\n",
            adamw, adafactor, adafactor_m, came);
     check((double)adafactor < D12_MAX_STATE_FRACTION * adamw, "d12: Adafactor (no beta1) state under 0.3% of AdamW's",
@@ -736,9 +740,52 @@ static void write_fixtures(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
+// comparing two model files (scripts/test_zero.sh: one rank against several)
+
+// 1 if parameter i is a key bias (rows C..2C-1 of a layer's qkvb): its gradient is exactly
+// zero in exact arithmetic (softmax is shift-invariant), so fp32 computes rounding noise there,
+// which depends on the order of the sums; Adafactor and CAME normalise that noise into steps
+// of about lr, so two correct runs that add in another order differ there by ~lr per step
+static int is_key_bias(const GPT2* m, size_t i) {
+    size_t begin = (size_t)(m->params.qkvb - m->params_memory), C = m->config.channels;
+    if (i < begin || i >= begin + m->config.num_layers * 3 * C) { return 0; }
+    size_t j = (i - begin) % (3 * C);
+    return j >= C && j < 2 * C;
+}
+
+// prints how far model file b is from a: the relative L2 distance ||a - b|| / ||a|| over all
+// parameters but the key biases (reported apart), and the largest entrywise difference with
+// its tensor; returns 0 if the relative distance is at most rtol, 1 otherwise
+static int compare_models(const char* path_a, const char* path_b, double rtol) {
+    GPT2 a, b;
+    gpt2_load(&a, path_a);
+    gpt2_load(&b, path_b);
+    if (memcmp(&a.config, &b.config, sizeof(a.config)) != 0) { fail("'%s' and '%s' have different model shapes", path_a, path_b); }
+    size_t sizes[NUM_PARAMETER_TENSORS], off = 0, worst_i = 0;
+    gpt2_parameter_sizes(sizes, &a.config);
+    double diff2 = 0.0, norm2 = 0.0, worst = 0.0, worst_key = 0.0;
+    for (size_t i = 0; i < a.num_parameters; i++) {
+        double d = fabs((double)a.params_memory[i] - b.params_memory[i]);
+        if (is_key_bias(&a, i)) { worst_key = fmax(worst_key, d); continue; }
+        diff2 += d * d;
+        norm2 += (double)a.params_memory[i] * a.params_memory[i];
+        if (d > worst) { worst = d; worst_i = i; }
+    }
+    int t = 0;
+    while (t < NUM_PARAMETER_TENSORS - 1 && worst_i >= off + sizes[t]) { off += sizes[t]; t++; }
+    double rel = norm2 > 0.0 ? sqrt(diff2 / norm2) : sqrt(diff2);
+    printf("models: relative L2 distance %.3e (tolerance %.1e), largest difference %.3e in %s[%zu]; "
+           "key biases (not compared) differ by up to %.3e\n", rel, rtol, worst, PARAMETER_NAMES[t], worst_i - off, worst_key);
+    gpt2_free(&a);
+    gpt2_free(&b);
+    return rel <= rtol ? 0 : 1;
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     if (argc == 3 && strcmp(argv[1], "--write-fixtures") == 0) { write_fixtures(argv[2]); return 0; }
+    if (argc == 5 && strcmp(argv[1], "--compare-models") == 0) { return compare_models(argv[2], argv[3], atof(argv[4])); }
     char dir[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();

@@ -36,6 +36,7 @@ accounting are in the other small headers of llmc/.
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
 #include "llmc/checkpoint.h"
+#include "llmc/distributed.h"
 
 // ----------------------------------------------------------------------------
 // parameters: 16 tensors carved from one allocation, in checkpoint order
@@ -190,6 +191,9 @@ typedef struct {
     float* bwd_memory;
     int batch_size, seq_len;  // the (B,T) the activations were sized for
     float mean_loss;          // of the last forward with targets
+    // data parallelism (llmc/distributed.h): set before gpt2_alloc_training
+    Dist dist;                // this process among the ranks
+    ZeroStage zero;           // ZERO_SHARDED: this rank keeps the optimizer state of its blocks only
 } GPT2;
 
 // the working-set buffer layer l computes into
@@ -223,6 +227,16 @@ static void gpt2_alloc_params(GPT2* m, const GPT2Config* cfg) {
     m->opt_memory = NULL;
     m->acts_memory = m->host_memory = m->bwd_memory = NULL;
     memset(&m->acts, 0, sizeof(m->acts));
+    Dist one = {0, 1};
+    m->dist = one;
+    m->zero = ZERO_REPLICATED;
+}
+
+// how the optimizer's slices are cut over the ranks (optimizers.h): whole unless ZeRO-1
+static OptSharding gpt2_sharding(const GPT2* m) {
+    if (m->zero != ZERO_SHARDED) { return OPT_UNSHARDED; }
+    OptSharding z = {m->dist.rank, m->dist.world, dist_allreduce_sum_doubles};
+    return z;
 }
 
 #define INIT_STD 0.02f  // GPT-2's initialisation scale
@@ -332,7 +346,7 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     point_parameters(&m->grads, m->grads_memory, c);
     m->optimizer = optimizer;
     m->use_beta1 = use_beta1;
-    m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1);
+    m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1, gpt2_sharding(m).world);
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     gpt2_alloc_activations(m, B, T, pol);
     // backward buffers
@@ -508,10 +522,52 @@ static void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B,
 // ----------------------------------------------------------------------------
 // optimizer step
 
+// ----------------------------------------------------------------------------
+// data parallelism: each rank's gradient is of its own part of the batch; before the step
+// ZERO_REPLICATED sums them whole on every rank (all-reduce), ZERO_SHARDED sums each block
+// only on the rank that owns it (reduce-scatter), which updates it and sends it to the
+// others (all-gather). The loss scale already divides by the number of ranks.
+
+// calls part(slice memory, counts) for every slice of the model, counts[r] = floats of rank r's block
+static void for_each_slice_block(const GPT2* m, float* memory, void (*part)(float*, const int*, Dist)) {
+    ParamSlice* s = param_slices_alloc(&m->config);
+    int* counts = (int*)malloc_check((size_t)m->dist.world * sizeof(int));
+    for (int k = 0; k < param_slice_count(&m->config); k++) {
+        slice_part_counts(&s[k], m->dist.world, counts);
+        part(memory + s[k].offset, counts, m->dist);
+    }
+    free(counts);
+    free(s);
+}
+
+// the gradients of all ranks' micro-batches, summed: whole, or this rank's blocks (ZeRO-1)
+static void gpt2_reduce_grads(GPT2* m) {
+    if (m->dist.world == 1) { return; }
+    if (m->zero == ZERO_SHARDED) { for_each_slice_block(m, m->grads_memory, dist_reduce_scatter_floats); }
+    else { dist_allreduce_sum_floats(m->grads_memory, m->num_parameters); }
+}
+
+// ----------------------------------------------------------------------------
+// optimizer step
+
 #define NORM_CHUNKS 256  // fixed partition of the sum of squares: same result for any thread count
 
-// global L2 norm of all gradients, summed in double over a fixed partition
+// global L2 norm of all gradients, summed in double over a fixed partition. ZeRO-1: each
+// rank sums the squares of its blocks (the only reduced gradients it has), then the ranks add.
 static float gpt2_grad_norm(const GPT2* m) {
+    if (m->zero == ZERO_SHARDED) {
+        OptSharding z = gpt2_sharding(m);
+        ParamSlice* s = param_slices_alloc(&m->config);
+        double total = 0.0;
+        for (int k = 0; k < param_slice_count(&m->config); k++) {
+            size_t offset;
+            OptShard sh = slice_shard(&s[k], &z, &offset);
+            total += opt_sum_squares(m->grads_memory + s[k].offset + offset, (size_t)sh.rows * sh.cols);
+        }
+        free(s);
+        dist_allreduce_sum_doubles(&total, 1);
+        return (float)sqrt(total);
+    }
     double partial[NORM_CHUNKS];
     size_t n = m->num_parameters, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
     #pragma omp parallel for
@@ -532,14 +588,39 @@ typedef struct {
     int t;                 // optimizer step, from 1
 } StepConfig;
 
-// clips the gradients to the global norm (given) and takes one step of the model's optimizer
+// clips the gradients to the global norm (given) and takes one step of the model's optimizer;
+// ZeRO-1: on this rank's blocks, then every rank gathers the others' updated blocks
 static void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     if (s->grad_clip > 0.0f && grad_norm > s->grad_clip) {
         float scale = s->grad_clip / grad_norm;
         #pragma omp parallel for
         for (size_t i = 0; i < m->num_parameters; i++) { m->grads_memory[i] *= scale; }
     }
-    optimizer_step(m->optimizer, m->params_memory, m->grads_memory, m->opt_memory, &m->config, &s->hyper, s->t);
+    OptSharding z = gpt2_sharding(m);
+    optimizer_step(m->optimizer, m->params_memory, m->grads_memory, m->opt_memory, &m->config, &s->hyper, s->t, &z);
+    if (m->zero == ZERO_SHARDED) { for_each_slice_block(m, m->params_memory, dist_allgather_floats); }
+}
+
+// a 64-bit hash of the parameters' bits (FNV-1a over 32-bit words): equal weights, equal hash
+#define FNV64_OFFSET 0xcbf29ce484222325ULL
+#define FNV64_PRIME 0x100000001b3ULL
+static uint64_t gpt2_params_hash(const GPT2* m) {
+    uint64_t h = FNV64_OFFSET;
+    const uint32_t* w = (const uint32_t*)m->params_memory;
+    for (size_t i = 0; i < m->num_parameters; i++) { h = (h ^ w[i]) * FNV64_PRIME; }
+    return h;
+}
+
+// stops the run unless every rank holds the same parameters (costs one pass over them)
+static void gpt2_check_replicas(const GPT2* m, int step) {
+    uint64_t lo, hi;
+    dist_min_max_u64(gpt2_params_hash(m), &lo, &hi);
+    if (lo != hi) {
+        fail("replicas: the parameters differ between ranks after step %d (hashes 0x%016llx .. 0x%016llx)\n"
+             "  hint: a bug in the data-parallel step; rerun with --check-replicas 1 to find the first bad step",
+             step, (unsigned long long)lo, (unsigned long long)hi);
+    }
+    printf("replicas: parameters identical on %d ranks after step %d (hash 0x%016llx)\n", m->dist.world, step, (unsigned long long)lo);
 }
 
 // the optimizer's hyperparameters from the flags, at this step's scheduled learning rate.
@@ -603,14 +684,21 @@ static void gpt2_sample(GPT2* m, int* tokens, int n, const Tokenizer* tok, uint6
 // ----------------------------------------------------------------------------
 // checkpoints: model file + training state + DONE marker (checkpoint.h)
 
+// rank 0 writes the model file, every rank its own state file (its data position and, under
+// ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE
 static void gpt2_save_checkpoint(const GPT2* m, const char* dir, int step, const DataLoader* dl, uint64_t rng) {
+    if (m->dist.world > 1) { gpt2_check_replicas(m, step); }
     char path[1100];
-    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-    model_file_write(path, &m->config, m->params_memory);
-    TrainState s = {1, 0, step, (int)dl->shard, dl->epoch, dl->position, rng, m->num_parameters, m->opt_floats};
-    checkpoint_path(path, sizeof(path), dir, "state", step, 0);
+    if (m->dist.rank == 0) {
+        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+        model_file_write(path, &m->config, m->params_memory);
+    }
+    TrainState s = {m->dist.world, m->dist.rank, step, (int)dl->shard, dl->epoch, dl->position, rng,
+                    m->num_parameters, m->opt_floats, m->zero};
+    checkpoint_path(path, sizeof(path), dir, "state", step, m->dist.rank);
     state_file_write(path, &s, m->opt_memory);
-    checkpoint_mark_done(dir, step);
+    dist_barrier();
+    if (m->dist.rank == 0) { checkpoint_mark_done(dir, step); }
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
 }
 
@@ -625,8 +713,20 @@ static int gpt2_resume(GPT2* m, const char* dir, DataLoader* dl, uint64_t* rng) 
     FILE* f = model_file_open(path, &cfg, &version);
     if (memcmp(&cfg, &m->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", path); }
     model_file_read_params(f, path, &cfg, version, m->params_memory);
+    // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
     TrainState s;
     checkpoint_path(path, sizeof(path), dir, "state", step, 0);
+    state_file_read_header(path, &s);
+    if (s.num_processes != m->dist.world) {
+        fail("checkpoint '%s/' of step %d was written by %d rank(s); this run has %d\n"
+             "  hint: resume with mpirun -np %d (each rank reads its own state file)",
+             dir, step, s.num_processes, m->dist.world, s.num_processes);
+    }
+    if (s.zero != (int)m->zero) {
+        fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
+             "  hint: resume with --zero %d", dir, step, s.zero, (int)m->zero, s.zero);
+    }
+    checkpoint_path(path, sizeof(path), dir, "state", step, m->dist.rank);
     state_file_read(path, &s, m->opt_memory, m->opt_floats);
     dataloader_seek(dl, (size_t)s.data_shard, s.data_position, s.data_epoch);
     *rng = s.rng;
@@ -683,18 +783,40 @@ static void build_model(GPT2* m, const TrainOptions* o) {
     if (model_is_preset(o, &cfg)) { gpt2_init_random(m, &cfg, o->seed); } else { gpt2_load(m, o->model); }
 }
 
-// checks the options against each other and the model; returns gradient accumulation steps
-static int check_options(const TrainOptions* o, const GPT2Config* c) {
+// --zero against the build and the number of ranks (world: this run's, or --plan-ranks)
+static void check_zero_option(const TrainOptions* o, int world) {
+    if (o->zero != ZERO_REPLICATED && o->zero != ZERO_SHARDED) {
+        fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: the state is sharded over the ranks)", o->zero);
+    }
+    if (o->zero == ZERO_SHARDED && world < 2) {
+        if (!dist_built_with_mpi() && !o->plan_only) {
+            fail("--zero 1 shards the optimizer state across MPI ranks, but this train_gpt was built without MPI, so it needs mpirun\n"
+                 "  hint: build with MPI (make, with mpicc installed) and launch with mpirun -np 2 ./train_gpt --zero 1 ...");
+        }
+        fail("--zero 1 shards the optimizer state across ranks, but this run has %d rank\n"
+             "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", world);
+    }
+    if (o->check_replicas != 0 && o->check_replicas != 1) { fail("--check-replicas %d: 0 or 1", o->check_replicas); }
+    if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
+}
+
+// checks the options against each other, the model and the number of ranks (world);
+// returns the gradient accumulation steps of each rank
+static int check_options(const TrainOptions* o, const GPT2Config* c, int world) {
+    check_zero_option(o, world);
     if (o->batch_size < 1) { fail("-b %d: the batch size must be >= 1", o->batch_size); }
     if (o->seq_len < 1) { fail("-t %d: the sequence length must be >= 1", o->seq_len); }
     if (o->seq_len > c->max_seq_len) {
         fail("-t %d is longer than the model's context maxT=%d\n  hint: use -t %d or less", o->seq_len, c->max_seq_len, c->max_seq_len);
     }
-    int BT = o->batch_size * o->seq_len;
-    int total = o->total_batch_size == -1 ? BT : o->total_batch_size;
-    if (total < 1 || total % BT != 0) {
-        fail("-d %d: the total batch (tokens per step) must be a positive multiple of B*T = %d\n"
-             "  hint: use -d %d, %d, ... or -d -1", o->total_batch_size, BT, BT, 2 * BT);
+    int BT = o->batch_size * o->seq_len, step_tokens = BT * world;  // one micro-batch on every rank
+    int total = o->total_batch_size == -1 ? step_tokens : o->total_batch_size;
+    if (total < 1 || total % step_tokens != 0) {
+        char what[96];
+        if (world == 1) { snprintf(what, sizeof(what), "B*T = %d", BT); }
+        else { snprintf(what, sizeof(what), "B*T times the ranks = %d x %d = %d", BT, world, step_tokens); }
+        fail("-d %d: the total batch (tokens per step) must be a positive multiple of %s\n"
+             "  hint: use -d %d, %d, ... or -d -1", o->total_batch_size, what, step_tokens, 2 * step_tokens);
     }
     if (o->learning_rate < 0.0f || o->weight_decay < 0.0f || o->grad_clip < 0.0f) { fail("-l, -c and --grad-clip must be >= 0"); }
     if (o->beta1 < 0.0f || o->beta1 >= 1.0f || o->beta2 < 0.0f || o->beta2 >= 1.0f) { fail("--beta1 and --beta2 must be in [0, 1)"); }
@@ -707,7 +829,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c) {
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
     if (o->adafactor_beta1 < 0.0f || o->adafactor_beta1 >= 1.0f) { fail("--adafactor-beta1 must be in [0, 1)"); }
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
-    return total / BT;
+    return total / step_tokens;
 }
 
 // stops before allocating anything if the plan cannot fit in the memory this machine has
@@ -732,6 +854,8 @@ static void print_config(const TrainOptions* o, const GPT2* m, int accum) {
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
     printf("| parameters            | %zu (%.1fM)\n", m->num_parameters, m->num_parameters / 1e6);
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", accum, o->batch_size * o->seq_len);
+    printf("| data parallel (MPI)   | %d rank(s), --zero %d%s\n", m->dist.world, (int)m->zero,
+           m->zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
     printf("| OpenMP threads        | %d\n", num_threads());
     for (int i = 0; i < NUM_FLAGS; i++) {
         char v[PATH_MAX_LEN + 8];
@@ -749,23 +873,26 @@ static float validation_loss(GPT2* m, DataLoader* val, int steps) {
         gpt2_forward(m, val->inputs, val->targets, val->B, val->T);
         sum += m->mean_loss;
     }
-    return (float)(sum / steps);
+    dist_allreduce_sum_doubles(&sum, 1);  // each rank validated on its own part of the data
+    return (float)(sum / steps / m->dist.world);
 }
 
-static int run_training(const TrainOptions* o) {
+static int run_training(const TrainOptions* o, const Dist* dist) {
     GPT2Config cfg;
     resolve_model_config(o, &cfg);
-    int accum = check_options(o, &cfg);
+    int world = dist->world;
+    int plan_world = o->plan_only && o->plan_ranks > 0 ? o->plan_ranks : world;
+    int accum = check_options(o, &cfg, plan_world);
     int B = o->batch_size, T = o->seq_len;
     int has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     OptimizerKind optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
     int use_beta1 = optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
     ActPolicy act = act_policy_parse(o->recompute, o->offload, cfg.num_layers);
-    PlanInputs plan_in = {B, T, 1 + has_val, optimizer, use_beta1, act};
+    PlanInputs plan_in = {B, T, 1 + has_val, optimizer, use_beta1, act, plan_world, o->zero};
     MemPlan plan = plan_memory(&cfg, plan_in);
     if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
-        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, fp32):\n", cfg.num_layers,
-               cfg.channels, cfg.num_heads, cfg.padded_vocab_size, B, T, o->optimizer);
+        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, fp32), per rank of %d, --zero %d:\n", cfg.num_layers,
+               cfg.channels, cfg.num_heads, cfg.padded_vocab_size, B, T, o->optimizer, plan_world, o->zero);
         print_memory_table(&plan, NULL);
         return 0;
     }
@@ -780,11 +907,14 @@ static int run_training(const TrainOptions* o) {
     GPT2 model;
     build_model(&model, o);
     int has_out = o->out_dir[0] != '\0';
-    if (has_out) { ensure_output_dir(o->out_dir); }
+    if (has_out && dist->rank == 0) { ensure_output_dir(o->out_dir); }
+    dist_barrier();  // the other ranks write their state files into it
+    model.dist = *dist;
+    model.zero = (ZeroStage)o->zero;
     gpt2_alloc_training(&model, B, T, optimizer, use_beta1, &act);
     DataLoader train, val;
-    dataloader_init(&train, o->train_data, B, T, 0, 1, model.config.vocab_size);
-    if (has_val) { dataloader_init(&val, o->val_data, B, T, 0, 1, model.config.vocab_size); }
+    dataloader_init(&train, o->train_data, B, T, dist->rank, world, model.config.vocab_size);
+    if (has_val) { dataloader_init(&val, o->val_data, B, T, dist->rank, world, model.config.vocab_size); }
     int gen_len = o->gen_tokens < T ? o->gen_tokens : T;
     int* gen_tokens = (int*)mem_alloc(MEM_SCRATCH, (size_t)T * sizeof(int));
     // steps: -x, or one epoch of the training shards
@@ -793,7 +923,7 @@ static int run_training(const TrainOptions* o) {
         size_t tokens = 0;
         for (size_t s = 0; s < train.num_shards; s++) { dataloader_open_shard(&train, s); tokens += train.shard_tokens - 1; }
         dataloader_reset(&train);
-        max_steps = (int)(tokens / ((size_t)B * T * accum));
+        max_steps = (int)(tokens / ((size_t)B * T * accum * world));
         if (max_steps < 1) { max_steps = 1; }
     }
     uint64_t sample_rng = RNG_SEED_MIX ^ (o->seed + 1);
@@ -802,7 +932,7 @@ static int run_training(const TrainOptions* o) {
     printf("memory plan (bytes by category; measured after the first step):\n");
     print_memory_table(&plan, NULL);
     FILE* log = NULL;
-    if (has_out) {
+    if (has_out && dist->rank == 0) {
         char path[1100];
         snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
         log = fopen_check(path, o->resume ? "a" : "w");
@@ -814,7 +944,8 @@ static int run_training(const TrainOptions* o) {
     sigaction(SIGTERM, &sa, NULL);
 
     double fpt = flops_per_token(&model, T);
-    for (int step = start_step; step <= max_steps; step++) {
+    int step = start_step;
+    for (; step <= max_steps; step++) {
         int last = step == max_steps;
         if (has_val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
             float vl = validation_loss(&model, &val, o->val_steps);
@@ -826,7 +957,7 @@ static int run_training(const TrainOptions* o) {
             gpt2_sample(&model, gen_tokens, gen_len, &tok, &sample_rng);
             printf("---------------------------\n");
         }
-        int stop = g_stop_requested;
+        int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
         int periodic = o->checkpoint_every > 0 && step > start_step && step % o->checkpoint_every == 0;
         if (has_out && (last || stop || periodic)) { gpt2_save_checkpoint(&model, o->out_dir, step, &train, sample_rng); }
         if (stop) {
@@ -841,10 +972,12 @@ static int run_training(const TrainOptions* o) {
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next_batch(&train);
             gpt2_forward(&model, train.inputs, train.targets, B, T);
-            gpt2_backward(&model, train.inputs, train.targets, B, T, 1.0f / ((float)B * T * accum));
+            gpt2_backward(&model, train.inputs, train.targets, B, T, 1.0f / ((float)B * T * accum * world));
             loss += model.mean_loss;
         }
-        loss /= accum;
+        gpt2_reduce_grads(&model);
+        dist_allreduce_sum_doubles(&loss, 1);
+        loss /= accum * world;
         float norm = gpt2_grad_norm(&model);
         if (!isfinite(loss) || !isfinite(norm)) {
             fail("the loss (%f) or gradient norm (%f) is not finite at step %d; the weights were not updated\n"
@@ -854,8 +987,9 @@ static int run_training(const TrainOptions* o) {
         float lr = learning_rate_at(o, step, max_steps);
         StepConfig sc = {optimizer_hyper(o, model.optimizer, lr), o->grad_clip, step + 1};
         gpt2_update(&model, &sc, norm);
+        if (o->check_replicas && world > 1) { gpt2_check_replicas(&model, step + 1); }
         double dt = now_seconds() - t0;
-        double tokens = (double)B * T * accum;
+        double tokens = (double)B * T * accum * world;
         printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s\n",
                step + 1, max_steps, loss, norm, lr, dt * 1e3, tokens / dt, fpt * tokens / dt / 1e9);
         if (log) {
@@ -868,6 +1002,7 @@ static int run_training(const TrainOptions* o) {
             print_memory_table(&plan, &g_mem);
         }
     }
+    if (world > 1 && !has_out) { gpt2_check_replicas(&model, step); }  // with -o, the last checkpoint checked
     size_t peak = mem_rss_peak();
     printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
            "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",
@@ -885,8 +1020,13 @@ static int run_training(const TrainOptions* o) {
 #ifndef TESTING
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    Dist dist;
+    dist_init(&dist, &argc, &argv);
+    // rank 0 speaks for the job: the other ranks' stdout is dropped (their errors still reach stderr)
+    if (dist.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { fail("cannot silence stdout of rank %d", dist.rank); }
     TrainOptions opt = options_default();
-    if (parse_flags(&opt, argc, argv)) { return 0; }
-    return run_training(&opt);
+    int rc = parse_flags(&opt, argc, argv) ? 0 : run_training(&opt, &dist);
+    dist_finalize();
+    return rc;
 }
 #endif

@@ -8,7 +8,9 @@ L, NH, C, Vp; then the 16 parameter tensors in model_config.h's order.
 
 Training-state file (this project's own): header 256 x int32 (STATE_SLOT_*, 64-bit
 values in two slots, low half first): magic, version, processes, rank, step, data
-position, sampling RNG, optimizer-state length; then the optimizer state (fp32).
+position, sampling RNG, optimizer-state length, ZeRO stage; then the optimizer state
+(fp32). With several ranks every rank writes its own state file (its data position; under
+ZeRO-1 its blocks of the optimizer state).
 
 A checkpoint of step S in directory D is D/model_S.bin, D/state_S_rank.bin and,
 written last, D/DONE_S: a checkpoint without its DONE marker is incomplete and never
@@ -44,7 +46,7 @@ enum {
 };
 
 #define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
-#define STATE_VERSION 1
+#define STATE_VERSION 2   // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage
 enum {
     STATE_SLOT_MAGIC = 0, STATE_SLOT_VERSION = 1, STATE_SLOT_NUM_PROCESSES = 2, STATE_SLOT_RANK = 3,
     STATE_SLOT_STEP = 4, STATE_SLOT_DATA_SHARD = 5, STATE_SLOT_DATA_EPOCH = 6,
@@ -52,6 +54,7 @@ enum {
     STATE_SLOT_RNG = 10,             // 64-bit: slots 10, 11
     STATE_SLOT_OPT_FLOATS = 12,      // 64-bit: slots 12, 13
     STATE_SLOT_NUM_PARAMS = 14,      // 64-bit: slots 14, 15
+    STATE_SLOT_ZERO = 16,            // ZeroStage (distributed.h): 1 = this file holds rank's blocks only
 };
 
 static void header_set64(int* h, int slot, uint64_t v) { h[slot] = (int)(uint32_t)v; h[slot + 1] = (int)(uint32_t)(v >> 32); }
@@ -172,6 +175,7 @@ typedef struct {
     uint64_t rng;               // sampling RNG
     uint64_t num_params;        // sanity check against the model
     size_t opt_floats;          // length of the optimizer state
+    int zero;                   // ZeroStage of the run that wrote it
 } TrainState;
 
 static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
@@ -187,6 +191,7 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     header_set64(h, STATE_SLOT_RNG, s->rng);
     header_set64(h, STATE_SLOT_OPT_FLOATS, s->opt_floats);
     header_set64(h, STATE_SLOT_NUM_PARAMS, s->num_params);
+    h[STATE_SLOT_ZERO] = s->zero;
     AtomicFile a;
     atomic_open(&a, path);
     fwrite_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, a.f);
@@ -194,16 +199,16 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     atomic_commit(&a);
 }
 
-// reads the header into s and the optimizer state into opt_state, which must hold
-// expected_opt_floats floats (checked against the file)
-static void state_file_read(const char* path, TrainState* s, float* opt_state, size_t expected_opt_floats) {
+// reads the header of the state file at path into s; returns the open file, at the state
+static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     FILE* f = fopen_check(path, "rb");
-    long size = file_size(f);
+    *size = file_size(f);
     int h[CHECKPOINT_HEADER_INTS];
-    if (size < (long)sizeof(h)) { fail("state file '%s' is truncated (%ld bytes)", path, size); }
+    if (*size < (long)sizeof(h)) { fail("state file '%s' is truncated (%ld bytes)", path, *size); }
     fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
     if (h[STATE_SLOT_MAGIC] != STATE_MAGIC || h[STATE_SLOT_VERSION] != STATE_VERSION) {
-        fail("'%s' is not a training-state file of this program (magic %d version %d)", path, h[STATE_SLOT_MAGIC], h[STATE_SLOT_VERSION]);
+        fail("'%s' is not a training-state file of this program (magic %d version %d, want %d version %d)",
+             path, h[STATE_SLOT_MAGIC], h[STATE_SLOT_VERSION], STATE_MAGIC, STATE_VERSION);
     }
     s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
     s->rank = h[STATE_SLOT_RANK];
@@ -214,11 +219,25 @@ static void state_file_read(const char* path, TrainState* s, float* opt_state, s
     s->rng = header_get64(h, STATE_SLOT_RNG);
     s->opt_floats = header_get64(h, STATE_SLOT_OPT_FLOATS);
     s->num_params = header_get64(h, STATE_SLOT_NUM_PARAMS);
+    s->zero = h[STATE_SLOT_ZERO];
+    return f;
+}
+
+static void state_file_read_header(const char* path, TrainState* s) {
+    long size;
+    fclose(state_file_open(path, s, &size));
+}
+
+// reads the header into s and the optimizer state into opt_state, which must hold
+// expected_opt_floats floats (checked against the file)
+static void state_file_read(const char* path, TrainState* s, float* opt_state, size_t expected_opt_floats) {
+    long size;
+    FILE* f = state_file_open(path, s, &size);
     if (s->opt_floats != expected_opt_floats) {
         fail("state file '%s' holds %zu optimizer floats, this run needs %zu\n"
              "  hint: resume with the same model, optimizer and number of processes", path, s->opt_floats, expected_opt_floats);
     }
-    long expected = (long)sizeof(h) + (long)(s->opt_floats * sizeof(float));
+    long expected = (long)(CHECKPOINT_HEADER_INTS * sizeof(int)) + (long)(s->opt_floats * sizeof(float));
     if (size != expected) { fail("state file '%s' is %ld bytes, its header implies %ld: truncated or corrupt", path, size, expected); }
     fread_check(opt_state, sizeof(float), s->opt_floats, f);
     fclose(f);

@@ -45,6 +45,9 @@ typedef struct {
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
     int offload;                     // 1: kept activations go to the host store
+    int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded
+    int check_replicas;              // 1: compare the ranks' parameters after every step
+    int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
     int max_steps;                   // -1: one pass over the training data
     uint64_t seed;                   // initialisation and sampling
     // evaluation, sampling, checkpoints
@@ -81,6 +84,9 @@ static TrainOptions options_default(void) {
     o.adafactor_beta1 = 0.0f;
     strcpy(o.recompute, "none");
     o.offload = 0;
+    o.zero = 0;
+    o.check_replicas = 0;
+    o.plan_ranks = 0;
     o.max_steps = 200;
     o.seed = 1337;
     o.val_every = 25;
@@ -124,6 +130,9 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--optimizer",     FLAG_STRING, OPT(optimizer),        "adamw | adafactor | came (Adafactor, CAME: papers' betas and eps)"},
     {NULL, "--relative-step", FLAG_SWITCH, OPT(relative_step),    "Adafactor: step min(1e-2, 1/sqrt(t)) x RMS(param) instead of -l"},
     {NULL, "--adafactor-beta1", FLAG_FLOAT, OPT(adafactor_beta1), "Adafactor: first-moment decay, 0 = none"},
+    {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding"},
+    {NULL, "--check-replicas", FLAG_INT,   OPT(check_replicas),   "1 = check every step that all ranks hold the same weights (a hash pass; else at checkpoints)"},
+    {NULL, "--plan-ranks",    FLAG_INT,    OPT(plan_ranks),       "--plan for this many ranks (e.g. --zero 1 on a laptop); 0 = this run's"},
     {"-x", "--steps",         FLAG_INT,    OPT(max_steps),        "optimizer steps; -1 = one epoch of the training data"},
     {NULL, "--seed",          FLAG_U64,    OPT(seed),             "random seed (initialisation, sampling)"},
     {"-v", "--val-every",     FLAG_INT,    OPT(val_every),        "validate every N steps, 0 = never"},

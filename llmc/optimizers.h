@@ -1,9 +1,9 @@
 /*
 optimizers.h: AdamW, Adafactor and CAME on the CPU, fp32, for the 16 GPT-2 tensors.
 
-    size_t n = optimizer_state_floats(&cfg, OPT_CAME, 0);          // zeroed before step 1
+    size_t n = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);        // zeroed before step 1
     float* state = calloc(n, sizeof(float));
-    optimizer_step(OPT_CAME, params, grads, state, &cfg, &hyper, t); // t = 1, 2, ...
+    optimizer_step(OPT_CAME, params, grads, state, &cfg, &hyper, t, &OPT_UNSHARDED); // t = 1, 2, ...
 
 One optimizer "parameter" is one torch tensor of the reference (dev/reference/README.md):
 layer l's slice of a per-layer tensor is its own parameter (qkvw of layer l is its own
@@ -13,8 +13,14 @@ A slice with rows == 1 or cols == 1 is a vector; every other slice is a matrix (
 which factors every 2-D tensor: they differ only for a model with maxT == 1 or V == 1).
 Adafactor and CAME keep FACTORED second moments for matrices (a row and a column
 statistic, rows + cols floats, instead of rows * cols) and full ones for vectors.
-AdamW is the existing adamw_update (cpu_layers.h), called per whole tensor as
-train_gpt.c does (it is elementwise, so slices would change nothing).
+AdamW is the existing adamw_update (cpu_layers.h), called per slice (it is elementwise,
+so slices change nothing; the padded wte rows, whose gradient is zero, are skipped).
+
+ZeRO-1 (OptSharding, at the end): with world ranks, each rank updates only its block of
+every slice's rows (a vector: of its elements) and keeps only that block's state. What an
+update needs from the whole slice (column means, mean(R), the RMS of U and of p) is
+summed over the block's rows and then across the ranks by the OptSumFn hook; with one
+process (hook NULL) every sum is taken exactly as before, bit for bit.
 
 Order of operations, per parameter p (rows, cols) with gradient g, step t = 1, 2, ...
 (the transcriptions in dev/reference/make_reference.py, checked there against the packages;
@@ -47,10 +53,11 @@ ema(a, x, b) means a = b*a + (1-b)*x; "factored" means rows > 1 and cols > 1):
 
   AdamW: adamw_update in cpu_layers.h; weight decay on the 2-D weights only (PARAMETER_IS_MATRIX).
 
-State layout (one block of floats, zeroed before step 1):
-  AdamW:     m (P) then v (P), over the padded parameter layout, as train_gpt.c.
-  Adafactor, CAME: the slices in checkpoint order (wte, wpe, ln1w of layer 0..L-1, ln1b of
-  layer 0..L-1, qkvw 0..L-1, ..., fcprojb 0..L-1, lnfw, lnfb), each slice's state contiguous:
+State layout (one block of floats, zeroed before step 1): the slices in checkpoint order
+(wte, wpe, ln1w of layer 0..L-1, ln1b of layer 0..L-1, qkvw 0..L-1, ..., fcprojb 0..L-1, lnfw,
+lnfb), each slice's state contiguous; under ZeRO-1 "rows" below are the ceil(rows / world)
+rows of a rank's block (a vector's n: ceil(n / world)):
+    AdamW:            m (rows*cols), v (rows*cols)
     Adafactor matrix: R (rows), Cc (cols) [, M (rows*cols) if beta1 > 0]
     Adafactor vector: V (n)               [, M (n)         if beta1 > 0]
     CAME matrix:      M (rows*cols), R (rows), Cc (cols), Rr (rows), Rc (cols)
@@ -68,6 +75,7 @@ OPT_PARTS * cols doubles) and stop with a message if the host is out of memory.
 #ifndef LLMC_OPTIMIZERS_H
 #define LLMC_OPTIMIZERS_H
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -137,7 +145,31 @@ typedef struct {
 } OptimizerHyper;
 
 // ----------------------------------------------------------------------------
-// sums over a fixed partition (thread-count independent), and the small helpers
+// this process's part of one slice, and sums over a fixed partition (thread-count independent)
+
+// adds n doubles across the processes that share a slice (ZeRO-1), in place, so that every
+// process ends with the total; NULL when one process holds the whole slice
+typedef void (*OptSumFn)(double* x, size_t n);
+
+static void opt_sum_across(OptSumFn sum, double* x, size_t n) {
+    if (sum != NULL) { sum(x, n); }
+}
+
+// the part of one slice that this process updates: all of it, or under ZeRO-1 a block of
+// a matrix's rows or of a vector's elements (see OptSharding below). Statistics over the
+// whole slice (column means, mean(R), RMS) are each process's sums added by `sum`.
+typedef struct {
+    int rows, cols;       // this part: (rows, cols) of a matrix, (1, n) of a vector's elements
+    int total_rows;       // rows of the whole slice (1 for a vector)
+    size_t total;         // elements of the whole slice
+    int factored;         // the whole slice is a matrix (even if this part has one row, or none)
+    size_t state_units;   // rows (matrix) or elements (vector) the state is sized for, >= this part's
+    int width;            // floats per unit: cols for a matrix, 1 for a vector
+    OptSumFn sum;         // NULL: this part is the whole slice
+} OptShard;
+
+// a slice (rows, cols) is a matrix unless one side is 1 (then a vector, handled as (1, n))
+static int opt_is_matrix(int rows, int cols) { return rows > 1 && cols > 1; }
 
 #define OPT_PARTS 64  // every sum is split into this many parts, added in order
 
@@ -159,8 +191,8 @@ static float opt_ema(float avg, float x, OptEma e) { return e.beta * avg + e.one
 
 static float opt_rsqrt(float x) { return 1.0f / sqrtf(x); }
 
-// RMS of x (n), summed in double over the fixed partition
-static float opt_rms(const float* x, size_t n) {
+// sum of x_i^2 over x (n), in double over the fixed partition
+static double opt_sum_squares(const float* x, size_t n) {
     double part[OPT_PARTS], total = 0.0;
     #pragma omp parallel for
     for (int p = 0; p < OPT_PARTS; p++) {
@@ -171,7 +203,14 @@ static float opt_rms(const float* x, size_t n) {
         part[p] = s;
     }
     for (int p = 0; p < OPT_PARTS; p++) { total += part[p]; }
-    return (float)sqrt(total / (double)n);
+    return total;
+}
+
+// RMS over the whole slice, of which x (n) is this process's part
+static float opt_rms(const float* x, size_t n, const OptShard* sh) {
+    double s = opt_sum_squares(x, n);
+    opt_sum_across(sh->sum, &s, 1);
+    return (float)sqrt(s / (double)sh->total);
 }
 
 // ----------------------------------------------------------------------------
@@ -179,16 +218,19 @@ static float opt_rms(const float* x, size_t n) {
 // (a vector is handled as one row: scale_row = {1}, scale_col = rsqrt(V))
 
 typedef struct {
-    float* scale_row;   // (rows)
+    float* scale_row;   // (rows) of this part
     float* scale_col;   // (cols)
-    double* col_parts;  // (OPT_PARTS, cols) column sums of each part of the rows
+    double* col_parts;  // (OPT_PARTS, cols) column sums of each part of the rows; matrices only
+    double* col_sum;    // (cols) their total over the parts and the processes; matrices only
 } OptWorkspace;
 
-static OptWorkspace opt_workspace_alloc(int rows, int cols) {
+static OptWorkspace opt_workspace_alloc(const OptShard* sh) {
     OptWorkspace w;
+    int rows = sh->rows > 1 ? sh->rows : 1;  // scale_row[0] exists even for an empty part
     w.scale_row = (float*)malloc_check((size_t)rows * sizeof(float));
-    w.scale_col = (float*)malloc_check((size_t)cols * sizeof(float));
-    w.col_parts = rows > 1 ? (double*)malloc_check((size_t)OPT_PARTS * cols * sizeof(double)) : NULL;
+    w.scale_col = (float*)malloc_check((size_t)sh->cols * sizeof(float));
+    w.col_parts = sh->factored ? (double*)malloc_check((size_t)OPT_PARTS * sh->cols * sizeof(double)) : NULL;
+    w.col_sum = sh->factored ? (double*)malloc_check((size_t)sh->cols * sizeof(double)) : NULL;
     return w;
 }
 
@@ -196,26 +238,32 @@ static void opt_workspace_free(OptWorkspace* w) {
     free(w->scale_row);
     free(w->scale_col);
     free(w->col_parts);
+    free(w->col_sum);
 }
 
-// ema of the column means from the column sums of the parts, added in part order
-static void opt_ema_col_means(float* col, const double* col_parts, int rows, int cols, OptEma ema) {
+// ema of the column means over the whole slice, from this part's column sums of the row parts
+// (added in part order, then across the processes)
+static void opt_ema_col_means(float* col, OptWorkspace* w, const OptShard* sh, OptEma ema) {
+    int cols = sh->cols;
     for (int j = 0; j < cols; j++) {
         double s = 0.0;
-        for (int p = 0; p < OPT_PARTS; p++) { s += col_parts[(size_t)p * cols + j]; }
-        col[j] = opt_ema(col[j], (float)(s / rows), ema);
+        for (int p = 0; p < OPT_PARTS; p++) { s += w->col_parts[(size_t)p * cols + j]; }
+        w->col_sum[j] = s;
     }
+    opt_sum_across(sh->sum, w->col_sum, (size_t)cols);
+    for (int j = 0; j < cols; j++) { col[j] = opt_ema(col[j], (float)(w->col_sum[j] / sh->total_rows), ema); }
 }
 
-// ema(R, row means of G), ema(Cc, column means of G), G = g^2 + eps1, g (rows, cols)
-static void opt_ema_grad_sq_factored(float* R, float* Cc, const float* g, int rows, int cols,
-                                     float eps1, OptEma ema, double* col_parts) {
+// ema(R, row means of G), ema(Cc, column means of G), G = g^2 + eps1, g (rows, cols) this part
+static void opt_ema_grad_sq_factored(float* R, float* Cc, const float* g, const OptShard* sh,
+                                     float eps1, OptEma ema, OptWorkspace* w) {
+    int cols = sh->cols;
     #pragma omp parallel for
     for (int p = 0; p < OPT_PARTS; p++) {
-        double* col_sum = col_parts + (size_t)p * cols;
+        double* col_sum = w->col_parts + (size_t)p * cols;
         for (int j = 0; j < cols; j++) { col_sum[j] = 0.0; }
         size_t b, e;
-        opt_part((size_t)rows, p, &b, &e);
+        opt_part((size_t)sh->rows, p, &b, &e);
         for (size_t i = b; i < e; i++) {
             const float* gi = g + i * cols;
             double row_sum = 0.0;
@@ -227,41 +275,45 @@ static void opt_ema_grad_sq_factored(float* R, float* Cc, const float* g, int ro
             R[i] = opt_ema(R[i], (float)(row_sum / cols), ema);
         }
     }
-    opt_ema_col_means(Cc, col_parts, rows, cols, ema);
+    opt_ema_col_means(Cc, w, sh, ema);
 }
 
-// scale_row_i = rsqrt(R_i / mean(R)), scale_col_j = rsqrt(Cc_j): the factored rsqrt(V)
-static void opt_factored_scales(float* scale_row, float* scale_col, const float* R, const float* Cc, int rows, int cols) {
+// scale_row_i = rsqrt(R_i / mean(R)), scale_col_j = rsqrt(Cc_j): the factored rsqrt(V);
+// mean(R) is over the whole slice's rows
+static void opt_factored_scales(float* scale_row, float* scale_col, const float* R, const float* Cc, const OptShard* sh) {
     double s = 0.0;
-    for (int i = 0; i < rows; i++) { s += R[i]; }
-    float mean = (float)(s / rows);
-    for (int i = 0; i < rows; i++) { scale_row[i] = opt_rsqrt(R[i] / mean); }
-    for (int j = 0; j < cols; j++) { scale_col[j] = opt_rsqrt(Cc[j]); }
+    for (int i = 0; i < sh->rows; i++) { s += R[i]; }
+    opt_sum_across(sh->sum, &s, 1);
+    float mean = (float)(s / sh->total_rows);
+    for (int i = 0; i < sh->rows; i++) { scale_row[i] = opt_rsqrt(R[i] / mean); }
+    for (int j = 0; j < sh->cols; j++) { scale_col[j] = opt_rsqrt(Cc[j]); }
 }
 
 // updates the second-moment state v (factored: R then Cc; vector: V) with g and fills
 // the workspace's scales so that U_ij = (scale_row_i * scale_col_j) g_ij
-static void opt_second_moment(float* v, const float* g, int rows, int cols, float eps1,
-                              OptEma ema, OptWorkspace* w) {
-    if (rows > 1) {
-        opt_ema_grad_sq_factored(v, v + rows, g, rows, cols, eps1, ema, w->col_parts);
-        opt_factored_scales(w->scale_row, w->scale_col, v, v + rows, rows, cols);
+static void opt_second_moment(float* v, const float* g, const OptShard* sh, float eps1, OptEma ema, OptWorkspace* w) {
+    if (sh->factored) {
+        float* R = v;
+        float* Cc = v + sh->state_units;
+        opt_ema_grad_sq_factored(R, Cc, g, sh, eps1, ema, w);
+        opt_factored_scales(w->scale_row, w->scale_col, R, Cc, sh);
         return;
     }
     w->scale_row[0] = 1.0f;
-    for (int j = 0; j < cols; j++) {
+    for (int j = 0; j < sh->cols; j++) {
         v[j] = opt_ema(v[j], g[j] * g[j] + eps1, ema);
         w->scale_col[j] = opt_rsqrt(v[j]);
     }
 }
 
-// max(1, RMS(U) / clip_threshold) for U_ij = (scale_row_i * scale_col_j) g_ij
-static float opt_clip_divisor(const float* g, const OptWorkspace* w, int rows, int cols, float clip_threshold) {
+// max(1, RMS(U) / clip_threshold) for U_ij = (scale_row_i * scale_col_j) g_ij, RMS over the whole slice
+static float opt_clip_divisor(const float* g, const OptWorkspace* w, const OptShard* sh, float clip_threshold) {
     double part[OPT_PARTS], total = 0.0;
+    int cols = sh->cols;
     #pragma omp parallel for
     for (int p = 0; p < OPT_PARTS; p++) {
         size_t b, e;
-        opt_part((size_t)rows, p, &b, &e);
+        opt_part((size_t)sh->rows, p, &b, &e);
         double s = 0.0;
         for (size_t i = b; i < e; i++) {
             for (int j = 0; j < cols; j++) {
@@ -272,45 +324,38 @@ static float opt_clip_divisor(const float* g, const OptWorkspace* w, int rows, i
         part[p] = s;
     }
     for (int p = 0; p < OPT_PARTS; p++) { total += part[p]; }
-    float rms = (float)sqrt(total / ((double)rows * cols));
+    opt_sum_across(sh->sum, &total, 1);
+    float rms = (float)sqrt(total / (double)sh->total);
     return fmaxf(1.0f, rms / clip_threshold);
-}
-
-// a vector arrives as (n, 1) or (1, n); it is handled as one row (1, n)
-static int opt_is_matrix(int rows, int cols) { return rows > 1 && cols > 1; }
-
-static void opt_as_row_if_vector(int* rows, int* cols) {
-    if (!opt_is_matrix(*rows, *cols)) { *cols = *rows * *cols; *rows = 1; }
 }
 
 // ----------------------------------------------------------------------------
 // Adafactor
 
-static size_t adafactor_state_floats(int rows, int cols, int use_beta1) {
-    size_t n = (size_t)rows * cols;
-    size_t second = opt_is_matrix(rows, cols) ? (size_t)rows + cols : n;
+static size_t adafactor_state_floats(const OptShard* sh, int use_beta1) {
+    size_t n = sh->state_units * sh->width;
+    size_t second = sh->factored ? sh->state_units + sh->width : n;
     return second + (use_beta1 ? n : 0);
 }
 
-// step 1: the learning rate of this step, from p before the update
-static float adafactor_lr(const float* param, size_t n, const AdafactorHyper* h, int t) {
+// step 1: the learning rate of this step, from p (this part, n) before the update
+static float adafactor_lr(const float* param, size_t n, const OptShard* sh, const AdafactorHyper* h, int t) {
     double step = h->relative_step ? fmin(ADAFACTOR_MAX_RELATIVE_STEP, 1.0 / sqrt((double)t)) : h->lr;
     float lr = (float)step;
-    if (h->scale_parameter) { lr *= fmaxf((float)h->eps2, opt_rms(param, n)); }
+    if (h->scale_parameter) { lr *= fmaxf((float)h->eps2, opt_rms(param, n, sh)); }
     return lr;
 }
 
-// one Adafactor step on one parameter (rows, cols); state as in the layout at the top
-static void adafactor_update(float* param, const float* grad, float* state, int rows, int cols,
+// one Adafactor step on this process's part of one slice; state as in the layout at the top
+static void adafactor_update(float* param, const float* grad, float* state, const OptShard* sh,
                              const AdafactorHyper* h, int t) {
-    size_t n = (size_t)rows * cols;
-    float lr = adafactor_lr(param, n, h, t);
+    int rows = sh->rows, cols = sh->cols;
+    float lr = adafactor_lr(param, (size_t)rows * cols, sh, h, t);
     double beta2 = 1.0 - pow((double)t, (double)h->decay_rate);  // 0 at t = 1
-    opt_as_row_if_vector(&rows, &cols);
-    OptWorkspace w = opt_workspace_alloc(rows, cols);
-    opt_second_moment(state, grad, rows, cols, (float)h->eps1, opt_ema_coeffs(beta2), &w);
-    float clip = opt_clip_divisor(grad, &w, rows, cols, (float)h->clip_threshold);
-    float* M = h->beta1 > 0.0 ? state + adafactor_state_floats(rows, cols, 0) : NULL;
+    OptWorkspace w = opt_workspace_alloc(sh);
+    opt_second_moment(state, grad, sh, (float)h->eps1, opt_ema_coeffs(beta2), &w);
+    float clip = opt_clip_divisor(grad, &w, sh, (float)h->clip_threshold);
+    float* M = h->beta1 > 0.0 ? state + adafactor_state_floats(sh, 0) : NULL;
     OptEma e1 = opt_ema_coeffs(h->beta1);
     float decay = (float)(-h->weight_decay * lr);
     #pragma omp parallel for
@@ -329,23 +374,24 @@ static void adafactor_update(float* param, const float* grad, float* state, int 
 // ----------------------------------------------------------------------------
 // CAME
 
-static size_t came_state_floats(int rows, int cols) {
-    size_t n = (size_t)rows * cols;
-    return n + (opt_is_matrix(rows, cols) ? 2 * ((size_t)rows + cols) : n);
+static size_t came_state_floats(const OptShard* sh) {
+    size_t n = sh->state_units * sh->width;
+    return n + (sh->factored ? 2 * (sh->state_units + sh->width) : n);
 }
 
 // steps 4-5 of a matrix: ema(M, U), then ema(Rr, Rc) of the row/column means of
 // Res = (U - M)^2 + eps2, with U_ij = (scale_row_i scale_col_j) g_ij / clip
-static void came_moment_and_residual(float* M, float* Rr, float* Rc, const float* g, int rows, int cols,
+static void came_moment_and_residual(float* M, float* Rr, float* Rc, const float* g, const OptShard* sh,
                                      float clip, const CAMEHyper* h, OptWorkspace* w) {
     OptEma e1 = opt_ema_coeffs(h->beta1), e3 = opt_ema_coeffs(h->beta3);
     float eps2 = (float)h->eps2;
+    int cols = sh->cols;
     #pragma omp parallel for
     for (int p = 0; p < OPT_PARTS; p++) {
         double* col_sum = w->col_parts + (size_t)p * cols;
         for (int j = 0; j < cols; j++) { col_sum[j] = 0.0; }
         size_t b, e;
-        opt_part((size_t)rows, p, &b, &e);
+        opt_part((size_t)sh->rows, p, &b, &e);
         for (size_t i = b; i < e; i++) {
             double row_sum = 0.0;
             for (int j = 0; j < cols; j++) {
@@ -360,7 +406,7 @@ static void came_moment_and_residual(float* M, float* Rr, float* Rc, const float
             Rr[i] = opt_ema(Rr[i], (float)(row_sum / cols), e3);
         }
     }
-    opt_ema_col_means(Rc, w->col_parts, rows, cols, e3);
+    opt_ema_col_means(Rc, w, sh, e3);
 }
 
 // step 4 of a vector: ema(M, U); its update is M itself (scales of 1)
@@ -373,21 +419,19 @@ static void came_moment_vector(float* M, const float* g, int n, float clip, cons
     }
 }
 
-// one CAME step on one parameter (rows, cols); state as in the layout at the top
-static void came_update(float* param, const float* grad, float* state, int rows, int cols, const CAMEHyper* h) {
-    int factored = opt_is_matrix(rows, cols);
-    opt_as_row_if_vector(&rows, &cols);
-    size_t n = (size_t)rows * cols;
+// one CAME step on this process's part of one slice; state as in the layout at the top
+static void came_update(float* param, const float* grad, float* state, const OptShard* sh, const CAMEHyper* h) {
+    int rows = sh->rows, cols = sh->cols;
     float* M = state;
-    float* v = state + n;  // factored: R, Cc, Rr, Rc; vector: V
-    OptWorkspace w = opt_workspace_alloc(rows, cols);
-    opt_second_moment(v, grad, rows, cols, (float)h->eps1, opt_ema_coeffs(h->beta2), &w);
-    float clip = opt_clip_divisor(grad, &w, rows, cols, (float)h->clip_threshold);
-    if (factored) {
-        float* Rr = v + rows + cols;
-        float* Rc = Rr + rows;
-        came_moment_and_residual(M, Rr, Rc, grad, rows, cols, clip, h, &w);
-        opt_factored_scales(w.scale_row, w.scale_col, Rr, Rc, rows, cols);  // the confidence factor
+    float* v = state + sh->state_units * sh->width;  // factored: R, Cc, Rr, Rc; vector: V
+    OptWorkspace w = opt_workspace_alloc(sh);
+    opt_second_moment(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w);
+    float clip = opt_clip_divisor(grad, &w, sh, (float)h->clip_threshold);
+    if (sh->factored) {
+        float* Rr = v + sh->state_units + cols;
+        float* Rc = Rr + sh->state_units;
+        came_moment_and_residual(M, Rr, Rc, grad, sh, clip, h, &w);
+        opt_factored_scales(w.scale_row, w.scale_col, Rr, Rc, sh);  // the confidence factor
     } else {
         came_moment_vector(M, grad, cols, clip, h, &w);
     }
@@ -401,6 +445,19 @@ static void came_update(float* param, const float* grad, float* state, int rows,
         }
     }
     opt_workspace_free(&w);
+}
+
+// ----------------------------------------------------------------------------
+// AdamW: elementwise, so a part of a slice is updated as it stands (adamw_update, cpu_layers.h)
+
+static size_t adamw_state_floats(const OptShard* sh) { return 2 * sh->state_units * sh->width; }
+
+// m = state, v = state + (state_units * width); weight decay on the 2-D weights only
+static void adamw_update_part(float* param, const float* grad, float* state, const OptShard* sh,
+                              const AdamWHyper* h, int is_matrix_tensor, int t) {
+    double wd = is_matrix_tensor ? h->weight_decay : 0.0;
+    adamw_update(param, grad, state, state + sh->state_units * sh->width, (size_t)sh->rows * sh->cols,
+                 (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, t);
 }
 
 // ----------------------------------------------------------------------------
@@ -439,54 +496,103 @@ static void param_slices(ParamSlice* s, const GPT2Config* c) {
     }
 }
 
-// floats of optimizer state for one slice (Adafactor, CAME)
-static size_t slice_state_floats(OptimizerKind kind, const ParamSlice* s, int use_beta1) {
-    return kind == OPT_ADAFACTOR ? adafactor_state_floats(s->rows, s->cols, use_beta1)
-                                 : came_state_floats(s->rows, s->cols);
+// the slice list of a model (free() it)
+static ParamSlice* param_slices_alloc(const GPT2Config* c) {
+    ParamSlice* s = (ParamSlice*)malloc_check((size_t)param_slice_count(c) * sizeof(ParamSlice));
+    param_slices(s, c);
+    return s;
 }
 
-// floats of optimizer state for the model; use_beta1 matters to Adafactor only
-static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1) {
-    if (kind == OPT_ADAMW) { return 2 * gpt2_num_parameters(c); }
-    int n = param_slice_count(c);
-    ParamSlice* s = (ParamSlice*)malloc_check((size_t)n * sizeof(ParamSlice));
-    param_slices(s, c);
-    size_t total = 0;
-    for (int k = 0; k < n; k++) { total += slice_state_floats(kind, &s[k], use_beta1); }
+// ----------------------------------------------------------------------------
+// ZeRO-1 sharding: every slice is cut into `world` parts along its units, a matrix's rows
+// or a vector's elements; rank r owns units [r*per, min(units, (r+1)*per)) with
+// per = ceil(units / world). Every rank's state is sized for per units, so all ranks have
+// one layout and one size (a last rank owning fewer units, or none, leaves padding).
+
+typedef struct {
+    int rank, world;  // world 1: one process holds every slice whole
+    OptSumFn sum;     // adds statistics across the ranks; NULL when world is 1
+} OptSharding;
+
+static const OptSharding OPT_UNSHARDED = {0, 1, NULL};
+
+static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
+static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
+static int shard_units_per_rank(int units, int world) { return (units + world - 1) / world; }
+
+// rank's units [*begin, *end) of a slice of `units`
+static void shard_range(int units, int rank, int world, int* begin, int* end) {
+    int per = shard_units_per_rank(units, world);
+    *begin = rank * per < units ? rank * per : units;
+    *end = (rank + 1) * per < units ? (rank + 1) * per : units;
+}
+
+// rank z->rank's part of slice s; *offset = floats from the slice's start to the part's
+static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* offset) {
+    int units = slice_units(s), width = slice_unit_width(s), begin, end;
+    shard_range(units, z->rank, z->world, &begin, &end);
+    OptShard sh;
+    sh.factored = opt_is_matrix(s->rows, s->cols);
+    sh.rows = sh.factored ? end - begin : 1;
+    sh.cols = sh.factored ? s->cols : end - begin;
+    sh.total_rows = sh.factored ? s->rows : 1;
+    sh.total = (size_t)s->rows * s->cols;
+    sh.state_units = (size_t)shard_units_per_rank(units, z->world);
+    sh.width = width;
+    sh.sum = z->sum;
+    *offset = (size_t)begin * width;
+    return sh;
+}
+
+// counts[r] = floats of rank r's part of slice s, r = 0..world-1 (for the collectives)
+static void slice_part_counts(const ParamSlice* s, int world, int* counts) {
+    if ((size_t)s->rows * s->cols > (size_t)INT_MAX) { fail("a slice of %d x %d floats is beyond MPI's int counts", s->rows, s->cols); }
+    for (int r = 0; r < world; r++) {
+        int begin, end;
+        shard_range(slice_units(s), r, world, &begin, &end);
+        counts[r] = (end - begin) * slice_unit_width(s);
+    }
+}
+
+// floats of optimizer state for this process's part of one slice
+static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use_beta1) {
+    if (kind == OPT_ADAMW) { return adamw_state_floats(sh); }
+    return kind == OPT_ADAFACTOR ? adafactor_state_floats(sh, use_beta1) : came_state_floats(sh);
+}
+
+// floats of optimizer state of one rank out of `world` (1: unsharded); use_beta1 matters to Adafactor only
+static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
+    ParamSlice* s = param_slices_alloc(c);
+    OptSharding z = {0, world, NULL};  // every rank's state has rank 0's size
+    size_t total = 0, offset;
+    for (int k = 0; k < param_slice_count(c); k++) {
+        OptShard sh = slice_shard(&s[k], &z, &offset);
+        total += slice_state_floats(kind, &sh, use_beta1);
+    }
     free(s);
     return total;
 }
 
-// AdamW over the 16 whole tensors, as train_gpt.c's gpt2_update: m = state, v = state + P
-static void adamw_step(float* params, const float* grads, float* state, const GPT2Config* c,
-                       const AdamWHyper* h, int t) {
-    size_t sizes[NUM_PARAMETER_TENSORS], off = 0, P = gpt2_num_parameters(c);
-    gpt2_parameter_sizes(sizes, c);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        double wd = PARAMETER_IS_MATRIX[i] ? h->weight_decay : 0.0;
-        adamw_update(params + off, grads + off, state + off, state + P + off, sizes[i],
-                     (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, t);
-        off += sizes[i];
-    }
-}
-
-// one optimizer step over the whole model (gradients already clipped); t = 1, 2, ...
+// one optimizer step over this process's part of every slice (gradients already clipped);
+// t = 1, 2, ...; z = &OPT_UNSHARDED for the whole model
 static void optimizer_step(OptimizerKind kind, float* params, const float* grads, float* state,
-                           const GPT2Config* c, const OptimizerHyper* h, int t) {
-    if (kind == OPT_ADAMW) { adamw_step(params, grads, state, c, &h->adamw, t); return; }
-    int n = param_slice_count(c), use_beta1 = h->adafactor.beta1 > 0.0;
-    ParamSlice* s = (ParamSlice*)malloc_check((size_t)n * sizeof(ParamSlice));
-    param_slices(s, c);
+                           const GPT2Config* c, const OptimizerHyper* h, int t, const OptSharding* z) {
+    ParamSlice* s = param_slices_alloc(c);
+    int use_beta1 = h->adafactor.beta1 > 0.0;
     float* st = state;
-    for (int k = 0; k < n; k++) {
-        float* p = params + s[k].offset;
-        const float* g = grads + s[k].offset;
-        if (kind == OPT_ADAFACTOR) {
-            adafactor_update(p, g, st, s[k].rows, s[k].cols, &h->adafactor, t);
+    for (int k = 0; k < param_slice_count(c); k++) {
+        size_t offset;
+        OptShard sh = slice_shard(&s[k], z, &offset);
+        float* p = params + s[k].offset + offset;
+        const float* g = grads + s[k].offset + offset;
+        if (kind == OPT_ADAMW) {
+            adamw_update_part(p, g, st, &sh, &h->adamw, PARAMETER_IS_MATRIX[s[k].tensor], t);
+        } else if (kind == OPT_ADAFACTOR) {
+            adafactor_update(p, g, st, &sh, &h->adafactor, t);
         } else {
-            came_update(p, g, st, s[k].rows, s[k].cols, &h->came);
+            came_update(p, g, st, &sh, &h->came);
         }
-        st += slice_state_floats(kind, &s[k], use_beta1);
+        st += slice_state_floats(kind, &sh, use_beta1);
     }
     free(s);
 }

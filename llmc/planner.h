@@ -7,6 +7,8 @@ that the two agree exactly. `train_gpt --plan` prints it without training.
 
 Notation: L layers, C channels, NH heads, Vp padded vocabulary, maxT positions,
 B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
+Under data parallelism every number is per rank: gradients are all-reduced or
+reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state.
 */
 #ifndef LLMC_PLANNER_H
 #define LLMC_PLANNER_H
@@ -24,6 +26,8 @@ typedef struct {
     int optimizer;         // OptimizerKind: 0 AdamW, 1 Adafactor, 2 CAME
     int use_beta1;         // Adafactor keeps a first moment
     ActPolicy act;         // --recompute, --offload
+    int world;             // data-parallel ranks (0 or 1: one process)
+    int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks
 } PlanInputs;
 
 enum { PLAN_ADAMW = 0, PLAN_ADAFACTOR = 1, PLAN_CAME = 2 };  // = OptimizerKind (optimizers.h)
@@ -56,22 +60,36 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "4P");
     p.bytes[MEM_GRADIENTS] = P * F;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4P");
-    // Adafactor and CAME factor each matrix slice (rows + cols floats per statistic) and keep
-    // vectors whole. Matrices: wte (V,C), wpe (maxT,C), per layer qkvw (3C,C), attprojw (C,C),
-    // fcw (4C,C), fcprojw (C,4C): rows + cols = V + maxT + 2C + 16LC. Vectors: 13C per layer
-    // (two LayerNorms, four biases) + 2C (final LayerNorm). Pu = P - (Vp - V)C, the unpadded weights.
-    size_t V = cfg->vocab_size, Pu = P - (Vp - V) * C;
-    size_t factored = V + maxT + 2 * C + 16 * L * C, vectors = 13 * L * C + 2 * C;
+    // Every optimizer keeps state per slice (optimizers.h): each layer's slice of a per-layer
+    // tensor, wte over its V real rows. Under ZeRO-1 with N ranks a rank keeps state for
+    // ceil(units / N) units of each slice (rows of a matrix, elements of a vector); write
+    // [x] = ceil(x / N) (= x for one process). Matrices: wte (V,C), wpe (maxT,C), per layer
+    // qkvw (3C,C), attprojw (C,C), fcw (4C,C), fcprojw (C,4C). Vectors: per layer four
+    // LayerNorm vectors and attprojb, fcprojb (C each), qkvb (3C), fcb (4C); lnfw, lnfb (C).
+    //   E        = elements of a rank's blocks     (= Pu = P - (Vp - V)C, the unpadded weights, for N = 1)
+    //   factored = sum of [rows] + cols, matrices (= V + maxT + 2C + 16LC for N = 1)
+    //   vectors  = sum of [n], vectors            (= 13LC + 2C for N = 1)
+    size_t N = (in.zero == 1 && in.world > 1) ? (size_t)in.world : 1;
+    size_t V = cfg->vocab_size;
+    size_t cV = (V + N - 1) / N, cT = (maxT + N - 1) / N, c1 = (C + N - 1) / N;
+    size_t c3 = (3 * C + N - 1) / N, c4 = (4 * C + N - 1) / N;
+    size_t vectors = L * (6 * c1 + c3 + c4) + 2 * c1;
+    size_t E = (cV + cT) * C + L * (c3 * C + c1 * C + c4 * C + c1 * 4 * C) + vectors;
+    size_t factored = cV + cT + 2 * C + L * (c3 + c1 + c4 + c1 + 7 * C);
+    int sharded = N > 1;
+    const char* formula;
     if (in.optimizer == PLAN_ADAFACTOR) {
-        p.bytes[MEM_OPTIMIZER] = (factored + vectors + (in.use_beta1 ? Pu : 0)) * F;
-        snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", in.use_beta1 ? "Adafactor: 4(V + maxT + 4C + 29LC + Pu)" : "Adafactor: 4(V + maxT + 4C + 29LC)");
+        p.bytes[MEM_OPTIMIZER] = (factored + vectors + (in.use_beta1 ? E : 0)) * F;
+        formula = sharded ? (in.use_beta1 ? "Adafactor, ZeRO-1 block: 4(factored + vectors + E)" : "Adafactor, ZeRO-1 block: 4(factored + vectors)")
+                          : (in.use_beta1 ? "Adafactor: 4(V + maxT + 4C + 29LC + Pu)" : "Adafactor: 4(V + maxT + 4C + 29LC)");
     } else if (in.optimizer == PLAN_CAME) {
-        p.bytes[MEM_OPTIMIZER] = (Pu + 2 * factored + vectors) * F;
-        snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", "CAME: 4(Pu + 2(V + maxT + 2C + 16LC) + 13LC + 2C)");
+        p.bytes[MEM_OPTIMIZER] = (E + 2 * factored + vectors) * F;
+        formula = sharded ? "CAME, ZeRO-1 block: 4(E + 2 factored + vectors)" : "CAME: 4(Pu + 2(V + maxT + 2C + 16LC) + 13LC + 2C)";
     } else {
-        p.bytes[MEM_OPTIMIZER] = 2 * P * F;
-        snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", "AdamW m, v: 8P");
+        p.bytes[MEM_OPTIMIZER] = 2 * E * F;
+        formula = sharded ? "AdamW m, v, ZeRO-1 block: 8E" : "AdamW m, v: 8Pu";
     }
+    snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
     // A, one layer's block: ln1, atty, residual2, ln2, residual3 (BTC each), qkv (3BTC), fch
     // and its GELU (4BTC each), attention weights (B NH T^2), four LayerNorm statistics (BT
     // each); selective recompute drops the GELU output and the attention weights from it

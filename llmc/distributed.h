@@ -1,0 +1,192 @@
+/*
+distributed.h: data parallelism over MPI ranks, as a handful of collective calls.
+Built with -DUSE_MPI (`make` does when mpicc exists) they are MPI collectives on
+MPI_COMM_WORLD; built without, one process is the whole world and every call is a
+no-op, so the trainer has a single code path.
+
+    Dist d;
+    dist_init(&d, &argc, &argv);                 // d.rank, d.world (1 without mpirun)
+    dist_allreduce_sum_floats(grads, n);         // every rank ends with the sum
+    dist_reduce_scatter_floats(buf, counts, d);  // rank r ends with the sum of its part
+    dist_allgather_floats(buf, counts, d);       // every rank ends with every part
+    dist_finalize();
+
+Parts: buf holds the parts of all ranks in rank order, counts[r] floats for rank r;
+reduce-scatter and all-gather work in place on buf (rank r's part at the sum of
+counts[0..r-1]). Every rank must make the same calls in the same order, also a rank
+whose part is empty.
+
+Launch: `mpirun -np N ./train_gpt ...`. A plain `./train_gpt` of an MPI build does not
+start MPI at all (OpenMPI's singleton start costs about 0.4 s and a helper daemon):
+MPI starts only when an MPI launcher's environment variable is set (DIST_LAUNCHER_ENV).
+
+Failure: every MPI call returns its error code (MPI_ERRORS_RETURN) and a failing one
+stops with the call, the MPI error text and file:line; mpirun then ends the other ranks.
+*/
+#ifndef LLMC_DISTRIBUTED_H
+#define LLMC_DISTRIBUTED_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "utils.h"
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+
+typedef struct {
+    int rank;   // this process, 0..world-1
+    int world;  // number of processes (MPI ranks)
+} Dist;
+
+// --zero: how the data-parallel ranks hold the optimizer
+typedef enum {
+    ZERO_REPLICATED = 0,   // gradients all-reduced, every rank keeps the whole optimizer state
+    ZERO_SHARDED = 1,      // ZeRO-1: each rank keeps and updates 1/world of the state and weights
+} ZeroStage;
+
+static int g_dist_world = 1;  // the world of the last dist_init; collectives are no-ops at 1
+
+static int dist_built_with_mpi(void) {
+#ifdef USE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef USE_MPI
+// variables set by mpirun (OpenMPI), or by the process managers of MPICH and PMIx
+static const char* DIST_LAUNCHER_ENV[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
+
+#define mpi_check(call) mpi_check_at((call), #call, __FILE__, __LINE__)
+static void mpi_check_at(int rc, const char* call, const char* file, int line) {
+    if (rc == MPI_SUCCESS) { return; }
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    fail_at(file, line, "MPI call %s failed: %s\n  hint: did every rank start with the same flags?", call, text);
+}
+
+static int dist_mpi_launched(void) {
+    for (size_t i = 0; i < sizeof(DIST_LAUNCHER_ENV) / sizeof(DIST_LAUNCHER_ENV[0]); i++) {
+        if (getenv(DIST_LAUNCHER_ENV[i]) != NULL) { return 1; }
+    }
+    return 0;
+}
+#endif
+
+static void dist_init(Dist* d, int* argc, char*** argv) {
+    d->rank = 0;
+    d->world = 1;
+#ifdef USE_MPI
+    if (dist_mpi_launched()) {
+        mpi_check(MPI_Init(argc, argv));
+        mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+        mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &d->rank));
+        mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &d->world));
+    }
+#else
+    (void)argc; (void)argv;
+#endif
+    g_dist_world = d->world;
+}
+
+static void dist_finalize(void) {
+#ifdef USE_MPI
+    int started = 0;
+    MPI_Initialized(&started);
+    if (started) { mpi_check(MPI_Finalize()); }
+#endif
+}
+
+static void dist_barrier(void) {
+#ifdef USE_MPI
+    if (g_dist_world > 1) { mpi_check(MPI_Barrier(MPI_COMM_WORLD)); }
+#endif
+}
+
+#ifdef USE_MPI
+// MPI counts are ints: longer buffers are summed in chunks of at most INT_MAX elements
+static void dist_allreduce_sum(void* buf, size_t n, MPI_Datatype type, size_t elem_bytes) {
+    for (size_t done = 0; done < n; ) {
+        size_t k = n - done < (size_t)INT_MAX ? n - done : (size_t)INT_MAX;
+        mpi_check(MPI_Allreduce(MPI_IN_PLACE, (char*)buf + done * elem_bytes, (int)k, type, MPI_SUM, MPI_COMM_WORLD));
+        done += k;
+    }
+}
+#endif
+
+// buf (n) := the sum of every rank's buf
+static void dist_allreduce_sum_floats(float* buf, size_t n) {
+#ifdef USE_MPI
+    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float)); }
+#else
+    (void)buf; (void)n;
+#endif
+}
+
+static void dist_allreduce_sum_doubles(double* buf, size_t n) {
+#ifdef USE_MPI
+    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double)); }
+#else
+    (void)buf; (void)n;
+#endif
+}
+
+// 1 if flag is nonzero on any rank (a signal may reach one rank before the others)
+static int dist_any(int flag) {
+#ifdef USE_MPI
+    if (g_dist_world > 1) { mpi_check(MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD)); }
+#endif
+    return flag != 0;
+}
+
+// the smallest and largest of v over the ranks
+static void dist_min_max_u64(uint64_t v, uint64_t* min, uint64_t* max) {
+    *min = *max = v;
+#ifdef USE_MPI
+    if (g_dist_world > 1) {
+        mpi_check(MPI_Allreduce(&v, min, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD));
+        mpi_check(MPI_Allreduce(&v, max, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
+    }
+#endif
+}
+
+// floats before rank's part
+static size_t dist_part_offset(const int* counts, int rank) {
+    size_t off = 0;
+    for (int r = 0; r < rank; r++) { off += (size_t)counts[r]; }
+    return off;
+}
+
+// rank d.rank's part of buf := the sum over the ranks of that part (the rest of buf is left
+// holding this rank's own, unreduced values)
+static void dist_reduce_scatter_floats(float* buf, const int* counts, Dist d) {
+#ifdef USE_MPI
+    if (d.world > 1) {
+        // in place, MPI leaves the result at the start of buf: move it to this rank's part
+        mpi_check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        memmove(buf + dist_part_offset(counts, d.rank), buf, (size_t)counts[d.rank] * sizeof(float));
+    }
+#else
+    (void)buf; (void)counts; (void)d;
+#endif
+}
+
+// every rank's buf := the parts of all ranks, each from its owner
+static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
+#ifdef USE_MPI
+    if (d.world > 1) {
+        int* displs = (int*)malloc_check((size_t)d.world * sizeof(int));
+        for (int r = 0; r < d.world; r++) { displs[r] = (int)dist_part_offset(counts, r); }
+        mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, MPI_COMM_WORLD));
+        free(displs);
+    }
+#else
+    (void)buf; (void)counts; (void)d;
+#endif
+}
+
+#endif // LLMC_DISTRIBUTED_H
