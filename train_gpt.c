@@ -635,11 +635,11 @@ static OptimizerHyper optimizer_hyper(const TrainOptions* o, OptimizerKind kind,
         // --relative-step: lr = min(1e-2, 1/sqrt(t)) * max(eps2, RMS(p)) and -l is ignored;
         // otherwise the scheduled -l (as HF Trainer uses Adafactor)
         int rel = o->relative_step;
-        AdafactorHyper a = {rel ? 0.0 : lr, o->adafactor_beta1, ADAFACTOR_DECAY_RATE, ADAFACTOR_EPS1, ADAFACTOR_EPS2,
+        AdafactorHyper a = {rel ? 0.0 : lr, o->adafactor_beta1, ADAFACTOR_DECAY_RATE, o->eps1, ADAFACTOR_EPS2,
                             ADAFACTOR_CLIP_THRESHOLD, o->weight_decay, rel, rel};
         h.adafactor = a;
     } else {
-        CAMEHyper c = {lr, CAME_BETA1, CAME_BETA2, CAME_BETA3, CAME_EPS1, CAME_EPS2, CAME_CLIP_THRESHOLD, o->weight_decay};
+        CAMEHyper c = {lr, CAME_BETA1, CAME_BETA2, CAME_BETA3, o->eps1, CAME_EPS2, CAME_CLIP_THRESHOLD, o->weight_decay};
         h.came = c;
     }
     return h;
@@ -828,6 +828,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
     if (o->adafactor_beta1 < 0.0f || o->adafactor_beta1 >= 1.0f) { fail("--adafactor-beta1 must be in [0, 1)"); }
+    if (!(o->eps1 > 0.0f)) { fail("--eps1 %g: must be > 0 (it keeps the second moment of a zero gradient positive)", o->eps1); }
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
     return total / step_tokens;
 }

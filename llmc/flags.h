@@ -42,6 +42,7 @@ typedef struct {
     char optimizer[PATH_MAX_LEN];    // adamw | adafactor | came (string flags are all this size)
     int relative_step;               // Adafactor: relative step size instead of -l
     float adafactor_beta1;           // Adafactor: first-moment decay, 0 = none (least memory)
+    float eps1;                      // Adafactor, CAME: added to g^2 before the second moment
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
     int offload;                     // 1: kept activations go to the host store
@@ -82,6 +83,7 @@ static TrainOptions options_default(void) {
     strcpy(o.optimizer, "adamw");
     o.relative_step = 0;
     o.adafactor_beta1 = 0.0f;
+    o.eps1 = 1e-30f;                 // Adafactor (Shazeer & Stern) and CAME (eps[0]) both use 1e-30
     strcpy(o.recompute, "none");
     o.offload = 0;
     o.zero = 0;
@@ -130,6 +132,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--optimizer",     FLAG_STRING, OPT(optimizer),        "adamw | adafactor | came (Adafactor, CAME: papers' betas and eps)"},
     {NULL, "--relative-step", FLAG_SWITCH, OPT(relative_step),    "Adafactor: step min(1e-2, 1/sqrt(t)) x RMS(param) instead of -l"},
     {NULL, "--adafactor-beta1", FLAG_FLOAT, OPT(adafactor_beta1), "Adafactor: first-moment decay, 0 = none"},
+    {NULL, "--eps1",          FLAG_FLOAT,  OPT(eps1),             "Adafactor, CAME: added to g^2 (the papers' 1e-30)"},
     {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding"},
     {NULL, "--check-replicas", FLAG_INT,   OPT(check_replicas),   "1 = check every step that all ranks hold the same weights (a hash pass; else at checkpoints)"},
     {NULL, "--plan-ranks",    FLAG_INT,    OPT(plan_ranks),       "--plan for this many ranks (e.g. --zero 1 on a laptop); 0 = this run's"},

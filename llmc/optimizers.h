@@ -88,13 +88,11 @@ static const char* OPTIMIZER_NAMES[NUM_OPTIMIZERS] = {"adamw", "adafactor", "cam
 
 // the papers' / packages' defaults, used by the trainer for what its flags do not set
 #define ADAFACTOR_DECAY_RATE (-0.8)     // beta2_t = 1 - t^-0.8
-#define ADAFACTOR_EPS1 1e-30            // added to g^2
 #define ADAFACTOR_EPS2 1e-3             // floor of RMS(p) in the relative step
 #define ADAFACTOR_CLIP_THRESHOLD 1.0    // update clipping: RMS(U) / d with d = 1
 #define CAME_BETA1 0.9
 #define CAME_BETA2 0.999
 #define CAME_BETA3 0.9999
-#define CAME_EPS1 1e-30
 #define CAME_EPS2 1e-16
 #define CAME_CLIP_THRESHOLD 1.0
 
