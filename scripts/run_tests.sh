@@ -36,6 +36,7 @@ run_suite "CPU trainer (test_gpt.c)" ./test_gpt ./train_gpt
 run_suite "matmul" ./build/test_matmul
 run_suite "CLI and files" bash scripts/test_cli.sh ./train_gpt ./test_gpt
 run_suite "data parallel (MPI, --zero)" bash scripts/test_zero.sh ./train_gpt ./test_gpt ./build/train_gpt_nompi
+run_suite "memory flags, every combination" bash scripts/test_matrix.sh ./train_gpt ./test_gpt
 run_suite "GPT-2 BPE data prep" "${PYTHON:-python3}" dev/data/test_gpt2_bpe.py
 if [ -f dev/cuda_emu/run_tests.sh ]; then
     run_suite "emulated CUDA device" bash dev/cuda_emu/run_tests.sh
