@@ -16,7 +16,9 @@ OUT=${BENCH_OUT:-dev/bench_flags.md}
 DATA=(-i data/tinyshakespeare/tiny_shakespeare_train.bin -j "" -o "" -s 0 -v 0)
 SHAPE=(-e "$MODEL" -b 4 -t 64 -x "$STEPS")
 
-# "name|flags" per row; the first is the baseline
+# "name|flags" per row; the first is the baseline. A row whose flags start with "mpirun"
+# runs as 2 MPI ranks of one OpenMP thread each (the same two cores), B=4 per rank.
+MPIRUN="mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1"
 CONFIGS=(
     "plain (AdamW, keep everything)|"
     "recompute sqrt|--recompute sqrt"
@@ -30,6 +32,10 @@ CONFIGS=(
     "came|--optimizer came"
     "adafactor + sqrt,gelu,attn + offload|--optimizer adafactor --recompute sqrt,gelu,attn --offload 1"
 )
+if command -v mpirun >/dev/null && ldd ./train_gpt | grep -q libmpi; then
+    CONFIGS+=("2 ranks, --zero 0|$MPIRUN --zero 0" "2 ranks, --zero 1|$MPIRUN --zero 1"
+              "2 ranks, --zero 1 + adafactor|$MPIRUN --zero 1 --optimizer adafactor")
+fi
 
 # the measured MiB of a memory-table row (the table printed after the first step)
 measured() { grep -E "^\| $2 +\|" "$1" | tail -n 1 | awk -F'|' '{ m = $4; gsub(/ |MiB/, "", m); print m }'; }
@@ -47,14 +53,16 @@ for entry in "${CONFIGS[@]}"; do
     name="${entry%%|*}"
     flags="${entry#*|}"
     log=$(mktemp)
+    launcher=""
+    if [ "${flags#mpirun}" != "$flags" ]; then launcher="$MPIRUN"; flags="${flags#"$MPIRUN" }"; fi
     # shellcheck disable=SC2086
-    ./train_gpt "${SHAPE[@]}" "${DATA[@]}" $flags > "$log"
+    $launcher ./train_gpt "${SHAPE[@]}" "${DATA[@]}" $flags > "$log"
     read -r ms tok <<< "$(step_stats "$log")"
     [ -z "$base_ms" ] && base_ms=$ms
     ratio=$(awk -v a="$ms" -v b="$base_ms" 'BEGIN {printf "%.2f", a / b}')
     flops=$(grep -m1 -E '^recompute: ' "$log" | sed -E 's/.*\+([0-9.]+)% of the step.*/+\1%/' || true)
     rss=$(grep -E '^peak RSS' "$log" | sed -E 's/peak RSS ([0-9.]+) MiB.*/\1/')
-    row="| $name | \`${flags:-}\` | $ms | ${ratio}x | $tok | ${flops:--} | $(measured "$log" 'optimizer state') |"
+    row="| $name | \`${launcher:+mpirun -np 2 (1 thread each): }${flags:-}\` | $ms | ${ratio}x | $tok | ${flops:--} | $(measured "$log" 'optimizer state') |"
     row="$row $(measured "$log" activations) | $(measured "$log" 'host total') | $(measured "$log" 'device total') | $rss |"
     echo "$row" >&2
     rows="$rows$row"$'\n'
@@ -67,7 +75,8 @@ done
     echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
          "OpenMP threads: ${OMP_NUM_THREADS:-all}. Model $MODEL, B=4, T=64, fp32; ms/step and tok/s average"
     echo "steps 2..$STEPS. Memory columns are the measured high-water marks of the memory table (MiB), which"
-    echo "equal the plan; \"device\" is everything but the host store. Command: \`make bench-flags\`."
+    echo "equal the plan; \"device\" is everything but the host store; with 2 ranks they are rank 0's and tok/s"
+    echo "counts both ranks' tokens (B=4 each). Command: \`make bench-flags\`."
     echo
     echo "| flags | command line | ms/step | vs plain | tok/s | recompute FLOPs | optimizer | activations | host store | device total | peak RSS |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|"
