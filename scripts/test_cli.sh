@@ -23,30 +23,8 @@ FLAGS_H="$(dirname "$0")/../llmc/flags.h"  # the flag table that -h must list
 export OMP_NUM_THREADS=1
 
 RUN_LIMIT=30  # seconds for any one run; no check can hang
-W=$(mktemp -d /tmp/test_cli_XXXXXX)
-trap 'rm -rf "$W"' EXIT
-FIX="$W/fixtures"
-LOG="$W/logs"      # stdout and stderr of the last run; outside the snapshot
-mkdir -p "$LOG"
-OUT="$LOG/stdout"
-ERR="$LOG/stderr"
-
-# ----------------------------------------------------------------------------
-# helpers
-
 . "$(dirname "$0")/test_lib.sh"  # pass, failed, check, run, expect_fail, expect_ok, step_lines, log_losses, latest_done, ckpt
-
-start_seconds=$(date +%s.%N)
-
-# ----------------------------------------------------------------------------
-# fixtures
-
-if ! "$TESTER" --write-fixtures "$FIX" >/dev/null; then
-    failed "fixtures" "$TESTER --write-fixtures $FIX failed"
-    echo "$npass passed, $nfail failed"
-    exit 1
-fi
-pass "fixtures: written by test_gpt --write-fixtures"
+begin_suite test_cli
 
 # the base run: 6 steps of B=2 T=16, validation every 3 steps, no samples. Later flags
 # override earlier ones, so a check appends the one flag it changes.
@@ -288,10 +266,6 @@ fi
 expect_fail "plan: still checks the shapes" "-t 33 is longer than the model's context" -- "$TRAIN" --plan "${BASE[@]}" -t 33
 
 # ----------------------------------------------------------------------------
-
-elapsed=$(awk -v a="$start_seconds" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-echo "($elapsed s)"
-# ----------------------------------------------------------------------------
 # 11. optimizers: Adafactor (with and without its first moment) and CAME train, checkpoint
 # their own state and resume bitwise; the memory table after the first step agrees with
 # the plan; an unknown name is refused. (Their numbers are checked against the PyTorch
@@ -360,5 +334,4 @@ if expect_ok "plan: --plan prints recompute FLOPs" -- "$TRAIN" --plan -e d12 -b 
         grep -q '^recompute: +[0-9.]* GFLOP' "$OUT"
 fi
 
-echo "$npass passed, $nfail failed"
-[ "$nfail" -eq 0 ]
+end_suite

@@ -1,7 +1,9 @@
-# test_lib.sh: the helpers of the end-to-end test scripts (test_cli.sh, test_zero.sh),
-# sourced after the caller has set W (its scratch directory), LOG (a directory outside
-# the snapshot for run logs), OUT and ERR (stdout and stderr of the last run, inside LOG)
-# and RUN_LIMIT (seconds for any one run).
+# test_lib.sh: the helpers of the end-to-end test scripts (test_cli.sh, test_zero.sh,
+# test_matrix.sh), sourced after the caller has set TESTER (test_gpt) and RUN_LIMIT
+# (seconds for any one run). begin_suite makes the scratch directory W (removed at exit),
+# FIX (test_gpt's fixtures: tiny model, shards, tokenizer), LOG (outside the snapshot, for
+# run logs) and OUT, ERR (stdout and stderr of the last run); end_suite prints the time
+# and the "N passed, N failed" line and sets the exit status.
 #
 # An error check (expect_fail) passes when the run exits non-zero by itself (not
 # killed by a signal or the time limit), stderr holds the expected phrase and the
@@ -10,6 +12,7 @@
 
 npass=0
 nfail=0
+start_seconds=$(date +%s.%N)
 pass() { echo "ok   $1"; npass=$((npass + 1)); }
 failed() { echo "FAIL $1: $2"; nfail=$((nfail + 1)); }
 
@@ -91,3 +94,27 @@ plan_equals_measured() {
 }
 
 ckpt() { printf "%s/%s_%08d%s" "$1" "$2" "$3" "${4:-}"; }  # ckpt DIR model|state|DONE STEP SUFFIX
+
+# begin_suite NAME: the scratch directory and the fixtures (see the top)
+begin_suite() {
+    W=$(mktemp -d "/tmp/$1_XXXXXX")
+    trap 'rm -rf "$W"' EXIT
+    FIX="$W/fixtures"
+    LOG="$W/logs"
+    mkdir -p "$LOG"
+    OUT="$LOG/stdout"
+    ERR="$LOG/stderr"
+    if ! "$TESTER" --write-fixtures "$FIX" >/dev/null; then
+        failed "fixtures" "$TESTER --write-fixtures $FIX failed"
+        end_suite
+    fi
+    pass "fixtures: written by test_gpt --write-fixtures"
+}
+
+# end_suite: the time taken and the result line; exits 1 if any check failed
+end_suite() {
+    echo "($(awk -v a="$start_seconds" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s)"
+    echo "$npass passed, $nfail failed"
+    [ "$nfail" -eq 0 ] && exit 0
+    exit 1
+}

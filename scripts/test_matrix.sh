@@ -20,21 +20,8 @@ export OMP_NUM_THREADS=1  # tiny model: one thread per rank (see test_cli.sh)
 RUN_LIMIT=60
 STEPS=4
 
-W=$(mktemp -d /tmp/test_matrix_XXXXXX)
-trap 'rm -rf "$W"' EXIT
-FIX="$W/fixtures"
-LOG="$W/logs"
-mkdir -p "$LOG"
-OUT="$LOG/stdout"
-ERR="$LOG/stderr"
 . "$(dirname "$0")/test_lib.sh"
-
-start_seconds=$(date +%s.%N)
-if ! "$TESTER" --write-fixtures "$FIX" >/dev/null; then
-    failed "fixtures" "$TESTER --write-fixtures $FIX failed"
-    echo "$npass passed, $nfail failed"
-    exit 1
-fi
+begin_suite test_matrix
 
 # 4 steps of 64 tokens: two micro-batches of B*T = 32 on one rank, one on each of two
 BASE=(-e "$FIX/model.bin" -i "$FIX/train.bin" -j "" -k "" -b 2 -t 16 -d 64 -x "$STEPS" -u 1 -v 0 -s 0 -n 0)
@@ -74,7 +61,4 @@ for launch in "${LAUNCHES[@]}"; do
     done
 done
 
-elapsed=$(awk -v a="$start_seconds" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-echo "($elapsed s)"
-echo "$npass passed, $nfail failed"
-[ "$nfail" -eq 0 ]
+end_suite

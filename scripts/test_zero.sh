@@ -32,22 +32,8 @@ LOSS_RTOL=2e-6            # log.jsonl prints 6 decimals: 1e-6 absolute is 2.4e-7
 MODEL_RTOL=1e-6
 FACTORED_MODEL_RTOL=1e-4
 
-W=$(mktemp -d /tmp/test_zero_XXXXXX)
-trap 'rm -rf "$W"' EXIT
-FIX="$W/fixtures"
-LOG="$W/logs"
-mkdir -p "$LOG"
-OUT="$LOG/stdout"
-ERR="$LOG/stderr"
 . "$(dirname "$0")/test_lib.sh"
-
-start_seconds=$(date +%s.%N)
-
-if ! "$TESTER" --write-fixtures "$FIX" >/dev/null; then
-    failed "fixtures" "$TESTER --write-fixtures $FIX failed"
-    echo "$npass passed, $nfail failed"
-    exit 1
-fi
+begin_suite test_zero
 
 BASE=(-e "$FIX/model.bin" -i "$FIX/train.bin" -j "" -k "" -b 2 -t 16 -d 192 -x 10 -u 2 -v 0 -s 0 -n 5 --eps1 1e-12)
 MPIRUN=(mpirun --oversubscribe --allow-run-as-root -np)
@@ -64,8 +50,7 @@ fi
 
 if ! command -v mpirun >/dev/null || ! ldd "$TRAIN" | grep -q libmpi; then
     echo "note: no mpirun, or $TRAIN is built without MPI: the multi-rank checks are skipped"
-    echo "$npass passed, $nfail failed"
-    [ "$nfail" -eq 0 ]; exit
+    end_suite
 fi
 
 expect_fail "--zero 1 with one process (no mpirun)" "but this run has 1 rank" -- "$TRAIN" "${BASE[@]}" --zero 1 -o ""
@@ -194,7 +179,4 @@ if expect_ok "--plan -e d12 --optimizer adamw, 1 rank" -- "$TRAIN" --plan -e d12
     fi
 fi
 
-elapsed=$(awk -v a="$start_seconds" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-echo "($elapsed s)"
-echo "$npass passed, $nfail failed"
-[ "$nfail" -eq 0 ]
+end_suite
