@@ -235,7 +235,7 @@ static void gpt2_alloc_params(GPT2* m, const GPT2Config* cfg) {
 // how the optimizer's slices are cut over the ranks (optimizers.h): whole unless ZeRO-1
 static OptSharding gpt2_sharding(const GPT2* m) {
     if (m->zero != ZERO_SHARDED) { return OPT_UNSHARDED; }
-    OptSharding z = {m->dist.rank, m->dist.world, dist_allreduce_sum_doubles};
+    OptSharding z = {m->dist.rank, m->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world};
     return z;
 }
 

@@ -189,4 +189,11 @@ static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
 #endif
 }
 
+// the same over the world that dist_init started, for callers that hold no Dist (the
+// optimizer's hook): an in-place gather needs the counts, not this rank's number
+static void dist_allgather_floats_world(float* buf, const int* counts) {
+    Dist world = {0, g_dist_world};
+    dist_allgather_floats(buf, counts, world);
+}
+
 #endif // LLMC_DISTRIBUTED_H

@@ -17,10 +17,12 @@ AdamW is the existing adamw_update (cpu_layers.h), called per slice (it is eleme
 so slices change nothing; the padded wte rows, whose gradient is zero, are skipped).
 
 ZeRO-1 (OptSharding, at the end): with world ranks, each rank updates only its block of
-every slice's rows (a vector: of its elements) and keeps only that block's state. What an
-update needs from the whole slice (column means, mean(R), the RMS of U and of p) is
-summed over the block's rows and then across the ranks by the OptSumFn hook; with one
-process (hook NULL) every sum is taken exactly as before, bit for bit.
+every slice's rows (a vector: of its elements) and keeps only that block's state, and of a
+matrix's column statistics only its block of columns. What an update needs from the whole
+slice (column means, mean(R), the RMS of U and of p) is summed over the block's rows and
+then across the ranks by the OptSumFn hook; the column statistics' blocks are gathered by
+the OptGatherFn hook into a workspace. With one process (hooks NULL) every sum is taken
+exactly as before, bit for bit.
 
 Order of operations, per parameter p (rows, cols) with gradient g, step t = 1, 2, ...
 (the transcriptions in dev/reference/make_reference.py, checked there against the packages;
@@ -56,7 +58,8 @@ ema(a, x, b) means a = b*a + (1-b)*x; "factored" means rows > 1 and cols > 1):
 State layout (one block of floats, zeroed before step 1): the slices in checkpoint order
 (wte, wpe, ln1w of layer 0..L-1, ln1b of layer 0..L-1, qkvw 0..L-1, ..., fcprojb 0..L-1, lnfw,
 lnfb), each slice's state contiguous; under ZeRO-1 "rows" below are the ceil(rows / world)
-rows of a rank's block (a vector's n: ceil(n / world)):
+rows of a rank's block (a vector's n: ceil(n / world)), and the "cols" of the column
+statistics Cc and Rc its ceil(cols / world) columns (M stays rows*cols):
     AdamW:            m (rows*cols), v (rows*cols)
     Adafactor matrix: R (rows), Cc (cols) [, M (rows*cols) if beta1 > 0]
     Adafactor vector: V (n)               [, M (n)         if beta1 > 0]
@@ -149,8 +152,22 @@ typedef struct {
 // process ends with the total; NULL when one process holds the whole slice
 typedef void (*OptSumFn)(double* x, size_t n);
 
+// gathers a buffer whose rank r part (counts[r] floats, parts in rank order) each rank holds
+// (ZeRO-1: the column statistics), in place, so that every rank ends with all of it
+typedef void (*OptGatherFn)(float* buf, const int* counts);
+
 static void opt_sum_across(OptSumFn sum, double* x, size_t n) {
     if (sum != NULL) { sum(x, n); }
+}
+
+// ZeRO-1 cuts `units` (rows, elements or columns) into world blocks of ceil(units / world)
+static int shard_units_per_rank(int units, int world) { return (units + world - 1) / world; }
+
+// rank's units [*begin, *end) of a slice of `units`
+static void shard_range(int units, int rank, int world, int* begin, int* end) {
+    int per = shard_units_per_rank(units, world);
+    *begin = rank * per < units ? rank * per : units;
+    *end = (rank + 1) * per < units ? (rank + 1) * per : units;
 }
 
 // the part of one slice that this process updates: all of it, or under ZeRO-1 a block of
@@ -163,7 +180,13 @@ typedef struct {
     int factored;         // the whole slice is a matrix (even if this part has one row, or none)
     size_t state_units;   // rows (matrix) or elements (vector) the state is sized for, >= this part's
     int width;            // floats per unit: cols for a matrix, 1 for a vector
+    // a matrix's column statistics are sharded too: this process keeps columns
+    // [col_begin, col_begin + col_count) of them, in state sized for col_units columns
+    int col_begin, col_count;
+    size_t col_units;
+    int rank, world;      // of the processes that share the slice
     OptSumFn sum;         // NULL: this part is the whole slice
+    OptGatherFn gather;   // NULL: this part is the whole slice
 } OptShard;
 
 // a slice (rows, cols) is a matrix unless one side is 1 (then a vector, handled as (1, n))
@@ -220,6 +243,7 @@ typedef struct {
     float* scale_col;   // (cols)
     double* col_parts;  // (OPT_PARTS, cols) column sums of each part of the rows; matrices only
     double* col_sum;    // (cols) their total over the parts and the processes; matrices only
+    float* col_full;    // (cols) a column statistic whole, gathered from its shards; matrices only
 } OptWorkspace;
 
 static OptWorkspace opt_workspace_alloc(const OptShard* sh) {
@@ -229,6 +253,7 @@ static OptWorkspace opt_workspace_alloc(const OptShard* sh) {
     w.scale_col = (float*)malloc_check((size_t)sh->cols * sizeof(float));
     w.col_parts = sh->factored ? (double*)malloc_check((size_t)OPT_PARTS * sh->cols * sizeof(double)) : NULL;
     w.col_sum = sh->factored ? (double*)malloc_check((size_t)sh->cols * sizeof(double)) : NULL;
+    w.col_full = sh->factored ? (float*)malloc_check((size_t)sh->cols * sizeof(float)) : NULL;
     return w;
 }
 
@@ -237,10 +262,12 @@ static void opt_workspace_free(OptWorkspace* w) {
     free(w->scale_col);
     free(w->col_parts);
     free(w->col_sum);
+    free(w->col_full);
 }
 
 // ema of the column means over the whole slice, from this part's column sums of the row parts
-// (added in part order, then across the processes)
+// (added in part order, then across the processes), on this process's shard of the column
+// statistic col; leaves the whole statistic in w->col_full
 static void opt_ema_col_means(float* col, OptWorkspace* w, const OptShard* sh, OptEma ema) {
     int cols = sh->cols;
     for (int j = 0; j < cols; j++) {
@@ -249,7 +276,21 @@ static void opt_ema_col_means(float* col, OptWorkspace* w, const OptShard* sh, O
         w->col_sum[j] = s;
     }
     opt_sum_across(sh->sum, w->col_sum, (size_t)cols);
-    for (int j = 0; j < cols; j++) { col[j] = opt_ema(col[j], (float)(w->col_sum[j] / sh->total_rows), ema); }
+    for (int c = 0; c < sh->col_count; c++) {
+        int j = sh->col_begin + c;
+        col[c] = opt_ema(col[c], (float)(w->col_sum[j] / sh->total_rows), ema);
+        w->col_full[j] = col[c];
+    }
+    if (sh->gather != NULL) {
+        int* counts = (int*)malloc_check((size_t)sh->world * sizeof(int));
+        for (int r = 0; r < sh->world; r++) {
+            int b, e;
+            shard_range(cols, r, sh->world, &b, &e);
+            counts[r] = e - b;
+        }
+        sh->gather(w->col_full, counts);
+        free(counts);
+    }
 }
 
 // ema(R, row means of G), ema(Cc, column means of G), G = g^2 + eps1, g (rows, cols) this part
@@ -277,7 +318,7 @@ static void opt_ema_grad_sq_factored(float* R, float* Cc, const float* g, const 
 }
 
 // scale_row_i = rsqrt(R_i / mean(R)), scale_col_j = rsqrt(Cc_j): the factored rsqrt(V);
-// mean(R) is over the whole slice's rows
+// mean(R) is over the whole slice's rows, Cc is the whole column statistic
 static void opt_factored_scales(float* scale_row, float* scale_col, const float* R, const float* Cc, const OptShard* sh) {
     double s = 0.0;
     for (int i = 0; i < sh->rows; i++) { s += R[i]; }
@@ -292,9 +333,9 @@ static void opt_factored_scales(float* scale_row, float* scale_col, const float*
 static void opt_second_moment(float* v, const float* g, const OptShard* sh, float eps1, OptEma ema, OptWorkspace* w) {
     if (sh->factored) {
         float* R = v;
-        float* Cc = v + sh->state_units;
+        float* Cc = v + sh->state_units;  // this process's columns
         opt_ema_grad_sq_factored(R, Cc, g, sh, eps1, ema, w);
-        opt_factored_scales(w->scale_row, w->scale_col, R, Cc, sh);
+        opt_factored_scales(w->scale_row, w->scale_col, R, w->col_full, sh);
         return;
     }
     w->scale_row[0] = 1.0f;
@@ -332,7 +373,7 @@ static float opt_clip_divisor(const float* g, const OptWorkspace* w, const OptSh
 
 static size_t adafactor_state_floats(const OptShard* sh, int use_beta1) {
     size_t n = sh->state_units * sh->width;
-    size_t second = sh->factored ? sh->state_units + sh->width : n;
+    size_t second = sh->factored ? sh->state_units + sh->col_units : n;
     return second + (use_beta1 ? n : 0);
 }
 
@@ -374,7 +415,7 @@ static void adafactor_update(float* param, const float* grad, float* state, cons
 
 static size_t came_state_floats(const OptShard* sh) {
     size_t n = sh->state_units * sh->width;
-    return n + (sh->factored ? 2 * (sh->state_units + sh->width) : n);
+    return n + (sh->factored ? 2 * (sh->state_units + sh->col_units) : n);
 }
 
 // steps 4-5 of a matrix: ema(M, U), then ema(Rr, Rc) of the row/column means of
@@ -426,10 +467,10 @@ static void came_update(float* param, const float* grad, float* state, const Opt
     opt_second_moment(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w);
     float clip = opt_clip_divisor(grad, &w, sh, (float)h->clip_threshold);
     if (sh->factored) {
-        float* Rr = v + sh->state_units + cols;
-        float* Rc = Rr + sh->state_units;
+        float* Rr = v + sh->state_units + sh->col_units;
+        float* Rc = Rr + sh->state_units;  // this process's columns
         came_moment_and_residual(M, Rr, Rc, grad, sh, clip, h, &w);
-        opt_factored_scales(w.scale_row, w.scale_col, Rr, Rc, sh);  // the confidence factor
+        opt_factored_scales(w.scale_row, w.scale_col, Rr, w.col_full, sh);  // the confidence factor
     } else {
         came_moment_vector(M, grad, cols, clip, h, &w);
     }
@@ -508,23 +549,15 @@ static ParamSlice* param_slices_alloc(const GPT2Config* c) {
 // one layout and one size (a last rank owning fewer units, or none, leaves padding).
 
 typedef struct {
-    int rank, world;  // world 1: one process holds every slice whole
-    OptSumFn sum;     // adds statistics across the ranks; NULL when world is 1
+    int rank, world;     // world 1: one process holds every slice whole
+    OptSumFn sum;        // adds statistics across the ranks; NULL when world is 1
+    OptGatherFn gather;  // gathers the column statistics' shards; NULL when world is 1
 } OptSharding;
 
-static const OptSharding OPT_UNSHARDED = {0, 1, NULL};
+static const OptSharding OPT_UNSHARDED = {0, 1, NULL, NULL};
 
 static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
 static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
-static int shard_units_per_rank(int units, int world) { return (units + world - 1) / world; }
-
-// rank's units [*begin, *end) of a slice of `units`
-static void shard_range(int units, int rank, int world, int* begin, int* end) {
-    int per = shard_units_per_rank(units, world);
-    *begin = rank * per < units ? rank * per : units;
-    *end = (rank + 1) * per < units ? (rank + 1) * per : units;
-}
-
 // rank z->rank's part of slice s; *offset = floats from the slice's start to the part's
 static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* offset) {
     int units = slice_units(s), width = slice_unit_width(s), begin, end;
@@ -537,7 +570,14 @@ static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* o
     sh.total = (size_t)s->rows * s->cols;
     sh.state_units = (size_t)shard_units_per_rank(units, z->world);
     sh.width = width;
+    int col_end;
+    shard_range(s->cols, z->rank, z->world, &sh.col_begin, &col_end);
+    sh.col_count = sh.factored ? col_end - sh.col_begin : 0;
+    sh.col_units = sh.factored ? (size_t)shard_units_per_rank(s->cols, z->world) : 0;
+    sh.rank = z->rank;
+    sh.world = z->world;
     sh.sum = z->sum;
+    sh.gather = z->gather;
     *offset = (size_t)begin * width;
     return sh;
 }
@@ -561,7 +601,7 @@ static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use
 // floats of optimizer state of one rank out of `world` (1: unsharded); use_beta1 matters to Adafactor only
 static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
     ParamSlice* s = param_slices_alloc(c);
-    OptSharding z = {0, world, NULL};  // every rank's state has rank 0's size
+    OptSharding z = {0, world, NULL, NULL};  // every rank's state has rank 0's size
     size_t total = 0, offset;
     for (int k = 0; k < param_slice_count(c); k++) {
         OptShard sh = slice_shard(&s[k], &z, &offset);

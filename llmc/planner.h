@@ -67,7 +67,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     // qkvw (3C,C), attprojw (C,C), fcw (4C,C), fcprojw (C,4C). Vectors: per layer four
     // LayerNorm vectors and attprojb, fcprojb (C each), qkvb (3C), fcb (4C); lnfw, lnfb (C).
     //   E        = elements of a rank's blocks     (= Pu = P - (Vp - V)C, the unpadded weights, for N = 1)
-    //   factored = sum of [rows] + cols, matrices (= V + maxT + 2C + 16LC for N = 1)
+    //   factored = sum of [rows] + [cols], matrices (= V + maxT + 2C + 16LC for N = 1)
     //   vectors  = sum of [n], vectors            (= 13LC + 2C for N = 1)
     size_t N = (in.zero == 1 && in.world > 1) ? (size_t)in.world : 1;
     size_t V = cfg->vocab_size;
@@ -75,7 +75,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t c3 = (3 * C + N - 1) / N, c4 = (4 * C + N - 1) / N;
     size_t vectors = L * (6 * c1 + c3 + c4) + 2 * c1;
     size_t E = (cV + cT) * C + L * (c3 * C + c1 * C + c4 * C + c1 * 4 * C) + vectors;
-    size_t factored = cV + cT + 2 * C + L * (c3 + c1 + c4 + c1 + 7 * C);
+    size_t factored = cV + cT + 2 * c1 + L * (c3 + c1 + c4 + c1 + 3 * c1 + c4);  // [rows] + [cols] of each
     int sharded = N > 1;
     const char* formula;
     if (in.optimizer == PLAN_ADAFACTOR) {
