@@ -4,14 +4,17 @@ every other path of the project (the memory-saving flags, the CUDA program) is
 tested against what this file computes.
 
 Reading order: the model's tensors (parameters, activations, backward buffers),
-one transformer block forward and backward, the whole model forward and backward,
-the optimizer step, sampling, checkpoints, and the training loop with main().
-The layers themselves are in llmc/cpu_layers.h; files, flags and memory
-accounting are in the other small headers of llmc/.
+one transformer block forward and backward, the whole model forward and backward
+(with the activation policy of --recompute and --offload: llmc/act_policy.h), the
+gradient exchange between MPI ranks and the optimizer step (--zero), sampling,
+checkpoints, and the training loop with main(). The layers themselves are in
+llmc/cpu_layers.h; optimizers, files, flags and memory accounting are in the other
+small headers of llmc/.
 
     make train_gpt && ./train_gpt             # d6 on TinyShakespeare (make run prepares the data)
     ./train_gpt -e d12 -b 4 -t 64             # GPT-2 124M
-    ./train_gpt --plan -e d48 -b 8 -t 1024    # what would that need?
+    ./train_gpt --plan -e d48 -b 8 -t 1024 --optimizer adafactor --recompute sqrt
+    mpirun -np 2 ./train_gpt -e d12 --zero 1  # data parallel, optimizer state sharded
 */
 #include <math.h>
 #include <signal.h>
