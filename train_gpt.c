@@ -946,6 +946,8 @@ static int run_training(const TrainOptions* o, const Dist* dist) {
     sa.sa_handler = on_stop_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);  // under mpirun: OpenMPI forwards SIGUSR1 to every rank, while
+                                    // SIGINT/SIGTERM to mpirun kill the ranks (no time to checkpoint)
 
     double fpt = flops_per_token(&model, T);
     int step = start_step;

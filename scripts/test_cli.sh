@@ -194,38 +194,8 @@ expect_fail "resume: truncated state file" "truncated or corrupt" -- "$TRAIN" "$
 
 SIGRUN=("${BASE[@]}" -d 1024 -x 100 -n 0 -v 0)
 
-# signal_check SIG: a background run into $W/sig_SIG, signalled after its first step line
-signal_check() {
-    local sig="$1" dir="$W/sig_$1" pid waited=0
-    : >"$OUT"  # empty now: the poll below must not see the last run's step lines
-    "$TRAIN" "${SIGRUN[@]}" -o "$dir" >"$OUT" 2>"$ERR" &
-    pid=$!
-    while ! step_lines "$OUT" >/dev/null && kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 400 ]; do
-        sleep 0.05; waited=$((waited + 1))
-    done
-    kill -s "$sig" "$pid" 2>/dev/null
-    waited=0
-    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 400 ]; do sleep 0.05; waited=$((waited + 1)); done
-    kill -s KILL "$pid" 2>/dev/null  # only if it hung: the check then fails on its exit code
-    wait "$pid"
-    rc=$?
-    local n
-    n=$(latest_done "$dir")
-    if [ "$rc" -ne 0 ]; then failed "signal: $sig exits 0" "exit code $rc: $(head -c 300 "$ERR")"; return; fi
-    pass "signal: $sig exits 0"
-    check "signal: $sig says 'stopped by signal'" "no such line" -- grep -q "stopped by signal after step $n;" "$OUT"
-    if [ "$n" -le 0 ] || [ "$n" -ge 100 ]; then
-        failed "signal: $sig leaves a complete checkpoint mid-run" "latest DONE step $n (want 0 < n < 100)"; return
-    fi
-    check "signal: $sig leaves a complete checkpoint mid-run" "step $n lacks model or state file" -- \
-        test -f "$(ckpt "$dir" model "$n" .bin)" -a -f "$(ckpt "$dir" state "$n" _00000.bin)" -a -z "$(tmp_files)"
-    if expect_ok "signal: $sig then -y 1 runs to the end" -- "$TRAIN" "${SIGRUN[@]}" -o "$dir" -y 1; then
-        check "signal: $sig resume starts at step $n" "no 'resumed from ... at step $n'" -- grep -q "resumed from .* at step $n$" "$OUT"
-        check "signal: $sig resume ends with checkpoint 100" "no DONE_00000100" -- test -f "$(ckpt "$dir" DONE 100)"
-    fi
-}
-signal_check INT
-signal_check TERM
+signal_check INT "$W/sig_INT" 100 "$TRAIN" "${SIGRUN[@]}"
+signal_check TERM "$W/sig_TERM" 100 "$TRAIN" "${SIGRUN[@]}"
 # determinism: wherever the two runs stopped, their ends must be the same bits
 check "signal: INT and TERM runs end bitwise equal" "model_00000100.bin differs" -- \
     cmp -s "$(ckpt "$W/sig_INT" model 100 .bin)" "$(ckpt "$W/sig_TERM" model 100 .bin)"

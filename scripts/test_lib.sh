@@ -95,6 +95,40 @@ plan_equals_measured() {
 
 ckpt() { printf "%s/%s_%08d%s" "$1" "$2" "$3" "${4:-}"; }  # ckpt DIR model|state|DONE STEP SUFFIX
 
+# signal_check SIG DIR STEPS CMD...: runs CMD -o DIR (STEPS steps) in the background and
+# sends SIG to it after its first step line; the run must finish its step, write a complete
+# checkpoint, say so and exit 0, and CMD -o DIR -y 1 must then resume there and run to the end
+signal_check() {
+    local sig="$1" dir="$2" steps="$3" pid waited=0
+    shift 3
+    : >"$OUT"  # empty now: the poll below must not see the last run's step lines
+    "$@" -o "$dir" >"$OUT" 2>"$ERR" &
+    pid=$!
+    while ! step_lines "$OUT" >/dev/null && kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 400 ]; do
+        sleep 0.05; waited=$((waited + 1))
+    done
+    kill -s "$sig" "$pid" 2>/dev/null
+    waited=0
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 400 ]; do sleep 0.05; waited=$((waited + 1)); done
+    kill -s KILL "$pid" 2>/dev/null  # only if it hung: the check then fails on its exit code
+    wait "$pid"
+    rc=$?
+    local n
+    n=$(latest_done "$dir")
+    if [ "$rc" -ne 0 ]; then failed "signal: $sig exits 0" "exit code $rc: $(head -c 300 "$ERR")"; return; fi
+    pass "signal: $sig exits 0"
+    check "signal: $sig says 'stopped by signal'" "no such line" -- grep -q "stopped by signal after step $n;" "$OUT"
+    if [ "$n" -le 0 ] || [ "$n" -ge "$steps" ]; then
+        failed "signal: $sig leaves a complete checkpoint mid-run" "latest DONE step $n (want 0 < n < $steps)"; return
+    fi
+    check "signal: $sig leaves a complete checkpoint mid-run" "step $n lacks model or state file" -- \
+        test -f "$(ckpt "$dir" model "$n" .bin)" -a -f "$(ckpt "$dir" state "$n" _00000.bin)" -a -z "$(tmp_files)"
+    if expect_ok "signal: $sig then -y 1 runs to the end" -- "$@" -o "$dir" -y 1; then
+        check "signal: $sig resume starts at step $n" "no 'resumed from ... at step $n'" -- grep -q "resumed from .* at step $n$" "$OUT"
+        check "signal: $sig resume ends with checkpoint $steps" "no DONE marker of step $steps" -- test -f "$(ckpt "$dir" DONE "$steps")"
+    fi
+}
+
 # begin_suite NAME: the scratch directory and the fixtures (see the top)
 begin_suite() {
     W=$(mktemp -d "/tmp/$1_XXXXXX")

@@ -163,6 +163,15 @@ expect_fail "resume a --zero 1 checkpoint with --zero 0" "was written with --zer
     "${MPIRUN[@]}" 2 "$TRAIN" "${BASE[@]}" -x 12 --zero 0 -o "$A" -y 1
 
 # ----------------------------------------------------------------------------
+# 3b. stopping a multi-rank run: SIGINT or SIGTERM to mpirun makes it kill the ranks, so the
+# trainer also stops on SIGUSR1, which OpenMPI's mpirun forwards to every rank: all ranks
+# finish the step, checkpoint (every rank's state file, then DONE) and exit 0
+
+signal_check USR1 "$W/sig_USR1" 100 "${MPIRUN[@]}" 2 "$TRAIN" "${BASE[@]}" -d 1024 -x 100 -n 0 --zero 1
+check "signal: USR1 under mpirun: rank 1's state file too" "missing" -- \
+    test -f "$(ckpt "$W/sig_USR1" state "$(latest_done "$W/sig_USR1")" _00001.bin)"
+
+# ----------------------------------------------------------------------------
 # 4. --check-replicas 1 checks after every step; --plan for N ranks
 
 if expect_ok "--check-replicas 1 under mpirun -np 2 --zero 1" -- \
