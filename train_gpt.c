@@ -837,17 +837,18 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
 }
 
 // stops before allocating anything if the plan cannot fit in the memory this machine has
-// available (on the CPU the "device" and the host store share it)
-static void check_memory_fits(const MemPlan* plan, const ActPolicy* act) {
-    double avail = (double)mem_available(), host = (double)plan->bytes[MEM_OFFLOADED], total = (double)plan_total(plan);
+// available (on the CPU the "device" and the host store share it), for every rank on it
+static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int local_ranks) {
+    double avail = (double)mem_available();
+    double host = (double)plan->bytes[MEM_OFFLOADED] * local_ranks, total = (double)plan_total(plan) * local_ranks;
     if (avail == 0.0) { return; }  // unknown (not Linux)
     if (act->offload && host > avail) {
-        fail("--offload 1: the host store for the offloaded activations needs %.1f MiB, but only %.1f MiB of host memory is available\n"
-             "  hint: --recompute sqrt offloads only the segment inputs; or lower -b or -t (see --plan)", host / MIB, avail / MIB);
+        fail("--offload 1: the host store for the offloaded activations needs %.1f MiB (%d rank(s) on this machine), but only %.1f MiB of host memory is available\n"
+             "  hint: --recompute sqrt offloads only the segment inputs; or lower -b or -t (see --plan)", host / MIB, local_ranks, avail / MIB);
     }
     if (total > avail) {
-        fail("this run needs %.1f MiB (the memory plan) but only %.1f MiB is available\n"
-             "  hint: see --plan; lower -b or -t, --recompute sqrt, --optimizer adafactor", total / MIB, avail / MIB);
+        fail("this run needs %.1f MiB (the memory plan, %d rank(s) on this machine) but only %.1f MiB is available\n"
+             "  hint: see --plan; lower -b or -t, --recompute sqrt, --optimizer adafactor, --zero 1", total / MIB, local_ranks, avail / MIB);
     }
 }
 
@@ -900,7 +901,7 @@ static int run_training(const TrainOptions* o, const Dist* dist) {
         print_memory_table(&plan, NULL);
         return 0;
     }
-    check_memory_fits(&plan, &act);
+    check_memory_fits(&plan, &act, dist_local_ranks());
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer
     #pragma omp parallel

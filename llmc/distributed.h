@@ -189,6 +189,20 @@ static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
 #endif
 }
 
+// ranks on this machine (they share its memory): 1 without MPI
+static int dist_local_ranks(void) {
+    int n = 1;
+#ifdef USE_MPI
+    if (g_dist_world > 1) {
+        MPI_Comm local;
+        mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+        mpi_check(MPI_Comm_size(local, &n));
+        mpi_check(MPI_Comm_free(&local));
+    }
+#endif
+    return n;
+}
+
 // the same over the world that dist_init started, for callers that hold no Dist (the
 // optimizer's hook): an in-place gather needs the counts, not this rank's number
 static void dist_allgather_floats_world(float* buf, const int* counts) {

@@ -55,6 +55,8 @@ fi
 
 expect_fail "--zero 1 with one process (no mpirun)" "but this run has 1 rank" -- "$TRAIN" "${BASE[@]}" --zero 1 -o ""
 expect_fail "--zero 1 under mpirun -np 1" "but this run has 1 rank" -- "${MPIRUN[@]}" 1 "$TRAIN" "${BASE[@]}" --zero 1 -o ""
+expect_fail "memory check counts every rank on this machine" "2 rank(s) on this machine" -- \
+    "${MPIRUN[@]}" 2 "$TRAIN" "${BASE[@]}" -e d48 -b 64 -t 1024 -d -1 -o ""
 expect_fail "-d must be a multiple of B*T x ranks" "B*T times the ranks = 32 x 2 = 64" -- \
     "${MPIRUN[@]}" 2 "$TRAIN" "${BASE[@]}" -d 96 -o ""
 
