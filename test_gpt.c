@@ -7,11 +7,13 @@ its main) and checks it against an independent implementation:
 - a finite-difference check of the gradient of every parameter tensor;
 - model-file round trips (fp32, and bf16 read), tokenizer decoding, the data
   loader walking every token once per epoch, the memory planner against the
-  measured allocations.
+  measured allocations (every optimizer, activation policy and ZeRO-1 rank count);
+- every --recompute / --offload policy bitwise equal to plain training.
 
     make test_gpt && ./test_gpt            # prints "N passed, N failed", exit 1 on failure
     ./test_gpt --write-fixtures DIR        # tiny model, shards, tokenizer, and broken
                                            # variants of each, for scripts/test_cli.sh
+    ./test_gpt --compare-models A B RTOL   # relative L2 distance of two model files
 */
 #define TESTING
 #include "train_gpt.c"
@@ -512,11 +514,13 @@ static void test_memory_plan(void) {
 // recompute and offload: the same losses, gradients and weights, bit for bit
 
 #define POLICY_STEPS 3
+// L=5: uneven segments for k=2 (2,2,1) and k=3 (3,2)
+static const GPT2Config POLICY_MODEL = {16, 101, 128, 5, 4, 32};
 
-// POLICY_STEPS AdamW steps of a random 5-layer model on a fixed batch; fills the losses
+// POLICY_STEPS AdamW steps of a random POLICY_MODEL on a fixed batch; fills the losses
 // (POLICY_STEPS), the last gradients and the final weights (P each)
 static void train_with_policy(const ActPolicy* pol, float* losses, float* grads, float* params) {
-    GPT2Config cfg = {16, 101, 128, 5, 4, 32};  // L=5: uneven segments for k=2 (2,2,1) and k=3 (3,2)
+    GPT2Config cfg = POLICY_MODEL;
     int B = 3, T = 11, BT = B * T;
     GPT2 m;
     gpt2_init_random(&m, &cfg, 5);
@@ -543,18 +547,19 @@ static void train_with_policy(const ActPolicy* pol, float* losses, float* grads,
 }
 
 static void test_recompute_offload_bitwise(void) {
-    GPT2Config cfg = {16, 101, 128, 5, 4, 32};
-    size_t P = gpt2_num_parameters(&cfg);
+    size_t P = gpt2_num_parameters(&POLICY_MODEL);
     float want_losses[POLICY_STEPS], got_losses[POLICY_STEPS];
     float* want_g = (float*)malloc_check(P * sizeof(float));
     float* want_p = (float*)malloc_check(P * sizeof(float));
     float* got_g = (float*)malloc_check(P * sizeof(float));
     float* got_p = (float*)malloc_check(P * sizeof(float));
     train_with_policy(&ACT_KEEP_ALL, want_losses, want_g, want_p);
+    // TEST_POLICIES after plain, then one segment of all 5 layers, and k=4 (4,1) with gelu and offload
+    const ActPolicy more[2] = {{5, 0, 0, 0}, {4, 1, 0, 1}};
     for (int i = 1; i < NUM_TEST_POLICIES + 2; i++) {
-        ActPolicy pol = {5, 0, 0, 0};  // i == NUM_TEST_POLICIES: one segment of all 5 layers
-        if (i == NUM_TEST_POLICIES + 1) { pol.segment = 4; pol.offload = 1; pol.gelu = 1; }
-        if (i < NUM_TEST_POLICIES && !test_policy(&pol, i, cfg.num_layers)) { continue; }
+        ActPolicy pol;
+        if (i >= NUM_TEST_POLICIES) { pol = more[i - NUM_TEST_POLICIES]; }
+        else if (!test_policy(&pol, i, POLICY_MODEL.num_layers)) { continue; }
         train_with_policy(&pol, got_losses, got_g, got_p);
         char pn[64], name[192];
         policy_name(pn, sizeof(pn), &pol);

@@ -101,7 +101,8 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
 
 // "k=4 (3 segments), gelu, attn, offload" or "none", for the configuration table
 static void act_policy_describe(const ActPolicy* p, int L, char* out, size_t n) {
-    int used = snprintf(out, n, "%s", "");
+    int used = 0;
+    out[0] = '\0';
     if (p->segment > 0) { used += snprintf(out + used, n - used, "segments of k=%d layers (%d segments)", p->segment, act_num_segments(p, L)); }
     if (p->gelu) { used += snprintf(out + used, n - used, "%sgelu", used ? ", " : ""); }
     if (p->attn) { used += snprintf(out + used, n - used, "%sattn", used ? ", " : ""); }

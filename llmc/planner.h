@@ -13,6 +13,7 @@ reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state.
 #ifndef LLMC_PLANNER_H
 #define LLMC_PLANNER_H
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -44,10 +45,13 @@ typedef struct {
     double step_flops;       // training FLOPs per micro-step without recompute, 6P + 12LTC per token
 } MemPlan;
 
-// appends to a formula
-static void plan_append(char* f, const char* fmt, size_t value) {
+// appends printf-style text to a formula
+static void plan_append(char* f, const char* fmt, ...) {
     size_t n = strlen(f);
-    snprintf(f + n, PLAN_FORMULA_LEN - n, fmt, value);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f + n, PLAN_FORMULA_LEN - n, fmt, ap);
+    va_end(ap);
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
@@ -108,10 +112,11 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     p.bytes[MEM_ACTIVATIONS] = (BTC + slots * A + shared + device_kept + head) * F;
     char* f = p.formula[MEM_ACTIVATIONS];
     snprintf(f, PLAN_FORMULA_LEN, "4[BTC + %zu A", slots);
-    if (device_kept > 0) { plan_append(f, ap->offload ? " + BTC staging" : " + %zu BTC kept", kept); }
-    if (ap->gelu) { plan_append(f, " + 4BTC gelu", 0); }
-    if (ap->attn) { plan_append(f, " + B NH T^2 attn", 0); }
-    plan_append(f, " + head]", 0);
+    if (device_kept > 0 && ap->offload) { plan_append(f, " + BTC staging"); }
+    if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu BTC kept", kept); }
+    if (ap->gelu) { plan_append(f, " + 4BTC gelu"); }
+    if (ap->attn) { plan_append(f, " + B NH T^2 attn"); }
+    plan_append(f, " + head]");
     p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * BTC : L * A) * F : 0;
     if (!ap->offload) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "no --offload"); }
     else if (kept > 0) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "4 x %zu BTC: segment inputs", kept); }
