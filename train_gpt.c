@@ -801,6 +801,10 @@ static void check_zero_option(const TrainOptions* o, int world) {
     }
     if (o->check_replicas != 0 && o->check_replicas != 1) { fail("--check-replicas %d: 0 or 1", o->check_replicas); }
     if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
+    if (o->plan_ranks != 0 && !o->plan_only) {
+        fail("--plan-ranks %d plans for other ranks than this run's, so it only goes with --plan\n"
+             "  hint: add --plan, or launch the ranks with mpirun -np %d", o->plan_ranks, o->plan_ranks);
+    }
 }
 
 // checks the options against each other, the model and the number of ranks (world);

@@ -42,6 +42,7 @@ MPIRUN=(mpirun --oversubscribe --allow-run-as-root -np)
 # 1. without MPI: the single-process build refuses --zero 1; any build refuses --zero 2
 
 expect_fail "no MPI build: --zero 1 needs mpirun" "built without MPI, so it needs mpirun" -- "$NOMPI" "${BASE[@]}" --zero 1 -o ""
+expect_fail "--plan-ranks without --plan is refused" "only goes with --plan" -- "$NOMPI" "${BASE[@]}" --plan-ranks 2 -o ""
 expect_fail "--zero 2 is refused" "--zero 2: unknown; choose 0" -- "$TRAIN" "${BASE[@]}" --zero 2 -o ""
 if expect_ok "no MPI build: --plan --zero 1 --plan-ranks 2 (planning on a laptop)" -- \
         "$NOMPI" --plan -e d12 -b 4 -t 64 --zero 1 --plan-ranks 2; then
