@@ -1011,6 +1011,7 @@ static int run_training(const TrainOptions* o, const Dist* dist) {
         if (step == start_step) {
             printf("memory after the first step (planned vs measured high-water marks):\n");
             print_memory_table(&plan, &g_mem);
+            if (log) { log_memory_json(log, step + 1, &plan, &g_mem); fflush(log); }
         }
     }
     if (world > 1 && !has_out) { gpt2_check_replicas(&model, step); }  // with -o, the last checkpoint checked

@@ -36,6 +36,11 @@ static const char* MEM_CATEGORY_NAMES[NUM_MEM_CATEGORIES] = {
     "parameters", "gradients", "optimizer state", "activations", "activation grads", "scratch",
     "offloaded (host)",
 };
+// the same categories as keys of the JSON log (log.jsonl's "memory" record)
+static const char* MEM_CATEGORY_KEYS[NUM_MEM_CATEGORIES] = {
+    "parameters", "gradients", "optimizer_state", "activations", "activation_grads", "scratch",
+    "offloaded_host",
+};
 
 typedef struct {
     size_t current[NUM_MEM_CATEGORIES];  // bytes live now

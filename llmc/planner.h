@@ -182,4 +182,22 @@ static void print_memory_table(const MemPlan* p, const MemStats* measured) {
     }
 }
 
+// writes {"parameters": bytes, ..., "device_total": bytes, "host_total": bytes, "total": bytes}
+// for a table's column: the plan (bytes) or the measured high-water marks (peak, total_peak)
+static void json_memory_object(FILE* f, const size_t bytes[NUM_MEM_CATEGORIES], size_t total) {
+    fprintf(f, "{");
+    for (int i = 0; i < NUM_MEM_CATEGORIES; i++) { fprintf(f, "\"%s\": %zu, ", MEM_CATEGORY_KEYS[i], bytes[i]); }
+    fprintf(f, "\"device_total\": %zu, \"host_total\": %zu, \"total\": %zu}",
+            total - bytes[MEM_OFFLOADED], bytes[MEM_OFFLOADED], total);
+}
+
+// one line of log.jsonl: {"step": S, "memory": {"planned": {...}, "measured": {...}}}, bytes
+static void log_memory_json(FILE* f, int step, const MemPlan* plan, const MemStats* measured) {
+    fprintf(f, "{\"step\": %d, \"memory\": {\"planned\": ", step);
+    json_memory_object(f, plan->bytes, plan_total(plan));
+    fprintf(f, ", \"measured\": ");
+    json_memory_object(f, measured->peak, measured->total_peak);
+    fprintf(f, "}}\n");
+}
+
 #endif // LLMC_PLANNER_H
