@@ -4,7 +4,7 @@
 #   make test         build and run every test; the last line reads "N passed, N failed"
 #   make bench        d12 and default-model throughput against OpenBLAS's sgemm (scripts/bench.sh)
 #   make bench-flags  each memory flag's step time and memory on d12 (scripts/bench_flags.sh)
-#   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of llmc/matmul.h
+#   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
 
 CC ?= gcc
@@ -32,7 +32,7 @@ else
   TRAIN_DEFS =
 endif
 
-HEADERS = $(wildcard llmc/*.h)
+HEADERS = $(wildcard llmc/*.h cpu/*.h)
 DATA = data/tinyshakespeare/tiny_shakespeare_train.bin
 
 .PHONY: all run data test bench bench-flags clean help
@@ -51,11 +51,11 @@ build/train_gpt_nompi: train_gpt.c $(HEADERS)
 test_gpt: test_gpt.c train_gpt.c $(HEADERS)
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-build/test_matmul: dev/test_matmul.c llmc/matmul.h llmc/utils.h
+build/test_matmul: tests/test_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-build/bench_matmul: dev/bench_matmul.c llmc/matmul.h llmc/utils.h
+build/bench_matmul: dev/bench_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS) -lopenblas
 

@@ -29,8 +29,9 @@ small headers of llmc/.
 
 #include "llmc/utils.h"
 #include "llmc/model_config.h"
-#include "llmc/cpu_layers.h"
-#include "llmc/optimizers.h"
+#include "llmc/opt_layout.h"
+#include "cpu/layers.h"
+#include "cpu/optimizers.h"
 #include "llmc/act_policy.h"
 #include "llmc/memory.h"
 #include "llmc/planner.h"

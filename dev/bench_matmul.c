@@ -1,5 +1,5 @@
 /*
-bench_matmul.c: GFLOP/s of mm_sgemm (llmc/matmul.h) against OpenBLAS cblas_sgemm on
+bench_matmul.c: GFLOP/s of mm_sgemm (cpu/matmul.h) against OpenBLAS cblas_sgemm on
 the products the trainer runs for GPT-2 124M at B=4, T=64 (BT = 256 rows).
 
     gcc -O3 -march=native -fopenmp dev/bench_matmul.c -o bench_matmul -lopenblas -lm
@@ -23,7 +23,7 @@ The machine is shared: rerun when the numbers look low, other work steals cores.
 #include <time.h>
 #include <omp.h>
 #include <cblas.h>
-#include "../llmc/matmul.h"
+#include "../cpu/matmul.h"
 
 void openblas_set_num_threads(int); // from OpenBLAS, not declared by every cblas.h
 

@@ -15,7 +15,7 @@ threads must be bitwise equal). Prints "ok name" or "FAIL name" per check, then
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
-#include "../llmc/matmul.h"
+#include "../cpu/matmul.h"
 
 static int n_passed = 0, n_failed = 0;
 

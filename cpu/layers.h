@@ -1,5 +1,5 @@
 /*
-cpu_layers.h: the GPT-2 layers on the CPU, fp32, each forward beside its backward.
+layers.h: the GPT-2 layers on the CPU, fp32, each forward beside its backward.
 
 This is the one CPU reference of every layer. train_gpt.c runs the model with it,
 test_gpt.c checks it against PyTorch, and the CUDA tests compare their kernels
@@ -20,8 +20,8 @@ Conventions (as in llm.c):
     layernorm_forward(out, mean, rstd, x, w, b, B, T, C);
     layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, B, T, C);
 */
-#ifndef LLMC_CPU_LAYERS_H
-#define LLMC_CPU_LAYERS_H
+#ifndef CPU_LAYERS_H
+#define CPU_LAYERS_H
 
 #include <math.h>
 #include <stddef.h>
@@ -302,12 +302,6 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
     for (size_t i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
 }
 
-// da (N) += dout, db (N) += dout
-static void residual_backward(float* da, float* db, const float* dout, size_t N) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) { da[i] += dout[i]; db[i] += dout[i]; }
-}
-
 // ----------------------------------------------------------------------------
 // softmax and cross-entropy over the (unpadded) vocabulary
 
@@ -351,25 +345,4 @@ static void crossentropy_softmax_backward(float* dlogits, const float* probs, co
     }
 }
 
-// ----------------------------------------------------------------------------
-// AdamW (Loshchilov & Hutter), bias-corrected, decoupled weight decay.
-// t is the step number starting at 1. For each of the n entries:
-//   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
-//   p -= lr * ( (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * p )
-static void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
-                         float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    float bc1 = 1.0f - powf(beta1, (float)t);
-    float bc2 = 1.0f - powf(beta2, (float)t);
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * params[i]);
-    }
-}
-
-#endif // LLMC_CPU_LAYERS_H
+#endif // CPU_LAYERS_H

@@ -6,7 +6,7 @@ matmul.h: the one fp32 GEMM every CPU layer calls.
 with every matrix row-major with its own leading dimension, and op(X) = X (MM_N)
 or X^T (MM_T). Usage:
 
-    #include "llmc/matmul.h"
+    #include "cpu/matmul.h"
     // out (BT,OC) = inp (BT,C) @ weight (OC,C)^T
     mm_sgemm(MM_N, MM_T, BT, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
 
@@ -43,15 +43,15 @@ Build with -O3 -march=native -fopenmp. Compiles as C11 and as C++ (the CUDA
 emulation tests include it). With -DUSE_BLAS, mm_sgemm forwards to cblas_sgemm
 (link -lopenblas) and the code below is not compiled.
 */
-#ifndef LLMC_MATMUL_H
-#define LLMC_MATMUL_H
+#ifndef CPU_MATMUL_H
+#define CPU_MATMUL_H
 
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include "utils.h"
+#include "../llmc/utils.h"
 
 typedef enum { MM_N = 0, MM_T = 1 } mm_trans; // op(X) = X or X^T
 
@@ -523,4 +523,4 @@ static void mm_sgemm(mm_trans ta, mm_trans tb, int M, int N, int K, float alpha,
 }
 
 #endif // USE_BLAS
-#endif // LLMC_MATMUL_H
+#endif // CPU_MATMUL_H

@@ -1,0 +1,282 @@
+/*
+opt_layout.h: the optimizers' side that every backend shares: which optimizer (AdamW,
+Adafactor, CAME), its hyperparameters, how the 16 GPT-2 tensors are cut into optimizer
+parameters ("slices"), how ZeRO-1 cuts each slice over the ranks, and how many floats of
+state each keeps, in which order. Checkpoints (the training-state file) and ZeRO depend on
+this layout, so the CPU kernels (cpu/optimizers.h) and the CUDA kernels follow it exactly
+and their state files are interchangeable.
+
+    size_t n = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);   // floats, zeroed before step 1
+    ParamSlice* s = param_slices_alloc(&cfg);                 // param_slice_count(&cfg) slices
+
+One optimizer "parameter" is one torch tensor of the reference (dev/reference/README.md):
+layer l's slice of a per-layer tensor is its own parameter (qkvw of layer l is its own
+(3C, C) matrix, ln1w of layer l its own (C) vector); wte is one (V, C) matrix over the
+UNPADDED rows (rows V..Vp-1 are never read or written: they stay zero); wpe is (maxT, C).
+A slice with rows == 1 or cols == 1 is a vector; every other slice is a matrix (unlike torch,
+which factors every 2-D tensor: they differ only for a model with maxT == 1 or V == 1).
+Adafactor and CAME keep FACTORED second moments for matrices (a row and a column
+statistic, rows + cols floats, instead of rows * cols) and full ones for vectors.
+
+ZeRO-1 (OptSharding, at the end): with world ranks, each rank updates only its block of
+every slice's rows (a vector: of its elements) and keeps only that block's state, and of a
+matrix's column statistics only its block of columns. What an update needs from the whole
+slice (column means, mean(R), the RMS of U and of p) is summed over the block's rows and
+then across the ranks by the OptSumFn hook; the column statistics' blocks are gathered by
+the OptGatherFn hook into a workspace. With one process (hooks NULL) every sum is taken
+exactly as without sharding, bit for bit.
+
+State layout (one block of floats, zeroed before step 1): the slices in checkpoint order
+(wte, wpe, ln1w of layer 0..L-1, ln1b of layer 0..L-1, qkvw 0..L-1, ..., fcprojb 0..L-1, lnfw,
+lnfb), each slice's state contiguous; under ZeRO-1 "rows" below are the ceil(rows / world)
+rows of a rank's block (a vector's n: ceil(n / world)), and the "cols" of the column
+statistics Cc and Rc its ceil(cols / world) columns (M stays rows*cols):
+    AdamW:            m (rows*cols), v (rows*cols)
+    Adafactor matrix: R (rows), Cc (cols) [, M (rows*cols) if beta1 > 0]
+    Adafactor vector: V (n)               [, M (n)         if beta1 > 0]
+    CAME matrix:      M (rows*cols), R (rows), Cc (cols), Rr (rows), Rc (cols)
+    CAME vector:      M (n), V (n)
+  (CAME's names in the package: exp_avg, exp_avg_sq_row/col, exp_avg_res_row/col, exp_avg_sq.)
+
+Hyperparameters are doubles, as the packages' Python floats: each is rounded to fp32 where it
+meets a tensor, and an EMA's 1 - beta is taken in double before rounding.
+*/
+#ifndef LLMC_OPT_LAYOUT_H
+#define LLMC_OPT_LAYOUT_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <string.h>
+#include "utils.h"
+#include "model_config.h"
+
+typedef enum { OPT_ADAMW, OPT_ADAFACTOR, OPT_CAME, NUM_OPTIMIZERS } OptimizerKind;
+static const char* OPTIMIZER_NAMES[NUM_OPTIMIZERS] = {"adamw", "adafactor", "came"};
+
+// the papers' / packages' defaults, used by the trainer for what its flags do not set
+#define ADAFACTOR_DECAY_RATE (-0.8)     // beta2_t = 1 - t^-0.8
+#define ADAFACTOR_EPS2 1e-3             // floor of RMS(p) in the relative step
+#define ADAFACTOR_CLIP_THRESHOLD 1.0    // update clipping: RMS(U) / d with d = 1
+#define CAME_BETA1 0.9
+#define CAME_BETA2 0.999
+#define CAME_BETA3 0.9999
+#define CAME_EPS2 1e-16
+#define CAME_CLIP_THRESHOLD 1.0
+
+// the kind named name ("adamw", "adafactor", "came"), or -1 if none is
+static int optimizer_from_name(const char* name) {
+    for (int k = 0; k < NUM_OPTIMIZERS; k++) {
+        if (strcmp(name, OPTIMIZER_NAMES[k]) == 0) { return k; }
+    }
+    return -1;
+}
+
+// Hyperparameters are doubles, as the Python floats of the packages: where one meets an
+// fp32 tensor it is rounded to float, and an EMA's 1 - beta is taken in double first.
+// (With float betas, 1 - 0.9999f is 1.7e-4 away from 1e-4f, and CAME's confidence factor,
+// which scales the update by rsqrt of that EMA, moves every update by about 1e-4.)
+typedef struct {
+    double lr, beta1, beta2, eps;
+    double weight_decay;    // decoupled, 2-D weights only
+} AdamWHyper;
+
+#define ADAFACTOR_MAX_RELATIVE_STEP 1e-2  // relative step: lr_t = min(this, 1/sqrt(t))
+
+typedef struct {
+    double lr;              // fixed learning rate; unused when relative_step
+    double beta1;           // 0 = no first moment (the memory-saving setting)
+    double decay_rate;      // beta2_t = 1 - t^decay_rate (HF: -0.8)
+    double eps1;            // added to g^2 (HF eps[0])
+    double eps2;            // floor under RMS(p) for scale_parameter (HF eps[1], 1e-3)
+    double clip_threshold;  // U /= max(1, RMS(U) / clip_threshold) (HF: 1.0)
+    double weight_decay;    // p -= weight_decay * lr_t * p
+    int scale_parameter;    // lr_t *= max(eps2, RMS(p))
+    int relative_step;      // lr_t = min(1e-2, 1/sqrt(t)) in place of lr
+} AdafactorHyper;
+
+typedef struct {
+    double lr;
+    double beta1, beta2, beta3;  // first moment, second moment, residual (confidence) EMAs
+    double eps1, eps2;           // added to g^2, added to the squared residual
+    double clip_threshold;       // U /= max(1, RMS(U) / clip_threshold) (package: 1.0)
+    double weight_decay;         // p -= weight_decay * lr * p
+} CAMEHyper;
+
+// the hyperparameters of every optimizer; optimizer_step reads the one it runs
+typedef struct {
+    AdamWHyper adamw;
+    AdafactorHyper adafactor;
+    CAMEHyper came;
+} OptimizerHyper;
+
+// ----------------------------------------------------------------------------
+// this process's part of one slice, and sums over a fixed partition (thread-count independent)
+
+// adds n doubles across the processes that share a slice (ZeRO-1), in place, so that every
+// process ends with the total; NULL when one process holds the whole slice
+typedef void (*OptSumFn)(double* x, size_t n);
+
+// gathers a buffer whose rank r part (counts[r] floats, parts in rank order) each rank holds
+// (ZeRO-1: the column statistics), in place, so that every rank ends with all of it
+typedef void (*OptGatherFn)(float* buf, const int* counts);
+
+// ZeRO-1 cuts `units` (rows, elements or columns) into world blocks of ceil(units / world)
+static int shard_units_per_rank(int units, int world) { return (units + world - 1) / world; }
+
+// rank's units [*begin, *end) of a slice of `units`
+static void shard_range(int units, int rank, int world, int* begin, int* end) {
+    int per = shard_units_per_rank(units, world);
+    *begin = rank * per < units ? rank * per : units;
+    *end = (rank + 1) * per < units ? (rank + 1) * per : units;
+}
+
+// the part of one slice that this process updates: all of it, or under ZeRO-1 a block of
+// a matrix's rows or of a vector's elements (see OptSharding below). Statistics over the
+// whole slice (column means, mean(R), RMS) are each process's sums added by `sum`.
+typedef struct {
+    int rows, cols;       // this part: (rows, cols) of a matrix, (1, n) of a vector's elements
+    int total_rows;       // rows of the whole slice (1 for a vector)
+    size_t total;         // elements of the whole slice
+    int factored;         // the whole slice is a matrix (even if this part has one row, or none)
+    size_t state_units;   // rows (matrix) or elements (vector) the state is sized for, >= this part's
+    int width;            // floats per unit: cols for a matrix, 1 for a vector
+    // a matrix's column statistics are sharded too: this process keeps columns
+    // [col_begin, col_begin + col_count) of them, in state sized for col_units columns
+    int col_begin, col_count;
+    size_t col_units;
+    int rank, world;      // of the processes that share the slice
+    OptSumFn sum;         // NULL: this part is the whole slice
+    OptGatherFn gather;   // NULL: this part is the whole slice
+} OptShard;
+
+// a slice (rows, cols) is a matrix unless one side is 1 (then a vector, handled as (1, n))
+static int opt_is_matrix(int rows, int cols) { return rows > 1 && cols > 1; }
+
+// ----------------------------------------------------------------------------
+// floats of state each optimizer keeps for a part of one slice (the layout at the top)
+
+static size_t adafactor_state_floats(const OptShard* sh, int use_beta1) {
+    size_t n = sh->state_units * sh->width;
+    size_t second = sh->factored ? sh->state_units + sh->col_units : n;
+    return second + (use_beta1 ? n : 0);
+}
+
+static size_t came_state_floats(const OptShard* sh) {
+    size_t n = sh->state_units * sh->width;
+    return n + (sh->factored ? 2 * (sh->state_units + sh->col_units) : n);
+}
+
+static size_t adamw_state_floats(const OptShard* sh) { return 2 * sh->state_units * sh->width; }
+
+// the model's optimizer parameters: the 16 tensors split into layer slices
+
+typedef struct {
+    int tensor;      // index into PARAMETER_NAMES
+    int layer;       // -1 for wte, wpe, lnfw, lnfb
+    int rows, cols;  // rows == 1: a vector
+    size_t offset;   // floats from the start of the parameters (and of the gradients)
+} ParamSlice;
+
+// tensors 2 (ln1w) .. 13 (fcprojb) hold one slice per layer, layer-major
+static int tensor_is_per_layer(int i) { return i >= 2 && i <= 13; }
+
+static int param_slice_count(const GPT2Config* c) { return 4 + 12 * c->num_layers; }
+
+// fills s[param_slice_count(c)] in checkpoint order; shapes as in gpt2_parameter_sizes
+static void param_slices(ParamSlice* s, const GPT2Config* c) {
+    int C = c->channels, V = c->vocab_size, maxT = c->max_seq_len;
+    const int shape[NUM_PARAMETER_TENSORS][2] = {
+        {V, C}, {maxT, C}, {1, C}, {1, C}, {3 * C, C}, {1, 3 * C}, {C, C}, {1, C},
+        {1, C}, {1, C}, {4 * C, C}, {1, 4 * C}, {C, 4 * C}, {1, C}, {1, C}, {1, C},
+    };  // wte: the V real rows only
+    size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
+    gpt2_parameter_sizes(sizes, c);
+    int n = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        int layers = tensor_is_per_layer(i) ? c->num_layers : 1;
+        for (int l = 0; l < layers; l++) {
+            ParamSlice p = {i, tensor_is_per_layer(i) ? l : -1, shape[i][0], shape[i][1],
+                            off + (size_t)l * shape[i][0] * shape[i][1]};
+            s[n++] = p;
+        }
+        off += sizes[i];
+    }
+}
+
+// the slice list of a model (free() it)
+static ParamSlice* param_slices_alloc(const GPT2Config* c) {
+    ParamSlice* s = (ParamSlice*)malloc_check((size_t)param_slice_count(c) * sizeof(ParamSlice));
+    param_slices(s, c);
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// ZeRO-1 sharding: every slice is cut into `world` parts along its units, a matrix's rows
+// or a vector's elements; rank r owns units [r*per, min(units, (r+1)*per)) with
+// per = ceil(units / world). Every rank's state is sized for per units, so all ranks have
+// one layout and one size (a last rank owning fewer units, or none, leaves padding).
+
+typedef struct {
+    int rank, world;     // world 1: one process holds every slice whole
+    OptSumFn sum;        // adds statistics across the ranks; NULL when world is 1
+    OptGatherFn gather;  // gathers the column statistics' shards; NULL when world is 1
+} OptSharding;
+
+static const OptSharding OPT_UNSHARDED = {0, 1, NULL, NULL};
+
+static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
+static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
+// rank z->rank's part of slice s; *offset = floats from the slice's start to the part's
+static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* offset) {
+    int units = slice_units(s), width = slice_unit_width(s), begin, end;
+    shard_range(units, z->rank, z->world, &begin, &end);
+    OptShard sh;
+    sh.factored = opt_is_matrix(s->rows, s->cols);
+    sh.rows = sh.factored ? end - begin : 1;
+    sh.cols = sh.factored ? s->cols : end - begin;
+    sh.total_rows = sh.factored ? s->rows : 1;
+    sh.total = (size_t)s->rows * s->cols;
+    sh.state_units = (size_t)shard_units_per_rank(units, z->world);
+    sh.width = width;
+    int col_end;
+    shard_range(s->cols, z->rank, z->world, &sh.col_begin, &col_end);
+    sh.col_count = sh.factored ? col_end - sh.col_begin : 0;
+    sh.col_units = sh.factored ? (size_t)shard_units_per_rank(s->cols, z->world) : 0;
+    sh.rank = z->rank;
+    sh.world = z->world;
+    sh.sum = z->sum;
+    sh.gather = z->gather;
+    *offset = (size_t)begin * width;
+    return sh;
+}
+
+// counts[r] = floats of rank r's part of slice s, r = 0..world-1 (for the collectives)
+static void slice_part_counts(const ParamSlice* s, int world, int* counts) {
+    if ((size_t)s->rows * s->cols > (size_t)INT_MAX) { fail("a slice of %d x %d floats is beyond MPI's int counts", s->rows, s->cols); }
+    for (int r = 0; r < world; r++) {
+        int begin, end;
+        shard_range(slice_units(s), r, world, &begin, &end);
+        counts[r] = (end - begin) * slice_unit_width(s);
+    }
+}
+
+// floats of optimizer state for this process's part of one slice
+static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use_beta1) {
+    if (kind == OPT_ADAMW) { return adamw_state_floats(sh); }
+    return kind == OPT_ADAFACTOR ? adafactor_state_floats(sh, use_beta1) : came_state_floats(sh);
+}
+
+// floats of optimizer state of one rank out of `world` (1: unsharded); use_beta1 matters to Adafactor only
+static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
+    ParamSlice* s = param_slices_alloc(c);
+    OptSharding z = {0, world, NULL, NULL};  // every rank's state has rank 0's size
+    size_t total = 0, offset;
+    for (int k = 0; k < param_slice_count(c); k++) {
+        OptShard sh = slice_shard(&s[k], &z, &offset);
+        total += slice_state_floats(kind, &sh, use_beta1);
+    }
+    free(s);
+    return total;
+}
+
+#endif // LLMC_OPT_LAYOUT_H
