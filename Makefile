@@ -35,7 +35,7 @@ endif
 HEADERS = $(wildcard llmc/*.h cpu/*.h)
 DATA = data/tinyshakespeare/tiny_shakespeare_train.bin
 
-.PHONY: all run data test bench bench-flags clean help
+.PHONY: all run data test bench bench-flags check-headers clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
@@ -77,6 +77,21 @@ bench: train_gpt build/bench_matmul $(DATA)
 
 bench-flags: train_gpt $(DATA)
 	bash scripts/bench_flags.sh
+
+# every header alone, as C11 and as C++17 (the CUDA program includes the shared ones)
+SHARED_HEADERS = $(wildcard llmc/*.h)
+CPU_HEADERS = $(wildcard cpu/*.h)
+HEADER_CHECK = -fsyntax-only -Wall -Wextra -Werror -Wno-unused-function -fopenmp -D_GNU_SOURCE -I.
+check-headers:
+	@for h in $(SHARED_HEADERS) $(CPU_HEADERS); do \
+	    echo '#include "'$$h'"' | $(CC) -x c -std=c11 $(HEADER_CHECK) - || exit 1; \
+	    echo '#include "'$$h'"' | $(CXX) -x c++ -std=c++17 $(HEADER_CHECK) - || exit 1; \
+	done
+	@if [ "$(MPI)" = 1 ]; then \
+	    echo '#include "llmc/distributed.h"' | $(MPICC) -x c -std=c11 -DUSE_MPI $(HEADER_CHECK) - || exit 1; \
+	    echo '#include "llmc/distributed.h"' | mpicxx -x c++ -std=c++17 -DUSE_MPI -DOMPI_SKIP_MPICXX $(HEADER_CHECK) - || exit 1; \
+	fi
+	@echo "every header compiles alone as C11 and C++17 (distributed.h also with MPI: MPI=$(MPI)): $(SHARED_HEADERS) $(CPU_HEADERS)"
 
 clean:
 	rm -rf train_gpt test_gpt build

@@ -118,9 +118,9 @@ static OptimizerHyper hyper_from_header(const int* h, OptimizerKind kind) {
 
 static void reference_read(Reference* r, const char* path, const GPT2Config* cfg) {
     FILE* f = fopen_check(path, "rb");
-    int h[CHECKPOINT_HEADER_INTS];
-    fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
-    if (h[0] != REF_MAGIC || h[1] != REF_VERSION) { fail("%s: not a reference file\n  hint: %s", path, REF_HINT); }
+    int h[FILE_HEADER_INTS];
+    file_header_read(f, path, "reference file", REF_MAGIC, REF_HINT, h);
+    file_header_check_version(h, path, "reference file", REF_VERSION, REF_HINT);
     r->B = h[REF_SLOT_B]; r->T = h[REF_SLOT_T]; r->steps = h[REF_SLOT_STEPS];
     if (r->steps > REF_MAX_STEPS || h[REF_SLOT_OPTIMIZER] < 0 || h[REF_SLOT_OPTIMIZER] >= NUM_OPTIMIZERS) {
         fail("%s: %d steps of optimizer %d: unexpected\n  hint: %s", path, r->steps, h[REF_SLOT_OPTIMIZER], REF_HINT);
@@ -309,12 +309,12 @@ static void test_model_files(const char* dir) {
     // bf16 (version 5): the top 16 bits of each weight, read back widened exactly
     snprintf(path, sizeof(path), "%s/bf16.bin", dir);
     FILE* f = fopen_check(path, "wb");
-    int h[CHECKPOINT_HEADER_INTS] = {0};
+    int h[FILE_HEADER_INTS] = {0};
     h[MODEL_SLOT_MAGIC] = MODEL_MAGIC; h[MODEL_SLOT_VERSION] = MODEL_VERSION_BF16;
     h[MODEL_SLOT_MAX_SEQ_LEN] = a.config.max_seq_len; h[MODEL_SLOT_VOCAB_SIZE] = a.config.vocab_size;
     h[MODEL_SLOT_NUM_LAYERS] = a.config.num_layers; h[MODEL_SLOT_NUM_HEADS] = a.config.num_heads;
     h[MODEL_SLOT_CHANNELS] = a.config.channels; h[MODEL_SLOT_PADDED_VOCAB] = a.config.padded_vocab_size;
-    fwrite_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
+    fwrite_check(h, sizeof(int), FILE_HEADER_INTS, f);
     for (size_t i = 0; i < a.num_parameters; i++) {
         uint32_t bits; memcpy(&bits, &a.params_memory[i], 4);
         uint16_t top = (uint16_t)(bits >> 16);
@@ -340,7 +340,8 @@ static void test_model_files(const char* dir) {
 static void write_tokenizer(const char* path, int V) {
     FILE* f = fopen_check(path, "wb");
     int h[FILE_HEADER_INTS] = {0};
-    h[0] = TOKENIZER_MAGIC; h[1] = TOKENIZER_VERSION; h[2] = V; h[3] = V - 1;
+    h[FILE_SLOT_MAGIC] = TOKENIZER_MAGIC; h[FILE_SLOT_VERSION] = TOKENIZER_VERSION; h[TOKENIZER_SLOT_VOCAB_SIZE] = V;
+    h[TOKENIZER_SLOT_VOCAB_SIZE + 1] = V - 1;  // the EOT id, as llm.c writes it (not read here)
     fwrite_check(h, sizeof(int), FILE_HEADER_INTS, f);
     for (int i = 0; i < V; i++) {
         char s[16];
@@ -357,7 +358,7 @@ static void test_tokenizer(const char* dir) {
     write_tokenizer(path, 300);
     Tokenizer t;
     tokenizer_init(&t, path);
-    check(t.init_ok && t.vocab_size == 300 && t.eot_token == 299, "tokenizer: header read", "init_ok %d V %u", t.init_ok, t.vocab_size);
+    check(t.init_ok && t.vocab_size == 300, "tokenizer: header read", "init_ok %d V %u", t.init_ok, t.vocab_size);
     check(strcmp(tokenizer_decode(&t, 0), "<t0>") == 0 && strcmp(tokenizer_decode(&t, 257), "<t257>") == 0,
           "tokenizer: decode gives each token's bytes", "got '%s'", tokenizer_decode(&t, 257));
     check(strcmp(tokenizer_decode(&t, 300), "") == 0, "tokenizer: an id past the vocabulary decodes to nothing", "not empty");
@@ -372,9 +373,9 @@ static void test_tokenizer(const char* dir) {
 
 static void write_shard(const char* path, const uint16_t* tokens, int n) {
     FILE* f = fopen_check(path, "wb");
-    int h[SHARD_HEADER_INTS] = {0};
-    h[0] = SHARD_MAGIC; h[1] = SHARD_VERSION; h[2] = n;
-    fwrite_check(h, sizeof(int), SHARD_HEADER_INTS, f);
+    int h[FILE_HEADER_INTS] = {0};
+    h[FILE_SLOT_MAGIC] = SHARD_MAGIC; h[FILE_SLOT_VERSION] = SHARD_VERSION; h[SHARD_SLOT_NUM_TOKENS] = n;
+    fwrite_check(h, sizeof(int), FILE_HEADER_INTS, f);
     fwrite_check(tokens, sizeof(uint16_t), n, f);
     fclose(f);
 }

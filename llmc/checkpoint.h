@@ -32,23 +32,23 @@ how to make a right one.
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "file_header.h"
 #include "model_config.h"
 #include "utils.h"
-
-#define CHECKPOINT_HEADER_INTS 256
 
 #define MODEL_MAGIC 20240326
 #define MODEL_VERSION_FP32 3
 #define MODEL_VERSION_BF16 5
 enum {
-    MODEL_SLOT_MAGIC = 0, MODEL_SLOT_VERSION = 1, MODEL_SLOT_MAX_SEQ_LEN = 2, MODEL_SLOT_VOCAB_SIZE = 3,
+    MODEL_SLOT_MAGIC = FILE_SLOT_MAGIC, MODEL_SLOT_VERSION = FILE_SLOT_VERSION, MODEL_SLOT_MAX_SEQ_LEN = 2, MODEL_SLOT_VOCAB_SIZE = 3,
     MODEL_SLOT_NUM_LAYERS = 4, MODEL_SLOT_NUM_HEADS = 5, MODEL_SLOT_CHANNELS = 6, MODEL_SLOT_PADDED_VOCAB = 7,
 };
 
 #define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
 #define STATE_VERSION 2   // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage
+#define STATE_REGEN_HINT "a training-state file is written by this trainer's checkpoints (-o, -n); resume with the version that wrote it"
 enum {
-    STATE_SLOT_MAGIC = 0, STATE_SLOT_VERSION = 1, STATE_SLOT_NUM_PROCESSES = 2, STATE_SLOT_RANK = 3,
+    STATE_SLOT_MAGIC = FILE_SLOT_MAGIC, STATE_SLOT_VERSION = FILE_SLOT_VERSION, STATE_SLOT_NUM_PROCESSES = 2, STATE_SLOT_RANK = 3,
     STATE_SLOT_STEP = 4, STATE_SLOT_DATA_SHARD = 5, STATE_SLOT_DATA_EPOCH = 6,
     STATE_SLOT_DATA_POSITION = 8,    // 64-bit: slots 8, 9
     STATE_SLOT_RNG = 10,             // 64-bit: slots 10, 11
@@ -57,8 +57,6 @@ enum {
     STATE_SLOT_ZERO = 16,            // ZeroStage (distributed.h): 1 = this file holds rank's blocks only
 };
 
-static void header_set64(int* h, int slot, uint64_t v) { h[slot] = (int)(uint32_t)v; h[slot + 1] = (int)(uint32_t)(v >> 32); }
-static uint64_t header_get64(const int* h, int slot) { return (uint64_t)(uint32_t)h[slot] | ((uint64_t)(uint32_t)h[slot + 1] << 32); }
 
 // ----------------------------------------------------------------------------
 // atomic writes: write to "<path>.tmp", fsync, rename over <path>, fsync the directory
@@ -98,11 +96,8 @@ static void atomic_commit(AtomicFile* a) {
 // opens a model file and reads its header into cfg; leaves f at the first tensor
 static FILE* model_file_open(const char* path, GPT2Config* cfg, int* version) {
     FILE* f = fopen_check(path, "rb");
-    long size = file_size(f);
-    int h[CHECKPOINT_HEADER_INTS];
-    if (size < (long)sizeof(h)) { fail("model file '%s' is truncated (%ld bytes)\n  hint: %s", path, size, MODEL_REGEN_HINT); }
-    fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
-    if (h[MODEL_SLOT_MAGIC] != MODEL_MAGIC) { fail("'%s' is not a model file (magic %d, want %d)\n  hint: %s", path, h[MODEL_SLOT_MAGIC], MODEL_MAGIC, MODEL_REGEN_HINT); }
+    int h[FILE_HEADER_INTS];
+    long size = file_header_read(f, path, "model file", MODEL_MAGIC, MODEL_REGEN_HINT, h);
     *version = h[MODEL_SLOT_VERSION];
     if (*version != MODEL_VERSION_FP32 && *version != MODEL_VERSION_BF16) {
         fail("model file '%s' has version %d; this program reads %d (fp32) and %d (bf16)\n  hint: %s",
@@ -148,7 +143,7 @@ static void model_file_read_params(FILE* f, const char* path, const GPT2Config* 
 }
 
 static void model_file_write(const char* path, const GPT2Config* cfg, const float* params) {
-    int h[CHECKPOINT_HEADER_INTS] = {0};
+    int h[FILE_HEADER_INTS] = {0};
     h[MODEL_SLOT_MAGIC] = MODEL_MAGIC;
     h[MODEL_SLOT_VERSION] = MODEL_VERSION_FP32;
     h[MODEL_SLOT_MAX_SEQ_LEN] = cfg->max_seq_len;
@@ -159,7 +154,7 @@ static void model_file_write(const char* path, const GPT2Config* cfg, const floa
     h[MODEL_SLOT_PADDED_VOCAB] = cfg->padded_vocab_size;
     AtomicFile a;
     atomic_open(&a, path);
-    fwrite_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, a.f);
+    fwrite_check(h, sizeof(int), FILE_HEADER_INTS, a.f);
     fwrite_check(params, sizeof(float), gpt2_num_parameters(cfg), a.f);
     atomic_commit(&a);
 }
@@ -179,7 +174,7 @@ typedef struct {
 } TrainState;
 
 static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
-    int h[CHECKPOINT_HEADER_INTS] = {0};
+    int h[FILE_HEADER_INTS] = {0};
     h[STATE_SLOT_MAGIC] = STATE_MAGIC;
     h[STATE_SLOT_VERSION] = STATE_VERSION;
     h[STATE_SLOT_NUM_PROCESSES] = s->num_processes;
@@ -194,7 +189,7 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     h[STATE_SLOT_ZERO] = s->zero;
     AtomicFile a;
     atomic_open(&a, path);
-    fwrite_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, a.f);
+    fwrite_check(h, sizeof(int), FILE_HEADER_INTS, a.f);
     fwrite_check(opt_state, sizeof(float), s->opt_floats, a.f);
     atomic_commit(&a);
 }
@@ -202,14 +197,9 @@ static void state_file_write(const char* path, const TrainState* s, const float*
 // reads the header of the state file at path into s; returns the open file, at the state
 static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     FILE* f = fopen_check(path, "rb");
-    *size = file_size(f);
-    int h[CHECKPOINT_HEADER_INTS];
-    if (*size < (long)sizeof(h)) { fail("state file '%s' is truncated (%ld bytes)", path, *size); }
-    fread_check(h, sizeof(int), CHECKPOINT_HEADER_INTS, f);
-    if (h[STATE_SLOT_MAGIC] != STATE_MAGIC || h[STATE_SLOT_VERSION] != STATE_VERSION) {
-        fail("'%s' is not a training-state file of this program (magic %d version %d, want %d version %d)",
-             path, h[STATE_SLOT_MAGIC], h[STATE_SLOT_VERSION], STATE_MAGIC, STATE_VERSION);
-    }
+    int h[FILE_HEADER_INTS];
+    *size = file_header_read(f, path, "training-state file", STATE_MAGIC, STATE_REGEN_HINT, h);
+    file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
     s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
     s->rank = h[STATE_SLOT_RANK];
     s->step = h[STATE_SLOT_STEP];
@@ -237,7 +227,7 @@ static void state_file_read(const char* path, TrainState* s, float* opt_state, s
         fail("state file '%s' holds %zu optimizer floats, this run needs %zu\n"
              "  hint: resume with the same model, optimizer and number of processes", path, s->opt_floats, expected_opt_floats);
     }
-    long expected = (long)(CHECKPOINT_HEADER_INTS * sizeof(int)) + (long)(s->opt_floats * sizeof(float));
+    long expected = (long)(FILE_HEADER_INTS * sizeof(int)) + (long)(s->opt_floats * sizeof(float));
     if (size != expected) { fail("state file '%s' is %ld bytes, its header implies %ld: truncated or corrupt", path, size, expected); }
     fread_check(opt_state, sizeof(float), s->opt_floats, f);
     fclose(f);

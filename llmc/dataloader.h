@@ -23,12 +23,13 @@ Failure: a missing, foreign, truncated or too-small shard stops at init; a token
 #include <glob.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "file_header.h"
 #include "memory.h"
 #include "utils.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
-#define SHARD_HEADER_INTS 256
+enum { SHARD_SLOT_NUM_TOKENS = 2 };  // after the magic and the version (file_header.h)
 #define SHARD_REGEN_HINT "shards are made by: python3 dev/data/tinyshakespeare.py"
 
 typedef struct {
@@ -48,22 +49,20 @@ typedef struct {
 
 // reads and checks a shard's header; returns its token count
 static size_t shard_check(const char* path, FILE* f, size_t min_tokens) {
-    int header[SHARD_HEADER_INTS];
-    long size = file_size(f);
-    if (size < (long)sizeof(header)) { fail("token shard '%s' is truncated: %ld bytes, less than its header\n  hint: %s", path, size, SHARD_REGEN_HINT); }
-    fread_check(header, sizeof(int), SHARD_HEADER_INTS, f);
-    if (header[0] != SHARD_MAGIC) { fail("'%s' is not a token shard (magic %d, want %d)\n  hint: %s", path, header[0], SHARD_MAGIC, SHARD_REGEN_HINT); }
-    if (header[1] != SHARD_VERSION) { fail("token shard '%s' has version %d, want %d\n  hint: %s", path, header[1], SHARD_VERSION, SHARD_REGEN_HINT); }
-    long expected = (long)sizeof(header) + (long)header[2] * (long)sizeof(uint16_t);
-    if (header[2] < 0 || size != expected) {
+    int header[FILE_HEADER_INTS];
+    long size = file_header_read(f, path, "token shard", SHARD_MAGIC, SHARD_REGEN_HINT, header);
+    file_header_check_version(header, path, "token shard", SHARD_VERSION, SHARD_REGEN_HINT);
+    int tokens = header[SHARD_SLOT_NUM_TOKENS];
+    long expected = (long)sizeof(header) + (long)tokens * (long)sizeof(uint16_t);
+    if (tokens < 0 || size != expected) {
         fail("token shard '%s' is %ld bytes but its header says %d tokens (%ld bytes): truncated or corrupt\n  hint: %s",
-             path, size, header[2], expected, SHARD_REGEN_HINT);
+             path, size, tokens, expected, SHARD_REGEN_HINT);
     }
-    if ((size_t)header[2] < min_tokens) {
+    if ((size_t)tokens < min_tokens) {
         fail("token shard '%s' has %d tokens, fewer than one step needs (%zu = B*T*processes + 1)\n"
-             "  hint: use a smaller batch (-b) or sequence length (-t)", path, header[2], min_tokens);
+             "  hint: use a smaller batch (-b) or sequence length (-t)", path, tokens, min_tokens);
     }
-    return (size_t)header[2];
+    return (size_t)tokens;
 }
 
 static size_t dataloader_step_tokens(const DataLoader* dl) {
@@ -120,7 +119,7 @@ static void dataloader_next_batch(DataLoader* dl) {
         dataloader_open_shard(dl, next);
         dl->position = (size_t)dl->rank * BT;
     }
-    fseek_check(dl->file, (long)(SHARD_HEADER_INTS * sizeof(int) + dl->position * sizeof(uint16_t)), SEEK_SET);
+    fseek_check(dl->file, (long)(FILE_HEADER_INTS * sizeof(int) + dl->position * sizeof(uint16_t)), SEEK_SET);
     fread_check(dl->buffer, sizeof(uint16_t), BT + 1, dl->file);
     for (size_t i = 0; i < BT + 1; i++) {
         if (dl->buffer[i] >= dl->vocab_size) {

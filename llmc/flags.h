@@ -14,6 +14,7 @@ message naming the flag and pointing at -h.
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,14 +3,20 @@ memory.h: every large allocation of the trainer goes through one accounting
 allocator, by category, with high-water marks; and the process's resident set
 size read from the OS, to check the accounting against reality.
 
-    float* p = mem_alloc(MEM_PARAMETERS, n * sizeof(float));   // 64-byte aligned
+    float* p = (float*)mem_alloc(MEM_PARAMETERS, n * sizeof(float));   // 64-byte aligned
     ...
     mem_free(p);
     size_t peak = g_mem.peak[MEM_PARAMETERS];
 
+Where the bytes come from is the backend's choice, per category: host memory by
+default (the CPU trainer), device memory for the categories a GPU holds, pinned
+host memory for what it copies asynchronously (mem_set_allocator). The accounting
+is the same for all, so one memory table serves every backend.
+
 The planner (planner.h) predicts the same numbers from closed-form formulas; the
 trainer prints both side by side, and test_gpt.c checks they agree exactly.
-Failure: out of memory stops with the category and size, and a hint (--plan).
+Failure: out of memory stops with the category, the size and where the memory
+comes from, and a hint (--plan).
 */
 #ifndef LLMC_MEMORY_H
 #define LLMC_MEMORY_H
@@ -22,7 +28,7 @@ Failure: out of memory stops with the category and size, and a hint (--plan).
 #include "utils.h"
 
 typedef enum {
-    MEM_PARAMETERS,       // the weights, fp32
+    MEM_PARAMETERS,       // the weights
     MEM_GRADIENTS,        // one gradient per weight
     MEM_OPTIMIZER,        // optimizer state (AdamW: m and v)
     MEM_ACTIVATIONS,      // what forward keeps for backward, and the logits
@@ -52,29 +58,56 @@ static MemStats g_mem;  // one accounting per process
 
 #define MEM_ALIGN 64  // a cache line, and the widest vector load (AVX-512)
 
-// each block carries a header (one alignment unit) recording its size and category
-typedef struct { size_t bytes; int category; } MemHeader;
+// where one category's bytes come from: alloc returns NULL when out of memory
+typedef struct {
+    void* (*alloc)(size_t bytes);
+    void (*release)(void* p);
+    const char* where;  // "host memory", "device memory", ... for messages
+} MemAllocator;
+
+static void* mem_host_alloc(size_t bytes) {
+    return aligned_alloc(MEM_ALIGN, (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN);
+}
+static void mem_host_release(void* p) { free(p); }
+static const MemAllocator MEM_HOST = {mem_host_alloc, mem_host_release, "host memory"};
+
+// each category's allocator; a NULL alloc means MEM_HOST
+static MemAllocator g_mem_allocators[NUM_MEM_CATEGORIES];
+
+// the backend's choice for one category, before its first allocation
+static void mem_set_allocator(MemCategory cat, MemAllocator a) { g_mem_allocators[cat] = a; }
+
+static const MemAllocator* mem_allocator_of(MemCategory cat) {
+    return g_mem_allocators[cat].alloc != NULL ? &g_mem_allocators[cat] : &MEM_HOST;
+}
+
+// the live blocks (the memory itself may be a device's, so sizes are kept here)
+#define MEM_MAX_BLOCKS 64  // a run makes about fifteen allocations
+typedef struct { void* p; size_t bytes; MemCategory category; } MemBlock;
+static MemBlock g_mem_blocks[MEM_MAX_BLOCKS];
 
 static void* mem_alloc_at(MemCategory cat, size_t bytes, const char* file, int line) {
-    size_t total = MEM_ALIGN + (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
-    char* base = aligned_alloc(MEM_ALIGN, total);
-    if (base == NULL) {
-        fail_at(file, line, "out of memory allocating %.1f MiB of %s (%.1f MiB already in use)\n"
+    const MemAllocator* a = mem_allocator_of(cat);
+    void* p = a->alloc(bytes > 0 ? bytes : 1);
+    if (p == NULL) {
+        fail_at(file, line, "out of %s allocating %.1f MiB of %s (%.1f MiB already in use)\n"
                 "  hint: run with --plan to see what this model, batch and flags need",
-                bytes / 1048576.0, MEM_CATEGORY_NAMES[cat], g_mem.total_current / 1048576.0);
+                a->where, bytes / 1048576.0, MEM_CATEGORY_NAMES[cat], g_mem.total_current / 1048576.0);
     }
-    MemHeader* h = (MemHeader*)base;
-    h->bytes = bytes;
-    h->category = cat;
+    int slot = 0;
+    while (slot < MEM_MAX_BLOCKS && g_mem_blocks[slot].p != NULL) { slot++; }
+    if (slot == MEM_MAX_BLOCKS) { fail_at(file, line, "more than %d live allocations: raise MEM_MAX_BLOCKS", MEM_MAX_BLOCKS); }
+    MemBlock b = {p, bytes, cat};
+    g_mem_blocks[slot] = b;
     g_mem.current[cat] += bytes;
     if (g_mem.current[cat] > g_mem.peak[cat]) { g_mem.peak[cat] = g_mem.current[cat]; }
     g_mem.total_current += bytes;
     if (g_mem.total_current > g_mem.total_peak) { g_mem.total_peak = g_mem.total_current; }
-    return base + MEM_ALIGN;
+    return p;
 }
 #define mem_alloc(cat, bytes) mem_alloc_at(cat, bytes, __FILE__, __LINE__)
 
-// zero-filled
+// zero-filled; only for categories in host memory (a device's memory is zeroed by its backend)
 static void* mem_calloc_at(MemCategory cat, size_t bytes, const char* file, int line) {
     void* p = mem_alloc_at(cat, bytes, file, line);
     memset(p, 0, bytes);
@@ -84,11 +117,16 @@ static void* mem_calloc_at(MemCategory cat, size_t bytes, const char* file, int 
 
 static void mem_free(void* p) {
     if (p == NULL) { return; }
-    char* base = (char*)p - MEM_ALIGN;
-    MemHeader* h = (MemHeader*)base;
-    g_mem.current[h->category] -= h->bytes;
-    g_mem.total_current -= h->bytes;
-    free(base);
+    for (int i = 0; i < MEM_MAX_BLOCKS; i++) {
+        MemBlock* b = &g_mem_blocks[i];
+        if (b->p != p) { continue; }
+        g_mem.current[b->category] -= b->bytes;
+        g_mem.total_current -= b->bytes;
+        mem_allocator_of(b->category)->release(p);
+        b->p = NULL;
+        return;
+    }
+    fail("mem_free: %p was not allocated by mem_alloc", p);
 }
 
 // a "Name:   N kB" field of a /proc file (Linux), in bytes; 0 where unknown.

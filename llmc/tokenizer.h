@@ -16,17 +16,17 @@ truncated file stops with the reason and the script that regenerates it.
 #include <ctype.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "file_header.h"
 #include "utils.h"
 
 #define TOKENIZER_MAGIC 20240328
 #define TOKENIZER_VERSION 2
-#define FILE_HEADER_INTS 256  // every llm.c file starts with 256 int32 slots
+enum { TOKENIZER_SLOT_VOCAB_SIZE = 2 };  // after the magic and the version (file_header.h)
 #define TOKENIZER_REGEN_HINT "regenerate it with: python3 dev/data/tinyshakespeare.py --force"
 
 typedef struct {
     uint32_t vocab_size;
     char** token_table;   // (vocab_size) NUL-terminated byte strings
-    int eot_token;
     int init_ok;
 } Tokenizer;
 
@@ -40,15 +40,12 @@ static void tokenizer_init(Tokenizer* tok, const char* path) {
         printf("note: no tokenizer at '%s': samples print token ids (%s)\n", path, TOKENIZER_REGEN_HINT);
         return;
     }
-    long size = file_size(f);
     int header[FILE_HEADER_INTS];
-    if (size < (long)sizeof(header)) { fail("tokenizer '%s' is truncated (%ld bytes)\n  hint: %s", path, size, TOKENIZER_REGEN_HINT); }
-    fread_check(header, sizeof(int), FILE_HEADER_INTS, f);
-    if (header[0] != TOKENIZER_MAGIC) { fail("'%s' is not a tokenizer file (magic %d, want %d)\n  hint: %s", path, header[0], TOKENIZER_MAGIC, TOKENIZER_REGEN_HINT); }
-    if (header[1] != TOKENIZER_VERSION) { fail("tokenizer '%s' has version %d, want %d\n  hint: %s", path, header[1], TOKENIZER_VERSION, TOKENIZER_REGEN_HINT); }
-    if (header[2] <= 0) { fail("tokenizer '%s': bad vocabulary size %d\n  hint: %s", path, header[2], TOKENIZER_REGEN_HINT); }
-    tok->vocab_size = (uint32_t)header[2];
-    tok->eot_token = header[3];
+    long size = file_header_read(f, path, "tokenizer file", TOKENIZER_MAGIC, TOKENIZER_REGEN_HINT, header);
+    file_header_check_version(header, path, "tokenizer file", TOKENIZER_VERSION, TOKENIZER_REGEN_HINT);
+    int vocab = header[TOKENIZER_SLOT_VOCAB_SIZE];
+    if (vocab <= 0) { fail("tokenizer '%s': bad vocabulary size %d\n  hint: %s", path, vocab, TOKENIZER_REGEN_HINT); }
+    tok->vocab_size = (uint32_t)vocab;
     tok->token_table = (char**)malloc_check(tok->vocab_size * sizeof(char*));
     for (uint32_t i = 0; i < tok->vocab_size; i++) {
         unsigned char len;
