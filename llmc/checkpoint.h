@@ -61,7 +61,8 @@ enum {
 // ----------------------------------------------------------------------------
 // atomic writes: write to "<path>.tmp", fsync, rename over <path>, fsync the directory
 
-typedef struct { FILE* f; char path[1100]; char tmp[1104]; } AtomicFile;
+#define CHECKPOINT_PATH_LEN 1100  // an output directory (flags.h: PATH_MAX_LEN) and a file name
+typedef struct { FILE* f; char path[CHECKPOINT_PATH_LEN]; char tmp[CHECKPOINT_PATH_LEN + 4]; } AtomicFile;
 
 static void atomic_open(AtomicFile* a, const char* path) {
     snprintf(a->path, sizeof(a->path), "%s", path);
@@ -73,7 +74,7 @@ static void atomic_open(AtomicFile* a, const char* path) {
 }
 
 static void fsync_dir_of(const char* path) {
-    char dir[1100];
+    char dir[CHECKPOINT_PATH_LEN];
     snprintf(dir, sizeof(dir), "%s", path);
     char* slash = strrchr(dir, '/');
     if (slash == NULL) { strcpy(dir, "."); } else if (slash == dir) { dir[1] = '\0'; } else { *slash = '\0'; }
@@ -242,7 +243,7 @@ static void checkpoint_path(char* buf, size_t n, const char* dir, const char* ki
 }
 
 static void checkpoint_mark_done(const char* dir, int step) {
-    char path[1100];
+    char path[CHECKPOINT_PATH_LEN];
     snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
     AtomicFile a;
     atomic_open(&a, path);
@@ -272,7 +273,7 @@ static void ensure_output_dir(const char* dir) {
     } else if (!S_ISDIR(st.st_mode)) {
         fail("output path '%s' exists and is not a directory\n  hint: choose another -o", dir);
     }
-    char probe[1100];
+    char probe[CHECKPOINT_PATH_LEN];
     snprintf(probe, sizeof(probe), "%s/.write_test", dir);
     FILE* f = fopen(probe, "wb");
     if (f == NULL) { fail("output directory '%s' is not writable: %s\n  hint: choose another -o, or -o \"\" to write nothing", dir, strerror(errno)); }

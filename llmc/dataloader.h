@@ -36,6 +36,7 @@ typedef struct {
     int B, T, rank, num_processes, vocab_size;
     glob_t glob;              // the shard paths, sorted
     size_t num_shards;
+    size_t epoch_tokens;      // over all shards: tokens that start a window (each shard's count - 1)
     // position: which shard, which token, which pass over the data
     size_t shard;
     size_t position;          // token index in the shard where this rank's next window starts
@@ -87,7 +88,10 @@ static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, i
     }
     dl->num_shards = dl->glob.gl_pathc;
     // check every shard now, so a bad file stops the run before training, not hours in
-    for (size_t s = 0; s < dl->num_shards; s++) { dataloader_open_shard(dl, s); }
+    for (size_t s = 0; s < dl->num_shards; s++) {
+        dataloader_open_shard(dl, s);
+        dl->epoch_tokens += dl->shard_tokens - 1;
+    }
     dataloader_open_shard(dl, 0);
     dl->position = (size_t)rank * B * T;
     dl->buffer = (uint16_t*)mem_alloc(MEM_SCRATCH, ((size_t)B * T + 1) * sizeof(uint16_t));

@@ -18,6 +18,7 @@ message naming the flag and pointing at -h.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model_config.h"
 #include "utils.h"
 
 #define PATH_MAX_LEN 1024
@@ -117,7 +118,7 @@ static const FlagSpec FLAGS[] = {
     {"-i", "--train",         FLAG_STRING, OPT(train_data),       "training token shards (glob pattern)"},
     {"-j", "--val",           FLAG_STRING, OPT(val_data),         "validation token shards (glob), \"\" = none"},
     {"-k", "--tokenizer",     FLAG_STRING, OPT(tokenizer),        "tokenizer file for samples, \"\" = none"},
-    {"-e", "--model",         FLAG_STRING, OPT(model),            "preset tiny|d6|d12|d24|d36|d48|d60, or a checkpoint .bin"},
+    {"-e", "--model",         FLAG_STRING, OPT(model),            "a preset (listed below) or a model file .bin to start from"},
     {"-o", "--out",           FLAG_STRING, OPT(out_dir),          "output directory for checkpoints and log, \"\" = none"},
     {"-b", "--batch",         FLAG_INT,    OPT(batch_size),       "micro-batch size B (sequences)"},
     {"-t", "--seq",           FLAG_INT,    OPT(seq_len),          "sequence length T (tokens)"},
@@ -173,6 +174,12 @@ static void print_usage(const char* prog) {
                FLAGS[i].longname, FLAGS[i].help, def);
     }
     printf("  -h  --help                 this text\n");
+    printf("presets for -e: ");
+    for (int i = 0; i < NUM_GPT2_PRESETS; i++) {
+        const GPT2Preset* p = &GPT2_PRESETS[i];
+        printf("%s%s (L=%d C=%d NH=%d)", i ? ", " : "", p->name, p->layers, p->channels, p->heads);
+    }
+    printf("; GPT-2's vocabulary and maxT %d\n", GPT2_MAX_SEQ_LEN);
 }
 
 static const FlagSpec* find_flag(const char* name, size_t len) {

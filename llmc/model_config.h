@@ -1,18 +1,22 @@
 /*
-model_config.h: the GPT-2 shape (one struct), the llm.c presets, and the size table
-of the 16 parameter tensors in checkpoint order. Shared by the CPU and CUDA paths.
+model_config.h: the GPT-2 shape (one struct), the llm.c presets, the size table of the
+16 parameter tensors in checkpoint order, and GPT-2's initialisation of them. Shared by
+the CPU and CUDA paths.
 
     GPT2Config cfg;
     if (!gpt2_config_preset(&cfg, "d12")) { ... }   // GPT-2 124M
     size_t sizes[NUM_PARAMETER_TENSORS]; gpt2_parameter_sizes(sizes, &cfg);
+    gpt2_init_params(params, &cfg, seed);           // params: gpt2_num_parameters(&cfg) floats
 
 Failure: gpt2_config_check() stops with a message naming the impossible shape.
 */
 #ifndef LLMC_MODEL_CONFIG_H
 #define LLMC_MODEL_CONFIG_H
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "rand.h"
 #include "utils.h"
 
 #define GPT2_VOCAB_SIZE 50257   // GPT-2's BPE vocabulary
@@ -33,18 +37,29 @@ static int gpt2_padded_vocab(int V) {
     return (V + VOCAB_PAD_MULTIPLE - 1) / VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE;
 }
 
-// named presets as llm.c spells them: dN = depth N with GPT-2's widths
-typedef struct { const char* name; int layers, channels, heads; const char* note; } GPT2Preset;
+// named presets as llm.c spells them: dN = depth N with GPT-2's widths (the one list:
+// -h, the error for an unknown -e and README's table come from it)
+typedef struct { const char* name; int layers, channels, heads; } GPT2Preset;
 static const GPT2Preset GPT2_PRESETS[] = {
-    {"tiny", 2, 64, 4, "for tests and quick checks, 3.3M params"},
-    {"d6", 6, 384, 6, "small default, 30M params"},
-    {"d12", 12, 768, 12, "GPT-2 124M"},
-    {"d24", 24, 1024, 16, "GPT-2 350M"},
-    {"d36", 36, 1280, 20, "GPT-2 774M"},
-    {"d48", 48, 1600, 25, "GPT-2 1558M"},
-    {"d60", 60, 1920, 30, "2.7B"},
+    {"tiny", 2, 64, 4},     // for tests and quick checks, 3.3M parameters
+    {"d6", 6, 384, 6},      // the small default, 30M
+    {"d12", 12, 768, 12},   // GPT-2 124M
+    {"d24", 24, 1024, 16},  // GPT-2 350M
+    {"d36", 36, 1280, 20},  // GPT-2 774M
+    {"d48", 48, 1600, 25},  // GPT-2 1558M
+    {"d60", 60, 1920, 30},  // 2.7B
 };
 #define NUM_GPT2_PRESETS ((int)(sizeof(GPT2_PRESETS) / sizeof(GPT2_PRESETS[0])))
+#define GPT2_PRESET_LIST_LEN 128
+
+// "tiny, d6, d12, ..." into out
+static void gpt2_preset_list(char* out, size_t n) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < NUM_GPT2_PRESETS && used < n; i++) {
+        used += snprintf(out + used, n - used, "%s%s", i ? ", " : "", GPT2_PRESETS[i].name);
+    }
+}
 
 // fills cfg from a preset name; returns 0 if the name is not a preset
 static int gpt2_config_preset(GPT2Config* cfg, const char* name) {
@@ -114,6 +129,32 @@ static size_t gpt2_num_parameters(const GPT2Config* cfg) {
     gpt2_parameter_sizes(sizes, cfg);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { n += sizes[i]; }
     return n;
+}
+
+#define INIT_STD 0.02f  // GPT-2's initialisation scale
+
+// GPT-2 initialisation of params (gpt2_num_parameters floats): weights normal(0, 0.02),
+// residual projections 0.02/sqrt(2L), biases 0, LayerNorm weights 1; padded vocabulary
+// rows 0. Deterministic in the seed.
+static void gpt2_init_params(float* params, const GPT2Config* cfg, uint64_t seed) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, cfg);
+    float residual_std = INIT_STD / sqrtf(2.0f * cfg->num_layers);
+    uint64_t rng = RNG_SEED_MIX ^ seed;
+    float* p = params;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        const char* name = PARAMETER_NAMES[i];
+        int is_ln_weight = strcmp(name, "ln1w") == 0 || strcmp(name, "ln2w") == 0 || strcmp(name, "lnfw") == 0;
+        float std = (strcmp(name, "attprojw") == 0 || strcmp(name, "fcprojw") == 0) ? residual_std : INIT_STD;
+        size_t n = sizes[i];
+        if (i == 0) { n = (size_t)cfg->vocab_size * cfg->channels; }  // wte: real rows only
+        for (size_t j = 0; j < sizes[i]; j++) {
+            if (j >= n) { p[j] = 0.0f; }
+            else if (PARAMETER_IS_MATRIX[i]) { p[j] = std * rand_normal(&rng); }
+            else { p[j] = is_ln_weight ? 1.0f : 0.0f; }
+        }
+        p += sizes[i];
+    }
 }
 
 #endif // LLMC_MODEL_CONFIG_H

@@ -1,9 +1,15 @@
 /*
 planner.h: how many bytes a run needs, by category, from closed-form formulas of
-the model shape and the batch. This is deliberately separate code from the
-allocations in train_gpt.c: the trainer prints the plan at start-up and the
+the model shape, the batch and the flags. This is deliberately separate code from
+the allocations of the backends: the trainer prints the plan at start-up and the
 measured high-water marks (memory.h) after the first step, and the tests check
 that the two agree exactly. `train_gpt --plan` prints it without training.
+
+What differs between backends (bytes per weight and per gradient, and the layout
+of one layer's activations: which tensors, in which precision) the backend states
+in a BackendLayout; the planner adds up the rest: the optimizer state (the same
+fp32 layout everywhere: opt_layout.h), and how many layer blocks, shared buffers
+and kept tensors each activation policy keeps, and where.
 
 Notation: L layers, C channels, NH heads, Vp padded vocabulary, maxT positions,
 B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
@@ -21,6 +27,20 @@ reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state.
 #include "model_config.h"
 #include "act_policy.h"
 
+// what one backend's tensors take, in bytes, for one (B,T); from its own size tables
+typedef struct {
+    size_t param_bytes;      // per weight (CPU: 4, fp32)
+    size_t grad_bytes;       // per gradient
+    size_t layer;            // one layer's block of kept activations, keeping everything
+    size_t layer_gelu;       // of which the GELU output: --recompute gelu keeps one, shared
+    size_t layer_att;        // of which the attention weights: --recompute attn keeps one, shared
+    size_t residual;         // one residual-stream tensor (B,T,C): the embeddings, a kept segment input
+    size_t head;             // the final LayerNorm output and statistics, logits, losses
+    size_t backward;         // backward's working buffers, one layer's worth
+    const char* layer_formula;     // A in elements, e.g. "16BTC + 4BT + B NH T^2"
+    const char* backward_formula;  // the backward buffers in bytes, e.g. "4(13BTC + B NH T^2)"
+} BackendLayout;
+
 typedef struct {
     int B, T;              // micro-batch shape
     int num_loaders;       // data loaders (train, and val if any)
@@ -29,6 +49,7 @@ typedef struct {
     ActPolicy act;         // --recompute, --offload
     int world;             // data-parallel ranks (0 or 1: one process)
     int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks
+    BackendLayout layout;  // the backend's bytes (train_gpt.c: gpt2_layout)
 } PlanInputs;
 
 enum { PLAN_ADAMW = 0, PLAN_ADAFACTOR = 1, PLAN_CAME = 2 };  // = OptimizerKind (optimizers.h)
@@ -39,6 +60,8 @@ typedef struct {
     size_t bytes[NUM_MEM_CATEGORIES];
     char formula[NUM_MEM_CATEGORIES][PLAN_FORMULA_LEN];  // how bytes[] was computed, for the table
     size_t layer_bytes;      // A: one layer's block of kept activations
+    char layer_formula[PLAN_FORMULA_LEN];  // A in elements
+    size_t residual_bytes;   // R: one residual-stream tensor (B,T,C)
     size_t head_bytes;       // the final LayerNorm, logits and losses
     char act_policy[128];    // the policy, in words
     double recompute_flops;  // extra forward FLOPs per micro-step (checkpointing, selective recompute)
@@ -55,15 +78,16 @@ static void plan_append(char* f, const char* fmt, ...) {
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
-    size_t L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
+    size_t L = cfg->num_layers, C = cfg->channels;
     size_t Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
     size_t B = in.B, T = in.T, BT = B * T, F = sizeof(float);
     size_t P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
+    const BackendLayout* lay = &in.layout;
     MemPlan p;
-    p.bytes[MEM_PARAMETERS] = P * F;
-    snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "4P");
-    p.bytes[MEM_GRADIENTS] = P * F;
-    snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4P");
+    p.bytes[MEM_PARAMETERS] = P * lay->param_bytes;
+    snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
+    p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
+    snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
     // Every optimizer keeps state per slice (optimizers.h): each layer's slice of a per-layer
     // tensor, wte over its V real rows. Under ZeRO-1 with N ranks a rank keeps state for
     // ceil(units / N) units of each slice (rows of a matrix, elements of a vector); write
@@ -94,35 +118,35 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         formula = sharded ? "AdamW m, v, ZeRO-1 block: 8E" : "AdamW m, v: 8Pu";
     }
     snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
-    // A, one layer's block: ln1, atty, residual2, ln2, residual3 (BTC each), qkv (3BTC), fch
-    // and its GELU (4BTC each), attention weights (B NH T^2), four LayerNorm statistics (BT
-    // each); selective recompute drops the GELU output and the attention weights from it
-    // and keeps one shared buffer of each instead. Head: final LayerNorm output (BTC), its
-    // two statistics and the losses (BT each), logits (BT Vp). The embedding output (BTC)
-    // is layer 0's input. Checkpointing keeps segments - 1 more segment inputs (BTC each);
-    // offload moves them (or, without checkpointing, every layer's block) to the host and
-    // keeps one staging buffer for a segment input on its way back.
+    // A, one layer's block (the backend's layout); selective recompute drops the GELU output
+    // and the attention weights from it and keeps one shared buffer of each instead. The
+    // embedding output (one residual tensor R) is layer 0's input. Checkpointing keeps
+    // segments - 1 more segment inputs (R each); offload moves them (or, without
+    // checkpointing, every layer's block) to the host and keeps one staging buffer for a
+    // segment input on its way back. Then the head: final LayerNorm, logits, losses.
     const ActPolicy* ap = &in.act;
-    size_t BTC = BT * C, att = B * NH * T * T;
-    size_t A = 16 * BTC + 4 * BT + att - (ap->gelu ? 4 * BTC : 0) - (ap->attn ? att : 0);
-    size_t shared = (ap->gelu ? 4 * BTC : 0) + (ap->attn ? att : 0), head = BTC + 3 * BT + BT * Vp;
+    size_t R = lay->residual, head = lay->head;
+    size_t A = lay->layer - (ap->gelu ? lay->layer_gelu : 0) - (ap->attn ? lay->layer_att : 0);
+    size_t shared = (ap->gelu ? lay->layer_gelu : 0) + (ap->attn ? lay->layer_att : 0);
     size_t slots = act_num_slots(ap, (int)L), segments = act_num_segments(ap, (int)L);
     size_t kept = ap->segment > 0 ? segments - 1 : 0;
-    size_t device_kept = ap->offload ? (kept > 0 ? BTC : 0) : kept * BTC;
-    p.bytes[MEM_ACTIVATIONS] = (BTC + slots * A + shared + device_kept + head) * F;
+    size_t device_kept = ap->offload ? (kept > 0 ? 1 : 0) : kept;
+    p.bytes[MEM_ACTIVATIONS] = R + slots * A + shared + device_kept * R + head;
     char* f = p.formula[MEM_ACTIVATIONS];
-    snprintf(f, PLAN_FORMULA_LEN, "4[BTC + %zu A", slots);
-    if (device_kept > 0 && ap->offload) { plan_append(f, " + BTC staging"); }
-    if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu BTC kept", kept); }
-    if (ap->gelu) { plan_append(f, " + 4BTC gelu"); }
-    if (ap->attn) { plan_append(f, " + B NH T^2 attn"); }
-    plan_append(f, " + head]");
-    p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * BTC : L * A) * F : 0;
+    snprintf(f, PLAN_FORMULA_LEN, "R + %zu A", slots);
+    if (device_kept > 0 && ap->offload) { plan_append(f, " + R staging"); }
+    if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu R kept", kept); }
+    if (ap->gelu) { plan_append(f, " + gelu"); }
+    if (ap->attn) { plan_append(f, " + attn"); }
+    plan_append(f, " + head");
+    p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * R : L * A) : 0;
     if (!ap->offload) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "no --offload"); }
-    else if (kept > 0) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "4 x %zu BTC: segment inputs", kept); }
-    else { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "4 x %zu A: every layer's block", L); }
-    p.layer_bytes = A * F;
-    p.head_bytes = head * F;
+    else if (kept > 0) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu R: segment inputs", kept); }
+    else { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu A: every layer's block", L); }
+    p.layer_bytes = A;
+    p.residual_bytes = R;
+    p.head_bytes = head;
+    snprintf(p.layer_formula, sizeof(p.layer_formula), "%s", lay->layer_formula);
     act_policy_describe(ap, (int)L, p.act_policy, sizeof(p.act_policy));
     // FLOPs per token: a layer's forward is 24C^2 (matmuls) + 4TC (scores and values); a
     // recomputed segment runs it again, selective attention runs the scores (2TC) again
@@ -130,10 +154,8 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     double recomputed_layers = ap->segment > 0 ? (double)(segments - 1) * ap->segment : 0.0;
     p.recompute_flops = BT * (recomputed_layers * layer_forward + (ap->attn ? L * 2.0 * T * C : 0.0));
     p.step_flops = BT * (6.0 * P + 12.0 * L * T * C);
-    // one layer's backward buffers: residual-stream grad and one (B,T,C) temporary, dqkv (3BTC),
-    // MLP grads (2 x 4BTC), attention-score grad (B NH T^2)
-    p.bytes[MEM_ACT_GRADIENTS] = (13 * BT * C + B * NH * T * T) * F;
-    snprintf(p.formula[MEM_ACT_GRADIENTS], PLAN_FORMULA_LEN, "4(13BTC + B NH T^2)");
+    p.bytes[MEM_ACT_GRADIENTS] = lay->backward;
+    snprintf(p.formula[MEM_ACT_GRADIENTS], PLAN_FORMULA_LEN, "%s", lay->backward_formula);
     // each loader: uint16 read buffer of BT+1 tokens, int inputs and targets (BT each);
     // sampling: one int per position of a generated sequence (T)
     p.bytes[MEM_SCRATCH] = in.num_loaders * ((BT + 1) * sizeof(uint16_t) + 2 * BT * sizeof(int)) + T * sizeof(int);
@@ -174,8 +196,8 @@ static void print_memory_table(const MemPlan* p, const MemStats* measured) {
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
     print_memory_row("total", plan_total(p), m, "");
     printf("%s", MEM_TABLE_RULE);
-    printf("activations: %s; A (one layer's block) = %.2f MiB, head = %.2f MiB\n",
-           p->act_policy, p->layer_bytes / MIB, p->head_bytes / MIB);
+    printf("activations: %s; A (one layer's block: %s) = %.2f MiB, R (BTC) = %.2f MiB, head = %.2f MiB\n",
+           p->act_policy, p->layer_formula, p->layer_bytes / MIB, p->residual_bytes / MIB, p->head_bytes / MIB);
     if (p->recompute_flops > 0.0) {
         printf("recompute: +%.3f GFLOP of forward per micro-step, +%.1f%% of the step's %.3f GFLOP\n",
                p->recompute_flops / 1e9, 100.0 * p->recompute_flops / p->step_flops, p->step_flops / 1e9);

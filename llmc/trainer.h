@@ -1,0 +1,587 @@
+/*
+trainer.h: the training program, written once for every backend: the option checks,
+the model from a preset or a file, the memory plan and check, resume, the progress
+lines and the JSON log, validation, sampling, checkpoints, stop signals, and the loop.
+
+A backend is the model's tensors in some memory and the kernels that compute on them:
+train_gpt.c (the CPU, fp32) and train_gpt.cu (CUDA). It defines `struct GPT2` and the
+functions declared under "the backend" below, then includes this file; its main() is
+
+    int main(int argc, char** argv) { return train_main(argc, argv); }
+
+The loop calls nothing else of the backend, so every program trains, checkpoints,
+resumes, logs and plans memory the same way, and a checkpoint of one resumes in the
+other. Reading order: the backend interface, the model from the flags, checkpoints,
+sampling and validation, the checks before anything is allocated, then the run in four
+parts (set-up, one step, what happens between steps, teardown) and train_main.
+*/
+#ifndef LLMC_TRAINER_H
+#define LLMC_TRAINER_H
+
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "utils.h"
+#include "rand.h"
+#include "flags.h"
+#include "model_config.h"
+#include "opt_layout.h"
+#include "schedule.h"
+#include "act_policy.h"
+#include "memory.h"
+#include "planner.h"
+#include "dataloader.h"
+#include "tokenizer.h"
+#include "checkpoint.h"
+#include "distributed.h"
+
+// ----------------------------------------------------------------------------
+// the backend
+
+typedef struct GPT2 GPT2;  // the backend's model: its tensors, in its memory
+
+// everything a backend needs to allocate a model for training
+typedef struct {
+    GPT2Config config;
+    int B, T;                 // the micro-batch the activations are sized for
+    OptimizerKind optimizer;
+    int use_beta1;            // Adafactor keeps a first moment
+    ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload)
+    Dist dist;                // this process among the data-parallel ranks
+    ZeroStage zero;           // ZERO_SHARDED: this rank keeps its blocks of the optimizer state only
+} ModelSetup;
+
+// the model's fp32 weights and this rank's optimizer state, in host memory, as the
+// checkpoint files hold them (the CPU backend's own tensors; a GPU's copies)
+typedef struct {
+    float* params;            // (P) in model_config.h's order
+    float* opt_state;         // (opt_floats) in opt_layout.h's layout
+    size_t opt_floats;
+} HostView;
+
+typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
+
+// the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan
+static BackendLayout gpt2_layout(const GPT2Config* c, int B, int T);
+// allocates every tensor of a model (through memory.h, by category); the weights are unset
+static GPT2* gpt2_create(const ModelSetup* s);
+static void gpt2_destroy(GPT2* m);
+// the host copies of the weights and the optimizer state, and bringing them up to date:
+// SYNC_TO_HOST before they are read (checkpoints), SYNC_FROM_HOST after they are written
+static HostView gpt2_host_view(GPT2* m);
+static void gpt2_sync(GPT2* m, SyncDirection dir);
+// inputs, targets (B,T) token ids, targets may be NULL; returns the mean loss (-1 without targets)
+static float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T);
+// the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory
+static const float* gpt2_probs(GPT2* m, int position);
+static void gpt2_zero_grad(GPT2* m);
+// accumulates d(loss_scale * the sum of the position losses of the last forward) into the gradients
+static void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
+// sums the ranks' gradients: whole (--zero 0) or each rank its blocks (--zero 1)
+static void gpt2_reduce_grads(GPT2* m);
+static float gpt2_grad_norm(GPT2* m);
+// clips the gradients to s->grad_clip given their global norm and takes one optimizer step
+static void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm);
+
+// ----------------------------------------------------------------------------
+// the model from -e: a preset initialised randomly, or a model file
+
+static int model_is_preset(const TrainOptions* o, GPT2Config* cfg) {
+    return gpt2_config_preset(cfg, o->model);
+}
+
+static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
+    if (model_is_preset(o, cfg)) { return; }
+    FILE* f = fopen(o->model, "rb");
+    if (f == NULL) {
+        char names[GPT2_PRESET_LIST_LEN];
+        gpt2_preset_list(names, sizeof(names));
+        fail("-e '%s' is neither a preset (%s) nor a readable model file", o->model, names);
+    }
+    fclose(f);
+    int version;
+    fclose(model_file_open(o->model, cfg, &version));
+}
+
+// fills the allocated model's weights from -e (seeded initialisation or the file)
+static void gpt2_init_weights(GPT2* m, const TrainOptions* o) {
+    GPT2Config cfg;
+    float* params = gpt2_host_view(m).params;
+    if (model_is_preset(o, &cfg)) {
+        gpt2_init_params(params, &cfg, o->seed);
+    } else {
+        int version;
+        FILE* f = model_file_open(o->model, &cfg, &version);
+        model_file_read_params(f, o->model, &cfg, version, params);
+    }
+    gpt2_sync(m, SYNC_FROM_HOST);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: model file + training state + DONE marker (checkpoint.h)
+
+// a 64-bit hash of the weights' bits (FNV-1a over 32-bit words): equal weights, equal hash
+#define FNV64_OFFSET 0xcbf29ce484222325ULL
+#define FNV64_PRIME 0x100000001b3ULL
+static uint64_t params_hash(const float* params, size_t n) {
+    uint64_t h = FNV64_OFFSET;
+    const uint32_t* w = (const uint32_t*)params;
+    for (size_t i = 0; i < n; i++) { h = (h ^ w[i]) * FNV64_PRIME; }
+    return h;
+}
+
+// stops the run unless every rank holds the same weights (costs one pass over them)
+static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
+    gpt2_sync(m, SYNC_TO_HOST);
+    uint64_t lo, hi;
+    dist_min_max_u64(params_hash(gpt2_host_view(m).params, gpt2_num_parameters(c)), &lo, &hi);
+    if (lo != hi) {
+        fail("replicas: the parameters differ between ranks after step %d (hashes 0x%016llx .. 0x%016llx)\n"
+             "  hint: a bug in the data-parallel step; rerun with --check-replicas 1 to find the first bad step",
+             step, (unsigned long long)lo, (unsigned long long)hi);
+    }
+    printf("replicas: parameters identical on %d ranks after step %d (hash 0x%016llx)\n", dist.world, step, (unsigned long long)lo);
+}
+
+// rank 0 writes the model file, every rank its own state file (its data position and, under
+// ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE
+static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng) {
+    if (s->dist.world > 1) { check_replicas(m, &s->config, s->dist, step); }
+    gpt2_sync(m, SYNC_TO_HOST);
+    HostView h = gpt2_host_view(m);
+    char path[CHECKPOINT_PATH_LEN];
+    if (s->dist.rank == 0) {
+        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+        model_file_write(path, &s->config, h.params);
+    }
+    TrainState st = {s->dist.world, s->dist.rank, step, (int)dl->shard, dl->epoch, dl->position, rng,
+                     gpt2_num_parameters(&s->config), h.opt_floats, s->zero};
+    checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
+    state_file_write(path, &st, h.opt_state);
+    dist_barrier();
+    if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
+    printf("checkpoint: wrote step %d to %s/\n", step, dir);
+}
+
+// loads the newest complete checkpoint of dir into the model; returns its step
+static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng) {
+    int step = checkpoint_latest(dir);
+    if (step < 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
+    HostView h = gpt2_host_view(m);
+    char path[CHECKPOINT_PATH_LEN];
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    GPT2Config cfg;
+    int version;
+    FILE* f = model_file_open(path, &cfg, &version);
+    if (memcmp(&cfg, &s->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", path); }
+    model_file_read_params(f, path, &cfg, version, h.params);
+    // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
+    TrainState st;
+    checkpoint_path(path, sizeof(path), dir, "state", step, 0);
+    state_file_read_header(path, &st);
+    if (st.num_processes != s->dist.world) {
+        fail("checkpoint '%s/' of step %d was written by %d rank(s); this run has %d\n"
+             "  hint: resume with mpirun -np %d (each rank reads its own state file)",
+             dir, step, st.num_processes, s->dist.world, st.num_processes);
+    }
+    if (st.zero != (int)s->zero) {
+        fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
+             "  hint: resume with --zero %d", dir, step, st.zero, (int)s->zero, st.zero);
+    }
+    checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
+    state_file_read(path, &st, h.opt_state, h.opt_floats);
+    gpt2_sync(m, SYNC_FROM_HOST);
+    dataloader_seek(dl, (size_t)st.data_shard, st.data_position, st.data_epoch);
+    *rng = st.rng;
+    printf("resumed from %s/ at step %d\n", dir, step);
+    return step;
+}
+
+// ----------------------------------------------------------------------------
+// sampling and validation
+
+// draws an index from probs (n) given a uniform coin in [0, 1)
+static int sample_index(const float* probs, int n, float coin) {
+    float cdf = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cdf += probs[i];
+        if (coin < cdf) { return i; }
+    }
+    return n - 1;  // rounding
+}
+
+// generates tokens[1..n-1] after tokens[0] (EOT), one forward per token, and prints them
+static void sample_tokens(GPT2* m, const GPT2Config* c, int* tokens, int n, const Tokenizer* tok, uint64_t* rng) {
+    tokens[0] = c->vocab_size > GPT2_EOT ? GPT2_EOT : c->vocab_size - 1;  // a smaller vocabulary: its last id, where GPT-2 keeps EOT
+    for (int t = 1; t < n; t++) {
+        gpt2_forward(m, tokens, NULL, 1, t);
+        tokens[t] = sample_index(gpt2_probs(m, t - 1), c->vocab_size, rand_uniform(rng));
+        if (tok->init_ok) { safe_print(tokenizer_decode(tok, tokens[t])); } else { printf("%d ", tokens[t]); }
+        fflush(stdout);
+    }
+    printf("\n");
+}
+
+// the mean loss over `steps` batches of val, and over the ranks (each validates its own part)
+static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
+    dataloader_reset(val);
+    double sum = 0.0;
+    for (int i = 0; i < steps; i++) {
+        dataloader_next_batch(val);
+        sum += gpt2_forward(m, val->inputs, val->targets, val->B, val->T);
+    }
+    dist_allreduce_sum_doubles(&sum, 1);
+    return (float)(sum / steps / world);
+}
+
+// ----------------------------------------------------------------------------
+// the checks before anything is allocated
+
+// --zero against the build and the number of ranks (world: this run's, or --plan-ranks)
+static void check_zero_option(const TrainOptions* o, int world) {
+    if (o->zero != ZERO_REPLICATED && o->zero != ZERO_SHARDED) {
+        fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: the state is sharded over the ranks)", o->zero);
+    }
+    if (o->zero == ZERO_SHARDED && world < 2) {
+        if (!dist_built_with_mpi() && !o->plan_only) {
+            fail("--zero 1 shards the optimizer state across MPI ranks, but this train_gpt was built without MPI, so it needs mpirun\n"
+                 "  hint: build with MPI (make, with mpicc installed) and launch with mpirun -np 2 ./train_gpt --zero 1 ...");
+        }
+        fail("--zero 1 shards the optimizer state across ranks, but this run has %d rank\n"
+             "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", world);
+    }
+    if (o->check_replicas != 0 && o->check_replicas != 1) { fail("--check-replicas %d: 0 or 1", o->check_replicas); }
+    if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
+    if (o->plan_ranks != 0 && !o->plan_only) {
+        fail("--plan-ranks %d plans for other ranks than this run's, so it only goes with --plan\n"
+             "  hint: add --plan, or launch the ranks with mpirun -np %d", o->plan_ranks, o->plan_ranks);
+    }
+}
+
+// -d against B*T and the ranks; returns the gradient accumulation steps of each rank
+static int check_batch_options(const TrainOptions* o, int world) {
+    int BT = o->batch_size * o->seq_len, step_tokens = BT * world;  // one micro-batch on every rank
+    int total = o->total_batch_size == -1 ? step_tokens : o->total_batch_size;
+    if (total < 1 || total % step_tokens != 0) {
+        char what[96];
+        if (world == 1) { snprintf(what, sizeof(what), "B*T = %d", BT); }
+        else { snprintf(what, sizeof(what), "B*T times the ranks = %d x %d = %d", BT, world, step_tokens); }
+        fail("-d %d: the total batch (tokens per step) must be a positive multiple of %s\n"
+             "  hint: use -d %d, %d, ... or -d -1", o->total_batch_size, what, step_tokens, 2 * step_tokens);
+    }
+    return total / step_tokens;
+}
+
+// checks the options against each other, the model and the number of ranks (world);
+// returns the gradient accumulation steps of each rank
+static int check_options(const TrainOptions* o, const GPT2Config* c, int world) {
+    check_zero_option(o, world);
+    if (o->batch_size < 1) { fail("-b %d: the batch size must be >= 1", o->batch_size); }
+    if (o->seq_len < 1) { fail("-t %d: the sequence length must be >= 1", o->seq_len); }
+    if (o->seq_len > c->max_seq_len) {
+        fail("-t %d is longer than the model's context maxT=%d\n  hint: use -t %d or less", o->seq_len, c->max_seq_len, c->max_seq_len);
+    }
+    int accum = check_batch_options(o, world);
+    if (o->learning_rate < 0.0f || o->weight_decay < 0.0f || o->grad_clip < 0.0f) { fail("-l, -c and --grad-clip must be >= 0"); }
+    if (o->beta1 < 0.0f || o->beta1 >= 1.0f || o->beta2 < 0.0f || o->beta2 >= 1.0f) { fail("--beta1 and --beta2 must be in [0, 1)"); }
+    if (o->warmup_steps < 0 || o->val_every < 0 || o->sample_every < 0 || o->checkpoint_every < 0 || o->val_steps < 0) {
+        fail("-u, -v, -m, -s and -n must be >= 0");
+    }
+    if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
+    if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
+    if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
+    if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
+    if (o->adafactor_beta1 < 0.0f || o->adafactor_beta1 >= 1.0f) { fail("--adafactor-beta1 must be in [0, 1)"); }
+    if (!(o->eps1 > 0.0f)) { fail("--eps1 %g: must be > 0 (it keeps the second moment of a zero gradient positive)", o->eps1); }
+    if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
+    return accum;
+}
+
+// stops before allocating anything if the plan cannot fit in the memory this machine has
+// available (on the CPU the "device" and the host store share it), for every rank on it
+static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int local_ranks) {
+    double avail = (double)mem_available();
+    double host = (double)plan->bytes[MEM_OFFLOADED] * local_ranks, total = (double)plan_total(plan) * local_ranks;
+    if (avail == 0.0) { return; }  // unknown (not Linux)
+    if (act->offload && host > avail) {
+        fail("--offload 1: the host store for the offloaded activations needs %.1f MiB (%d rank(s) on this machine), but only %.1f MiB of host memory is available\n"
+             "  hint: --recompute sqrt offloads only the segment inputs; or lower -b or -t (see --plan)", host / MIB, local_ranks, avail / MIB);
+    }
+    if (total > avail) {
+        fail("this run needs %.1f MiB (the memory plan, %d rank(s) on this machine) but only %.1f MiB is available\n"
+             "  hint: see --plan; lower -b or -t, --recompute sqrt, --optimizer adafactor, --zero 1", total / MIB, local_ranks, avail / MIB);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the run
+
+static volatile sig_atomic_t g_stop_requested = 0;
+static void on_stop_signal(int sig) { (void)sig; g_stop_requested = 1; }
+
+// SIGINT, SIGTERM and SIGUSR1 ask for a checkpoint and a clean stop after the current step.
+// Under mpirun: OpenMPI forwards SIGUSR1 to every rank, while SIGINT/SIGTERM to mpirun kill
+// the ranks (no time to checkpoint)
+static void install_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's
+// score and value products, 12 L T C (PaLM's estimate, as llm.c)
+static double flops_per_token(const GPT2Config* c, int T) {
+    return 6.0 * gpt2_num_parameters(c) + 12.0 * c->num_layers * T * c->channels;
+}
+
+// everything one training run holds
+typedef struct {
+    const TrainOptions* o;
+    ModelSetup setup;         // config, (B,T), optimizer, activation policy, ranks
+    MemPlan plan;
+    int accum;                // micro-steps per optimizer step on each rank
+    int max_steps, start_step;
+    int has_val, has_out;
+    GPT2* model;
+    DataLoader train, val;
+    Tokenizer tok;
+    int* gen_tokens;          // (T) the sample being generated
+    int gen_len;
+    uint64_t sample_rng;
+    FILE* log;                // OUT/log.jsonl on rank 0, else NULL
+    size_t rss_at_start;      // the fixed overhead, before any tensor
+} Run;
+
+static void print_config(const Run* r) {
+    const TrainOptions* o = r->o;
+    const GPT2Config* c = &r->setup.config;
+    size_t P = gpt2_num_parameters(c);
+    printf("+-----------------------+----------------------------------------------------+\n");
+    printf("| model                 | L=%d C=%d NH=%d V=%d Vp=%d maxT=%d\n", c->num_layers, c->channels,
+           c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
+    printf("| parameters            | %zu (%.1fM)\n", P, P / 1e6);
+    printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
+    printf("| data parallel (MPI)   | %d rank(s), --zero %d%s\n", r->setup.dist.world, (int)r->setup.zero,
+           r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
+    printf("| OpenMP threads        | %d\n", num_threads());
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        char v[PATH_MAX_LEN + 8];
+        flag_value_string(&FLAGS[i], o, v, sizeof(v));
+        printf("| %-21s | %s\n", FLAGS[i].longname + 2, v);
+    }
+    printf("+-----------------------+----------------------------------------------------+\n");
+}
+
+// the shape, optimizer, activation policy and ranks of the run, and its memory plan; for
+// --plan, world is --plan-ranks (a laptop plans for a cluster)
+static void plan_run(Run* r, const Dist* dist, int world) {
+    const TrainOptions* o = r->o;
+    ModelSetup* s = &r->setup;
+    resolve_model_config(o, &s->config);
+    r->accum = check_options(o, &s->config, world);
+    s->B = o->batch_size;
+    s->T = o->seq_len;
+    s->optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
+    s->use_beta1 = s->optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
+    s->act = act_policy_parse(o->recompute, o->offload, s->config.num_layers);
+    s->dist = *dist;
+    s->zero = (ZeroStage)o->zero;
+    r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
+    r->has_out = o->out_dir[0] != '\0';
+    PlanInputs in = {s->B, s->T, 1 + r->has_val, s->optimizer, s->use_beta1, s->act, world, o->zero,
+                     gpt2_layout(&s->config, s->B, s->T)};
+    r->plan = plan_memory(&s->config, in);
+}
+
+// the sampling buffer: one int per position (the planner's scratch row counts it)
+static int* sample_buffer_alloc(int T) { return (int*)mem_alloc(MEM_SCRATCH, (size_t)T * sizeof(int)); }
+
+// -x, or (-x -1) the steps of one epoch of the training shards
+static int steps_to_train(const Run* r) {
+    if (r->o->max_steps != -1) { return r->o->max_steps; }
+    size_t step_tokens = (size_t)r->setup.B * r->setup.T * r->accum * r->setup.dist.world;
+    int steps = (int)(r->train.epoch_tokens / step_tokens);
+    return steps < 1 ? 1 : steps;
+}
+
+// allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
+static void train_setup(Run* r) {
+    const TrainOptions* o = r->o;
+    const ModelSetup* s = &r->setup;
+    check_memory_fits(&r->plan, &s->act, dist_local_ranks());
+    // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
+    // threads' stacks (started by a first parallel region), the tokenizer
+    #pragma omp parallel
+    { (void)0; }
+    tokenizer_init(&r->tok, o->tokenizer);
+    r->rss_at_start = mem_rss_now();
+    r->model = gpt2_create(s);
+    gpt2_init_weights(r->model, o);
+    if (r->has_out && s->dist.rank == 0) { ensure_output_dir(o->out_dir); }
+    dist_barrier();  // the other ranks write their state files into it
+    dataloader_init(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size);
+    if (r->has_val) { dataloader_init(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size); }
+    r->gen_len = o->gen_tokens < s->T ? o->gen_tokens : s->T;
+    r->gen_tokens = sample_buffer_alloc(s->T);
+    r->max_steps = steps_to_train(r);
+    r->sample_rng = RNG_SEED_MIX ^ (o->seed + 1);
+    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng) : 0;
+    print_config(r);
+    printf("memory plan (bytes by category; measured after the first step):\n");
+    print_memory_table(&r->plan, NULL);
+    r->log = NULL;
+    if (r->has_out && s->dist.rank == 0) {
+        char path[CHECKPOINT_PATH_LEN];
+        snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
+        r->log = fopen_check(path, o->resume ? "a" : "w");
+    }
+    install_stop_signals();
+}
+
+// validation, a sample and a checkpoint as due before step `step` (0-based: the steps done);
+// returns 1 when the run ends here (the last step, or a stop signal)
+static int between_steps(Run* r, int step) {
+    const TrainOptions* o = r->o;
+    int last = step == r->max_steps;
+    if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
+        float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
+        printf("step %5d | val loss %.6f\n", step, vl);
+        if (r->log) { fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(r->log); }
+    }
+    if (o->sample_every > 0 && step > r->start_step && (step % o->sample_every == 0 || last)) {
+        printf("---- sample at step %d ----\n", step);
+        sample_tokens(r->model, &r->setup.config, r->gen_tokens, r->gen_len, &r->tok, &r->sample_rng);
+        printf("---------------------------\n");
+    }
+    int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
+    int periodic = o->checkpoint_every > 0 && step > r->start_step && step % o->checkpoint_every == 0;
+    if (r->has_out && (last || stop || periodic)) { save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng); }
+    if (stop) { printf("stopped by signal after step %d; resume with the same flags and -y 1\n", step); }
+    return last || stop;
+}
+
+// the progress line and log.jsonl's record of one step; after the first, the measured memory
+static void log_step(Run* r, int step, double loss, float norm, float lr, double seconds) {
+    const ModelSetup* s = &r->setup;
+    double tokens = (double)s->B * s->T * r->accum * s->dist.world;
+    printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s\n",
+           step + 1, r->max_steps, loss, norm, lr, seconds * 1e3, tokens / seconds,
+           flops_per_token(&s->config, s->T) * tokens / seconds / 1e9);
+    if (r->log) {
+        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+                step + 1, loss, norm, lr, seconds * 1e3, tokens / seconds);
+        fflush(r->log);
+    }
+    if (step == r->start_step) {
+        printf("memory after the first step (planned vs measured high-water marks):\n");
+        print_memory_table(&r->plan, &g_mem);
+        if (r->log) { log_memory_json(r->log, step + 1, &r->plan, &g_mem); fflush(r->log); }
+    }
+}
+
+// one optimizer step (0-based `step`): accum micro-steps on every rank, then the update
+static void train_step(Run* r, int step) {
+    const ModelSetup* s = &r->setup;
+    int B = s->B, T = s->T, world = s->dist.world;
+    double t0 = now_seconds();
+    gpt2_zero_grad(r->model);
+    double loss = 0.0;
+    for (int micro = 0; micro < r->accum; micro++) {
+        dataloader_next_batch(&r->train);
+        loss += gpt2_forward(r->model, r->train.inputs, r->train.targets, B, T);
+        gpt2_backward(r->model, r->train.inputs, r->train.targets, B, T, 1.0f / ((float)B * T * r->accum * world));
+    }
+    gpt2_reduce_grads(r->model);
+    dist_allreduce_sum_doubles(&loss, 1);
+    loss /= r->accum * world;
+    float norm = gpt2_grad_norm(r->model);
+    if (!isfinite(loss) || !isfinite(norm)) {
+        fail("the loss (%f) or gradient norm (%f) is not finite at step %d; the weights were not updated\n"
+             "  hint: lower the learning rate (-l), keep --grad-clip on; checkpoints already in '%s' are intact",
+             loss, norm, step + 1, r->has_out ? r->o->out_dir : "(no -o)");
+    }
+    float lr = learning_rate_at(r->o, step, r->max_steps);
+    StepConfig sc = {optimizer_hyper(r->o, s->optimizer, lr), r->o->grad_clip, step + 1};
+    gpt2_update(r->model, &sc, norm);
+    if (r->o->check_replicas && world > 1) { check_replicas(r->model, &s->config, s->dist, step + 1); }
+    log_step(r, step, loss, norm, lr, now_seconds() - t0);
+}
+
+// the end-of-run replica check, the memory summary, and everything freed
+static void train_teardown(Run* r, int step) {
+    if (r->setup.dist.world > 1 && !r->has_out) { check_replicas(r->model, &r->setup.config, r->setup.dist, step); }  // with -o, the last checkpoint checked
+    size_t peak = mem_rss_peak();
+    printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
+           "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",
+           peak / MIB, g_mem.total_peak / MIB, r->rss_at_start / MIB,
+           ((double)peak - (double)g_mem.total_peak - (double)r->rss_at_start) / MIB);
+    if (r->log) { fclose(r->log); }
+    mem_free(r->gen_tokens);
+    dataloader_free(&r->train);
+    if (r->has_val) { dataloader_free(&r->val); }
+    tokenizer_free(&r->tok);
+    gpt2_destroy(r->model);
+}
+
+// plans, then (unless --plan) trains: the whole program after the flags
+static int run_training(const TrainOptions* o, const Dist* dist) {
+    Run r;
+    memset(&r, 0, sizeof(r));
+    r.o = o;
+    int world = o->plan_only && o->plan_ranks > 0 ? o->plan_ranks : dist->world;
+    plan_run(&r, dist, world);
+    if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
+        const GPT2Config* c = &r.setup.config;
+        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s), per rank of %d, --zero %d:\n", c->num_layers,
+               c->channels, c->num_heads, c->padded_vocab_size, r.setup.B, r.setup.T, o->optimizer, world, o->zero);
+        print_memory_table(&r.plan, NULL);
+        return 0;
+    }
+    train_setup(&r);
+    int step = r.start_step;
+    while (!between_steps(&r, step)) {
+        train_step(&r, step);
+        step++;
+    }
+    train_teardown(&r, step);
+    return 0;
+}
+
+// the main() of every backend's program
+static int train_main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    Dist dist;
+    dist_init(&dist, &argc, &argv);
+    // rank 0 speaks for the job: the other ranks' stdout is dropped (their errors still reach stderr)
+    if (dist.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { fail("cannot silence stdout of rank %d", dist.rank); }
+    TrainOptions opt = options_default();
+    int rc = parse_flags(&opt, argc, argv) ? 0 : run_training(&opt, &dist);
+    dist_finalize();
+    return rc;
+}
+
+#endif // LLMC_TRAINER_H
