@@ -19,23 +19,8 @@ its main) and checks it against an independent implementation:
 #include "train_gpt.c"
 
 #include <sys/stat.h>
+#include "tests/check.h"
 
-static int g_pass = 0, g_fail = 0;
-
-static void check(int ok, const char* name, const char* fmt, ...) {
-    if (ok) {
-        g_pass++;
-        printf("ok   %s\n", name);
-        return;
-    }
-    g_fail++;
-    printf("FAIL %s: ", name);
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
 
 // largest |a-b| / (atol + rtol |b|) over n values; <= 1 means within tolerance
 static double tolerance_ratio(const float* a, const float* b, size_t n, double atol, double rtol, size_t* worst) {
@@ -758,6 +743,32 @@ static void test_d12_state_size(void) {
 // ----------------------------------------------------------------------------
 
 // ----------------------------------------------------------------------------
+// -h: generated from the flag table, it lists every flag and every preset
+
+static void test_usage_lists_every_flag(void) {
+    FILE* f = tmpfile();
+    if (f == NULL) { fail("tmpfile: %s", strerror(errno)); }
+    print_usage(f, "train_gpt");
+    long n = ftell(f);
+    char* text = (char*)malloc_check((size_t)n + 1);
+    rewind(f);
+    fread_check(text, 1, (size_t)n, f);
+    text[n] = '\0';
+    fclose(f);
+    char missing[512] = "";
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        char line[64];  // "  -x  --steps " as print_usage lays out a row
+        snprintf(line, sizeof(line), "  %-3s %-20s ", FLAGS[i].shortname ? FLAGS[i].shortname : "", FLAGS[i].longname);
+        if (strstr(text, line) == NULL) { strncat(missing, FLAGS[i].longname, sizeof(missing) - strlen(missing) - 2); strcat(missing, " "); }
+    }
+    check(missing[0] == '\0' && NUM_FLAGS >= 30, "-h: one row for every flag of the table, with its short name", "missing: %s", missing);
+    int presets = 1;
+    for (int i = 0; i < NUM_GPT2_PRESETS; i++) { presets &= strstr(text, GPT2_PRESETS[i].name) != NULL; }
+    check(presets, "-h: lists every preset of model_config.h", "a preset is missing");
+    free(text);
+}
+
+// ----------------------------------------------------------------------------
 // fixtures for the command-line tests (scripts/test_cli.sh)
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
@@ -876,9 +887,9 @@ int main(int argc, char** argv) {
     test_thread_count("tiny_adafactor_beta1.bin");
     test_thread_count("tiny_came.bin");
     test_d12_state_size();
+    test_usage_lists_every_flag();
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail == 0 ? 0 : 1;
+    return check_summary();
 }

@@ -4,7 +4,7 @@ both the parser and the usage text are generated, so the two cannot drift apart.
 
     TrainOptions opt = options_default();
     parse_flags(&opt, argc, argv);     // -x 100, --steps 100, --steps=100
-    print_usage(argv[0]);              // -h
+    print_usage(stdout, argv[0]);      // -h
 
 Failure: an unknown flag, a missing value or a malformed number stops with a
 message naming the flag and pointing at -h.
@@ -164,22 +164,22 @@ static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* bu
     }
 }
 
-static void print_usage(const char* prog) {
+static void print_usage(FILE* out, const char* prog) {
     TrainOptions d = options_default();
-    printf("usage: %s [flags]   (each flag also takes --name=value)\n", prog);
+    fprintf(out, "usage: %s [flags]   (each flag also takes --name=value)\n", prog);
     for (int i = 0; i < NUM_FLAGS; i++) {
         char def[PATH_MAX_LEN + 8];
         flag_value_string(&FLAGS[i], &d, def, sizeof(def));
-        printf("  %-3s %-20s %s (default %s)\n", FLAGS[i].shortname ? FLAGS[i].shortname : "",
+        fprintf(out, "  %-3s %-20s %s (default %s)\n", FLAGS[i].shortname ? FLAGS[i].shortname : "",
                FLAGS[i].longname, FLAGS[i].help, def);
     }
-    printf("  -h  --help                 this text\n");
-    printf("presets for -e: ");
+    fprintf(out, "  -h  --help                 this text\n");
+    fprintf(out, "presets for -e: ");
     for (int i = 0; i < NUM_GPT2_PRESETS; i++) {
         const GPT2Preset* p = &GPT2_PRESETS[i];
-        printf("%s%s (L=%d C=%d NH=%d)", i ? ", " : "", p->name, p->layers, p->channels, p->heads);
+        fprintf(out, "%s%s (L=%d C=%d NH=%d)", i ? ", " : "", p->name, p->layers, p->channels, p->heads);
     }
-    printf("; GPT-2's vocabulary and maxT %d\n", GPT2_MAX_SEQ_LEN);
+    fprintf(out, "; GPT-2's vocabulary and maxT %d\n", GPT2_MAX_SEQ_LEN);
 }
 
 static const FlagSpec* find_flag(const char* name, size_t len) {
@@ -231,7 +231,7 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
 static int parse_flags(TrainOptions* o, int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { print_usage(argv[0]); return 1; }
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { print_usage(stdout, argv[0]); return 1; }
         const char* eq = strchr(arg, '=');
         size_t len = (arg[0] == '-' && arg[1] == '-' && eq) ? (size_t)(eq - arg) : strlen(arg);
         const FlagSpec* f = arg[0] == '-' ? find_flag(arg, len) : NULL;

@@ -16,13 +16,7 @@ threads must be bitwise equal). Prints "ok name" or "FAIL name" per check, then
 #include <string.h>
 #include <omp.h>
 #include "../cpu/matmul.h"
-
-static int n_passed = 0, n_failed = 0;
-
-static void check(int ok, const char* name) {
-    printf("%s %s\n", ok ? "ok" : "FAIL", name);
-    if (ok) { n_passed++; } else { n_failed++; }
-}
+#include "check.h"
 
 // ----------------------------------------------------------------------------
 // reference and helpers
@@ -114,7 +108,7 @@ static void test_shapes(void) {
         }
         char name[64];
         snprintf(name, sizeof(name), "shapes_%s%s", TRANS_NAME[ta], TRANS_NAME[tb]);
-        check(ok, name);
+        check(ok, name, "wrong result");
     }
 }
 
@@ -130,7 +124,7 @@ static void test_large(void) {
         }
         char name[64];
         snprintf(name, sizeof(name), "large_%s%s", TRANS_NAME[t >> 1], TRANS_NAME[t & 1]);
-        check(ok, name);
+        check(ok, name, "wrong result");
     }
 }
 
@@ -144,7 +138,7 @@ static void test_alpha_beta(void) {
         }
         char name[64];
         snprintf(name, sizeof(name), "alpha_%g_beta_%g", AB[v][0], AB[v][1]);
-        check(ok, name);
+        check(ok, name, "wrong result");
     }
 }
 
@@ -156,13 +150,13 @@ static void test_beta0_nan(void) {
         case_t k0 = {(mm_trans)(t >> 1), (mm_trans)(t & 1), 29, 71, 0, 2, 1.0f, 0.0f, 1};
         ok &= run_case(k0);
     }
-    check(ok, "beta0_overwrites_nan");
+    check(ok, "beta0_overwrites_nan", "wrong result");
 }
 
 static void test_k0(void) {
     case_t c = {MM_N, MM_N, 19, 23, 0, 3, 1.0f, 0.5f, 0};
     case_t empty = {MM_N, MM_T, 0, 23, 5, 3, 1.0f, 0.5f, 0};
-    check(run_case(c) && run_case(empty), "k0_scales_c_and_empty_is_noop");
+    check(run_case(c) && run_case(empty), "k0_scales_c_and_empty_is_noop", "wrong result");
 }
 
 // the trainer's three layouts, bitwise equal for 1 vs 2 threads and from call to call
@@ -187,8 +181,8 @@ static void test_determinism(void) {
         threads_ok &= memcmp(c1, c2, cn * sizeof(float)) == 0;
         repeat_ok &= memcmp(c2, c3, cn * sizeof(float)) == 0;
     }
-    check(threads_ok, "bitwise_equal_1_vs_2_threads");
-    check(repeat_ok, "bitwise_equal_call_to_call");
+    check(threads_ok, "bitwise_equal_1_vs_2_threads", "wrong result");
+    check(repeat_ok, "bitwise_equal_call_to_call", "wrong result");
     free(A); free(B); free(c1); free(c2); free(c3);
 }
 
@@ -202,6 +196,5 @@ int main(void) {
     test_k0();
     test_determinism();
     omp_set_num_threads(maxt);
-    printf("%d passed, %d failed\n", n_passed, n_failed);
-    return n_failed == 0 ? 0 : 1;
+    return check_summary();
 }
