@@ -6,6 +6,7 @@
 #   make bench-flags  each memory flag's step time and memory on d12 (scripts/bench_flags.sh)
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
+#   make check-headers  compile every header alone as C11 and as C++17 (CI runs it)
 
 CC ?= gcc
 CFLAGS = -std=c11 -O3 -march=native -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function
@@ -64,7 +65,7 @@ $(DATA):
 	$(PYTHON) dev/data/tinyshakespeare.py
 data: $(DATA)
 
-# the main job: about two minutes on two cores; add flags with ARGS="-e d12 ..."
+# the main job: about a minute on two cores; add flags with ARGS="-e d12 ..."
 run: train_gpt $(DATA)
 	./train_gpt $(ARGS)
 
@@ -97,7 +98,7 @@ clean:
 	rm -rf train_gpt test_gpt build
 
 help:
-	@sed -n '2,10p' Makefile
+	@sed -n 's/^#   make/make/p' Makefile
 
 # the emulated CUDA device (dev/cuda_emu/README.md)
 -include dev/cuda_emu/emu.mk

@@ -240,7 +240,7 @@ static void backward_buffer_sizes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 }
 
 // the CPU's tensors in bytes, for the memory planner: everything fp32
-static BackendLayout gpt2_layout(const GPT2Config* c, int B, int T) {
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T) {
     int C = c->channels, NH = c->num_heads;
     const ActPolicy gelu = {0, 1, 0, 0}, attn = {0, 0, 1, 0};
     size_t F = sizeof(float), layer = layer_act_floats(B, T, C, NH, &ACT_KEEP_ALL);
@@ -340,7 +340,7 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
 }
 
 // every tensor of a model for the setup; the weights are left for the caller to fill
-static GPT2* gpt2_create(const ModelSetup* s) {
+GPT2* gpt2_create(const ModelSetup* s) {
     GPT2* m = (GPT2*)malloc_check(sizeof(GPT2));
     memset(m, 0, sizeof(*m));
     m->config = s->config;
@@ -353,7 +353,7 @@ static GPT2* gpt2_create(const ModelSetup* s) {
     return m;
 }
 
-static void gpt2_destroy(GPT2* m) {
+void gpt2_destroy(GPT2* m) {
     mem_free(m->params_memory);
     mem_free(m->grads_memory);
     mem_free(m->opt_memory);
@@ -368,11 +368,11 @@ static void gpt2_destroy(GPT2* m) {
 
 // the CPU's weights and optimizer state are host memory already: checkpoints read and
 // write them in place, and there is nothing to bring up to date
-static HostView gpt2_host_view(GPT2* m) {
+HostView gpt2_host_view(GPT2* m) {
     HostView h = {m->params_memory, m->opt_memory, m->opt_floats};
     return h;
 }
-static void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
+void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
 
 // ----------------------------------------------------------------------------
 // one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that))
@@ -478,7 +478,7 @@ static void act_prepare_backward(GPT2* m, int l, int B, int T) {
 
 // inputs (B,T) token ids; targets (B,T) or NULL. Leaves the probabilities in acts.probs and,
 // with targets, the per-position losses; returns their mean (-1 without targets)
-static float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
+float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
@@ -497,17 +497,17 @@ static float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B,
 }
 
 // the (Vp) probabilities of one position of the last forward
-static const float* gpt2_probs(GPT2* m, int position) {
+const float* gpt2_probs(GPT2* m, int position) {
     return m->acts.probs + (size_t)position * m->config.padded_vocab_size;
 }
 
-static void gpt2_zero_grad(GPT2* m) {
+void gpt2_zero_grad(GPT2* m) {
     memset(m->grads_memory, 0, m->num_parameters * sizeof(float));
 }
 
 // accumulates into the gradients d(loss_scale * sum of position losses) for the batch
 // of the last forward; loss_scale is 1/(B*T*accumulation steps) for a mean loss.
-static void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
     ActivationTensors* a = &m->acts;
@@ -547,7 +547,7 @@ static void for_each_slice_block(const GPT2* m, float* memory, void (*part)(floa
 }
 
 // the gradients of all ranks' micro-batches, summed: whole, or this rank's blocks (ZeRO-1)
-static void gpt2_reduce_grads(GPT2* m) {
+void gpt2_reduce_grads(GPT2* m) {
     if (m->dist.world == 1) { return; }
     if (m->zero == ZERO_SHARDED) { for_each_slice_block(m, m->grads_memory, dist_reduce_scatter_floats); }
     else { dist_allreduce_sum_floats(m->grads_memory, m->num_parameters); }
@@ -560,7 +560,7 @@ static void gpt2_reduce_grads(GPT2* m) {
 
 // global L2 norm of all gradients, summed in double over a fixed partition. ZeRO-1: each
 // rank sums the squares of its blocks (the only reduced gradients it has), then the ranks add.
-static float gpt2_grad_norm(GPT2* m) {
+float gpt2_grad_norm(GPT2* m) {
     if (m->zero == ZERO_SHARDED) {
         OptSharding z = gpt2_sharding(m);
         ParamSlice* s = param_slices_alloc(&m->config);
@@ -590,7 +590,7 @@ static float gpt2_grad_norm(GPT2* m) {
 
 // clips the gradients to the global norm (given) and takes one step of the model's optimizer;
 // ZeRO-1: on this rank's blocks, then every rank gathers the others' updated blocks
-static void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
+void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     if (s->grad_clip > 0.0f && grad_norm > s->grad_clip) {
         float scale = s->grad_clip / grad_norm;
         #pragma omp parallel for

@@ -77,18 +77,10 @@ static void plan_append(char* f, const char* fmt, ...) {
     va_end(ap);
 }
 
-static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
-    size_t L = cfg->num_layers, C = cfg->channels;
-    size_t Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
-    size_t B = in.B, T = in.T, BT = B * T, F = sizeof(float);
-    size_t P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
-    const BackendLayout* lay = &in.layout;
-    MemPlan p;
-    p.bytes[MEM_PARAMETERS] = P * lay->param_bytes;
-    snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
-    p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
-    snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
-    // Every optimizer keeps state per slice (optimizers.h): each layer's slice of a per-layer
+// the optimizer state of one rank, fp32 on every backend (opt_layout.h's layout)
+static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
+    size_t L = cfg->num_layers, C = cfg->channels, maxT = cfg->max_seq_len, F = sizeof(float);
+    // Every optimizer keeps state per slice (opt_layout.h): each layer's slice of a per-layer
     // tensor, wte over its V real rows. Under ZeRO-1 with N ranks a rank keeps state for
     // ceil(units / N) units of each slice (rows of a matrix, elements of a vector); write
     // [x] = ceil(x / N) (= x for one process). Matrices: wte (V,C), wpe (maxT,C), per layer
@@ -97,7 +89,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     //   E        = elements of a rank's blocks     (= Pu = P - (Vp - V)C, the unpadded weights, for N = 1)
     //   factored = sum of [rows] + [cols], matrices (= V + maxT + 2C + 16LC for N = 1)
     //   vectors  = sum of [n], vectors            (= 13LC + 2C for N = 1)
-    size_t N = (in.zero == 1 && in.world > 1) ? (size_t)in.world : 1;
+    size_t N = (in->zero == 1 && in->world > 1) ? (size_t)in->world : 1;
     size_t V = cfg->vocab_size;
     size_t cV = (V + N - 1) / N, cT = (maxT + N - 1) / N, c1 = (C + N - 1) / N;
     size_t c3 = (3 * C + N - 1) / N, c4 = (4 * C + N - 1) / N;
@@ -106,18 +98,32 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t factored = cV + cT + 2 * c1 + L * (c3 + c1 + c4 + c1 + 3 * c1 + c4);  // [rows] + [cols] of each
     int sharded = N > 1;
     const char* formula;
-    if (in.optimizer == PLAN_ADAFACTOR) {
-        p.bytes[MEM_OPTIMIZER] = (factored + vectors + (in.use_beta1 ? E : 0)) * F;
-        formula = sharded ? (in.use_beta1 ? "Adafactor, ZeRO-1 block: 4(factored + vectors + E)" : "Adafactor, ZeRO-1 block: 4(factored + vectors)")
-                          : (in.use_beta1 ? "Adafactor: 4(V + maxT + 4C + 29LC + Pu)" : "Adafactor: 4(V + maxT + 4C + 29LC)");
-    } else if (in.optimizer == PLAN_CAME) {
-        p.bytes[MEM_OPTIMIZER] = (E + 2 * factored + vectors) * F;
+    if (in->optimizer == PLAN_ADAFACTOR) {
+        p->bytes[MEM_OPTIMIZER] = (factored + vectors + (in->use_beta1 ? E : 0)) * F;
+        formula = sharded ? (in->use_beta1 ? "Adafactor, ZeRO-1 block: 4(factored + vectors + E)" : "Adafactor, ZeRO-1 block: 4(factored + vectors)")
+                          : (in->use_beta1 ? "Adafactor: 4(V + maxT + 4C + 29LC + Pu)" : "Adafactor: 4(V + maxT + 4C + 29LC)");
+    } else if (in->optimizer == PLAN_CAME) {
+        p->bytes[MEM_OPTIMIZER] = (E + 2 * factored + vectors) * F;
         formula = sharded ? "CAME, ZeRO-1 block: 4(E + 2 factored + vectors)" : "CAME: 4(Pu + 2(V + maxT + 2C + 16LC) + 13LC + 2C)";
     } else {
-        p.bytes[MEM_OPTIMIZER] = 2 * E * F;
+        p->bytes[MEM_OPTIMIZER] = 2 * E * F;
         formula = sharded ? "AdamW m, v, ZeRO-1 block: 8E" : "AdamW m, v: 8Pu";
     }
-    snprintf(p.formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
+    snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
+}
+
+static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
+    size_t L = cfg->num_layers, C = cfg->channels;
+    size_t Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
+    size_t B = in.B, T = in.T, BT = B * T;
+    size_t P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
+    const BackendLayout* lay = &in.layout;
+    MemPlan p;
+    p.bytes[MEM_PARAMETERS] = P * lay->param_bytes;
+    snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
+    p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
+    snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
+    plan_optimizer_state(&p, cfg, &in);
     // A, one layer's block (the backend's layout); selective recompute drops the GELU output
     // and the attention weights from it and keeps one shared buffer of each instead. The
     // embedding output (one residual tensor R) is layer 0's input. Checkpointing keeps

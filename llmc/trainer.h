@@ -43,7 +43,8 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 #include "distributed.h"
 
 // ----------------------------------------------------------------------------
-// the backend
+// the backend: the only functions of the program with external linkage, one definition
+// each in train_gpt.c or train_gpt.cu
 
 typedef struct GPT2 GPT2;  // the backend's model: its tensors, in its memory
 
@@ -69,26 +70,26 @@ typedef struct {
 typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
 
 // the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan
-static BackendLayout gpt2_layout(const GPT2Config* c, int B, int T);
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T);
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
-static GPT2* gpt2_create(const ModelSetup* s);
-static void gpt2_destroy(GPT2* m);
+GPT2* gpt2_create(const ModelSetup* s);
+void gpt2_destroy(GPT2* m);
 // the host copies of the weights and the optimizer state, and bringing them up to date:
 // SYNC_TO_HOST before they are read (checkpoints), SYNC_FROM_HOST after they are written
-static HostView gpt2_host_view(GPT2* m);
-static void gpt2_sync(GPT2* m, SyncDirection dir);
+HostView gpt2_host_view(GPT2* m);
+void gpt2_sync(GPT2* m, SyncDirection dir);
 // inputs, targets (B,T) token ids, targets may be NULL; returns the mean loss (-1 without targets)
-static float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T);
+float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T);
 // the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory
-static const float* gpt2_probs(GPT2* m, int position);
-static void gpt2_zero_grad(GPT2* m);
+const float* gpt2_probs(GPT2* m, int position);
+void gpt2_zero_grad(GPT2* m);
 // accumulates d(loss_scale * the sum of the position losses of the last forward) into the gradients
-static void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
+void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
 // sums the ranks' gradients: whole (--zero 0) or each rank its blocks (--zero 1)
-static void gpt2_reduce_grads(GPT2* m);
-static float gpt2_grad_norm(GPT2* m);
+void gpt2_reduce_grads(GPT2* m);
+float gpt2_grad_norm(GPT2* m);
 // clips the gradients to s->grad_clip given their global norm and takes one optimizer step
-static void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm);
+void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm);
 
 // ----------------------------------------------------------------------------
 // the model from -e: a preset initialised randomly, or a model file
