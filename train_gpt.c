@@ -421,17 +421,15 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
 // ----------------------------------------------------------------------------
 // the whole model
 
-// after layer l's forward: offload moves its block to the host store; checkpointing keeps
-// the next segment's input (in device memory, or in the host store with offload)
+// after layer l's forward, what the schedule (act_policy.h) keeps: the next segment's input
+// (in device memory, or in the host store with offload), or with offload l's whole block
 static void act_store_after_forward(GPT2* m, int l, size_t BTC) {
     ActivationTensors* a = &m->acts;
-    int k = m->act.segment, L = m->config.num_layers;
+    int L = m->config.num_layers;
+    ActStore st = act_after_forward(&m->act, L, l);
     LayerActs* la = act_layer(m, l);
-    if (k > 0) {
-        if ((l + 1) % k == 0 && l + 1 < L) { memcpy(a->seg_inputs[(l + 1) / k], la->residual3, BTC * sizeof(float)); }
-        return;
-    }
-    if (m->act.offload) {
+    if (st.segment_input >= 0) { memcpy(a->seg_inputs[st.segment_input], la->residual3, BTC * sizeof(float)); }
+    if (st.offload_layer >= 0) {
         memcpy(a->host_layers + (size_t)l * a->layer_floats, la->ln1, a->layer_floats * sizeof(float));
         a->slot_layer[act_slot_of(&m->act, L, l)] = l;
     }
@@ -458,21 +456,18 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
     }
 }
 
-// before layer l's backward: its block and its input into the working set. Checkpointing:
-// at a segment's last layer, its input comes back (from the host with offload) and all
-// but the last segment run forward again. Offload: l's block and l-1's (the input) come back.
+// before layer l's backward: its block and its input into the working set, as the schedule
+// (act_policy.h) says: a segment input back from the host, a segment's forward again, blocks back
 static void act_prepare_backward(GPT2* m, int l, int B, int T) {
-    int k = m->act.segment, L = m->config.num_layers;
-    if (k > 0) {
-        int s = l / k, first = s * k, last = act_min(L, first + k) - 1, segments = act_num_segments(&m->act, L);
-        if (l != last) { return; }
-        if (m->act.offload && s > 0) { memcpy(m->acts.staging, m->acts.seg_inputs[s], (size_t)B * T * m->config.channels * sizeof(float)); }
-        if (s < segments - 1) { forward_layers(m, first, last, segment_input(m, s), B, T, 0); }
-        return;
+    ActBackwardPlan bp = act_before_backward(&m->act, m->config.num_layers, l);
+    if (bp.restore_segment >= 0) {
+        memcpy(m->acts.staging, m->acts.seg_inputs[bp.restore_segment], (size_t)B * T * m->config.channels * sizeof(float));
     }
-    if (m->act.offload) {
-        act_fetch_layer(m, l);
-        if (l > 0) { act_fetch_layer(m, l - 1); }
+    if (bp.recompute_segment >= 0) {
+        forward_layers(m, bp.recompute_first, bp.recompute_last, segment_input(m, bp.recompute_segment), B, T, 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (bp.fetch[i] >= 0) { act_fetch_layer(m, bp.fetch[i]); }
     }
 }
 

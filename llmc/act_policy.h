@@ -24,6 +24,11 @@ buffer for the input being recomputed from.
 
 Every policy computes the same numbers in the same order: losses and gradients are
 bitwise identical to keeping everything.
+
+The schedule is decided here once, for every backend; a backend only moves the bytes:
+
+    ActStore st = act_after_forward(&p, L, l);       // after layer l's forward: keep or move what?
+    ActBackwardPlan bp = act_before_backward(&p, L, l);  // before l's backward: restore, recompute, fetch
 */
 #ifndef LLMC_ACT_POLICY_H
 #define LLMC_ACT_POLICY_H
@@ -97,6 +102,53 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
              "  hint: a segment size below %d, or offload without checkpointing", p.segment, L);
     }
     return p;
+}
+
+// ----------------------------------------------------------------------------
+// the schedule: what moves or runs again around each layer
+
+// after layer l's forward, what the backend stores
+typedef struct {
+    int segment_input;  // checkpointing: keep l's output as the input of this segment (-1: none),
+                        // in device memory, or in the host store with offload
+    int offload_layer;  // offload without checkpointing: move l's block to the host store (-1: none)
+} ActStore;
+
+static ActStore act_after_forward(const ActPolicy* p, int L, int l) {
+    ActStore st = {-1, -1};
+    int k = p->segment;
+    if (k > 0) {
+        if ((l + 1) % k == 0 && l + 1 < L) { st.segment_input = (l + 1) / k; }
+    } else if (p->offload) {
+        st.offload_layer = l;
+    }
+    return st;
+}
+
+// before layer l's backward, what brings its block and its input into the working set
+typedef struct {
+    int restore_segment;                  // checkpointing + offload: bring this segment's input back
+                                          // from the host store into the staging buffer (-1: none)
+    int recompute_segment;                // checkpointing: run this segment's forward again from its
+                                          // input (-1: none; the last segment is still in place)
+    int recompute_first, recompute_last;  // its layers
+    int fetch[2];                         // offload: bring these layers' blocks back (l, then its
+                                          // input's layer l-1), unless still in their slots (-1: none)
+} ActBackwardPlan;
+
+static ActBackwardPlan act_before_backward(const ActPolicy* p, int L, int l) {
+    ActBackwardPlan bp = {-1, -1, -1, -1, {-1, -1}};
+    int k = p->segment;
+    if (k > 0) {
+        int s = l / k, first = s * k, last = act_min(L, first + k) - 1;
+        if (l != last) { return bp; }  // the segment was recomputed at its last layer
+        if (p->offload && s > 0) { bp.restore_segment = s; }
+        if (s < act_num_segments(p, L) - 1) { bp.recompute_segment = s; bp.recompute_first = first; bp.recompute_last = last; }
+    } else if (p->offload) {
+        bp.fetch[0] = l;
+        bp.fetch[1] = l > 0 ? l - 1 : -1;
+    }
+    return bp;
 }
 
 // "k=4 (3 segments), gelu, attn, offload" or "none", for the configuration table
