@@ -61,6 +61,7 @@ expect_error() {
 run "device: execution model" -- $BIN/test_device
 run "device: execution model, shuffled thread order" CUDA_EMU_THREAD_ORDER=shuffle -- $BIN/test_device
 run "gemm: cuBLAS and cuBLASLt against a naive loop" -- $BIN/test_gemm
+run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN/test_cublaslt_table
 for mode in inorder early late; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 done
