@@ -36,6 +36,7 @@ enum emu_thread_order {
     EMU_ORDER_SHUFFLE,    // a fresh pseudo-random order in every round (seed: CUDA_EMU_SEED)
 };
 struct emu_settings {
+    int device_count;             // CUDA_EMU_DEVICES: GPUs of the emulated node
     size_t device_memory_bytes;   // CUDA_EMU_MEMORY_BYTES
     emu_stream_mode streams;      // CUDA_EMU_STREAMS
     emu_thread_order thread_order;// CUDA_EMU_THREAD_ORDER
@@ -76,7 +77,10 @@ cublasStatus_t emu_lt_check_pointers(const char* caller, uint32_t epilogue, cons
                                      int64_t aux_ld, uint64_t rows);
 
 // ----------------------------------------------------------------------------
-// memory (emu_runtime.cpp)
+// devices and memory (emu_runtime.cpp)
+
+// the device cudaSetDevice chose for this process (0 until it is called)
+int emu_current_device();
 
 // whether [p, p+bytes) lies inside one live cudaMalloc allocation
 bool emu_is_device_range(const void* p, size_t bytes);

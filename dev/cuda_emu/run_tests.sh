@@ -65,6 +65,9 @@ run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN
 for mode in inorder early late; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 done
+run "runtime, a node of 1 GPU (CUDA_EMU_DEVICES=1)" CUDA_EMU_DEVICES=1 CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
+expect_error "CUDA_EMU_DEVICES=0 stops the program, naming the setting" \
+    "CUDA_EMU_DEVICES='0': expected how many GPUs" env CUDA_EMU_DEVICES=0 $BIN/test_runtime
 run "layers vs llmc/cpu_layers.h" -- $BIN/test_layers
 run "layers, reverse thread order, late streams" CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late -- $BIN/test_layers
 run "catches, default modes" -- $BIN/test_catches
@@ -78,8 +81,11 @@ run "nccl, 1 rank" -- $BIN/test_nccl
 if command -v mpirun > /dev/null; then
     MPIRUN=(mpirun --oversubscribe -np 2)
     [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
-    run "nccl, 2 ranks (mpirun -np 2)" -- "${MPIRUN[@]}" $BIN/test_nccl
+    run "nccl, 2 ranks (mpirun -np 2), one device each" -- "${MPIRUN[@]}" $BIN/test_nccl
     run "nccl, 2 ranks, late streams" -- "${MPIRUN[@]}" -x CUDA_EMU_STREAMS=late $BIN/test_nccl
+    run "nccl, 2 ranks on one device: ncclInvalidUsage" -- "${MPIRUN[@]}" $BIN/test_nccl same-device
+    run "nccl, 2 ranks on a node of 1 GPU: the second rank's cudaSetDevice(1) is refused" \
+        -- "${MPIRUN[@]}" -x CUDA_EMU_DEVICES=1 $BIN/test_nccl more-ranks-than-devices
 else
     echo "skipped: nccl with 2 ranks (mpirun not found; install openmpi-bin and libopenmpi-dev)"
 fi

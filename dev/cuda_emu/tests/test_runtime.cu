@@ -1,6 +1,6 @@
 /*
 test_runtime.cu: the runtime API a trainer leans on, with answers that hold on any CUDA device:
-device properties, memory accounting and out-of-memory, launch-configuration errors, copies and
+device count and choice, device properties, memory accounting and out-of-memory, launch-configuration errors, copies and
 memsets, streams ordered by events, pinned-memory async copies, events and elapsed time.
 run_tests.sh runs it in every CUDA_EMU_STREAMS mode: correct code is right in all of them.
 */
@@ -15,14 +15,29 @@ __global__ void scale_kernel(float* out, const float* in, float factor, int n) {
     if (i < n) { out[i] = factor * in[i]; }
 }
 
-static void test_properties() {
+// the devices are 0 .. count-1 (the emulator has CUDA_EMU_DEVICES of them); past the last one,
+// cudaSetDevice and cudaGetDeviceProperties are cudaErrorInvalidDevice
+static void test_devices() {
     int count = 0, device = -1;
     CUDA_CHECK(cudaGetDeviceCount(&count));
-    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaSetDevice(count - 1));
     CUDA_CHECK(cudaGetDevice(&device));
+    check(count >= 1 && device == count - 1, "cudaGetDeviceCount / cudaSetDevice(last) / cudaGetDevice",
+          "%d devices, current device %d", count, device);
+    cudaDeviceProp prop;
+    cudaError_t set_past = cudaSetDevice(count);
+    cudaError_t properties_past = cudaGetDeviceProperties(&prop, count);
+    cudaGetLastError();  // handled here
+    CUDA_CHECK(cudaGetDevice(&device));
+    check(set_past == cudaErrorInvalidDevice && properties_past == cudaErrorInvalidDevice && device == count - 1,
+          "device past the last: cudaSetDevice and cudaGetDeviceProperties are cudaErrorInvalidDevice",
+          "got %s and %s; current device %d", cudaGetErrorName(set_past), cudaGetErrorName(properties_past), device);
+    CUDA_CHECK(cudaSetDevice(0));
+}
+
+static void test_properties() {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    check(count >= 1 && device == 0, "cudaGetDeviceCount / cudaSetDevice / cudaGetDevice");
     check(prop.warpSize == 32 && prop.maxThreadsPerBlock == 1024 && prop.multiProcessorCount > 0 &&
           prop.sharedMemPerBlock >= 48 * 1024 && prop.totalGlobalMem > 0,
           "cudaGetDeviceProperties", "%s: warp %d, %d threads, %d SMs", prop.name, prop.warpSize,
@@ -178,6 +193,7 @@ static void test_streams_and_events() {
 }
 
 int main() {
+    test_devices();
     test_properties();
     test_memory_accounting();
     test_launch_errors();
