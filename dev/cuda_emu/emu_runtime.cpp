@@ -234,7 +234,7 @@ void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& co
     // the other configuration errors as the documentation gives them (not yet measured on CUDA 13:
     // test_runtime prints what a GPU answers)
     if (threads == 0 || b.z > EMU_MAX_BLOCK_Z ||
-        g.x == 0 || g.y == 0 || g.z == 0 || g.y > EMU_MAX_GRID_YZ || g.z > EMU_MAX_GRID_YZ) {
+        g.x == 0 || g.y == 0 || g.z == 0 || g.x > EMU_MAX_GRID_X || g.y > EMU_MAX_GRID_YZ || g.z > EMU_MAX_GRID_YZ) {
         record(cudaErrorInvalidConfiguration);
         return;
     }

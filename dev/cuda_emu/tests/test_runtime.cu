@@ -67,6 +67,7 @@ static void test_memory_accounting() {
 __global__ void mark_kernel(int* ran) { *ran = 1; }
 
 static const size_t SHARED_WITHOUT_OPT_IN = 48 * 1024;  // dynamic shared memory a launch gets without cudaFuncSetAttribute
+static const unsigned MAX_GRID_X = 2147483647u;         // cudaDeviceProp::maxGridSize[0]
 static const unsigned MAX_GRID_Y = 65535;               // cudaDeviceProp::maxGridSize[1]
 static const unsigned MAX_BLOCK_Z = 64;                 // cudaDeviceProp::maxThreadsDim[2]
 
@@ -87,6 +88,7 @@ static void test_launch_errors() {
         {"a block of 0 threads", dim3(1), dim3(0), 0, EITHER},
         {"a grid of 0 blocks", dim3(0), dim3(32), 0, EITHER},
         {"a block deeper than maxThreadsDim[2]", dim3(1), dim3(1, 1, 2 * MAX_BLOCK_Z), 0, EITHER},
+        {"a grid wider than maxGridSize[0]", dim3(MAX_GRID_X + 1), dim3(32), 0, EITHER},
         {"a grid higher than maxGridSize[1]", dim3(1, MAX_GRID_Y + 1), dim3(32), 0, EITHER},
         {"more dynamic shared memory than 48 KiB without cudaFuncSetAttribute", dim3(1), dim3(32),
          2 * SHARED_WITHOUT_OPT_IN, EITHER},
