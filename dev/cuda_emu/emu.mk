@@ -3,7 +3,10 @@
 #
 #   make build/emu/path/to/prog     rewrite path/to/prog.cu, compile it with g++, link the emulator
 #   make emu-test                   build and run every emulator test (dev/cuda_emu/run_tests.sh)
-#   make emu-nvcc-check             compile every emulator test with the real nvcc into build/nvcc/
+#   make emu-nvcc-check             compile every CUDA test (GPU_TEST_SRCS) with the real nvcc into
+#                                   build/nvcc/$(GPU_ARCH)/; GPU_ARCH=sm_90 unless given
+#   make gpu-check                  on a GPU machine: build them for the local GPU and run them
+#                                   (dev/cuda_emu/gpu_check.sh); without a GPU it builds, then stops
 #
 # Variables for building another program the same way:
 #   EMU_CXXFLAGS   flags for the rewritten source (force-includes cuda_emu.h)
@@ -31,13 +34,19 @@ EMU_LIB_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I$(CUDA_HOME)/include -I$(E
 EMU_LDLIBS := -lm $(EMU_MPI_LDLIBS)
 
 EMU_SRCS := $(addprefix $(EMU_DIR)/,emu_fiber.cpp emu_kernel.cpp emu_stream.cpp emu_runtime.cpp \
-                                      emu_blas.cpp emu_nccl.cpp emu_math.cpp)
+                                      emu_blas.cpp emu_lt_rules.cpp emu_nccl.cpp emu_math.cpp)
 EMU_OBJS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_SRCS))
 EMU_HEADERS := $(wildcard $(EMU_DIR)/*.h)
 
 EMU_TEST_SRCS := $(wildcard $(EMU_DIR)/tests/*.cu)
 EMU_TESTS := $(patsubst %.cu,$(EMU_BUILD)/%,$(EMU_TEST_SRCS))
-EMU_NVCC_TESTS := $(patsubst $(EMU_DIR)/tests/%.cu,build/nvcc/%,$(EMU_TEST_SRCS))
+
+# the CUDA tests that nvcc builds (emu-nvcc-check) and gpu-check runs on a GPU, each with no
+# arguments from the repository root (gpu_check.sh adds the multi-rank runs). One line per folder:
+GPU_TEST_SRCS := $(EMU_TEST_SRCS)
+# GPU_TEST_SRCS += $(wildcard dev/cuda/tests/*.cu)    (the trainer's kernel tests, when they exist)
+GPU_ARCH ?= sm_90
+GPU_TESTS := $(patsubst %.cu,build/nvcc/$(GPU_ARCH)/%,$(GPU_TEST_SRCS))
 
 # kept between builds (make would delete them as intermediates of the pattern rule below)
 .PRECIOUS: $(EMU_BUILD)/obj/%.o
@@ -54,17 +63,32 @@ $(EMU_BUILD)/%: %.cu $(EMU_DIR)/rewrite.py $(EMU_OBJS) $(EMU_HEADERS)
 # the files each rewritten program was made from (written by rewrite.py)
 -include $(shell find $(EMU_BUILD) -name '*.emu.cpp.d' 2>/dev/null)
 
-.PHONY: emu-build-tests emu-test emu-nvcc-check
+.PHONY: emu-build-tests emu-test emu-nvcc-check gpu-check gpu-test-list
 emu-build-tests: $(EMU_TESTS)
 
 emu-test:
 	bash $(EMU_DIR)/run_tests.sh
 
-# the same tests with the real CUDA toolchain: they must stay ordinary CUDA
-build/nvcc/%: $(EMU_DIR)/tests/%.cu $(EMU_DIR)/tests/check.h
+# The same tests with the real CUDA toolchain: they must stay ordinary CUDA. NCCL is wherever
+# find_nccl.sh finds it (toolkit, system package, nvidia-nccl Python package), asked once per make
+# run and only when a test is built (the $(eval ...) keeps the answer).
+NVCC_NCCL_CFLAGS = $(eval NVCC_NCCL_CFLAGS := $(shell CUDA_HOME=$(CUDA_HOME) bash $(EMU_DIR)/find_nccl.sh --cflags 2>/dev/null))$(NVCC_NCCL_CFLAGS)
+NVCC_NCCL_LIBS = $(eval NVCC_NCCL_LIBS := $(shell CUDA_HOME=$(CUDA_HOME) bash $(EMU_DIR)/find_nccl.sh --libs 2>/dev/null))$(NVCC_NCCL_LIBS)
+build/nvcc/$(GPU_ARCH)/%: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O1 -arch=sm_90 -I. $(MPI_CFLAGS) $< -o $@ \
-		-lcublas -lcublasLt -L$(CUDA_HOME)/lib -lnccl $(EMU_MPI_LDLIBS)
+	@test -n "$(NVCC_NCCL_LIBS)" || { CUDA_HOME=$(CUDA_HOME) bash $(EMU_DIR)/find_nccl.sh --where; exit 1; }
+	$(NVCC) -std=c++17 -O1 -arch=$(GPU_ARCH) -MMD -MP -I. $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) $< -o $@ \
+		-lcublas -lcublasLt $(NVCC_NCCL_LIBS) $(EMU_MPI_LDLIBS)
 
-emu-nvcc-check: $(EMU_NVCC_TESTS)
-	@echo "nvcc builds every emulator test: $(notdir $(EMU_NVCC_TESTS))"
+# the headers each test was built from (nvcc -MMD)
+-include $(wildcard $(addsuffix .d,$(GPU_TESTS)))
+
+emu-nvcc-check: $(GPU_TESTS)
+	@echo "nvcc builds every CUDA test for $(GPU_ARCH) ($(shell CUDA_HOME=$(CUDA_HOME) bash $(EMU_DIR)/find_nccl.sh --where)): $(notdir $(GPU_TESTS))"
+
+# the binaries gpu-check runs, one per line
+gpu-test-list:
+	@printf '%s\n' $(GPU_TESTS)
+
+gpu-check:
+	bash $(EMU_DIR)/gpu_check.sh

@@ -427,11 +427,6 @@ static cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout
     p->aux_type = d->aux_type < 0 ? o->type : (cudaDataType)d->aux_type;
     p->aux_ld = d->aux_ld;
     p->aux_batch_stride = d->aux_batch_stride;
-    bool needs_bias = p->epilogue.add_bias || p->epilogue.bias_grad != BIAS_GRAD_NONE;
-    bool needs_aux = p->epilogue.store_aux || p->epilogue.dgelu;
-    if ((needs_bias && p->bias == nullptr) || (needs_aux && (p->aux == nullptr || p->aux_ld < p->m))) {
-        return CUBLAS_STATUS_INVALID_VALUE;
-    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -443,6 +438,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     gemm_problem p;
     cublasStatus_t s = lt_problem(desc, Adesc, Bdesc, Cdesc, Ddesc, &p);
     *returned = 0;
+    if (s != CUBLAS_STATUS_SUCCESS) { return s; }
+    // what the real library refuses here (the pointers are checked by cublasLtMatmul only)
+    const lt_matmul_desc* d = desc_of(desc);
+    s = emu_lt_check_algorithm("cublasLtMatmulAlgoGetHeuristic", d->epilogue, d->transa, d->transb);
     if (s != CUBLAS_STATUS_SUCCESS) { return s; }
     if (requested < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
     memset(&results[0], 0, sizeof(results[0]));  // one algorithm: the reference GEMM
@@ -462,6 +461,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     (void)workspace_bytes;
     gemm_problem p;
     cublasStatus_t s = lt_problem(desc, Adesc, Bdesc, Cdesc, Ddesc, &p);
+    if (s != CUBLAS_STATUS_SUCCESS) { return s; }
+    // what the real library refuses (emu_lt_rules.cpp)
+    const lt_matmul_desc* d = desc_of(desc);
+    s = emu_lt_check_algorithm("cublasLtMatmul", d->epilogue, d->transa, d->transb);
+    if (s != CUBLAS_STATUS_SUCCESS) { return s; }
+    s = emu_lt_check_pointers("cublasLtMatmul", d->epilogue, d->bias, d->aux, d->aux_ld, (uint64_t)p.m);
     if (s != CUBLAS_STATUS_SUCCESS) { return s; }
     p.alpha = *(const float*)alpha;
     p.beta = *(const float*)beta;

@@ -5,6 +5,7 @@ emu_internal.h: what the emulator's own source files share; never included by a 
   emu_config      the settings read once from the environment (CUDA_EMU_*), see README.md
   emu_enqueue()   put one piece of device work on a stream (emu_stream.cpp decides when it runs)
   emu_run_grid()  run a kernel launch, block by block (emu_kernel.cpp)
+  emu_lt_check_*  the cuBLASLt descriptor rules of the real library (emu_lt_rules.cpp)
   device memory lookups for the runtime's argument checks (emu_runtime.cpp)
 
 Invariant: everything here runs on the host thread that made the CUDA call; the emulator starts no
@@ -35,6 +36,7 @@ enum emu_thread_order {
     EMU_ORDER_SHUFFLE,    // a fresh pseudo-random order in every round (seed: CUDA_EMU_SEED)
 };
 struct emu_settings {
+    int device_count;             // CUDA_EMU_DEVICES: GPUs of the emulated node
     size_t device_memory_bytes;   // CUDA_EMU_MEMORY_BYTES
     emu_stream_mode streams;      // CUDA_EMU_STREAMS
     emu_thread_order thread_order;// CUDA_EMU_THREAD_ORDER
@@ -64,7 +66,21 @@ struct emu_grid {
 void emu_run_grid(const emu_grid& g);
 
 // ----------------------------------------------------------------------------
-// memory (emu_runtime.cpp)
+// cuBLASLt descriptor rules (emu_lt_rules.cpp): CUBLAS_STATUS_SUCCESS, or the status the real library
+// returns for the descriptor, after a one-line note on stderr saying why (once per reason).
+// `caller` names the API function in that note.
+
+// whether an algorithm exists for the epilogue with these transposes (cublasLtMatmulAlgoGetHeuristic)
+cublasStatus_t emu_lt_check_algorithm(const char* caller, uint32_t epilogue, int32_t transa, int32_t transb);
+// whether the bias and aux pointers fit the epilogue (cublasLtMatmul); rows: D's rows, the least aux_ld
+cublasStatus_t emu_lt_check_pointers(const char* caller, uint32_t epilogue, const void* bias, const void* aux,
+                                     int64_t aux_ld, uint64_t rows);
+
+// ----------------------------------------------------------------------------
+// devices and memory (emu_runtime.cpp)
+
+// the device cudaSetDevice chose for this process (0 until it is called)
+int emu_current_device();
 
 // whether [p, p+bytes) lies inside one live cudaMalloc allocation
 bool emu_is_device_range(const void* p, size_t bytes);

@@ -20,6 +20,10 @@ collectives of a group run in the order they were issued, the same on every rank
 
 Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId and that the ranks
 are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.
+
+Devices: a communicator belongs to the device that was current (cudaSetDevice) when it was made. As
+real NCCL does, ncclCommInitRank returns ncclInvalidUsage on every rank when two ranks of one host
+(same hostname) made theirs on the same device; the emulated node has CUDA_EMU_DEVICES devices.
 */
 #include "emu_internal.h"
 
@@ -32,12 +36,19 @@ are the MPI processes, so a forgotten broadcast of the id is an error, not a han
 
 struct ncclComm {
     int rank, nranks;
+    int device;   // the current device at ncclCommInitRank
 #ifdef CUDA_EMU_MPI
     MPI_Comm mpi;
 #endif
 };
 
 static const char UNIQUE_ID_MAGIC[] = "cuda_emu nccl id";
+
+// where a rank runs: what real NCCL compares to find two ranks on one GPU
+struct rank_place {
+    char host[256];   // gethostname(), cut to fit
+    int device;
+};
 
 const char* ncclGetErrorString(ncclResult_t r) {
     switch (r) {
@@ -75,6 +86,32 @@ static void exchange(ncclComm_t comm, const void* mine, size_t bytes, std::vecto
 #endif
 }
 
+// whether the ranks of the communicator use distinct devices wherever they share a host; every rank
+// computes the same answer, and the rank that finds it shares a device with an earlier rank says so
+static bool one_rank_per_device(ncclComm_t c) {
+    rank_place mine = {};
+    if (gethostname(mine.host, sizeof(mine.host) - 1) != 0) { snprintf(mine.host, sizeof(mine.host), "?"); }
+    mine.device = c->device;
+    std::vector<char> all;
+    exchange(c, &mine, sizeof(mine), &all);
+    const rank_place* places = (const rank_place*)all.data();
+    bool distinct = true;
+    for (int r = 0; r < c->nranks; r++) {
+        for (int q = 0; q < r; q++) {
+            if (places[q].device != places[r].device || strcmp(places[q].host, places[r].host) != 0) { continue; }
+            distinct = false;
+            if (r == c->rank) {
+                fflush(stdout);
+                fprintf(stderr, "cuda_emu: note: ncclCommInitRank: ranks %d and %d both use CUDA device %d of host %s: "
+                        "ncclInvalidUsage, as real NCCL answers; give each rank of a host its own device "
+                        "(cudaSetDevice(local rank)) and run at most as many ranks per host as it has GPUs\n",
+                        q, r, places[r].device, places[r].host);
+            }
+        }
+    }
+    return distinct;
+}
+
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
     if (strncmp(id.internal, UNIQUE_ID_MAGIC, strlen(UNIQUE_ID_MAGIC)) != 0) {
         emu_fail("ncclCommInitRank: the ncclUniqueId was not made by ncclGetUniqueId");
@@ -83,6 +120,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
     ncclComm_t c = new ncclComm();
     c->rank = rank;
     c->nranks = nranks;
+    c->device = emu_current_device();
     if (nranks > 1) {
 #ifdef CUDA_EMU_MPI
         int initialized = 0, world = 0, world_rank = 0;
@@ -104,6 +142,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
                          "(rank 0 must make it and send it to the others)", r, rank);
             }
         }
+        if (!one_rank_per_device(c)) {
+            ncclCommDestroy(c);
+            return ncclInvalidUsage;
+        }
     }
     *comm = c;
     return ncclSuccess;
@@ -119,7 +161,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { *count = comm->nranks; return ncclSuccess; }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) { *rank = comm->rank; return ncclSuccess; }
-ncclResult_t ncclCommCuDevice(const ncclComm_t, int* device) { *device = 0; return ncclSuccess; }
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) { *device = comm->device; return ncclSuccess; }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* error) { *error = ncclSuccess; return ncclSuccess; }
 ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }

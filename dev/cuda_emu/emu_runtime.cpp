@@ -35,6 +35,7 @@ void emu_fail_at(const char* file, int line, const char* fmt, ...) {
 // ----------------------------------------------------------------------------
 // settings
 
+static const int DEFAULT_DEVICE_COUNT = 8;  // a node of 8 GPUs: multi-rank tests give each rank its own
 static const size_t DEFAULT_DEVICE_MEMORY_BYTES = (size_t)8 << 30;  // 8 GiB
 static const unsigned DEFAULT_SEED = 1234;
 
@@ -45,6 +46,16 @@ static const char* env_or(const char* name, const char* fallback) {
 
 static emu_settings read_settings() {
     emu_settings s;
+    s.device_count = DEFAULT_DEVICE_COUNT;
+    const char* devices = getenv("CUDA_EMU_DEVICES");
+    if (devices != nullptr && devices[0] != '\0') {
+        char* end;
+        long n = strtol(devices, &end, 10);
+        if (*end != '\0' || n < 1 || n > INT32_MAX) {
+            emu_fail("CUDA_EMU_DEVICES='%s': expected how many GPUs the emulated node has, 1 or more", devices);
+        }
+        s.device_count = (int)n;
+    }
     s.device_memory_bytes = DEFAULT_DEVICE_MEMORY_BYTES;
     const char* mem = getenv("CUDA_EMU_MEMORY_BYTES");
     if (mem != nullptr && mem[0] != '\0') {
@@ -123,7 +134,9 @@ const char* cudaGetErrorString(cudaError_t e) {
 }
 
 // ----------------------------------------------------------------------------
-// device and properties: one emulated device, shaped like an H100 where programs look
+// devices and properties: CUDA_EMU_DEVICES of them, each shaped like an H100 where programs look.
+// They share one memory (CUDA_EMU_MEMORY_BYTES is per process, not per device) and one set of
+// streams; what tells them apart is the current device, which NCCL reads (emu_nccl.cpp).
 
 enum {
     EMU_SHARED_PER_BLOCK = 48 * 1024,         // without opting in
@@ -138,18 +151,24 @@ enum {
 
 static int current_device = 0;
 
-cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
+int emu_current_device() { return current_device; }
+
+static bool valid_device(int device) { return device >= 0 && device < emu_config().device_count; }
+
+cudaError_t cudaGetDeviceCount(int* count) { *count = emu_config().device_count; return cudaSuccess; }
 cudaError_t cudaGetDevice(int* device) { *device = current_device; return cudaSuccess; }
 cudaError_t cudaSetDevice(int device) {
-    return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+    if (!valid_device(device)) { return record(cudaErrorInvalidDevice); }
+    current_device = device;
+    return cudaSuccess;
 }
 cudaError_t cudaDeviceReset(void) { emu_device_drain(); return cudaSuccess; }
 cudaError_t cudaDeviceSetLimit(enum cudaLimit, size_t) { return cudaSuccess; }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
-    if (device != 0) { return record(cudaErrorInvalidDevice); }
+    if (!valid_device(device)) { return record(cudaErrorInvalidDevice); }
     memset(prop, 0, sizeof(*prop));
-    snprintf(prop->name, sizeof(prop->name), "cuda_emu (CPU, dev/cuda_emu)");
+    snprintf(prop->name, sizeof(prop->name), "cuda_emu device %d (CPU, dev/cuda_emu)", device);
     prop->totalGlobalMem = emu_config().device_memory_bytes;
     prop->sharedMemPerBlock = EMU_SHARED_PER_BLOCK;
     prop->sharedMemPerBlockOptin = EMU_SHARED_PER_BLOCK_OPTIN;
@@ -206,8 +225,16 @@ void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& co
     size_t shared_limit = EMU_SHARED_PER_BLOCK;
     auto opted = max_dynamic_shared.find(kernel);
     if (opted != max_dynamic_shared.end()) { shared_limit = (size_t)opted->second; }
-    if (threads == 0 || threads > EMU_MAX_THREADS_PER_BLOCK || b.z > EMU_MAX_BLOCK_Z ||
-        g.x == 0 || g.y == 0 || g.z == 0 || g.y > EMU_MAX_GRID_YZ || g.z > EMU_MAX_GRID_YZ) {
+    // more threads than a block may have: cudaErrorInvalidValue, as CUDA 13 reported it on an H100
+    // (the documentation and older CUDA say cudaErrorInvalidConfiguration)
+    if (threads > EMU_MAX_THREADS_PER_BLOCK) {
+        record(cudaErrorInvalidValue);
+        return;
+    }
+    // the other configuration errors as the documentation gives them (not yet measured on CUDA 13:
+    // test_runtime prints what a GPU answers)
+    if (threads == 0 || b.z > EMU_MAX_BLOCK_Z ||
+        g.x == 0 || g.y == 0 || g.z == 0 || g.x > EMU_MAX_GRID_X || g.y > EMU_MAX_GRID_YZ || g.z > EMU_MAX_GRID_YZ) {
         record(cudaErrorInvalidConfiguration);
         return;
     }

@@ -12,58 +12,18 @@ make -s -f dev/cuda_emu/emu.mk -j"$(nproc)" emu-build-tests || { echo "0 passed,
 
 BIN=build/emu/dev/cuda_emu/tests
 SMALL_DEVICE=$((64 * 1024 * 1024))   # 64 MiB: out-of-memory tests stay cheap
-passed=0
-failed=0
-
-# run one test program: run LABEL ENV... -- COMMAND...; its output is shown, its summary counted
-run() {
-    local label=$1; shift
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    echo "== $label"
-    local out
-    out=$(env "${envs[@]}" "$@" 2>&1)
-    local status=$?
-    echo "$out"
-    local summary
-    summary=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -1)
-    if [ -z "$summary" ]; then
-        echo "FAIL $label: stopped (exit $status) without a summary line"
-        failed=$((failed + 1))
-        return
-    fi
-    passed=$((passed + $(echo "$summary" | cut -d' ' -f1)))
-    failed=$((failed + $(echo "$summary" | cut -d' ' -f3)))
-    if [ "$status" -ne 0 ] && [ "$(echo "$summary" | cut -d' ' -f3)" -eq 0 ]; then
-        echo "FAIL $label: exit $status with no failed check"
-        failed=$((failed + 1))
-    fi
-}
-
-# a program that must stop with an error whose message contains PATTERN: expect_error LABEL PATTERN COMMAND...
-expect_error() {
-    local label=$1 pattern=$2; shift 2
-    echo "== $label"
-    local out
-    out=$("$@" 2>&1)
-    local status=$?
-    if [ "$status" -ne 0 ] && echo "$out" | grep -q "$pattern"; then
-        echo "ok   $label"
-        passed=$((passed + 1))
-    else
-        echo "$out"
-        echo "FAIL $label: exit $status, message without '$pattern'"
-        failed=$((failed + 1))
-    fi
-}
+source dev/cuda_emu/run_lib.sh   # run, expect_error, MPIRUN_NP2 and the passed/failed counts
 
 run "device: execution model" -- $BIN/test_device
 run "device: execution model, shuffled thread order" CUDA_EMU_THREAD_ORDER=shuffle -- $BIN/test_device
 run "gemm: cuBLAS and cuBLASLt against a naive loop" -- $BIN/test_gemm
+run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN/test_cublaslt_table
 for mode in inorder early late; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 done
+run "runtime, a node of 1 GPU (CUDA_EMU_DEVICES=1)" CUDA_EMU_DEVICES=1 CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
+expect_error "CUDA_EMU_DEVICES=0 stops the program, naming the setting" \
+    "CUDA_EMU_DEVICES='0': expected how many GPUs" env CUDA_EMU_DEVICES=0 $BIN/test_runtime
 run "layers vs llmc/cpu_layers.h" -- $BIN/test_layers
 run "layers, reverse thread order, late streams" CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late -- $BIN/test_layers
 run "catches, default modes" -- $BIN/test_catches
@@ -75,10 +35,12 @@ expect_error "a barrier one thread skipped stops the program, naming the kernel"
     "kernel 'deadlock_kernel' (launched at" $BIN/test_catches deadlock
 run "nccl, 1 rank" -- $BIN/test_nccl
 if command -v mpirun > /dev/null; then
-    MPIRUN=(mpirun --oversubscribe -np 2)
-    [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
-    run "nccl, 2 ranks (mpirun -np 2)" -- "${MPIRUN[@]}" $BIN/test_nccl
+    MPIRUN=("${MPIRUN_NP2[@]}")
+    run "nccl, 2 ranks (mpirun -np 2), one device each" -- "${MPIRUN[@]}" $BIN/test_nccl
     run "nccl, 2 ranks, late streams" -- "${MPIRUN[@]}" -x CUDA_EMU_STREAMS=late $BIN/test_nccl
+    run "nccl, 2 ranks on one device: ncclInvalidUsage" -- "${MPIRUN[@]}" $BIN/test_nccl same-device
+    run "nccl, 2 ranks on a node of 1 GPU: the second rank's cudaSetDevice(1) is refused" \
+        -- "${MPIRUN[@]}" -x CUDA_EMU_DEVICES=1 $BIN/test_nccl more-ranks-than-devices
 else
     echo "skipped: nccl with 2 ranks (mpirun not found; install openmpi-bin and libopenmpi-dev)"
 fi

@@ -12,6 +12,7 @@ GELU comes from the project's one CPU reference, llmc/cpu_layers.h.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <string.h>
 #include <vector>
 #include "check.h"
 #include "llmc/cpu_layers.h"
@@ -27,6 +28,7 @@ static void cublas_check_at(cublasStatus_t s, const char* call, const char* file
 static const float FP32_TOLERANCE = 1e-5f;
 static const float BF16_TOLERANCE = 2e-2f;   // inputs and outputs rounded to 8 mantissa bits
 static const int LD_PADDING = 3;             // leading dimensions are rows + 3: odd, never tight
+static const int MATMUL_NOT_CALLED = -1;     // a cublasLtMatmul status when the heuristic found nothing
 
 // one GEMM problem's shape: op(A) is m x k, op(B) is k x n, C and D are m x n
 struct shape {
@@ -206,10 +208,59 @@ static void test_cublas(cublasHandle_t handle, gemm_api api, cudaDataType type) 
 // ----------------------------------------------------------------------------
 // cuBLASLt
 
+// an epilogue and the descriptor pointers it uses (cublasLt.h); a real cuBLASLt refuses a matmul
+// whose descriptor sets a pointer the epilogue does not use, or lacks one it needs
 struct lt_case {
     cublasLtEpilogue_t epilogue;
     const char* name;
+    bool uses_bias;   // CUBLASLT_MATMUL_DESC_BIAS_POINTER: bias added, or bias gradient written
+    bool uses_aux;    // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: GELU input written (_AUX) or read (DGELU)
 };
+
+static const lt_case LT_CASES[] = {
+    {CUBLASLT_EPILOGUE_DEFAULT, "DEFAULT", false, false},     {CUBLASLT_EPILOGUE_BIAS, "BIAS", true, false},
+    {CUBLASLT_EPILOGUE_GELU, "GELU", false, false},           {CUBLASLT_EPILOGUE_GELU_BIAS, "GELU_BIAS", true, false},
+    {CUBLASLT_EPILOGUE_GELU_AUX, "GELU_AUX", false, true},    {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, "GELU_AUX_BIAS", true, true},
+    {CUBLASLT_EPILOGUE_DGELU, "DGELU", false, true},          {CUBLASLT_EPILOGUE_BGRADA, "BGRADA", true, false},
+    {CUBLASLT_EPILOGUE_BGRADB, "BGRADB", true, false},
+};
+
+// whether cuBLASLt has an algorithm for the epilogue and transposes: the bias gradient of BGRADA
+// needs A stored m x k (op(A)=N), that of BGRADB needs B stored n x k (op(B)=T)
+static bool lt_has_algorithm(cublasLtEpilogue_t epilogue, cublasOperation_t ta, cublasOperation_t tb) {
+    if (epilogue == CUBLASLT_EPILOGUE_BGRADA) { return ta == CUBLAS_OP_N; }
+    if (epilogue == CUBLASLT_EPILOGUE_BGRADB) { return tb == CUBLAS_OP_T; }
+    return true;
+}
+
+// a fp32 matmul descriptor; the bias and aux pointers are set when not null
+static cublasLtMatmulDesc_t lt_descriptor(cublasLtEpilogue_t epilogue, cublasOperation_t ta, cublasOperation_t tb,
+                                          void* bias, void* aux, int64_t aux_ld) {
+    cublasLtMatmulDesc_t desc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t opa = ta, opb = tb;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (bias != nullptr) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    if (aux != nullptr) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    }
+    return desc;
+}
+
+// the preference every call here uses: no workspace
+static cublasLtMatmulPreference_t lt_preference() {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t workspace_bytes = 0;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &workspace_bytes, sizeof workspace_bytes));
+    return pref;
+}
 
 static cublasLtMatrixLayout_t lt_layout(cudaDataType type, int rows, int cols, int ld, int batch, long long stride) {
     cublasLtMatrixLayout_t l;
@@ -261,16 +312,11 @@ static void expected_lt(const lt_case& t, const shape& s, const std::vector<floa
     }
 }
 
+// one matmul per epilogue and transposes, with only the pointers the epilogue uses; where cuBLASLt
+// has no algorithm (BGRADA with op(A)=T, BGRADB with op(B)=N) the heuristic must say so
 static void test_cublaslt_epilogues(cublasLtHandle_t lt) {
-    const lt_case cases[] = {
-        {CUBLASLT_EPILOGUE_DEFAULT, "DEFAULT"},   {CUBLASLT_EPILOGUE_BIAS, "BIAS"},
-        {CUBLASLT_EPILOGUE_GELU, "GELU"},         {CUBLASLT_EPILOGUE_GELU_BIAS, "GELU_BIAS"},
-        {CUBLASLT_EPILOGUE_GELU_AUX, "GELU_AUX"}, {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, "GELU_AUX_BIAS"},
-        {CUBLASLT_EPILOGUE_DGELU, "DGELU"},       {CUBLASLT_EPILOGUE_BGRADA, "BGRADA"},
-        {CUBLASLT_EPILOGUE_BGRADB, "BGRADB"},
-    };
     const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T};
-    for (const lt_case& t : cases) {
+    for (const lt_case& t : LT_CASES) {
         bool ok = true;
         char detail[160] = "";
         for (cublasOperation_t ta : ops) {
@@ -287,55 +333,45 @@ static void test_cublaslt_epilogues(cublasLtHandle_t lt) {
 
                 device_matrix da = upload(a, CUDA_R_32F), db = upload(b, CUDA_R_32F), dd = upload(c, CUDA_R_32F);
                 device_matrix dbias = upload(bias, CUDA_R_32F), daux = upload(aux_in, CUDA_R_32F);
-                cublasLtMatmulDesc_t desc;
-                CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-                int32_t opa = ta, opb = tb;
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &t.epilogue,
-                                                            sizeof t.epilogue));
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias.ptr,
-                                                            sizeof dbias.ptr));
-                int64_t aux_ld = s.ldc;
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                            &daux.ptr, sizeof daux.ptr));
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                                            sizeof aux_ld));
+                cublasLtMatmulDesc_t desc = lt_descriptor(t.epilogue, ta, tb, t.uses_bias ? dbias.ptr : nullptr,
+                                                          t.uses_aux ? daux.ptr : nullptr, s.ldc);
                 cublasLtMatrixLayout_t la = lt_layout(CUDA_R_32F, ta == CUBLAS_OP_N ? s.m : s.k,
                                                       ta == CUBLAS_OP_N ? s.k : s.m, s.lda, 1, 0);
                 cublasLtMatrixLayout_t lb = lt_layout(CUDA_R_32F, tb == CUBLAS_OP_N ? s.k : s.n,
                                                       tb == CUBLAS_OP_N ? s.n : s.k, s.ldb, 1, 0);
                 cublasLtMatrixLayout_t ld = lt_layout(CUDA_R_32F, s.m, s.n, s.ldc, 1, 0);
-                cublasLtMatmulPreference_t pref;
-                CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-                size_t workspace_bytes = 0;
-                CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                                  &workspace_bytes, sizeof workspace_bytes));
+                cublasLtMatmulPreference_t pref = lt_preference();
                 cublasLtMatmulHeuristicResult_t heuristic;
                 int found = 0;
-                CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-                CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, da.ptr, la, db.ptr, lb, &beta, dd.ptr, ld, dd.ptr, ld,
-                                            &heuristic.algo, nullptr, 0, 0));
-                std::vector<float> got_d = download(dd), got_aux = download(daux), got_bias = download(dbias);
+                cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found);
                 float err = 0.0f;
-                for (int j = 0; j < s.n; j++) {
-                    float e = max_rel_error(&got_d[(size_t)j * s.ldc], &want_d[(size_t)j * s.ldc], s.m);
-                    err = e > err ? e : err;
+                bool expected_outcome;
+                if (!lt_has_algorithm(t.epilogue, ta, tb)) {
+                    expected_outcome = hs == CUBLAS_STATUS_NOT_SUPPORTED && found == 0;
+                } else {
+                    expected_outcome = hs == CUBLAS_STATUS_SUCCESS && found == 1;
+                    if (expected_outcome) {
+                        CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, da.ptr, la, db.ptr, lb, &beta, dd.ptr, ld, dd.ptr,
+                                                    ld, &heuristic.algo, nullptr, 0, 0));
+                    }
+                    std::vector<float> got_d = download(dd), got_aux = download(daux), got_bias = download(dbias);
                     bool stores_aux = t.epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
                                       t.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-                    if (stores_aux) {
-                        e = max_rel_error(&got_aux[(size_t)j * s.ldc], &want_aux[(size_t)j * s.ldc], s.m);
-                        err = e > err ? e : err;
+                    for (int j = 0; j < s.n; j++) {
+                        size_t at = (size_t)j * s.ldc;
+                        err = fmaxf(err, max_rel_error(&got_d[at], &want_d[at], s.m));
+                        if (stores_aux) { err = fmaxf(err, max_rel_error(&got_aux[at], &want_aux[at], s.m)); }
+                    }
+                    if (!want_bias.empty()) {
+                        err = fmaxf(err, max_rel_error(got_bias.data(), want_bias.data(), want_bias.size()));
                     }
                 }
-                if (!want_bias.empty()) {
-                    float e = max_rel_error(got_bias.data(), want_bias.data(), want_bias.size());
-                    err = e > err ? e : err;
-                }
-                if (found != 1 || err > FP32_TOLERANCE) {
+                if (!expected_outcome || err > FP32_TOLERANCE) {
                     if (ok) {
-                        snprintf(detail, sizeof detail, "op(A)=%c op(B)=%c: %d algos, max relative error %g",
-                                 ta == CUBLAS_OP_N ? 'N' : 'T', tb == CUBLAS_OP_N ? 'N' : 'T', found, err);
+                        snprintf(detail, sizeof detail, "op(A)=%c op(B)=%c: heuristic status %d, %d algos (%s), "
+                                 "max relative error %g", ta == CUBLAS_OP_N ? 'N' : 'T', tb == CUBLAS_OP_N ? 'N' : 'T',
+                                 (int)hs, found, lt_has_algorithm(t.epilogue, ta, tb) ? "want 0 and 1 algo" : "want 15 and none",
+                                 err);
                     }
                     ok = false;
                 }
@@ -347,10 +383,76 @@ static void test_cublaslt_epilogues(cublasLtHandle_t lt) {
                 for (device_matrix* m : {&da, &db, &dd, &dbias, &daux}) { CUDA_CHECK(cudaFree(m->ptr)); }
             }
         }
-        char name[96];
-        snprintf(name, sizeof name, "cublasLtMatmul epilogue %s, all transposes", t.name);
+        char name[128];
+        snprintf(name, sizeof name, "cublasLtMatmul epilogue %s, all transposes%s", t.name,
+                 t.epilogue == CUBLASLT_EPILOGUE_BGRADA   ? " (op(A)=T: no algorithm)"
+                 : t.epilogue == CUBLASLT_EPILOGUE_BGRADB ? " (op(B)=N: no algorithm)"
+                                                          : "");
         check(ok, name, "%s", detail);
     }
+}
+
+// descriptors a real cuBLASLt (CUDA 13, H100) refuses at cublasLtMatmul although the heuristic found
+// an algorithm; D must stay untouched. One accepted case shows that an unused aux pointer is not
+// always an error. Every case here is a line of tests/data/cublaslt_h100_cuda13.0_driver580.txt.
+static void test_cublaslt_refusals(cublasLtHandle_t lt) {
+    const struct {
+        const char* what;
+        cublasLtEpilogue_t epilogue;
+        bool set_bias, set_aux;
+        cublasStatus_t want;
+    } cases[] = {
+        {"DEFAULT with bias and aux pointers", CUBLASLT_EPILOGUE_DEFAULT, true, true, CUBLAS_STATUS_INVALID_VALUE},
+        {"GELU with bias and aux pointers", CUBLASLT_EPILOGUE_GELU, true, true, CUBLAS_STATUS_INVALID_VALUE},
+        {"DGELU with bias and aux pointers", CUBLASLT_EPILOGUE_DGELU, true, true, CUBLAS_STATUS_INVALID_VALUE},
+        {"BIAS without a bias pointer", CUBLASLT_EPILOGUE_BIAS, false, false, CUBLAS_STATUS_INVALID_VALUE},
+        {"BGRADB without a bias pointer", CUBLASLT_EPILOGUE_BGRADB, false, false, CUBLAS_STATUS_INVALID_VALUE},
+        {"DGELU without an aux pointer", CUBLASLT_EPILOGUE_DGELU, false, false, CUBLAS_STATUS_INVALID_VALUE},
+        {"GELU_AUX without an aux pointer", CUBLASLT_EPILOGUE_GELU_AUX, false, false, CUBLAS_STATUS_NOT_SUPPORTED},
+        {"GELU_BIAS with an aux pointer too", CUBLASLT_EPILOGUE_GELU_BIAS, true, true, CUBLAS_STATUS_NOT_SUPPORTED},
+        {"BIAS with an aux pointer too", CUBLASLT_EPILOGUE_BIAS, true, true, CUBLAS_STATUS_SUCCESS},
+    };
+    shape s = make_shape(CUBLAS_OP_N, CUBLAS_OP_T, 6, 5, 7, 1);
+    size_t nd = (size_t)s.ldc * s.n;
+    std::vector<float> d_before = random_vector(nd, 31);
+    device_matrix da = upload(random_vector(s.stride_a, 32), CUDA_R_32F);
+    device_matrix db = upload(random_vector(s.stride_b, 33), CUDA_R_32F);
+    device_matrix dbias = upload(random_vector(s.m > s.n ? s.m : s.n, 34), CUDA_R_32F);
+    device_matrix daux = upload(random_vector(nd, 35), CUDA_R_32F);
+    cublasLtMatrixLayout_t la = lt_layout(CUDA_R_32F, s.m, s.k, s.lda, 1, 0);
+    cublasLtMatrixLayout_t lb = lt_layout(CUDA_R_32F, s.n, s.k, s.ldb, 1, 0);
+    cublasLtMatrixLayout_t ld = lt_layout(CUDA_R_32F, s.m, s.n, s.ldc, 1, 0);
+    cublasLtMatmulPreference_t pref = lt_preference();
+    for (const auto& t : cases) {
+        device_matrix dd = upload(d_before, CUDA_R_32F);
+        cublasLtMatmulDesc_t desc = lt_descriptor(t.epilogue, s.ta, s.tb, t.set_bias ? dbias.ptr : nullptr,
+                                                  t.set_aux ? daux.ptr : nullptr, s.ldc);
+        cublasLtMatmulHeuristicResult_t heuristic;
+        int found = 0;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found);
+        int ms = MATMUL_NOT_CALLED;
+        float alpha = 1.0f, beta = 0.0f;
+        if (hs == CUBLAS_STATUS_SUCCESS && found == 1) {
+            ms = (int)cublasLtMatmul(lt, desc, &alpha, da.ptr, la, db.ptr, lb, &beta, dd.ptr, ld, dd.ptr, ld, &heuristic.algo,
+                                nullptr, 0, 0);
+        }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> d_after = download(dd);
+        bool untouched = memcmp(d_after.data(), d_before.data(), nd * sizeof(float)) == 0;
+        bool ok = hs == CUBLAS_STATUS_SUCCESS && found == 1 && ms == (int)t.want &&
+                  (t.want == CUBLAS_STATUS_SUCCESS ? !untouched : untouched);
+        char name[128];
+        snprintf(name, sizeof name, "cublasLtMatmul, %s: %s", t.what, cublasGetStatusName(t.want));
+        check(ok, name, "heuristic %d with %d algos, cublasLtMatmul %d (-1: not called), D %s", (int)hs, found, ms,
+              untouched ? "untouched" : "written");
+        cublasLtMatmulDescDestroy(desc);
+        CUDA_CHECK(cudaFree(dd.ptr));
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    for (device_matrix* m : {&da, &db, &dbias, &daux}) { CUDA_CHECK(cudaFree(m->ptr)); }
 }
 
 // a strided batch described by the layouts alone, bf16 in and out, with a bias epilogue
@@ -413,6 +515,7 @@ int main() {
     cublasLtHandle_t lt;
     CUBLAS_CHECK(cublasLtCreate(&lt));
     test_cublaslt_epilogues(lt);
+    test_cublaslt_refusals(lt);
     test_cublaslt_batched_bf16(lt);
     CUBLAS_CHECK(cublasLtDestroy(lt));
     return check_summary();

@@ -1,18 +1,25 @@
 /*
 test_nccl.cu: each NCCL collective (all-reduce, reduce-scatter, all-gather, broadcast) with ncclSum
 and ncclAvg, in fp32 and bf16, between the processes of one run, set up as the trainer does it:
-rank 0 makes the ncclUniqueId and MPI sends it to the others.
+rank 0 makes the ncclUniqueId and MPI sends it to the others, and each rank of a host uses the GPU
+of its local rank. Two more modes check what NCCL and CUDA refuse on a host with fewer GPUs than ranks:
 
-    mpirun -np 2 build/emu/dev/cuda_emu/tests/test_nccl     (built with -DUSE_MPI)
-    build/emu/dev/cuda_emu/tests/test_nccl                  (one rank; without MPI too)
+    mpirun -np 2 test_nccl                           collectives, rank r on device (local rank)
+    test_nccl                                        the same with one rank (without MPI too)
+    mpirun -np 2 test_nccl same-device               every rank on device 0: ncclCommInitRank
+                                                     returns ncclInvalidUsage (as on a real GPU)
+    CUDA_EMU_DEVICES=1 mpirun -np 2 test_nccl more-ranks-than-devices
+                                                     cudaSetDevice(local rank) is cudaErrorInvalidDevice
+                                                     on the ranks the host has no GPU for
 
-Rank r contributes x_r[i] = (r + 1) * (i + 1) / 8, exact in bf16 for the sizes used, so the
-expected sums and averages are exact in every type.
+(built with -DUSE_MPI for more than one rank.) Rank r contributes x_r[i] = (r + 1) * (i + 1) / 8,
+exact in bf16 for the sizes used, so the expected sums and averages are exact in every type.
 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
+#include <string.h>
 #include <vector>
 #include "check.h"
 #ifdef USE_MPI
@@ -139,34 +146,110 @@ static void test_collectives(ncclComm_t comm, int rank, int nranks, ncclDataType
     CUDA_CHECK(cudaFree(b.ptr));
 }
 
-int main(int argc, char** argv) {
-    int rank = 0, nranks = 1;
-#ifdef USE_MPI
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-#else
-    (void)argc;
-    (void)argv;
-#endif
-    // one report per run: rank 0's lines, and at the end the totals of all ranks
-    if (rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) { return EXIT_FAILURE; }
+// ----------------------------------------------------------------------------
+// devices
+
+enum test_mode { COLLECTIVES, SAME_DEVICE, MORE_RANKS_THAN_DEVICES };
+
+// rank 0 makes the id, every rank gets it
+static ncclUniqueId shared_unique_id(int rank) {
     ncclUniqueId id;
     if (rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
 #ifdef USE_MPI
     MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
 #endif
-    CUDA_CHECK(cudaSetDevice(0));  // one emulated device per process (a real run would use rank % devices)
+    return id;
+}
+
+static void run_collectives(int rank, int nranks, int local_rank) {
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    if (local_rank >= devices) {
+        fprintf(stderr, "error: rank %d is local rank %d of its host, which has %d CUDA device(s)\n"
+                "  hint: run at most %d ranks per host\n", rank, local_rank, devices, devices);
+        exit(EXIT_FAILURE);
+    }
+    CUDA_CHECK(cudaSetDevice(local_rank));
+    ncclUniqueId id = shared_unique_id(rank);
     ncclComm_t comm;
     NCCL_CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+    int comm_device = -1;
+    NCCL_CHECK(ncclCommCuDevice(comm, &comm_device));
+    char name[96];
+    snprintf(name, sizeof name, "ncclCommCuDevice is the device of the local rank, %d ranks", nranks);
+    check(comm_device == local_rank, name, "rank %d: device %d, local rank %d", rank, comm_device, local_rank);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
-
     test_collectives(comm, rank, nranks, ncclFloat, stream);
     test_collectives(comm, rank, nranks, ncclBfloat16, stream);
-
     CUDA_CHECK(cudaStreamDestroy(stream));
     NCCL_CHECK(ncclCommDestroy(comm));
+}
+
+// every rank on device 0: refused on every rank (one check per rank)
+static void run_same_device(int rank, int nranks, int local_ranks) {
+    if (local_ranks < 2) {
+        fprintf(stderr, "error: same-device needs two or more ranks on one host\n"
+                "  hint: mpirun -np 2 test_nccl same-device\n");
+        exit(EXIT_FAILURE);
+    }
+    CUDA_CHECK(cudaSetDevice(0));
+    ncclUniqueId id = shared_unique_id(rank);
+    ncclComm_t comm;
+    ncclResult_t r = ncclCommInitRank(&comm, nranks, id, rank);
+    if (r == ncclSuccess) { NCCL_CHECK(ncclCommDestroy(comm)); }
+    char name[128];
+    snprintf(name, sizeof name, "%d ranks of one host on device 0: ncclCommInitRank is ncclInvalidUsage on each",
+             nranks);
+    check(r == ncclInvalidUsage, name, "rank %d got %s", rank, ncclGetErrorString(r));
+}
+
+// each rank takes the device of its local rank; the host has fewer: the later ranks are refused
+static void run_more_ranks_than_devices(int rank, int local_rank, int local_ranks) {
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    if (local_ranks <= devices) {
+        fprintf(stderr, "error: more-ranks-than-devices needs more ranks on one host than its %d device(s)\n"
+                "  hint: CUDA_EMU_DEVICES=1 mpirun -np 2 test_nccl more-ranks-than-devices\n", devices);
+        exit(EXIT_FAILURE);
+    }
+    cudaError_t e = cudaSetDevice(local_rank);
+    cudaGetLastError();  // handled here
+    cudaError_t want = local_rank < devices ? cudaSuccess : cudaErrorInvalidDevice;
+    char name[128];
+    snprintf(name, sizeof name, "cudaSetDevice(local rank) on a host of %d device(s): %s past the last", devices,
+             cudaGetErrorName(cudaErrorInvalidDevice));
+    check(e == want, name, "rank %d (local rank %d) got %s", rank, local_rank, cudaGetErrorName(e));
+}
+
+int main(int argc, char** argv) {
+    test_mode mode = COLLECTIVES;
+    if (argc > 1 && strcmp(argv[1], "same-device") == 0) {
+        mode = SAME_DEVICE;
+    } else if (argc > 1 && strcmp(argv[1], "more-ranks-than-devices") == 0) {
+        mode = MORE_RANKS_THAN_DEVICES;
+    } else if (argc > 1) {
+        fprintf(stderr, "usage: %s [same-device | more-ranks-than-devices]\n", argv[0]);
+        return EXIT_FAILURE;
+    }
+    int rank = 0, nranks = 1, local_rank = 0, local_ranks = 1;
+#ifdef USE_MPI
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    MPI_Comm host;  // the ranks of this host
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host);
+    MPI_Comm_rank(host, &local_rank);
+    MPI_Comm_size(host, &local_ranks);
+    MPI_Comm_free(&host);
+#endif
+    // one report per run: rank 0's lines, and at the end the totals of all ranks
+    if (rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) { return EXIT_FAILURE; }
+    switch (mode) {
+        case COLLECTIVES: run_collectives(rank, nranks, local_rank); break;
+        case SAME_DEVICE: run_same_device(rank, nranks, local_ranks); break;
+        case MORE_RANKS_THAN_DEVICES: run_more_ranks_than_devices(rank, local_rank, local_ranks); break;
+    }
 #ifdef USE_MPI
     if (rank != 0 && checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", rank, checks_failed); }
     int counts[2] = {checks_passed, checks_failed}, totals[2];
