@@ -17,9 +17,10 @@ Invariants:
   - the output has exactly the input's lines: a rewrite never adds or removes a newline, so
     compiler errors and the emulator's own messages point at the .cu (a #line directive names it);
   - comments and string literals are never rewritten (they are masked before matching);
-  - OUTPUT.d lists every file read, as make prerequisites of TARGET (default: OUTPUT);
+  - OUTPUT.d lists every file read, as make prerequisites of TARGET (default: OUTPUT), each
+    with an empty rule of its own (as gcc -MP does);
   - local includes (#include "x") are rewritten too, recursively, into OUTPUT's directory under
-    includes/, because kernels usually live in headers (llmc/*.cuh); the #include line is pointed
+    includes/, because kernels usually live in headers (cuda/*.cuh); the #include line is pointed
     at the rewritten copy.
 """
 import os
@@ -148,7 +149,15 @@ def rewrite_text(text):
     return text
 
 
-def rewrite_file(src, dst, include_dirs, done):
+def include_copy_path(inc_root, src):
+    """Where the rewritten copy of the included file src goes: under inc_root, at src's path
+    from the working directory (so "llmc/x.h" and "../llmc/x.h" name one copy, and a copy's own
+    relative includes resolve against the original's directory, never the copy's)."""
+    rel = os.path.relpath(src)
+    return os.path.join(inc_root, rel.replace("..", "__up__"))
+
+
+def rewrite_file(src, dst, include_dirs, done, inc_root):
     """Rewrite src into dst, and every local include it names, recursively."""
     src = os.path.abspath(src)
     if src in done:
@@ -163,8 +172,8 @@ def rewrite_file(src, dst, include_dirs, done):
         for d in [os.path.dirname(src)] + include_dirs:
             cand = os.path.abspath(os.path.join(d, name))
             if os.path.isfile(cand):
-                sub_dst = done.get(cand) or os.path.join(os.path.dirname(dst), "includes", name)
-                rewrite_file(cand, sub_dst, include_dirs, done)
+                sub_dst = done.get(cand) or include_copy_path(inc_root, cand)
+                rewrite_file(cand, sub_dst, include_dirs, done, inc_root)
                 return m.group(0).replace(f'"{name}"', f'"{os.path.abspath(done[cand])}"')
         return m.group(0)  # not found locally: leave it to the compiler
 
@@ -192,10 +201,14 @@ def main():
     if len(files) != 2:
         sys.exit(__doc__)
     done = {}
-    rewrite_file(files[0], files[1], include_dirs, done)
-    # a make dependency file: the output is stale when any source it was rewritten from changes
+    rewrite_file(files[0], files[1], include_dirs, done, os.path.join(os.path.dirname(files[1]), "includes"))
+    # a make dependency file: the output is stale when any source it was rewritten from changes;
+    # each source also gets an empty rule (as gcc -MP), so a header that was moved or deleted
+    # makes the program rebuild instead of stopping make with "no rule to make target"
     with open(files[1] + ".d", "w") as f:
         f.write(f"{target or files[1]}: " + " ".join(sorted(done)) + "\n")
+        for source in sorted(done):
+            f.write(f"{source}:\n")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ done
 run "runtime, a node of 1 GPU (CUDA_EMU_DEVICES=1)" CUDA_EMU_DEVICES=1 CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 expect_error "CUDA_EMU_DEVICES=0 stops the program, naming the setting" \
     "CUDA_EMU_DEVICES='0': expected how many GPUs" env CUDA_EMU_DEVICES=0 $BIN/test_runtime
-run "layers vs llmc/cpu_layers.h" -- $BIN/test_layers
+run "layers vs cpu/layers.h" -- $BIN/test_layers
 run "layers, reverse thread order, late streams" CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late -- $BIN/test_layers
 run "catches, default modes" -- $BIN/test_catches
 run "catches, CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late" \

@@ -1,12 +1,11 @@
 /*
-check.h: the reporting of the emulated-device tests (host code; nvcc and the emulator both build it).
+check.h: what the emulated-device tests add to the project's harness (tests/check.h: check()
+and check_summary()): CUDA_CHECK, and comparison and test-data helpers. Host code; nvcc and
+the emulator both build it.
 
     CUDA_CHECK(cudaMalloc(&p, n));                    // stops with file:line and the call on error
     check(err < 1e-5f, "sgemm NN", "max err %g", err); // "ok   sgemm NN" or "FAIL sgemm NN: max err ..."
     return check_summary();                           // "N passed, N failed"; non-zero if any failed
-
-Every check prints one line; a test program's last line is the summary and its exit status is
-non-zero when any check failed.
 */
 #ifndef CUDA_EMU_TEST_CHECK_H
 #define CUDA_EMU_TEST_CHECK_H
@@ -17,28 +16,7 @@ non-zero when any check failed.
 #include <stdlib.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-
-static int checks_passed = 0, checks_failed = 0;
-
-static void check(bool ok, const char* name, const char* fmt = "", ...) {
-    if (ok) {
-        printf("ok   %s\n", name);
-        checks_passed++;
-        return;
-    }
-    printf("FAIL %s: ", name);
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    checks_failed++;
-}
-
-static int check_summary(void) {
-    printf("%d passed, %d failed\n", checks_passed, checks_failed);
-    return checks_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+#include "tests/check.h"  // check() and check_summary(): the project's one harness
 
 #define CUDA_CHECK(call) cuda_check_at((call), #call, __FILE__, __LINE__)
 static void cuda_check_at(cudaError_t e, const char* call, const char* file, int line) {

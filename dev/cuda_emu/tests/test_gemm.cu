@@ -5,7 +5,7 @@ transpose combinations, odd sizes and padded (odd) leading dimensions:
   cublasSgemm, cublasGemmEx (fp32 and bf16), cublasSgemmStridedBatched, cublasGemmStridedBatchedEx,
   and cublasLtMatmul with each epilogue (DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS,
   DGELU, BGRADA, BGRADB) and with batched layouts.
-GELU comes from the project's one CPU reference, llmc/cpu_layers.h.
+GELU comes from the project's one CPU reference, cpu/layers.h.
 */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -15,7 +15,7 @@ GELU comes from the project's one CPU reference, llmc/cpu_layers.h.
 #include <string.h>
 #include <vector>
 #include "check.h"
-#include "llmc/cpu_layers.h"
+#include "cpu/layers.h"
 
 #define CUBLAS_CHECK(call) cublas_check_at((call), #call, __FILE__, __LINE__)
 static void cublas_check_at(cublasStatus_t s, const char* call, const char* file, int line) {

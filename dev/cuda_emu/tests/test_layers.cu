@@ -1,6 +1,6 @@
 /*
 test_layers.cu: kernels of the kinds the CUDA trainer needs, compared with the project's one CPU
-reference (llmc/cpu_layers.h): a LayerNorm with one warp per row and shuffle reductions, a causal
+reference (cpu/layers.h): a LayerNorm with one warp per row and shuffle reductions, a causal
 softmax with one block per row and shared-memory reductions, a linear layer through cuBLASLt with
 a bias epilogue, and an AdamW update. Sizes are those of a tiny GPT-2 (C=64, NH=4, T=16, B=2).
 */
@@ -10,7 +10,8 @@ a bias epilogue, and an AdamW update. Sizes are those of a tiny GPT-2 (C=64, NH=
 #include <stdio.h>
 #include <vector>
 #include "check.h"
-#include "llmc/cpu_layers.h"
+#include "cpu/layers.h"
+#include "cpu/optimizers.h"
 
 static const int B = 2, T = 16, C = 64, NH = 4, OC = 3 * C;
 static const int WARP = 32;
@@ -135,7 +136,7 @@ static void test_layernorm() {
     float err_stats = fmaxf(max_rel_error(to_host(d_mean, N).data(), mean.data(), N),
                             max_rel_error(to_host(d_rstd, N).data(), rstd.data(), N));
     check(err <= LAYER_TOLERANCE && err_stats <= LAYER_TOLERANCE,
-          "layernorm_forward: warp-per-row kernel vs llmc/cpu_layers.h", "out %g, mean/rstd %g", err, err_stats);
+          "layernorm_forward: warp-per-row kernel vs cpu/layers.h", "out %g, mean/rstd %g", err, err_stats);
     for (float* p : {d_inp, d_w, d_b, d_out, d_mean, d_rstd}) { CUDA_CHECK(cudaFree(p)); }
 }
 
@@ -150,7 +151,7 @@ static void test_causal_softmax() {
     causal_softmax_forward_kernel<<<B * NH * T, threads, threads * sizeof(float)>>>(d_att, d_pre, T);
     CUDA_CHECK(cudaGetLastError());
     float err = max_rel_error(to_host(d_att, n).data(), att.data(), n);
-    check(err <= LAYER_TOLERANCE, "causal_softmax_forward: block-per-row shared-memory kernel vs llmc/cpu_layers.h",
+    check(err <= LAYER_TOLERANCE, "causal_softmax_forward: block-per-row shared-memory kernel vs cpu/layers.h",
           "max relative error %g", err);
     CUDA_CHECK(cudaFree(d_pre));
     CUDA_CHECK(cudaFree(d_att));
@@ -184,7 +185,7 @@ static void test_matmul_bias() {
                                       nullptr, nullptr, 0, 0);
     float err = max_rel_error(to_host(d_out, (size_t)BT * OC).data(), out.data(), (size_t)BT * OC);
     check(s == CUBLAS_STATUS_SUCCESS && err <= TOLERANCE,
-          "matmul_forward: cublasLtMatmul with the BIAS epilogue vs llmc/cpu_layers.h",
+          "matmul_forward: cublasLtMatmul with the BIAS epilogue vs cpu/layers.h",
           "status %d, max relative error %g", (int)s, err);
     cublasLtMatrixLayoutDestroy(lw);
     cublasLtMatrixLayoutDestroy(linp);
@@ -211,7 +212,7 @@ static void test_adamw() {
     float err = max_rel_error(to_host(d_params, n).data(), params.data(), n);
     float err_moments = fmaxf(max_rel_error(to_host(d_m, n).data(), m.data(), n),
                               max_rel_error(to_host(d_v, n).data(), v.data(), n));
-    check(err <= TOLERANCE && err_moments <= TOLERANCE, "adamw_update: 3 steps of the kernel vs llmc/cpu_layers.h",
+    check(err <= TOLERANCE && err_moments <= TOLERANCE, "adamw_update: 3 steps of the kernel vs cpu/optimizers.h",
           "params %g, moments %g", err, err_moments);
     for (float* p : {d_params, d_m, d_v, d_grads}) { CUDA_CHECK(cudaFree(p)); }
 }

@@ -251,11 +251,11 @@ int main(int argc, char** argv) {
         case MORE_RANKS_THAN_DEVICES: run_more_ranks_than_devices(rank, local_rank, local_ranks); break;
     }
 #ifdef USE_MPI
-    if (rank != 0 && checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", rank, checks_failed); }
-    int counts[2] = {checks_passed, checks_failed}, totals[2];
+    if (rank != 0 && g_checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", rank, g_checks_failed); }
+    int counts[2] = {g_checks_passed, g_checks_failed}, totals[2];
     MPI_Allreduce(counts, totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    checks_passed = totals[0];
-    checks_failed = totals[1];
+    g_checks_passed = totals[0];
+    g_checks_failed = totals[1];
     MPI_Finalize();
 #endif
     return check_summary();
