@@ -70,7 +70,7 @@ run: train_gpt $(DATA)
 
 # every suite; scripts/run_tests.sh adds up their "N passed, N failed" lines
 test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi $(EMU_TEST_DEPS)
-	bash scripts/run_tests.sh
+	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)
 	bash scripts/bench.sh
