@@ -19,7 +19,7 @@ endif
 
 # MPI=auto (default): train_gpt is built with mpicc and -DUSE_MPI when mpicc exists, so
 # `mpirun -np 2 ./train_gpt --zero 1 ...` trains data-parallel; MPI=0 builds it without.
-# build/train_gpt_nompi is always the single-process build (its tests: scripts/test_zero.sh).
+# build/train_gpt_nompi is always the single-process build (its tests: tests/test_zero.py).
 MPI ?= auto
 MPICC ?= mpicc
 ifeq ($(MPI),auto)
@@ -69,9 +69,9 @@ data: $(DATA)
 run: train_gpt $(DATA)
 	./train_gpt $(ARGS)
 
-# every suite; scripts/run_tests.sh adds up their "N passed, N failed" lines
+# every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
 test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi $(EMU_TEST_DEPS)
-	bash scripts/run_tests.sh
+	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)
 	bash scripts/bench.sh

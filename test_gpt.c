@@ -12,7 +12,7 @@ its main) and checks it against an independent implementation:
 
     make test_gpt && ./test_gpt            # prints "N passed, N failed", exit 1 on failure
     ./test_gpt --write-fixtures DIR        # tiny model, shards, tokenizer, and broken
-                                           # variants of each, for scripts/test_cli.sh
+                                           # variants of each, for tests/test_cli.py
     ./test_gpt --compare-models A B RTOL   # relative L2 distance of two model files
 */
 #define TESTING
@@ -769,7 +769,7 @@ static void test_usage_lists_every_flag(void) {
 }
 
 // ----------------------------------------------------------------------------
-// fixtures for the command-line tests (scripts/test_cli.sh)
+// fixtures for the command-line tests (tests/test_cli.py)
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
 #define FIXTURE_TOKENS 4096
@@ -825,7 +825,7 @@ static void write_fixtures(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
-// comparing two model files (scripts/test_zero.sh: one rank against several)
+// comparing two model files (tests/test_zero.py: one rank against several)
 
 // 1 if parameter i is a key bias (rows C..2C-1 of a layer's qkvb): its gradient is exactly
 // zero in exact arithmetic (softmax is shift-invariant), so fp32 computes rounding noise there,

@@ -1,0 +1,86 @@
+"""run_tests.py: runs every test suite of the project and adds up their results (`make test`).
+
+    python3 tests/run_tests.py          (from anywhere; the binaries must be built: make test does)
+
+Each suite's output is shown as it runs. A suite ends with a result line "N passed, N failed"
+(", N skipped" when part of it could not run here) and exits non-zero on failure; its last such
+line is counted. A suite that dies without that line counts as one failure, and so does a suite
+that exits non-zero with 0 failed. A suite that prints lines starting with "skipped:" (the
+emulator's run_tests.sh when mpirun is missing) has at least that many skipped. Every skipped part
+is listed in a "skipped:" line before the total, and a suite that cannot run at all is counted
+skipped with its reason. The last line is the total: "N passed, N failed", with ", N skipped"
+when anything was skipped; the exit status is 1 if anything failed.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+RESULT_RE = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped)?")
+PY = sys.executable
+EMU_TESTS = "dev/cuda_emu/run_tests.sh"
+
+SUITES = [  # name, command, and for an optional suite the file without which it is skipped
+    ("CPU trainer (test_gpt.c)", ["./test_gpt", "./train_gpt"], None),
+    ("matmul", ["./build/test_matmul"], None),
+    ("CLI and files", [PY, "tests/test_cli.py", "./train_gpt", "./test_gpt"], None),
+    ("data parallel (MPI, --zero)",
+     [PY, "tests/test_zero.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
+    ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
+    ("golden checkpoints", [PY, "tests/test_golden.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
+    ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
+    ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
+]
+
+
+def run_suite(name, cmd):
+    """runs one suite, streaming its output; returns (passed, failed, skipped lines)"""
+    shown = [os.path.basename(a) if a == PY else a for a in cmd]
+    print(f"=== {name}: {' '.join(shown)}", flush=True)
+    start = time.monotonic()
+    lines = []
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    except OSError as e:
+        print(f"=== {name}: cannot start ({e}): counted as 1 failure", flush=True)
+        return 0, 1, []
+    for line in p.stdout:
+        print(line, end="", flush=True)
+        lines.append(line.rstrip("\n"))
+    rc = p.wait()
+    results = [m for m in map(RESULT_RE.match, lines) if m]
+    skipped = [f"skipped: {name}: {line[len('skipped:'):].strip()}" for line in lines if line.startswith("skipped:")]
+    if not results:
+        print(f"=== {name}: no result line (exit code {rc}): counted as 1 failure", flush=True)
+        return 0, 1, skipped
+    npass, nfail, nskip = (int(g or 0) for g in results[-1].groups())
+    if rc != 0 and nfail == 0:
+        print(f"=== {name}: exit code {rc} with 0 failed: counted as 1 failure", flush=True)
+        nfail = 1
+    # a count in the result line without as many "skipped:" lines: the rest, unnamed
+    skipped += [f"skipped: {name}: (counted in its result line)"] * (nskip - len(skipped))
+    print(f"=== {name}: {time.monotonic() - start:.1f} s", flush=True)
+    return npass, nfail, skipped
+
+
+def main():
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    total_pass = total_fail = 0
+    skipped = []
+    for name, cmd, needs in SUITES:
+        if needs and not os.path.isfile(needs):
+            skipped.append(f"skipped: {name}: {needs} not found")
+            continue
+        p, f, s = run_suite(name, cmd)
+        total_pass, total_fail, skipped = total_pass + p, total_fail + f, skipped + s
+    print()
+    for line in skipped:
+        print(line)
+    print(f"{total_pass} passed, {total_fail} failed" + (f", {len(skipped)} skipped" if skipped else ""))
+    return 1 if total_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""test_cli.py: end-to-end tests of the train_gpt binary: flags, impossible shapes, bad files, the
+output directory, a non-finite loss, checkpoints and bitwise resume, SIGINT/SIGTERM, the progress
+output and log.jsonl, --plan, the optimizers, and --recompute/--offload.
+
+    python3 tests/test_cli.py ./train_gpt ./test_gpt
+
+Every run uses the tiny fixture model that `test_gpt --write-fixtures DIR` writes (L=2 C=32 NH=4
+maxT=32 V=64, its shards and tokenizer), so each takes well under a second. Prints "ok   name" or
+"FAIL name: detail" per check and, last, "N passed, N failed"; exits 1 if any check failed.
+Numbers (losses, memory) are read from the runs' log.jsonl; what a user sees (step lines, a
+"resumed from" line, a sample) from stdout.
+
+Tolerances: none. Resume, every activation policy and a stop by signal must reproduce the
+straight run bit for bit (cmp of the checkpoint files, equal log lines), because they run the same
+arithmetic in the same order. The helpers (what an error check demands, for one) are in
+tests/e2e.py.
+"""
+
+import os
+import re
+import shutil
+import sys
+
+import e2e
+from e2e import ckpt, read_log, same_bytes, train_rows
+
+TRAIN, TESTER = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt"])
+s = e2e.Suite("test_cli", tester=TESTER, run_limit=30)
+FIX, W = s.fix, s.root
+
+# the base run: 6 steps of B=2 T=16, validation every 3 steps, no samples. Later flags override
+# earlier ones, so a check appends the one flag it changes.
+BASE = [TRAIN, "-e", f"{FIX}/model.bin", "-i", f"{FIX}/train.bin", "-j", f"{FIX}/val.bin",
+        "-k", f"{FIX}/tokenizer.bin", "-b", "2", "-t", "16", "-x", "6", "-v", "3", "-m", "2", "-s", "0",
+        "-o", f"{W}/out_err"]
+
+# ----------------------------------------------------------------------------
+# 1. flags: the parser rejects what it cannot read. (That -h lists every row of the flag table
+# is checked in test_gpt.c, against the table itself.)
+
+s.expect_fail("flags: unknown flag", "unknown flag '--bogus'", BASE + ["--bogus", "1"])
+s.expect_fail("flags: flag without a value", "flag -b needs a value", BASE + ["-b"])
+s.expect_fail("flags: malformed integer", "'2x' is not an integer", BASE + ["-b", "2x"])
+s.expect_fail("flags: malformed float", "'abc' is not a number", BASE + ["-l", "abc"])
+s.expect_fail("flags: float out of range", "'1e39' is not a number", BASE + ["-l", "1e39"])
+
+r = s.expect_ok("flags: -h exits 0", [TRAIN, "-h"])
+if r:
+    s.check("flags: -h trains nothing", not r.step_lines(), "step lines in -h output")
+
+r = s.expect_ok("flags: --name=value form", BASE + ["--steps=2", "--out="])
+if r:
+    lines = r.step_lines()
+    s.check("flags: --steps=2 runs 2 steps", len(lines) == 2 and lines[-1].split()[1] == "2/2",
+            f"last step line: {lines[-1:] }")
+
+# ----------------------------------------------------------------------------
+# 2. impossible shapes: stopped before anything is allocated or trained
+
+s.expect_fail("shapes: C not divisible by NH", "is not divisible by heads NH=5",
+              BASE + ["-e", f"{FIX}/model_badheads.bin"])
+s.expect_fail("shapes: -t longer than maxT", "-t 33 is longer than the model's context maxT=32", BASE + ["-t", "33"])
+s.expect_fail("shapes: -d not a multiple of B*T", "must be a positive multiple of B*T = 32", BASE + ["-d", "48"])
+s.expect_fail("shapes: -b 0", "the batch size must be >= 1", BASE + ["-b", "0"])
+s.expect_fail("shapes: -x 0", "the number of steps must be >= 1", BASE + ["-x", "0"])
+
+# ----------------------------------------------------------------------------
+# 3. files: missing, foreign, truncated or inconsistent model, shard and tokenizer files
+
+s.expect_fail("files: missing model file", "is neither a preset", BASE + ["-e", f"{FIX}/no_such_model.bin"])
+s.expect_fail("files: preset name typo -e d7", "-e 'd7' is neither a preset", BASE + ["-e", "d7"])
+s.expect_fail("files: model bad magic", "is not a model file (magic 12345", BASE + ["-e", f"{FIX}/model_badmagic.bin"])
+s.expect_fail("files: model bad version", "has version 4", BASE + ["-e", f"{FIX}/model_badversion.bin"])
+s.expect_fail("files: model truncated", "truncated or corrupt", BASE + ["-e", f"{FIX}/model_truncated.bin"])
+s.expect_fail("files: no train shard matches", f"no token shards match '{FIX}/nothing_*.bin'",
+              BASE + ["-i", f"{FIX}/nothing_*.bin"])
+s.expect_fail("files: no val shard matches", f"no token shards match '{FIX}/nothing_*.bin'",
+              BASE + ["-j", f"{FIX}/nothing_*.bin"])
+s.expect_fail("files: shard bad magic", "is not a token shard (magic 1", BASE + ["-i", f"{FIX}/shard_badmagic.bin"])
+s.expect_fail("files: shard bad version", "has version 7, want 1", BASE + ["-i", f"{FIX}/shard_badversion.bin"])
+s.expect_fail("files: shard header count != size", "but its header says 4101 tokens",
+              BASE + ["-i", f"{FIX}/shard_badcount.bin"])
+s.expect_fail("files: shard too small for one batch", "has 10 tokens, fewer than one step needs (33",
+              BASE + ["-i", f"{FIX}/shard_small.bin"])
+# the bad token sits at position 100, in the 4th batch of 32 tokens: found during training
+s.expect_fail("files: token >= V names token and shard", "shard_bigtoken.bin': token 64 at position 100",
+              BASE + ["-i", f"{FIX}/shard_bigtoken.bin"])
+s.expect_fail("files: tokenizer is not a tokenizer", "is not a tokenizer file", BASE + ["-k", f"{FIX}/train.bin"])
+# a missing tokenizer only turns decoding off (samples print ids)
+r = s.expect_ok("files: missing tokenizer is not an error",
+                BASE + ["-k", f"{FIX}/no_tokenizer.bin", "-s", "3", "-o", ""])
+if r:
+    s.check("files: missing tokenizer says so", "note: no tokenizer" in r.out, "no 'note: no tokenizer' line")
+
+# ----------------------------------------------------------------------------
+# 4. the output directory: checked before any training (root ignores chmod, so the unwritable
+# path is one whose parent is a regular file)
+
+r = s.expect_fail("output: -o under a regular file", "cannot create output directory",
+                  BASE + ["-o", f"{FIX}/train.bin/out"])
+s.check("output: -o under a regular file fails before training", not r.step_lines(),
+        f"step lines printed: {r.step_lines()[:1]}")
+r = s.expect_fail("output: -o is a regular file", "exists and is not a directory", BASE + ["-o", f"{FIX}/val.bin"])
+s.check("output: -o a regular file fails before training", not r.step_lines(),
+        f"step lines printed: {r.step_lines()[:1]}")
+
+# ----------------------------------------------------------------------------
+# 5. a non-finite loss stops the run; checkpoints already in the directory stay intact. A good
+# run writes checkpoints 1 and 2 into NAN; the same flags with -l 1e30 and no periodic
+# checkpoints would overwrite checkpoint 2 at its end, but the huge first update makes step 2's
+# loss NaN, so the run must stop before that.
+
+NAN, BEFORE = f"{W}/nan", f"{W}/nan_before"
+if s.expect_ok("nan: first run writes checkpoints 1 and 2", BASE + ["-x", "2", "-n", "1", "-o", NAN]):
+    shutil.copytree(NAN, BEFORE)
+    s.expect_fail("nan: -l 1e30 stops with 'not finite'", "is not finite at step 2",
+                  BASE + ["-x", "2", "-n", "0", "-l", "1e30", "-o", NAN])
+    kept = sorted(f for f in os.listdir(BEFORE) if f != "log.jsonl")
+    changed = [f for f in kept if not same_bytes(f"{BEFORE}/{f}", f"{NAN}/{f}")]
+    s.check("nan: earlier checkpoints byte-identical (cmp)", not changed, f"changed: {changed}")
+    now = sorted(f for f in os.listdir(NAN) if f != "log.jsonl")
+    s.check("nan: no new checkpoint files", now == kept, f"files now: {now}")
+
+# ----------------------------------------------------------------------------
+# 6. checkpoint and bitwise resume. Run A: 6 steps, checkpoints at 3 and 6, warmup 2 so the
+# cosine schedule (which depends on -x) is in play, a sample every 3 steps (the sampling RNG is
+# part of the state). Run B: a fresh directory holding only A's checkpoint 3, the same flags and
+# -y 1. Steps 4..6 must repeat A's exactly.
+
+RES = BASE + ["-u", "2", "-s", "3", "-n", "3"]
+A, B = f"{W}/run_a", f"{W}/run_b"
+
+
+def sample_at(out, step):
+    """the line after '---- sample at step STEP' on stdout (what the user reads)"""
+    lines = out.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith(f"---- sample at step {step} "):
+            return lines[i + 1]
+    return None
+
+
+def copy_checkpoint(src, step, dst, ranks=1):
+    os.makedirs(dst, exist_ok=True)
+    for f in [ckpt(src, "model", step, ".bin"), ckpt(src, "DONE", step)] + \
+             [ckpt(src, "state", step, f"_{r:05d}.bin") for r in range(ranks)]:
+        shutil.copy(f, dst)
+
+
+ra = s.expect_ok("resume: run A (-x 6 -n 3)", RES + ["-o", A])
+if ra:
+    want = [ckpt(A, "DONE", 3), ckpt(A, "DONE", 6), ckpt(A, "model", 3, ".bin"), ckpt(A, "model", 6, ".bin"),
+            ckpt(A, "state", 3, "_00000.bin"), ckpt(A, "state", 6, "_00000.bin")]
+    missing = [f for f in want if not os.path.isfile(f)]
+    s.check("resume: run A wrote checkpoints 3 and 6", not missing, f"missing {missing}")
+
+    copy_checkpoint(A, 3, B)
+    rb = s.expect_ok("resume: run B (-y 1 from A's step 3)", RES + ["-o", B, "-y", "1"])
+    if rb:
+        s.check("resume: B says it resumed at step 3", re.search(r"^resumed from .* at step 3$", rb.out, re.M),
+                "no 'resumed from ... at step 3'")
+        shown = [line.split()[1] for line in rb.step_lines()]
+        s.check("resume: B trains steps 4..6 only", shown == ["4/6", "5/6", "6/6"], f"step lines: {shown}")
+        logged = [row[0] for row in train_rows(B)]
+        s.check("resume: B's log.jsonl holds steps 4..6", logged == [4, 5, 6], f"steps: {logged}")
+        s.check("resume: model_00000006.bin bitwise equal",
+                same_bytes(ckpt(A, "model", 6, ".bin"), ckpt(B, "model", 6, ".bin")), "cmp differs")
+        s.check("resume: state_00000006_00000.bin bitwise equal",
+                same_bytes(ckpt(A, "state", 6, "_00000.bin"), ckpt(B, "state", 6, "_00000.bin")),
+                "cmp differs (optimizer state, data position or RNG)")
+        la, lb = train_rows(A, 4, 6), train_rows(B, 4, 6)
+        s.check("resume: loss, norm, lr of steps 4..6 equal in both logs", len(la) == 3 and la == lb,
+                f"A: {la} | B: {lb}")
+        sa, sb = sample_at(ra.out, 6), sample_at(rb.out, 6)
+        s.check("resume: the sample at step 6 is the same", sa is not None and sa == sb, f"A: {sa} | B: {sb}")
+
+# ----------------------------------------------------------------------------
+# 7. resume skips a checkpoint without its DONE marker (a crash while writing it)
+
+C = f"{W}/run_c"
+os.makedirs(C)
+for f in os.listdir(A) if os.path.isdir(A) else []:
+    if re.search(r"_0000000[36]", f):
+        shutil.copy(f"{A}/{f}", C)
+if os.path.exists(ckpt(C, "DONE", 6)):
+    os.remove(ckpt(C, "DONE", 6))
+r = s.expect_ok("resume: checkpoint 6 without DONE marker", RES + ["-o", C, "-y", "1"])
+if r:
+    s.check("resume: ... picks the complete checkpoint 3", re.search(r"^resumed from .* at step 3$", r.out, re.M),
+            "no 'resumed from ... at step 3'")
+    s.check("resume: ... and ends bitwise equal to run A",
+            same_bytes(ckpt(A, "model", 6, ".bin"), ckpt(C, "model", 6, ".bin")), "model_00000006.bin differs")
+E = f"{W}/run_e"
+os.makedirs(E)
+for f in os.listdir(A) if os.path.isdir(A) else []:
+    if f.startswith(("model_", "state_")):
+        shutil.copy(f"{A}/{f}", E)
+s.expect_fail("resume: no DONE marker at all", "no complete checkpoint (DONE_* marker)", RES + ["-o", E, "-y", "1"])
+s.expect_fail("resume: -y 1 without -o", "-y 1 needs the output directory", RES + ["-o", "", "-y", "1"])
+s.expect_fail("resume: checkpoint of another model shape", "has another model shape than -e",
+              RES + ["-e", "tiny", "-o", A, "-y", "1"])
+F = f"{W}/run_f"
+os.makedirs(F)
+for f in os.listdir(A) if os.path.isdir(A) else []:
+    if "_00000006" in f:
+        shutil.copy(f"{A}/{f}", F)
+if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
+    with open(ckpt(A, "state", 6, "_00000.bin"), "rb") as src, open(ckpt(F, "state", 6, "_00000.bin"), "wb") as dst:
+        dst.write(src.read(5000))
+s.expect_fail("resume: truncated state file", "truncated or corrupt", RES + ["-o", F, "-y", "1"])
+
+# ----------------------------------------------------------------------------
+# 8. SIGINT and SIGTERM: the run finishes its step, writes a checkpoint, says so and exits 0;
+# -y 1 with the same flags then runs to the end. Steps are made slow enough to catch (32
+# micro-batches each, about 10 ms); 100 steps take about a second.
+
+SIGRUN = BASE + ["-d", "1024", "-x", "100", "-n", "0", "-v", "0"]
+s.signal_check("INT", f"{W}/sig_INT", 100, SIGRUN)
+s.signal_check("TERM", f"{W}/sig_TERM", 100, SIGRUN)
+# determinism: wherever the two runs stopped, their ends must be the same bits
+s.check("signal: INT and TERM runs end bitwise equal",
+        same_bytes(ckpt(f"{W}/sig_INT", "model", 100, ".bin"), ckpt(f"{W}/sig_TERM", "model", 100, ".bin")),
+        "model_00000100.bin differs")
+
+# ----------------------------------------------------------------------------
+# 9. progress output: step lines on stdout, one JSON object per line in OUT/log.jsonl
+
+STEP_RE = re.compile(r"^step +[0-9]+/[0-9]+ \| loss [0-9.]+ \| norm +[0-9.]+ \| lr [0-9.]+e[-+][0-9]+ "
+                     r"\| +[0-9.]+ ms \| +[0-9]+ tok/s")
+lines = ra.step_lines() if ra else []
+good = [line for line in lines if STEP_RE.match(line)]
+s.check("progress: 6 step lines with loss, norm, lr, ms, tok/s", len(lines) == 6 and len(good) == 6,
+        f"{len(good)} of {len(lines)} lines match; first: {lines[:1]}")
+try:
+    rows = read_log(A)
+    train = [r for r in rows if "loss" in r]
+    if not all(isinstance(r, dict) for r in rows):
+        detail = "a line is not an object"
+    elif not all({"step", "loss", "grad_norm", "lr"} <= r.keys() for r in train):
+        detail = "a training line lacks step, loss, grad_norm or lr"
+    elif [r["step"] for r in train] != [1, 2, 3, 4, 5, 6]:
+        detail = f"training steps {[r['step'] for r in train]}"
+    elif not all("val_loss" in r or "memory" in r for r in rows if "loss" not in r):
+        detail = "a line is neither training, validation nor memory"
+    else:
+        detail = ""
+except (OSError, ValueError) as e:
+    detail = repr(e)
+s.check("progress: log.jsonl is one JSON object a line, steps 1..6 with step, loss, grad_norm, lr", not detail, detail)
+s.check_memory("progress: log.jsonl's memory record: measured equals planned", A)
+
+# ----------------------------------------------------------------------------
+# 10. --plan: the memory table, at once, for any model, without data files or training
+
+r = s.expect_ok("plan: --plan -e d48 exits 0 without data",
+                [TRAIN, "--plan", "-e", "d48", "-b", "8", "-t", "1024", "-i", "/nonexistent", "-j", "/nonexistent",
+                 "-o", f"{W}/plan_out"])
+if r:
+    s.check("plan: prints the memory table", re.search(r"^\| total +\| +[0-9.]+ MiB", r.out, re.M), r.out[:300])
+    s.check("plan: trains nothing, writes nothing", not r.step_lines() and not os.path.exists(f"{W}/plan_out"),
+            f"step lines or {W}/plan_out created")
+s.expect_fail("plan: still checks the shapes", "-t 33 is longer than the model's context",
+              [TRAIN, "--plan"] + BASE[1:] + ["-t", "33"])
+
+# ----------------------------------------------------------------------------
+# 11. optimizers: Adafactor (with and without its first moment) and CAME train, checkpoint their
+# own state and resume bitwise; the memory measured after the first step equals the plan; an
+# unknown name is refused. (Their numbers are checked against the PyTorch packages in
+# test_gpt.c; the fixture data is random, so no loss is expected to fall here.)
+
+for opt in (["adafactor"], ["adafactor", "--adafactor-beta1", "0.9"], ["came"]):
+    name = f"optimizer {opt[0]}" + (" + beta1" if len(opt) > 1 else "")
+    OA, OB = f"{W}/opt_a_{'_'.join(opt)}", f"{W}/opt_b_{'_'.join(opt)}"
+    if s.expect_ok(f"{name}: 6 steps with checkpoints at 3 and 6", RES + ["--optimizer", *opt, "-o", OA]):
+        s.check_memory(f"{name}: measured memory equals the plan", OA)
+        copy_checkpoint(OA, 3, OB)
+        if s.expect_ok(f"{name}: resume from step 3", RES + ["--optimizer", *opt, "-o", OB, "-y", "1"]):
+            s.check(f"{name}: resumed model and state at step 6 bitwise equal",
+                    same_bytes(ckpt(OA, "model", 6, ".bin"), ckpt(OB, "model", 6, ".bin")), "cmp differs")
+            s.check(f"{name}: resumed optimizer state bitwise equal",
+                    same_bytes(ckpt(OA, "state", 6, "_00000.bin"), ckpt(OB, "state", 6, "_00000.bin")), "cmp differs")
+s.expect_fail("optimizer: unknown name", "unknown; choose adamw, adafactor or came",
+              BASE + ["--optimizer", "sgd", "-o", ""])
+s.expect_fail("optimizer: resume with another optimizer", "optimizer floats",
+              RES + ["--optimizer", "came", "-o", f"{W}/opt_a_adafactor", "-y", "1"])
+
+# ----------------------------------------------------------------------------
+# 12. recompute and offload: every policy trains to the bitwise same model as the plain run (the
+# fixture has L=2: segments of k=1 are its checkpointing), the measured memory equals the plan,
+# and impossible requests are refused
+
+PLAIN = f"{W}/act_plain"
+if s.expect_ok("activations: plain 6-step run", RES + ["-o", PLAIN]):
+    host = {}  # policy -> measured bytes in the host store
+    for pol in ("--recompute 1", "--recompute 2", "--recompute gelu", "--recompute attn,gelu", "--offload 1",
+                "--recompute 1 --offload 1", "--recompute 1,gelu,attn --offload 1",
+                "--recompute gelu --offload 1 --optimizer came"):
+        D = f"{W}/act_{re.sub(r'[ ,-]', '_', pol)}"
+        if not s.expect_ok(f"activations {pol}: 6 steps", RES + pol.split() + ["-o", D]):
+            continue
+        if s.check_memory(f"activations {pol}: measured memory equals the plan", D):
+            host[pol] = e2e.memory_record(D)["measured"]["host_total"]
+        if "came" not in pol:
+            s.check(f"activations {pol}: model at step 6 bitwise equal to the plain run",
+                    same_bytes(ckpt(PLAIN, "model", 6, ".bin"), ckpt(D, "model", 6, ".bin")), "cmp differs")
+            s.check(f"activations {pol}: same losses in the log", train_rows(PLAIN) == train_rows(D),
+                    "log.jsonl differs")
+    wrong = {pol: b for pol, b in host.items() if (b > 0) != ("--offload 1" in pol)}
+    s.check("activations: offload puts bytes in the host row (and only offload)", host and not wrong,
+            f"host bytes: {wrong or host}")
+s.expect_fail("recompute: unknown part", "unknown part 'all'", BASE + ["--recompute", "all"])
+s.expect_fail("recompute: segment size 0", "the segment size must be 1..2", BASE + ["--recompute", "0"])
+s.expect_fail("recompute: segment size above L", "the segment size must be 1..2", BASE + ["--recompute", "3"])
+s.expect_fail("recompute: two segment sizes", "give one segment size", BASE + ["--recompute", "sqrt,1"])
+s.expect_fail("recompute: none with others", "'none' cannot be combined", BASE + ["--recompute", "none,gelu"])
+s.expect_fail("offload: value other than 0 or 1", "--offload 2: offload is 0 or 1", BASE + ["--offload", "2"])
+s.expect_fail("offload: one segment leaves nothing to offload", "nothing would move to the host",
+              BASE + ["--recompute", "2", "--offload", "1"])
+s.expect_fail("offload: host store larger than the host memory", "host memory",
+              BASE + ["-e", "d48", "-b", "64", "-t", "1024", "--offload", "1"])
+r = s.expect_ok("plan: --plan prints recompute FLOPs",
+                [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--recompute", "sqrt,attn", "--offload", "1"])
+if r:
+    s.check("plan: recompute line", re.search(r"^recompute: \+[0-9.]+ GFLOP", r.out, re.M), "missing")
+
+s.finish()

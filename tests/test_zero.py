@@ -1,0 +1,230 @@
+"""test_zero.py: data parallelism over MPI (--zero 0 and --zero 1) end to end: N ranks train like
+one rank with the same global batch, ZeRO-1 like --zero 0, the ranks hold the same weights, each
+rank keeps 1/N of the optimizer state, checkpoints resume bitwise, a stop by SIGUSR1 checkpoints
+every rank, and the misuses stop with a clear message.
+
+    python3 tests/test_zero.py ./train_gpt ./test_gpt ./build/train_gpt_nompi
+
+Every run uses test_gpt's tiny fixture model (L=2 C=32 NH=4 maxT=32 V=64), 10 steps of 192 tokens
+(6 micro-batches of B*T = 32: 6, 3 or 2 per rank on 1, 2 or 3 ranks). Prints "ok   name" or
+"FAIL name: detail" per check and, last, "N passed, N failed"; without mpirun (or with a train_gpt
+built without MPI) the multi-rank part is skipped and counted: "N passed, N failed, 1 skipped".
+Losses and memory are read from the runs' log.jsonl.
+
+Tolerances. Runs on different numbers of ranks add the micro-batch gradients in another order,
+so they agree to rounding: losses to LOSS_RTOL, weights to MODEL_RTOL. The runs use --eps1 1e-12
+for Adafactor and CAME (as dev/reference does): the key biases (rows C..2C-1 of qkvb) have a
+gradient that is zero in exact arithmetic, and with the papers' eps1 = 1e-30 the two optimizers
+normalise its rounding noise into steps of about lr, which also moves the RMS clipping of their
+qkvb slices. Section 2b runs eps1 = 1e-30 too, held to FACTORED_MODEL_RTOL (test_gpt
+--compare-models leaves the key biases out and prints them apart). At the same number of ranks
+--zero 1 and --zero 0 add in the same order and must agree to MODEL_RTOL (in practice bit for bit).
+"""
+
+import glob
+import os
+import re
+import shutil
+import sys
+
+import e2e
+from e2e import ckpt, latest_done, memory_record, same_bytes, train_rows
+
+TRAIN, TESTER, NOMPI = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt", "./build/train_gpt_nompi"])
+s = e2e.Suite("test_zero", tester=TESTER, run_limit=60)
+FIX, W = s.fix, s.root
+LOSS_RTOL = 2e-6  # log.jsonl prints 6 decimals: 1e-6 absolute is 2.4e-7 of a loss of 4.2
+MODEL_RTOL = "1e-6"           # as test_gpt --compare-models reads it
+FACTORED_MODEL_RTOL = "1e-4"
+
+FLAGS = ["-e", f"{FIX}/model.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k", "", "-b", "2", "-t", "16",
+         "-d", "192", "-x", "10", "-u", "2", "-v", "0", "-s", "0", "-n", "5", "--eps1", "1e-12"]
+BASE = [TRAIN] + FLAGS
+OPTIMIZERS = {"adamw": ["adamw"], "adafactor": ["adafactor"],
+              "adafactor+beta1": ["adafactor", "--adafactor-beta1", "0.9"], "came": ["came"]}
+
+
+def planned_mib(out, row):
+    """the planned MiB of a row of a printed memory table. --plan writes no log (it writes
+    nothing), so this is the one number the suites still read from a drawn table"""
+    m = re.search(rf"^\| {re.escape(row)} +\| +([0-9.]+) MiB", out, re.M)
+    return float(m.group(1)) if m else None
+
+
+# ----------------------------------------------------------------------------
+# 1. without MPI: the single-process build refuses --zero 1; any build refuses --zero 2; --plan
+# for N ranks needs no ranks
+
+s.expect_fail("no MPI build: --zero 1 needs mpirun", "built without MPI, so it needs mpirun",
+              [NOMPI] + FLAGS + ["--zero", "1", "-o", ""])
+s.expect_fail("--plan-ranks without --plan is refused", "only goes with --plan",
+              [NOMPI] + FLAGS + ["--plan-ranks", "2", "-o", ""])
+s.expect_fail("--zero 2 is refused", "--zero 2: unknown; choose 0", BASE + ["--zero", "2", "-o", ""])
+r = s.expect_ok("no MPI build: --plan --zero 1 --plan-ranks 2 (planning on a laptop)",
+                [NOMPI, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "1", "--plan-ranks", "2"])
+if r:
+    s.check("... prints the ZeRO-1 optimizer row", "ZeRO-1 block" in r.out,
+            [line for line in r.out.splitlines() if "optimizer state" in line])
+r1 = s.expect_ok("--plan -e d12 --optimizer adamw, 1 rank", [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "64"])
+if r1:
+    r2 = s.expect_ok("--plan -e d12 --zero 1 --plan-ranks 2",
+                     [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "1", "--plan-ranks", "2"])
+    if r2:
+        one, two = planned_mib(r1.out, "optimizer state"), planned_mib(r2.out, "optimizer state")
+        if one is None or two is None:
+            s.fail("d12 AdamW state per rank on 2 ranks vs 1", "no 'optimizer state' row in the --plan output")
+        else:
+            s.check(f"d12 AdamW state per rank: {two:.2f} MiB on 2 ranks vs {one:.2f} MiB on 1",
+                    one / 2 <= two <= one / 2 + 1, "not about half")
+
+MPIRUN, why_not = e2e.mpi_launcher(TRAIN)
+if MPIRUN is None:
+    s.skip("the multi-rank checks (mpirun -np 2 and 3)", why_not)
+    s.finish()
+
+s.expect_fail("--zero 1 with one process (no mpirun)", "but this run has 1 rank", BASE + ["--zero", "1", "-o", ""])
+s.expect_fail("--zero 1 under mpirun -np 1", "but this run has 1 rank",
+              MPIRUN + ["1"] + BASE + ["--zero", "1", "-o", ""])
+s.expect_fail("memory check counts every rank on this machine", "2 rank(s) on this machine",
+              MPIRUN + ["2"] + BASE + ["-e", "d48", "-b", "64", "-t", "1024", "-d", "-1", "-o", ""])
+s.expect_fail("-d must be a multiple of B*T x ranks", "B*T times the ranks = 32 x 2 = 64",
+              MPIRUN + ["2"] + BASE + ["-d", "96", "-o", ""])
+
+# ----------------------------------------------------------------------------
+# 2. each optimizer: 1 rank, then 2 ranks with --zero 0 and --zero 1
+
+
+def losses_close(name, a, b):
+    """every step's loss (log.jsonl) within LOSS_RTOL"""
+    la, lb = [row[1] for row in train_rows(a)], [row[1] for row in train_rows(b)]
+    if len(la) != 10 or len(lb) != 10:
+        return s.fail(f"{name}: losses of the 10 steps agree", f"steps logged: {len(la)} and {len(lb)}")
+    worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
+    s.check(f"{name}: losses of the 10 steps agree (worst {worst:.2e} relative)", worst <= LOSS_RTOL,
+            f"worst {worst:.2e} > {LOSS_RTOL}")
+
+
+def models_close(name, a, b, rtol):
+    """the final models within RTOL (relative L2, test_gpt --compare-models)"""
+    r = s.run([TESTER, "--compare-models", ckpt(a, "model", 10, ".bin"), ckpt(b, "model", 10, ".bin"), rtol])
+    detail = r.out.strip()
+    s.check(f"{name}: final weights agree to {rtol} ({detail.removeprefix('models: ')})", r.rc == 0,
+            f"exit code {r.rc}: {detail} {r.err[:300]}")
+
+
+def state_floats(path):
+    """optimizer floats of a state file (its size less the 1 KiB header)"""
+    return (os.path.getsize(path) - 1024) // 4 if os.path.isfile(path) else -1
+
+
+def planned(run_dir, key):
+    try:
+        return memory_record(run_dir)["planned"][key]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+for name, opt in OPTIMIZERS.items():
+    D1, D2, DZ = f"{W}/{name}_n1", f"{W}/{name}_n2z0", f"{W}/{name}_n2z1"
+    if not s.expect_ok(f"{name}: 1 rank", BASE + ["--optimizer", *opt, "-o", D1]):
+        continue
+    if not s.expect_ok(f"{name}: mpirun -np 2 --zero 0",
+                       MPIRUN + ["2"] + BASE + ["--optimizer", *opt, "--zero", "0", "-o", D2]):
+        continue
+    rz = s.expect_ok(f"{name}: mpirun -np 2 --zero 1",
+                     MPIRUN + ["2"] + BASE + ["--optimizer", *opt, "--zero", "1", "-o", DZ])
+    if not rz:
+        continue
+    losses_close(f"{name}: 2 ranks --zero 0 vs 1 rank", D1, D2)
+    losses_close(f"{name}: 2 ranks --zero 1 vs 1 rank", D1, DZ)
+    models_close(f"{name}: 2 ranks --zero 0 vs 1 rank", D1, D2, MODEL_RTOL)
+    models_close(f"{name}: 2 ranks --zero 1 vs 1 rank", D1, DZ, MODEL_RTOL)
+    models_close(f"{name}: --zero 1 vs --zero 0 on 2 ranks", D2, DZ, MODEL_RTOL)
+    s.check(f"{name}: --zero 1 replica check passes",
+            re.search(r"^replicas: parameters identical on 2 ranks after step 10 ", rz.out, re.M),
+            "no 'replicas: parameters identical on 2 ranks'")
+    s.check_memory(f"{name}: --zero 1 optimizer memory measured = planned", DZ)
+    # one state file per rank, each half of one rank's: every slice's rows (and a matrix's column
+    # statistics) are cut in two, and the fixture's sizes are even (no padding)
+    n1 = state_floats(ckpt(D1, "state", 10, "_00000.bin"))
+    r0, r1 = state_floats(ckpt(DZ, "state", 10, "_00000.bin")), state_floats(ckpt(DZ, "state", 10, "_00001.bin"))
+    s.check(f"{name}: --zero 1 keeps 1/2 of the optimizer state per rank ({r0} and {r1} of {n1} floats)",
+            n1 > 0 and r0 == r1 and 2 * r0 == n1, "not n1/2 each")
+    p1, pz = planned(D1, "optimizer_state"), planned(DZ, "optimizer_state")
+    s.check(f"{name}: --zero 1 plans 1/2 of the optimizer state per rank ({pz} of {p1} bytes)",
+            p1 and pz and 2 * pz == p1, "not p1/2")
+
+# uneven blocks: 3 ranks cut C = 32 into 11 + 11 + 10 rows and V = 64 into 22 + 22 + 20
+D1, D3 = f"{W}/came_n1", f"{W}/came_n3z1"
+if s.expect_ok("came: mpirun -np 3 --zero 1 (uneven blocks)",
+               MPIRUN + ["3"] + BASE + ["--optimizer", "came", "--zero", "1", "-o", D3]):
+    losses_close("came: 3 ranks --zero 1 vs 1 rank", D1, D3)
+    models_close("came: 3 ranks --zero 1 vs 1 rank", D1, D3, MODEL_RTOL)
+    states = [ckpt(D3, "state", 10, f"_{r:05d}.bin") for r in range(3)]
+    sizes = {os.path.getsize(p) for p in states if os.path.isfile(p)}
+    s.check("came: 3 ranks: three state files of equal size", all(map(os.path.isfile, states)) and len(sizes) == 1,
+            f"sizes differ or missing: {sizes}")
+    n1, r = state_floats(ckpt(D1, "state", 10, "_00000.bin")), state_floats(states[0])
+    s.check(f"came: 3 ranks keep 1/3 of the state each, plus padding ({r} of {n1} floats: at most 3% over)",
+            n1 > 0 and 3 * r >= n1 and 300 * r <= 103 * n1, "beyond")
+    s.check_memory("came: 3 ranks --zero 1: measured memory equals the plan", D3)
+
+# 2b. the papers' eps1 = 1e-30: the same, to FACTORED_MODEL_RTOL (see the top)
+for opt in ("adafactor", "came"):
+    D1, DZ = f"{W}/{opt}_eps30_n1", f"{W}/{opt}_eps30_n2z1"
+    if not s.expect_ok(f"{opt} eps1 1e-30: 1 rank", BASE + ["--optimizer", opt, "--eps1", "1e-30", "-o", D1]):
+        continue
+    if not s.expect_ok(f"{opt} eps1 1e-30: mpirun -np 2 --zero 1",
+                       MPIRUN + ["2"] + BASE + ["--optimizer", opt, "--eps1", "1e-30", "--zero", "1", "-o", DZ]):
+        continue
+    losses_close(f"{opt} eps1 1e-30: 2 ranks --zero 1 vs 1 rank", D1, DZ)
+    models_close(f"{opt} eps1 1e-30: 2 ranks --zero 1 vs 1 rank", D1, DZ, FACTORED_MODEL_RTOL)
+
+# ----------------------------------------------------------------------------
+# 3. resume: from the step-5 checkpoint of a 2-rank --zero 1 run to step 10, bitwise equal to the
+# straight run (model and every rank's state file); other rank counts are refused
+
+for name in ("adamw", "adafactor+beta1"):
+    A, R = f"{W}/{name}_n2z1", f"{W}/{name}_resume"
+    if not os.path.isfile(ckpt(A, "DONE", 5)):
+        s.fail(f"{name}: resume", f"no checkpoint 5 in {A}")
+        continue
+    os.makedirs(R)
+    for f in [ckpt(A, "model", 5, ".bin"), ckpt(A, "DONE", 5)] + glob.glob(f"{A}/state_00000005_0000[01].bin"):
+        shutil.copy(f, R)
+    if s.expect_ok(f"{name}: mpirun -np 2 --zero 1 resumes from step 5",
+                   MPIRUN + ["2"] + BASE + ["--optimizer", *OPTIMIZERS[name], "--zero", "1", "-o", R, "-y", "1"]):
+        s.check(f"{name}: resumed model at step 10 bitwise equal",
+                same_bytes(ckpt(A, "model", 10, ".bin"), ckpt(R, "model", 10, ".bin")), "cmp differs")
+        for rank in (0, 1):
+            s.check(f"{name}: resumed state of rank {rank} bitwise equal",
+                    same_bytes(ckpt(A, "state", 10, f"_{rank:05d}.bin"), ckpt(R, "state", 10, f"_{rank:05d}.bin")),
+                    "cmp differs")
+A = f"{W}/adamw_n2z1"
+s.expect_fail("resume a 2-rank checkpoint with 1 rank", "was written by 2 rank(s); this run has 1",
+              BASE + ["-x", "12", "-o", A, "-y", "1"])
+s.expect_fail("resume a 2-rank checkpoint with 3 ranks", "was written by 2 rank(s); this run has 3",
+              MPIRUN + ["3"] + BASE + ["-x", "12", "--zero", "1", "-o", A, "-y", "1"])
+s.expect_fail("resume a --zero 1 checkpoint with --zero 0", "was written with --zero 1; this run has --zero 0",
+              MPIRUN + ["2"] + BASE + ["-x", "12", "--zero", "0", "-o", A, "-y", "1"])
+
+# ----------------------------------------------------------------------------
+# 3b. stopping a multi-rank run: SIGINT or SIGTERM to mpirun makes it kill the ranks, so the
+# trainer also stops on SIGUSR1, which OpenMPI's mpirun forwards to every rank: all ranks finish
+# the step, checkpoint (every rank's state file, then DONE) and exit 0
+
+SIG = f"{W}/sig_USR1"
+s.signal_check("USR1", SIG, 100, MPIRUN + ["2"] + BASE + ["-d", "1024", "-x", "100", "-n", "0", "--zero", "1"])
+s.check("signal: USR1 under mpirun: rank 1's state file too",
+        os.path.isfile(ckpt(SIG, "state", latest_done(SIG), "_00001.bin")), "missing")
+
+# ----------------------------------------------------------------------------
+# 4. --check-replicas 1 checks after every step (and at the end of a run without -o)
+
+r = s.expect_ok("--check-replicas 1 under mpirun -np 2 --zero 1",
+                MPIRUN + ["2"] + BASE + ["-x", "3", "-n", "0", "--zero", "1", "--check-replicas", "1", "-o", ""])
+if r:
+    n = len(re.findall(r"^replicas: parameters identical on 2 ranks after step [123] ", r.out, re.M))
+    s.check("... checks after each of the 3 steps", n == 4, f"{n} replica lines")
+
+s.finish()
