@@ -834,7 +834,7 @@ static void write_fixtures(const char* dir) {
 static int is_key_bias(const GPT2Config* c, size_t i) {
     size_t sizes[NUM_PARAMETER_TENSORS], begin = 0, C = c->channels;
     gpt2_parameter_sizes(sizes, c);
-    for (int t = 0; t < 4; t++) { begin += sizes[t]; }  // qkvb follows wte, wpe, ln1w, ln1b
+    for (int t = 0; strcmp(PARAMETER_NAMES[t], "qkvb") != 0; t++) { begin += sizes[t]; }
     if (i < begin || i >= begin + c->num_layers * 3 * C) { return 0; }
     size_t j = (i - begin) % (3 * C);
     return j >= C && j < 2 * C;
