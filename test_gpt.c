@@ -489,7 +489,7 @@ static void policy_name(char* out, size_t n, const ActPolicy* p) {
 // head = 4(BTC + 3BT + BT Vp), backward = 4(13BTC + B NH T^2)
 static void check_layout_closed_form(const GPT2Config* c, int B, int T) {
     size_t F = sizeof(float), BT = (size_t)B * T, BTC = BT * c->channels, att = (size_t)B * c->num_heads * T * T;
-    BackendLayout l = gpt2_layout(c, B, T);
+    BackendLayout l = gpt2_layout(c, B, T, PRECISION_FP32);
     int ok = l.param_bytes == F && l.grad_bytes == F && l.layer == F * (16 * BTC + 4 * BT + att) &&
              l.layer_gelu == F * 4 * BTC && l.layer_att == F * att && l.residual == F * BTC &&
              l.head == F * (BTC + 3 * BT + BT * c->padded_vocab_size) && l.backward == F * (13 * BTC + att);
@@ -511,7 +511,7 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     DataLoader dl;
     dataloader_init(&dl, shard, B, T, last_rank.rank, world, cfg->vocab_size);
     int* gen = sample_buffer_alloc(T);
-    PlanInputs in = {B, T, 1, opt, beta1, *pol, world, s.zero, gpt2_layout(cfg, B, T)};
+    PlanInputs in = {B, T, 1, opt, beta1, *pol, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32)};
     MemPlan p = plan_memory(cfg, in);
     int same = 1;
     char detail[256] = "", pn[64];

@@ -239,8 +239,20 @@ static void backward_buffer_sizes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
     memcpy(s, sizes, sizeof(sizes));
 }
 
+const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
+Precision gpt2_default_precision(void) { return PRECISION_FP32; }
+
+// the CPU trains in fp32 only: it is the reference the other precisions are measured against
+void gpt2_check_setup(const ModelSetup* s) {
+    if (s->precision != PRECISION_FP32) {
+        fail("--precision %s: the CPU backend trains in fp32 only (it is the reference)\n"
+             "  hint: --precision fp32, or the CUDA trainer (make train_gpt_cu) for bf16", PRECISION_NAMES[s->precision]);
+    }
+}
+
 // the CPU's tensors in bytes, for the memory planner: everything fp32
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T) {
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision) {
+    (void)precision;  // fp32 only (gpt2_check_setup)
     int C = c->channels, NH = c->num_heads;
     const ActPolicy gelu = {0, 1, 0, 0}, attn = {0, 0, 1, 0};
     size_t F = sizeof(float), layer = layer_act_floats(B, T, C, NH, &ACT_KEEP_ALL);
@@ -250,7 +262,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T) {
     BackendLayout l = {F, F, layer * F, (layer - layer_act_floats(B, T, C, NH, &gelu)) * F,
                        (layer - layer_act_floats(B, T, C, NH, &attn)) * F, (size_t)B * T * C * F,
                        head_act_floats(B, T, C, c->padded_vocab_size) * F, backward * F,
-                       "4(16BTC + 4BT + B NH T^2)", "4(13BTC + B NH T^2)"};
+                       "4(16BTC + 4BT + B NH T^2)", "4(13BTC + B NH T^2)", 0, 0, 0};
     return l;
 }
 

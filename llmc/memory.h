@@ -33,20 +33,23 @@ typedef enum {
     MEM_OPTIMIZER,        // optimizer state (AdamW: m and v)
     MEM_ACTIVATIONS,      // what forward keeps for backward, and the logits
     MEM_ACT_GRADIENTS,    // backward's working buffers (one layer's worth, reused)
-    MEM_SCRATCH,          // data loader batches, sampling buffer
-    MEM_OFFLOADED,        // the host store of offloaded activations (--offload); the rest is "device"
+    MEM_SCRATCH,          // data loader batches, sampling buffer; a GPU's reduction and attention scratch
+    MEM_OFFLOADED,        // the host store of offloaded activations (--offload)
+    MEM_HOST_COPIES,      // a GPU backend's host copies of the weights and optimizer state (checkpoints)
     NUM_MEM_CATEGORIES
 } MemCategory;
 
 static const char* MEM_CATEGORY_NAMES[NUM_MEM_CATEGORIES] = {
     "parameters", "gradients", "optimizer state", "activations", "activation grads", "scratch",
-    "offloaded (host)",
+    "offloaded (host)", "host copies",
 };
 // the same categories as keys of the JSON log (log.jsonl's "memory" record)
 static const char* MEM_CATEGORY_KEYS[NUM_MEM_CATEGORIES] = {
     "parameters", "gradients", "optimizer_state", "activations", "activation_grads", "scratch",
-    "offloaded_host",
+    "offloaded_host", "host_copies",
 };
+// the categories that live in host memory on a GPU; the rest is "device" (what a GPU holds)
+static int mem_category_on_host(int cat) { return cat == MEM_OFFLOADED || cat == MEM_HOST_COPIES; }
 
 typedef struct {
     size_t current[NUM_MEM_CATEGORIES];  // bytes live now

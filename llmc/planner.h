@@ -39,6 +39,9 @@ typedef struct {
     size_t backward;         // backward's working buffers, one layer's worth
     const char* layer_formula;     // A in elements, e.g. "16BTC + 4BT + B NH T^2"
     const char* backward_formula;  // the backward buffers in bytes, e.g. "4(13BTC + B NH T^2)"
+    size_t device_scratch;   // a GPU's working buffers: reductions, attention, the batch on the device
+    size_t host_copy_bytes;  // per weight: a GPU's host copy for checkpoints (CPU: 0, its weights are host memory)
+    int host_copies_opt;     // 1: the optimizer state has a host copy too
 } BackendLayout;
 
 typedef struct {
@@ -164,9 +167,20 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_ACT_GRADIENTS], PLAN_FORMULA_LEN, "%s", lay->backward_formula);
     // each loader: uint16 read buffer of BT+1 tokens, int inputs and targets (BT each);
     // sampling: one int per position of a generated sequence (T)
-    p.bytes[MEM_SCRATCH] = in.num_loaders * ((BT + 1) * sizeof(uint16_t) + 2 * BT * sizeof(int)) + T * sizeof(int);
-    snprintf(p.formula[MEM_SCRATCH], PLAN_FORMULA_LEN, "loaders x (2(BT+1) + 8BT) + 4T");
+    p.bytes[MEM_SCRATCH] = in.num_loaders * ((BT + 1) * sizeof(uint16_t) + 2 * BT * sizeof(int)) + T * sizeof(int)
+                           + lay->device_scratch;
+    snprintf(p.formula[MEM_SCRATCH], PLAN_FORMULA_LEN, "loaders x (2(BT+1) + 8BT) + 4T%s",
+             lay->device_scratch ? " + device scratch" : "");
+    p.bytes[MEM_HOST_COPIES] = P * lay->host_copy_bytes + (lay->host_copies_opt ? p.bytes[MEM_OPTIMIZER] : 0);
+    snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     return p;
+}
+
+// the bytes of the categories in host memory (memory.h: mem_category_on_host)
+static size_t plan_host_bytes(const size_t bytes[NUM_MEM_CATEGORIES]) {
+    size_t s = 0;
+    for (int i = 0; i < NUM_MEM_CATEGORIES; i++) { if (mem_category_on_host(i)) { s += bytes[i]; } }
+    return s;
 }
 
 static size_t plan_total(const MemPlan* p) {
@@ -194,11 +208,11 @@ static void print_memory_table(const MemPlan* p, const MemStats* measured) {
         print_memory_row(MEM_CATEGORY_NAMES[i], p->bytes[i], m, p->formula[i]);
     }
     printf("%s", MEM_TABLE_RULE);
-    size_t host = p->bytes[MEM_OFFLOADED];
-    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", (measured->total_peak - measured->peak[MEM_OFFLOADED]) / MIB); }
-    print_memory_row("device total", plan_total(p) - host, m, "all but the host store");
-    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->peak[MEM_OFFLOADED] / MIB); }
-    print_memory_row("host total", host, m, "offloaded activations");
+    size_t host = plan_host_bytes(p->bytes);
+    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", (measured->total_peak - plan_host_bytes(measured->peak)) / MIB); }
+    print_memory_row("device total", plan_total(p) - host, m, "all but the host categories");
+    if (measured) { snprintf(m, sizeof(m), "%.2f MiB", plan_host_bytes(measured->peak) / MIB); }
+    print_memory_row("host total", host, m, "offloaded activations, host copies");
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
     print_memory_row("total", plan_total(p), m, "");
     printf("%s", MEM_TABLE_RULE);
@@ -216,7 +230,7 @@ static void json_memory_object(FILE* f, const size_t bytes[NUM_MEM_CATEGORIES], 
     fprintf(f, "{");
     for (int i = 0; i < NUM_MEM_CATEGORIES; i++) { fprintf(f, "\"%s\": %zu, ", MEM_CATEGORY_KEYS[i], bytes[i]); }
     fprintf(f, "\"device_total\": %zu, \"host_total\": %zu, \"total\": %zu}",
-            total - bytes[MEM_OFFLOADED], bytes[MEM_OFFLOADED], total);
+            total - plan_host_bytes(bytes), plan_host_bytes(bytes), total);
 }
 
 // one line of log.jsonl: {"step": S, "memory": {"planned": {...}, "measured": {...}}}, bytes

@@ -48,10 +48,16 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 
 typedef struct GPT2 GPT2;  // the backend's model: its tensors, in its memory
 
+// what the weights and activations are stored in; master weights, gradients of the weights,
+// optimizer state and every sum are fp32 in both
+typedef enum { PRECISION_FP32, PRECISION_BF16, NUM_PRECISIONS } Precision;
+static const char* PRECISION_NAMES[NUM_PRECISIONS] = {"fp32", "bf16"};
+
 // everything a backend needs to allocate a model for training
 typedef struct {
     GPT2Config config;
     int B, T;                 // the micro-batch the activations are sized for
+    Precision precision;      // --precision
     OptimizerKind optimizer;
     int use_beta1;            // Adafactor keeps a first moment
     ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload)
@@ -69,8 +75,13 @@ typedef struct {
 
 typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
 
+// the backend's name for messages ("the CPU backend"), its default precision, and whether it
+// trains in p; a setup it cannot train (a flag it does not implement) stops here with a message
+const char* gpt2_backend_name(void);
+Precision gpt2_default_precision(void);
+void gpt2_check_setup(const ModelSetup* s);
 // the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T);
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p);
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
 GPT2* gpt2_create(const ModelSetup* s);
 void gpt2_destroy(GPT2* m);
@@ -388,6 +399,7 @@ static void print_config(const Run* r) {
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
     printf("| data parallel (MPI)   | %d rank(s), --zero %d%s\n", r->setup.dist.world, (int)r->setup.zero,
            r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
+    printf("| backend               | %s, %s\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision]);
     printf("| OpenMP threads        | %d\n", num_threads());
     for (int i = 0; i < NUM_FLAGS; i++) {
         char v[PATH_MAX_LEN + 8];
@@ -395,6 +407,17 @@ static void print_config(const Run* r) {
         printf("| %-21s | %s\n", FLAGS[i].longname + 2, v);
     }
     printf("+-----------------------+----------------------------------------------------+\n");
+}
+
+// --precision: a name, or "" for the backend's default
+static Precision precision_from_flag(const char* name) {
+    if (name[0] == '\0') { return gpt2_default_precision(); }
+    for (int p = 0; p < NUM_PRECISIONS; p++) {
+        if (strcmp(name, PRECISION_NAMES[p]) == 0) { return (Precision)p; }
+    }
+    fail("--precision '%s': unknown; choose fp32 or bf16 (or \"\" for %s's default, %s)", name, gpt2_backend_name(),
+         PRECISION_NAMES[gpt2_default_precision()]);
+    return PRECISION_FP32;
 }
 
 // the shape, optimizer, activation policy and ranks of the run, and its memory plan; for
@@ -409,12 +432,14 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     s->optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
     s->use_beta1 = s->optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
     s->act = act_policy_parse(o->recompute, o->offload, s->config.num_layers);
+    s->precision = precision_from_flag(o->precision);
     s->dist = *dist;
     s->zero = (ZeroStage)o->zero;
+    gpt2_check_setup(s);
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
     PlanInputs in = {s->B, s->T, 1 + r->has_val, s->optimizer, s->use_beta1, s->act, world, o->zero,
-                     gpt2_layout(&s->config, s->B, s->T)};
+                     gpt2_layout(&s->config, s->B, s->T, s->precision)};
     r->plan = plan_memory(&s->config, in);
 }
 
@@ -557,8 +582,9 @@ static int run_training(const TrainOptions* o, const Dist* dist) {
     plan_run(&r, dist, world);
     if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
         const GPT2Config* c = &r.setup.config;
-        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s), per rank of %d, --zero %d:\n", c->num_layers,
-               c->channels, c->num_heads, c->padded_vocab_size, r.setup.B, r.setup.T, o->optimizer, world, o->zero);
+        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s, %s), per rank of %d, --zero %d:\n", c->num_layers,
+               c->channels, c->num_heads, c->padded_vocab_size, r.setup.B, r.setup.T, o->optimizer,
+               PRECISION_NAMES[r.setup.precision], gpt2_backend_name(), world, o->zero);
         print_memory_table(&r.plan, NULL);
         return 0;
     }

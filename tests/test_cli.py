@@ -43,6 +43,8 @@ s.expect_fail("flags: flag without a value", "flag -b needs a value", BASE + ["-
 s.expect_fail("flags: malformed integer", "'2x' is not an integer", BASE + ["-b", "2x"])
 s.expect_fail("flags: malformed float", "'abc' is not a number", BASE + ["-l", "abc"])
 s.expect_fail("flags: float out of range", "'1e39' is not a number", BASE + ["-l", "1e39"])
+s.expect_fail("flags: unknown --precision", "--precision 'fp16': unknown; choose fp32 or bf16", BASE + ["--precision", "fp16"])
+s.expect_fail("flags: the CPU trains in fp32 only", "--precision bf16: the CPU backend trains in fp32 only", BASE + ["--precision", "bf16"])
 
 r = s.expect_ok("flags: -h exits 0", [TRAIN, "-h"])
 if r:
