@@ -77,7 +77,8 @@ static const MemAllocator MEM_HOST = {mem_host_alloc, mem_host_release, "host me
 // each category's allocator; a NULL alloc means MEM_HOST
 static MemAllocator g_mem_allocators[NUM_MEM_CATEGORIES];
 
-// the backend's choice for one category, before its first allocation
+// the backend's choice for one category, before its first allocation (mem_alloc_from takes
+// another allocator for one block: a GPU's device scratch counted as scratch, say)
 static void mem_set_allocator(MemCategory cat, MemAllocator a) { g_mem_allocators[cat] = a; }
 
 static const MemAllocator* mem_allocator_of(MemCategory cat) {
@@ -86,11 +87,11 @@ static const MemAllocator* mem_allocator_of(MemCategory cat) {
 
 // the live blocks (the memory itself may be a device's, so sizes are kept here)
 #define MEM_MAX_BLOCKS 64  // a run makes about fifteen allocations
-typedef struct { void* p; size_t bytes; MemCategory category; } MemBlock;
+typedef struct { void* p; size_t bytes; MemCategory category; const MemAllocator* from; } MemBlock;
 static MemBlock g_mem_blocks[MEM_MAX_BLOCKS];
 
-static void* mem_alloc_at(MemCategory cat, size_t bytes, const char* file, int line) {
-    const MemAllocator* a = mem_allocator_of(cat);
+// bytes counted in category cat, from allocator a (a category's own: mem_alloc)
+static void* mem_alloc_from_at(MemCategory cat, const MemAllocator* a, size_t bytes, const char* file, int line) {
     void* p = a->alloc(bytes > 0 ? bytes : 1);
     if (p == NULL) {
         fail_at(file, line, "out of %s allocating %.1f MiB of %s (%.1f MiB already in use)\n"
@@ -100,7 +101,7 @@ static void* mem_alloc_at(MemCategory cat, size_t bytes, const char* file, int l
     int slot = 0;
     while (slot < MEM_MAX_BLOCKS && g_mem_blocks[slot].p != NULL) { slot++; }
     if (slot == MEM_MAX_BLOCKS) { fail_at(file, line, "more than %d live allocations: raise MEM_MAX_BLOCKS", MEM_MAX_BLOCKS); }
-    MemBlock b = {p, bytes, cat};
+    MemBlock b = {p, bytes, cat, a};
     g_mem_blocks[slot] = b;
     g_mem.current[cat] += bytes;
     if (g_mem.current[cat] > g_mem.peak[cat]) { g_mem.peak[cat] = g_mem.current[cat]; }
@@ -108,11 +109,12 @@ static void* mem_alloc_at(MemCategory cat, size_t bytes, const char* file, int l
     if (g_mem.total_current > g_mem.total_peak) { g_mem.total_peak = g_mem.total_current; }
     return p;
 }
-#define mem_alloc(cat, bytes) mem_alloc_at(cat, bytes, __FILE__, __LINE__)
+#define mem_alloc_from(cat, allocator, bytes) mem_alloc_from_at(cat, allocator, bytes, __FILE__, __LINE__)
+#define mem_alloc(cat, bytes) mem_alloc_from_at(cat, mem_allocator_of(cat), bytes, __FILE__, __LINE__)
 
 // zero-filled; only for categories in host memory (a device's memory is zeroed by its backend)
 static void* mem_calloc_at(MemCategory cat, size_t bytes, const char* file, int line) {
-    void* p = mem_alloc_at(cat, bytes, file, line);
+    void* p = mem_alloc_from_at(cat, mem_allocator_of(cat), bytes, file, line);
     memset(p, 0, bytes);
     return p;
 }
@@ -125,7 +127,7 @@ static void mem_free(void* p) {
         if (b->p != p) { continue; }
         g_mem.current[b->category] -= b->bytes;
         g_mem.total_current -= b->bytes;
-        mem_allocator_of(b->category)->release(p);
+        b->from->release(p);
         b->p = NULL;
         return;
     }

@@ -39,7 +39,7 @@ typedef struct {
     size_t backward;         // backward's working buffers, one layer's worth
     const char* layer_formula;     // A in elements, e.g. "16BTC + 4BT + B NH T^2"
     const char* backward_formula;  // the backward buffers in bytes, e.g. "4(13BTC + B NH T^2)"
-    size_t device_scratch;   // a GPU's working buffers: reductions, attention, the batch on the device
+    size_t backend_scratch;  // the backend's own scratch: a GPU's reduction and attention buffers, the batch on the device
     size_t host_copy_bytes;  // per weight: a GPU's host copy for checkpoints (CPU: 0, its weights are host memory)
     int host_copies_opt;     // 1: the optimizer state has a host copy too
 } BackendLayout;
@@ -168,9 +168,9 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     // each loader: uint16 read buffer of BT+1 tokens, int inputs and targets (BT each);
     // sampling: one int per position of a generated sequence (T)
     p.bytes[MEM_SCRATCH] = in.num_loaders * ((BT + 1) * sizeof(uint16_t) + 2 * BT * sizeof(int)) + T * sizeof(int)
-                           + lay->device_scratch;
+                           + lay->backend_scratch;
     snprintf(p.formula[MEM_SCRATCH], PLAN_FORMULA_LEN, "loaders x (2(BT+1) + 8BT) + 4T%s",
-             lay->device_scratch ? " + device scratch" : "");
+             lay->backend_scratch ? " + backend scratch" : "");
     p.bytes[MEM_HOST_COPIES] = P * lay->host_copy_bytes + (lay->host_copies_opt ? p.bytes[MEM_OPTIMIZER] : 0);
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     return p;
