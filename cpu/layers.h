@@ -25,10 +25,9 @@ Conventions (as in llm.c):
 
 #include <math.h>
 #include <stddef.h>
+#include "../llmc/model_config.h"  // LAYERNORM_EPS, GELU_SCALE, GELU_CUBIC: the model's, for every backend
 #include "matmul.h"
 
-#define LAYERNORM_EPS 1e-5f              // GPT-2's LayerNorm epsilon (biased variance)
-#define GELU_SCALE 0.7978845608028654f   // sqrt(2/pi), GELU's tanh approximation
 
 // ----------------------------------------------------------------------------
 // encoder: token embedding + position embedding
@@ -269,7 +268,6 @@ static void attention_backward(float* dqkv, float* datt, const float* dout, cons
 // ----------------------------------------------------------------------------
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 
-#define GELU_CUBIC 0.044715f
 
 // out (N) = gelu(inp (N))
 static void gelu_forward(float* out, const float* inp, size_t N) {

@@ -24,6 +24,11 @@ Failure: gpt2_config_check() stops with a message naming the impossible shape.
 #define GPT2_EOT 50256          // <|endoftext|>
 #define VOCAB_PAD_MULTIPLE 128  // Vp = V rounded up to this (llm.c): aligned rows, faster matmuls
 
+// the layers' constants, part of the model's definition: every backend computes with these
+#define LAYERNORM_EPS 1e-5f              // GPT-2's LayerNorm epsilon (biased variance)
+#define GELU_SCALE 0.7978845608028654f   // sqrt(2/pi), GELU's tanh approximation
+#define GELU_CUBIC 0.044715f             // the cubic term's coefficient in that approximation
+
 typedef struct {
     int max_seq_len;        // maxT, positions in wpe
     int vocab_size;         // V, real tokens
