@@ -267,7 +267,7 @@ static void attention_backward(float* dqkv, float* datt, const float* dout, cons
 
 // ----------------------------------------------------------------------------
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-
+// (GELU_SCALE and GELU_CUBIC: llmc/model_config.h)
 
 // out (N) = gelu(inp (N))
 static void gelu_forward(float* out, const float* inp, size_t N) {
