@@ -192,4 +192,26 @@ __device__ inline void store_pack(T* x, size_t i, size_t n, bool vector, const P
     for (int k = 0; k < size && i + k < n; k++) { x[i + k] = p[k]; }
 }
 
+// ----------------------------------------------------------------------------
+// the second pass of a deterministic column sum: out (n) += sum over p of partials (parts, stride)[p, :n],
+// added in increasing p; one thread per column. bytes: parts*n + 2n fp32; FLOPs: parts*n adds
+
+#define PARTIAL_SUMS_BLOCK 256
+
+__global__ void add_partial_sums_kernel(float* out, const float* partials, int parts, int n, size_t stride) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float s = 0.0f;
+    for (int p = 0; p < parts; p++) { s += partials[(size_t)p * stride + i]; }
+    out[i] += s;
+}
+
+static void add_partial_sums_cuda(float* out, const float* partials, int parts, int n, size_t stride,
+                                  cudaStream_t stream) {
+    if (n == 0) { return; }
+    add_partial_sums_kernel<<<ceil_div(n, PARTIAL_SUMS_BLOCK), PARTIAL_SUMS_BLOCK, 0, stream>>>(out, partials, parts,
+                                                                                               n, stride);
+    CUDA_CHECK_LAUNCH();
+}
+
 #endif // CUDA_COMMON_CUH
