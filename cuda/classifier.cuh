@@ -17,7 +17,6 @@ backward writes (=) (softmax - onehot(target)) * dloss, zero past V, and may run
 #ifndef CUDA_CLASSIFIER_CUH
 #define CUDA_CLASSIFIER_CUH
 
-#include <math.h>
 #include "common.cuh"
 
 #define CLASSIFIER_FORWARD_BLOCK 512
@@ -25,15 +24,6 @@ backward writes (=) (softmax - onehot(target)) * dloss, zero past V, and may run
 
 // ----------------------------------------------------------------------------
 // CUDA kernels
-
-// (m, s) <- the max and the sum of exp(x - max) of the union of (m, s) and (m2, s2): the online
-// softmax's merge; an empty part has m = -INFINITY, s = 0
-__device__ inline void softmax_merge(float& m, float& s, float m2, float s2) {
-    float mn = fmaxf(m, m2);
-    if (mn == -INFINITY) { return; }  // both empty
-    s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mn));
-    m = mn;
-}
 
 // per position of logits (N,Vp): row_max, row_sum (N) = max and sum of exp(logit - max) over the V
 // real entries; losses (N) = -(logit[target] - max - log(sum)) when targets is not NULL.
@@ -49,20 +39,9 @@ __global__ void classifier_forward_kernel(float* losses, float* row_max, float* 
     float m = -INFINITY, s = 0.0f;
     for (int i = threadIdx.x * VEC; i < V; i += blockDim.x * VEC) {
         Packed128<floatX> p = load_pack(x, i, V, vector);
-        for (int k = 0; k < VEC && i + k < V; k++) {
-            float v = to_float(p[k]);
-            if (v > m) {
-                s = s * expf(m - v) + 1.0f;  // exp(-inf) = 0 on the first element
-                m = v;
-            } else {
-                s += expf(v - m);
-            }
-        }
+        for (int k = 0; k < VEC && i + k < V; k++) { softmax_add(m, s, to_float(p[k])); }
     }
-    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) {
-        float m2 = __shfl_xor_sync(FULL_MASK, m, offset), s2 = __shfl_xor_sync(FULL_MASK, s, offset);
-        softmax_merge(m, s, m2, s2);
-    }
+    warp_softmax_merge(m, s);
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
     if (lane == 0) {
         warp_max[warp] = m;

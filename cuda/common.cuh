@@ -36,6 +36,7 @@ this file's definition replaces it.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -116,6 +117,32 @@ __device__ inline float warp_reduce_max(float x) {
 __device__ inline double warp_reduce_sum(double x) {
     for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) { x += __shfl_xor_sync(FULL_MASK, x, offset); }
     return x;
+}
+
+// the online softmax: (m, s) is a part's max and sum of exp(x - max), an empty part (-INFINITY, 0)
+__device__ inline void softmax_add(float& m, float& s, float x) {
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f;  // exp(-inf) = 0 when the part was empty
+        m = x;
+    } else {
+        s += expf(x - m);
+    }
+}
+
+// (m, s) <- the union of the parts (m, s) and (m2, s2)
+__device__ inline void softmax_merge(float& m, float& s, float m2, float s2) {
+    float mn = fmaxf(m, m2);
+    if (mn == -INFINITY) { return; }  // both empty
+    s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mn));
+    m = mn;
+}
+
+// softmax_merge over the 32 lanes (butterfly, fixed order): every lane gets the warp's (m, s)
+__device__ inline void warp_softmax_merge(float& m, float& s) {
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) {
+        float m2 = __shfl_xor_sync(FULL_MASK, m, offset), s2 = __shfl_xor_sync(FULL_MASK, s, offset);
+        softmax_merge(m, s, m2, s2);
+    }
 }
 
 // ----------------------------------------------------------------------------
