@@ -44,7 +44,7 @@ EMU_TESTS := $(patsubst %.cu,$(EMU_BUILD)/%,$(EMU_TEST_SRCS))
 # the CUDA tests that nvcc builds (emu-nvcc-check) and gpu-check runs on a GPU, each with no
 # arguments from the repository root (gpu_check.sh adds the multi-rank runs). One line per folder:
 GPU_TEST_SRCS := $(EMU_TEST_SRCS)
-# GPU_TEST_SRCS += $(wildcard dev/cuda/tests/*.cu)    (the trainer's kernel tests, when they exist)
+GPU_TEST_SRCS += $(wildcard dev/cuda/test_*.cu)   # the CUDA backend's kernels against cpu/layers.h
 GPU_ARCH ?= sm_90
 GPU_TESTS := $(patsubst %.cu,build/nvcc/$(GPU_ARCH)/%,$(GPU_TEST_SRCS))
 

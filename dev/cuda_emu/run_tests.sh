@@ -45,5 +45,21 @@ else
     echo "skipped: nccl with 2 ranks (mpirun not found; install openmpi-bin and libopenmpi-dev)"
 fi
 
+# the CUDA backend's kernels (dev/cuda/test_*.cu) against cpu/layers.h: in the default modes, and
+# with the thread order and stream timing that expose a missing barrier or a missing wait
+KERNEL_TESTS=$(ls dev/cuda/test_*.cu 2>/dev/null | sed 's|^\(.*\)\.cu$|build/emu/\1|')
+if [ -n "$KERNEL_TESTS" ]; then
+    if make -s -f dev/cuda_emu/emu.mk -j"$(nproc)" $KERNEL_TESTS; then
+        for t in $KERNEL_TESTS; do
+            run "$(basename "$t"): kernels vs cpu/layers.h" -- "$t"
+            run "$(basename "$t"), reverse thread order, late streams" \
+                CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late -- "$t"
+        done
+    else
+        echo "FAIL building the kernel tests of dev/cuda"
+        failed=$((failed + 1))
+    fi
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,82 @@
+/*
+gelu.cuh: GELU (tanh approximation) on the device, mirroring gelu_forward/backward of cpu/layers.h.
+
+    gelu_forward_cuda<floatX>(out, inp, N, stream);          // out = gelu(inp)
+    gelu_backward_cuda<floatX>(dinp, inp, dout, N, stream);  // dinp += gelu'(inp) * dout
+
+Invariants: elementwise, one thread per 16-byte pack (4 fp32 or 8 bf16 values), the same formula
+and constants (GELU_SCALE, GELU_CUBIC of cpu/layers.h) computed in fp32. Any N and any pointer
+alignment (a tail or unaligned buffers are read element by element). out may equal inp; dinp and
+dout must be distinct buffers, as on the CPU.
+*/
+#ifndef CUDA_GELU_CUH
+#define CUDA_GELU_CUH
+
+#include "common.cuh"
+#include "../cpu/layers.h"  // GELU_SCALE, GELU_CUBIC: one set of constants for both backends
+
+#define GELU_BLOCK 256
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+// out (N) = 0.5 x (1 + tanh(GELU_SCALE (x + GELU_CUBIC x^3))), x = inp (N).
+// bytes: 2 N floatX; FLOPs: about 10 N plus N tanh
+template <typename floatX>
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N, bool vector) {
+    const int VEC = Packed128<floatX>::size;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i >= N) { return; }
+    Packed128<floatX> x = load_pack(inp, i, N, vector), o;
+    for (int k = 0; k < VEC; k++) {
+        float xk = to_float(x[k]);
+        o[k] = from_float<floatX>(0.5f * xk * (1.0f + tanhf(GELU_SCALE * (xk + GELU_CUBIC * xk * xk * xk))));
+    }
+    store_pack(out, i, N, vector, o);
+}
+
+// dinp (N) += gelu'(inp (N)) * dout (N). bytes: 4 N floatX; FLOPs: about 20 N plus N tanh
+template <typename floatX>
+__global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t N, bool vector) {
+    const int VEC = Packed128<floatX>::size;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i >= N) { return; }
+    Packed128<floatX> x = load_pack(inp, i, N, vector), dy = load_pack(dout, i, N, vector);
+    Packed128<floatX> dx = load_pack(dinp, i, N, vector);
+    for (int k = 0; k < VEC; k++) {
+        float xk = to_float(x[k]);
+        float u = GELU_SCALE * (xk + GELU_CUBIC * xk * xk * xk);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float local = 0.5f * (1.0f + th) + 0.5f * xk * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * xk * xk);
+        dx[k] = from_float<floatX>(to_float(dx[k]) + local * to_float(dy[k]));
+    }
+    store_pack(dinp, i, N, vector, dx);
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers
+
+// out (N) = gelu(inp (N))
+template <typename floatX>
+void gelu_forward_cuda(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
+    if (N == 0) { return; }
+    const size_t VEC = Packed128<floatX>::size;
+    bool vector = is_aligned16(out) && is_aligned16(inp);
+    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_BLOCK);
+    gelu_forward_kernel<floatX><<<(unsigned)blocks, GELU_BLOCK, 0, stream>>>(out, inp, N, vector);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers
+template <typename floatX>
+void gelu_backward_cuda(floatX* dinp, const floatX* inp, const floatX* dout, size_t N, cudaStream_t stream) {
+    if (N == 0) { return; }
+    const size_t VEC = Packed128<floatX>::size;
+    bool vector = is_aligned16(dinp) && is_aligned16(inp) && is_aligned16(dout);
+    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_BLOCK);
+    gelu_backward_kernel<floatX><<<(unsigned)blocks, GELU_BLOCK, 0, stream>>>(dinp, inp, dout, N, vector);
+    CUDA_CHECK_LAUNCH();
+}
+
+#endif // CUDA_GELU_CUH

@@ -1,0 +1,118 @@
+/*
+test_layernorm.cu: cuda/layernorm.cuh against layernorm_forward/backward of cpu/layers.h, in fp32 and
+bf16 (the CPU runs on the bf16-rounded inputs), at shapes with more rows than one backward block
+(B*T = 66 > LAYERNORM_BACKWARD_ROWS), with C not a multiple of the vector width (C = 33), and with
+a C whose per-warp sums need more than the default 48 KiB of shared memory (C = 6200). The backward
+runs on gradients that already hold values (+=), twice (bitwise equal; the second time with
+dbias NULL). mean, rstd, dweight and dbias are fp32 in both modes and held to 1e-5.
+
+    make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_layernorm && ./build/emu/dev/cuda/test_layernorm
+*/
+#include "dev/cuda/kernel_test.h"
+#include "cpu/layers.h"
+#include "cuda/layernorm.cuh"
+
+struct Shape { int B, T, C; };
+static const Shape SHAPES[] = {{2, 33, 64}, {2, 9, 33}, {1, 3, 6200}};
+
+template <typename floatX>
+static void test_shape(const Shape& s) {
+    int B = s.B, T = s.T, C = s.C, N = B * T;
+    size_t NC = (size_t)N * C;
+    std::vector<float> inp = random_vector(NC, 1, 2.0f);
+    for (float& x : inp) { x += 0.5f; }  // a mean away from zero
+    inp = rounded<floatX>(inp);
+    std::vector<float> w = rounded<floatX>(random_vector(C, 2)), b = rounded<floatX>(random_vector(C, 3));
+    std::vector<float> dout = rounded<floatX>(random_vector(NC, 4));
+    std::vector<float> dinp0 = rounded<floatX>(random_vector(NC, 5)), dw0 = random_vector(C, 6), db0 = random_vector(C, 7);
+    char what[128];
+
+    // forward
+    std::vector<float> out(NC), mean(N), rstd(N);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), B, T, C);
+    floatX *d_inp = upload<floatX>(inp), *d_w = upload<floatX>(w), *d_b = upload<floatX>(b);
+    floatX* d_out = device_alloc<floatX>(NC);
+    float *d_mean = device_alloc<float>(N), *d_rstd = device_alloc<float>(N);
+    layernorm_forward_cuda<floatX>(d_out, d_mean, d_rstd, d_inp, d_w, d_b, B, T, C, 0);
+    snprintf(what, sizeof what, "forward out (B=%d T=%d C=%d)", B, T, C);
+    check_close<floatX>(max_rel_error(download(d_out, NC).data(), out.data(), NC), tolerance<floatX>(), "layernorm", what);
+    float err_stats = fmaxf(max_rel_error(download(d_mean, N).data(), mean.data(), N),
+                            max_rel_error(download(d_rstd, N).data(), rstd.data(), N));
+    snprintf(what, sizeof what, "forward mean, rstd (C=%d)", C);
+    check_close<floatX>(err_stats, FP32_TOLERANCE, "layernorm", what);
+
+    // backward, from the CPU's mean and rstd on both sides, twice
+    std::vector<float> dinp = dinp0, dw = dw0, db = db0;
+    layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(), rstd.data(),
+                       B, T, C);
+    upload_into(d_mean, mean);
+    upload_into(d_rstd, rstd);
+    floatX* d_dout = upload<floatX>(dout);
+    float* d_scratch = device_alloc<float>(layernorm_backward_scratch_floats(B, T, C));
+    floatX* d_dinp[2];
+    float *d_dw[2], *d_db[2];
+    for (int run = 0; run < 2; run++) {
+        d_dinp[run] = upload<floatX>(dinp0);
+        d_dw[run] = upload<float>(dw0);
+        d_db[run] = upload<float>(db0);
+        layernorm_backward_cuda<floatX>(d_dinp[run], d_dw[run], run == 0 ? d_db[run] : NULL, d_dout, d_inp, d_w,
+                                        d_mean, d_rstd, B, T, C, d_scratch, 0);
+    }
+    snprintf(what, sizeof what, "backward dinp += (C=%d)", C);
+    check_close<floatX>(max_rel_error(download(d_dinp[0], NC).data(), dinp.data(), NC), tolerance<floatX>(), "layernorm", what);
+    float err_params = fmaxf(max_rel_error(download(d_dw[0], C).data(), dw.data(), C),
+                             max_rel_error(download(d_db[0], C).data(), db.data(), C));
+    snprintf(what, sizeof what, "backward dweight +=, dbias += (fp32, C=%d)", C);
+    check_close<floatX>(err_params, FP32_TOLERANCE, "layernorm", what);
+    bool same = same_bits(d_dinp[0], d_dinp[1], NC) && same_bits(d_dw[0], d_dw[1], C) &&
+                download(d_db[1], C) == db0;  // dbias NULL: untouched
+    snprintf(what, sizeof what, "backward twice: bitwise equal; dbias NULL left alone (C=%d)", C);
+    check(same, test_name<floatX>("layernorm", what), "%s", "the runs differ");
+
+    for (int run = 0; run < 2; run++) {
+        for (void* p : {(void*)d_dinp[run], (void*)d_dw[run], (void*)d_db[run]}) { CUDA_CHECK(cudaFree(p)); }
+    }
+    for (void* p : {(void*)d_inp, (void*)d_w, (void*)d_b, (void*)d_out, (void*)d_mean, (void*)d_rstd, (void*)d_dout,
+                    (void*)d_scratch}) {
+        CUDA_CHECK(cudaFree(p));
+    }
+}
+
+template <typename floatX>
+static void bench_layernorm() {
+#ifdef CUDA_EMU
+    const int B = 2, T = 16, C = 64;
+#else
+    const int B = 8, T = 1024, C = 768;
+#endif
+    size_t NC = (size_t)B * T * C, N = (size_t)B * T;
+    floatX *d_inp = upload<floatX>(random_vector(NC, 1)), *d_w = upload<floatX>(random_vector(C, 2));
+    floatX *d_b = upload<floatX>(random_vector(C, 3)), *d_out = device_alloc<floatX>(NC);
+    float *d_mean = device_alloc<float>(N), *d_rstd = device_alloc<float>(N);
+    float *d_dw = upload<float>(std::vector<float>(C, 0.0f)), *d_db = upload<float>(std::vector<float>(C, 0.0f));
+    float* d_scratch = device_alloc<float>(layernorm_backward_scratch_floats(B, T, C));
+    floatX* d_dinp = upload<floatX>(std::vector<float>(NC, 0.0f));
+    double x = sizeof(floatX);
+    char name[64];
+    snprintf(name, sizeof name, "layernorm_forward %s", type_name<floatX>());
+    bench(name, 2.0 * NC * x + 8.0 * N, 7.0 * NC,
+          [&] { layernorm_forward_cuda<floatX>(d_out, d_mean, d_rstd, d_inp, d_w, d_b, B, T, C, 0); });
+    snprintf(name, sizeof name, "layernorm_backward %s", type_name<floatX>());
+    bench(name, 4.0 * NC * x + 8.0 * N + layernorm_backward_scratch_floats(B, T, C) * 8.0, 14.0 * NC, [&] {
+        layernorm_backward_cuda<floatX>(d_dinp, d_dw, d_db, d_out, d_inp, d_w, d_mean, d_rstd, B, T, C, d_scratch, 0);
+    });
+    for (void* p : {(void*)d_inp, (void*)d_w, (void*)d_b, (void*)d_out, (void*)d_mean, (void*)d_rstd, (void*)d_dw,
+                    (void*)d_db, (void*)d_scratch, (void*)d_dinp}) {
+        CUDA_CHECK(cudaFree(p));
+    }
+}
+
+int main() {
+    for (const Shape& s : SHAPES) {
+        test_shape<float>(s);
+        test_shape<__nv_bfloat16>(s);
+    }
+    bench_layernorm<float>();
+    bench_layernorm<__nv_bfloat16>();
+    return check_summary();
+}
