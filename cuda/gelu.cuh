@@ -5,7 +5,7 @@ gelu.cuh: GELU (tanh approximation) on the device, mirroring gelu_forward/backwa
     gelu_backward_cuda<floatX>(dinp, inp, dout, N, stream);  // dinp += gelu'(inp) * dout
 
 Invariants: elementwise, one thread per 16-byte pack (4 fp32 or 8 bf16 values), the same formula
-and constants (GELU_SCALE, GELU_CUBIC of cpu/layers.h) computed in fp32. Any N and any pointer
+and constants (GELU_SCALE, GELU_CUBIC of llmc/model_config.h) computed in fp32. Any N and any pointer
 alignment (a tail or unaligned buffers are read element by element). out may equal inp; dinp and
 dout must be distinct buffers, as on the CPU.
 */
@@ -13,7 +13,7 @@ dout must be distinct buffers, as on the CPU.
 #define CUDA_GELU_CUH
 
 #include "common.cuh"
-#include "../cpu/layers.h"  // GELU_SCALE, GELU_CUBIC: one set of constants for both backends
+#include "../llmc/model_config.h"  // GELU_SCALE, GELU_CUBIC: the model's, one set for both backends
 
 #define GELU_BLOCK 256
 

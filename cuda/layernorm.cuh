@@ -16,7 +16,7 @@ shared memory holds for one warp (2 C floats, C <= 29,000 on an H100; checked).
 #define CUDA_LAYERNORM_CUH
 
 #include "common.cuh"
-#include "../cpu/layers.h"  // LAYERNORM_EPS: one epsilon for both backends
+#include "../llmc/model_config.h"  // LAYERNORM_EPS: the model's, one epsilon for both backends
 
 #define LAYERNORM_FORWARD_WARPS 4        // rows per block of the forward
 #define LAYERNORM_BACKWARD_ROWS 32       // rows per block of the backward: the fixed partition of the sums
