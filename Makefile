@@ -7,6 +7,9 @@
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
 #   make check-headers  compile every header alone as C11 and as C++17 (CI runs it)
+#   make train_gpt_cu  the CUDA trainer, nvcc for the local GPU (GPU_ARCH=sm_80 ... to choose; default: nvidia-smi's, else sm_90)
+#   make build/emu/train_gpt  the same CUDA trainer for the emulated device (dev/cuda_emu): runs on the CPU
+#   make cuda-build-check  nvcc builds the CUDA trainer for sm_80 and sm_90 with no warnings (CI runs it)
 
 CC ?= gcc
 CFLAGS = -std=c11 -O3 -march=native -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function
@@ -36,7 +39,7 @@ endif
 HEADERS = $(wildcard llmc/*.h cpu/*.h)
 DATA = data/tinyshakespeare/tiny_shakespeare_train.bin
 
-.PHONY: all run data test bench bench-flags check-headers clean help
+.PHONY: all run data test bench bench-flags check-headers cuda-build-check clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
@@ -47,6 +50,22 @@ train_gpt: train_gpt.c $(HEADERS)
 build/train_gpt_nompi: train_gpt.c $(HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# the CUDA trainer (train_gpt.cu over cuda/*.cuh and the shared llmc/), for the GPU of this
+# machine: GPU_ARCH from nvidia-smi when there is one (e.g. sm_90 for an H100), else sm_90
+CUDA_HEADERS = $(wildcard cuda/*.cuh)
+GPU_ARCH ?= $(or $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ' | sed 's/^/sm_/'),sm_90)
+NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -fopenmp,-Wall,-Wno-unused-function,-Wno-unknown-pragmas
+train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ -lcublasLt -lcublas -lgomp
+
+# nvcc builds the CUDA trainer for Ampere (sm_80) and Hopper (sm_90) without a warning (CI runs it)
+CUDA_CHECK_ARCHS = sm_80 sm_90
+cuda-build-check: $(foreach a,$(CUDA_CHECK_ARCHS),build/nvcc/$(a)/train_gpt_cu)
+	@echo "nvcc builds train_gpt.cu for $(CUDA_CHECK_ARCHS) with no warnings"
+build/nvcc/%/train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(subst -arch=$(GPU_ARCH),-arch=$*,$(NVCC_FLAGS)) --Werror all-warnings $< -o $@ -lcublasLt -lcublas -lgomp
 
 # the tests: test_gpt.c includes train_gpt.c with TESTING defined (no main)
 test_gpt: test_gpt.c train_gpt.c $(HEADERS)
@@ -70,7 +89,7 @@ run: train_gpt $(DATA)
 	./train_gpt $(ARGS)
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi $(EMU_TEST_DEPS)
+test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/emu/train_gpt
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)
@@ -95,7 +114,7 @@ check-headers:
 	@echo "every header compiles alone as C11 and C++17 (distributed.h also with MPI: MPI=$(MPI)): $(SHARED_HEADERS) $(CPU_HEADERS)"
 
 clean:
-	rm -rf train_gpt test_gpt build
+	rm -rf train_gpt train_gpt_cu test_gpt build
 
 help:
 	@sed -n 's/^#   make/make/p' Makefile

@@ -32,6 +32,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("golden checkpoints", [PY, "tests/test_golden.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
+    ("CUDA trainer (emulated device) against the CPU",
+     [PY, "tests/test_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
 ]
 
 

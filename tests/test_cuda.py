@@ -1,0 +1,142 @@
+"""test_cuda.py: the CUDA trainer (train_gpt.cu) end to end, against the CPU trainer, on the tiny
+fixture model (L=2 C=32 NH=4 V=64: a cheap classifier, so the emulated device runs it in seconds).
+On machines without a GPU it runs the emulated build (build/emu/train_gpt: the same source
+compiled for dev/cuda_emu); on a GPU pass ./train_gpt_cu instead.
+  - fp32: 10 steps from the same weights and data as ./train_gpt: every step's loss within
+    LOSS_RTOL, the final weights within MODEL_RTOL (relative L2, test_gpt --compare-models);
+  - bf16: the losses within BF16_LOSS_RTOL of the CPU's;
+  - the same run twice, and a run resumed from its step-5 checkpoint: bitwise the same model
+    and optimizer state;
+  - checkpoints move between the backends: the CUDA trainer's step-5 checkpoint, resumed by
+    ./train_gpt, ends where ./train_gpt's own run ends (fp32 tolerances), and the other way round;
+  - --recompute (sqrt, 1, gelu, attn) trains to the bitwise same model as plain training;
+  - the memory measured after the first step equals the plan, byte for byte;
+  - what the GPU does not do yet (Adafactor, CAME, --offload) stops with a message.
+
+    python3 tests/test_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt
+
+Tolerances. fp32: the GPU sums in other orders than the CPU (cuBLAS GEMMs, block reductions), so
+results agree to rounding: about 1e-6 per step on the losses, growing over 10 AdamW steps; the
+weights are held to 1e-4 relative L2 as the issue asks (measured: see the printed distances).
+bf16: weights and activations rounded to 8 bits of mantissa: the losses within 2e-2.
+"""
+
+import glob
+import os
+import shutil
+import sys
+
+import e2e
+from e2e import ckpt, same_bytes, train_rows
+
+CUDA, TRAIN, TESTER = e2e.usage(sys.argv, ["./build/emu/train_gpt", "./train_gpt", "./test_gpt"])
+s = e2e.Suite("test_cuda", tester=TESTER, run_limit=300)
+FIX, W = s.fix, s.root
+STEPS = 10
+LOSS_RTOL = 1e-4
+MODEL_RTOL = 1e-4
+BF16_LOSS_RTOL = 2e-2
+
+BASE = ["-e", f"{FIX}/model.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k", "", "-b", "2", "-t", "16",
+        "-x", str(STEPS), "-u", "2", "-v", "0", "-s", "0", "-n", "5"]
+FP32 = ["--precision", "fp32"]
+
+
+def losses(run_dir):
+    return [row[1] for row in train_rows(run_dir)]
+
+
+def close(a, b, rtol):
+    return len(a) == len(b) and all(abs(x - y) <= rtol * abs(y) for x, y in zip(a, b))
+
+
+def worst(a, b):
+    return max((abs(x - y) / abs(y) for x, y in zip(a, b)), default=float("inf"))
+
+
+def models_close(name, a, b, rtol):
+    r = s.run([TESTER, "--compare-models", a, b, str(rtol)])
+    s.check(name, r.rc == 0, (r.out + r.err).strip()[:300])
+    print(f"     {r.out.strip()}")
+
+
+cpu, gpu = f"{W}/cpu", f"{W}/gpu_fp32"
+ran_cpu = s.expect_ok("CPU: 10 steps", [TRAIN] + BASE + ["-o", cpu])
+ran_gpu = s.expect_ok("CUDA fp32: 10 steps", [CUDA] + BASE + FP32 + ["-o", gpu])
+if ran_gpu:
+    s.check_memory("CUDA fp32: measured memory equals the plan", gpu)
+if ran_cpu and ran_gpu:
+    lc, lg = losses(cpu), losses(gpu)
+    s.check(f"CUDA fp32: the 10 losses within {LOSS_RTOL:g} of the CPU's", close(lg, lc, LOSS_RTOL),
+            f"worst relative difference {worst(lg, lc):.3g}: {lg} vs {lc}")
+    print(f"     worst relative loss difference {worst(lg, lc):.3g}")
+    models_close(f"CUDA fp32: final weights within {MODEL_RTOL:g} of the CPU's", ckpt(gpu, "model", STEPS, ".bin"),
+                 ckpt(cpu, "model", STEPS, ".bin"), MODEL_RTOL)
+
+# the same flags twice: bitwise the same files
+again = f"{W}/gpu_fp32_again"
+if ran_gpu and s.expect_ok("CUDA fp32: the same run again", [CUDA] + BASE + FP32 + ["-o", again]):
+    for kind, suffix in (("model", ".bin"), ("state", "_00000.bin")):
+        s.check(f"CUDA fp32: the same run twice writes the same {kind} file", same_bytes(ckpt(gpu, kind, STEPS, suffix),
+                ckpt(again, kind, STEPS, suffix)), "files differ")
+
+HALF = STEPS // 2
+
+
+def resume_half(name, src, resumer, flags):
+    """copies SRC's checkpoint of step HALF into a new folder and resumes it there with RESUMER
+    to step STEPS; returns the folder, or None if the run failed"""
+    d = f"{W}/{name.replace(' ', '_').replace(',', '')}"
+    os.makedirs(d)
+    for f in glob.glob(f"{src}/*_{HALF:08d}*") + glob.glob(f"{src}/DONE_{HALF:08d}"):
+        shutil.copy(f, d)
+    r = s.expect_ok(f"{name}: resumes from step {HALF}", [resumer] + BASE + flags + ["-o", d, "-y", "1"])
+    if r is None:
+        return None
+    s.check(f"{name}: starts at step {HALF}", f"at step {HALF}" in r.out, r.out[-300:])
+    return d
+
+
+# resume from step 5: bitwise the same end
+if ran_gpu:
+    d = resume_half("CUDA fp32 resume", gpu, CUDA, FP32)
+    if d:
+        for kind, suffix in (("model", ".bin"), ("state", "_00000.bin")):
+            s.check(f"CUDA fp32 resume: ends with the same {kind} file", same_bytes(ckpt(gpu, kind, STEPS, suffix),
+                    ckpt(d, kind, STEPS, suffix)), "files differ")
+
+# checkpoints move between the backends (the same file formats)
+if ran_cpu and ran_gpu:
+    for name, src, resumer, flags, want in (("CUDA checkpoint, CPU resume", gpu, TRAIN, [], cpu),
+                                            ("CPU checkpoint, CUDA resume", cpu, CUDA, FP32, gpu)):
+        d = resume_half(name, src, resumer, flags)
+        if d:
+            models_close(f"{name}: ends within {MODEL_RTOL:g} of the run that stayed on one backend",
+                         ckpt(d, "model", STEPS, ".bin"), ckpt(want, "model", STEPS, ".bin"), MODEL_RTOL)
+
+# bf16, the GPU's default
+bf16 = f"{W}/gpu_bf16"
+if s.expect_ok("CUDA bf16 (default precision): 10 steps", [CUDA] + BASE + ["-o", bf16]):
+    s.check_memory("CUDA bf16: measured memory equals the plan", bf16)
+    if ran_cpu:
+        lb, lc = losses(bf16), losses(cpu)
+        s.check(f"CUDA bf16: the losses within {BF16_LOSS_RTOL:g} of the CPU's fp32", close(lb, lc, BF16_LOSS_RTOL),
+                f"worst relative difference {worst(lb, lc):.3g}")
+        print(f"     worst relative loss difference {worst(lb, lc):.3g}")
+
+# activation checkpointing: the same arithmetic, bitwise the same model
+for policy in ("sqrt", "1", "gelu,attn", "1,gelu,attn"):
+    d = f"{W}/gpu_recompute_{policy.replace(',', '_')}"
+    if ran_gpu and s.expect_ok(f"CUDA fp32 --recompute {policy}", [CUDA] + BASE + FP32 + ["--recompute", policy, "-o", d]):
+        s.check(f"CUDA fp32 --recompute {policy}: model bitwise equal to plain",
+                same_bytes(ckpt(d, "model", STEPS, ".bin"), ckpt(gpu, "model", STEPS, ".bin")), "models differ")
+        s.check_memory(f"CUDA fp32 --recompute {policy}: measured memory equals the plan", d)
+
+# not on the GPU yet: a message, not a wrong answer
+s.expect_fail("CUDA: Adafactor is refused with a message", "--optimizer adafactor: not on the GPU yet",
+              [CUDA] + BASE + ["--optimizer", "adafactor", "-o", ""])
+s.expect_fail("CUDA: CAME is refused with a message", "--optimizer came: not on the GPU yet",
+              [CUDA] + BASE + ["--optimizer", "came", "-o", ""])
+s.expect_fail("CUDA: --offload is refused with a message", "--offload 1: not on the GPU yet",
+              [CUDA] + BASE + ["--offload", "1", "-o", ""])
+s.finish()

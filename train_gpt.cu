@@ -1,0 +1,686 @@
+/*
+train_gpt.cu: GPT-2 training on one NVIDIA GPU: the CUDA backend of the one training program
+(llmc/trainer.h). Everything around the model (flags, checks, the memory plan, checkpoints,
+resume, validation, sampling, the log and the loop) is the shared code the CPU trainer runs
+too; this file holds the model's tensors in device memory and calls the kernels of cuda/,
+each of which mirrors its CPU function in cpu/layers.h. Read it beside train_gpt.c: the
+same sections, in the same order, with the same names.
+
+Precision (--precision, default bf16): weights and activations in floatX (fp32 or bf16),
+fp32 master weights, fp32 weight gradients and optimizer state, fp32 sums everywhere (GEMMs
+accumulate in fp32). bf16 values are rounded to nearest-even once, where they are stored,
+so a run is deterministic: the same flags and seed give bitwise the same checkpoint.
+
+    make train_gpt_cu && ./train_gpt_cu -e d12 -b 16 -t 1024           # bf16
+    ./train_gpt_cu --precision fp32 -e tiny                              # compared with ./train_gpt
+    make build/emu/train_gpt && ./build/emu/train_gpt ...                # the same source, emulated on the CPU
+
+Not yet on the GPU (each stops with a message naming the flag): Adafactor and CAME,
+--offload, and more than one rank (--zero, mpirun): issues 9 and 10.
+*/
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llmc/trainer.h"
+#include "cuda/common.cuh"
+#include "cuda/encoder.cuh"
+#include "cuda/layernorm.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/gelu.cuh"
+#include "cuda/residual.cuh"
+#include "cuda/classifier.cuh"
+#include "cuda/adamw.cuh"
+#include "cuda/global_norm.cuh"
+#include "cuda/scale.cuh"
+
+// ----------------------------------------------------------------------------
+// device memory: the accounting allocator's categories in device and pinned host memory
+
+static void* device_alloc(size_t bytes) {
+    void* p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) { cudaGetLastError(); return NULL; }  // out of memory: mem_alloc says so
+    return p;
+}
+static void device_release(void* p) { CUDA_CHECK(cudaFree(p)); }
+static void* pinned_alloc(size_t bytes) {
+    void* p = NULL;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) { cudaGetLastError(); return NULL; }
+    return p;
+}
+static void pinned_release(void* p) { CUDA_CHECK(cudaFreeHost(p)); }
+static const MemAllocator MEM_DEVICE = {device_alloc, device_release, "GPU memory"};
+static const MemAllocator MEM_PINNED = {pinned_alloc, pinned_release, "pinned host memory"};
+
+// what lives on the GPU; the data loaders' and the sampler's buffers stay in host memory, the
+// host copies are pinned (fast copies for checkpoints)
+static void use_device_memory(void) {
+    const MemCategory on_device[] = {MEM_PARAMETERS, MEM_GRADIENTS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_ACT_GRADIENTS};
+    for (size_t i = 0; i < sizeof(on_device) / sizeof(on_device[0]); i++) { mem_set_allocator(on_device[i], MEM_DEVICE); }
+    mem_set_allocator(MEM_HOST_COPIES, MEM_PINNED);
+}
+
+// ----------------------------------------------------------------------------
+// parameters: the 16 tensors in checkpoint order, of type T (fp32 master, floatX working copy)
+
+template <typename T>
+struct Params {
+    T *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb, *lnfw, *lnfb;
+};
+
+template <typename T>
+static void point_params(Params<T>* p, T* memory, const GPT2Config* cfg) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, cfg);
+    T** ptrs[NUM_PARAMETER_TENSORS] = {
+        &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
+        &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
+    };
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { *ptrs[i] = memory; memory += sizes[i]; }
+}
+
+// one layer's slice of the per-layer tensors
+template <typename T>
+struct LayerParams {
+    T *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+
+template <typename T>
+static LayerParams<T> layer_params(const Params<T>* p, int l, int C) {
+    size_t c = C;
+    LayerParams<T> lp = {
+        p->ln1w + l * c, p->ln1b + l * c, p->qkvw + l * 3 * c * c, p->qkvb + l * 3 * c,
+        p->attprojw + l * c * c, p->attprojb + l * c, p->ln2w + l * c, p->ln2b + l * c,
+        p->fcw + l * 4 * c * c, p->fcb + l * 4 * c, p->fcprojw + l * 4 * c * c, p->fcprojb + l * c,
+    };
+    return lp;
+}
+
+// ----------------------------------------------------------------------------
+// activations: the CPU's tensors (train_gpt.c: LayerActs), LayerNorm statistics in fp32
+
+template <typename floatX>
+struct LayerActs {
+    floatX* ln1;       // (B,T,C)
+    float* ln1_mean;   // (B,T)
+    float* ln1_rstd;   // (B,T)
+    floatX* qkv;       // (B,T,3C)
+    floatX* atty;      // (B,T,C)
+    floatX* att;       // (B,NH,T,T); --recompute attn: shared
+    floatX* residual2; // (B,T,C)
+    floatX* ln2;       // (B,T,C)
+    float* ln2_mean;   // (B,T)
+    float* ln2_rstd;   // (B,T)
+    floatX* fch;       // (B,T,4C)
+    floatX* fch_gelu;  // (B,T,4C); --recompute gelu: shared
+    floatX* residual3; // (B,T,C)
+};
+#define NUM_LAYER_ACTS 13
+
+// the bytes of each tensor of one layer's block (16-byte multiples, so every tensor is aligned
+// for Packed128), floatX of elem bytes; selective recompute keeps no GELU output and no
+// attention weights in the block
+#define TENSOR_ALIGN 16
+static size_t align_up(size_t bytes) { return (bytes + TENSOR_ALIGN - 1) / TENSOR_ALIGN * TENSOR_ALIGN; }
+
+static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
+    size_t BT = (size_t)B * T, F = sizeof(float);
+    size_t att = pol->attn ? 0 : (size_t)B * NH * T * T, gelu = pol->gelu ? 0 : BT * 4 * C;
+    size_t sizes[NUM_LAYER_ACTS] = {
+        BT * C * elem, BT * F, BT * F, BT * 3 * C * elem, BT * C * elem, att * elem, BT * C * elem,
+        BT * C * elem, BT * F, BT * F, BT * 4 * C * elem, gelu * elem, BT * C * elem,
+    };
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { s[i] = align_up(sizes[i]); }
+}
+
+static size_t layer_block_bytes(int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
+    size_t s[NUM_LAYER_ACTS], total = 0;
+    layer_act_bytes(s, B, T, C, NH, elem, pol);
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { total += s[i]; }
+    return total;
+}
+
+// points a's tensors into memory (bytes); returns the block's bytes
+template <typename floatX>
+static size_t point_layer_acts(LayerActs<floatX>* a, char* memory, int B, int T, int C, int NH, const ActPolicy* pol) {
+    size_t s[NUM_LAYER_ACTS], total = 0;
+    layer_act_bytes(s, B, T, C, NH, sizeof(floatX), pol);
+    void** ptrs[NUM_LAYER_ACTS] = {
+        (void**)&a->ln1, (void**)&a->ln1_mean, (void**)&a->ln1_rstd, (void**)&a->qkv, (void**)&a->atty,
+        (void**)&a->att, (void**)&a->residual2, (void**)&a->ln2, (void**)&a->ln2_mean, (void**)&a->ln2_rstd,
+        (void**)&a->fch, (void**)&a->fch_gelu, (void**)&a->residual3,
+    };
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { *ptrs[i] = memory + total; total += s[i]; }
+    return total;
+}
+
+// the head: final LayerNorm output (B,T,C) floatX and its statistics (B,T) fp32, the logits
+// (B,T,Vp) floatX (backward turns them into their gradient in place), the losses and the
+// softmax's row maximum and sum (B,T each, fp32)
+#define NUM_HEAD_ACTS 7
+static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int C, int Vp, size_t elem) {
+    size_t BT = (size_t)B * T, F = sizeof(float);
+    size_t sizes[NUM_HEAD_ACTS] = {BT * C * elem, BT * F, BT * F, BT * Vp * elem, BT * F, BT * F, BT * F};
+    for (int i = 0; i < NUM_HEAD_ACTS; i++) { s[i] = align_up(sizes[i]); }
+}
+
+// backward's buffers, one layer's worth (the CPU's BackwardBuffers), floatX
+#define NUM_BACKWARD_BUFFERS 6
+static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, size_t elem) {
+    size_t BTC = (size_t)B * T * C;
+    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTC, 4 * BTC, 4 * BTC, (size_t)B * NH * T * T};
+    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { s[i] = align_up(sizes[i] * elem); }
+}
+
+// the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities
+// (sampling), the reduction scratch of the deterministic gradient kernels (fp32), the
+// attention's (floatX), the global norm's (doubles, and the result) and cuBLASLt's workspace
+typedef struct { size_t batch, probs, reduce, attention, norm, matmul; } ScratchBytes;
+
+static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem) {
+    int C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t BT = (size_t)B * T, F = sizeof(float);
+    size_t reduce = layernorm_backward_scratch_floats(B, T, C);
+    const int ocs[4] = {3 * C, C, 4 * C, Vp};  // every matmul's output channels
+    for (int i = 0; i < 4; i++) {
+        size_t r = matmul_backward_scratch_floats(B, T, ocs[i]);
+        if (r > reduce) { reduce = r; }
+    }
+    ScratchBytes s = {align_up(2 * BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
+                      align_up(attention_scratch_floats(B, T, C, NH) * elem),
+                      align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
+                      MATMUL_WORKSPACE_BYTES};
+    return s;
+}
+
+static size_t scratch_total(const ScratchBytes* s) { return s->batch + s->probs + s->reduce + s->attention + s->norm + s->matmul; }
+
+static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof(__nv_bfloat16) : sizeof(float); }
+
+// ----------------------------------------------------------------------------
+// the model
+
+template <typename floatX>
+struct Model {
+    GPT2Config config;
+    size_t num_parameters;
+    float* master_memory;         // (P) fp32 master weights: what the optimizer updates and checkpoints hold
+    Params<float> master;
+    floatX* weights_memory;       // (P) the working weights the kernels read: master itself (fp32) or a bf16 copy
+    Params<floatX> weights;
+    float* grads_memory;          // (P) fp32
+    Params<float> grads;
+    float* opt_memory;            // optimizer state (opt_layout.h's layout), fp32
+    size_t opt_floats;
+    OptimizerKind optimizer;
+    ActPolicy act;
+    // activations: the embeddings, the working set of layer blocks (act_policy.h), shared
+    // GELU / attention buffers, kept segment inputs, the head
+    char* acts_memory;
+    floatX* encoded;              // (B,T,C)
+    LayerActs<floatX>* slots;     // [act_num_slots]
+    floatX* gelu_shared;          // (B,T,4C) --recompute gelu, else NULL
+    floatX* att_shared;           // (B,NH,T,T) --recompute attn, else NULL
+    floatX** seg_inputs;          // [segments] checkpointing: each segment's input; [0] = encoded
+    floatX* lnf;                  // (B,T,C)
+    float *lnf_mean, *lnf_rstd;   // (B,T)
+    floatX* logits;               // (B,T,Vp) logits; backward turns them into their gradient in place
+    float *losses, *row_max, *row_sum;  // (B,T)
+    // backward's buffers
+    char* bwd_memory;
+    floatX *dresidual, *dbtc, *dqkv, *dfch_gelu, *dfch, *datt;
+    // scratch
+    char* scratch_memory;
+    int *inputs, *targets;        // (B,T) the batch on the GPU
+    float* probs;                 // (Vp) one position's probabilities (sampling)
+    float* reduce_scratch;        // the deterministic reductions' partial sums
+    floatX* attention_scratch;
+    double* norm_scratch;         // global norm partial sums; the last double is the result
+    // host: copies for checkpoints, one row of probabilities, the losses of a forward
+    float* host_params;           // (P)
+    float* host_opt;              // (opt_floats)
+    float* host_probs;            // (Vp)
+    float* host_losses;           // (B,T)
+    int batch_size, seq_len;      // the (B,T) the activations were sized for
+    MatmulContext matmul;
+    cudaStream_t stream;
+};
+
+struct GPT2 {
+    Precision precision;
+    Model<float>* f32;            // one of the two, as --precision says
+    Model<__nv_bfloat16>* bf16;
+};
+
+// carves n bytes from *p and returns them as T*
+template <typename T>
+static T* carve(char** p, size_t bytes) {
+    T* t = (T*)*p;
+    *p += bytes;
+    return t;
+}
+
+// the working-set buffer layer l computes into
+template <typename floatX>
+static LayerActs<floatX>* act_layer(Model<floatX>* m, int l) {
+    return &m->slots[act_slot_of(&m->act, m->config.num_layers, l)];
+}
+
+// layer l's input, while l's block is in the working set; l == L: the last block's output
+template <typename floatX>
+static const floatX* layer_input(Model<floatX>* m, int l) {
+    if (l == 0) { return m->encoded; }
+    int k = m->act.segment;
+    if (k > 0 && l % k == 0 && l < m->config.num_layers) { return m->seg_inputs[l / k]; }
+    return act_layer(m, l - 1)->residual3;
+}
+
+// ----------------------------------------------------------------------------
+// allocation
+
+template <typename floatX>
+static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* pol) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t elem = sizeof(floatX), R = align_up((size_t)B * T * C * elem);
+    int slots = act_num_slots(pol, L), segments = act_num_segments(pol, L);
+    int seg_kept = pol->segment > 0 ? segments - 1 : 0;
+    size_t layer = layer_block_bytes(B, T, C, NH, elem, pol);
+    size_t gelu = pol->gelu ? align_up((size_t)B * T * 4 * C * elem) : 0;
+    size_t att = pol->attn ? align_up((size_t)B * NH * T * T * elem) : 0;
+    size_t hs[NUM_HEAD_ACTS], head = 0;
+    head_act_bytes(hs, B, T, C, Vp, elem);
+    for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
+    size_t total = R + slots * layer + gelu + att + seg_kept * R + head;
+    m->acts_memory = (char*)mem_alloc(MEM_ACTIVATIONS, total);
+    m->slots = (LayerActs<floatX>*)malloc_check(slots * sizeof(LayerActs<floatX>));  // pointers only, not counted
+    m->seg_inputs = (floatX**)malloc_check(segments * sizeof(floatX*));
+    char* p = m->acts_memory;
+    m->encoded = carve<floatX>(&p, R);
+    for (int i = 0; i < slots; i++) { p += point_layer_acts(&m->slots[i], p, B, T, C, NH, pol); }
+    m->gelu_shared = pol->gelu ? carve<floatX>(&p, gelu) : NULL;
+    m->att_shared = pol->attn ? carve<floatX>(&p, att) : NULL;
+    for (int i = 0; i < slots; i++) {
+        if (pol->gelu) { m->slots[i].fch_gelu = m->gelu_shared; }
+        if (pol->attn) { m->slots[i].att = m->att_shared; }
+    }
+    m->seg_inputs[0] = m->encoded;
+    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = carve<floatX>(&p, R); }
+    m->lnf = carve<floatX>(&p, hs[0]);
+    m->lnf_mean = carve<float>(&p, hs[1]);
+    m->lnf_rstd = carve<float>(&p, hs[2]);
+    m->logits = carve<floatX>(&p, hs[3]);
+    m->losses = carve<float>(&p, hs[4]);
+    m->row_max = carve<float>(&p, hs[5]);
+    m->row_sum = carve<float>(&p, hs[6]);
+}
+
+template <typename floatX>
+static void alloc_backward_and_scratch(Model<floatX>* m, int B, int T) {
+    const GPT2Config* c = &m->config;
+    size_t bs[NUM_BACKWARD_BUFFERS], btotal = 0;
+    backward_buffer_bytes(bs, B, T, c->channels, c->num_heads, sizeof(floatX));
+    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { btotal += bs[i]; }
+    m->bwd_memory = (char*)mem_alloc(MEM_ACT_GRADIENTS, btotal);
+    char* p = m->bwd_memory;
+    floatX** bptrs[NUM_BACKWARD_BUFFERS] = {&m->dresidual, &m->dbtc, &m->dqkv, &m->dfch_gelu, &m->dfch, &m->datt};
+    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { *bptrs[i] = carve<floatX>(&p, bs[i]); }
+    ScratchBytes sb = scratch_bytes(c, B, T, sizeof(floatX));
+    m->scratch_memory = (char*)mem_alloc_from(MEM_SCRATCH, &MEM_DEVICE, scratch_total(&sb));
+    p = m->scratch_memory;
+    m->inputs = carve<int>(&p, sb.batch / 2);
+    m->targets = carve<int>(&p, sb.batch / 2);
+    m->probs = carve<float>(&p, sb.probs);
+    m->reduce_scratch = carve<float>(&p, sb.reduce);
+    m->attention_scratch = carve<floatX>(&p, sb.attention);
+    m->norm_scratch = carve<double>(&p, sb.norm);
+    matmul_context_init(&m->matmul, carve<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
+}
+
+template <typename floatX>
+static Model<floatX>* model_create(const ModelSetup* s) {
+    Model<floatX>* m = (Model<floatX>*)malloc_check(sizeof(Model<floatX>));
+    memset(m, 0, sizeof(*m));
+    const GPT2Config* c = &s->config;
+    size_t P = gpt2_num_parameters(c), BT = (size_t)s->B * s->T;
+    m->config = *c;
+    m->num_parameters = P;
+    m->optimizer = s->optimizer;
+    m->act = s->act;
+    m->batch_size = s->B;
+    m->seq_len = s->T;
+    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    // weights: fp32 master, and for bf16 a working copy
+    m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, P * sizeof(float));
+    point_params(&m->master, m->master_memory, c);
+    m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
+                                                        : (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
+    point_params(&m->weights, m->weights_memory, c);
+    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, P * sizeof(float));
+    point_params(&m->grads, m->grads_memory, c);
+    CUDA_CHECK(cudaMemset(m->grads_memory, 0, P * sizeof(float)));
+    m->opt_floats = optimizer_state_floats(c, s->optimizer, s->use_beta1, 1);
+    m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
+    CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
+    alloc_activations(m, s->B, s->T, &s->act);
+    alloc_backward_and_scratch(m, s->B, s->T);
+    m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
+    m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
+    memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
+    m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
+    m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
+    return m;
+}
+
+template <typename floatX>
+static void model_destroy(Model<floatX>* m) {
+    if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
+    void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->acts_memory, m->bwd_memory,
+                      m->scratch_memory, m->host_params, m->host_opt, m->host_probs, m->host_losses};
+    for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
+    free(m->slots);
+    free(m->seg_inputs);
+    matmul_context_free(&m->matmul);
+    CUDA_CHECK(cudaStreamDestroy(m->stream));
+    free(m);
+}
+
+// ----------------------------------------------------------------------------
+// one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that)), as train_gpt.c's
+
+template <typename floatX>
+static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p, int B, int T) {
+    int C = m->config.channels, NH = m->config.num_heads;
+    size_t BTC = (size_t)B * T * C;
+    const MatmulContext* mc = &m->matmul;
+    cudaStream_t s = m->stream;
+    layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s);
+    matmul_forward_cuda(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C, mc, s);
+    attention_forward_cuda(a->atty, a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s);
+    matmul_forward_cuda(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C, mc, s);
+    residual_forward_cuda(a->residual2, x, a->residual2, BTC, s);  // in place: residual2 = x + projection
+    layernorm_forward_cuda(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C, s);
+    matmul_forward_cuda(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C, mc, s);
+    gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s);
+    matmul_forward_cuda(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C, mc, s);
+    residual_forward_cuda(a->residual3, a->residual2, a->residual3, BTC, s);
+}
+
+// on entry m->dresidual holds d(block output); on exit d(block input) (x). Weight gradients
+// (fp32) accumulate into g. Selective recompute first runs the GELU and the attention softmax
+// again into their shared buffers.
+template <typename floatX>
+static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p,
+                           const LayerParams<float>* g, int B, int T) {
+    int C = m->config.channels, NH = m->config.num_heads;
+    size_t BTC = (size_t)B * T * C, X = sizeof(floatX);
+    const MatmulContext* mc = &m->matmul;
+    cudaStream_t s = m->stream;
+    float* scratch = m->reduce_scratch;
+    if (m->act.gelu) { gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s); }
+    // MLP branch; the residual passes dresidual through unchanged, so it stays in place
+    CUDA_CHECK(cudaMemsetAsync(m->dfch_gelu, 0, BTC * 4 * X, s));
+    matmul_backward_cuda(m->dfch_gelu, g->fcprojw, g->fcprojb, m->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C, scratch, mc, s);
+    CUDA_CHECK(cudaMemsetAsync(m->dfch, 0, BTC * 4 * X, s));
+    gelu_backward_cuda(m->dfch, a->fch, m->dfch_gelu, BTC * 4, s);
+    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
+    matmul_backward_cuda(m->dbtc, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s);
+    layernorm_backward_cuda(m->dresidual, g->ln2w, g->ln2b, m->dbtc, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C, scratch, s);
+    // attention branch
+    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
+    matmul_backward_cuda(m->dbtc, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc, s);
+    CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BTC * 3 * X, s));
+    if (m->act.attn) { attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
+    attention_backward_cuda(m->dqkv, m->datt, m->dbtc, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
+    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
+    matmul_backward_cuda(m->dbtc, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s);
+    layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, m->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
+}
+
+// ----------------------------------------------------------------------------
+// the whole model
+
+// layers first..last forward from x into the working set; with store, the schedule's
+// (act_policy.h) segment inputs are kept
+template <typename floatX>
+static void forward_layers(Model<floatX>* m, int first, int last, const floatX* x, int B, int T, int store) {
+    int C = m->config.channels, L = m->config.num_layers;
+    for (int l = first; l <= last; l++) {
+        LayerParams<floatX> lp = layer_params(&m->weights, l, C);
+        LayerActs<floatX>* la = act_layer(m, l);
+        block_forward(m, la, x, &lp, B, T);
+        ActStore st = act_after_forward(&m->act, L, l);
+        if (store && st.segment_input >= 0) {
+            CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, (size_t)B * T * C * sizeof(floatX),
+                                       cudaMemcpyDeviceToDevice, m->stream));
+        }
+        x = la->residual3;
+    }
+}
+
+// before layer l's backward: as the schedule says, a segment's forward again (offload is not
+// on the GPU yet: gpt2_check_setup refuses it)
+template <typename floatX>
+static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
+    ActBackwardPlan bp = act_before_backward(&m->act, m->config.num_layers, l);
+    if (bp.recompute_segment >= 0) {
+        forward_layers(m, bp.recompute_first, bp.recompute_last, m->seg_inputs[bp.recompute_segment], B, T, 0);
+    }
+}
+
+// the mean of the (B,T) losses, added on the host in the CPU's order
+template <typename floatX>
+static float mean_loss(Model<floatX>* m, int B, int T) {
+    size_t BT = (size_t)B * T;
+    CUDA_CHECK(cudaMemcpyAsync(m->host_losses, m->losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) { sum += m->host_losses[i]; }
+    return (float)(sum / BT);
+}
+
+template <typename floatX>
+static float model_forward(Model<floatX>* m, const int* inputs, const int* targets, int B, int T) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
+    size_t BT = (size_t)B * T;
+    cudaStream_t s = m->stream;
+    CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
+    if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
+    encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
+    forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
+    layernorm_forward_cuda(m->lnf, m->lnf_mean, m->lnf_rstd, layer_input(m, L), m->weights.lnfw, m->weights.lnfb, B, T, C, s);
+    matmul_forward_cuda(m->logits, m->lnf, m->weights.wte, (const floatX*)NULL, B, T, C, Vp, &m->matmul, s);
+    classifier_forward_cuda(m->losses, m->row_max, m->row_sum, m->logits, targets ? m->targets : (const int*)NULL, B, T, V, Vp, s);
+    return targets != NULL ? mean_loss(m, B, T) : -1.0f;
+}
+
+template <typename floatX>
+static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    size_t BTC = (size_t)B * T * C, X = sizeof(floatX);
+    cudaStream_t s = m->stream;
+    classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
+    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
+    matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch, &m->matmul, s);
+    CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, BTC * X, s));
+    layernorm_backward_cuda(m->dresidual, m->grads.lnfw, m->grads.lnfb, m->dbtc, layer_input(m, L), m->weights.lnfw,
+                            m->lnf_mean, m->lnf_rstd, B, T, C, m->reduce_scratch, s);
+    for (int l = L - 1; l >= 0; l--) {
+        prepare_backward(m, l, B, T);
+        LayerParams<floatX> lp = layer_params(&m->weights, l, C);
+        LayerParams<float> lg = layer_params(&m->grads, l, C);
+        block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
+    }
+    encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, m->inputs, B, T, C, s);
+}
+
+// global L2 norm of the fp32 gradients (a fixed-order sum in double)
+template <typename floatX>
+static float model_grad_norm(Model<floatX>* m) {
+    double* result = m->norm_scratch;
+    global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
+    double sum;
+    CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    return (float)sqrt(sum);
+}
+
+// clips the gradients and takes one AdamW step per slice, as cpu/optimizers.h (weight decay on
+// the 2-D weights only, the padded wte rows never touched); then the working weights follow
+template <typename floatX>
+static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
+    float clip = s->grad_clip > 0.0f && grad_norm > s->grad_clip ? s->grad_clip / grad_norm : 1.0f;
+    if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->num_parameters, m->stream); }
+    const AdamWHyper* h = &s->hyper.adamw;
+    ParamSlice* slices = param_slices_alloc(&m->config);
+    float* st = m->opt_memory;
+    for (int k = 0; k < param_slice_count(&m->config); k++) {
+        size_t offset;
+        OptShard sh = slice_shard(&slices[k], &OPT_UNSHARDED, &offset);
+        size_t n = (size_t)sh.rows * sh.cols, off = slices[k].offset + offset;
+        double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? h->weight_decay : 0.0;
+        adamw_update_cuda(m->master_memory + off, m->grads_memory + off, st, st + sh.state_units * sh.width, n,
+                          (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, s->t, m->stream);
+        st += slice_state_floats(OPT_ADAMW, &sh, 0);
+    }
+    free(slices);
+    if ((void*)m->weights_memory != (void*)m->master_memory) {
+        copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->num_parameters, m->stream);
+    }
+}
+
+template <typename floatX>
+static void model_sync(Model<floatX>* m, SyncDirection dir) {
+    size_t P = m->num_parameters;
+    if (dir == SYNC_TO_HOST) {
+        CUDA_CHECK(cudaMemcpyAsync(m->host_params, m->master_memory, P * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+        CUDA_CHECK(cudaMemcpyAsync(m->host_opt, m->opt_memory, m->opt_floats * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(m->master_memory, m->host_params, P * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+        CUDA_CHECK(cudaMemcpyAsync(m->opt_memory, m->host_opt, m->opt_floats * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+        if ((void*)m->weights_memory != (void*)m->master_memory) {
+            copy_to_floatX_cuda(m->weights_memory, m->master_memory, P, m->stream);
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
+template <typename floatX>
+static const float* model_probs(Model<floatX>* m, int position) {
+    const GPT2Config* c = &m->config;
+    softmax_row_cuda(m->probs, m->logits, m->row_max, m->row_sum, position, c->vocab_size, c->padded_vocab_size, m->stream);
+    CUDA_CHECK(cudaMemcpyAsync(m->host_probs, m->probs, (size_t)c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    return m->host_probs;
+}
+
+// ----------------------------------------------------------------------------
+// the backend interface (llmc/trainer.h): each call goes to the model of the run's precision
+
+const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
+Precision gpt2_default_precision(void) { return PRECISION_BF16; }
+
+// what the GPU does not do yet stops here, before anything is allocated
+void gpt2_check_setup(const ModelSetup* s) {
+    if (s->optimizer != OPT_ADAMW) {
+        fail("--optimizer %s: not on the GPU yet (the CUDA backend has AdamW; Adafactor and CAME come with issue 9)\n"
+             "  hint: --optimizer adamw, or train with ./train_gpt (the CPU has all three)", OPTIMIZER_NAMES[s->optimizer]);
+    }
+    if (s->act.offload) {
+        fail("--offload 1: not on the GPU yet (activation offload over copy streams is issue 10)\n"
+             "  hint: --recompute sqrt saves more memory meanwhile; or train with ./train_gpt");
+    }
+    if (s->dist.world > 1 || s->zero != ZERO_REPLICATED) {
+        fail("%d ranks, --zero %d: one GPU only for now (NCCL and ZeRO-1 on the GPU are issue 10)\n"
+             "  hint: run one process; ./train_gpt trains data-parallel over MPI", s->dist.world, (int)s->zero);
+    }
+}
+
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision) {
+    int C = c->channels, NH = c->num_heads;
+    size_t X = precision_bytes(precision), F = sizeof(float);
+    const ActPolicy gelu = {0, 1, 0, 0}, attn = {0, 0, 1, 0};
+    size_t layer = layer_block_bytes(B, T, C, NH, X, &ACT_KEEP_ALL);
+    size_t hs[NUM_HEAD_ACTS], head = 0, bs[NUM_BACKWARD_BUFFERS], backward = 0;
+    head_act_bytes(hs, B, T, C, c->padded_vocab_size, X);
+    for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
+    backward_buffer_bytes(bs, B, T, C, NH, X);
+    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bs[i]; }
+    ScratchBytes sb = scratch_bytes(c, B, T, X);
+    size_t host_scratch = ((size_t)c->padded_vocab_size + (size_t)B * T) * F;  // host: a row of probabilities, the losses
+    BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
+                       layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
+                       precision == PRECISION_BF16 ? "2(13BTC + B NH T^2) + 4(4BT)" : "4(16BTC + 4BT + B NH T^2)",
+                       precision == PRECISION_BF16 ? "2(13BTC + B NH T^2)" : "4(13BTC + B NH T^2)",
+                       scratch_total(&sb) + host_scratch, F, 1};
+    return l;
+}
+
+GPT2* gpt2_create(const ModelSetup* s) {
+    int devices = 0;
+    cudaError_t e = cudaGetDeviceCount(&devices);
+    if (e != cudaSuccess || devices == 0) {
+        fail("no CUDA GPU: %s\n  hint: check nvidia-smi and CUDA_VISIBLE_DEVICES, or train on the CPU with ./train_gpt",
+             e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+    }
+    use_device_memory();
+    GPT2* m = (GPT2*)malloc_check(sizeof(GPT2));
+    memset(m, 0, sizeof(*m));
+    m->precision = s->precision;
+    if (s->precision == PRECISION_BF16) { m->bf16 = model_create<__nv_bfloat16>(s); } else { m->f32 = model_create<float>(s); }
+    return m;
+}
+
+void gpt2_destroy(GPT2* m) {
+    if (m->bf16) { model_destroy(m->bf16); } else { model_destroy(m->f32); }
+    free(m);
+}
+
+HostView gpt2_host_view(GPT2* m) {
+    HostView h;
+    if (m->bf16) { HostView v = {m->bf16->host_params, m->bf16->host_opt, m->bf16->opt_floats}; h = v; }
+    else { HostView v = {m->f32->host_params, m->f32->host_opt, m->f32->opt_floats}; h = v; }
+    return h;
+}
+
+void gpt2_sync(GPT2* m, SyncDirection dir) {
+    if (m->bf16) { model_sync(m->bf16, dir); } else { model_sync(m->f32, dir); }
+}
+
+float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
+    return m->bf16 ? model_forward(m->bf16, inputs, targets, B, T) : model_forward(m->f32, inputs, targets, B, T);
+}
+
+const float* gpt2_probs(GPT2* m, int position) {
+    return m->bf16 ? model_probs(m->bf16, position) : model_probs(m->f32, position);
+}
+
+void gpt2_zero_grad(GPT2* m) {
+    if (m->bf16) { CUDA_CHECK(cudaMemsetAsync(m->bf16->grads_memory, 0, m->bf16->num_parameters * sizeof(float), m->bf16->stream)); }
+    else { CUDA_CHECK(cudaMemsetAsync(m->f32->grads_memory, 0, m->f32->num_parameters * sizeof(float), m->f32->stream)); }
+}
+
+void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    (void)inputs; (void)targets;  // on the GPU since the forward
+    if (m->bf16) { model_backward(m->bf16, B, T, loss_scale); } else { model_backward(m->f32, B, T, loss_scale); }
+}
+
+void gpt2_reduce_grads(GPT2* m) { (void)m; }  // one GPU (gpt2_check_setup)
+
+float gpt2_grad_norm(GPT2* m) { return m->bf16 ? model_grad_norm(m->bf16) : model_grad_norm(m->f32); }
+
+void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
+    if (m->bf16) { model_update(m->bf16, s, grad_norm); } else { model_update(m->f32, s, grad_norm); }
+}
+
+int main(int argc, char** argv) {
+    return train_main(argc, argv);
+}
