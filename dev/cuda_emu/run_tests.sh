@@ -73,6 +73,11 @@ run "catches, CUDA_EMU_THREAD_ORDER=shuffle CUDA_EMU_STREAMS=late" \
     CUDA_EMU_THREAD_ORDER=shuffle CUDA_EMU_STREAMS=late -- $BIN/test_catches
 expect_error "a barrier one thread skipped stops the program, naming the kernel" \
     "kernel 'deadlock_kernel' (launched at" $BIN/test_catches deadlock
+expect_error "two halves of a warp at different shuffles stop the program, naming both" \
+    "__shfl_down_sync at dev/cuda_emu/tests/test_catches.cu:[0-9]* (lane [0-9]*): lane 0 waits at a different collective, __shfl_xor_sync at dev/cuda_emu/tests/test_catches.cu" \
+    $BIN/test_catches shuffle-mismatch
+expect_error "a shuffle whose mask names a lane that returned stops the program" \
+    "lane 0 of the mask has already exited" $BIN/test_catches shuffle-exited
 run "nccl, 1 rank" -- $BIN/test_nccl
 if command -v mpirun > /dev/null; then
     MPIRUN=(mpirun --oversubscribe -np 2)
