@@ -64,6 +64,9 @@ run "gemm: cuBLAS and cuBLASLt against a naive loop" -- $BIN/test_gemm
 for mode in inorder early late; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 done
+run "runtime, CUDA_EMU_SMS=132 (an H100's count)" CUDA_EMU_SMS=132 -- $BIN/test_runtime
+expect_error "a CUDA_EMU_SMS that is no SM count stops at the first CUDA call" \
+    "CUDA_EMU_SMS='0': expected a number of SMs from 1 to" env CUDA_EMU_SMS=0 $BIN/test_runtime
 run "layers vs llmc/cpu_layers.h" -- $BIN/test_layers
 run "layers, reverse thread order, late streams" CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late -- $BIN/test_layers
 run "catches, default modes" -- $BIN/test_catches
