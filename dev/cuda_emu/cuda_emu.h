@@ -9,7 +9,8 @@ What it provides to kernels, in the order of this file:
   - threadIdx, blockIdx, blockDim, gridDim, warpSize;
   - barriers (__syncthreads, __syncwarp), warp shuffles, votes, atomics;
   - device-only math, load/store and bf16 intrinsics that the headers give no host version of;
-  - emu_launch(), the target of the rewritten kernel<<<...>>>(...) launches.
+  - emu_launch() and EMU_KERNEL(), the target of the rewritten kernel<<<...>>>(...) launches, for
+    plain kernels and templates alike (template arguments written out or deduced).
 
 Invariants:
   - the threads of a block are fibers on one OS thread (emu_kernel.cpp); exactly one runs at a time
@@ -273,7 +274,8 @@ struct emu_launch_config {
 };
 
 // checks the configuration (errors go to cudaGetLastError, as with a real launch) and enqueues
-// the grid on its stream; body runs the kernel once for the fiber that calls it
+// the grid on its stream; body runs the kernel once for the fiber that calls it; kernel is the
+// function's address, nullptr when its template arguments are deduced at the launch
 void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& config, const void* kernel,
                         std::function<void()> body);
 
@@ -283,13 +285,53 @@ cudaError_t cudaFuncSetAttribute(T* kernel, enum cudaFuncAttribute attr, int val
     return cudaFuncSetAttribute((const void*)kernel, attr, value);
 }
 
-template <typename... Params, typename... Args>
-void emu_launch(const emu_launch_site& site, const emu_launch_config& config, void (*kernel)(Params...),
+// Which function a launch names. rewrite.py passes every kernel expression through EMU_KERNEL(k),
+// which gives emu_launch two things:
+//   - EMU_KERNEL_POINTER(k): the kernel's address when k names one function (a plain kernel, a
+//     template with its arguments written out, kernel<float>, or a function pointer), else an
+//     emu_deduced_kernel: k is a template whose arguments the launch's own arguments decide (or an
+//     overloaded kernel), which has no address until it is called;
+//   - a lambda that calls k with the stored arguments, so that C++ deduces the template arguments
+//     from them as nvcc does from the launch's arguments.
+// The pointer is found by overload resolution: the first lambda below exists only when k converts
+// to one function pointer (substitution fails for a template name), else the second one is chosen.
+struct emu_deduced_kernel {};
+template <typename Tag, typename F> F* emu_single_function(F* f) { return f; }
+struct emu_any_tag { emu_any_tag(int) {} };  // a worse match for 0 than int: the fallback
+template <typename First, typename Fallback> struct emu_first_of : First, Fallback {
+    using First::operator();
+    using Fallback::operator();
+};
+template <typename First, typename Fallback> emu_first_of(First, Fallback) -> emu_first_of<First, Fallback>;
+
+#define EMU_KERNEL_POINTER(...)                                                                              \
+    (emu_first_of{[=](auto tag) -> decltype(emu_single_function<decltype(tag)>(__VA_ARGS__)) { return __VA_ARGS__; }, \
+                  [](emu_any_tag) { return emu_deduced_kernel{}; }}(0))
+#define EMU_KERNEL(...) EMU_KERNEL_POINTER(__VA_ARGS__), [=](auto&... emu_args) { __VA_ARGS__(emu_args...); }
+
+// a kernel with an address: its arguments are copied now, converted to the parameter types, as a
+// real launch does (with fewer arguments than parameters, the call supplies the defaults)
+template <typename... Params, typename Call, typename... Args>
+void emu_launch(const emu_launch_site& site, const emu_launch_config& config, void (*kernel)(Params...), Call call,
                 Args&&... args) {
-    static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong number of arguments");
-    // the arguments are copied now, converted to the parameter types, as a real launch does
-    auto params = std::make_shared<std::tuple<typename std::decay<Params>::type...>>(std::forward<Args>(args)...);
-    emu_enqueue_kernel(site, config, (const void*)kernel, [kernel, params]() { std::apply(kernel, *params); });
+    if constexpr (sizeof...(Params) == sizeof...(Args)) {
+        auto params = std::make_shared<std::tuple<typename std::decay<Params>::type...>>(std::forward<Args>(args)...);
+        emu_enqueue_kernel(site, config, (const void*)kernel, [kernel, params]() { std::apply(kernel, *params); });
+    } else {
+        auto params = std::make_shared<std::tuple<typename std::decay<Args>::type...>>(std::forward<Args>(args)...);
+        emu_enqueue_kernel(site, config, (const void*)kernel, [call, params]() { std::apply(call, *params); });
+    }
+}
+
+// a template whose arguments are deduced (or an overloaded kernel): the arguments are stored as
+// they were passed (decayed, as deduction sees them) and the call picks the function. It has no
+// address before that, so cudaFuncSetAttribute's opt-in to more shared memory cannot be matched to
+// it (emu_enqueue_kernel says so when the launch needs one).
+template <typename Call, typename... Args>
+void emu_launch(const emu_launch_site& site, const emu_launch_config& config, emu_deduced_kernel, Call call,
+                Args&&... args) {
+    auto params = std::make_shared<std::tuple<typename std::decay<Args>::type...>>(std::forward<Args>(args)...);
+    emu_enqueue_kernel(site, config, nullptr, [call, params]() { std::apply(call, *params); });
 }
 
 #endif // CUDA_EMU_H

@@ -226,6 +226,13 @@ void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& co
         record(cudaErrorInvalidConfiguration);
         return;
     }
+    if (kernel == nullptr && config.dynamic_shared_bytes > shared_limit) {
+        emu_fail("kernel '%s' (launched at %s:%d) asks for %zu bytes of dynamic shared memory (more than the %d a "
+                 "kernel gets without cudaFuncSetAttribute), and its template arguments are deduced at this launch, "
+                 "so the emulator cannot tell which instantiation opted in: write them out at the launch "
+                 "(%s<...><<<...>>>)",
+                 site.kernel, site.file, site.line, config.dynamic_shared_bytes, (int)EMU_SHARED_PER_BLOCK, site.kernel);
+    }
     if (config.dynamic_shared_bytes > shared_limit) {
         record(cudaErrorInvalidValue);  // what CUDA reports for too much dynamic shared memory
         return;

@@ -60,6 +60,9 @@ expect_error() {
 
 run "device: execution model" -- $BIN/test_device
 run "device: execution model, shuffled thread order" CUDA_EMU_THREAD_ORDER=shuffle -- $BIN/test_device
+run "launches: plain, templates (arguments written out or deduced), overloads, defaults" -- $BIN/test_launch
+expect_error "a deduced template launch with more than 48 KiB of dynamic shared memory says to write the arguments out" \
+    "write them out at the launch (big_shared_kernel<...><<<...>>>)" $BIN/test_launch deduced-big-shared
 run "gemm: cuBLAS and cuBLASLt against a naive loop" -- $BIN/test_gemm
 for mode in inorder early late; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
