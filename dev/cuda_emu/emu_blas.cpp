@@ -144,11 +144,11 @@ template <typename T>
 static void pack_panels_of(std::vector<float>& out, const T* data, int64_t line_stride, int64_t step_stride,
                            int lines, int k, int width) {
     int panels = (lines + width - 1) / width;
-    out.assign((size_t)panels * k * width, 0.0f);
-    for (int line = 0; line < lines; line++) {
+    out.resize((size_t)panels * k * width);
+    for (int line = 0; line < panels * width; line++) {
         float* panel = &out[(size_t)(line / width) * k * width + line % width];
         const T* x = data + line * line_stride;
-        for (int l = 0; l < k; l++) { panel[(size_t)l * width] = to_float(x[l * step_stride]); }
+        for (int l = 0; l < k; l++) { panel[(size_t)l * width] = line < lines ? to_float(x[l * step_stride]) : 0.0f; }
     }
 }
 
@@ -187,6 +187,7 @@ static void sum_tile(int k, const float* a, const float* b, float* sums) {
         tile_column a_l;
         memcpy(&a_l, a + (size_t)l * GEMM_TILE_ROWS, sizeof a_l);
         const float* b_l = b + (size_t)l * GEMM_TILE_COLS;
+#pragma GCC unroll 16  // all GEMM_TILE_COLS: the accumulators then live in registers, not memory
         for (int c = 0; c < GEMM_TILE_COLS; c++) { acc[c] += a_l * b_l[c]; }
     }
     memcpy(sums, acc, sizeof acc);
@@ -212,7 +213,8 @@ static void finish_output(const gemm_problem& p, int b, int i, int j, float sum,
 
 static void reference_gemm(const gemm_problem& p) {
     const epilogue_plan& e = p.epilogue;
-    std::vector<float> a_panels, b_panels;
+    // kept from call to call (the emulator runs on one OS thread): no fresh pages for every GEMM
+    static std::vector<float> a_panels, b_panels;
     for (int b = 0; b < p.batch; b++) {
         pack_rows_of_op_a(a_panels, p, b);
         pack_columns_of_op_b(b_panels, p, b);
