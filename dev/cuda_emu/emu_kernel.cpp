@@ -155,17 +155,34 @@ static std::string collective_site(emu_collective op, const char* file, int line
     return std::string(collective_name(op)) + " at " + file + ":" + std::to_string(line);
 }
 
+// The errors of a collective, out of line (and cold): the path every shuffle takes then keeps a
+// small stack frame, which matters because each waiting fiber's frame must come back into cache.
+
 // stop: lane l of the warp waits at another collective (or the same with another mask) than t
-[[noreturn]] static void fail_mismatch(const emu_thread* t, int l) {
+[[noreturn]] __attribute__((noinline, cold)) static void fail_mismatch(const emu_thread* t, int l) {
     const emu_thread& other = threads[t->warp * EMU_WARP_SIZE + l];
     kernel_fail("%s", collective_site(t->op, t->wait_file, t->wait_line) + " (lane " + std::to_string(t->lane) +
                 "): lane " + std::to_string(l) + " waits at a different collective, " +
                 collective_site(other.op, other.wait_file, other.wait_line) + " (or with a different mask)");
 }
 
+[[noreturn]] __attribute__((noinline, cold)) static void fail_width(const emu_thread* t) {
+    kernel_fail("%s: width must be a power of 2 no larger than 32", collective_site(t->op, t->wait_file, t->wait_line));
+}
+
+[[noreturn]] __attribute__((noinline, cold)) static void fail_not_in_mask(const emu_thread* t) {
+    kernel_fail("%s: the calling lane is not in the mask",
+                collective_site(t->op, t->wait_file, t->wait_line) + ", lane " + std::to_string(t->lane));
+}
+
+[[noreturn]] __attribute__((noinline, cold)) static void fail_exited(const emu_thread* t, int l) {
+    kernel_fail("%s of the mask has already exited", collective_site(t->op, t->wait_file, t->wait_line) + " (lane " +
+                                                         std::to_string(t->lane) + "): lane " + std::to_string(l));
+}
+
 // all lanes of `expected` have posted a collective: check it is the same one, then compute every
-// lane's result (t is the last lane to arrive)
-static void complete_collective(const emu_thread* t, unsigned expected) {
+// lane's result (t is the last lane to arrive). Out of line: its frame stays off the waiting stacks.
+__attribute__((noinline)) static void complete_collective(const emu_thread* t, unsigned expected) {
     emu_thread* lanes = &threads[t->warp * EMU_WARP_SIZE];
     emu_collective op = t->op;
     unsigned votes = 0;
@@ -197,14 +214,6 @@ static void complete_collective(const emu_thread* t, unsigned expected) {
 uint64_t emu_warp_collective(emu_collective op, unsigned mask, uint64_t value, int arg, int width,
                              const char* file, int line) {
     emu_thread* t = emu_current_thread;
-    if (width <= 0 || width > EMU_WARP_SIZE || (width & (width - 1)) != 0) {
-        kernel_fail("%s: width must be a power of 2 no larger than 32", collective_site(op, file, line));
-    }
-    unsigned self = 1u << t->lane;
-    if (!(mask & self)) {
-        kernel_fail("%s: the calling lane is not in the mask",
-                    collective_site(op, file, line) + ", lane " + std::to_string(t->lane));
-    }
     t->state = THREAD_AT_WARP;
     t->wait_file = file;
     t->wait_line = line;
@@ -213,15 +222,14 @@ uint64_t emu_warp_collective(emu_collective op, unsigned mask, uint64_t value, i
     t->value = value;
     t->arg = arg;
     t->width = width;
+    if (width <= 0 || width > EMU_WARP_SIZE || (width & (width - 1)) != 0) { fail_width(t); }
+    unsigned self = 1u << t->lane;
+    if (!(mask & self)) { fail_not_in_mask(t); }
 
     emu_warp& w = warps[t->warp];
     unsigned expected = mask & lanes_in_block(t->warp);
     unsigned gone = expected & w.exited;
-    if (gone != 0) {
-        kernel_fail("%s of the mask has already exited",
-                    collective_site(op, file, line) + " (lane " + std::to_string(t->lane) + "): lane " +
-                    std::to_string(__builtin_ctz(gone)));
-    }
+    if (gone != 0) { fail_exited(t, __builtin_ctz(gone)); }
     // a lane of the mask already waiting elsewhere: say so now (complete_collective checks them all)
     unsigned others = expected & w.waiting;
     if (others != 0) {
