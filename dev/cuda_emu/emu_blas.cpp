@@ -1,13 +1,15 @@
 /*
 emu_blas.cpp: cuBLAS and cuBLASLt on the emulated device. Every GEMM entry point fills one
 gemm_problem and queues reference_gemm() on its stream; reference_gemm is the cuBLAS definition,
-column-major, computed plainly:
+column-major, with the sums of its plain loop (computed a tile of outputs at a time, bit for bit
+the same: see "the sums, tile by tile" below):
 
     D[i,j] = epilogue(alpha * sum_l op(A)[i,l] * op(B)[l,j] + beta * C[i,j])   i < m, j < n, l < k
     op(X)[r,c] = X[r + c*ldX]  (CUBLAS_OP_N)   or   X[c + r*ldX]  (CUBLAS_OP_T / _C, real types)
 
-  - the sum accumulates in fp32, in order l = 0, 1, ..., k-1 (CUBLAS_COMPUTE_32F; the TF32 and
-    16BF "fast" compute types are computed the same, exactly);
+  - the sum accumulates in fp32, in order l = 0, 1, ..., k-1, each product rounded to fp32 before
+    it is added (CUBLAS_COMPUTE_32F; the TF32 and 16BF "fast" compute types are computed the same,
+    exactly);
   - beta == 0 means C is not read at all (it may hold NaNs), as the documentation promises;
   - elements are loaded as fp32 from fp32, bf16 or fp16 and stored rounded to nearest-even;
   - batches: matrix b starts at X + b * strideX elements.
