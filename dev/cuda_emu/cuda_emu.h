@@ -8,8 +8,10 @@ What it provides to kernels, in the order of this file:
   - the qualifiers (__global__, __device__, __shared__, ...) as host C++;
   - threadIdx, blockIdx, blockDim, gridDim, warpSize;
   - barriers (__syncthreads, __syncwarp), warp shuffles, votes, atomics;
-  - device-only math, load/store and bf16 intrinsics that the headers give no host version of;
-  - emu_launch(), the target of the rewritten kernel<<<...>>>(...) launches.
+  - device-only math, load/store and bf16 intrinsics that the headers give no host version of,
+    and CUDA's min/max overloads;
+  - emu_launch() and EMU_KERNEL(), the target of the rewritten kernel<<<...>>>(...) launches, for
+    plain kernels and templates alike (template arguments written out or deduced).
 
 Invariants:
   - the threads of a block are fibers on one OS thread (emu_kernel.cpp); exactly one runs at a time
@@ -24,6 +26,7 @@ Invariants:
 #define CUDA_EMU_H
 
 #include <cuda_runtime.h>
+#include <cuda_profiler_api.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
@@ -188,6 +191,25 @@ static inline double atomicAdd(double* p, double v) { return emu_atomic_add_by_c
 static inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
     return emu_atomic_add_by_cas<__nv_bfloat16, uint16_t>(p, v);
 }
+static inline __nv_bfloat162 atomicAdd(__nv_bfloat162* p, __nv_bfloat162 v) {
+    return emu_atomic_add_by_cas<__nv_bfloat162, uint32_t>(p, v);  // each half added, rounded to bf16
+}
+static inline __half atomicAdd(__half* p, __half v) { return emu_atomic_add_by_cas<__half, uint16_t>(p, v); }
+static inline __half2 atomicAdd(__half2* p, __half2 v) { return emu_atomic_add_by_cas<__half2, uint32_t>(p, v); }
+
+// an unsigned counter that wraps, as the CUDA programming guide defines them (unsigned int only):
+//   atomicInc: *p = (old >= val) ? 0 : old + 1          atomicDec: *p = (old == 0 || old > val) ? val : old - 1
+static inline unsigned atomicInc(unsigned* p, unsigned val) {
+    unsigned old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(p, &old, old >= val ? 0u : old + 1u, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return old;
+}
+static inline unsigned atomicDec(unsigned* p, unsigned val) {
+    unsigned old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(p, &old, (old == 0u || old > val) ? val : old - 1u, false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {}
+    return old;
+}
 
 // ----------------------------------------------------------------------------
 // device-only math and intrinsics: host versions (the fast-math ones are exact here)
@@ -217,19 +239,34 @@ static inline unsigned __brev(unsigned x) {
     for (int i = 0; i < 32; i++) { r = (r << 1) | ((x >> i) & 1u); }
     return r;
 }
-// CUDA's min/max overloads for device code
-static inline int max(int a, int b) { return a > b ? a : b; }
-static inline int min(int a, int b) { return a < b ? a : b; }
-static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
-static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
-static inline long long max(long long a, long long b) { return a > b ? a : b; }
-static inline long long min(long long a, long long b) { return a < b ? a : b; }
-static inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
-static inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+// CUDA's min/max overloads (crt/math_functions.hpp), exactly that set, so that a call resolves as
+// under nvcc, or is ambiguous as under nvcc (max(size_t, int) and min(long long, int) are: nvcc
+// rejects them too). A signed/unsigned pair of one width compares as unsigned: min(-1, 5u) is 5u.
+#define EMU_MIN_MAX(Result, A, B)                                                                       \
+    static inline Result min(A a, B b) { return (Result)a < (Result)b ? (Result)a : (Result)b; }        \
+    static inline Result max(A a, B b) { return (Result)a > (Result)b ? (Result)a : (Result)b; }
+EMU_MIN_MAX(int, int, int)
+EMU_MIN_MAX(unsigned int, unsigned int, unsigned int)
+EMU_MIN_MAX(unsigned int, int, unsigned int)
+EMU_MIN_MAX(unsigned int, unsigned int, int)
+EMU_MIN_MAX(long, long, long)
+EMU_MIN_MAX(unsigned long, unsigned long, unsigned long)
+EMU_MIN_MAX(unsigned long, long, unsigned long)
+EMU_MIN_MAX(unsigned long, unsigned long, long)
+EMU_MIN_MAX(long long, long long, long long)
+EMU_MIN_MAX(unsigned long long, unsigned long long, unsigned long long)
+EMU_MIN_MAX(unsigned long long, long long, unsigned long long)
+EMU_MIN_MAX(unsigned long long, unsigned long long, long long)
+#undef EMU_MIN_MAX
+// floating point: fminf/fmaxf semantics (a NaN operand yields the other); float with double is double
 static inline float max(float a, float b) { return fmaxf(a, b); }
 static inline float min(float a, float b) { return fminf(a, b); }
 static inline double max(double a, double b) { return fmax(a, b); }
 static inline double min(double a, double b) { return fmin(a, b); }
+static inline double max(float a, double b) { return fmax((double)a, b); }
+static inline double min(float a, double b) { return fmin((double)a, b); }
+static inline double max(double a, float b) { return fmax(a, (double)b); }
+static inline double min(double a, float b) { return fmin(a, (double)b); }
 
 // cache-hinted loads and stores are plain loads and stores
 template <typename T> static inline T __ldg(const T* p) { return *p; }
@@ -273,7 +310,8 @@ struct emu_launch_config {
 };
 
 // checks the configuration (errors go to cudaGetLastError, as with a real launch) and enqueues
-// the grid on its stream; body runs the kernel once for the fiber that calls it
+// the grid on its stream; body runs the kernel once for the fiber that calls it; kernel is the
+// function's address, nullptr when its template arguments are deduced at the launch
 void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& config, const void* kernel,
                         std::function<void()> body);
 
@@ -283,13 +321,53 @@ cudaError_t cudaFuncSetAttribute(T* kernel, enum cudaFuncAttribute attr, int val
     return cudaFuncSetAttribute((const void*)kernel, attr, value);
 }
 
-template <typename... Params, typename... Args>
-void emu_launch(const emu_launch_site& site, const emu_launch_config& config, void (*kernel)(Params...),
+// Which function a launch names. rewrite.py passes every kernel expression through EMU_KERNEL(k),
+// which gives emu_launch two things:
+//   - EMU_KERNEL_POINTER(k): the kernel's address when k names one function (a plain kernel, a
+//     template with its arguments written out, kernel<float>, or a function pointer), else an
+//     emu_deduced_kernel: k is a template whose arguments the launch's own arguments decide (or an
+//     overloaded kernel), which has no address until it is called;
+//   - a lambda that calls k with the stored arguments, so that C++ deduces the template arguments
+//     from them as nvcc does from the launch's arguments.
+// The pointer is found by overload resolution: the first lambda below exists only when k converts
+// to one function pointer (substitution fails for a template name), else the second one is chosen.
+struct emu_deduced_kernel {};
+template <typename Tag, typename F> F* emu_single_function(F* f) { return f; }
+struct emu_any_tag { emu_any_tag(int) {} };  // a worse match for 0 than int: the fallback
+template <typename First, typename Fallback> struct emu_first_of : First, Fallback {
+    using First::operator();
+    using Fallback::operator();
+};
+template <typename First, typename Fallback> emu_first_of(First, Fallback) -> emu_first_of<First, Fallback>;
+
+#define EMU_KERNEL_POINTER(...)                                                                              \
+    (emu_first_of{[=](auto tag) -> decltype(emu_single_function<decltype(tag)>(__VA_ARGS__)) { return __VA_ARGS__; }, \
+                  [](emu_any_tag) { return emu_deduced_kernel{}; }}(0))
+#define EMU_KERNEL(...) EMU_KERNEL_POINTER(__VA_ARGS__), [=](auto&... emu_args) { __VA_ARGS__(emu_args...); }
+
+// a kernel with an address: its arguments are copied now, converted to the parameter types, as a
+// real launch does (with fewer arguments than parameters, the call supplies the defaults)
+template <typename... Params, typename Call, typename... Args>
+void emu_launch(const emu_launch_site& site, const emu_launch_config& config, void (*kernel)(Params...), Call call,
                 Args&&... args) {
-    static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong number of arguments");
-    // the arguments are copied now, converted to the parameter types, as a real launch does
-    auto params = std::make_shared<std::tuple<typename std::decay<Params>::type...>>(std::forward<Args>(args)...);
-    emu_enqueue_kernel(site, config, (const void*)kernel, [kernel, params]() { std::apply(kernel, *params); });
+    if constexpr (sizeof...(Params) == sizeof...(Args)) {
+        auto params = std::make_shared<std::tuple<typename std::decay<Params>::type...>>(std::forward<Args>(args)...);
+        emu_enqueue_kernel(site, config, (const void*)kernel, [kernel, params]() { std::apply(kernel, *params); });
+    } else {
+        auto params = std::make_shared<std::tuple<typename std::decay<Args>::type...>>(std::forward<Args>(args)...);
+        emu_enqueue_kernel(site, config, (const void*)kernel, [call, params]() { std::apply(call, *params); });
+    }
+}
+
+// a template whose arguments are deduced (or an overloaded kernel): the arguments are stored as
+// they were passed (decayed, as deduction sees them) and the call picks the function. It has no
+// address before that, so cudaFuncSetAttribute's opt-in to more shared memory cannot be matched to
+// it (emu_enqueue_kernel says so when the launch needs one).
+template <typename Call, typename... Args>
+void emu_launch(const emu_launch_site& site, const emu_launch_config& config, emu_deduced_kernel, Call call,
+                Args&&... args) {
+    auto params = std::make_shared<std::tuple<typename std::decay<Args>::type...>>(std::forward<Args>(args)...);
+    emu_enqueue_kernel(site, config, nullptr, [call, params]() { std::apply(call, *params); });
 }
 
 #endif // CUDA_EMU_H

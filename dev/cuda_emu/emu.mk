@@ -30,7 +30,9 @@ endif
 
 EMU_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wno-unused-function -Wno-unknown-pragmas -I. -I$(CUDA_HOME)/include -I$(EMU_DIR) \
                 -include cuda_emu.h $(EMU_MPI_CFLAGS)
-EMU_LIB_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I$(CUDA_HOME)/include -I$(EMU_DIR) $(EMU_MPI_CFLAGS)
+# -ffp-contract=off: the reference GEMM rounds each product before adding it (no fused multiply-add),
+# whatever instructions the compiler may use, so its sums stay bitwise those of the plain loop
+EMU_LIB_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -I$(CUDA_HOME)/include -I$(EMU_DIR) $(EMU_MPI_CFLAGS)
 EMU_LDLIBS := -lm $(EMU_MPI_LDLIBS)
 
 EMU_SRCS := $(addprefix $(EMU_DIR)/,emu_fiber.cpp emu_kernel.cpp emu_stream.cpp emu_runtime.cpp \

@@ -1,13 +1,15 @@
 /*
 emu_blas.cpp: cuBLAS and cuBLASLt on the emulated device. Every GEMM entry point fills one
 gemm_problem and queues reference_gemm() on its stream; reference_gemm is the cuBLAS definition,
-column-major, computed plainly:
+column-major, with the sums of its plain loop (computed a tile of outputs at a time, bit for bit
+the same: see "the sums, tile by tile" below):
 
     D[i,j] = epilogue(alpha * sum_l op(A)[i,l] * op(B)[l,j] + beta * C[i,j])   i < m, j < n, l < k
     op(X)[r,c] = X[r + c*ldX]  (CUBLAS_OP_N)   or   X[c + r*ldX]  (CUBLAS_OP_T / _C, real types)
 
-  - the sum accumulates in fp32, in order l = 0, 1, ..., k-1 (CUBLAS_COMPUTE_32F; the TF32 and
-    16BF "fast" compute types are computed the same, exactly);
+  - the sum accumulates in fp32, in order l = 0, 1, ..., k-1, each product rounded to fp32 before
+    it is added (CUBLAS_COMPUTE_32F; the TF32 and 16BF "fast" compute types are computed the same,
+    exactly);
   - beta == 0 means C is not read at all (it may hold NaNs), as the documentation promises;
   - elements are loaded as fp32 from fp32, bf16 or fp16 and stored rounded to nearest-even;
   - batches: matrix b starts at X + b * strideX elements.
@@ -117,26 +119,118 @@ static float element(const matrix& x, cublasOperation_t op, int b, int r, int c)
     return load(x.data, x.type, b * x.batch_stride + at);
 }
 
+// ----------------------------------------------------------------------------
+// the sums, tile by tile
+//
+// D is computed in tiles of GEMM_TILE_ROWS x GEMM_TILE_COLS outputs. op(A) is first packed into
+// fp32 panels of GEMM_TILE_ROWS rows (for each l, the panel's rows side by side), op(B) into panels
+// of GEMM_TILE_COLS columns, so a tile's sums read two contiguous panels and advance a whole column
+// of the tile per vector instruction. Each output still sums its products in order l = 0..k-1, each
+// product rounded to fp32 before it is added (emu.mk builds with -ffp-contract=off: no fused
+// multiply-add), so every D[i,j] is bitwise what the plain loop of the definition gives.
+// Packing costs (m + n) * k loads next to m * n * k products, and (m + n) * k floats of memory.
+
+enum {
+    GEMM_TILE_ROWS = 8,   // one 8-float vector (two SSE registers, or one AVX register)
+    GEMM_TILE_COLS = 6,   // 6 column accumulators + the row vector + a broadcast fit 16 registers
+};
+
+static float to_float(float x) { return x; }
+static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+static float to_float(__half x) { return __half2float(x); }
+
+// lines [0, lines) of an operand into panels of `width` lines: out[(panel * k + l) * width + w] is
+// element l of line panel * width + w (0 past the last line). A line is a row of op(A) or a column
+// of op(B); its element l is at data[line * line_stride + l * step_stride].
+template <typename T>
+static void pack_panels_of(std::vector<float>& out, const T* data, int64_t line_stride, int64_t step_stride,
+                           int lines, int k, int width) {
+    int panels = (lines + width - 1) / width;
+    out.resize((size_t)panels * k * width);
+    for (int line = 0; line < panels * width; line++) {
+        float* panel = &out[(size_t)(line / width) * k * width + line % width];
+        const T* x = data + line * line_stride;
+        for (int l = 0; l < k; l++) { panel[(size_t)l * width] = line < lines ? to_float(x[l * step_stride]) : 0.0f; }
+    }
+}
+
+static void pack_panels(std::vector<float>& out, const matrix& x, int b, int64_t line_stride, int64_t step_stride,
+                        int lines, int k, int width) {
+    int64_t start = b * x.batch_stride;
+    switch (x.type) {
+        case CUDA_R_16BF:
+            pack_panels_of(out, (const __nv_bfloat16*)x.data + start, line_stride, step_stride, lines, k, width);
+            break;
+        case CUDA_R_16F: pack_panels_of(out, (const __half*)x.data + start, line_stride, step_stride, lines, k, width); break;
+        default: pack_panels_of(out, (const float*)x.data + start, line_stride, step_stride, lines, k, width); break;
+    }
+}
+
+// the rows of op(A): op(A)[i, l] is A[i + l*lda] (N) or A[l + i*lda] (T)
+static void pack_rows_of_op_a(std::vector<float>& out, const gemm_problem& p, int b) {
+    bool n = p.transa == CUBLAS_OP_N;
+    pack_panels(out, p.A, b, n ? 1 : p.A.ld, n ? p.A.ld : 1, p.m, p.k, GEMM_TILE_ROWS);
+}
+
+// the columns of op(B): op(B)[l, j] is B[l + j*ldb] (N) or B[j + l*ldb] (T)
+static void pack_columns_of_op_b(std::vector<float>& out, const gemm_problem& p, int b) {
+    bool n = p.transb == CUBLAS_OP_N;
+    pack_panels(out, p.B, b, n ? p.B.ld : 1, n ? 1 : p.B.ld, p.n, p.k, GEMM_TILE_COLS);
+}
+
+typedef float tile_column __attribute__((vector_size(GEMM_TILE_ROWS * sizeof(float))));
+
+// sums[c * GEMM_TILE_ROWS + r] = sum over l = 0..k-1, in order, of a[l][r] * b[l][c] (one panel each).
+// Compiled twice, for AVX2 and for any x86-64; the loader picks one. Both give the same bits.
+__attribute__((target_clones("avx2", "default")))
+static void sum_tile(int k, const float* a, const float* b, float* sums) {
+    tile_column acc[GEMM_TILE_COLS] = {};
+    for (int l = 0; l < k; l++) {
+        tile_column a_l;
+        memcpy(&a_l, a + (size_t)l * GEMM_TILE_ROWS, sizeof a_l);
+        const float* b_l = b + (size_t)l * GEMM_TILE_COLS;
+#pragma GCC unroll 16  // all GEMM_TILE_COLS: the accumulators then live in registers, not memory
+        for (int c = 0; c < GEMM_TILE_COLS; c++) { acc[c] += a_l * b_l[c]; }
+    }
+    memcpy(sums, acc, sizeof acc);
+}
+
+// ----------------------------------------------------------------------------
+// the reference GEMM: the sums above, then the epilogue on each output
+
+// D[i,j] (and aux, row_sums[i]) from the sum of products of output (i, j) in batch b
+static void finish_output(const gemm_problem& p, int b, int i, int j, float sum, std::vector<float>& row_sums) {
+    const epilogue_plan& e = p.epilogue;
+    float x = p.alpha * sum;
+    if (p.beta != 0.0f) { x += p.beta * element(p.C, CUBLAS_OP_N, b, i, j); }
+    int64_t aux_at = b * p.aux_batch_stride + i + j * p.aux_ld;
+    if (e.add_bias) { x += load(p.bias, p.bias_type, b * p.bias_batch_stride + i); }
+    if (e.store_aux) { store(p.aux, p.aux_type, aux_at, x); }
+    if (e.relu) { x = x > 0.0f ? x : 0.0f; }
+    if (e.gelu) { x = gelu(x); }
+    if (e.dgelu) { x *= gelu_grad(load(p.aux, p.aux_type, aux_at)); }
+    row_sums[i] += x;
+    store((void*)p.D.data, p.D.type, b * p.D.batch_stride + i + j * p.D.ld, x);
+}
+
 static void reference_gemm(const gemm_problem& p) {
     const epilogue_plan& e = p.epilogue;
+    // kept from call to call (the emulator runs on one OS thread): no fresh pages for every GEMM
+    static std::vector<float> a_panels, b_panels;
     for (int b = 0; b < p.batch; b++) {
-        std::vector<float> row_sums(p.m, 0.0f);  // for DGELU_BGRAD
-        for (int j = 0; j < p.n; j++) {
-            for (int i = 0; i < p.m; i++) {
-                float acc = 0.0f;
-                for (int l = 0; l < p.k; l++) {
-                    acc += element(p.A, p.transa, b, i, l) * element(p.B, p.transb, b, l, j);
+        pack_rows_of_op_a(a_panels, p, b);
+        pack_columns_of_op_b(b_panels, p, b);
+        // row_sums[i] (DGELU_BGRAD) adds its outputs in order j = 0..n-1: the tile columns go left to right
+        std::vector<float> row_sums(p.m, 0.0f);
+        for (int j0 = 0; j0 < p.n; j0 += GEMM_TILE_COLS) {
+            for (int i0 = 0; i0 < p.m; i0 += GEMM_TILE_ROWS) {
+                float sums[GEMM_TILE_COLS * GEMM_TILE_ROWS];
+                sum_tile(p.k, a_panels.data() + (size_t)i0 * p.k, b_panels.data() + (size_t)j0 * p.k, sums);
+                for (int c = 0; c < GEMM_TILE_COLS && j0 + c < p.n; c++) {
+                    for (int r = 0; r < GEMM_TILE_ROWS && i0 + r < p.m; r++) {
+                        finish_output(p, b, i0 + r, j0 + c, sums[c * GEMM_TILE_ROWS + r], row_sums);
+                    }
                 }
-                float x = p.alpha * acc;
-                if (p.beta != 0.0f) { x += p.beta * element(p.C, CUBLAS_OP_N, b, i, j); }
-                int64_t aux_at = b * p.aux_batch_stride + i + j * p.aux_ld;
-                if (e.add_bias) { x += load(p.bias, p.bias_type, b * p.bias_batch_stride + i); }
-                if (e.store_aux) { store(p.aux, p.aux_type, aux_at, x); }
-                if (e.relu) { x = x > 0.0f ? x : 0.0f; }
-                if (e.gelu) { x = gelu(x); }
-                if (e.dgelu) { x *= gelu_grad(load(p.aux, p.aux_type, aux_at)); }
-                row_sums[i] += x;
-                store((void*)p.D.data, p.D.type, b * p.D.batch_stride + i + j * p.D.ld, x);
             }
         }
         void* bias = p.bias;

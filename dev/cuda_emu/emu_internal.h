@@ -41,6 +41,7 @@ struct emu_settings {
     emu_stream_mode streams;      // CUDA_EMU_STREAMS
     emu_thread_order thread_order;// CUDA_EMU_THREAD_ORDER
     unsigned seed;                // CUDA_EMU_SEED
+    int multiprocessors;          // CUDA_EMU_SMS: the SM count kernels size their grids from
 };
 const emu_settings& emu_config();
 

@@ -42,6 +42,12 @@ struct emu_thread {
     uint64_t result;             // the collective's answer for this thread
 };
 
+// what a warp's collectives need to know without visiting its 32 lanes on every call
+struct emu_warp {
+    unsigned waiting;   // lanes that wait at a warp collective (state THREAD_AT_WARP)
+    unsigned exited;    // lanes that returned from the kernel
+};
+
 emu_thread* emu_current_thread;
 uint3 emu_block_idx, emu_block_dim, emu_grid_dim;
 const uint3& emu_thread_idx(const emu_thread* t) { return t->idx; }
@@ -49,6 +55,7 @@ const uint3& emu_thread_idx(const emu_thread* t) { return t->idx; }
 // the launch that runs now
 static const emu_grid* running;
 static std::vector<emu_thread> threads;       // (threads per block)
+static std::vector<emu_warp> warps;           // (warps per block)
 static std::vector<int> order;                // the order of a round: a permutation of the threads
 static void* scheduler_sp;
 static std::vector<char> dynamic_shared;
@@ -84,6 +91,7 @@ static void yield_to_scheduler() {
 static void thread_entry() {
     running->body();
     emu_current_thread->state = THREAD_EXITED;
+    warps[emu_current_thread->warp].exited |= 1u << emu_current_thread->lane;
     yield_to_scheduler();
     // never resumed: an exited thread is not scheduled again
 }
@@ -141,43 +149,71 @@ static int shuffle_source(emu_collective op, int lane, int arg, int width) {
     }
 }
 
-// all lanes of `expected` have posted the same collective: compute every lane's result
-static void complete_collective(int w, unsigned expected) {
-    emu_thread* lanes = &threads[w * EMU_WARP_SIZE];
-    emu_collective op = emu_current_thread->op;
+// "__shfl_sync at file:line", for error messages only (building it on every call would cost more
+// than the collective itself)
+static std::string collective_site(emu_collective op, const char* file, int line) {
+    return std::string(collective_name(op)) + " at " + file + ":" + std::to_string(line);
+}
+
+// The errors of a collective, out of line (and cold): the path every shuffle takes then keeps a
+// small stack frame, which matters because each waiting fiber's frame must come back into cache.
+
+// stop: lane l of the warp waits at another collective (or the same with another mask) than t
+[[noreturn]] __attribute__((noinline, cold)) static void fail_mismatch(const emu_thread* t, int l) {
+    const emu_thread& other = threads[t->warp * EMU_WARP_SIZE + l];
+    kernel_fail("%s", collective_site(t->op, t->wait_file, t->wait_line) + " (lane " + std::to_string(t->lane) +
+                "): lane " + std::to_string(l) + " waits at a different collective, " +
+                collective_site(other.op, other.wait_file, other.wait_line) + " (or with a different mask)");
+}
+
+[[noreturn]] __attribute__((noinline, cold)) static void fail_width(const emu_thread* t) {
+    kernel_fail("%s: width must be a power of 2 no larger than 32", collective_site(t->op, t->wait_file, t->wait_line));
+}
+
+[[noreturn]] __attribute__((noinline, cold)) static void fail_not_in_mask(const emu_thread* t) {
+    kernel_fail("%s: the calling lane is not in the mask",
+                collective_site(t->op, t->wait_file, t->wait_line) + ", lane " + std::to_string(t->lane));
+}
+
+[[noreturn]] __attribute__((noinline, cold)) static void fail_exited(const emu_thread* t, int l) {
+    kernel_fail("%s of the mask has already exited", collective_site(t->op, t->wait_file, t->wait_line) + " (lane " +
+                                                         std::to_string(t->lane) + "): lane " + std::to_string(l));
+}
+
+// all lanes of `expected` have posted a collective: check it is the same one, then compute every
+// lane's result (t is the last lane to arrive). Out of line: its frame stays off the waiting stacks.
+__attribute__((noinline)) static void complete_collective(const emu_thread* t, unsigned expected) {
+    emu_thread* lanes = &threads[t->warp * EMU_WARP_SIZE];
+    emu_collective op = t->op;
     unsigned votes = 0;
-    for (int l = 0; l < EMU_WARP_SIZE; l++) {
-        if ((expected >> l & 1u) && lanes[l].value != 0) { votes |= 1u << l; }
-    }
     uint64_t posted[EMU_WARP_SIZE];
-    for (int l = 0; l < EMU_WARP_SIZE; l++) { posted[l] = (expected >> l & 1u) ? lanes[l].value : 0; }
     for (int l = 0; l < EMU_WARP_SIZE; l++) {
         if (!(expected >> l & 1u)) { continue; }
-        emu_thread* t = &lanes[l];
+        if (lanes[l].op != op || lanes[l].mask != t->mask) { fail_mismatch(t, l); }
+        posted[l] = lanes[l].value;
+        if (lanes[l].value != 0) { votes |= 1u << l; }
+    }
+    for (int l = 0; l < EMU_WARP_SIZE; l++) {
+        if (!(expected >> l & 1u)) { continue; }
+        emu_thread* lane = &lanes[l];
         switch (op) {
-            case EMU_BALLOT: t->result = votes; break;
-            case EMU_ANY: t->result = votes != 0; break;
-            case EMU_ALL: t->result = votes == expected; break;
-            case EMU_SYNCWARP: t->result = 0; break;
+            case EMU_BALLOT: lane->result = votes; break;
+            case EMU_ANY: lane->result = votes != 0; break;
+            case EMU_ALL: lane->result = votes == expected; break;
+            case EMU_SYNCWARP: lane->result = 0; break;
             default: {
-                int src = shuffle_source(op, l, t->arg, t->width);
-                t->result = (expected >> src & 1u) ? posted[src] : INACTIVE_LANE_BITS;
+                int src = shuffle_source(op, l, lane->arg, lane->width);
+                lane->result = (expected >> src & 1u) ? posted[src] : INACTIVE_LANE_BITS;
             }
         }
-        t->state = THREAD_READY;
+        lane->state = THREAD_READY;
     }
+    warps[t->warp].waiting &= ~expected;
 }
 
 uint64_t emu_warp_collective(emu_collective op, unsigned mask, uint64_t value, int arg, int width,
                              const char* file, int line) {
     emu_thread* t = emu_current_thread;
-    std::string site = std::string(collective_name(op)) + " at " + file + ":" + std::to_string(line);
-    if (width <= 0 || width > EMU_WARP_SIZE || (width & (width - 1)) != 0) {
-        kernel_fail("%s: width must be a power of 2 no larger than 32", site);
-    }
-    if (!(mask >> t->lane & 1u)) {
-        kernel_fail("%s: the calling lane is not in the mask", site + ", lane " + std::to_string(t->lane));
-    }
     t->state = THREAD_AT_WARP;
     t->wait_file = file;
     t->wait_line = line;
@@ -186,25 +222,23 @@ uint64_t emu_warp_collective(emu_collective op, unsigned mask, uint64_t value, i
     t->value = value;
     t->arg = arg;
     t->width = width;
+    if (width <= 0 || width > EMU_WARP_SIZE || (width & (width - 1)) != 0) { fail_width(t); }
+    unsigned self = 1u << t->lane;
+    if (!(mask & self)) { fail_not_in_mask(t); }
 
+    emu_warp& w = warps[t->warp];
     unsigned expected = mask & lanes_in_block(t->warp);
-    emu_thread* lanes = &threads[t->warp * EMU_WARP_SIZE];
-    bool all_here = true;
-    for (int l = 0; l < EMU_WARP_SIZE; l++) {
-        if (!(expected >> l & 1u)) { continue; }
-        if (lanes[l].state == THREAD_EXITED) {
-            kernel_fail("%s: lane %s of the mask has already exited", site + " (lane " + std::to_string(t->lane) +
-                        "): lane " + std::to_string(l));
-        }
-        if (lanes[l].state != THREAD_AT_WARP) { all_here = false; continue; }
-        if (lanes[l].op != op || lanes[l].mask != mask) {
-            kernel_fail("%s", site + ": lane " + std::to_string(l) + " waits at a different collective, " +
-                        collective_name(lanes[l].op) + " at " + lanes[l].wait_file + ":" +
-                        std::to_string(lanes[l].wait_line) + " (or with a different mask)");
-        }
+    unsigned gone = expected & w.exited;
+    if (gone != 0) { fail_exited(t, __builtin_ctz(gone)); }
+    // a lane of the mask already waiting elsewhere: say so now (complete_collective checks them all)
+    unsigned others = expected & w.waiting;
+    if (others != 0) {
+        const emu_thread& first = threads[t->warp * EMU_WARP_SIZE + __builtin_ctz(others)];
+        if (first.op != op || first.mask != mask) { fail_mismatch(t, __builtin_ctz(others)); }
     }
-    if (all_here) {
-        complete_collective(t->warp, expected);  // the last lane to arrive goes on without a switch
+    w.waiting |= self;
+    if ((w.waiting & expected) == expected) {
+        complete_collective(t, expected);  // the last lane to arrive goes on without a switch
     } else {
         yield_to_scheduler();
     }
@@ -213,13 +247,8 @@ uint64_t emu_warp_collective(emu_collective op, unsigned mask, uint64_t value, i
 
 unsigned emu_active_mask() {
     // the lanes of this warp that have not exited; the emulator does not model divergence
-    unsigned m = 0;
-    emu_thread* lanes = &threads[emu_current_thread->warp * EMU_WARP_SIZE];
-    unsigned exists = lanes_in_block(emu_current_thread->warp);
-    for (int l = 0; l < EMU_WARP_SIZE; l++) {
-        if ((exists >> l & 1u) && lanes[l].state != THREAD_EXITED) { m |= 1u << l; }
-    }
-    return m;
+    int w = emu_current_thread->warp;
+    return lanes_in_block(w) & ~warps[w].exited;
 }
 
 void* emu_dynamic_shared() {
@@ -273,6 +302,7 @@ static void run_block() {
         threads[i].state = THREAD_READY;
         threads[i].sp = emu_fiber_prepare(emu_fiber_stack_get(i), thread_entry);
     }
+    for (emu_warp& w : warps) { w = emu_warp{0, 0}; }
     touched_shared.clear();
     if (!dynamic_shared.empty()) { memset(dynamic_shared.data(), EMU_UNWRITTEN_BYTE, dynamic_shared.size()); }
 
@@ -309,6 +339,7 @@ void emu_run_grid(const emu_grid& g) {
     emu_block_dim = uint3{g.block.x, g.block.y, g.block.z};
     int n = (int)(g.block.x * g.block.y * g.block.z);
     threads.assign(n, emu_thread{});
+    warps.assign((n + EMU_WARP_SIZE - 1) / EMU_WARP_SIZE, emu_warp{0, 0});
     order.resize(n);
     for (int i = 0; i < n; i++) {
         emu_thread& t = threads[i];

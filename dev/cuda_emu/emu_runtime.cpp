@@ -38,6 +38,11 @@ void emu_fail_at(const char* file, int line, const char* fmt, ...) {
 static const int DEFAULT_DEVICE_COUNT = 8;  // a node of 8 GPUs: multi-rank tests give each rank its own
 static const size_t DEFAULT_DEVICE_MEMORY_BYTES = (size_t)8 << 30;  // 8 GiB
 static const unsigned DEFAULT_SEED = 1234;
+// a grid sized "SMs x blocks per SM" costs the emulator one fiber per thread: 6 SMs keep that cheap
+// while still running several blocks per kernel, and 6, like an H100's 132, is no power of two, so
+// code that assumes a power-of-two grid fails here too
+static const int DEFAULT_MULTIPROCESSORS = 6;
+static const int MAX_MULTIPROCESSORS = 1024;
 
 static const char* env_or(const char* name, const char* fallback) {
     const char* v = getenv(name);
@@ -73,6 +78,17 @@ static emu_settings read_settings() {
     else if (order == "reverse") { s.thread_order = EMU_ORDER_REVERSE; }
     else if (order == "shuffle") { s.thread_order = EMU_ORDER_SHUFFLE; }
     else { emu_fail("CUDA_EMU_THREAD_ORDER='%s': expected forward, reverse or shuffle", order.c_str()); }
+    const char* sms = env_or("CUDA_EMU_SMS", nullptr);
+    s.multiprocessors = DEFAULT_MULTIPROCESSORS;
+    if (sms != nullptr) {
+        char* end;
+        long n = strtol(sms, &end, 10);
+        if (*end != '\0' || n < 1 || n > MAX_MULTIPROCESSORS) {
+            emu_fail("CUDA_EMU_SMS='%s': expected a number of SMs from 1 to %d (an H100 has 132)", sms,
+                     MAX_MULTIPROCESSORS);
+        }
+        s.multiprocessors = (int)n;
+    }
     s.seed = (unsigned)strtoul(env_or("CUDA_EMU_SEED", "0"), nullptr, 10);
     if (s.seed == 0) { s.seed = DEFAULT_SEED; }  // xorshift needs a non-zero state
     return s;
@@ -141,7 +157,6 @@ const char* cudaGetErrorString(cudaError_t e) {
 enum {
     EMU_SHARED_PER_BLOCK = 48 * 1024,         // without opting in
     EMU_SHARED_PER_BLOCK_OPTIN = 227 * 1024,  // with cudaFuncAttributeMaxDynamicSharedMemorySize
-    EMU_MULTIPROCESSORS = 132,
     EMU_MAX_GRID_X = 2147483647,
     EMU_MAX_GRID_YZ = 65535,
     EMU_MAX_BLOCK_Z = 64,
@@ -180,7 +195,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
     prop->maxThreadsDim[2] = EMU_MAX_BLOCK_Z;
     prop->maxGridSize[0] = EMU_MAX_GRID_X;
     prop->maxGridSize[1] = prop->maxGridSize[2] = EMU_MAX_GRID_YZ;
-    prop->multiProcessorCount = EMU_MULTIPROCESSORS;
+    prop->multiProcessorCount = emu_config().multiprocessors;
     prop->major = EMU_COMPUTE_MAJOR;
     prop->minor = EMU_COMPUTE_MINOR;
     prop->regsPerBlock = 65536;
@@ -237,6 +252,13 @@ void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& co
         g.x == 0 || g.y == 0 || g.z == 0 || g.x > EMU_MAX_GRID_X || g.y > EMU_MAX_GRID_YZ || g.z > EMU_MAX_GRID_YZ) {
         record(cudaErrorInvalidConfiguration);
         return;
+    }
+    if (kernel == nullptr && config.dynamic_shared_bytes > shared_limit) {
+        emu_fail("kernel '%s' (launched at %s:%d) asks for %zu bytes of dynamic shared memory (more than the %d a "
+                 "kernel gets without cudaFuncSetAttribute), and its template arguments are deduced at this launch, "
+                 "so the emulator cannot tell which instantiation opted in: write them out at the launch "
+                 "(%s<...><<<...>>>)",
+                 site.kernel, site.file, site.line, config.dynamic_shared_bytes, (int)EMU_SHARED_PER_BLOCK, site.kernel);
     }
     if (config.dynamic_shared_bytes > shared_limit) {
         record(cudaErrorInvalidValue);  // what CUDA reports for too much dynamic shared memory
@@ -390,3 +412,10 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
     return cudaMemsetAsync(dst, value, bytes, 0);  // asynchronous for device memory, as in CUDA
 }
+
+// ----------------------------------------------------------------------------
+// profiler: no profiler attaches to the emulated device (NVTX ranges need nothing here: the nvtx3
+// headers are a library of their own that does nothing without a tool)
+
+cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
+cudaError_t cudaProfilerStop(void) { return cudaSuccess; }

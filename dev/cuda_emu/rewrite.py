@@ -6,7 +6,8 @@ Usage: python3 dev/cuda_emu/rewrite.py INPUT.cu OUTPUT.cpp [-I DIR ...] [-MT TAR
 
 Three rewrites, everything else is left alone:
   kernel<<<grid, block, smem, stream>>>(args)
-      -> emu_launch(EMU_LAUNCH_SITE("kernel"), emu_launch_config(grid, block, smem, stream), kernel, args)
+      -> emu_launch(EMU_LAUNCH_SITE("kernel"), emu_launch_config(grid, block, smem, stream), EMU_KERNEL(kernel), args)
+      (kernel may be a template: kernel<float, 4>, or with its arguments deduced from args)
   extern __shared__ T name[];
       -> T* name = (T*)emu_dynamic_shared();
   __shared__ T name[N];             (inside a function body)
@@ -124,7 +125,7 @@ def rewrite_text(text):
         no_args = after < len(masked) and masked[after] == ")"
         span = text[start:paren + 1]
         replacement = (f'emu_launch(EMU_LAUNCH_SITE("{kernel}"), emu_launch_config({" ".join(config.split())}), '
-                       f'{kernel}{"" if no_args else ", "}')
+                       f'EMU_KERNEL({kernel}){"" if no_args else ", "}')
         edits.append((start, paren + 1, replacement + "\n" * span.count("\n")))
 
     for m in EXTERN_SHARED.finditer(masked):

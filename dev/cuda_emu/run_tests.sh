@@ -16,6 +16,9 @@ source dev/cuda_emu/run_lib.sh   # run, expect_error, MPIRUN_NP2 and the passed/
 
 run "device: execution model" -- $BIN/test_device
 run "device: execution model, shuffled thread order" CUDA_EMU_THREAD_ORDER=shuffle -- $BIN/test_device
+run "launches: plain, templates (arguments written out or deduced), overloads, defaults" -- $BIN/test_launch
+expect_error "a deduced template launch with more than 48 KiB of dynamic shared memory says to write the arguments out" \
+    "write them out at the launch (big_shared_kernel<...><<<...>>>)" $BIN/test_launch deduced-big-shared
 run "gemm: cuBLAS and cuBLASLt against a naive loop" -- $BIN/test_gemm
 run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN/test_cublaslt_table
 for mode in inorder early late; do
@@ -24,6 +27,9 @@ done
 run "runtime, a node of 1 GPU (CUDA_EMU_DEVICES=1)" CUDA_EMU_DEVICES=1 CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 expect_error "CUDA_EMU_DEVICES=0 stops the program, naming the setting" \
     "CUDA_EMU_DEVICES='0': expected how many GPUs" env CUDA_EMU_DEVICES=0 $BIN/test_runtime
+run "runtime, CUDA_EMU_SMS=132 (an H100's count)" CUDA_EMU_SMS=132 -- $BIN/test_runtime
+expect_error "a CUDA_EMU_SMS that is no SM count stops at the first CUDA call" \
+    "CUDA_EMU_SMS='0': expected a number of SMs from 1 to" env CUDA_EMU_SMS=0 $BIN/test_runtime
 run "layers vs cpu/layers.h" -- $BIN/test_layers
 run "layers, reverse thread order, late streams" CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late -- $BIN/test_layers
 run "catches, default modes" -- $BIN/test_catches
@@ -33,6 +39,11 @@ run "catches, CUDA_EMU_THREAD_ORDER=shuffle CUDA_EMU_STREAMS=late" \
     CUDA_EMU_THREAD_ORDER=shuffle CUDA_EMU_STREAMS=late -- $BIN/test_catches
 expect_error "a barrier one thread skipped stops the program, naming the kernel" \
     "kernel 'deadlock_kernel' (launched at" $BIN/test_catches deadlock
+expect_error "two halves of a warp at different shuffles stop the program, naming both" \
+    "__shfl_down_sync at dev/cuda_emu/tests/test_catches.cu:[0-9]* (lane [0-9]*): lane 0 waits at a different collective, __shfl_xor_sync at dev/cuda_emu/tests/test_catches.cu" \
+    $BIN/test_catches shuffle-mismatch
+expect_error "a shuffle whose mask names a lane that returned stops the program" \
+    "lane 0 of the mask has already exited" $BIN/test_catches shuffle-exited
 run "nccl, 1 rank" -- $BIN/test_nccl
 if command -v mpirun > /dev/null; then
     MPIRUN=("${MPIRUN_NP2[@]}")

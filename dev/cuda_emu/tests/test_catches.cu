@@ -11,6 +11,10 @@ environment variables to know which bugs the mode must expose):
                                 its cudaMemcpyAsync ran
   argument "deadlock"           a barrier one thread returns before: the program must stop with an
                                 error naming the kernel (run_tests.sh checks the exit and message)
+  argument "shuffle-mismatch"   the two halves of a warp call two different shuffles with a full
+                                mask: the program must stop naming both
+  argument "shuffle-exited"     lane 0 returns, the others shuffle with a full mask: the program must
+                                stop saying a lane of the mask has exited
 
 On a real GPU these bugs may or may not show, so the checks only run emulated.
 */
@@ -56,6 +60,23 @@ __global__ void scale_kernel(float* out, const float* in, float factor, int n) {
 }
 
 // thread 0 leaves before the barrier the others wait at
+// each half of the warp waits for the other at a different shuffle: on a GPU, undefined behaviour
+__global__ void shuffle_mismatch_kernel(float* out) {
+    float v = (float)threadIdx.x;
+    if (threadIdx.x < 16) {
+        v = __shfl_xor_sync(0xffffffffu, v, 1);
+    } else {
+        v = __shfl_down_sync(0xffffffffu, v, 1);
+    }
+    out[threadIdx.x] = v;
+}
+
+// lane 0 leaves; the rest name it in their mask
+__global__ void shuffle_exited_kernel(float* out) {
+    if (threadIdx.x == 0) { return; }
+    out[threadIdx.x] = __shfl_down_sync(0xffffffffu, (float)threadIdx.x, 1);
+}
+
 __global__ void deadlock_kernel(float* out) {
     if (threadIdx.x == 0) { return; }
     __syncthreads();
@@ -194,13 +215,22 @@ int main(int argc, char** argv) {
     printf("skipped: these checks need the emulated device (make emu-test)\n");
     return check_summary();
 #else
-    if (argc > 1 && strcmp(argv[1], "deadlock") == 0) {
+    if (argc > 1) {  // one bug that must stop the program; run_tests.sh treats finishing as the failure
         float* out;
         CUDA_CHECK(cudaMalloc(&out, THREADS * sizeof(float)));
-        deadlock_kernel<<<1, THREADS>>>(out);
+        if (strcmp(argv[1], "deadlock") == 0) {
+            deadlock_kernel<<<1, THREADS>>>(out);
+        } else if (strcmp(argv[1], "shuffle-mismatch") == 0) {
+            shuffle_mismatch_kernel<<<1, 32>>>(out);
+        } else if (strcmp(argv[1], "shuffle-exited") == 0) {
+            shuffle_exited_kernel<<<1, 32>>>(out);
+        } else {
+            fprintf(stderr, "usage: %s [deadlock | shuffle-mismatch | shuffle-exited]\n", argv[0]);
+            return EXIT_FAILURE;
+        }
         CUDA_CHECK(cudaDeviceSynchronize());
-        printf("deadlock_kernel finished: the emulator should have stopped it\n");
-        return EXIT_SUCCESS;  // run_tests.sh treats finishing as the failure
+        printf("the kernel finished: the emulator should have stopped it\n");
+        return EXIT_SUCCESS;
     }
     test_unwritten_reads();
     test_missing_barrier();

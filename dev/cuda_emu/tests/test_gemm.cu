@@ -5,11 +5,17 @@ transpose combinations, odd sizes and padded (odd) leading dimensions:
   cublasSgemm, cublasGemmEx (fp32 and bf16), cublasSgemmStridedBatched, cublasGemmStridedBatchedEx,
   and cublasLtMatmul with each epilogue (DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS,
   DGELU, BGRADA, BGRADB) and with batched layouts.
+Then the emulator's own promise (test_bitwise): every output is the in-order fp32 loop, bit for bit
+(products rounded to fp32 and added in order l = 0..k-1, then the epilogue in fp32, one rounding to
+the output type), for fp32, bf16 and fp16, every transpose, every epilogue, batches and odd shapes
+around the emulator's GEMM tiles. On a real GPU cuBLAS sums in its own order, so there the same
+cases are held to the tolerance of the type instead.
 GELU comes from the project's one CPU reference, cpu/layers.h.
 */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +33,7 @@ static void cublas_check_at(cublasStatus_t s, const char* call, const char* file
 
 static const float FP32_TOLERANCE = 1e-5f;
 static const float BF16_TOLERANCE = 2e-2f;   // inputs and outputs rounded to 8 mantissa bits
+static const float FP16_TOLERANCE = 5e-3f;   // inputs and outputs rounded to 11 significant bits
 static const int LD_PADDING = 3;             // leading dimensions are rows + 3: odd, never tight
 static const int MATMUL_NOT_CALLED = -1;     // a cublasLtMatmul status when the heuristic found nothing
 
@@ -93,6 +100,11 @@ static device_matrix upload(const std::vector<float>& x, cudaDataType type) {
     if (type == CUDA_R_32F) {
         CUDA_CHECK(cudaMalloc(&d.ptr, x.size() * sizeof(float)));
         CUDA_CHECK(cudaMemcpy(d.ptr, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    } else if (type == CUDA_R_16F) {
+        std::vector<__half> h(x.size());
+        for (size_t i = 0; i < x.size(); i++) { h[i] = __float2half(x[i]); }
+        CUDA_CHECK(cudaMalloc(&d.ptr, x.size() * sizeof(__half)));
+        CUDA_CHECK(cudaMemcpy(d.ptr, h.data(), x.size() * sizeof(__half), cudaMemcpyHostToDevice));
     } else {
         std::vector<__nv_bfloat16> h(x.size());
         for (size_t i = 0; i < x.size(); i++) { h[i] = __float2bfloat16(x[i]); }
@@ -106,6 +118,10 @@ static std::vector<float> download(const device_matrix& d) {
     std::vector<float> x(d.n);
     if (d.type == CUDA_R_32F) {
         CUDA_CHECK(cudaMemcpy(x.data(), d.ptr, d.n * sizeof(float), cudaMemcpyDeviceToHost));
+    } else if (d.type == CUDA_R_16F) {
+        std::vector<__half> h(d.n);
+        CUDA_CHECK(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(__half), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < d.n; i++) { x[i] = __half2float(h[i]); }
     } else {
         std::vector<__nv_bfloat16> h(d.n);
         CUDA_CHECK(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
@@ -114,12 +130,17 @@ static std::vector<float> download(const device_matrix& d) {
     return x;
 }
 
-// what the device sees of x: bf16 inputs are rounded before the GEMM
+// x rounded to nearest-even in a 16-bit type (unchanged in fp32), as a store to that type rounds it
+static float round_to(cudaDataType type, float x) {
+    if (type == CUDA_R_16BF) { return __bfloat162float(__float2bfloat16(x)); }
+    if (type == CUDA_R_16F) { return __half2float(__float2half(x)); }
+    return x;
+}
+
+// what the device sees of x: 16-bit inputs are rounded before the GEMM
 static std::vector<float> as_type(const std::vector<float>& x, cudaDataType type) {
     std::vector<float> r = x;
-    if (type == CUDA_R_16BF) {
-        for (float& v : r) { v = __bfloat162float(__float2bfloat16(v)); }
-    }
+    for (float& v : r) { v = round_to(type, v); }
     return r;
 }
 
@@ -500,6 +521,227 @@ static void test_cublaslt_batched_bf16(cublasLtHandle_t lt) {
     for (device_matrix* m : {&da, &db, &dc, &dbias}) { CUDA_CHECK(cudaFree(m->ptr)); }
 }
 
+// ----------------------------------------------------------------------------
+// bitwise: the emulator's GEMM is the in-order fp32 loop
+
+#ifdef CUDA_EMU
+static const bool EMULATED = true;
+#else
+static const bool EMULATED = false;
+#endif
+
+// what cublasLt.h documents each epilogue to do (D has m rows; bias and its gradients per batch)
+struct epilogue_steps {
+    bool add_bias, relu, gelu, store_aux, dgelu, bias_grad_from_d, bias_grad_from_a, bias_grad_from_b;
+};
+
+static epilogue_steps steps_of(cublasLtEpilogue_t e) {
+    epilogue_steps s = {};
+    s.add_bias = e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_BIAS ||
+                 e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    s.relu = e == CUBLASLT_EPILOGUE_RELU || e == CUBLASLT_EPILOGUE_RELU_BIAS;
+    s.gelu = e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX ||
+             e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    s.store_aux = e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    s.dgelu = e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    s.bias_grad_from_d = e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    s.bias_grad_from_a = e == CUBLASLT_EPILOGUE_BGRADA;
+    s.bias_grad_from_b = e == CUBLASLT_EPILOGUE_BGRADB;
+    return s;
+}
+
+// one cublasLtMatmul's buffers on the host, as fp32 values of `type` (C, D, aux, bias all of it)
+struct lt_buffers {
+    std::vector<float> a, b, c, d, aux, bias;
+};
+
+// the bias (or bias gradient) of one batch has m elements, or n for BGRADB
+static int bias_length(const shape& s, const epilogue_steps& e) { return e.bias_grad_from_b ? s.n : s.m; }
+
+// D, aux and bias as the in-order fp32 loop computes them: each product rounded to fp32 and added
+// in order l = 0..k-1, then alpha, beta, the epilogue in fp32, and one rounding to the output type
+static void inorder_lt(const shape& s, cudaDataType type, const epilogue_steps& e, float alpha, float beta,
+                       lt_buffers* x) {
+    int bias_n = bias_length(s, e);
+    for (int p = 0; p < s.batch; p++) {
+        std::vector<float> row_sums(s.m, 0.0f);
+        for (int j = 0; j < s.n; j++) {
+            for (int i = 0; i < s.m; i++) {
+                float acc = 0.0f;
+                for (int l = 0; l < s.k; l++) {
+                    acc += op_at(x->a, s.ta, s.lda, p * s.stride_a, i, l) * op_at(x->b, s.tb, s.ldb, p * s.stride_b, l, j);
+                }
+                long long at = p * s.stride_c + i + (long long)j * s.ldc;
+                float v = alpha * acc;
+                if (beta != 0.0f) { v += beta * x->c[at]; }
+                if (e.add_bias) { v += x->bias[p * bias_n + i]; }
+                if (e.store_aux) { x->aux[at] = round_to(type, v); }
+                if (e.relu) { v = v > 0.0f ? v : 0.0f; }
+                if (e.gelu) { gelu_forward(&v, &v, 1); }
+                if (e.dgelu) {
+                    float grad = 0.0f, one = 1.0f;
+                    gelu_backward(&grad, &x->aux[at], &one, 1);  // gelu'(aux)
+                    v *= grad;
+                }
+                row_sums[i] += v;
+                x->d[at] = round_to(type, v);
+            }
+        }
+        for (int i = 0; i < s.m && e.bias_grad_from_d; i++) { x->bias[p * bias_n + i] = round_to(type, row_sums[i]); }
+        for (int i = 0; i < s.m && e.bias_grad_from_a; i++) {
+            float sum = 0.0f;
+            for (int l = 0; l < s.k; l++) { sum += op_at(x->a, s.ta, s.lda, p * s.stride_a, i, l); }
+            x->bias[p * bias_n + i] = round_to(type, sum);
+        }
+        for (int j = 0; j < s.n && e.bias_grad_from_b; j++) {
+            float sum = 0.0f;
+            for (int l = 0; l < s.k; l++) { sum += op_at(x->b, s.tb, s.ldb, p * s.stride_b, l, j); }
+            x->bias[p * bias_n + j] = round_to(type, sum);
+        }
+    }
+}
+
+// how far got is from want: 0 when bitwise equal; else the largest relative error, at least 1e-30
+static float distance(const std::vector<float>& got, const std::vector<float>& want) {
+    if (got.size() == want.size() && memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0) { return 0.0f; }
+    float err = max_rel_error(got.data(), want.data(), want.size());
+    return err > 1e-30f ? err : 1e-30f;
+}
+
+// run one cublasLtMatmul on x (D, aux and bias are overwritten with the results); false if the
+// library has no algorithm for the descriptor (a real GPU refuses some epilogue/transpose pairs)
+static bool run_lt(cublasLtHandle_t lt, const shape& s, cudaDataType type, cublasLtEpilogue_t epilogue, float alpha,
+                   float beta, lt_buffers* x) {
+    epilogue_steps e = steps_of(epilogue);
+    device_matrix da = upload(x->a, type), db = upload(x->b, type), dc = upload(x->c, type);
+    device_matrix dd = upload(x->d, type), daux = upload(x->aux, type), dbias = upload(x->bias, type);
+    cublasLtMatmulDesc_t desc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t opa = s.ta, opb = s.tb;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    // only the pointers the epilogue uses: the real library refuses the others
+    if (e.add_bias || e.bias_grad_from_a || e.bias_grad_from_b || e.bias_grad_from_d) {
+        int64_t bias_stride = bias_length(s, e);
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias.ptr, sizeof dbias.ptr));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride,
+                                                    sizeof bias_stride));
+    }
+    if (e.store_aux || e.dgelu) {
+        int64_t aux_ld = s.ldc, aux_stride = s.stride_c;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &daux.ptr,
+                                                    sizeof daux.ptr));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &aux_stride,
+                                                    sizeof aux_stride));
+    }
+    bool na = s.ta == CUBLAS_OP_N, nb = s.tb == CUBLAS_OP_N;
+    cublasLtMatrixLayout_t la = lt_layout(type, na ? s.m : s.k, na ? s.k : s.m, s.lda, s.batch, s.stride_a);
+    cublasLtMatrixLayout_t lb = lt_layout(type, nb ? s.k : s.n, nb ? s.n : s.k, s.ldb, s.batch, s.stride_b);
+    cublasLtMatrixLayout_t lc = lt_layout(type, s.m, s.n, s.ldc, s.batch, s.stride_c);
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heuristic, &found);
+    bool supported = status == CUBLAS_STATUS_SUCCESS && found == 1;
+    if (supported) {
+        CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, da.ptr, la, db.ptr, lb, &beta, dc.ptr, lc, dd.ptr, lc,
+                                    &heuristic.algo, nullptr, 0, 0));
+        x->d = download(dd);
+        x->aux = download(daux);
+        x->bias = download(dbias);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    for (device_matrix* m : {&da, &db, &dc, &dd, &daux, &dbias}) { CUDA_CHECK(cudaFree(m->ptr)); }
+    return supported;
+}
+
+// shapes around the emulator's 8 x 6 output tiles: smaller, exact, ragged, long k, batched
+struct bitwise_shape {
+    int m, n, k, batch;
+};
+static const bitwise_shape BITWISE_SHAPES[] = {{1, 1, 1, 1}, {8, 6, 64, 1}, {19, 13, 37, 1}, {17, 7, 130, 2}};
+
+static const char* type_name(cudaDataType type) {
+    return type == CUDA_R_32F ? "fp32" : type == CUDA_R_16BF ? "bf16" : "fp16";
+}
+
+static float tolerance_of(cudaDataType type) {
+    return type == CUDA_R_32F ? FP32_TOLERANCE : type == CUDA_R_16BF ? BF16_TOLERANCE : FP16_TOLERANCE;
+}
+
+// every transpose and shape of one type and epilogue (beta 0.5 where C is read, else 0 with NaN in C)
+static void test_bitwise_epilogue(cublasLtHandle_t lt, cudaDataType type, const lt_case& t) {
+    epilogue_steps e = steps_of(t.epilogue);
+    const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T};
+    float worst = 0.0f;
+    int refused = 0, cases = 0;
+    char detail[160] = "";
+    for (const bitwise_shape& bs : BITWISE_SHAPES) {
+        for (cublasOperation_t ta : ops) {
+            for (cublasOperation_t tb : ops) {
+                shape s = make_shape(ta, tb, bs.m, bs.n, bs.k, bs.batch);
+                float alpha = 0.75f, beta = t.epilogue == CUBLASLT_EPILOGUE_DEFAULT ? 0.5f : 0.0f;
+                size_t nd = s.stride_c * s.batch;
+                unsigned seed = 100 + 10 * cases;
+                lt_buffers want;
+                want.a = as_type(random_vector(s.stride_a * s.batch, seed), type);
+                want.b = as_type(random_vector(s.stride_b * s.batch, seed + 1), type);
+                want.c = as_type(random_vector(nd, seed + 2), type);
+                if (beta == 0.0f) { want.c.assign(nd, NAN); }  // not read when beta is 0
+                want.d = as_type(random_vector(nd, seed + 3), type);   // outside the m x n results: kept
+                want.aux = as_type(random_vector(nd, seed + 4), type);
+                want.bias = as_type(random_vector((size_t)bias_length(s, e) * s.batch, seed + 5), type);
+                lt_buffers got = want;
+                cases++;
+                if (!run_lt(lt, s, type, t.epilogue, alpha, beta, &got)) {
+                    refused++;
+                    continue;
+                }
+                inorder_lt(s, type, e, alpha, beta, &want);
+                float err = distance(got.d, want.d);
+                if (e.store_aux) { err = fmaxf(err, distance(got.aux, want.aux)); }
+                if (e.bias_grad_from_a || e.bias_grad_from_b || e.bias_grad_from_d) { err = fmaxf(err, distance(got.bias, want.bias)); }
+                if (err > worst) {
+                    worst = err;
+                    snprintf(detail, sizeof detail, "m=%d n=%d k=%d batch %d op(A)=%c op(B)=%c: max relative error %g",
+                             bs.m, bs.n, bs.k, bs.batch, ta == CUBLAS_OP_N ? 'N' : 'T', tb == CUBLAS_OP_N ? 'N' : 'T', err);
+                }
+            }
+        }
+    }
+    char name[160];
+    if (EMULATED) {
+        snprintf(name, sizeof name, "bitwise: cublasLtMatmul %s %s = the in-order fp32 loop (%d cases)", type_name(type),
+                 t.name, cases);
+        check(worst == 0.0f && refused == 0, name, "%s%s", refused ? "descriptors refused; " : "", detail);
+    } else {
+        snprintf(name, sizeof name, "cublasLtMatmul %s %s within %g of the in-order loop (%d cases, %d refused)",
+                 type_name(type), t.name, tolerance_of(type), cases, refused);
+        check(worst <= tolerance_of(type), name, "%s", detail);
+    }
+}
+
+static void test_bitwise(cublasLtHandle_t lt) {
+    const lt_case cases[] = {
+        {CUBLASLT_EPILOGUE_DEFAULT, "DEFAULT"},   {CUBLASLT_EPILOGUE_BIAS, "BIAS"},
+        {CUBLASLT_EPILOGUE_RELU, "RELU"},         {CUBLASLT_EPILOGUE_RELU_BIAS, "RELU_BIAS"},
+        {CUBLASLT_EPILOGUE_GELU, "GELU"},         {CUBLASLT_EPILOGUE_GELU_BIAS, "GELU_BIAS"},
+        {CUBLASLT_EPILOGUE_GELU_AUX, "GELU_AUX"}, {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, "GELU_AUX_BIAS"},
+        {CUBLASLT_EPILOGUE_DGELU, "DGELU"},       {CUBLASLT_EPILOGUE_DGELU_BGRAD, "DGELU_BGRAD"},
+        {CUBLASLT_EPILOGUE_BGRADA, "BGRADA"},     {CUBLASLT_EPILOGUE_BGRADB, "BGRADB"},
+    };
+    for (cudaDataType type : {CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F}) {
+        for (const lt_case& t : cases) { test_bitwise_epilogue(lt, type, t); }
+    }
+}
+
 int main() {
     cublasHandle_t handle;
     CUBLAS_CHECK(cublasCreate(&handle));
@@ -517,6 +759,7 @@ int main() {
     test_cublaslt_epilogues(lt);
     test_cublaslt_refusals(lt);
     test_cublaslt_batched_bf16(lt);
+    test_bitwise(lt);
     CUBLAS_CHECK(cublasLtDestroy(lt));
     return check_summary();
 }

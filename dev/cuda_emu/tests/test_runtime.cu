@@ -1,11 +1,12 @@
 /*
 test_runtime.cu: the runtime API a trainer leans on, with answers that hold on any CUDA device:
-device count and choice, device properties, memory accounting and out-of-memory, launch-configuration errors, copies and
+device count and choice, device properties (the SM count both ways; emulated, the one CUDA_EMU_SMS sets), memory accounting and out-of-memory, launch-configuration errors, copies and
 memsets, streams ordered by events, pinned-memory async copies, events and elapsed time.
 run_tests.sh runs it in every CUDA_EMU_STREAMS mode: correct code is right in all of them.
 */
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <vector>
 #include "check.h"
@@ -194,9 +195,32 @@ static void test_streams_and_events() {
     CUDA_CHECK(cudaFreeHost(host_out));
 }
 
+#ifdef CUDA_EMU
+static const int EMU_DEFAULT_SMS = 6;  // dev/cuda_emu/README.md: CUDA_EMU_SMS
+#endif
+
+// kernels size grid-stride grids from the SM count: the property and the attribute must agree
+static void test_multiprocessors() {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int attribute = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&attribute, cudaDevAttrMultiProcessorCount, 0));
+    check(attribute == prop.multiProcessorCount && attribute > 0,
+          "cudaDevAttrMultiProcessorCount == cudaDeviceProp.multiProcessorCount", "%d and %d", attribute,
+          prop.multiProcessorCount);
+#ifdef CUDA_EMU
+    const char* sms = getenv("CUDA_EMU_SMS");
+    int want = sms != nullptr ? atoi(sms) : EMU_DEFAULT_SMS;
+    char name[96];
+    snprintf(name, sizeof name, "the SM count is CUDA_EMU_SMS (%s)", sms != nullptr ? sms : "unset: 6");
+    check(prop.multiProcessorCount == want, name, "got %d", prop.multiProcessorCount);
+#endif
+}
+
 int main() {
     test_devices();
     test_properties();
+    test_multiprocessors();
     test_memory_accounting();
     test_launch_errors();
     test_copies_and_memset();
