@@ -28,7 +28,7 @@ and any alignment (16-byte packs where the pointers allow).
 //   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g g
 //   p -= lr ((m / bc1) / (sqrt(v / bc2) + eps) + weight_decay p)
 // one thread per pack of 4. bytes: 7 n fp32 (p, g, m, v read; p, m, v written); FLOPs: about 16 n
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
+static __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
                              float beta2, float eps, float weight_decay, float bc1, float bc2, bool vector) {
     const int VEC = Packed128<float>::size;
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;

@@ -225,7 +225,7 @@ __device__ inline void store_pack(T* x, size_t i, size_t n, bool vector, const P
 
 #define PARTIAL_SUMS_BLOCK 256
 
-__global__ void add_partial_sums_kernel(float* out, const float* partials, int parts, int n, size_t stride) {
+static __global__ void add_partial_sums_kernel(float* out, const float* partials, int parts, int n, size_t stride) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) { return; }
     float s = 0.0f;

@@ -40,7 +40,7 @@ __device__ inline double block_sum_double(double s) {
 }
 
 // partials (gridDim.x) = each block's sum of x (n)^2, in double. bytes: 4 n; FLOPs: 2 n (double)
-__global__ void global_norm_partials_kernel(double* partials, const float* x, size_t n, bool vector) {
+static __global__ void global_norm_partials_kernel(double* partials, const float* x, size_t n, bool vector) {
     const int VEC = Packed128<float>::size;
     double s = 0.0;
     size_t stride = (size_t)gridDim.x * blockDim.x * VEC;
@@ -53,7 +53,7 @@ __global__ void global_norm_partials_kernel(double* partials, const float* x, si
 }
 
 // *out = sum of partials (parts), one block, each thread a fixed stride of parts
-__global__ void global_norm_total_kernel(double* out, const double* partials, int parts) {
+static __global__ void global_norm_total_kernel(double* out, const double* partials, int parts) {
     double s = 0.0;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) { s += partials[i]; }
     double total = block_sum_double(s);

@@ -74,20 +74,25 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
 // partials (gridDim.x, 2, C): [block][0] for dweight, [block][1] for dbias.
 // Block b owns rows [b*LAYERNORM_BACKWARD_ROWS, ...); its warp w takes rows w, w + warps, ... of
 // them in order, each lane adding into its own columns of the warp's accumulators in shared
-// memory (2 C floats per warp); then the warps' sums are added in warp order.
+// memory (2 C floats per warp, rounded up to whole packs; column c = p*VEC + k is stored at k*P + p,
+// so that the lanes of a warp touch consecutive words); then the warps' sums are added in warp order.
 // bytes: 3 N*C floatX (inp, dout, dinp read) + N*C floatX written + 2 N fp32 + 2 C per block;
 // FLOPs: about 14 N*C
 template <typename floatX>
 __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                           const floatX* weight, const float* mean, const float* rstd, int N, int C,
                                           bool vector) {
-    extern __shared__ float acc[];  // (warps, 2, C): per warp, column sums of norm * dout, then of dout
+    extern __shared__ float acc[];  // (warps, 2, VEC, P): per warp, column sums of norm * dout, then of dout
     const int VEC = Packed128<floatX>::size;
+    int P = ceil_div(C, VEC);  // packs per row
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
-    float* dw_acc = acc + (size_t)warp * 2 * C;
-    float* db_acc = dw_acc + C;
+    float* dw_acc = acc + (size_t)warp * 2 * VEC * P;
+    float* db_acc = dw_acc + (size_t)VEC * P;
     for (int c = lane * VEC; c < C; c += WARP_SIZE * VEC) {  // each lane zeroes the columns it will own
-        for (int k = 0; k < VEC && c + k < C; k++) { dw_acc[c + k] = 0.0f; db_acc[c + k] = 0.0f; }
+        for (int k = 0; k < VEC && c + k < C; k++) {
+            dw_acc[k * P + c / VEC] = 0.0f;
+            db_acc[k * P + c / VEC] = 0.0f;
+        }
     }
 
     int row_end = min(N, (int)(blockIdx.x + 1) * LAYERNORM_BACKWARD_ROWS);
@@ -117,8 +122,8 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
                 float dyk = to_float(dyp[k]);
                 float dnorm = to_float(wp[k]) * dyk;
                 dxp[k] = from_float<floatX>(to_float(dxp[k]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
-                dw_acc[c + k] += norm * dyk;
-                db_acc[c + k] += dyk;
+                dw_acc[k * P + c / VEC] += norm * dyk;
+                db_acc[k * P + c / VEC] += dyk;
             }
             store_pack(dinp + (size_t)row * C, c, C, vector, dxp);
         }
@@ -126,8 +131,10 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
     __syncthreads();
     float* out = partials + (size_t)blockIdx.x * 2 * C;
     for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+        int part = i / C, c = i % C;  // part 0: dweight, 1: dbias
+        size_t at = ((size_t)part * VEC + c % VEC) * P + c / VEC;
         float sum = 0.0f;
-        for (int w = 0; w < warps; w++) { sum += acc[(size_t)w * 2 * C + i]; }
+        for (int w = 0; w < warps; w++) { sum += acc[(size_t)w * 2 * VEC * P + at]; }
         out[i] = sum;
     }
 }
@@ -161,8 +168,9 @@ void layernorm_backward_cuda(floatX* dinp, float* dweight, float* dbias, const f
                              float* scratch, cudaStream_t stream) {
     int N = B * T;
     if (N == 0 || C == 0) { return; }
-    // warps per block: as many as fit 2 C floats each in the default shared memory, at least one
-    size_t warp_bytes = 2 * (size_t)C * sizeof(float);
+    // warps per block: as many as fit their 2 C floats (whole packs) in the default shared memory, at least one
+    const int VEC = Packed128<floatX>::size;
+    size_t warp_bytes = 2 * (size_t)ceil_div(C, VEC) * VEC * sizeof(float);
     int warps = (int)(LAYERNORM_SMEM_DEFAULT / warp_bytes);
     warps = warps < 1 ? 1 : (warps > LAYERNORM_BACKWARD_MAX_WARPS ? LAYERNORM_BACKWARD_MAX_WARPS : warps);
     size_t smem = warps * warp_bytes;
@@ -178,7 +186,6 @@ void layernorm_backward_cuda(floatX* dinp, float* dweight, float* dbias, const f
         CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<floatX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
     }
-    const int VEC = Packed128<floatX>::size;
     bool vector = C % VEC == 0 && is_aligned16(dinp) && is_aligned16(dout) && is_aligned16(inp) && is_aligned16(weight);
     int blocks = ceil_div(N, LAYERNORM_BACKWARD_ROWS);
     layernorm_backward_kernel<floatX><<<blocks, warps * WARP_SIZE, smem, stream>>>(dinp, scratch, dout, inp, weight,

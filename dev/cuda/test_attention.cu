@@ -5,7 +5,8 @@ whole (B,NH,T,T), zeros after t included, written over a buffer of other values)
 dqkv accumulated (+=) onto values already there. Shapes: a head size that is not a multiple of the
 bf16 vector width (hs = 12, odd T = 13), and T = 130 (rows longer than a warp's one pass).
 attention_weights_forward_cuda alone must give bitwise the weights attention_forward_cuda gives,
-and the backward run twice bitwise the same dqkv.
+and the backward run twice bitwise the same dqkv. `test_attention indivisible-heads` must stop
+with a message (C = 30, NH = 4).
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_attention && ./build/emu/dev/cuda/test_attention
 */
@@ -91,9 +92,16 @@ static void bench_attention(const MatmulContext* mm) {
     }
 }
 
-int main() {
+int main(int argc, char** argv) {
     MatmulContext mm;
     matmul_context_init(&mm, NULL, 0);
+    if (argc > 1 && strcmp(argv[1], "indivisible-heads") == 0) {  // run_tests.sh: must stop with a message
+        const int B = 1, T = 2, C = 30, NH = 4;
+        __nv_bfloat16* d = device_alloc<__nv_bfloat16>((size_t)B * T * 3 * C + attention_scratch_floats(B, T, C, NH));
+        attention_forward_cuda<__nv_bfloat16>(d, d, d, B, T, C, NH, d, &mm, 0);
+        printf("C=%d NH=%d was accepted: it should have been refused\n", C, NH);
+        return 0;
+    }
     for (const Shape& s : SHAPES) {
         test_shape<float>(s, &mm);
         test_shape<__nv_bfloat16>(s, &mm);

@@ -5,6 +5,7 @@ small vocabulary so that tokens repeat (the scatter of the backward then adds se
 into one row). The backward adds in the CPU's order, so its gradients must be bitwise the CPU's
 on the same (rounded) dout; it is also run twice (bitwise equal) and checked to accumulate (+=)
 onto gradients that already hold values. On a GPU it then times both at GPT-2 d12 shapes.
+`test_encoder out-of-memory` must stop at a failing cudaMalloc with common.cuh's message.
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_encoder && ./build/emu/dev/cuda/test_encoder
 */
@@ -97,7 +98,13 @@ static void bench_encoder() {
     for (void* p : {(void*)d_inp, (void*)d_wte, (void*)d_wpe, (void*)d_out, (void*)d_dwte, (void*)d_dwpe}) { CUDA_CHECK(cudaFree(p)); }
 }
 
-int main() {
+int main(int argc, char** argv) {
+    // run_tests.sh: a failing CUDA call stops with the call, the error's name, a hint and file:line
+    if (argc > 1 && strcmp(argv[1], "out-of-memory") == 0) {
+        float* p = device_alloc<float>((size_t)1 << 48);
+        printf("allocated %p: the device should have refused\n", (void*)p);
+        return 0;
+    }
     for (const Shape& s : SHAPES) {
         test_shape<float>(s);
         test_shape<__nv_bfloat16>(s);

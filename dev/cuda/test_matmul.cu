@@ -4,6 +4,7 @@ CPU on the bf16-rounded inputs): forward with and without bias; backward onto gr
 already hold values (+=), with B*T over one block of the bias gradient (B*T = 140 > MATMUL_BIAS_ROWS)
 and odd C and OC; a second backward with dinp and dbias NULL must give bitwise the same dweight
 and leave the others alone. dweight and dbias are fp32 in both modes and held to 1e-5.
+`test_matmul bad-leading-dimension` must stop at a refused cuBLASLt call with CUBLAS_CHECK's message.
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_matmul && ./build/emu/dev/cuda/test_matmul
 */
@@ -94,9 +95,17 @@ static void bench_matmul(const MatmulContext* mm) {
     }
 }
 
-int main() {
+int main(int argc, char** argv) {
     MatmulContext mm;
     matmul_context_init(&mm, NULL, 0);
+    if (argc > 1 && strcmp(argv[1], "bad-leading-dimension") == 0) {  // run_tests.sh: CUBLAS_CHECK's message
+        float* d = device_alloc<float>(64);
+        matmul_lt(&mm, false, false, 4, 4, 4, 1.0f, d, 2, 0, d, 4, 0, 0.0f, d + 32, 4, 0, 1, CUDA_R_32F, CUDA_R_32F,
+                  NULL, 0);  // lda = 2 < m = 4 rows
+        CUDA_CHECK(cudaDeviceSynchronize());
+        printf("lda < m was accepted: it should have been refused\n");
+        return 0;
+    }
     for (const Shape& s : SHAPES) {
         test_shape<float>(s, &mm);
         test_shape<__nv_bfloat16>(s, &mm);

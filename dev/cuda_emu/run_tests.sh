@@ -66,6 +66,14 @@ if [ -n "$KERNEL_TESTS" ]; then
             run "$(basename "$t"), reverse thread order, late streams" \
                 CUDA_EMU_THREAD_ORDER=reverse CUDA_EMU_STREAMS=late -- "$t"
         done
+        KBIN=build/emu/dev/cuda
+        expect_error "cuda/common.cuh: a failing CUDA call names the call and the error" \
+            "cudaMalloc(.*) failed: cudaErrorMemoryAllocation" $KBIN/test_encoder out-of-memory
+        expect_error "cuda/common.cuh: ... and gives a hint" "hint: the GPU is out of memory" $KBIN/test_encoder out-of-memory
+        expect_error "cuda/matmul.cuh: a refused cuBLASLt call names the call and the status" \
+            "failed: CUBLAS_STATUS_INVALID_VALUE" $KBIN/test_matmul bad-leading-dimension
+        expect_error "cuda/attention.cuh: C not divisible by NH stops with a message" \
+            "C=30 is not divisible by NH=4" $KBIN/test_attention indivisible-heads
     else
         echo "FAIL building the kernel tests of dev/cuda"
         failed=$((failed + 1))
