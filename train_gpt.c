@@ -240,6 +240,10 @@ static void backward_buffer_sizes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 }
 
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
+// no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
+size_t gpt2_device_free_bytes(void) { return 0; }
+size_t gpt2_device_bytes_used(size_t* accounted) { *accounted = 0; return 0; }
+double gpt2_peak_flops(Precision p) { (void)p; return 0.0; }
 Precision gpt2_default_precision(void) { return PRECISION_FP32; }
 
 // the CPU trains in fp32 only: it is the reference the other precisions are measured against

@@ -586,6 +586,49 @@ static const float* model_probs(Model<floatX>* m, int position) {
 // the backend interface (llmc/trainer.h): each call goes to the model of the run's precision
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
+
+// free GPU memory at the first call, before any tensor: what gpt2_device_bytes_used counts from
+static size_t g_free_at_start = 0;
+
+size_t gpt2_device_free_bytes(void) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) { cudaGetLastError(); return 0; }  // gpt2_create says so
+    size_t free_bytes, total;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    if (g_free_at_start == 0) { g_free_at_start = free_bytes; }
+    return free_bytes;
+}
+
+size_t gpt2_device_bytes_used(size_t* accounted) {
+    size_t free_bytes, total;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    *accounted = mem_live_bytes_from(&MEM_DEVICE);
+    return g_free_at_start > free_bytes ? g_free_at_start - free_bytes : 0;
+}
+
+// dense peak FLOP/s per GPU model (NVIDIA's data sheets): bf16 on the tensor cores, fp32 without
+// TF32 (this backend's fp32 GEMMs accumulate and multiply in full fp32). Unknown GPUs: --peak-tflops
+typedef struct { const char* name; double bf16, fp32; } GPUPeak;
+static const GPUPeak GPU_PEAKS[] = {
+    {"H100 PCIe", 756e12, 51e12},
+    {"H100", 989e12, 67e12},   // SXM and NVL ("H100 80GB HBM3")
+    {"H200", 989e12, 67e12},
+    {"A100", 312e12, 19.5e12},
+    {"L40S", 362e12, 91.6e12},
+    {"A10", 125e12, 31.2e12},
+};
+
+double gpt2_peak_flops(Precision p) {
+    int device;
+    if (cudaGetDevice(&device) != cudaSuccess) { cudaGetLastError(); return 0.0; }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    for (size_t i = 0; i < sizeof(GPU_PEAKS) / sizeof(GPU_PEAKS[0]); i++) {
+        if (strstr(prop.name, GPU_PEAKS[i].name) != NULL) { return p == PRECISION_BF16 ? GPU_PEAKS[i].bf16 : GPU_PEAKS[i].fp32; }
+    }
+    printf("note: no peak FLOP/s known for '%s': the progress line shows no MFU (give one with --peak-tflops)\n", prop.name);
+    return 0.0;
+}
 Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 
 // what the GPU does not do yet stops here, before anything is allocated

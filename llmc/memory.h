@@ -120,6 +120,15 @@ static void* mem_calloc_at(MemCategory cat, size_t bytes, const char* file, int 
 }
 #define mem_calloc(cat, bytes) mem_calloc_at(cat, bytes, __FILE__, __LINE__)
 
+// the bytes of the live blocks that came from allocator a (a GPU's device memory, say)
+static size_t mem_live_bytes_from(const MemAllocator* a) {
+    size_t n = 0;
+    for (int i = 0; i < MEM_MAX_BLOCKS; i++) {
+        if (g_mem_blocks[i].p != NULL && g_mem_blocks[i].from->alloc == a->alloc) { n += g_mem_blocks[i].bytes; }
+    }
+    return n;
+}
+
 static void mem_free(void* p) {
     if (p == NULL) { return; }
     for (int i = 0; i < MEM_MAX_BLOCKS; i++) {

@@ -80,6 +80,13 @@ typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
 const char* gpt2_backend_name(void);
 Precision gpt2_default_precision(void);
 void gpt2_check_setup(const ModelSetup* s);
+// the device: memory free for this process's tensors, memory this process has taken since it
+// started (cudaMemGetInfo) with *accounted the part the accounting allocator handed out, and
+// the peak FLOP/s of precision p (0: unknown); a backend without a device answers 0 to all
+// (its "device" categories are host memory)
+size_t gpt2_device_free_bytes(void);
+size_t gpt2_device_bytes_used(size_t* accounted);
+double gpt2_peak_flops(Precision p);
 // the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan
 BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p);
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
@@ -309,6 +316,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
     if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
+    if (!(o->peak_tflops >= 0.0f) || isinf(o->peak_tflops)) { fail("--peak-tflops %g: a peak in TFLOP/s, > 0, or 0 for the GPU's own", o->peak_tflops); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
     if (o->adafactor_beta1 < 0.0f || o->adafactor_beta1 >= 1.0f) { fail("--adafactor-beta1 must be in [0, 1)"); }
     if (!(o->eps1 > 0.0f)) { fail("--eps1 %g: must be > 0 (it keeps the second moment of a zero gradient positive)", o->eps1); }
@@ -317,10 +325,17 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
 }
 
 // stops before allocating anything if the plan cannot fit in the memory this machine has
-// available (on the CPU the "device" and the host store share it), for every rank on it
+// available (on the CPU the "device" and the host store share it), for every rank on it; with
+// a GPU, its categories against the GPU's free memory
 static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int local_ranks) {
+    double gpu_free = (double)gpt2_device_free_bytes(), device = (double)(plan_total(plan) - plan_host_bytes(plan->bytes));
+    if (gpu_free > 0.0 && device > gpu_free) {
+        fail("this run needs %.1f MiB of GPU memory (the memory plan's device total) but the GPU has %.1f MiB free\n"
+             "  hint: see --plan; lower -b or -t, --recompute sqrt (or 1, gelu, attn), --precision bf16", device / MIB, gpu_free / MIB);
+    }
     double avail = (double)mem_available();
-    double host = (double)plan->bytes[MEM_OFFLOADED] * local_ranks, total = (double)plan_total(plan) * local_ranks;
+    double host = (double)plan->bytes[MEM_OFFLOADED] * local_ranks;
+    double total = (gpu_free > 0.0 ? (double)plan_host_bytes(plan->bytes) : (double)plan_total(plan)) * local_ranks;
     if (avail == 0.0) { return; }  // unknown (not Linux)
     if (act->offload && host > avail) {
         fail("--offload 1: the host store for the offloaded activations needs %.1f MiB (%d rank(s) on this machine), but only %.1f MiB of host memory is available\n"
@@ -385,6 +400,7 @@ typedef struct {
     int gen_len;
     uint64_t sample_rng;
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
+    double peak_flops;        // per rank, for MFU: --peak-tflops, or the device's; 0 = unknown
     size_t rss_at_start;      // the fixed overhead, before any tensor
 } Run;
 
@@ -485,6 +501,7 @@ static void train_setup(Run* r) {
         snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
         r->log = fopen_check(path, o->resume ? "a" : "w");
     }
+    r->peak_flops = o->peak_tflops > 0.0f ? o->peak_tflops * 1e12 : gpt2_peak_flops(s->precision);
     install_stop_signals();
 }
 
@@ -514,17 +531,27 @@ static int between_steps(Run* r, int step) {
 static void log_step(Run* r, int step, double loss, float norm, float lr, double seconds) {
     const ModelSetup* s = &r->setup;
     double tokens = (double)s->B * s->T * r->accum * s->dist.world;
-    printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s\n",
-           step + 1, r->max_steps, loss, norm, lr, seconds * 1e3, tokens / seconds,
-           flops_per_token(&s->config, s->T) * tokens / seconds / 1e9);
+    double flops = flops_per_token(&s->config, s->T) * tokens / seconds;   // all ranks
+    double mfu = r->peak_flops > 0.0 ? flops / (r->peak_flops * s->dist.world) : -1.0;
+    char mfu_text[32] = "";
+    if (mfu >= 0.0) { snprintf(mfu_text, sizeof(mfu_text), " | MFU %5.1f%%", 100.0 * mfu); }
+    printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s%s\n",
+           step + 1, r->max_steps, loss, norm, lr, seconds * 1e3, tokens / seconds, flops / 1e9, mfu_text);
     if (r->log) {
-        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens_per_s\": %.1f",
                 step + 1, loss, norm, lr, seconds * 1e3, tokens / seconds);
+        if (mfu >= 0.0) { fprintf(r->log, ", \"mfu\": %.4f", mfu); }
+        fprintf(r->log, "}\n");
         fflush(r->log);
     }
     if (step == r->start_step) {
         printf("memory after the first step (planned vs measured high-water marks):\n");
         print_memory_table(&r->plan, &g_mem);
+        size_t accounted = 0, used = gpt2_device_bytes_used(&accounted);
+        if (used > 0) {
+            printf("GPU memory taken since start-up (cudaMemGetInfo): %.2f MiB = %.2f MiB of the table's blocks in GPU memory\n"
+                   "  + %.2f MiB of cuBLAS and allocation rounding\n", used / MIB, accounted / MIB, ((double)used - (double)accounted) / MIB);
+        }
         if (r->log) { log_memory_json(r->log, step + 1, &r->plan, &g_mem); fflush(r->log); }
     }
 }

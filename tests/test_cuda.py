@@ -23,6 +23,7 @@ bf16: weights and activations rounded to 8 bits of mantissa: the losses within 2
 
 import glob
 import os
+import re
 import shutil
 import sys
 
@@ -40,6 +41,7 @@ BF16_LOSS_RTOL = 2e-2
 BASE = ["-e", f"{FIX}/model.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k", "", "-b", "2", "-t", "16",
         "-x", str(STEPS), "-u", "2", "-v", "0", "-s", "0", "-n", "5"]
 FP32 = ["--precision", "fp32"]
+EMULATED = "build/emu/" in CUDA  # the emulated build: no real GPU underneath
 
 
 def losses(run_dir):
@@ -65,6 +67,15 @@ ran_cpu = s.expect_ok("CPU: 10 steps", [TRAIN] + BASE + ["-o", cpu])
 ran_gpu = s.expect_ok("CUDA fp32: 10 steps", [CUDA] + BASE + FP32 + ["-o", gpu])
 if ran_gpu:
     s.check_memory("CUDA fp32: measured memory equals the plan", gpu)
+    m = re.search(r"GPU memory taken since start-up \(cudaMemGetInfo\): ([0-9.]+) MiB = ([0-9.]+) MiB", ran_gpu.out)
+    # emulated, cudaMemGetInfo counts exactly the blocks allocated (a real GPU adds cuBLAS's own)
+    s.check("CUDA fp32: cudaMemGetInfo's difference is the table's GPU blocks", m is not None and
+            (m.group(1) == m.group(2) or not EMULATED), m.group(0) if m else "no cudaMemGetInfo line")
+
+mfu = f"{W}/gpu_mfu"
+if s.expect_ok("CUDA: --peak-tflops gives an MFU", [CUDA] + BASE + FP32 + ["-x", "2", "--peak-tflops", "0.001", "-o", mfu]):
+    rows = [r for r in e2e.read_log(mfu) if "loss" in r]
+    s.check("CUDA: log.jsonl has the MFU of every step", len(rows) == 2 and all(0 < r.get("mfu", -1) for r in rows), str(rows))
 if ran_cpu and ran_gpu:
     lc, lg = losses(cpu), losses(gpu)
     s.check(f"CUDA fp32: the 10 losses within {LOSS_RTOL:g} of the CPU's", close(lg, lc, LOSS_RTOL),
