@@ -15,8 +15,8 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
     ./train_gpt_cu --precision fp32 -e tiny                              # compared with ./train_gpt
     make build/emu/train_gpt && ./build/emu/train_gpt ...                # the same source, emulated on the CPU
 
-Not yet on the GPU (each stops with a message naming the flag): Adafactor and CAME,
---offload, and more than one rank (--zero, mpirun): issues 9 and 10.
+Not yet on the GPU (each stops with a message naming the flag): Adafactor and CAME, and more
+than one rank (--zero, mpirun): issues 9 and 10.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -63,6 +63,7 @@ static void use_device_memory(void) {
     const MemCategory on_device[] = {MEM_PARAMETERS, MEM_GRADIENTS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_ACT_GRADIENTS};
     for (size_t i = 0; i < sizeof(on_device) / sizeof(on_device[0]); i++) { mem_set_allocator(on_device[i], MEM_DEVICE); }
     mem_set_allocator(MEM_HOST_COPIES, MEM_PINNED);
+    mem_set_allocator(MEM_OFFLOADED, MEM_PINNED);  // --offload: copies that overlap compute need pinned memory
 }
 
 // ----------------------------------------------------------------------------
@@ -226,7 +227,18 @@ struct Model {
     LayerActs<floatX>* slots;     // [act_num_slots]
     floatX* gelu_shared;          // (B,T,4C) --recompute gelu, else NULL
     floatX* att_shared;           // (B,NH,T,T) --recompute attn, else NULL
-    floatX** seg_inputs;          // [segments] checkpointing: each segment's input; [0] = encoded
+    floatX** seg_inputs;          // [segments] checkpointing: each segment's input; [0] = encoded; the
+                                  // others in GPU memory, or with --offload in the pinned host store
+    floatX* staging;              // (B,T,C) checkpointing + offload: a segment input back from the host
+    // --offload: the host store and the copy stream that moves blocks to it and back (see "offload")
+    char* host_store;             // pinned: every layer's block (L, layer_bytes), or the segment inputs
+    size_t layer_bytes;           // one layer's block
+    int* slot_layer;              // [slots] the layer each slot holds now, -1 none
+    cudaStream_t copy_stream;
+    cudaEvent_t* slot_saved;      // [slots] copy stream: the slot's block (or segment input) is in the host store
+    cudaEvent_t* slot_loaded;     // [slots] copy stream: the slot's block is back from the host store
+    cudaEvent_t staging_loaded;   // copy stream: the staging buffer holds the segment input asked for
+    cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
     floatX* lnf;                  // (B,T,C)
     float *lnf_mean, *lnf_rstd;   // (B,T)
     floatX* logits;               // (B,T,Vp) logits; backward turns them into their gradient in place
@@ -271,17 +283,46 @@ static LayerActs<floatX>* act_layer(Model<floatX>* m, int l) {
     return &m->slots[act_slot_of(&m->act, m->config.num_layers, l)];
 }
 
+// segment s's input in GPU memory: the embeddings, the kept tensor, or (offload) the staging buffer
+template <typename floatX>
+static const floatX* segment_input(Model<floatX>* m, int s) {
+    if (s == 0) { return m->encoded; }
+    return m->act.offload ? m->staging : m->seg_inputs[s];
+}
+
 // layer l's input, while l's block is in the working set; l == L: the last block's output
 template <typename floatX>
 static const floatX* layer_input(Model<floatX>* m, int l) {
     if (l == 0) { return m->encoded; }
     int k = m->act.segment;
-    if (k > 0 && l % k == 0 && l < m->config.num_layers) { return m->seg_inputs[l / k]; }
+    if (k > 0 && l % k == 0 && l < m->config.num_layers) { return segment_input(m, l / k); }
     return act_layer(m, l - 1)->residual3;
 }
 
 // ----------------------------------------------------------------------------
 // allocation
+
+// --offload: the pinned host store (every layer's block, or with checkpointing the segment
+// inputs but the first), the copy stream and its events
+template <typename floatX>
+static void alloc_host_store(Model<floatX>* m, int slots, int seg_kept, size_t R) {
+    int L = m->config.num_layers;
+    size_t bytes = seg_kept ? seg_kept * R : (size_t)L * m->layer_bytes;
+    m->host_store = (char*)mem_alloc(MEM_OFFLOADED, bytes);
+    char* p = m->host_store;
+    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = carve<floatX>(&p, R); }
+    m->slot_layer = (int*)malloc_check(slots * sizeof(int));
+    m->slot_saved = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
+    m->slot_loaded = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
+    CUDA_CHECK(cudaStreamCreate(&m->copy_stream));
+    const cudaEvent_t* all[] = {&m->staging_loaded, &m->compute_done};
+    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags((cudaEvent_t*)all[i], cudaEventDisableTiming)); }
+    for (int i = 0; i < slots; i++) {
+        m->slot_layer[i] = -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_saved[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_loaded[i], cudaEventDisableTiming));
+    }
+}
 
 template <typename floatX>
 static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* pol) {
@@ -296,7 +337,8 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     size_t hs[NUM_HEAD_ACTS], head = 0;
     head_act_bytes(hs, B, T, C, Vp, elem);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
-    size_t total = R + slots * layer + gelu + att + seg_kept * R + head;
+    size_t device_kept = pol->offload ? 0 : seg_kept * R, staging = pol->offload && seg_kept ? R : 0;
+    size_t total = R + slots * layer + gelu + att + device_kept + staging + head;
     m->acts_memory = (char*)mem_alloc(MEM_ACTIVATIONS, total);
     m->slots = (LayerActs<floatX>*)malloc_check(slots * sizeof(LayerActs<floatX>));  // pointers only, not counted
     m->seg_inputs = (floatX**)malloc_check(segments * sizeof(floatX*));
@@ -310,7 +352,8 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
         if (pol->attn) { m->slots[i].att = m->att_shared; }
     }
     m->seg_inputs[0] = m->encoded;
-    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = carve<floatX>(&p, R); }
+    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = pol->offload ? NULL : carve<floatX>(&p, R); }
+    m->staging = staging ? carve<floatX>(&p, staging) : NULL;
     m->lnf = carve<floatX>(&p, hs[0]);
     m->lnf_mean = carve<float>(&p, hs[1]);
     m->lnf_rstd = carve<float>(&p, hs[2]);
@@ -318,6 +361,8 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     m->losses = carve<float>(&p, hs[4]);
     m->row_max = carve<float>(&p, hs[5]);
     m->row_sum = carve<float>(&p, hs[6]);
+    m->layer_bytes = layer;
+    if (pol->offload) { alloc_host_store(m, slots, seg_kept, R); }
 }
 
 template <typename floatX>
@@ -385,6 +430,15 @@ static void model_destroy(Model<floatX>* m) {
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     free(m->slots);
     free(m->seg_inputs);
+    if (m->act.offload) {
+        int slots = act_num_slots(&m->act, m->config.num_layers);
+        for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(m->slot_saved[i])); CUDA_CHECK(cudaEventDestroy(m->slot_loaded[i])); }
+        CUDA_CHECK(cudaEventDestroy(m->staging_loaded));
+        CUDA_CHECK(cudaEventDestroy(m->compute_done));
+        CUDA_CHECK(cudaStreamDestroy(m->copy_stream));
+        free(m->slot_layer); free(m->slot_saved); free(m->slot_loaded);
+        mem_free(m->host_store);
+    }
     matmul_context_free(&m->matmul);
     CUDA_CHECK(cudaStreamDestroy(m->stream));
     free(m);
@@ -445,31 +499,97 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 // ----------------------------------------------------------------------------
 // the whole model
 
-// layers first..last forward from x into the working set; with store, the schedule's
-// (act_policy.h) segment inputs are kept
+// ----------------------------------------------------------------------------
+// offload: the copy stream moves a slot's block (or a segment input) to the pinned host store
+// after its forward and back before its backward, while the compute stream goes on. Events order
+// the two: a copy waits for the compute work before it (compute_done), the compute stream waits
+// for a slot's copy to the host before it writes the slot again (slot_saved), and for a copy
+// from the host before it reads what came back (slot_loaded, staging_loaded).
+
+// the copy stream waits for everything queued on the compute stream so far
+template <typename floatX>
+static void copy_after_compute(Model<floatX>* m) {
+    CUDA_CHECK(cudaEventRecord(m->compute_done, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->copy_stream, m->compute_done, 0));
+}
+
+// after layer l's forward, what the schedule (act_policy.h) keeps: the next segment's input in
+// GPU memory, or (offload) that input or l's whole block copied to the host store
+template <typename floatX>
+static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
+    int L = m->config.num_layers, slot = act_slot_of(&m->act, L, l);
+    ActStore st = act_after_forward(&m->act, L, l);
+    LayerActs<floatX>* la = act_layer(m, l);
+    size_t bytes = BTC * sizeof(floatX);
+    if (st.segment_input >= 0 && !m->act.offload) {
+        CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToDevice, m->stream));
+        return;
+    }
+    if (st.segment_input < 0 && st.offload_layer < 0) { return; }
+    copy_after_compute(m);
+    if (st.segment_input >= 0) {
+        CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToHost, m->copy_stream));
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(m->host_store + (size_t)l * m->layer_bytes, la->ln1, m->layer_bytes, cudaMemcpyDeviceToHost,
+                                   m->copy_stream));
+        m->slot_layer[slot] = l;
+    }
+    CUDA_CHECK(cudaEventRecord(m->slot_saved[slot], m->copy_stream));
+}
+
+// layers first..last forward from x into the working set; with store, what the schedule keeps
 template <typename floatX>
 static void forward_layers(Model<floatX>* m, int first, int last, const floatX* x, int B, int T, int store) {
     int C = m->config.channels, L = m->config.num_layers;
     for (int l = first; l <= last; l++) {
         LayerParams<floatX> lp = layer_params(&m->weights, l, C);
         LayerActs<floatX>* la = act_layer(m, l);
+        if (m->act.offload) { CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->slot_saved[act_slot_of(&m->act, L, l)], 0)); }
         block_forward(m, la, x, &lp, B, T);
-        ActStore st = act_after_forward(&m->act, L, l);
-        if (store && st.segment_input >= 0) {
-            CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, (size_t)B * T * C * sizeof(floatX),
-                                       cudaMemcpyDeviceToDevice, m->stream));
-        }
+        if (store) { store_after_forward(m, l, (size_t)B * T * C); }
         x = la->residual3;
     }
 }
 
-// before layer l's backward: as the schedule says, a segment's forward again (offload is not
-// on the GPU yet: gpt2_check_setup refuses it)
+// offload: brings layer l's block back from the host store unless its slot holds it already; the
+// compute stream waits for it (at once: l is needed next, or its prefetch overlaps l+1's backward)
+template <typename floatX>
+static void fetch_layer(Model<floatX>* m, int l) {
+    int slot = act_slot_of(&m->act, m->config.num_layers, l);
+    if (m->slot_layer[slot] != l) {
+        copy_after_compute(m);  // the slot's last reader (a later layer's backward) is done
+        CUDA_CHECK(cudaMemcpyAsync(m->slots[slot].ln1, m->host_store + (size_t)l * m->layer_bytes, m->layer_bytes,
+                                   cudaMemcpyHostToDevice, m->copy_stream));
+        CUDA_CHECK(cudaEventRecord(m->slot_loaded[slot], m->copy_stream));
+        m->slot_layer[slot] = l;
+    }
+}
+
+// before layer l's backward, as the schedule (act_policy.h) says: a segment input back from the
+// host, a segment's forward again, blocks back from the host (l's, and its input's layer l-1)
 template <typename floatX>
 static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
-    ActBackwardPlan bp = act_before_backward(&m->act, m->config.num_layers, l);
+    int L = m->config.num_layers;
+    ActBackwardPlan bp = act_before_backward(&m->act, L, l);
+    if (bp.restore_segment >= 0) {
+        copy_after_compute(m);  // the staging buffer's last reader is done
+        CUDA_CHECK(cudaMemcpyAsync(m->staging, m->seg_inputs[bp.restore_segment], (size_t)B * T * m->config.channels * sizeof(floatX),
+                                   cudaMemcpyHostToDevice, m->copy_stream));
+        CUDA_CHECK(cudaEventRecord(m->staging_loaded, m->copy_stream));
+        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->staging_loaded, 0));
+    }
     if (bp.recompute_segment >= 0) {
-        forward_layers(m, bp.recompute_first, bp.recompute_last, m->seg_inputs[bp.recompute_segment], B, T, 0);
+        forward_layers(m, bp.recompute_first, bp.recompute_last, segment_input(m, bp.recompute_segment), B, T, 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (bp.fetch[i] >= 0) { fetch_layer(m, bp.fetch[i]); }
+    }
+    if (bp.fetch[0] >= 0) {  // l's block and l-1's output (l's input) must be back before l's backward
+        for (int i = 0; i < 2; i++) {
+            if (bp.fetch[i] >= 0) {
+                CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->slot_loaded[act_slot_of(&m->act, L, bp.fetch[i])], 0));
+            }
+        }
     }
 }
 
@@ -636,10 +756,6 @@ void gpt2_check_setup(const ModelSetup* s) {
     if (s->optimizer != OPT_ADAMW) {
         fail("--optimizer %s: not on the GPU yet (the CUDA backend has AdamW; Adafactor and CAME come with issue 9)\n"
              "  hint: --optimizer adamw, or train with ./train_gpt (the CPU has all three)", OPTIMIZER_NAMES[s->optimizer]);
-    }
-    if (s->act.offload) {
-        fail("--offload 1: not on the GPU yet (activation offload over copy streams is issue 10)\n"
-             "  hint: --recompute sqrt saves more memory meanwhile; or train with ./train_gpt");
     }
     if (s->dist.world > 1 || s->zero != ZERO_REPLICATED) {
         fail("%d ranks, --zero %d: one GPU only for now (NCCL and ZeRO-1 on the GPU are issue 10)\n"
