@@ -773,6 +773,7 @@ static void test_usage_lists_every_flag(void) {
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
 #define FIXTURE_TOKENS 4096
+#define FIXTURE_DEEP_LAYERS 5  // model_deep.bin
 
 static void write_model_variant(const char* dir, const char* name, const GPT2Config* cfg, const float* params,
                                 int slot, int value, long truncate_to) {
@@ -798,6 +799,14 @@ static void write_fixtures(const char* dir) {
     write_model_variant(dir, "model_badversion.bin", &cfg, params, MODEL_SLOT_VERSION, 4, 0);
     write_model_variant(dir, "model_badheads.bin", &cfg, params, MODEL_SLOT_NUM_HEADS, 5, 0);  // C=32 not divisible by 5
     write_model_variant(dir, "model_truncated.bin", &cfg, params, -1, 0, 5000);
+    free(params);
+    // five layers: offload and checkpointing move blocks and segment inputs both ways (two slots
+    // cannot hold them all), in uneven segments (k=2: 2,2,1)
+    GPT2Config deep = cfg;
+    deep.num_layers = FIXTURE_DEEP_LAYERS;
+    params = (float*)malloc_check(gpt2_num_parameters(&deep) * sizeof(float));
+    gpt2_init_params(params, &deep, 43);
+    write_model_variant(dir, "model_deep.bin", &deep, params, -1, 0, 0);
     free(params);
     uint16_t toks[FIXTURE_TOKENS];
     uint64_t rng = 3;
