@@ -31,6 +31,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
     ("golden checkpoints", [PY, "tests/test_golden.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
+    ("Hugging Face GPT-2 converter", [PY, "tests/test_convert.py", "./train_gpt", "./test_gpt"], None),
+    ("compare flags and plots", [PY, "tests/test_compare_flags.py", "./train_gpt", "./test_gpt"], None),
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
     ("CUDA trainer (emulated device) against the CPU",
      [PY, "tests/test_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
