@@ -56,8 +56,11 @@ build/train_gpt_nompi: train_gpt.c $(HEADERS)
 CUDA_HEADERS = $(wildcard cuda/*.cuh)
 GPU_ARCH ?= $(or $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ' | sed 's/^/sm_/'),sm_90)
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -fopenmp,-Wall,-Wno-unused-function,-Wno-unknown-pragmas
+# NCCL from wherever it is (dev/cuda_emu/find_nccl.sh: the toolkit, a system package, the nvidia-nccl
+# Python package), MPI (mpicxx) to launch and bootstrap the ranks when installed
+CUDA_LIBS = -lcublasLt -lcublas -lgomp $(NVCC_NCCL_LIBS) $(EMU_MPI_LDLIBS)
 train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ -lcublasLt -lcublas -lgomp
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) $< -o $@ $(CUDA_LIBS)
 
 # nvcc builds the CUDA trainer for Ampere (sm_80) and Hopper (sm_90) without a warning (CI runs it)
 CUDA_CHECK_ARCHS = sm_80 sm_90
@@ -65,7 +68,7 @@ cuda-build-check: $(foreach a,$(CUDA_CHECK_ARCHS),build/nvcc/$(a)/train_gpt_cu)
 	@echo "nvcc builds train_gpt.cu for $(CUDA_CHECK_ARCHS) with no warnings"
 build/nvcc/%/train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
 	@mkdir -p $(@D)
-	$(NVCC) $(subst -arch=$(GPU_ARCH),-arch=$*,$(NVCC_FLAGS)) --Werror all-warnings $< -o $@ -lcublasLt -lcublas -lgomp
+	$(NVCC) $(subst -arch=$(GPU_ARCH),-arch=$*,$(NVCC_FLAGS)) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) --Werror all-warnings $< -o $@ $(CUDA_LIBS)
 
 # the tests: test_gpt.c includes train_gpt.c with TESTING defined (no main)
 test_gpt: test_gpt.c train_gpt.c $(HEADERS)

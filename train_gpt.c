@@ -241,6 +241,7 @@ static void backward_buffer_sizes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
 // no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
+void gpt2_select_device(const Dist* d) { (void)d; }
 size_t gpt2_device_free_bytes(void) { return 0; }
 size_t gpt2_device_bytes_used(size_t* accounted) { *accounted = 0; return 0; }
 double gpt2_peak_flops(Precision p) { (void)p; return 0.0; }

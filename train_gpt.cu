@@ -15,11 +15,13 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
     ./train_gpt_cu --precision fp32 -e tiny                              # compared with ./train_gpt
     make build/emu/train_gpt && ./build/emu/train_gpt ...                # the same source, emulated on the CPU
 
-Not yet on the GPU (each stops with a message naming the flag): Adafactor and CAME, and more
-than one rank (--zero, mpirun): issues 9 and 10.
+Data parallel: `mpirun -np N ./train_gpt_cu --zero 0|1`, one process per GPU (the node-local rank's),
+NCCL bootstrapped over MPI. Not yet on the GPU (each stops with a message naming the flag):
+Adafactor and CAME (issue 9).
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <nccl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -181,7 +183,7 @@ static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 // the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities
 // (sampling), the reduction scratch of the deterministic gradient kernels (fp32), the
 // attention's (floatX), the global norm's (doubles, and the result) and cuBLASLt's workspace
-typedef struct { size_t batch, probs, reduce, attention, norm, matmul; } ScratchBytes;
+typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul; } ScratchBytes;
 
 static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem) {
     int C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -195,13 +197,55 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
     ScratchBytes s = {align_up(2 * BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
                       align_up(attention_scratch_floats(B, T, C, NH) * elem),
                       align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
-                      MATMUL_WORKSPACE_BYTES};
+                      align_up((size_t)param_slice_count(c) * sizeof(double)), MATMUL_WORKSPACE_BYTES};
     return s;
 }
 
-static size_t scratch_total(const ScratchBytes* s) { return s->batch + s->probs + s->reduce + s->attention + s->norm + s->matmul; }
+static size_t scratch_total(const ScratchBytes* s) {
+    return s->batch + s->probs + s->reduce + s->attention + s->norm + s->norm_parts + s->matmul;
+}
 
 static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof(__nv_bfloat16) : sizeof(float); }
+
+// ----------------------------------------------------------------------------
+// NCCL: one process per GPU, the communicator bootstrapped over MPI
+
+static void nccl_check_at(ncclResult_t r, const char* call, const char* file, int line) {
+    if (r != ncclSuccess) {
+        fail_at(file, line, "%s failed: %s\n  hint: %s", call, ncclGetErrorString(r),
+                r == ncclInvalidUsage ? "each rank needs a GPU of its own (two ranks on one GPU are refused)"
+                                      : "check that every rank started with the same flags, and NCCL's own log (NCCL_DEBUG=INFO)");
+    }
+}
+#define NCCL_CHECK(call) nccl_check_at((call), #call, __FILE__, __LINE__)
+
+// rank 0 makes NCCL's unique id, MPI carries it to the others, and every rank joins
+static ncclComm_t nccl_init(const Dist* d) {
+    ncclUniqueId id;
+    if (d->rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
+    dist_broadcast_bytes(&id, sizeof(id), 0);
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, d->world, id, d->rank));
+    return comm;
+}
+
+// for every slice of the model: each rank's block (slice_part_counts), in rank order, through
+// call(block memory, floats, rank that owns it): ZeRO-1's per-block reduce and broadcast
+template <typename F>
+static void for_each_rank_block(const GPT2Config* c, int world, F call) {
+    ParamSlice* slices = param_slices_alloc(c);
+    int* counts = (int*)malloc_check((size_t)world * sizeof(int));
+    for (int k = 0; k < param_slice_count(c); k++) {
+        slice_part_counts(&slices[k], world, counts);
+        size_t off = slices[k].offset;
+        for (int r = 0; r < world; r++) {
+            if (counts[r] > 0) { call(off, (size_t)counts[r], r); }
+            off += (size_t)counts[r];
+        }
+    }
+    free(counts);
+    free(slices);
+}
 
 // ----------------------------------------------------------------------------
 // the model
@@ -261,6 +305,11 @@ struct Model {
     int batch_size, seq_len;      // the (B,T) the activations were sized for
     MatmulContext matmul;
     cudaStream_t stream;
+    // data parallelism (one process per GPU): NCCL among the ranks
+    Dist dist;
+    ZeroStage zero;               // ZERO_SHARDED: this rank keeps and updates its blocks of every slice
+    ncclComm_t comm;              // NULL on one rank
+    double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
 };
 
 struct GPT2 {
@@ -384,6 +433,7 @@ static void alloc_backward_and_scratch(Model<floatX>* m, int B, int T) {
     m->reduce_scratch = carve<float>(&p, sb.reduce);
     m->attention_scratch = carve<floatX>(&p, sb.attention);
     m->norm_scratch = carve<double>(&p, sb.norm);
+    m->norm_parts = carve<double>(&p, sb.norm_parts);
     matmul_context_init(&m->matmul, carve<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
 }
 
@@ -397,6 +447,8 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->num_parameters = P;
     m->optimizer = s->optimizer;
     m->act = s->act;
+    m->dist = s->dist;
+    m->zero = s->zero;
     m->batch_size = s->B;
     m->seq_len = s->T;
     CUDA_CHECK(cudaStreamCreate(&m->stream));
@@ -409,7 +461,7 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, P * sizeof(float));
     point_params(&m->grads, m->grads_memory, c);
     CUDA_CHECK(cudaMemset(m->grads_memory, 0, P * sizeof(float)));
-    m->opt_floats = optimizer_state_floats(c, s->optimizer, s->use_beta1, 1);
+    m->opt_floats = optimizer_state_floats(c, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
     m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
     alloc_activations(m, s->B, s->T, &s->act);
@@ -419,6 +471,7 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
+    m->comm = s->dist.world > 1 ? nccl_init(&s->dist) : NULL;
     return m;
 }
 
@@ -440,6 +493,7 @@ static void model_destroy(Model<floatX>* m) {
         mem_free(m->host_store);
     }
     matmul_context_free(&m->matmul);
+    if (m->comm != NULL) { NCCL_CHECK(ncclCommDestroy(m->comm)); }
     CUDA_CHECK(cudaStreamDestroy(m->stream));
     free(m);
 }
@@ -642,36 +696,86 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, m->inputs, B, T, C, s);
 }
 
-// global L2 norm of the fp32 gradients (a fixed-order sum in double)
+// the gradients of all ranks' micro-batches, summed (the loss scale already divides by the ranks):
+// whole on every rank (--zero 0, all-reduce), or each block of every slice on the rank that owns
+// it (--zero 1: a reduce to that rank per block, as the CPU's reduce-scatter cuts them)
+template <typename floatX>
+static void model_reduce_grads(Model<floatX>* m) {
+    if (m->comm == NULL) { return; }
+    if (m->zero != ZERO_SHARDED) {
+        NCCL_CHECK(ncclAllReduce(m->grads_memory, m->grads_memory, m->num_parameters, ncclFloat, ncclSum, m->comm, m->stream));
+        return;
+    }
+    NCCL_CHECK(ncclGroupStart());
+    for_each_rank_block(&m->config, m->dist.world, [m](size_t off, size_t n, int owner) {
+        NCCL_CHECK(ncclReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, owner, m->comm, m->stream));
+    });
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+// global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1: each rank sums the
+// squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add
 template <typename floatX>
 static float model_grad_norm(Model<floatX>* m) {
-    double* result = m->norm_scratch;
-    global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
-    double sum;
-    CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    double sum = 0.0;
+    if (m->zero != ZERO_SHARDED || m->comm == NULL) {
+        double* result = m->norm_scratch;
+        global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
+        CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+        CUDA_CHECK(cudaStreamSynchronize(m->stream));
+        return (float)sqrt(sum);
+    }
+    ParamSlice* slices = param_slices_alloc(&m->config);
+    int nslices = param_slice_count(&m->config);
+    OptSharding z = {m->dist.rank, m->dist.world, NULL, NULL};
+    for (int k = 0; k < nslices; k++) {
+        size_t offset;
+        OptShard sh = slice_shard(&slices[k], &z, &offset);
+        global_norm_squared_cuda(m->norm_parts + k, m->grads_memory + slices[k].offset + offset, (size_t)sh.rows * sh.cols,
+                                 m->norm_scratch + 1, m->stream);
+    }
+    double* parts = (double*)malloc_check((size_t)nslices * sizeof(double));
+    CUDA_CHECK(cudaMemcpyAsync(parts, m->norm_parts, (size_t)nslices * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    for (int k = 0; k < nslices; k++) { sum += parts[k]; }
+    free(parts);
+    free(slices);
+    dist_allreduce_sum_doubles(&sum, 1);
     return (float)sqrt(sum);
 }
 
-// clips the gradients and takes one AdamW step per slice, as cpu/optimizers.h (weight decay on
-// the 2-D weights only, the padded wte rows never touched); then the working weights follow
+// clips the gradients and takes one AdamW step per slice (under ZeRO-1 on this rank's block of
+// each), as cpu/optimizers.h: weight decay on the 2-D weights only, the padded wte rows never
+// touched; ZeRO-1 then sends every block from its owner to the others (a broadcast per block,
+// queued after the update on the same stream); then the working weights follow the master
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     float clip = s->grad_clip > 0.0f && grad_norm > s->grad_clip ? s->grad_clip / grad_norm : 1.0f;
     if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->num_parameters, m->stream); }
     const AdamWHyper* h = &s->hyper.adamw;
+    OptSharding z = {0, 1, NULL, NULL};
+    if (m->zero == ZERO_SHARDED) { z.rank = m->dist.rank; z.world = m->dist.world; }
     ParamSlice* slices = param_slices_alloc(&m->config);
     float* st = m->opt_memory;
     for (int k = 0; k < param_slice_count(&m->config); k++) {
         size_t offset;
-        OptShard sh = slice_shard(&slices[k], &OPT_UNSHARDED, &offset);
+        OptShard sh = slice_shard(&slices[k], &z, &offset);
         size_t n = (size_t)sh.rows * sh.cols, off = slices[k].offset + offset;
         double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? h->weight_decay : 0.0;
-        adamw_update_cuda(m->master_memory + off, m->grads_memory + off, st, st + sh.state_units * sh.width, n,
-                          (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, s->t, m->stream);
+        if (n > 0) {
+            adamw_update_cuda(m->master_memory + off, m->grads_memory + off, st, st + sh.state_units * sh.width, n,
+                              (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, s->t, m->stream);
+        }
         st += slice_state_floats(OPT_ADAMW, &sh, 0);
     }
     free(slices);
+    if (m->zero == ZERO_SHARDED && m->comm != NULL) {
+        NCCL_CHECK(ncclGroupStart());
+        for_each_rank_block(&m->config, m->dist.world, [m](size_t off, size_t n, int owner) {
+            NCCL_CHECK(ncclBroadcast(m->master_memory + off, m->master_memory + off, n, ncclFloat, owner, m->comm, m->stream));
+        });
+        NCCL_CHECK(ncclGroupEnd());
+    }
     if ((void*)m->weights_memory != (void*)m->master_memory) {
         copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->num_parameters, m->stream);
     }
@@ -757,10 +861,20 @@ void gpt2_check_setup(const ModelSetup* s) {
         fail("--optimizer %s: not on the GPU yet (the CUDA backend has AdamW; Adafactor and CAME come with issue 9)\n"
              "  hint: --optimizer adamw, or train with ./train_gpt (the CPU has all three)", OPTIMIZER_NAMES[s->optimizer]);
     }
-    if (s->dist.world > 1 || s->zero != ZERO_REPLICATED) {
-        fail("%d ranks, --zero %d: one GPU only for now (NCCL and ZeRO-1 on the GPU are issue 10)\n"
-             "  hint: run one process; ./train_gpt trains data-parallel over MPI", s->dist.world, (int)s->zero);
+}
+
+// the GPU of this rank: the node-local rank's (mpirun -np N on one machine of N GPUs, or many)
+void gpt2_select_device(const Dist* d) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) { cudaGetLastError(); return; }  // gpt2_create says so
+    int local = dist_local_rank(), here = dist_local_ranks();
+    if (here > devices) {
+        fail("%d ranks run on this machine but it has %d GPU(s): each rank needs a GPU of its own\n"
+             "  hint: mpirun -np %d per machine of %d GPUs (a hostfile spreads more ranks over more machines)",
+             here, devices, devices, devices);
     }
+    CUDA_CHECK(cudaSetDevice(local));
+    (void)d;
 }
 
 BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision) {
@@ -832,7 +946,9 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     if (m->bf16) { model_backward(m->bf16, B, T, loss_scale); } else { model_backward(m->f32, B, T, loss_scale); }
 }
 
-void gpt2_reduce_grads(GPT2* m) { (void)m; }  // one GPU (gpt2_check_setup)
+void gpt2_reduce_grads(GPT2* m) {
+    if (m->bf16) { model_reduce_grads(m->bf16); } else { model_reduce_grads(m->f32); }
+}
 
 float gpt2_grad_norm(GPT2* m) { return m->bf16 ? model_grad_norm(m->bf16) : model_grad_norm(m->f32); }
 

@@ -203,6 +203,33 @@ static int dist_local_ranks(void) {
     return n;
 }
 
+// this process's rank among the ranks on its machine, 0..dist_local_ranks()-1 (0 without MPI):
+// the GPU it takes, so that one command works on one machine or many
+static int dist_local_rank(void) {
+    int r = 0;
+#ifdef USE_MPI
+    if (g_dist_world > 1) {
+        MPI_Comm local;
+        mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+        mpi_check(MPI_Comm_rank(local, &r));
+        mpi_check(MPI_Comm_free(&local));
+    }
+#endif
+    return r;
+}
+
+// buf (bytes) := root's buf, on every rank (e.g. NCCL's unique id from rank 0)
+static void dist_broadcast_bytes(void* buf, size_t bytes, int root) {
+#ifdef USE_MPI
+    if (g_dist_world > 1) {
+        if (bytes > (size_t)INT_MAX) { fail("dist_broadcast_bytes: %zu bytes is beyond MPI's int counts", bytes); }
+        mpi_check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD));
+    }
+#else
+    (void)buf; (void)bytes; (void)root;
+#endif
+}
+
 // the same over the world that dist_init started, for callers that hold no Dist (the
 // optimizer's hook): an in-place gather needs the counts, not this rank's number
 static void dist_allgather_floats_world(float* buf, const int* counts) {

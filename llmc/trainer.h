@@ -80,6 +80,9 @@ typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
 const char* gpt2_backend_name(void);
 Precision gpt2_default_precision(void);
 void gpt2_check_setup(const ModelSetup* s);
+// the GPU this rank trains on (the node-local rank's), before anything touches a device; a
+// backend without a device does nothing
+void gpt2_select_device(const Dist* d);
 // the device: memory free for this process's tensors, memory this process has taken since it
 // started (cudaMemGetInfo) with *accounted the part the accounting allocator handed out, and
 // the peak FLOP/s of precision p (0: unknown); a backend without a device answers 0 to all
@@ -474,6 +477,7 @@ static int steps_to_train(const Run* r) {
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
+    gpt2_select_device(&s->dist);
     check_memory_fits(&r->plan, &s->act, dist_local_ranks());
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer

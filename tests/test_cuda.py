@@ -39,6 +39,8 @@ STEPS = 10
 LOSS_RTOL = 1e-4
 MODEL_RTOL = 1e-4
 BF16_LOSS_RTOL = 2e-2
+DP_RTOL = 1e-6        # N ranks against 1 rank: the same sums in another order (tests/test_zero.py)
+HEADER_BYTES = 1024   # the state file's 256-int header
 
 BASE = ["-e", f"{FIX}/model.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k", "", "-b", "2", "-t", "16",
         "-x", str(STEPS), "-u", "2", "-v", "0", "-s", "0", "-n", "5"]
@@ -153,6 +155,45 @@ if s.expect_ok("CUDA fp32, 5 layers: plain", [CUDA] + DEEP + FP32 + ["-o", plain
                         "models differ")
                 if mode == "inorder":
                     s.check_memory(f"{name}: measured memory equals the plan", d)
+
+# data parallel: one process per (emulated) GPU, NCCL among them. 2 ranks with the global batch of
+# 1 rank (-d 64: two micro-steps of B*T = 32 on one rank, one on each of two) train the same model to
+# rounding (they add the micro-batches' gradients in another order); --zero 1 equals --zero 0 bit
+# for bit; each rank keeps half the optimizer state; a sharded checkpoint resumes bitwise; two ranks
+# on a machine of one GPU are refused by the trainer, before NCCL
+mpirun, why_not = e2e.mpi_launcher(CUDA)
+if mpirun is None:
+    s.skip("CUDA data parallel (2 ranks, --zero 0 and 1)", why_not)
+else:
+    DP = DEEP + ["-d", "64", "-n", "2"]
+    one = f"{W}/dp_1rank"
+    ok1 = s.expect_ok("CUDA data parallel: 1 rank, 2 micro-steps", [CUDA] + DP + FP32 + ["-o", one])
+    for zero in ("0", "1"):
+        d = f"{W}/dp_2ranks_zero{zero}"
+        if not s.expect_ok(f"CUDA data parallel: mpirun -np 2 --zero {zero}", mpirun + ["2", CUDA] + DP + FP32 + ["--zero", zero, "-o", d]):
+            continue
+        s.check_memory(f"CUDA data parallel --zero {zero}: measured memory equals the plan", d)
+        if ok1:
+            models_close(f"CUDA data parallel --zero {zero}: 2 ranks within {DP_RTOL:g} of 1 rank",
+                         ckpt(d, "model", 4, ".bin"), ckpt(one, "model", 4, ".bin"), DP_RTOL)
+    z0, z1 = f"{W}/dp_2ranks_zero0", f"{W}/dp_2ranks_zero1"
+    if os.path.exists(ckpt(z1, "model", 4, ".bin")) and os.path.exists(ckpt(z0, "model", 4, ".bin")):
+        s.check("CUDA data parallel: --zero 1 equals --zero 0 bit for bit", same_bytes(ckpt(z0, "model", 4, ".bin"), ckpt(z1, "model", 4, ".bin")),
+                "models differ")
+        full, half = (os.path.getsize(ckpt(z, "state", 4, "_00001.bin")) - HEADER_BYTES for z in (z0, z1))
+        s.check("CUDA data parallel --zero 1: each rank keeps half the optimizer state", full == 2 * half, f"{half} of {full} bytes")
+        # resume the sharded checkpoint of step 2 on 2 ranks: bitwise the same end
+        r = f"{W}/dp_resume"
+        os.makedirs(r)
+        for f in glob.glob(f"{z1}/*_{2:08d}*") + glob.glob(f"{z1}/DONE_{2:08d}"):
+            shutil.copy(f, r)
+        if s.expect_ok("CUDA data parallel --zero 1: resume from step 2", mpirun + ["2", CUDA] + DP + FP32 + ["--zero", "1", "-o", r, "-y", "1"]):
+            for kind, suffix in (("model", ".bin"), ("state", "_00000.bin"), ("state", "_00001.bin")):
+                s.check(f"CUDA data parallel --zero 1: resumed run ends with the same {kind}{suffix}",
+                        same_bytes(ckpt(z1, kind, 4, suffix), ckpt(r, kind, 4, suffix)), "files differ")
+    r = s.run(mpirun + ["2", CUDA] + DP + FP32 + ["-o", ""], env={"CUDA_EMU_DEVICES": "1"})
+    s.check("CUDA data parallel: 2 ranks on a machine of 1 GPU stop with the trainer's message",
+            r.rc != 0 and "2 ranks run on this machine but it has 1 GPU(s)" in r.err, r.err[-400:])
 
 # not on the GPU yet: a message, not a wrong answer
 s.expect_fail("CUDA: Adafactor is refused with a message", "--optimizer adafactor: not on the GPU yet",
