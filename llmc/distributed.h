@@ -189,34 +189,24 @@ static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
 #endif
 }
 
-// ranks on this machine (they share its memory): 1 without MPI
-static int dist_local_ranks(void) {
-    int n = 1;
+// this process on its machine: its rank among the ranks there (the GPU it takes, so that one
+// command works on one machine or many) and how many ranks share the machine's memory; 0 and 1
+// without MPI
+static void dist_local(int* rank, int* ranks) {
+    *rank = 0;
+    *ranks = 1;
 #ifdef USE_MPI
     if (g_dist_world > 1) {
         MPI_Comm local;
         mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
-        mpi_check(MPI_Comm_size(local, &n));
+        mpi_check(MPI_Comm_rank(local, rank));
+        mpi_check(MPI_Comm_size(local, ranks));
         mpi_check(MPI_Comm_free(&local));
     }
 #endif
-    return n;
 }
-
-// this process's rank among the ranks on its machine, 0..dist_local_ranks()-1 (0 without MPI):
-// the GPU it takes, so that one command works on one machine or many
-static int dist_local_rank(void) {
-    int r = 0;
-#ifdef USE_MPI
-    if (g_dist_world > 1) {
-        MPI_Comm local;
-        mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
-        mpi_check(MPI_Comm_rank(local, &r));
-        mpi_check(MPI_Comm_free(&local));
-    }
-#endif
-    return r;
-}
+static int dist_local_ranks(void) { int r, n; dist_local(&r, &n); return n; }
+static int dist_local_rank(void) { int r, n; dist_local(&r, &n); return r; }
 
 // buf (bytes) := root's buf, on every rank (e.g. NCCL's unique id from rank 0)
 static void dist_broadcast_bytes(void* buf, size_t bytes, int root) {
