@@ -103,24 +103,12 @@ typedef struct {
     float* fch_gelu;   // (B,T,4C) after GELU; --recompute gelu: shared
     float* residual3;  // (B,T,C)  block output = next block's input
 } LayerActs;
-#define NUM_LAYER_ACTS 13
 
-// the floats of each tensor of one layer's block; selective recompute keeps no GELU
-// output and no attention weights in the block (one shared buffer of each serves)
-static void layer_act_sizes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, const ActPolicy* pol) {
-    size_t BT = (size_t)B * T;
-    size_t att = pol->attn ? 0 : (size_t)B * NH * T * T, gelu = pol->gelu ? 0 : BT * 4 * C;
-    size_t sizes[NUM_LAYER_ACTS] = {
-        BT * C, BT, BT, BT * 3 * C, BT * C, att, BT * C,
-        BT * C, BT, BT, BT * 4 * C, gelu, BT * C,
-    };
-    memcpy(s, sizes, sizeof(sizes));
-}
-
-// points a's tensors into memory; returns the block's floats
+// points a's tensors into memory (act_policy.h's table of their sizes: all fp32 here); returns
+// the block's floats
 static size_t point_layer_acts(LayerActs* a, float* memory, int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
-    layer_act_sizes(s, B, T, C, NH, pol);
+    layer_act_elems(s, B, T, C, NH, pol);
     float** ptrs[NUM_LAYER_ACTS] = {
         &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att, &a->residual2,
         &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu, &a->residual3,
@@ -218,7 +206,7 @@ static OptSharding gpt2_sharding(const GPT2* m) {
 // floats of one layer's block under a policy
 static size_t layer_act_floats(int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
-    layer_act_sizes(s, B, T, C, NH, pol);
+    layer_act_elems(s, B, T, C, NH, pol);
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { total += s[i]; }
     return total;
 }
@@ -228,15 +216,6 @@ static size_t layer_act_floats(int B, int T, int C, int NH, const ActPolicy* pol
 static size_t head_act_floats(int B, int T, int C, int Vp) {
     size_t BT = (size_t)B * T;
     return BT * C + 2 * BT + BT * Vp + BT;
-}
-
-// backward's buffers, one layer's worth: dresidual, dbtc (B,T,C), dqkv (B,T,3C),
-// dfch_gelu, dfch (B,T,4C), datt (B,NH,T,T)
-#define NUM_BACKWARD_BUFFERS 6
-static void backward_buffer_sizes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH) {
-    size_t BTC = (size_t)B * T * C;
-    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTC, 4 * BTC, 4 * BTC, (size_t)B * NH * T * T};
-    memcpy(s, sizes, sizeof(sizes));
 }
 
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
@@ -262,7 +241,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     const ActPolicy gelu = {0, 1, 0, 0}, attn = {0, 0, 1, 0};
     size_t F = sizeof(float), layer = layer_act_floats(B, T, C, NH, &ACT_KEEP_ALL);
     size_t bwd[NUM_BACKWARD_BUFFERS], backward = 0;
-    backward_buffer_sizes(bwd, B, T, C, NH);
+    backward_buffer_elems(bwd, B, T, C, NH);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bwd[i]; }
     BackendLayout l = {F, F, layer * F, (layer - layer_act_floats(B, T, C, NH, &gelu)) * F,
                        (layer - layer_act_floats(B, T, C, NH, &attn)) * F, (size_t)B * T * C * F,
@@ -289,7 +268,7 @@ static void gpt2_alloc_activations(GPT2* m, int B, int T, const ActPolicy* pol) 
     int slots = act_num_slots(pol, L), segments = act_num_segments(pol, L);
     int seg_kept = pol->segment > 0 ? segments - 1 : 0;  // segment inputs besides the embeddings
     size_t ls[NUM_LAYER_ACTS];
-    layer_act_sizes(ls, B, T, C, NH, pol);
+    layer_act_elems(ls, B, T, C, NH, pol);
     a->layer_floats = 0;
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { a->layer_floats += ls[i]; }
     size_t gelu = pol->gelu ? BTC * 4 : 0, att = pol->attn ? (size_t)B * NH * T * T : 0;
@@ -348,7 +327,7 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     gpt2_alloc_activations(m, B, T, pol);
     size_t bsizes[NUM_BACKWARD_BUFFERS], btotal = 0;
-    backward_buffer_sizes(bsizes, B, T, C, NH);
+    backward_buffer_elems(bsizes, B, T, C, NH);
     float** bptrs[NUM_BACKWARD_BUFFERS] = {&m->bwd.dresidual, &m->bwd.dbtc, &m->bwd.dqkv, &m->bwd.dfch_gelu, &m->bwd.dfch, &m->bwd.datt};
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { btotal += bsizes[i]; }
     m->bwd_memory = (float*)mem_calloc(MEM_ACT_GRADIENTS, btotal * sizeof(float));

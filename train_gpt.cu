@@ -123,22 +123,15 @@ struct LayerActs {
     floatX* fch_gelu;  // (B,T,4C); --recompute gelu: shared
     floatX* residual3; // (B,T,C)
 };
-#define NUM_LAYER_ACTS 13
 
-// the bytes of each tensor of one layer's block (16-byte multiples, so every tensor is aligned
-// for Packed128), floatX of elem bytes; selective recompute keeps no GELU output and no
-// attention weights in the block
+// the bytes of each tensor of one layer's block (act_policy.h's table; 16-byte multiples, so every
+// tensor is aligned for Packed128): floatX of elem bytes, the LayerNorm statistics fp32
 #define TENSOR_ALIGN 16
 static size_t align_up(size_t bytes) { return (bytes + TENSOR_ALIGN - 1) / TENSOR_ALIGN * TENSOR_ALIGN; }
 
 static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
-    size_t BT = (size_t)B * T, F = sizeof(float);
-    size_t att = pol->attn ? 0 : (size_t)B * NH * T * T, gelu = pol->gelu ? 0 : BT * 4 * C;
-    size_t sizes[NUM_LAYER_ACTS] = {
-        BT * C * elem, BT * F, BT * F, BT * 3 * C * elem, BT * C * elem, att * elem, BT * C * elem,
-        BT * C * elem, BT * F, BT * F, BT * 4 * C * elem, gelu * elem, BT * C * elem,
-    };
-    for (int i = 0; i < NUM_LAYER_ACTS; i++) { s[i] = align_up(sizes[i]); }
+    layer_act_elems(s, B, T, C, NH, pol);
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { s[i] = align_up(s[i] * (LAYER_ACT_IS_STAT[i] ? sizeof(float) : elem)); }
 }
 
 static size_t layer_block_bytes(int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
@@ -172,12 +165,10 @@ static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int C, int Vp,
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { s[i] = align_up(sizes[i]); }
 }
 
-// backward's buffers, one layer's worth (the CPU's BackwardBuffers), floatX
-#define NUM_BACKWARD_BUFFERS 6
+// backward's buffers, one layer's worth (act_policy.h's table), floatX
 static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, size_t elem) {
-    size_t BTC = (size_t)B * T * C;
-    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTC, 4 * BTC, 4 * BTC, (size_t)B * NH * T * T};
-    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { s[i] = align_up(sizes[i] * elem); }
+    backward_buffer_elems(s, B, T, C, NH);
+    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { s[i] = align_up(s[i] * elem); }
 }
 
 // the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities

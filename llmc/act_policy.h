@@ -105,6 +105,37 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
 }
 
 // ----------------------------------------------------------------------------
+// the tensors a layer keeps for its backward, and backward's working buffers: the one table of
+// their sizes (in elements) that every backend allocates from and describes to the planner.
+// A block, in order: ln1 (B,T,C), ln1_mean, ln1_rstd (B,T), qkv (B,T,3C), atty (B,T,C),
+// att (B,NH,T,T), residual2 (B,T,C), ln2 (B,T,C), ln2_mean, ln2_rstd (B,T), fch (B,T,4C),
+// fch_gelu (B,T,4C), residual3 (B,T,C). Selective recompute keeps no attention weights or GELU
+// output in the block (one shared buffer of each serves every layer).
+
+#define NUM_LAYER_ACTS 13
+// the LayerNorm statistics: fp32 on every backend (the others are in the activation precision)
+static const int LAYER_ACT_IS_STAT[NUM_LAYER_ACTS] = {0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0};
+
+static void layer_act_elems(size_t n[NUM_LAYER_ACTS], int B, int T, int C, int NH, const ActPolicy* pol) {
+    size_t BT = (size_t)B * T;
+    size_t att = pol->attn ? 0 : (size_t)B * NH * T * T, gelu = pol->gelu ? 0 : BT * 4 * C;
+    size_t sizes[NUM_LAYER_ACTS] = {
+        BT * C, BT, BT, BT * 3 * C, BT * C, att, BT * C,
+        BT * C, BT, BT, BT * 4 * C, gelu, BT * C,
+    };
+    memcpy(n, sizes, sizeof(sizes));
+}
+
+// backward's buffers, one layer's worth, reused by every layer: dresidual, dbtc (B,T,C),
+// dqkv (B,T,3C), dfch_gelu, dfch (B,T,4C), datt (B,NH,T,T)
+#define NUM_BACKWARD_BUFFERS 6
+static void backward_buffer_elems(size_t n[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH) {
+    size_t BTC = (size_t)B * T * C;
+    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTC, 4 * BTC, 4 * BTC, (size_t)B * NH * T * T};
+    memcpy(n, sizes, sizeof(sizes));
+}
+
+// ----------------------------------------------------------------------------
 // the schedule: what moves or runs again around each layer
 
 // after layer l's forward, what the backend stores
