@@ -274,6 +274,8 @@ struct Model {
     cudaEvent_t* slot_loaded;     // [slots] copy stream: the slot's block is back from the host store
     cudaEvent_t staging_loaded;   // copy stream: the staging buffer holds the segment input asked for
     cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
+    cudaEvent_t* wait_marks;      // [2 * OFFLOAD_MAX_WAITS] compute stream: before and after each wait for a copy
+    int waits;                    // waits marked since the step began
     floatX* lnf;                  // (B,T,C)
     float *lnf_mean, *lnf_rstd;   // (B,T)
     floatX* logits;               // (B,T,Vp) logits; backward turns them into their gradient in place
@@ -342,6 +344,8 @@ static const floatX* layer_input(Model<floatX>* m, int l) {
 // ----------------------------------------------------------------------------
 // allocation
 
+#define OFFLOAD_MAX_WAITS 4096  // timed waits for copies per step: a few per layer and micro-step
+
 // --offload: the pinned host store (every layer's block, or with checkpointing the segment
 // inputs but the first), the copy stream and its events
 template <typename floatX>
@@ -362,6 +366,8 @@ static void alloc_host_store(Model<floatX>* m, int slots, int seg_kept, size_t R
         CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_saved[i], cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_loaded[i], cudaEventDisableTiming));
     }
+    m->wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
+    for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->wait_marks[i])); }
 }
 
 template <typename floatX>
@@ -478,6 +484,8 @@ static void model_destroy(Model<floatX>* m) {
         int slots = act_num_slots(&m->act, m->config.num_layers);
         for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(m->slot_saved[i])); CUDA_CHECK(cudaEventDestroy(m->slot_loaded[i])); }
         CUDA_CHECK(cudaEventDestroy(m->staging_loaded));
+        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventDestroy(m->wait_marks[i])); }
+        free(m->wait_marks);
         CUDA_CHECK(cudaEventDestroy(m->compute_done));
         CUDA_CHECK(cudaStreamDestroy(m->copy_stream));
         free(m->slot_layer); free(m->slot_saved); free(m->slot_loaded);
@@ -551,6 +559,32 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 // for a slot's copy to the host before it writes the slot again (slot_saved), and for a copy
 // from the host before it reads what came back (slot_loaded, staging_loaded).
 
+// the compute stream waits for a copy (event e on the copy stream). The wait is framed by two
+// timing events, so that the time it stalled the compute stream (the copy that did not overlap)
+// can be added up after the step (gpt2_copy_wait_ms); past OFFLOAD_MAX_WAITS a step's waits are
+// not timed
+template <typename floatX>
+static void compute_waits_for_copy(Model<floatX>* m, cudaEvent_t e) {
+    int w = m->waits < OFFLOAD_MAX_WAITS ? m->waits++ : -1;
+    if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->wait_marks[2 * w], m->stream)); }
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, e, 0));
+    if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->wait_marks[2 * w + 1], m->stream)); }
+}
+
+// the milliseconds the compute stream stood still waiting for copies since the last call
+template <typename floatX>
+static double copy_wait_ms(Model<floatX>* m) {
+    double total = 0.0;
+    for (int w = 0; w < m->waits; w++) {
+        float ms;
+        CUDA_CHECK(cudaEventSynchronize(m->wait_marks[2 * w + 1]));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, m->wait_marks[2 * w], m->wait_marks[2 * w + 1]));
+        total += ms;
+    }
+    m->waits = 0;
+    return total;
+}
+
 // the copy stream waits for everything queued on the compute stream so far
 template <typename floatX>
 static void copy_after_compute(Model<floatX>* m) {
@@ -589,7 +623,7 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
     for (int l = first; l <= last; l++) {
         LayerParams<floatX> lp = layer_params(&m->weights, l, C);
         LayerActs<floatX>* la = act_layer(m, l);
-        if (m->act.offload) { CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->slot_saved[act_slot_of(&m->act, L, l)], 0)); }
+        if (m->act.offload) { compute_waits_for_copy(m, m->slot_saved[act_slot_of(&m->act, L, l)]); }
         block_forward(m, la, x, &lp, B, T);
         if (store) { store_after_forward(m, l, (size_t)B * T * C); }
         x = la->residual3;
@@ -621,7 +655,7 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
         CUDA_CHECK(cudaMemcpyAsync(m->staging, m->seg_inputs[bp.restore_segment], (size_t)B * T * m->config.channels * sizeof(floatX),
                                    cudaMemcpyHostToDevice, m->copy_stream));
         CUDA_CHECK(cudaEventRecord(m->staging_loaded, m->copy_stream));
-        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->staging_loaded, 0));
+        compute_waits_for_copy(m, m->staging_loaded);
     }
     if (bp.recompute_segment >= 0) {
         forward_layers(m, bp.recompute_first, bp.recompute_last, segment_input(m, bp.recompute_segment), B, T, 0);
@@ -632,7 +666,7 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
     if (bp.fetch[0] >= 0) {  // l's block and l-1's output (l's input) must be back before l's backward
         for (int i = 0; i < 2; i++) {
             if (bp.fetch[i] >= 0) {
-                CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->slot_loaded[act_slot_of(&m->act, L, bp.fetch[i])], 0));
+                compute_waits_for_copy(m, m->slot_loaded[act_slot_of(&m->act, L, bp.fetch[i])]);
             }
         }
     }
@@ -935,6 +969,11 @@ void gpt2_zero_grad(GPT2* m) {
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
     (void)inputs; (void)targets;  // on the GPU since the forward
     if (m->bf16) { model_backward(m->bf16, B, T, loss_scale); } else { model_backward(m->f32, B, T, loss_scale); }
+}
+
+double gpt2_copy_wait_ms(GPT2* m) {
+    if (m->bf16) { return m->bf16->act.offload ? copy_wait_ms(m->bf16) : -1.0; }
+    return m->f32->act.offload ? copy_wait_ms(m->f32) : -1.0;
 }
 
 void gpt2_reduce_grads(GPT2* m) {

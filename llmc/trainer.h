@@ -109,6 +109,9 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 // sums the ranks' gradients: whole (--zero 0) or each rank its blocks (--zero 1)
 void gpt2_reduce_grads(GPT2* m);
 float gpt2_grad_norm(GPT2* m);
+// --offload: the milliseconds of this step the computation stood still waiting for copies to or
+// from the host store (the copy time that did not overlap), -1 where nothing is copied or timed
+double gpt2_copy_wait_ms(GPT2* m);
 // clips the gradients to s->grad_clip given their global norm and takes one optimizer step
 void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm);
 
@@ -537,14 +540,17 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
     double tokens = (double)s->B * s->T * r->accum * s->dist.world;
     double flops = flops_per_token(&s->config, s->T) * tokens / seconds;   // all ranks
     double mfu = r->peak_flops > 0.0 ? flops / (r->peak_flops * s->dist.world) : -1.0;
-    char mfu_text[32] = "";
-    if (mfu >= 0.0) { snprintf(mfu_text, sizeof(mfu_text), " | MFU %5.1f%%", 100.0 * mfu); }
+    double wait_ms = gpt2_copy_wait_ms(r->model);
+    char extra[80] = "";
+    if (mfu >= 0.0) { snprintf(extra, sizeof(extra), " | MFU %5.1f%%", 100.0 * mfu); }
+    if (wait_ms >= 0.0) { snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), " | copy wait %.1f ms", wait_ms); }
     printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s%s\n",
-           step + 1, r->max_steps, loss, norm, lr, seconds * 1e3, tokens / seconds, flops / 1e9, mfu_text);
+           step + 1, r->max_steps, loss, norm, lr, seconds * 1e3, tokens / seconds, flops / 1e9, extra);
     if (r->log) {
         fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens_per_s\": %.1f",
                 step + 1, loss, norm, lr, seconds * 1e3, tokens / seconds);
         if (mfu >= 0.0) { fprintf(r->log, ", \"mfu\": %.4f", mfu); }
+        if (wait_ms >= 0.0) { fprintf(r->log, ", \"copy_wait_ms\": %.3f", wait_ms); }
         fprintf(r->log, "}\n");
         fflush(r->log);
     }

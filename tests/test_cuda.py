@@ -155,6 +155,11 @@ if s.expect_ok("CUDA fp32, 5 layers: plain", [CUDA] + DEEP + FP32 + ["-o", plain
                         "models differ")
                 if mode == "inorder":
                     s.check_memory(f"{name}: measured memory equals the plan", d)
+                    rows = [r for r in e2e.read_log(d) if "loss" in r]
+                    timed = all(r.get("copy_wait_ms", -1) >= 0 for r in rows) if "--offload" in policy else \
+                        all("copy_wait_ms" not in r for r in rows)
+                    s.check(f"{name}: the log has the copy wait of each step {'(offload)' if '--offload' in policy else '(none: nothing copied)'}",
+                            timed and len(rows) == 4, str(rows[:1]))
 
 # data parallel: one process per (emulated) GPU, NCCL among them. 2 ranks with the global batch of
 # 1 rank (-d 64: two micro-steps of B*T = 32 on one rank, one on each of two) train the same model to
