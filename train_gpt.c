@@ -224,6 +224,8 @@ void gpt2_select_device(const Dist* d) { (void)d; }
 size_t gpt2_device_free_bytes(void) { return 0; }
 size_t gpt2_device_bytes_used(size_t* accounted) { *accounted = 0; return 0; }
 double gpt2_peak_flops(Precision p) { (void)p; return 0.0; }
+// the CPU reduces after the backward (MPI calls block: nothing would overlap)
+void gpt2_reduce_during_backward(GPT2* m) { (void)m; }
 // offload on the CPU is a memcpy inside the step (nothing overlaps, nothing to report apart)
 double gpt2_copy_wait_ms(GPT2* m) { (void)m; return -1.0; }
 Precision gpt2_default_precision(void) { return PRECISION_FP32; }

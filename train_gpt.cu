@@ -220,13 +220,17 @@ static ncclComm_t nccl_init(const Dist* d) {
     return comm;
 }
 
-// for every slice of the model: each rank's block (slice_part_counts), in rank order, through
-// call(block memory, floats, rank that owns it): ZeRO-1's per-block reduce and broadcast
+#define ALL_SLICES (-2)  // a layer filter that takes every slice (-1: wte, wpe, lnfw, lnfb; l: layer l's)
+
+// for every slice of the model of layer `layer` (or ALL_SLICES): each rank's block
+// (slice_part_counts), in rank order, through call(offset in floats, floats, rank that owns it):
+// ZeRO-1's per-block reduce and broadcast; with world 1 the slice whole
 template <typename F>
-static void for_each_rank_block(const GPT2Config* c, int world, F call) {
+static void for_each_rank_block(const GPT2Config* c, int world, int layer, F call) {
     ParamSlice* slices = param_slices_alloc(c);
     int* counts = (int*)malloc_check((size_t)world * sizeof(int));
     for (int k = 0; k < param_slice_count(c); k++) {
+        if (layer != ALL_SLICES && slices[k].layer != layer) { continue; }
         slice_part_counts(&slices[k], world, counts);
         size_t off = slices[k].offset;
         for (int r = 0; r < world; r++) {
@@ -302,6 +306,10 @@ struct Model {
     Dist dist;
     ZeroStage zero;               // ZERO_SHARDED: this rank keeps and updates its blocks of every slice
     ncclComm_t comm;              // NULL on one rank
+    cudaStream_t comm_stream;     // the gradient exchange during the last micro-step's backward
+    cudaEvent_t grads_final;      // compute stream: a layer's gradients are final
+    cudaEvent_t reduced;          // comm stream: every gradient is reduced
+    int reduce_in_backward;       // the next backward is the step's last: reduce as it goes
     double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
 };
 
@@ -469,6 +477,11 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
     m->comm = s->dist.world > 1 ? nccl_init(&s->dist) : NULL;
+    if (m->comm != NULL) {
+        CUDA_CHECK(cudaStreamCreate(&m->comm_stream));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_final, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->reduced, cudaEventDisableTiming));
+    }
     return m;
 }
 
@@ -492,7 +505,12 @@ static void model_destroy(Model<floatX>* m) {
         mem_free(m->host_store);
     }
     matmul_context_free(&m->matmul);
-    if (m->comm != NULL) { NCCL_CHECK(ncclCommDestroy(m->comm)); }
+    if (m->comm != NULL) {
+        NCCL_CHECK(ncclCommDestroy(m->comm));
+        CUDA_CHECK(cudaEventDestroy(m->grads_final));
+        CUDA_CHECK(cudaEventDestroy(m->reduced));
+        CUDA_CHECK(cudaStreamDestroy(m->comm_stream));
+    }
     CUDA_CHECK(cudaStreamDestroy(m->stream));
     free(m);
 }
@@ -717,25 +735,53 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
         LayerParams<floatX> lp = layer_params(&m->weights, l, C);
         LayerParams<float> lg = layer_params(&m->grads, l, C);
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
+        if (m->reduce_in_backward) { reduce_now_final(m, l); }
     }
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, m->inputs, B, T, C, s);
+    if (m->reduce_in_backward) { reduce_now_final(m, -1); }  // wte, wpe, lnfw, lnfb
 }
 
-// the gradients of all ranks' micro-batches, summed (the loss scale already divides by the ranks):
-// whole on every rank (--zero 0, all-reduce), or each block of every slice on the rank that owns
-// it (--zero 1: a reduce to that rank per block, as the CPU's reduce-scatter cuts them)
+// the gradients of the slices of `layer` (or ALL_SLICES) summed over the ranks on `stream`: whole
+// on every rank (--zero 0, an all-reduce per slice), or each block on the rank that owns it
+// (--zero 1: a reduce to that rank per block, as the CPU's reduce-scatter cuts them)
+template <typename floatX>
+static void reduce_slices(Model<floatX>* m, int layer, cudaStream_t stream) {
+    NCCL_CHECK(ncclGroupStart());
+    if (m->zero == ZERO_SHARDED) {
+        for_each_rank_block(&m->config, m->dist.world, layer, [m, stream](size_t off, size_t n, int owner) {
+            NCCL_CHECK(ncclReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, owner, m->comm, stream));
+        });
+    } else {
+        for_each_rank_block(&m->config, 1, layer, [m, stream](size_t off, size_t n, int owner) {
+            (void)owner;
+            NCCL_CHECK(ncclAllReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, m->comm, stream));
+        });
+    }
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+// the last micro-step's backward hands each layer's gradients to the communication stream as
+// soon as they are final, so that their reduction overlaps the layers still computing: the
+// comm stream waits for the compute stream up to here, then reduces
+template <typename floatX>
+static void reduce_now_final(Model<floatX>* m, int layer) {
+    CUDA_CHECK(cudaEventRecord(m->grads_final, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->grads_final, 0));
+    reduce_slices(m, layer, m->comm_stream);
+}
+
+// the gradients of all ranks' micro-batches, summed (the loss scale already divides by the
+// ranks): after a backward that reduced as it went, the compute stream only waits for that
 template <typename floatX>
 static void model_reduce_grads(Model<floatX>* m) {
     if (m->comm == NULL) { return; }
-    if (m->zero != ZERO_SHARDED) {
-        NCCL_CHECK(ncclAllReduce(m->grads_memory, m->grads_memory, m->num_parameters, ncclFloat, ncclSum, m->comm, m->stream));
+    if (m->reduce_in_backward) {
+        CUDA_CHECK(cudaEventRecord(m->reduced, m->comm_stream));
+        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
+        m->reduce_in_backward = 0;
         return;
     }
-    NCCL_CHECK(ncclGroupStart());
-    for_each_rank_block(&m->config, m->dist.world, [m](size_t off, size_t n, int owner) {
-        NCCL_CHECK(ncclReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, owner, m->comm, m->stream));
-    });
-    NCCL_CHECK(ncclGroupEnd());
+    reduce_slices(m, ALL_SLICES, m->stream);
 }
 
 // global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1: each rank sums the
@@ -796,7 +842,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     free(slices);
     if (m->zero == ZERO_SHARDED && m->comm != NULL) {
         NCCL_CHECK(ncclGroupStart());
-        for_each_rank_block(&m->config, m->dist.world, [m](size_t off, size_t n, int owner) {
+        for_each_rank_block(&m->config, m->dist.world, ALL_SLICES, [m](size_t off, size_t n, int owner) {
             NCCL_CHECK(ncclBroadcast(m->master_memory + off, m->master_memory + off, n, ncclFloat, owner, m->comm, m->stream));
         });
         NCCL_CHECK(ncclGroupEnd());
@@ -974,6 +1020,11 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 double gpt2_copy_wait_ms(GPT2* m) {
     if (m->bf16) { return m->bf16->act.offload ? copy_wait_ms(m->bf16) : -1.0; }
     return m->f32->act.offload ? copy_wait_ms(m->f32) : -1.0;
+}
+
+void gpt2_reduce_during_backward(GPT2* m) {
+    if (m->bf16) { m->bf16->reduce_in_backward = m->bf16->comm != NULL; }
+    else { m->f32->reduce_in_backward = m->f32->comm != NULL; }
 }
 
 void gpt2_reduce_grads(GPT2* m) {

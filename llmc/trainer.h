@@ -106,7 +106,11 @@ const float* gpt2_probs(GPT2* m, int position);
 void gpt2_zero_grad(GPT2* m);
 // accumulates d(loss_scale * the sum of the position losses of the last forward) into the gradients
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
-// sums the ranks' gradients: whole (--zero 0) or each rank its blocks (--zero 1)
+// the next gpt2_backward is the step's last micro-step: a backend may exchange each layer's
+// gradients as soon as they are final, overlapping the layers still computing
+void gpt2_reduce_during_backward(GPT2* m);
+// sums the ranks' gradients: whole (--zero 0) or each rank its blocks (--zero 1); after a
+// backward that reduced as it went, only what is left (a GPU: waiting for it)
 void gpt2_reduce_grads(GPT2* m);
 float gpt2_grad_norm(GPT2* m);
 // --offload: the milliseconds of this step the computation stood still waiting for copies to or
@@ -576,6 +580,7 @@ static void train_step(Run* r, int step) {
     for (int micro = 0; micro < r->accum; micro++) {
         dataloader_next_batch(&r->train);
         loss += gpt2_forward(r->model, r->train.inputs, r->train.targets, B, T);
+        if (micro == r->accum - 1) { gpt2_reduce_during_backward(r->model); }
         gpt2_backward(r->model, r->train.inputs, r->train.targets, B, T, 1.0f / ((float)B * T * r->accum * world));
     }
     gpt2_reduce_grads(r->model);

@@ -181,6 +181,14 @@ else:
         if ok1:
             models_close(f"CUDA data parallel --zero {zero}: 2 ranks within {DP_RTOL:g} of 1 rank",
                          ckpt(d, "model", 4, ".bin"), ckpt(one, "model", 4, ".bin"), DP_RTOL)
+    # the last micro-step's backward hands each layer's gradients to NCCL on a stream of their own;
+    # under the late stream order a reduction that did not wait for its layer sums stale gradients
+    for zero in ("0", "1"):
+        d, want = f"{W}/dp_2ranks_zero{zero}_late", f"{W}/dp_2ranks_zero{zero}"
+        if s.expect_ok(f"CUDA data parallel --zero {zero}, late streams",
+                       mpirun + ["2", "-x", "CUDA_EMU_STREAMS=late", CUDA] + DP + FP32 + ["--zero", zero, "-o", d]):
+            s.check(f"CUDA data parallel --zero {zero}, late streams: the same model as in order", os.path.exists(ckpt(want, "model", 4, ".bin"))
+                    and same_bytes(ckpt(d, "model", 4, ".bin"), ckpt(want, "model", 4, ".bin")), "models differ")
     z0, z1 = f"{W}/dp_2ranks_zero0", f"{W}/dp_2ranks_zero1"
     if os.path.exists(ckpt(z1, "model", 4, ".bin")) and os.path.exists(ckpt(z0, "model", 4, ".bin")):
         s.check("CUDA data parallel: --zero 1 equals --zero 0 bit for bit", same_bytes(ckpt(z0, "model", 4, ".bin"), ckpt(z1, "model", 4, ".bin")),
