@@ -15,9 +15,10 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
     ./train_gpt_cu --precision fp32 -e tiny                              # compared with ./train_gpt
     make build/emu/train_gpt && ./build/emu/train_gpt ...                # the same source, emulated on the CPU
 
-Data parallel: `mpirun -np N ./train_gpt_cu --zero 0|1`, one process per GPU (the node-local rank's),
-NCCL bootstrapped over MPI. Not yet on the GPU (each stops with a message naming the flag):
-Adafactor and CAME (issue 9).
+Optimizers: AdamW, Adafactor and CAME (cuda/adamw.cuh, adafactor.cuh, came.cuh), in the CPU's
+state layout, so a checkpoint resumes on either backend. Data parallel: `mpirun -np N ./train_gpt_cu
+--zero 0|1`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI. Not yet on
+the GPU (it stops with a message): --zero 1 with Adafactor or CAME (issue 10).
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -38,6 +39,8 @@ Adafactor and CAME (issue 9).
 #include "cuda/residual.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/adamw.cuh"
+#include "cuda/adafactor.cuh"
+#include "cuda/came.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/scale.cuh"
 
@@ -173,8 +176,11 @@ static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 
 // the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities
 // (sampling), the reduction scratch of the deterministic gradient kernels (fp32), the
-// attention's (floatX), the global norm's (doubles, and the result) and cuBLASLt's workspace
-typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul; } ScratchBytes;
+// attention's (floatX), the global norm's (doubles, and the result; ZeRO-1: one per slice),
+// cuBLASLt's workspace, and Adafactor's and CAME's (the largest slice's: factored_model_scratch_bytes).
+// gpt2_layout is not told the optimizer, so every run carves the last one (d12: 1.5 MiB, which AdamW
+// leaves unused)
+typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul, optimizer; } ScratchBytes;
 
 static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem) {
     int C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -188,12 +194,13 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
     ScratchBytes s = {align_up(2 * BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
                       align_up(attention_scratch_floats(B, T, C, NH) * elem),
                       align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
-                      align_up((size_t)param_slice_count(c) * sizeof(double)), MATMUL_WORKSPACE_BYTES};
+                      align_up((size_t)param_slice_count(c) * sizeof(double)), MATMUL_WORKSPACE_BYTES,
+                      align_up(factored_model_scratch_bytes(c))};
     return s;
 }
 
 static size_t scratch_total(const ScratchBytes* s) {
-    return s->batch + s->probs + s->reduce + s->attention + s->norm + s->norm_parts + s->matmul;
+    return s->batch + s->probs + s->reduce + s->attention + s->norm + s->norm_parts + s->matmul + s->optimizer;
 }
 
 static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof(__nv_bfloat16) : sizeof(float); }
@@ -294,6 +301,7 @@ struct Model {
     float* reduce_scratch;        // the deterministic reductions' partial sums
     floatX* attention_scratch;
     double* norm_scratch;         // global norm partial sums; the last double is the result
+    void* opt_scratch;            // Adafactor's and CAME's scales and partial sums (adafactor.cuh)
     // host: copies for checkpoints, one row of probabilities, the losses of a forward
     float* host_params;           // (P)
     float* host_opt;              // (opt_floats)
@@ -440,6 +448,7 @@ static void alloc_backward_and_scratch(Model<floatX>* m, int B, int T) {
     m->norm_scratch = carve<double>(&p, sb.norm);
     m->norm_parts = carve<double>(&p, sb.norm_parts);
     matmul_context_init(&m->matmul, carve<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
+    m->opt_scratch = carve<char>(&p, sb.optimizer);
 }
 
 template <typename floatX>
@@ -815,15 +824,17 @@ static float model_grad_norm(Model<floatX>* m) {
     return (float)sqrt(sum);
 }
 
-// clips the gradients and takes one AdamW step per slice (under ZeRO-1 on this rank's block of
-// each), as cpu/optimizers.h: weight decay on the 2-D weights only, the padded wte rows never
-// touched; ZeRO-1 then sends every block from its owner to the others (a broadcast per block,
-// queued after the update on the same stream); then the working weights follow the master
+// clips the gradients and takes one step of the model's optimizer per slice (under ZeRO-1 on this
+// rank's block of each), as cpu/optimizers.h's optimizer_step (AdamW: weight decay on the 2-D
+// weights only; the padded wte rows never touched); ZeRO-1 then sends every block from its owner to
+// the others (a broadcast per block, queued after the update on the same stream); then the working
+// weights follow the master
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     float clip = s->grad_clip > 0.0f && grad_norm > s->grad_clip ? s->grad_clip / grad_norm : 1.0f;
     if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->num_parameters, m->stream); }
-    const AdamWHyper* h = &s->hyper.adamw;
+    const OptimizerHyper* h = &s->hyper;
+    int use_beta1 = h->adafactor.beta1 > 0.0;
     OptSharding z = {0, 1, NULL, NULL};
     if (m->zero == ZERO_SHARDED) { z.rank = m->dist.rank; z.world = m->dist.world; }
     ParamSlice* slices = param_slices_alloc(&m->config);
@@ -832,12 +843,21 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         size_t offset;
         OptShard sh = slice_shard(&slices[k], &z, &offset);
         size_t n = (size_t)sh.rows * sh.cols, off = slices[k].offset + offset;
-        double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? h->weight_decay : 0.0;
-        if (n > 0) {
-            adamw_update_cuda(m->master_memory + off, m->grads_memory + off, st, st + sh.state_units * sh.width, n,
-                              (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, s->t, m->stream);
+        float* p = m->master_memory + off;
+        const float* g = m->grads_memory + off;
+        if (m->optimizer == OPT_ADAMW) {
+            const AdamWHyper* a = &h->adamw;
+            double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? a->weight_decay : 0.0;
+            if (n > 0) {
+                adamw_update_cuda(p, g, st, st + sh.state_units * sh.width, n, (float)a->lr, (float)a->beta1,
+                                  (float)a->beta2, (float)a->eps, (float)wd, s->t, m->stream);
+            }
+        } else if (m->optimizer == OPT_ADAFACTOR) {
+            adafactor_update_cuda(p, g, st, &sh, &h->adafactor, s->t, m->opt_scratch, m->stream);
+        } else {
+            came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, m->stream);
         }
-        st += slice_state_floats(OPT_ADAMW, &sh, 0);
+        st += slice_state_floats(m->optimizer, &sh, use_beta1);
     }
     free(slices);
     if (m->zero == ZERO_SHARDED && m->comm != NULL) {
@@ -928,9 +948,10 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 
 // what the GPU does not do yet stops here, before anything is allocated
 void gpt2_check_setup(const ModelSetup* s) {
-    if (s->optimizer != OPT_ADAMW) {
-        fail("--optimizer %s: not on the GPU yet (the CUDA backend has AdamW; Adafactor and CAME come with issue 9)\n"
-             "  hint: --optimizer adamw, or train with ./train_gpt (the CPU has all three)", OPTIMIZER_NAMES[s->optimizer]);
+    if (s->zero == ZERO_SHARDED && s->optimizer != OPT_ADAMW) {
+        fail("--zero 1 with --optimizer %s: not on the GPU yet (a factored optimizer's column statistics need sums\n"
+             "  across the ranks inside the update: issue 10)\n"
+             "  hint: --zero 0, or --optimizer adamw, or ./train_gpt (the CPU shards all three)", OPTIMIZER_NAMES[s->optimizer]);
     }
 }
 

@@ -90,14 +90,7 @@ static void opt_part(size_t n, int p, size_t* begin, size_t* end) {
     *end = n * (p + 1) / OPT_PARTS;
 }
 
-// an EMA's coefficients in fp32: avg = beta * avg + one_minus_beta * x
-typedef struct { float beta, one_minus_beta; } OptEma;
-
-static OptEma opt_ema_coeffs(double beta) {
-    OptEma e = {(float)beta, (float)(1.0 - beta)};
-    return e;
-}
-
+// avg = beta * avg + one_minus_beta * x (OptEma, opt_ema_coeffs: llmc/opt_layout.h)
 static float opt_ema(float avg, float x, OptEma e) { return e.beta * avg + e.one_minus_beta * x; }
 
 static float opt_rsqrt(float x) { return 1.0f / sqrtf(x); }
@@ -263,8 +256,7 @@ static float opt_clip_divisor(const float* g, const OptWorkspace* w, const OptSh
 
 // step 1: the learning rate of this step, from p (this part, n) before the update
 static float adafactor_lr(const float* param, size_t n, const OptShard* sh, const AdafactorHyper* h, int t) {
-    double step = h->relative_step ? fmin(ADAFACTOR_MAX_RELATIVE_STEP, 1.0 / sqrt((double)t)) : h->lr;
-    float lr = (float)step;
+    float lr = (float)adafactor_step_size(h, t);
     if (h->scale_parameter) { lr *= fmaxf((float)h->eps2, opt_rms(param, n, sh)); }
     return lr;
 }
@@ -274,7 +266,7 @@ static void adafactor_update(float* param, const float* grad, float* state, cons
                              const AdafactorHyper* h, int t) {
     int rows = sh->rows, cols = sh->cols;
     float lr = adafactor_lr(param, (size_t)rows * cols, sh, h, t);
-    double beta2 = 1.0 - pow((double)t, (double)h->decay_rate);  // 0 at t = 1
+    double beta2 = adafactor_beta2(h, t);  // 0 at t = 1
     OptWorkspace w = opt_workspace_alloc(sh);
     opt_second_moment(state, grad, sh, (float)h->eps1, opt_ema_coeffs(beta2), &w);
     float clip = opt_clip_divisor(grad, &w, sh, (float)h->clip_threshold);

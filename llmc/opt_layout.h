@@ -45,6 +45,7 @@ meets a tensor, and an EMA's 1 - beta is taken in double before rounding.
 #define LLMC_OPT_LAYOUT_H
 
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 #include "utils.h"
@@ -108,6 +109,25 @@ typedef struct {
     AdafactorHyper adafactor;
     CAMEHyper came;
 } OptimizerHyper;
+
+// where the hyperparameters meet fp32 tensors (every backend: cpu/optimizers.h, cuda/adafactor.cuh)
+
+// an EMA's coefficients in fp32: avg = beta * avg + one_minus_beta * x, 1 - beta taken in double
+typedef struct { float beta, one_minus_beta; } OptEma;
+
+static OptEma opt_ema_coeffs(double beta) {
+    OptEma e = {(float)beta, (float)(1.0 - beta)};
+    return e;
+}
+
+// Adafactor's step size of step t (1, 2, ...) before scale_parameter: min(1e-2, 1/sqrt(t)) with
+// relative_step, else lr; rounded to fp32 by the caller
+static double adafactor_step_size(const AdafactorHyper* h, int t) {
+    return h->relative_step ? fmin(ADAFACTOR_MAX_RELATIVE_STEP, 1.0 / sqrt((double)t)) : h->lr;
+}
+
+// Adafactor's second-moment decay of step t: beta2_t = 1 - t^decay_rate (0 at t = 1)
+static double adafactor_beta2(const AdafactorHyper* h, int t) { return 1.0 - pow((double)t, h->decay_rate); }
 
 // ----------------------------------------------------------------------------
 // this process's part of one slice, and sums over a fixed partition (thread-count independent)

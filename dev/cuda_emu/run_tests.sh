@@ -74,6 +74,8 @@ if [ -n "$KERNEL_TESTS" ]; then
             "failed: CUBLAS_STATUS_INVALID_VALUE" $KBIN/test_matmul bad-leading-dimension
         expect_error "cuda/attention.cuh: C not divisible by NH stops with a message" \
             "C=30 is not divisible by NH=4" $KBIN/test_attention indivisible-heads
+        expect_error "cuda/adafactor.cuh: a slice sharded over 2 processes stops with a message" \
+            "a slice shared by 2 processes" $KBIN/test_factored sharded
     else
         echo "FAIL building the kernel tests of dev/cuda"
         failed=$((failed + 1))

@@ -1,0 +1,198 @@
+/*
+test_factored.cu: Adafactor and CAME on the device, cuda/adafactor.cuh and cuda/came.cuh, against
+adafactor_update and came_update of cpu/optimizers.h: STEPS steps with a new gradient each, on
+matrix slices of odd shapes (rows and columns multiples of nothing; more rows than the 64 row parts;
+more columns than one block covers) and on vectors (a 1-row slice, a 1-column slice, one longer
+than a block's pass), with and without Adafactor's first moment, weight decay, the relative step
+and its scale_parameter, and a clip threshold that clips; one matrix whose rows are whole 16-byte
+packs (the vector path), once aligned and once one float off (the element path). After the last
+step the parameters and every float of the state are held to TOLERANCE relative to the CPU's
+(the sums are in double in another order, so a statistic may round to the neighbouring float);
+the same run twice on the device must give the same bits. Prints the worst error of each case.
+
+    make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_factored && ./build/emu/dev/cuda/test_factored
+    ./build/emu/dev/cuda/test_factored sharded    # a sharded slice stops with a message
+*/
+#include "dev/cuda/kernel_test.h"
+#include "cpu/optimizers.h"
+#include "cuda/adafactor.cuh"
+#include "cuda/came.cuh"
+
+static const int STEPS = 4;
+static const double TOLERANCE = 1e-6;  // relative, per float of the parameters and of the state
+static const double STATE_FLOOR = 1e-30;  // |want| below this counts as this (an EMA of zeros)
+
+struct Shape { int rows, cols, offset; };  // offset: floats past a 16-byte aligned start
+static const Shape SHAPES[] = {
+    {37, 53, 0},    // odd both ways
+    {70, 1030, 0},  // more rows than FACTORED_ROW_PARTS, columns past one block (1024)
+    {64, 40, 0},    // whole packs: 16-byte loads
+    {64, 40, 1},    // the same one float off: element by element
+    {2, 5, 0},      // the smallest matrix
+    {1, 45, 0},     // a 1-row slice: a vector
+    {45, 1, 0},     // a 1-column slice: a vector
+    {1, 1030, 3},   // a vector longer than a block's pass
+};
+
+enum Optimizer { ADAFACTOR, CAME };
+struct Case {
+    const char* name;
+    Optimizer opt;
+    AdafactorHyper adafactor;
+    CAMEHyper came;
+};
+
+// lr, beta1, decay_rate, eps1, eps2, clip_threshold, weight_decay, scale_parameter, relative_step
+static const AdafactorHyper AF_RELATIVE = {0.0, 0.0, ADAFACTOR_DECAY_RATE, 1e-30, ADAFACTOR_EPS2, 1.0, 0.0, 1, 1};
+static const AdafactorHyper AF_BETA1_WD = {1e-2, 0.9, ADAFACTOR_DECAY_RATE, 1e-30, ADAFACTOR_EPS2, 1.0, 0.1, 0, 0};
+static const AdafactorHyper AF_BETA1_RELATIVE_CLIP = {0.0, 0.9, ADAFACTOR_DECAY_RATE, 1e-30, ADAFACTOR_EPS2, 0.5, 0.0, 1, 1};
+static const AdafactorHyper AF_SCALED_WD = {3e-2, 0.0, ADAFACTOR_DECAY_RATE, 1e-30, ADAFACTOR_EPS2, 1.0, 0.1, 1, 0};
+// lr, beta1, beta2, beta3, eps1, eps2, clip_threshold, weight_decay
+static const CAMEHyper CAME_PLAIN = {1e-2, CAME_BETA1, CAME_BETA2, CAME_BETA3, 1e-30, CAME_EPS2, CAME_CLIP_THRESHOLD, 0.0};
+static const CAMEHyper CAME_WD = {1e-2, CAME_BETA1, CAME_BETA2, CAME_BETA3, 1e-30, CAME_EPS2, 0.5, 0.1};
+
+static const Case CASES[] = {
+    {"adafactor relative step (no beta1)", ADAFACTOR, AF_RELATIVE, {}},
+    {"adafactor beta1 0.9, weight decay, scheduled lr", ADAFACTOR, AF_BETA1_WD, {}},
+    {"adafactor beta1 0.9, relative step, clip 0.5", ADAFACTOR, AF_BETA1_RELATIVE_CLIP, {}},
+    {"adafactor scale_parameter with lr, weight decay", ADAFACTOR, AF_SCALED_WD, {}},
+    {"came", CAME, {}, CAME_PLAIN},
+    {"came weight decay, clip 0.5", CAME, {}, CAME_WD},
+};
+
+// the whole slice (rows, cols) as one process holds it
+static OptShard whole_slice(int rows, int cols) {
+    ParamSlice s = {0, -1, rows, cols, 0};
+    size_t offset;
+    return slice_shard(&s, &OPT_UNSHARDED, &offset);
+}
+
+static size_t state_floats(const Case& c, const OptShard* sh) {
+    return c.opt == ADAFACTOR ? slice_state_floats(OPT_ADAFACTOR, sh, c.adafactor.beta1 > 0.0)
+                              : slice_state_floats(OPT_CAME, sh, 0);
+}
+
+// step t's gradient: uniform, each row scaled differently (so that the factored scales matter)
+static std::vector<float> gradient(int rows, int cols, int t) {
+    std::vector<float> g = random_vector((size_t)rows * cols, 100 + t);
+    for (int i = 0; i < rows; i++) {
+        float scale = 1e-3f * (1 + (i * 7) % 13);
+        for (int j = 0; j < cols; j++) { g[(size_t)i * cols + j] *= scale; }
+    }
+    return g;
+}
+
+// largest |got - want| / max(|want|, STATE_FLOOR); NaN counts as infinitely far
+static double worst_rel(const std::vector<float>& got, const std::vector<float>& want) {
+    double worst = 0.0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double d = fabs((double)got[i] - want[i]) / fmax(fabs((double)want[i]), STATE_FLOOR);
+        if (!(d <= worst)) { worst = isnan(d) ? INFINITY : d; }
+    }
+    return worst;
+}
+
+// one update on the device
+static void device_step(const Case& c, float* param, const float* grad, float* state, const OptShard* sh, int t,
+                        void* scratch) {
+    if (c.opt == ADAFACTOR) {
+        adafactor_update_cuda(param, grad, state, sh, &c.adafactor, t, scratch, 0);
+    } else {
+        came_update_cuda(param, grad, state, sh, &c.came, scratch, 0);
+    }
+}
+
+struct DeviceRun { std::vector<float> param, state; };
+
+// STEPS steps on the device from param0 and a zero state, buffers `offset` floats off alignment
+static DeviceRun run_device(const Case& c, const Shape& s, const OptShard* sh, const std::vector<float>& param0) {
+    size_t n = param0.size(), ns = state_floats(c, sh);
+    float *bp = device_alloc<float>(n + 4), *bg = device_alloc<float>(n + 4), *bs = device_alloc<float>(ns + 4);
+    float *d_param = bp + s.offset, *d_grad = bg + s.offset, *d_state = bs + s.offset;
+    void* scratch = device_alloc<char>(factored_scratch_bytes(sh));
+    upload_into(d_param, param0);
+    CUDA_CHECK(cudaMemset(d_state, 0, ns * sizeof(float)));
+    for (int t = 1; t <= STEPS; t++) {
+        upload_into(d_grad, gradient(s.rows, s.cols, t));
+        device_step(c, d_param, d_grad, d_state, sh, t, scratch);
+    }
+    DeviceRun r = {download(d_param, n), download(d_state, ns)};
+    for (void* p : {(void*)bp, (void*)bg, (void*)bs, scratch}) { CUDA_CHECK(cudaFree(p)); }
+    return r;
+}
+
+static void test_case(const Case& c, const Shape& s) {
+    OptShard sh = whole_slice(s.rows, s.cols);
+    size_t n = (size_t)s.rows * s.cols;
+    std::vector<float> param0 = random_vector(n, 7), param = param0, state(state_floats(c, &sh), 0.0f);
+    for (int t = 1; t <= STEPS; t++) {
+        std::vector<float> g = gradient(s.rows, s.cols, t);
+        if (c.opt == ADAFACTOR) {
+            adafactor_update(param.data(), g.data(), state.data(), &sh, &c.adafactor, t);
+        } else {
+            came_update(param.data(), g.data(), state.data(), &sh, &c.came);
+        }
+    }
+    DeviceRun a = run_device(c, s, &sh, param0), b = run_device(c, s, &sh, param0);
+    double ep = worst_rel(a.param, param), es = worst_rel(a.state, state);
+    char shape[64], name[256];
+    snprintf(shape, sizeof shape, "%d x %d%s%s", s.rows, s.cols, sh.factored ? "" : ", a vector", s.offset ? ", unaligned" : "");
+    snprintf(name, sizeof name, "%s (%s): %d steps vs cpu/optimizers.h: params %.1e, state %.1e <= %.0e", c.name, shape,
+             STEPS, ep, es, TOLERANCE);
+    check(ep <= TOLERANCE && es <= TOLERANCE, name, "%s", "over the tolerance");
+    snprintf(name, sizeof name, "%s (%s): the same run twice, bitwise", c.name, shape);
+    check(a.param == b.param && a.state == b.state, name, "%s", "the two runs differ");
+}
+
+// the scratch the trainer keeps covers every slice of a model
+static void test_model_scratch() {
+    GPT2Config c = {32, 64, 64, 2, 4, 32};  // max_seq_len, vocab_size, padded_vocab_size, layers, heads, channels
+    ParamSlice* s = param_slices_alloc(&c);
+    size_t most = factored_model_scratch_bytes(&c), offset;
+    bool covers = true;
+    for (int k = 0; k < param_slice_count(&c); k++) {
+        OptShard sh = slice_shard(&s[k], &OPT_UNSHARDED, &offset);
+        covers = covers && factored_scratch_bytes(&sh) <= most;
+    }
+    free(s);
+    check(covers && most > 0, "factored_model_scratch_bytes covers every slice of the tiny model", "%zu bytes", most);
+}
+
+// GPT-2 d12's fcw slice (3072 x 768) on a GPU
+static void bench_factored() {
+#ifdef CUDA_EMU
+    const int rows = 96, cols = 32;
+#else
+    const int rows = 3072, cols = 768;
+#endif
+    OptShard sh = whole_slice(rows, cols);
+    size_t n = (size_t)rows * cols;
+    float *d_p = upload<float>(random_vector(n, 1)), *d_g = upload<float>(random_vector(n, 2));
+    float* d_state = upload<float>(std::vector<float>(n + came_state_floats(&sh), 0.0f));
+    void* scratch = device_alloc<char>(factored_scratch_bytes(&sh));
+    // bytes: Adafactor reads g three times (sums, RMS(U), update) and p twice (RMS(p), update),
+    // writes p; CAME also reads and writes M twice. FLOPs: roughly 30 and 50 per element
+    char name[2][64];
+    snprintf(name[0], sizeof name[0], "adafactor_update (%d x %d)", rows, cols);
+    snprintf(name[1], sizeof name[1], "came_update (%d x %d)", rows, cols);
+    bench(name[0], 4.0 * 6 * n, 30.0 * n, [&] { adafactor_update_cuda(d_p, d_g, d_state, &sh, &AF_RELATIVE, 2, scratch, 0); });
+    bench(name[1], 4.0 * 9 * n, 50.0 * n, [&] { came_update_cuda(d_p, d_g, d_state, &sh, &CAME_PLAIN, scratch, 0); });
+    for (void* p : {(void*)d_p, (void*)d_g, (void*)d_state, scratch}) { CUDA_CHECK(cudaFree(p)); }
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && strcmp(argv[1], "sharded") == 0) {  // run_tests.sh: the message
+        ParamSlice s = {0, -1, 8, 4, 0};
+        OptSharding z = {0, 2, NULL, NULL};
+        size_t offset;
+        OptShard sh = slice_shard(&s, &z, &offset);
+        adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, 0);
+        return 0;
+    }
+    for (const Case& c : CASES) {
+        for (const Shape& s : SHAPES) { test_case(c, s); }
+    }
+    test_model_scratch();
+    bench_factored();
+    return check_summary();
+}
