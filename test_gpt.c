@@ -19,7 +19,41 @@ its main) and checks it against an independent implementation:
 #include "train_gpt.c"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include "tests/check.h"
+
+// ----------------------------------------------------------------------------
+// checks of what stops the program: fail() exits, so each runs in a child process
+
+#define FAIL_TEXT_LEN 4096
+
+// runs fn(arg) in a forked child (stdout dropped, stderr kept); passes if the child exits
+// with status 1 through fail() ("error: ... (at file:line)") and its stderr holds phrase.
+// The child runs no OpenMP region (the parent's thread pool is not in the child).
+static void check_fails(const char* name, void (*fn)(void*), void* arg, const char* phrase) {
+    fflush(stdout);
+    fflush(stderr);
+    FILE* err = tmpfile();
+    if (err == NULL) { fail("tmpfile: %s", strerror(errno)); }
+    pid_t pid = fork();
+    if (pid < 0) { fail("fork: %s", strerror(errno)); }
+    if (pid == 0) {
+        if (freopen("/dev/null", "w", stdout) == NULL) { _exit(3); }
+        dup2(fileno(err), 2);
+        fn(arg);
+        _exit(0);  // returned: nothing stopped it
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char text[FAIL_TEXT_LEN];
+    rewind(err);
+    size_t n = fread(text, 1, sizeof(text) - 1, err);
+    text[n] = '\0';
+    fclose(err);
+    int exited1 = WIFEXITED(status) && WEXITSTATUS(status) == 1;
+    check(exited1 && strstr(text, phrase) != NULL && strstr(text, "(at ") != NULL, name,
+          "%s; stderr: %.300s", !WIFEXITED(status) ? "killed by a signal" : exited1 ? "stderr lacks the phrase" : "exit status not 1", text);
+}
 
 
 // largest |a-b| / (atol + rtol |b|) over n values; <= 1 means within tolerance
@@ -769,6 +803,38 @@ static void test_usage_lists_every_flag(void) {
 }
 
 // ----------------------------------------------------------------------------
+// sizes: a model file's largest shape has a parameter count that fits in 64 bits, and a
+// shape whose memory plan would not is stopped before planning
+
+static const GPT2Config LARGEST_MODEL = {MODEL_LIMIT_SEQ_LEN, MODEL_LIMIT_VOCAB, MODEL_LIMIT_VOCAB,
+                                         MODEL_LIMIT_LAYERS, MODEL_LIMIT_CHANNELS, MODEL_LIMIT_CHANNELS};
+
+static void plan_size_of_largest(void* arg) {
+    TrainOptions o = options_default();
+    o.seq_len = MODEL_LIMIT_SEQ_LEN;
+    o.batch_size = INT_MAX / o.seq_len;  // B*T below INT_MAX, B NH T^2 about 2^67
+    (void)arg;
+    check_plan_size(&LARGEST_MODEL, &o);
+}
+
+static void config_check_wrapping(void* arg) {
+    GPT2Config c = {984263313, 1, 984263312, 178956966, 1, 2147483647};  // the header of issue 12
+    (void)arg;
+    gpt2_config_check(&c, "wrapping.bin");
+}
+
+static void test_sizes(void) {
+    const GPT2Config* c = &LARGEST_MODEL;
+    double L = c->num_layers, C = c->channels, P = (double)c->padded_vocab_size * C + (double)c->max_seq_len * C
+               + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    check((double)gpt2_num_parameters(c) == P && P < 0x1p48, "sizes: the largest model file's parameter count is exact in 64 bits",
+          "%zu vs %.0f", gpt2_num_parameters(c), P);
+    check_fails("sizes: a plan beyond 64-bit sizes is stopped", plan_size_of_largest, NULL, "beyond what this program can count");
+    check_fails("sizes: a header whose parameter count wraps is refused by its bounds", config_check_wrapping, NULL,
+                "L (layers) = 178956966 is outside 1..1024");
+}
+
+// ----------------------------------------------------------------------------
 // fixtures for the command-line tests (tests/test_cli.py)
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
@@ -888,6 +954,7 @@ int main(int argc, char** argv) {
     test_thread_count("tiny_came.bin");
     test_d12_state_size();
     test_usage_lists_every_flag();
+    test_sizes();
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }

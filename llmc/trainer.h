@@ -18,6 +18,7 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 #ifndef LLMC_TRAINER_H
 #define LLMC_TRAINER_H
 
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -266,18 +267,48 @@ static void check_zero_option(const TrainOptions* o, int world) {
     }
 }
 
-// -d against B*T and the ranks; returns the gradient accumulation steps of each rank
+// -d against B*T and the ranks; returns the gradient accumulation steps of each rank.
+// In 64 bits: B, T and the ranks are ints whose products need not be; tokens per step are
+// an int (-d, and the layers' loops over B*T)
+#define MAX_STEP_TOKENS INT_MAX
 static int check_batch_options(const TrainOptions* o, int world) {
-    int BT = o->batch_size * o->seq_len, step_tokens = BT * world;  // one micro-batch on every rank
-    int total = o->total_batch_size == -1 ? step_tokens : o->total_batch_size;
-    if (total < 1 || total % step_tokens != 0) {
-        char what[96];
-        if (world == 1) { snprintf(what, sizeof(what), "B*T = %d", BT); }
-        else { snprintf(what, sizeof(what), "B*T times the ranks = %d x %d = %d", BT, world, step_tokens); }
-        fail("-d %d: the total batch (tokens per step) must be a positive multiple of %s\n"
-             "  hint: use -d %d, %d, ... or -d -1", o->total_batch_size, what, step_tokens, 2 * step_tokens);
+    int64_t BT = (int64_t)o->batch_size * o->seq_len;
+    if (BT > MAX_STEP_TOKENS) {
+        fail("-b %d -t %d: a micro-batch of B*T = %lld tokens is more than %d\n  hint: lower -b or -t",
+             o->batch_size, o->seq_len, (long long)BT, MAX_STEP_TOKENS);
     }
-    return total / step_tokens;
+    int64_t step_tokens = BT * world;  // one micro-batch on every rank (< 2^62)
+    char what[128];
+    if (world == 1) { snprintf(what, sizeof(what), "B*T = %lld", (long long)BT); }
+    else { snprintf(what, sizeof(what), "B*T times the ranks = %lld x %d = %lld", (long long)BT, world, (long long)step_tokens); }
+    if (step_tokens > MAX_STEP_TOKENS) {
+        fail("-b %d -t %d: one micro-batch on every rank, %s tokens, is more than %d\n  hint: lower -b or -t, or the ranks",
+             o->batch_size, o->seq_len, what, MAX_STEP_TOKENS);
+    }
+    int64_t total = o->total_batch_size == -1 ? step_tokens : o->total_batch_size;
+    if (total < 1 || total % step_tokens != 0) {
+        char hint[96];
+        if (2 * step_tokens <= MAX_STEP_TOKENS) { snprintf(hint, sizeof(hint), "%lld, %lld, ...", (long long)step_tokens, 2 * (long long)step_tokens); }
+        else { snprintf(hint, sizeof(hint), "%lld", (long long)step_tokens); }
+        fail("-d %d: the total batch (tokens per step) must be a positive multiple of %s\n"
+             "  hint: use -d %s or -d -1", o->total_batch_size, what, hint);
+    }
+    return (int)(total / step_tokens);
+}
+
+// stops if the memory plan of this shape could overflow 64-bit sizes: a bound on every byte
+// count the planner and the backend compute (8 bytes an element, every layer keeping every
+// activation, twice over), in floating point, far below 2^63
+#define PLAN_BYTES_LIMIT 0x1p62
+static void check_plan_size(const GPT2Config* c, const TrainOptions* o) {
+    double L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    double B = o->batch_size, T = o->seq_len, BT = B * T, P = (double)gpt2_num_parameters(c);
+    double elements = 4.0 * P + (L + 3.0) * (32.0 * BT * C + 4.0 * BT + B * NH * T * T) + 2.0 * BT * Vp;
+    double bytes = 2.0 * 8.0 * elements;
+    if (!(bytes < PLAN_BYTES_LIMIT)) {
+        fail("-b %d -t %d with L=%d C=%d NH=%d Vp=%d: the memory sizes reach %.3g bytes, beyond what this program can count (2^62)\n"
+             "  hint: lower -b or -t", o->batch_size, o->seq_len, c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, bytes);
+    }
 }
 
 // checks the options against each other, the model and the number of ranks (world);
@@ -290,6 +321,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
         fail("-t %d is longer than the model's context maxT=%d\n  hint: use -t %d or less", o->seq_len, c->max_seq_len, c->max_seq_len);
     }
     int accum = check_batch_options(o, world);
+    check_plan_size(c, o);
     if (o->learning_rate < 0.0f || o->weight_decay < 0.0f || o->grad_clip < 0.0f) { fail("-l, -c and --grad-clip must be >= 0"); }
     if (o->beta1 < 0.0f || o->beta1 >= 1.0f || o->beta2 < 0.0f || o->beta2 >= 1.0f) { fail("--beta1 and --beta2 must be in [0, 1)"); }
     if (o->warmup_steps < 0 || o->val_every < 0 || o->sample_every < 0 || o->checkpoint_every < 0 || o->val_steps < 0) {

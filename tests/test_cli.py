@@ -19,6 +19,7 @@ tests/e2e.py.
 import os
 import re
 import shutil
+import struct
 import sys
 
 import e2e
@@ -63,6 +64,20 @@ s.expect_fail("shapes: -t longer than maxT", "-t 33 is longer than the model's c
 s.expect_fail("shapes: -d not a multiple of B*T", "must be a positive multiple of B*T = 32", BASE + ["-d", "48"])
 s.expect_fail("shapes: -b 0", "the batch size must be >= 1", BASE + ["-b", "0"])
 s.expect_fail("shapes: -x 0", "the number of steps must be >= 1", BASE + ["-x", "0"])
+# sizes in 64 bits: B*T of 2^32 tokens was 0 in an int (a division by zero), 2^31-1 sequences
+# of 16 tokens a negative count, and 2^31-1 planned ranks a negative size
+s.expect_fail("sizes: -b 67108864 -t 64 -d 256", "a micro-batch of B*T = 4294967296 tokens is more than 2147483647",
+              BASE + ["-e", "tiny", "-b", "67108864", "-t", "64", "-d", "256"])
+s.expect_fail("sizes: -b 4194304 -t 1024 -d 1024", "a micro-batch of B*T = 4294967296 tokens is more than 2147483647",
+              BASE + ["-e", "tiny", "-b", "4194304", "-t", "1024", "-d", "1024"])
+s.expect_fail("sizes: -b 2147483647", "B*T = 34359738352 tokens is more than 2147483647", BASE + ["-b", "2147483647"])
+s.expect_fail("sizes: --plan --plan-ranks 2147483647", "B*T times the ranks = 32 x 2147483647 = 68719476704 tokens",
+              BASE + ["--plan", "--plan-ranks", "2147483647"])
+# a 1,244-byte model file whose header's parameter count wraps around 2^64 to 55 floats
+with open(f"{W}/model_wraps.bin", "wb") as f:
+    f.write(struct.pack("<8i", 20240326, 3, 984263313, 1, 178956966, 1, 2147483647, 984263312) + bytes(248 * 4 + 220))
+s.expect_fail("sizes: model header beyond the bounds (its size would wrap)", "L (layers) = 178956966 is outside 1..1024",
+              BASE + ["-e", f"{W}/model_wraps.bin"])
 
 # ----------------------------------------------------------------------------
 # 3. files: missing, foreign, truncated or inconsistent model, shard and tokenizer files
