@@ -27,6 +27,7 @@ how to make a right one.
 #define LLMC_CHECKPOINT_H
 
 #include <dirent.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +35,7 @@ how to make a right one.
 #include <unistd.h>
 #include "file_header.h"
 #include "model_config.h"
+#include "opt_layout.h"
 #include "utils.h"
 
 #define MODEL_MAGIC 20240326
@@ -120,9 +122,34 @@ static FILE* model_file_open(const char* path, GPT2Config* cfg, int* version) {
     return f;
 }
 
+// the index of the first non-finite value of x (n), or n if all are finite
+static size_t first_non_finite(const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) { return i; }
+    }
+    return n;
+}
+
+// stops if a weight read from path is NaN or infinite, naming its tensor, layer and element
+static void params_check_finite(const char* path, const GPT2Config* cfg, const float* params) {
+    size_t n = gpt2_num_parameters(cfg), bad = first_non_finite(params, n);
+    if (bad == n) { return; }
+    size_t sizes[NUM_PARAMETER_TENSORS], begin = 0;
+    gpt2_parameter_sizes(sizes, cfg);
+    int t = 0;
+    while (bad >= begin + sizes[t]) { begin += sizes[t]; t++; }
+    size_t per_layer = tensor_is_per_layer(t) ? sizes[t] / cfg->num_layers : sizes[t], i = bad - begin;
+    char layer[32] = "";
+    if (tensor_is_per_layer(t)) { snprintf(layer, sizeof(layer), " of layer %zu", i / per_layer); }
+    fail("model file '%s': %s%s, element %zu of %zu, is %g: a model with non-finite weights cannot train\n"
+         "  hint: it was written after its run diverged; start from an earlier checkpoint",
+         path, PARAMETER_NAMES[t], layer, i % per_layer, per_layer, params[bad]);
+}
+
 #define BF16_READ_CHUNK 65536  // bf16 values converted per read
 
-// reads all parameters (fp32, or bf16 widened to fp32 exactly) and closes f
+// reads all parameters (fp32, or bf16 widened to fp32 exactly) and closes f; stops on a
+// non-finite weight
 static void model_file_read_params(FILE* f, const char* path, const GPT2Config* cfg, int version, float* params) {
     size_t n = gpt2_num_parameters(cfg);
     if (version == MODEL_VERSION_FP32) {
@@ -139,8 +166,8 @@ static void model_file_read_params(FILE* f, const char* path, const GPT2Config* 
             done += k;
         }
     }
-    (void)path;
     fclose(f);
+    params_check_finite(path, cfg, params);
 }
 
 static void model_file_write(const char* path, const GPT2Config* cfg, const float* params) {

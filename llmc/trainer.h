@@ -172,6 +172,30 @@ static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int s
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
 }
 
+// stops if the optimizer state read from path holds a NaN or infinity, naming the slice
+// (tensor and layer, opt_layout.h) whose state holds it
+static void state_check_finite(const char* path, const ModelSetup* s, const float* state, size_t n) {
+    size_t bad = first_non_finite(state, n);
+    if (bad == n) { return; }
+    ParamSlice* slices = param_slices_alloc(&s->config);
+    OptSharding z = {s->dist.rank, s->zero == ZERO_SHARDED ? s->dist.world : 1, NULL, NULL};
+    size_t begin = 0, offset, floats = 0;
+    int k = 0;
+    for (; k < param_slice_count(&s->config); k++) {
+        OptShard sh = slice_shard(&slices[k], &z, &offset);
+        floats = slice_state_floats(s->optimizer, &sh, s->use_beta1);
+        if (bad < begin + floats) { break; }
+        begin += floats;
+    }
+    char layer[32] = "";
+    if (slices[k].layer >= 0) { snprintf(layer, sizeof(layer), " of layer %d", slices[k].layer); }
+    const char* tensor = PARAMETER_NAMES[slices[k].tensor];
+    free(slices);
+    fail("state file '%s': the optimizer state of %s%s, float %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
+         "  hint: it was written after its run diverged; resume from an earlier checkpoint",
+         path, tensor, layer, bad - begin, floats, state[bad]);
+}
+
 // loads the newest complete checkpoint of dir into the model; returns its step
 static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng) {
     int step = checkpoint_latest(dir);
@@ -199,6 +223,7 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, Data
     }
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_read(path, &st, h.opt_state, h.opt_floats);
+    state_check_finite(path, s, h.opt_state, h.opt_floats);
     gpt2_sync(m, SYNC_FROM_HOST);
     dataloader_seek(dl, (size_t)st.data_shard, st.data_position, st.data_epoch);
     *rng = st.rng;
@@ -311,6 +336,31 @@ static void check_plan_size(const GPT2Config* c, const TrainOptions* o) {
     }
 }
 
+// stops unless v is a finite number in the range lo..hi, each end open or closed ("[0, 1)")
+typedef enum { END_CLOSED, END_OPEN } RangeEnd;
+static void check_float_range(const char* flag, float v, double lo, RangeEnd lo_end, double hi, RangeEnd hi_end, const char* why) {
+    int ok = isfinite(v) && (lo_end == END_OPEN ? v > lo : v >= lo) && (hi_end == END_OPEN ? v < hi : v <= hi);
+    if (ok) { return; }
+    char hi_text[32];
+    if (isinf(hi)) { snprintf(hi_text, sizeof(hi_text), "inf"); } else { snprintf(hi_text, sizeof(hi_text), "%g", hi); }
+    fail("%s %g: must be a finite number in %c%g, %s%c (%s)", flag, v, lo_end == END_OPEN ? '(' : '[', lo, hi_text,
+         hi_end == END_OPEN ? ')' : ']', why);
+}
+
+// every floating-point hyperparameter: finite and in its range
+static void check_hyperparameters(const TrainOptions* o) {
+    check_float_range("-l (--lr)", o->learning_rate, 0.0, END_CLOSED, INFINITY, END_OPEN, "the peak learning rate");
+    check_float_range("-q (--final-lr-frac)", o->final_lr_frac, 0.0, END_CLOSED, 1.0, END_CLOSED, "the schedule ends at lr times this");
+    check_float_range("-c (--weight-decay)", o->weight_decay, 0.0, END_CLOSED, INFINITY, END_OPEN, "decoupled weight decay");
+    check_float_range("--beta1", o->beta1, 0.0, END_CLOSED, 1.0, END_OPEN, "AdamW's first-moment decay");
+    check_float_range("--beta2", o->beta2, 0.0, END_CLOSED, 1.0, END_OPEN, "AdamW's second-moment decay");
+    check_float_range("--eps", o->eps, 0.0, END_OPEN, INFINITY, END_OPEN,
+                      "AdamW divides by sqrt(v) + eps: with 0, a weight that never gets a gradient becomes 0/0 = NaN");
+    check_float_range("--grad-clip", o->grad_clip, 0.0, END_CLOSED, INFINITY, END_OPEN, "0 turns clipping off");
+    check_float_range("--adafactor-beta1", o->adafactor_beta1, 0.0, END_CLOSED, 1.0, END_OPEN, "0 keeps no first moment");
+    check_float_range("--eps1", o->eps1, 0.0, END_OPEN, INFINITY, END_OPEN, "it keeps the second moment of a zero gradient positive");
+}
+
 // checks the options against each other, the model and the number of ranks (world);
 // returns the gradient accumulation steps of each rank
 static int check_options(const TrainOptions* o, const GPT2Config* c, int world) {
@@ -322,17 +372,18 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     }
     int accum = check_batch_options(o, world);
     check_plan_size(c, o);
-    if (o->learning_rate < 0.0f || o->weight_decay < 0.0f || o->grad_clip < 0.0f) { fail("-l, -c and --grad-clip must be >= 0"); }
-    if (o->beta1 < 0.0f || o->beta1 >= 1.0f || o->beta2 < 0.0f || o->beta2 >= 1.0f) { fail("--beta1 and --beta2 must be in [0, 1)"); }
-    if (o->warmup_steps < 0 || o->val_every < 0 || o->sample_every < 0 || o->checkpoint_every < 0 || o->val_steps < 0) {
-        fail("-u, -v, -m, -s and -n must be >= 0");
+    check_hyperparameters(o);
+    const struct { const char* flag; int value; } counts[] = {
+        {"-u (--warmup)", o->warmup_steps}, {"-v (--val-every)", o->val_every}, {"-m (--val-steps)", o->val_steps},
+        {"-s (--sample-every)", o->sample_every}, {"-n (--checkpoint-every)", o->checkpoint_every},
+    };
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+        if (counts[i].value < 0) { fail("%s %d: must be >= 0", counts[i].flag, counts[i].value); }
     }
     if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
     if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
-    if (o->adafactor_beta1 < 0.0f || o->adafactor_beta1 >= 1.0f) { fail("--adafactor-beta1 must be in [0, 1)"); }
-    if (!(o->eps1 > 0.0f)) { fail("--eps1 %g: must be > 0 (it keeps the second moment of a zero gradient positive)", o->eps1); }
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
     return accum;
 }

@@ -55,6 +55,16 @@ if r:
     s.check("flags: --steps=2 runs 2 steps", len(lines) == 2 and lines[-1].split()[1] == "2/2",
             f"last step line: {lines[-1:] }")
 
+# every hyperparameter finite and in its range: --eps 0 trained to NaN weights and exited 0
+s.expect_fail("hyperparameters: --eps 0", "--eps 0: must be a finite number in (0, inf)", BASE + ["--eps", "0"])
+s.expect_fail("hyperparameters: --eps -1", "--eps -1: must be a finite number in (0, inf)", BASE + ["--eps", "-1"])
+s.expect_fail("hyperparameters: -q -5", "-q (--final-lr-frac) -5: must be a finite number in [0, 1]", BASE + ["-q", "-5"])
+s.expect_fail("hyperparameters: -l inf", "-l (--lr) inf: must be a finite number in [0, inf)", BASE + ["-l", "inf"])
+s.expect_fail("hyperparameters: --beta2 1", "--beta2 1: must be a finite number in [0, 1)", BASE + ["--beta2", "1"])
+s.expect_fail("hyperparameters: --grad-clip -inf", "--grad-clip -inf: must be a finite number in [0, inf)",
+              BASE + ["--grad-clip", "-inf"])
+s.expect_fail("hyperparameters: -u -1", "-u (--warmup) -1: must be >= 0", BASE + ["-u", "-1"])
+
 # ----------------------------------------------------------------------------
 # 2. impossible shapes: stopped before anything is allocated or trained
 
@@ -100,6 +110,14 @@ s.expect_fail("files: shard too small for one batch", "has 10 tokens, fewer than
 # the bad token sits at position 100, in the 4th batch of 32 tokens: found during training
 s.expect_fail("files: token >= V names token and shard", "shard_bigtoken.bin': token 64 at position 100",
               BASE + ["-i", f"{FIX}/shard_bigtoken.bin"])
+# a NaN in qkvw of layer 1 (the fixture: wte 128x32, wpe 32x32, ln1w, ln1b 2x32, then qkvw 2x96x32)
+with open(f"{FIX}/model.bin", "rb") as f:
+    model_bytes = bytearray(f.read())
+struct.pack_into("<f", model_bytes, 1024 + 4 * (128 * 32 + 32 * 32 + 2 * 2 * 32 + 96 * 32 + 5), float("nan"))
+with open(f"{W}/model_nan.bin", "wb") as f:
+    f.write(model_bytes)
+s.expect_fail("files: model with a NaN weight names the tensor", "qkvw of layer 1, element 5 of 3072, is nan",
+              BASE + ["-e", f"{W}/model_nan.bin"])
 s.expect_fail("files: tokenizer is not a tokenizer", "is not a tokenizer file", BASE + ["-k", f"{FIX}/train.bin"])
 # a missing tokenizer only turns decoding off (samples print ids)
 r = s.expect_ok("files: missing tokenizer is not an error",
@@ -223,6 +241,17 @@ if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
     with open(ckpt(A, "state", 6, "_00000.bin"), "rb") as src, open(ckpt(F, "state", 6, "_00000.bin"), "wb") as dst:
         dst.write(src.read(5000))
 s.expect_fail("resume: truncated state file", "truncated or corrupt", RES + ["-o", F, "-y", "1"])
+G = f"{W}/run_g"
+os.makedirs(G)
+if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
+    for f in os.listdir(A):
+        if "_00000006" in f:
+            shutil.copy(f"{A}/{f}", G)
+    with open(ckpt(G, "state", 6, "_00000.bin"), "r+b") as f:  # AdamW: m of wte first, then v
+        f.seek(1024 + 4 * 10)
+        f.write(struct.pack("<f", float("inf")))
+s.expect_fail("resume: state with an infinity names the slice", "the optimizer state of wte, float 10 of its 4096, is inf",
+              RES + ["-o", G, "-y", "1"])
 
 # ----------------------------------------------------------------------------
 # 8. SIGINT and SIGTERM: the run finishes its step, writes a checkpoint, says so and exits 0;
