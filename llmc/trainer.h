@@ -196,6 +196,43 @@ static void state_check_finite(const char* path, const ModelSetup* s, const floa
          path, tensor, layer, bad - begin, floats, state[bad]);
 }
 
+// the training state read from path against this run: the rank that wrote it, its step, the
+// model's parameter count, the ranks and ZeRO stage, and its sampling RNG (xorshift never
+// reaches 0); its data position is checked by state_check_data once the loader is there
+static void state_check_run(const char* path, const TrainState* st, const ModelSetup* s, int step) {
+    size_t P = gpt2_num_parameters(&s->config);
+    if (st->rank != s->dist.rank || st->step != step) {
+        fail("state file '%s' holds rank %d's state of step %d, but is read as rank %d's of step %d\n"
+             "  hint: a state file renamed or copied from another checkpoint; use the checkpoint's own files", path,
+             st->rank, st->step, s->dist.rank, step);
+    }
+    if (st->num_params != P) {
+        fail("state file '%s' was written for a model of %llu parameters; this model has %zu\n"
+             "  hint: resume with the -e that wrote it", path, (unsigned long long)st->num_params, P);
+    }
+    if (st->num_processes != s->dist.world || st->zero != (int)s->zero) {
+        fail("state file '%s' was written by %d rank(s) with --zero %d; this run has %d with --zero %d\n"
+             "  hint: resume with mpirun -np %d and --zero %d", path, st->num_processes, st->zero, s->dist.world,
+             (int)s->zero, st->num_processes, st->zero);
+    }
+    if (st->rng == 0 || st->data_epoch < 0 || st->data_shard < 0) {
+        fail("state file '%s' is corrupt: sampling RNG 0x%016llx, data epoch %d, shard %d (none can be 0, negative, negative)",
+             path, (unsigned long long)st->rng, st->data_epoch, st->data_shard);
+    }
+}
+
+// the data position of a state file against the loader, already at the state's shard: a
+// window start of this rank (B*T of every rank per step), at most one past the shard's last step
+static void state_check_data(const char* path, const TrainState* st, const DataLoader* dl) {
+    size_t BT = (size_t)dl->B * dl->T, step = BT * dl->num_processes, first = (size_t)dl->rank * BT;
+    size_t pos = st->data_position, usable = (dl->shard_tokens - 1) / step;
+    if (pos < first || (pos - first) % step != 0 || (pos - first) / step > usable) {
+        fail("state file '%s': data position %zu in shard %d ('%s', %zu tokens) is not a window start of rank %d with B*T = %zu and %d rank(s)\n"
+             "  hint: resume with the -b, -t, -i and number of ranks that wrote it", path, pos, st->data_shard,
+             dl->glob.gl_pathv[dl->shard], dl->shard_tokens, dl->rank, BT, dl->num_processes);
+    }
+}
+
 // loads the newest complete checkpoint of dir into the model; returns its step
 static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng) {
     int step = checkpoint_latest(dir);
@@ -223,9 +260,15 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, Data
     }
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_read(path, &st, h.opt_state, h.opt_floats);
+    state_check_run(path, &st, s, step);
     state_check_finite(path, s, h.opt_state, h.opt_floats);
-    gpt2_sync(m, SYNC_FROM_HOST);
+    if ((size_t)st.data_shard >= dl->num_shards) {
+        fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
+             path, st.data_shard, dl->num_shards);
+    }
     dataloader_seek(dl, (size_t)st.data_shard, st.data_position, st.data_epoch);
+    state_check_data(path, &st, dl);
+    gpt2_sync(m, SYNC_FROM_HOST);
     *rng = st.rng;
     printf("resumed from %s/ at step %d\n", dir, step);
     return step;

@@ -107,9 +107,26 @@ s.expect_fail("files: shard header count != size", "but its header says 4101 tok
               BASE + ["-i", f"{FIX}/shard_badcount.bin"])
 s.expect_fail("files: shard too small for one batch", "has 10 tokens, fewer than one step needs (33",
               BASE + ["-i", f"{FIX}/shard_small.bin"])
-# the bad token sits at position 100, in the 4th batch of 32 tokens: found during training
-s.expect_fail("files: token >= V names token and shard", "shard_bigtoken.bin': token 64 at position 100",
-              BASE + ["-i", f"{FIX}/shard_bigtoken.bin"])
+# the bad token sits at position 100, in the 4th batch of 32 tokens: found when the shard is
+# opened, before any training
+r = s.expect_fail("files: token >= V names token, shard and offset",
+                  "shard_bigtoken.bin': token 64 at position 100 (byte offset 1224)", BASE + ["-i", f"{FIX}/shard_bigtoken.bin"])
+s.check("files: token >= V found before training", not r.step_lines(), f"step lines printed: {r.step_lines()[:1]}")
+r = s.expect_fail("files: token >= V in a validation shard", "shard_bigtoken.bin': token 64 at position 100",
+                  BASE + ["-j", f"{FIX}/shard_bigtoken.bin"])
+s.check("files: token >= V in a validation shard found before training", not r.step_lines(),
+        f"step lines printed: {r.step_lines()[:1]}")
+# the tokenizer: a short read names the file; the EOT id must be in the vocabulary
+with open(f"{FIX}/tokenizer.bin", "rb") as f:
+    tok_bytes = f.read()
+with open(f"{W}/tokenizer_short.bin", "wb") as f:
+    f.write(tok_bytes[:-3])
+s.expect_fail("files: truncated tokenizer names the file", "tokenizer_short.bin' is truncated: token 63 of 64",
+              BASE + ["-k", f"{W}/tokenizer_short.bin"])
+with open(f"{W}/tokenizer_eot.bin", "wb") as f:
+    f.write(tok_bytes[:12] + struct.pack("<i", 64) + tok_bytes[16:])
+s.expect_fail("files: tokenizer EOT id outside its vocabulary", "tokenizer_eot.bin': the end-of-text id 64 is outside",
+              BASE + ["-k", f"{W}/tokenizer_eot.bin"])
 # a NaN in qkvw of layer 1 (the fixture: wte 128x32, wpe 32x32, ln1w, ln1b 2x32, then qkvw 2x96x32)
 with open(f"{FIX}/model.bin", "rb") as f:
     model_bytes = bytearray(f.read())
@@ -252,6 +269,36 @@ if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
         f.write(struct.pack("<f", float("inf")))
 s.expect_fail("resume: state with an infinity names the slice", "the optimizer state of wte, float 10 of its 4096, is inf",
               RES + ["-o", G, "-y", "1"])
+
+
+def patched_state(name, fmt, slot, value):
+    """a copy of run A's checkpoint 6 in W/NAME whose state file has VALUE (struct FMT) at header SLOT"""
+    d = f"{W}/{name}"
+    os.makedirs(d)
+    if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
+        copy_checkpoint(A, 6, d)
+        with open(ckpt(d, "state", 6, "_00000.bin"), "r+b") as f:
+            f.seek(4 * slot)
+            f.write(struct.pack(fmt, value))
+    return d
+
+
+# the state header against the model and the run (STATE_SLOT_*: rank 3, step 4, data position
+# 8-9, RNG 10-11, parameter count 14-15); each was read and ignored (or not compared) before
+s.expect_fail("resume: state of another rank", "holds rank 1's state of step 6, but is read as rank 0's",
+              RES + ["-o", patched_state("st_rank", "<i", 3, 1), "-y", "1"])
+s.expect_fail("resume: state of another step", "holds rank 0's state of step 5, but is read as rank 0's of step 6",
+              RES + ["-o", patched_state("st_step", "<i", 4, 5), "-y", "1"])
+s.expect_fail("resume: state of another parameter count", "was written for a model of 12345 parameters",
+              RES + ["-o", patched_state("st_params", "<Q", 14, 12345), "-y", "1"])
+s.expect_fail("resume: state with a misaligned data position", "data position 7 in shard 0",
+              RES + ["-o", patched_state("st_pos", "<Q", 8, 7), "-y", "1"])
+s.expect_fail("resume: state with a data position past its shard", "data position 40992 in shard 0",
+              RES + ["-o", patched_state("st_pos_far", "<Q", 8, 32 * 1281), "-y", "1"])
+s.expect_fail("resume: state with the RNG at 0", "sampling RNG 0x0000000000000000",
+              RES + ["-o", patched_state("st_rng", "<Q", 10, 0), "-y", "1"])
+s.expect_fail("resume: data position in a shard -i lacks", "data position in shard 3, but only 1 shard(s) match -i",
+              RES + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
 
 # ----------------------------------------------------------------------------
 # 8. SIGINT and SIGTERM: the run finishes its step, writes a checkpoint, says so and exits 0;
