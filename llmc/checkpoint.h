@@ -31,6 +31,7 @@ how to make a right one.
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "file_header.h"
@@ -290,6 +291,88 @@ static int checkpoint_latest(const char* dir) {
     }
     closedir(d);
     return latest;
+}
+
+// ----------------------------------------------------------------------------
+// the output directory: what an earlier run left there, a lock while a run uses it
+
+// the step of a checkpoint file's name and which file it is, or -1 for any other name
+typedef enum { CKPT_FILE_MODEL, CKPT_FILE_STATE, CKPT_FILE_DONE } CheckpointFileKind;
+static int checkpoint_file_step(const char* name, CheckpointFileKind* kind) {
+    char want[64];
+    int step = -1, rank = -1;
+    if (sscanf(name, "DONE_%8d", &step) == 1) { *kind = CKPT_FILE_DONE; snprintf(want, sizeof(want), "DONE_%08d", step); }
+    else if (sscanf(name, "model_%8d", &step) == 1) { *kind = CKPT_FILE_MODEL; snprintf(want, sizeof(want), "model_%08d.bin", step); }
+    else if (sscanf(name, "state_%8d_%5d", &step, &rank) == 2 && rank >= 0) {
+        *kind = CKPT_FILE_STATE;
+        snprintf(want, sizeof(want), "state_%08d_%05d.bin", step, rank);
+    } else { return -1; }
+    return step >= 0 && strcmp(name, want) == 0 ? step : -1;  // the exact name, nothing before or after
+}
+
+// what an earlier run left in dir: its checkpoint files and whether it has a log.jsonl
+typedef struct { int files, newest_step, has_log; } OutputDirContents;
+static OutputDirContents output_dir_contents(const char* dir) {
+    OutputDirContents c = {0, -1, 0};
+    DIR* d = opendir(dir);
+    if (d == NULL) { return c; }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        int step = checkpoint_file_step(e->d_name, &kind);
+        if (step >= 0) { c.files++; if (step > c.newest_step) { c.newest_step = step; } }
+        if (strcmp(e->d_name, "log.jsonl") == 0) { c.has_log = 1; }
+    }
+    closedir(d);
+    return c;
+}
+
+// removes every checkpoint file of dir (the DONE markers first, so that no checkpoint looks
+// complete while its files go) and its log.jsonl; returns the number of files removed
+static int output_dir_clear(const char* dir) {
+    int removed = 0;
+    for (int pass = 0; pass < 2; pass++) {  // 0: DONE markers, 1: the rest
+        DIR* d = opendir(dir);
+        if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }
+        struct dirent* e;
+        while ((e = readdir(d)) != NULL) {
+            CheckpointFileKind kind;
+            int ckpt = checkpoint_file_step(e->d_name, &kind) >= 0;
+            int now = pass == 0 ? ckpt && kind == CKPT_FILE_DONE : ckpt || strcmp(e->d_name, "log.jsonl") == 0;
+            if (!now) { continue; }
+            char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            if (remove(path) != 0) { fail("cannot remove '%s': %s", path, strerror(errno)); }
+            removed++;
+        }
+        closedir(d);
+        fsync_dir_of(dir);  // the markers' removal reaches the disk before the files'
+    }
+    return removed;
+}
+
+// locks dir for this process (flock on the directory itself, released when the process
+// ends); stops if another run holds it. Returns the descriptor, to keep open
+static int output_dir_lock(const char* dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) { fail("cannot open output directory '%s': %s", dir, strerror(errno)); }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) {
+            fail("output directory '%s' is in use by another run (it holds the directory's lock)\n"
+                 "  hint: wait until that run ends, or choose another -o", dir);
+        }
+        fail("cannot lock output directory '%s': %s", dir, strerror(errno));
+    }
+    return fd;
+}
+
+// removes DONE_step, if there, before the files of that step are written again: a checkpoint
+// being rewritten is incomplete until its new marker
+static void checkpoint_unmark_done(const char* dir, int step) {
+    char path[CHECKPOINT_PATH_LEN];
+    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+    if (remove(path) == 0) { fsync_dir_of(path); }
+    else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
 }
 
 // creates dir if needed and proves it is writable, before any training is spent

@@ -60,6 +60,7 @@ typedef struct {
     int gen_tokens;                  // tokens per sample
     int checkpoint_every;            // steps between checkpoints, 0 = only at the end
     int resume;                      // 1: continue from the latest checkpoint in out_dir
+    int overwrite;                   // 1: a fresh run removes an earlier run's checkpoints and log from out_dir
     int plan_only;                   // 1: print the memory plan and exit
 } TrainOptions;
 
@@ -99,6 +100,7 @@ static TrainOptions options_default(void) {
     o.gen_tokens = 64;
     o.checkpoint_every = 0;
     o.resume = 0;
+    o.overwrite = 0;
     o.plan_only = 0;
     return o;
 }
@@ -146,6 +148,7 @@ static const FlagSpec FLAGS[] = {
     {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (at most T)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
     {"-y", "--resume",        FLAG_INT,    OPT(resume),           "1 = resume from the latest checkpoint in the output directory"},
+    {NULL, "--overwrite",     FLAG_INT,    OPT(overwrite),        "1 = start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
     {NULL, "--offload",       FLAG_INT,    OPT(offload),          "1 = move kept activations to host memory between forward and backward"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},

@@ -428,6 +428,9 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
+    if (o->overwrite != 0 && o->overwrite != 1) { fail("--overwrite %d: overwrite is 0 or 1", o->overwrite); }
+    if (o->overwrite && o->resume) { fail("-y 1 continues the run in -o, --overwrite 1 removes it: choose one"); }
+    if (o->overwrite && o->out_dir[0] == '\0') { fail("--overwrite 1 starts over in the output directory, but -o is \"\" (none)"); }
     return accum;
 }
 
@@ -500,6 +503,7 @@ typedef struct {
     int gen_len;
     uint64_t sample_rng;
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
+    int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
     size_t rss_at_start;      // the fixed overhead, before any tensor
 } Run;
 
@@ -555,11 +559,37 @@ static int steps_to_train(const Run* r) {
     return steps < 1 ? 1 : steps;
 }
 
+// the output directory before anything is allocated (rank 0; the other ranks wait): created,
+// locked for this run, and for a fresh run free of an earlier run's checkpoints and log
+// (refused, or with --overwrite 1 removed)
+static void prepare_output_dir(Run* r) {
+    const TrainOptions* o = r->o;
+    r->out_lock = -1;
+    if (!r->has_out) { return; }
+    if (r->setup.dist.rank == 0) {
+        ensure_output_dir(o->out_dir);
+        r->out_lock = output_dir_lock(o->out_dir);
+        OutputDirContents c = output_dir_contents(o->out_dir);
+        if (!o->resume && (c.files > 0 || c.has_log)) {
+            if (!o->overwrite) {
+                char what[96] = "";
+                if (c.files > 0) { snprintf(what, sizeof(what), "%d checkpoint file(s), the newest of step %d%s", c.files, c.newest_step, c.has_log ? ", and " : ""); }
+                fail("output directory '%s' holds an earlier run (%s%s)\n"
+                     "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
+                     o->out_dir, what, c.has_log ? "log.jsonl" : "");
+            }
+            printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_clear(o->out_dir), o->out_dir);
+        }
+    }
+    dist_barrier();  // the other ranks write their state files into it
+}
+
 // allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
     check_memory_fits(&r->plan, &s->act, dist_local_ranks());
+    prepare_output_dir(r);
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer
     #pragma omp parallel
@@ -568,8 +598,6 @@ static void train_setup(Run* r) {
     r->rss_at_start = mem_rss_now();
     r->model = gpt2_create(s);
     gpt2_init_weights(r->model, o);
-    if (r->has_out && s->dist.rank == 0) { ensure_output_dir(o->out_dir); }
-    dist_barrier();  // the other ranks write their state files into it
     dataloader_init(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size);
     if (r->has_val) { dataloader_init(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size); }
     r->gen_len = o->gen_tokens < s->T ? o->gen_tokens : s->T;
@@ -584,7 +612,7 @@ static void train_setup(Run* r) {
     if (r->has_out && s->dist.rank == 0) {
         char path[CHECKPOINT_PATH_LEN];
         snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
-        r->log = fopen_check(path, o->resume ? "a" : "w");
+        r->log = fopen_check(path, "a");  // a fresh run finds none (prepare_output_dir)
     }
     install_stop_signals();
 }
@@ -667,6 +695,7 @@ static void train_teardown(Run* r, int step) {
            peak / MIB, g_mem.total_peak / MIB, r->rss_at_start / MIB,
            ((double)peak - (double)g_mem.total_peak - (double)r->rss_at_start) / MIB);
     if (r->log) { fclose(r->log); }
+    if (r->out_lock >= 0) { close(r->out_lock); }
     mem_free(r->gen_tokens);
     dataloader_free(&r->train);
     if (r->has_val) { dataloader_free(&r->val); }

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 import sys
 
 import e2e
@@ -154,17 +155,57 @@ r = s.expect_fail("output: -o is a regular file", "exists and is not a directory
 s.check("output: -o a regular file fails before training", not r.step_lines(),
         f"step lines printed: {r.step_lines()[:1]}")
 
+# an earlier run's folder: a fresh run is refused (it overwrote checkpoints of the same step and
+# truncated the log); --overwrite 1 starts over there, removing them; -y 1 continues
+OLD = f"{W}/out_old"
+if s.expect_ok("output: a first run into a folder", BASE + ["-x", "2", "-n", "1", "-o", OLD]):
+    s.expect_fail("output: a fresh run into a folder with an earlier run is refused",
+                  "holds an earlier run (6 checkpoint file(s), the newest of step 2, and log.jsonl)", BASE + ["-o", OLD])
+    s.expect_fail("output: ... and says how to go on", "resume it with -y 1, choose another -o, or start over there with --overwrite 1",
+                  BASE + ["-o", OLD])
+    for f in os.listdir(OLD):
+        if f != "log.jsonl":
+            os.remove(f"{OLD}/{f}")
+    s.expect_fail("output: a folder with only a log.jsonl is refused too", "holds an earlier run (log.jsonl)", BASE + ["-o", OLD])
+    r = s.expect_ok("output: --overwrite 1 starts over there", BASE + ["-x", "3", "-o", OLD, "--overwrite", "1"])
+    if r:
+        s.check("output: --overwrite 1 says what it removed", "--overwrite 1: removed 1 file(s) of an earlier run" in r.out,
+                "no such line")
+        steps = [row[0] for row in train_rows(OLD)]
+        s.check("output: --overwrite 1 leaves only the new run's log and checkpoint",
+                steps == [1, 2, 3] and sorted(os.listdir(OLD)) == ["DONE_00000003", "log.jsonl", "model_00000003.bin",
+                                                                    "state_00000003_00000.bin"],
+                f"steps {steps}, files {sorted(os.listdir(OLD))}")
+s.expect_fail("output: -y 1 and --overwrite 1 together", "choose one", BASE + ["-y", "1", "--overwrite", "1"])
+s.expect_fail("output: --overwrite 1 without -o", "but -o is \"\" (none)", BASE + ["-o", "", "--overwrite", "1"])
+
+# a lock on the output folder while a run uses it: a second run into it (here one that would
+# start over there) is refused while the first trains
+LOCKED = f"{W}/locked"
+first = subprocess.Popen(BASE + ["-x", "1000000", "-v", "0", "-o", LOCKED], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+try:
+    line = first.stdout.readline()
+    while line and not e2e.STEP_LINE_RE.match(line):
+        line = first.stdout.readline()
+    r = s.expect_fail("output: a second run into a folder in use is refused", f"output directory '{LOCKED}' is in use by another run",
+                      BASE + ["-x", "1", "-o", LOCKED, "--overwrite", "1"])
+    s.check("output: ... before touching it", first.poll() is None and os.path.isfile(f"{LOCKED}/log.jsonl"),
+            "the first run ended or lost its log")
+finally:
+    e2e.kill_group(first)
+
 # ----------------------------------------------------------------------------
 # 5. a non-finite loss stops the run; checkpoints already in the directory stay intact. A good
-# run writes checkpoints 1 and 2 into NAN; the same flags with -l 1e30 and no periodic
-# checkpoints would overwrite checkpoint 2 at its end, but the huge first update makes step 2's
+# run writes checkpoints 1 and 2 into NAN; resumed there with -l 1e30 and -x 4, no periodic
+# checkpoints, it would write checkpoint 4 at its end, but step 3's huge update makes step 4's
 # loss NaN, so the run must stop before that.
 
 NAN, BEFORE = f"{W}/nan", f"{W}/nan_before"
 if s.expect_ok("nan: first run writes checkpoints 1 and 2", BASE + ["-x", "2", "-n", "1", "-o", NAN]):
     shutil.copytree(NAN, BEFORE)
-    s.expect_fail("nan: -l 1e30 stops with 'not finite'", "is not finite at step 2",
-                  BASE + ["-x", "2", "-n", "0", "-l", "1e30", "-o", NAN])
+    s.expect_fail("nan: -l 1e30 stops with 'not finite'", "is not finite at step 4",
+                  BASE + ["-x", "4", "-n", "0", "-l", "1e30", "-o", NAN, "-y", "1"])
     kept = sorted(f for f in os.listdir(BEFORE) if f != "log.jsonl")
     changed = [f for f in kept if not same_bytes(f"{BEFORE}/{f}", f"{NAN}/{f}")]
     s.check("nan: earlier checkpoints byte-identical (cmp)", not changed, f"changed: {changed}")
