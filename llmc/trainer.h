@@ -153,9 +153,12 @@ static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
 }
 
 // rank 0 writes the model file, every rank its own state file (its data position and, under
-// ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE
+// ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE. A
+// DONE marker of the same step, left by an earlier write of it, goes first
 static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng) {
     if (s->dist.world > 1) { check_replicas(m, &s->config, s->dist, step); }
+    if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
+    dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
     gpt2_sync(m, SYNC_TO_HOST);
     HostView h = gpt2_host_view(m);
     char path[CHECKPOINT_PATH_LEN];

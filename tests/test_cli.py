@@ -341,6 +341,22 @@ s.expect_fail("resume: state with the RNG at 0", "sampling RNG 0x000000000000000
 s.expect_fail("resume: data position in a shard -i lacks", "data position in shard 3, but only 1 shard(s) match -i",
               RES + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
 
+# a checkpoint being rewritten loses its DONE marker first: run A's folder copy resumed at its
+# last step writes checkpoint 6 again; its state file cannot be written (a directory stands
+# at its temporary name), so the run fails with a new model file and an old state: step 6
+# must no longer look complete
+REW = f"{W}/run_rewrite"
+if os.path.isdir(A):
+    shutil.copytree(A, REW)
+    blocker = ckpt(REW, "state", 6, "_00000.bin.tmp")
+    os.makedirs(f"{blocker}/x")
+    r = s.run(RES + ["-o", REW, "-y", "1"])
+    shutil.rmtree(blocker)
+    s.check("resume: a failed rewrite of checkpoint 6 fails cleanly", r.rc == 1 and "cannot write" in r.err,
+            f"exit code {r.rc}: {r.err[:300]}")
+    s.check("resume: ... and leaves step 6 without its DONE marker", not os.path.exists(ckpt(REW, "DONE", 6))
+            and os.path.exists(ckpt(REW, "DONE", 3)), f"files: {sorted(os.listdir(REW))}")
+
 # ----------------------------------------------------------------------------
 # 8. SIGINT and SIGTERM: the run finishes its step, writes a checkpoint, says so and exits 0;
 # -y 1 with the same flags then runs to the end. Steps are made slow enough to catch (32
