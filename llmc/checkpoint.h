@@ -8,8 +8,11 @@ L, NH, C, Vp; then the 16 parameter tensors in model_config.h's order.
 
 Training-state file (this project's own): header 256 x int32 (STATE_SLOT_*, 64-bit
 values in two slots, low half first): magic, version, processes, rank, step, data
-position, sampling RNG, optimizer-state length, ZeRO stage; then the optimizer state
-(fp32). With several ranks every rank writes its own state file (its data position; under
+position, sampling RNG, optimizer-state length, parameter count, ZeRO stage, the run's
+identity (a random 64-bit id chosen when the run started, the same in every file it
+writes) and the hash of the weights of the checkpoint's model file; then the optimizer
+state (fp32). A resume never combines files of two runs, or of two steps: each rank's
+state names rank 0's run, and the weights read hash to what the state recorded. With several ranks every rank writes its own state file (its data position; under
 ZeRO-1 its blocks of the optimizer state).
 
 A checkpoint of step S in directory D is D/model_S.bin, D/state_S_rank.bin and,
@@ -48,7 +51,8 @@ enum {
 };
 
 #define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
-#define STATE_VERSION 2   // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage
+#define STATE_VERSION 3   // 3: the run identity and the hash of the checkpoint's weights
+#define STATE_VERSION_NO_IDENTITY 2  // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage; still read
 #define STATE_REGEN_HINT "a training-state file is written by this trainer's checkpoints (-o, -n); resume with the version that wrote it"
 enum {
     STATE_SLOT_MAGIC = FILE_SLOT_MAGIC, STATE_SLOT_VERSION = FILE_SLOT_VERSION, STATE_SLOT_NUM_PROCESSES = 2, STATE_SLOT_RANK = 3,
@@ -58,6 +62,8 @@ enum {
     STATE_SLOT_OPT_FLOATS = 12,      // 64-bit: slots 12, 13
     STATE_SLOT_NUM_PARAMS = 14,      // 64-bit: slots 14, 15
     STATE_SLOT_ZERO = 16,            // ZeroStage (distributed.h): 1 = this file holds rank's blocks only
+    STATE_SLOT_RUN_ID = 18,          // 64-bit: slots 18, 19 (version 3)
+    STATE_SLOT_MODEL_HASH = 20,      // 64-bit: slots 20, 21 (version 3)
 };
 
 
@@ -197,9 +203,11 @@ typedef struct {
     int data_shard, data_epoch;
     uint64_t data_position;
     uint64_t rng;               // sampling RNG
-    uint64_t num_params;        // sanity check against the model
+    uint64_t num_params;        // checked against the model
     size_t opt_floats;          // length of the optimizer state
     int zero;                   // ZeroStage of the run that wrote it
+    uint64_t run_id;            // the run that wrote it: random, chosen when the run started (0: version 2, unknown)
+    uint64_t model_hash;        // params_hash of the weights of the same checkpoint's model file (0: unknown)
 } TrainState;
 
 static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
@@ -216,6 +224,8 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     header_set64(h, STATE_SLOT_OPT_FLOATS, s->opt_floats);
     header_set64(h, STATE_SLOT_NUM_PARAMS, s->num_params);
     h[STATE_SLOT_ZERO] = s->zero;
+    header_set64(h, STATE_SLOT_RUN_ID, s->run_id);
+    header_set64(h, STATE_SLOT_MODEL_HASH, s->model_hash);
     AtomicFile a;
     atomic_open(&a, path);
     fwrite_check(h, sizeof(int), FILE_HEADER_INTS, a.f);
@@ -228,7 +238,9 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     FILE* f = fopen_check(path, "rb");
     int h[FILE_HEADER_INTS];
     *size = file_header_read(f, path, "training-state file", STATE_MAGIC, STATE_REGEN_HINT, h);
-    file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
+    if (h[STATE_SLOT_VERSION] != STATE_VERSION_NO_IDENTITY) {
+        file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
+    }
     s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
     s->rank = h[STATE_SLOT_RANK];
     s->step = h[STATE_SLOT_STEP];
@@ -239,6 +251,9 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     s->opt_floats = header_get64(h, STATE_SLOT_OPT_FLOATS);
     s->num_params = header_get64(h, STATE_SLOT_NUM_PARAMS);
     s->zero = h[STATE_SLOT_ZERO];
+    int identity = h[STATE_SLOT_VERSION] == STATE_VERSION;
+    s->run_id = identity ? header_get64(h, STATE_SLOT_RUN_ID) : 0;
+    s->model_hash = identity ? header_get64(h, STATE_SLOT_MODEL_HASH) : 0;
     return f;
 }
 

@@ -26,6 +26,7 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -155,7 +156,8 @@ static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
 // rank 0 writes the model file, every rank its own state file (its data position and, under
 // ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE. A
 // DONE marker of the same step, left by an earlier write of it, goes first
-static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng) {
+static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
+                            uint64_t run_id) {
     if (s->dist.world > 1) { check_replicas(m, &s->config, s->dist, step); }
     if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
     dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
@@ -166,8 +168,9 @@ static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int s
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
         model_file_write(path, &s->config, h.params);
     }
+    size_t P = gpt2_num_parameters(&s->config);
     TrainState st = {s->dist.world, s->dist.rank, step, (int)dl->shard, dl->epoch, dl->position, rng,
-                     gpt2_num_parameters(&s->config), h.opt_floats, s->zero};
+                     P, h.opt_floats, s->zero, run_id, params_hash(h.params, P)};
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_write(path, &st, h.opt_state);
     dist_barrier();
@@ -236,18 +239,42 @@ static void state_check_data(const char* path, const TrainState* st, const DataL
     }
 }
 
-// loads the newest complete checkpoint of dir into the model; returns its step
-static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng) {
+// the state file at path and the model file at model_path are of one checkpoint of one run:
+// its run is rank 0's (run_id), and the weights read from the model file (params) hash to
+// what the state recorded. A version 2 state has neither (a note says it is not checked)
+static void state_check_identity(const char* path, const TrainState* st, uint64_t run_id, const char* model_path,
+                                 const float* params, size_t P) {
+    if (st->run_id == 0) {
+        printf("note: '%s' is a version %d state file, without a run identity: not checked against '%s'\n",
+               path, STATE_VERSION_NO_IDENTITY, model_path);
+        return;
+    }
+    if (st->run_id != run_id) {
+        fail("state file '%s' was written by run 0x%016llx, rank 0's state file of the same checkpoint by run 0x%016llx\n"
+             "  hint: files of two runs were combined in one folder; use one run's files (each run writes its own -o)",
+             path, (unsigned long long)st->run_id, (unsigned long long)run_id);
+    }
+    uint64_t hash = params_hash(params, P);
+    if (hash != st->model_hash) {
+        fail("model file '%s' is not of the checkpoint of state file '%s' (its weights hash to 0x%016llx, the state recorded 0x%016llx)\n"
+             "  hint: files of two runs or of two steps were combined; use one checkpoint's own files",
+             model_path, path, (unsigned long long)hash, (unsigned long long)st->model_hash);
+    }
+}
+
+// loads the newest complete checkpoint of dir into the model; returns its step and the run's
+// identity (from the state files)
+static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng, uint64_t* run_id) {
     int step = checkpoint_latest(dir);
     if (step < 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
     HostView h = gpt2_host_view(m);
-    char path[CHECKPOINT_PATH_LEN];
-    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    char path[CHECKPOINT_PATH_LEN], model_path[CHECKPOINT_PATH_LEN];
+    checkpoint_path(model_path, sizeof(model_path), dir, "model", step, -1);
     GPT2Config cfg;
     int version;
-    FILE* f = model_file_open(path, &cfg, &version);
-    if (memcmp(&cfg, &s->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", path); }
-    model_file_read_params(f, path, &cfg, version, h.params);
+    FILE* f = model_file_open(model_path, &cfg, &version);
+    if (memcmp(&cfg, &s->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", model_path); }
+    model_file_read_params(f, model_path, &cfg, version, h.params);
     // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
     TrainState st;
     checkpoint_path(path, sizeof(path), dir, "state", step, 0);
@@ -261,9 +288,11 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, Data
         fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
              "  hint: resume with --zero %d", dir, step, st.zero, (int)s->zero, st.zero);
     }
+    *run_id = st.run_id;
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_read(path, &st, h.opt_state, h.opt_floats);
     state_check_run(path, &st, s, step);
+    state_check_identity(path, &st, *run_id, model_path, h.params, gpt2_num_parameters(&s->config));
     state_check_finite(path, s, h.opt_state, h.opt_floats);
     if ((size_t)st.data_shard >= dl->num_shards) {
         fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
@@ -505,6 +534,7 @@ typedef struct {
     int* gen_tokens;          // (T) the sample being generated
     int gen_len;
     uint64_t sample_rng;
+    uint64_t run_id;          // this run's identity, in every state file it writes (fresh: random; -y 1: the checkpoint's)
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
     int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
     size_t rss_at_start;      // the fixed overhead, before any tensor
@@ -522,6 +552,7 @@ static void print_config(const Run* r) {
     printf("| data parallel (MPI)   | %d rank(s), --zero %d%s\n", r->setup.dist.world, (int)r->setup.zero,
            r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
     printf("| OpenMP threads        | %d\n", num_threads());
+    printf("| run id                | 0x%016llx%s\n", (unsigned long long)r->run_id, r->o->resume ? " (the checkpoint's)" : "");
     for (int i = 0; i < NUM_FLAGS; i++) {
         char v[PATH_MAX_LEN + 8];
         flag_value_string(&FLAGS[i], o, v, sizeof(v));
@@ -560,6 +591,25 @@ static int steps_to_train(const Run* r) {
     size_t step_tokens = (size_t)r->setup.B * r->setup.T * r->accum * r->setup.dist.world;
     int steps = (int)(r->train.epoch_tokens / step_tokens);
     return steps < 1 ? 1 : steps;
+}
+
+// a new run's identity: 64 random bits from the OS (the clock and the process id if it has
+// none), never 0; rank 0 draws it and every rank takes rank 0's
+static uint64_t new_run_id(int rank) {
+    uint64_t id = 0;
+    FILE* f = rank == 0 ? fopen("/dev/urandom", "rb") : NULL;
+    if (f != NULL) {
+        if (fread(&id, sizeof(id), 1, f) != 1) { id = 0; }
+        fclose(f);
+    }
+    if (rank == 0 && id == 0) {
+        uint64_t x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(now_seconds() * 1e9);
+        rand_u32(&x);
+        id = x;
+    }
+    uint64_t lo, hi;
+    dist_min_max_u64(rank == 0 ? id : 0, &lo, &hi);  // the others give 0: the maximum is rank 0's
+    return hi;
 }
 
 // the output directory before anything is allocated (rank 0; the other ranks wait): created,
@@ -607,7 +657,9 @@ static void train_setup(Run* r) {
     r->gen_tokens = sample_buffer_alloc(s->T);
     r->max_steps = steps_to_train(r);
     r->sample_rng = RNG_SEED_MIX ^ (o->seed + 1);
-    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng) : 0;
+    r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
+    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng, &r->run_id) : 0;
+    if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
     print_config(r);
     printf("memory plan (bytes by category; measured after the first step):\n");
     print_memory_table(&r->plan, NULL);
@@ -637,7 +689,7 @@ static int between_steps(Run* r, int step) {
     }
     int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
     int periodic = o->checkpoint_every > 0 && step > r->start_step && step % o->checkpoint_every == 0;
-    if (r->has_out && (last || stop || periodic)) { save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng); }
+    if (r->has_out && (last || stop || periodic)) { save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng, r->run_id); }
     if (stop) { printf("stopped by signal after step %d; resume with the same flags and -y 1\n", step); }
     return last || stop;
 }

@@ -341,6 +341,29 @@ s.expect_fail("resume: state with the RNG at 0", "sampling RNG 0x000000000000000
 s.expect_fail("resume: data position in a shard -i lacks", "data position in shard 3, but only 1 shard(s) match -i",
               RES + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
 
+# the run identity: a model file of one run with the state file of another run of the same step is
+# refused (the weights do not hash to what the state recorded); a version 2 state file (before the
+# identity) is still read, with a note
+SEED2, MIXED, V2 = f"{W}/run_seed2", f"{W}/run_mixed", f"{W}/run_v2"
+if s.expect_ok("resume: run A's flags with another seed", RES + ["--seed", "2", "-e", "tiny", "-o", SEED2]):
+    if s.expect_ok("resume: ... and run A's again", RES + ["-e", "tiny", "-x", "3", "-o", f"{SEED2}_a"]):
+        os.makedirs(MIXED)
+        shutil.copy(ckpt(f"{SEED2}_a", "model", 3, ".bin"), MIXED)
+        shutil.copy(ckpt(f"{SEED2}_a", "DONE", 3), MIXED)
+        shutil.copy(ckpt(SEED2, "state", 3, "_00000.bin"), MIXED)
+        s.expect_fail("resume: a model and a state of two runs are not combined", "is not of the checkpoint of state file",
+                      RES + ["-e", "tiny", "-o", MIXED, "-y", "1"])
+    copy_checkpoint(SEED2, 3, V2)
+    with open(ckpt(V2, "state", 3, "_00000.bin"), "r+b") as f:
+        f.seek(4)
+        f.write(struct.pack("<i", 2))
+    r = s.expect_ok("resume: a version 2 state file is read", RES + ["--seed", "2", "-e", "tiny", "-o", V2, "-y", "1"])
+    if r:
+        s.check("resume: ... with a note that it was not checked", "is a version 2 state file, without a run identity" in r.out,
+                "no note")
+        s.check("resume: ... to the same end", same_bytes(ckpt(SEED2, "model", 6, ".bin"), ckpt(V2, "model", 6, ".bin")),
+                "model_00000006.bin differs")
+
 # a checkpoint being rewritten loses its DONE marker first: run A's folder copy resumed at its
 # last step writes checkpoint 6 again; its state file cannot be written (a directory stands
 # at its temporary name), so the run fails with a new model file and an old state: step 6
