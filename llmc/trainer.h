@@ -593,6 +593,28 @@ static int steps_to_train(const Run* r) {
     return steps < 1 ? 1 : steps;
 }
 
+// after a resume from step `step`, log.jsonl keeps the lines of steps up to it (each line
+// starts {"step": N) and drops the later ones, which the resumed run logs again: a run that
+// stopped without a checkpoint of its last steps (a crash) had logged them already
+static void log_truncate_after(const char* path, int step) {
+    FILE* in = fopen(path, "rb");
+    if (in == NULL) { return; }  // no log yet (-o of a checkpoint copied without it)
+    AtomicFile out;
+    atomic_open(&out, path);
+    char* line = NULL;
+    size_t cap = 0;
+    int dropped = 0;
+    while (getline(&line, &cap, in) != -1) {
+        int n;
+        if (sscanf(line, "{\"step\": %d", &n) == 1 && n > step) { dropped++; continue; }
+        fwrite_check(line, 1, strlen(line), out.f);
+    }
+    free(line);
+    fclose(in);
+    atomic_commit(&out);
+    if (dropped > 0) { printf("%s: dropped %d line(s) after step %d, which this run logs again\n", path, dropped, step); }
+}
+
 // a new run's identity: 64 random bits from the OS (the clock and the process id if it has
 // none), never 0; rank 0 draws it and every rank takes rank 0's
 static uint64_t new_run_id(int rank) {
@@ -667,6 +689,7 @@ static void train_setup(Run* r) {
     if (r->has_out && s->dist.rank == 0) {
         char path[CHECKPOINT_PATH_LEN];
         snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
+        if (o->resume) { log_truncate_after(path, r->start_step); }
         r->log = fopen_check(path, "a");  // a fresh run finds none (prepare_output_dir)
     }
     install_stop_signals();
@@ -680,7 +703,8 @@ static int between_steps(Run* r, int step) {
     if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
         float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
         printf("step %5d | val loss %.6f\n", step, vl);
-        if (r->log) { fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(r->log); }
+        // the resumed step's validation is in the log already: the run validated before its checkpoint
+        if (r->log && !(o->resume && step == r->start_step)) { fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(r->log); }
     }
     if (o->sample_every > 0 && step > r->start_step && (step % o->sample_every == 0 || last)) {
         printf("---- sample at step %d ----\n", step);

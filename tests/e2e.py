@@ -20,7 +20,7 @@ printed tables.
 An error check (expect_fail) passes when the run exits non-zero by itself (not killed by a signal
 or the time limit), stderr holds the expected phrase and the "(at file:line)" that utils.h's fail()
 adds, no *.tmp file is left anywhere, and every file that existed before the run is byte-identical
-after it (log.jsonl aside: a fresh run starts its log anew, a failed one too).
+after it (log.jsonl aside: a resumed run first drops its lines after the checkpoint's step).
 """
 
 import atexit

@@ -341,6 +341,23 @@ s.expect_fail("resume: state with the RNG at 0", "sampling RNG 0x000000000000000
 s.expect_fail("resume: data position in a shard -i lacks", "data position in shard 3, but only 1 shard(s) match -i",
               RES + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
 
+# log.jsonl after a resume: a run that logged steps past its last checkpoint (here: checkpoint 6
+# lost its DONE marker, as in a crash while writing it) is resumed from checkpoint 3; its log keeps
+# every step and validation once, the resumed steps' lines equal to the first run's
+LOGR = f"{W}/run_log"
+if os.path.isdir(A):
+    shutil.copytree(A, LOGR)
+    os.remove(ckpt(LOGR, "DONE", 6))
+    r = s.expect_ok("log: resume from 3 after steps 4..6 were logged", RES + ["-o", LOGR, "-y", "1"])
+    if r:
+        rows = read_log(LOGR)
+        train_steps = [x["step"] for x in rows if "loss" in x]
+        val_steps = [x["step"] for x in rows if "val_loss" in x]
+        s.check("log: every training step once", train_steps == [1, 2, 3, 4, 5, 6], f"steps {train_steps}")
+        s.check("log: every validation once", val_steps == [0, 3, 6], f"validations at {val_steps}")
+        s.check("log: the resumed steps' lines equal the first run's", train_rows(LOGR) == train_rows(A), "differ")
+        s.check("log: says what it dropped", "dropped 4 line(s) after step 3" in r.out, "no such line")
+
 # the run identity: a model file of one run with the state file of another run of the same step is
 # refused (the weights do not hash to what the state recorded); a version 2 state file (before the
 # identity) is still read, with a note
