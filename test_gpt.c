@@ -835,6 +835,35 @@ static void test_sizes(void) {
 }
 
 // ----------------------------------------------------------------------------
+// free space for a checkpoint: checkpoint_bytes is what the files take, and a directory
+// without that much free space stops the run before training
+
+static void free_space_for_too_much(void* dir) {
+    check_free_space((const char*)dir, (uint64_t)1 << 62, "one checkpoint");
+}
+
+static void test_checkpoint_space(const char* dir) {
+    GPT2Config cfg = {32, 64, 128, 2, 4, 32};
+    size_t P = gpt2_num_parameters(&cfg), opt_floats = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);
+    float* zeros = (float*)calloc_check(P > opt_floats ? P : opt_floats, sizeof(float));
+    char path[CHECKPOINT_PATH_LEN];
+    struct stat model_st, state_st;
+    checkpoint_path(path, sizeof(path), dir, "model", 1, -1);
+    model_file_write(path, &cfg, zeros);
+    stat(path, &model_st);
+    TrainState st = {1, 0, 1, 0, 0, 0, 1, P, opt_floats, 0, 1, 1};
+    checkpoint_path(path, sizeof(path), dir, "state", 1, 0);
+    state_file_write(path, &st, zeros);
+    stat(path, &state_st);
+    uint64_t written = (uint64_t)model_st.st_size + 2 * (uint64_t)state_st.st_size;
+    check(checkpoint_bytes(&cfg, opt_floats, 2) == written, "checkpoint space: checkpoint_bytes equals the files written (2 ranks)",
+          "%llu vs %llu", (unsigned long long)checkpoint_bytes(&cfg, opt_floats, 2), (unsigned long long)written);
+    free(zeros);
+    check_fails("checkpoint space: a directory without room for a checkpoint is refused", free_space_for_too_much, (void*)dir,
+                "MiB free, but one checkpoint needs 4398046511104.0 MiB");
+}
+
+// ----------------------------------------------------------------------------
 // fixtures for the command-line tests (tests/test_cli.py)
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
@@ -955,6 +984,7 @@ int main(int argc, char** argv) {
     test_d12_state_size();
     test_usage_lists_every_flag();
     test_sizes();
+    test_checkpoint_space(dir);
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }

@@ -36,6 +36,7 @@ how to make a right one.
 #include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include "file_header.h"
 #include "model_config.h"
@@ -388,6 +389,24 @@ static void checkpoint_unmark_done(const char* dir, int step) {
     snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
     if (remove(path) == 0) { fsync_dir_of(path); }
     else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
+}
+
+// bytes of one checkpoint: the model file and `ranks` state files of opt_floats floats each
+static uint64_t checkpoint_bytes(const GPT2Config* cfg, size_t opt_floats, int ranks) {
+    uint64_t header = FILE_HEADER_INTS * sizeof(int);
+    return header + (uint64_t)gpt2_num_parameters(cfg) * sizeof(float) + (uint64_t)ranks * (header + (uint64_t)opt_floats * sizeof(float));
+}
+
+// stops unless the file system of dir has `need` bytes free for an unprivileged writer
+static void check_free_space(const char* dir, uint64_t need, const char* what) {
+    struct statvfs st;
+    if (statvfs(dir, &st) != 0) { return; }  // unknown: the writes themselves will tell
+    uint64_t avail = (uint64_t)st.f_bavail * st.f_frsize;
+    if (avail < need) {
+        fail("output directory '%s' has %.1f MiB free, but %s needs %.1f MiB\n"
+             "  hint: free some space, choose another -o, or -o \"\" to write no checkpoints",
+             dir, avail / 1048576.0, what, need / 1048576.0);
+    }
 }
 
 // creates dir if needed and proves it is writable, before any training is spent

@@ -635,8 +635,8 @@ static uint64_t new_run_id(int rank) {
 }
 
 // the output directory before anything is allocated (rank 0; the other ranks wait): created,
-// locked for this run, and for a fresh run free of an earlier run's checkpoints and log
-// (refused, or with --overwrite 1 removed)
+// locked for this run, for a fresh run free of an earlier run's checkpoints and log (refused,
+// or with --overwrite 1 removed), and with room for one checkpoint
 static void prepare_output_dir(Run* r) {
     const TrainOptions* o = r->o;
     r->out_lock = -1;
@@ -655,6 +655,12 @@ static void prepare_output_dir(Run* r) {
             }
             printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_clear(o->out_dir), o->out_dir);
         }
+        // room for one checkpoint (the model file and every rank's state file), before any training
+        const ModelSetup* s = &r->setup;
+        size_t opt_floats = optimizer_state_floats(&s->config, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
+        char what[128];
+        snprintf(what, sizeof(what), "one checkpoint (the model file and %d state file(s))", s->dist.world);
+        check_free_space(o->out_dir, checkpoint_bytes(&s->config, opt_floats, s->dist.world), what);
     }
     dist_barrier();  // the other ranks write their state files into it
 }
