@@ -367,6 +367,29 @@ static int output_dir_clear(const char* dir) {
     return removed;
 }
 
+// removes the temporary files of atomic writes (a checkpoint file's or log.jsonl's name and
+// ".tmp") that a crashed run left in dir, saying so; other files are not touched. Call it
+// with dir locked: a running writer's files are never removed
+static void output_dir_remove_stale_tmp(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return; }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n <= 4 || strcmp(e->d_name + n - 4, ".tmp") != 0) { continue; }
+        char base[sizeof(e->d_name)], path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+        snprintf(base, sizeof(base), "%.*s", (int)(n - 4), e->d_name);
+        CheckpointFileKind kind;
+        if (checkpoint_file_step(base, &kind) < 0 && strcmp(base, "log.jsonl") != 0) { continue; }
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
+        if (remove(path) != 0) { fail("cannot remove the stale temporary file '%s': %s", path, strerror(errno)); }
+        printf("removed '%s', a temporary file that a crashed run left\n", path);
+    }
+    closedir(d);
+}
+
 // locks dir for this process (flock on the directory itself, released when the process
 // ends); stops if another run holds it. Returns the descriptor, to keep open
 static int output_dir_lock(const char* dir) {

@@ -635,7 +635,7 @@ static uint64_t new_run_id(int rank) {
 }
 
 // the output directory before anything is allocated (rank 0; the other ranks wait): created,
-// locked for this run, for a fresh run free of an earlier run's checkpoints and log (refused,
+// locked for this run, rid of the temporary files a crash left, for a fresh run free of an earlier run's checkpoints and log (refused,
 // or with --overwrite 1 removed), and with room for one checkpoint
 static void prepare_output_dir(Run* r) {
     const TrainOptions* o = r->o;
@@ -644,6 +644,7 @@ static void prepare_output_dir(Run* r) {
     if (r->setup.dist.rank == 0) {
         ensure_output_dir(o->out_dir);
         r->out_lock = output_dir_lock(o->out_dir);
+        output_dir_remove_stale_tmp(o->out_dir);
         OutputDirContents c = output_dir_contents(o->out_dir);
         if (!o->resume && (c.files > 0 || c.has_log)) {
             if (!o->overwrite) {

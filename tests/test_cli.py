@@ -341,6 +341,26 @@ s.expect_fail("resume: state with the RNG at 0", "sampling RNG 0x000000000000000
 s.expect_fail("resume: data position in a shard -i lacks", "data position in shard 3, but only 1 shard(s) match -i",
               RES + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
 
+# the temporary files of atomic writes that a crash (kill -9 while writing) left are removed when
+# a run starts in the folder; a file of another name that ends in .tmp is not touched
+STALE = f"{W}/run_stale"
+if os.path.isdir(A):
+    copy_checkpoint(A, 3, STALE)
+    ours = [ckpt(STALE, "model", 6, ".bin.tmp"), ckpt(STALE, "state", 6, "_00000.bin.tmp"), ckpt(STALE, "DONE", 6, ".tmp"),
+            f"{STALE}/log.jsonl.tmp"]
+    for f in ours + [f"{STALE}/notes.tmp"]:
+        with open(f, "wb") as out:
+            out.write(b"partial")
+    r = s.run(RES + ["-o", STALE, "-y", "1"])
+    left = [f for f in ours if os.path.exists(f)]
+    s.check("resume: stale temporary files of a crash are removed", r.rc == 0 and not left, f"exit code {r.rc}, left {left}")
+    s.check("resume: ... saying so, and another .tmp file is kept",
+            f"removed '{ours[0]}', a temporary file that a crashed run left" in r.out and os.path.isfile(f"{STALE}/notes.tmp"),
+            "no message, or notes.tmp removed")
+    for f in ours + [f"{STALE}/notes.tmp"]:  # so that a failure here fails no later check
+        if os.path.exists(f):
+            os.remove(f)
+
 # log.jsonl after a resume: a run that logged steps past its last checkpoint (here: checkpoint 6
 # lost its DONE marker, as in a crash while writing it) is resumed from checkpoint 3; its log keeps
 # every step and validation once, the resumed steps' lines equal to the first run's
