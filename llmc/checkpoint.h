@@ -414,6 +414,52 @@ static void checkpoint_unmark_done(const char* dir, int step) {
     else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
 }
 
+static int compare_steps_descending(const void* a, const void* b) { return *(const int*)b - *(const int*)a; }
+
+// keeps the newest `keep` complete checkpoints of dir and removes every checkpoint file of an
+// older step (the DONE markers first, so no checkpoint looks complete while its files go);
+// returns the number of complete checkpoints removed
+static int checkpoint_prune(const char* dir, int keep) {
+    int* steps = NULL;
+    int n = 0, cap = 0;
+    DIR* d = opendir(dir);
+    if (d == NULL) { return 0; }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        int step = checkpoint_file_step(e->d_name, &kind);
+        if (step < 0 || kind != CKPT_FILE_DONE) { continue; }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            steps = (int*)realloc(steps, (size_t)cap * sizeof(int));
+            if (steps == NULL) { fail("out of host memory listing the checkpoints of '%s'", dir); }
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    int removed = n > keep ? n - keep : 0, oldest_kept = -1;
+    if (removed > 0) {
+        qsort(steps, (size_t)n, sizeof(int), compare_steps_descending);
+        oldest_kept = steps[keep - 1];
+    }
+    free(steps);
+    for (int pass = 0; pass < 2 && removed > 0; pass++) {  // 0: DONE markers, 1: model and state files
+        d = opendir(dir);
+        if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }
+        while ((e = readdir(d)) != NULL) {
+            CheckpointFileKind kind;
+            int step = checkpoint_file_step(e->d_name, &kind);
+            if (step < 0 || step >= oldest_kept || (pass == 0) != (kind == CKPT_FILE_DONE)) { continue; }
+            char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            if (remove(path) != 0) { fail("cannot remove old checkpoint file '%s': %s", path, strerror(errno)); }
+        }
+        closedir(d);
+        fsync_dir_of(dir);
+    }
+    return removed;
+}
+
 // bytes of one checkpoint: the model file and `ranks` state files of opt_floats floats each
 static uint64_t checkpoint_bytes(const GPT2Config* cfg, size_t opt_floats, int ranks) {
     uint64_t header = FILE_HEADER_INTS * sizeof(int);

@@ -59,6 +59,7 @@ typedef struct {
     int sample_every;                // steps between samples, 0 = never
     int gen_tokens;                  // tokens per sample
     int checkpoint_every;            // steps between checkpoints, 0 = only at the end
+    int keep_checkpoints;            // keep the newest K complete checkpoints in out_dir, 0 = all
     int resume;                      // 1: continue from the latest checkpoint in out_dir
     int overwrite;                   // 1: a fresh run removes an earlier run's checkpoints and log from out_dir
     int plan_only;                   // 1: print the memory plan and exit
@@ -99,6 +100,7 @@ static TrainOptions options_default(void) {
     o.sample_every = 100;
     o.gen_tokens = 64;
     o.checkpoint_every = 0;
+    o.keep_checkpoints = 0;
     o.resume = 0;
     o.overwrite = 0;
     o.plan_only = 0;
@@ -147,6 +149,7 @@ static const FlagSpec FLAGS[] = {
     {"-s", "--sample-every",  FLAG_INT,    OPT(sample_every),     "print a sample every N steps, 0 = never"},
     {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (at most T)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
+    {NULL, "--keep-checkpoints", FLAG_INT, OPT(keep_checkpoints), "keep only the newest K checkpoints in -o, removing older ones; 0 = keep all"},
     {"-y", "--resume",        FLAG_INT,    OPT(resume),           "1 = resume from the latest checkpoint in the output directory"},
     {NULL, "--overwrite",     FLAG_INT,    OPT(overwrite),        "1 = start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},

@@ -451,6 +451,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     const struct { const char* flag; int value; } counts[] = {
         {"-u (--warmup)", o->warmup_steps}, {"-v (--val-every)", o->val_every}, {"-m (--val-steps)", o->val_steps},
         {"-s (--sample-every)", o->sample_every}, {"-n (--checkpoint-every)", o->checkpoint_every},
+        {"--keep-checkpoints", o->keep_checkpoints},
     };
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
         if (counts[i].value < 0) { fail("%s %d: must be >= 0", counts[i].flag, counts[i].value); }
@@ -720,7 +721,11 @@ static int between_steps(Run* r, int step) {
     }
     int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
     int periodic = o->checkpoint_every > 0 && step > r->start_step && step % o->checkpoint_every == 0;
-    if (r->has_out && (last || stop || periodic)) { save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng, r->run_id); }
+    if (r->has_out && (last || stop || periodic)) {
+        save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng, r->run_id);
+        int pruned = r->setup.dist.rank == 0 && o->keep_checkpoints > 0 ? checkpoint_prune(o->out_dir, o->keep_checkpoints) : 0;
+        if (pruned > 0) { printf("checkpoint: removed %d older checkpoint(s) (--keep-checkpoints %d)\n", pruned, o->keep_checkpoints); }
+    }
     if (stop) { printf("stopped by signal after step %d; resume with the same flags and -y 1\n", step); }
     return last || stop;
 }

@@ -417,6 +417,19 @@ if os.path.isdir(A):
     s.check("resume: ... and leaves step 6 without its DONE marker", not os.path.exists(ckpt(REW, "DONE", 6))
             and os.path.exists(ckpt(REW, "DONE", 3)), f"files: {sorted(os.listdir(REW))}")
 
+# --keep-checkpoints K: after each checkpoint only the newest K complete ones stay
+KEEP = f"{W}/run_keep"
+r = s.expect_ok("checkpoints: -n 1 --keep-checkpoints 2", RES + ["-n", "1", "--keep-checkpoints", "2", "-o", KEEP])
+if r:
+    files = sorted(f for f in os.listdir(KEEP) if f != "log.jsonl")
+    s.check("checkpoints: only the newest 2 remain", files == ["DONE_00000005", "DONE_00000006", "model_00000005.bin",
+            "model_00000006.bin", "state_00000005_00000.bin", "state_00000006_00000.bin"], f"files: {files}")
+    s.check("checkpoints: ... saying so", r.out.count("removed 1 older checkpoint(s) (--keep-checkpoints 2)") == 4,
+            "not 4 such lines")
+    s.check("checkpoints: ... and the same model as without", same_bytes(ckpt(A, "model", 6, ".bin"), ckpt(KEEP, "model", 6, ".bin")),
+            "model_00000006.bin differs from run A's")
+s.expect_fail("checkpoints: --keep-checkpoints -1", "--keep-checkpoints -1: must be >= 0", BASE + ["--keep-checkpoints", "-1"])
+
 # ----------------------------------------------------------------------------
 # 8. SIGINT and SIGTERM: the run finishes its step, writes a checkpoint, says so and exits 0;
 # -y 1 with the same flags then runs to the end. Steps are made slow enough to catch (32
