@@ -864,6 +864,28 @@ static void test_checkpoint_space(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
+// a checkpoint is never written from non-finite weights (the run then stops, saying why)
+
+static void test_checkpoint_not_finite(const char* dir) {
+    GPT2Config cfg = {16, 101, 128, 1, 4, 32};
+    ModelSetup setup = test_setup(&cfg, 2, 8, OPT_ADAMW, 0, &ACT_KEEP_ALL);
+    GPT2* m = test_model(&setup, NULL, 3);
+    DataLoader dl;
+    memset(&dl, 0, sizeof(dl));
+    char sub[CHECKPOINT_PATH_LEN / 2], path[CHECKPOINT_PATH_LEN];
+    snprintf(sub, sizeof(sub), "%.*s/not_finite", (int)sizeof(sub) - 16, dir);
+    mkdir(sub, 0755);
+    float good = save_checkpoint(m, &setup, sub, 1, &dl, 1, 7);
+    m->params_memory[12345] = INFINITY;
+    float bad = save_checkpoint(m, &setup, sub, 2, &dl, 1, 7);
+    struct stat st;
+    checkpoint_path(path, sizeof(path), sub, "model", 2, -1);
+    check(isfinite(good) && good > 0.0f && isinf(bad) && stat(path, &st) != 0,
+          "checkpoint: written from finite weights (max |w| returned), not from an infinite one", "max |w| %g then %g", good, bad);
+    gpt2_destroy(m);
+}
+
+// ----------------------------------------------------------------------------
 // fixtures for the command-line tests (tests/test_cli.py)
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
@@ -985,6 +1007,7 @@ int main(int argc, char** argv) {
     test_usage_lists_every_flag();
     test_sizes();
     test_checkpoint_space(dir);
+    test_checkpoint_not_finite(dir);
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }

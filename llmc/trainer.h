@@ -140,6 +140,17 @@ static uint64_t params_hash(const float* params, size_t n) {
     return h;
 }
 
+// the largest |w| of the weights, NaN or infinity if one is not finite
+static float params_max_abs(const float* params, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(params[i]);
+        if (!(a <= m)) { m = a; }  // a NaN sticks
+        if (isnan(m)) { break; }
+    }
+    return m;
+}
+
 // stops the run unless every rank holds the same weights (costs one pass over them)
 static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
     gpt2_sync(m, SYNC_TO_HOST);
@@ -155,20 +166,23 @@ static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
 
 // rank 0 writes the model file, every rank its own state file (its data position and, under
 // ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE. A
-// DONE marker of the same step, left by an earlier write of it, goes first
-static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
-                            uint64_t run_id) {
+// DONE marker of the same step, left by an earlier write of it, goes first. Returns the
+// weights' max |w|; if they are not finite (every rank has the same), nothing is written
+static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
+                             uint64_t run_id) {
     if (s->dist.world > 1) { check_replicas(m, &s->config, s->dist, step); }
-    if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
-    dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
     gpt2_sync(m, SYNC_TO_HOST);
     HostView h = gpt2_host_view(m);
+    size_t P = gpt2_num_parameters(&s->config);
+    float max_abs = params_max_abs(h.params, P);
+    if (!isfinite(max_abs)) { return max_abs; }
+    if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
+    dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
     char path[CHECKPOINT_PATH_LEN];
     if (s->dist.rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
         model_file_write(path, &s->config, h.params);
     }
-    size_t P = gpt2_num_parameters(&s->config);
     TrainState st = {s->dist.world, s->dist.rank, step, (int)dl->shard, dl->epoch, dl->position, rng,
                      P, h.opt_floats, s->zero, run_id, params_hash(h.params, P)};
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
@@ -176,6 +190,7 @@ static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int s
     dist_barrier();
     if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
+    return max_abs;
 }
 
 // stops if the optimizer state read from path holds a NaN or infinity, naming the slice
@@ -521,6 +536,40 @@ static double flops_per_token(const GPT2Config* c, int T) {
     return 6.0 * gpt2_num_parameters(c) + 12.0 * c->num_layers * T * c->channels;
 }
 
+// what the run knows when its loss or gradient norm turns non-finite, to say what is true:
+// the last finite step, where the numbers first jumped, the weights it started from and the
+// newest checkpoint's (max |w|, params_max_abs)
+#define LOSS_JUMP_NATS 1.0f    // a loss this far above the lowest so far is a jump
+#define NORM_JUMP_FACTOR 10.0f // so is a gradient norm this many times the lowest so far
+typedef struct {
+    int last_step;              // the last step with a finite loss and norm; 0: none yet
+    float last_loss, last_norm, last_lr;
+    float min_loss, min_norm;   // over the finite steps
+    int jump_step;              // the first step whose loss or norm jumped; 0: none
+    float jump_loss, jump_norm; // its loss and norm
+    float jump_min_loss, jump_min_norm;  // the lowest before it
+    float start_max_abs;        // the weights the run started from (-e, or the checkpoint of -y 1)
+    int ckpt_step;              // the newest checkpoint of this run in -o (written, or resumed from); -1: none
+    float ckpt_max_abs;         // its weights
+} TrainingHealth;
+
+// after a step with a finite loss and norm
+static void health_record(TrainingHealth* h, int step, float loss, float norm, float lr) {
+    if (h->last_step > 0 && h->jump_step == 0 && (loss > h->min_loss + LOSS_JUMP_NATS || norm > NORM_JUMP_FACTOR * h->min_norm)) {
+        h->jump_step = step;
+        h->jump_loss = loss;
+        h->jump_norm = norm;
+        h->jump_min_loss = h->min_loss;
+        h->jump_min_norm = h->min_norm;
+    }
+    if (h->last_step == 0 || loss < h->min_loss) { h->min_loss = loss; }
+    if (h->last_step == 0 || norm < h->min_norm) { h->min_norm = norm; }
+    h->last_step = step;
+    h->last_loss = loss;
+    h->last_norm = norm;
+    h->last_lr = lr;
+}
+
 // everything one training run holds
 typedef struct {
     const TrainOptions* o;
@@ -535,6 +584,7 @@ typedef struct {
     int* gen_tokens;          // (T) the sample being generated
     int gen_len;
     uint64_t sample_rng;
+    TrainingHealth health;    // for the message when the loss or the norm turns non-finite
     uint64_t run_id;          // this run's identity, in every state file it writes (fresh: random; -y 1: the checkpoint's)
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
     int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
@@ -690,6 +740,9 @@ static void train_setup(Run* r) {
     r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
     r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
+    r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
+    r->health.ckpt_step = o->resume ? r->start_step : -1;
+    r->health.ckpt_max_abs = r->health.start_max_abs;
     print_config(r);
     printf("memory plan (bytes by category; measured after the first step):\n");
     print_memory_table(&r->plan, NULL);
@@ -701,6 +754,53 @@ static void train_setup(Run* r) {
         r->log = fopen_check(path, "a");  // a fresh run finds none (prepare_output_dir)
     }
     install_stop_signals();
+}
+
+// stops the run at `step` (1-based), whose loss or norm (or weights, what) are not finite,
+// saying what is true: the weights now, the last finite step and where the numbers first
+// jumped, the newest checkpoint and whether it holds good weights, or that the file the run
+// started from is the cause
+static void fail_not_finite(Run* r, int step, const char* what, const char* then) {
+    const TrainingHealth* h = &r->health;
+    gpt2_sync(r->model, SYNC_TO_HOST);
+    float now = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&r->setup.config));
+    char history[320], ckpt[PATH_MAX_LEN + 256], hint[PATH_MAX_LEN + 192];
+    if (h->last_step == 0) {
+        snprintf(history, sizeof(history), "it is the first step of this run, from weights with max |w| = %.3g", h->start_max_abs);
+    } else {
+        int n = snprintf(history, sizeof(history), "the last finite step is %d (loss %.6f, norm %.4g, lr %.3g); ", h->last_step,
+                         h->last_loss, h->last_norm, h->last_lr);
+        if (h->jump_step > 0) {
+            snprintf(history + n, sizeof(history) - n, "the loss or norm first jumped at step %d (loss %.6f, norm %.4g; lowest before: %.6f, %.4g)",
+                     h->jump_step, h->jump_loss, h->jump_norm, h->jump_min_loss, h->jump_min_norm);
+        } else {
+            snprintf(history + n, sizeof(history) - n, "no jump before it (the loss within %.0f nat of its lowest, the norm within %.0fx): step %d's update made the weights diverge",
+                     LOSS_JUMP_NATS, NORM_JUMP_FACTOR, h->last_step);
+        }
+    }
+    const char* dir = r->has_out ? r->o->out_dir : NULL;
+    if (dir == NULL) {
+        snprintf(ckpt, sizeof(ckpt), "no checkpoint was written (-o \"\")");
+    } else if (h->ckpt_step < 0) {
+        snprintf(ckpt, sizeof(ckpt), "no checkpoint of this run is in '%s' yet", dir);
+    } else if (h->ckpt_step == h->last_step && h->ckpt_step > r->start_step) {
+        snprintf(ckpt, sizeof(ckpt), "the newest checkpoint in '%s', of step %d, holds the weights that give this (max |w| = %.3g; the run started from %.3g): "
+                 "do not resume from it", dir, h->ckpt_step, h->ckpt_max_abs, h->start_max_abs);
+    } else if (h->jump_step > 0 && h->ckpt_step >= h->jump_step) {
+        snprintf(ckpt, sizeof(ckpt), "the newest checkpoint in '%s', of step %d, was written after the jump at step %d (max |w| = %.3g; the run started from %.3g)",
+                 dir, h->ckpt_step, h->jump_step, h->ckpt_max_abs, h->start_max_abs);
+    } else {
+        snprintf(ckpt, sizeof(ckpt), "the newest checkpoint in '%s', of step %d, was written before any jump (max |w| = %.3g; the run started from %.3g)",
+                 dir, h->ckpt_step, h->ckpt_max_abs, h->start_max_abs);
+    }
+    GPT2Config preset;
+    if (h->last_step == 0 && (r->o->resume || !model_is_preset(r->o, &preset))) {
+        snprintf(hint, sizeof(hint), "the weights loaded from %s '%s' give it at the first step, before any update: the file is the cause, not the training",
+                 r->o->resume ? "the checkpoint in" : "the model file", r->o->resume ? r->o->out_dir : r->o->model);
+    } else {
+        snprintf(hint, sizeof(hint), "lower the learning rate (-l), keep --grad-clip on");
+    }
+    fail("%s at step %d; %s (the weights have max |w| = %.3g)\n  %s\n  %s\n  hint: %s", what, step, then, now, history, ckpt, hint);
 }
 
 // validation, a sample and a checkpoint as due before step `step` (0-based: the steps done);
@@ -722,7 +822,10 @@ static int between_steps(Run* r, int step) {
     int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
     int periodic = o->checkpoint_every > 0 && step > r->start_step && step % o->checkpoint_every == 0;
     if (r->has_out && (last || stop || periodic)) {
-        save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng, r->run_id);
+        float max_abs = save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng, r->run_id);
+        if (!isfinite(max_abs)) { fail_not_finite(r, step, "the weights are not finite after the update", "the checkpoint was not written"); }
+        r->health.ckpt_step = step;
+        r->health.ckpt_max_abs = max_abs;
         int pruned = r->setup.dist.rank == 0 && o->keep_checkpoints > 0 ? checkpoint_prune(o->out_dir, o->keep_checkpoints) : 0;
         if (pruned > 0) { printf("checkpoint: removed %d older checkpoint(s) (--keep-checkpoints %d)\n", pruned, o->keep_checkpoints); }
     }
@@ -765,12 +868,13 @@ static void train_step(Run* r, int step) {
     dist_allreduce_sum_doubles(&loss, 1);
     loss /= r->accum * world;
     float norm = gpt2_grad_norm(r->model);
-    if (!isfinite(loss) || !isfinite(norm)) {
-        fail("the loss (%f) or gradient norm (%f) is not finite at step %d; the weights were not updated\n"
-             "  hint: lower the learning rate (-l), keep --grad-clip on; checkpoints already in '%s' are intact",
-             loss, norm, step + 1, r->has_out ? r->o->out_dir : "(no -o)");
-    }
     float lr = learning_rate_at(r->o, step, r->max_steps);
+    if (!isfinite(loss) || !isfinite(norm)) {
+        char what[128];
+        snprintf(what, sizeof(what), "the loss (%f) or gradient norm (%f) is not finite", loss, norm);
+        fail_not_finite(r, step + 1, what, "the weights were not updated");
+    }
+    health_record(&r->health, step + 1, (float)loss, norm, lr);
     StepConfig sc = {optimizer_hyper(r->o, s->optimizer, lr), r->o->grad_clip, step + 1};
     gpt2_update(r->model, &sc, norm);
     if (r->o->check_replicas && world > 1) { check_replicas(r->model, &s->config, s->dist, step + 1); }

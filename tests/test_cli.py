@@ -204,13 +204,37 @@ finally:
 NAN, BEFORE = f"{W}/nan", f"{W}/nan_before"
 if s.expect_ok("nan: first run writes checkpoints 1 and 2", BASE + ["-x", "2", "-n", "1", "-o", NAN]):
     shutil.copytree(NAN, BEFORE)
-    s.expect_fail("nan: -l 1e30 stops with 'not finite'", "is not finite at step 4",
-                  BASE + ["-x", "4", "-n", "0", "-l", "1e30", "-o", NAN, "-y", "1"])
+    r = s.expect_fail("nan: -l 1e30 stops with 'not finite'", "is not finite at step 4",
+                      BASE + ["-x", "4", "-n", "0", "-l", "1e30", "-o", NAN, "-y", "1"])
+    s.check("nan: ... and says the checkpoint it resumed from is good",
+            f"the newest checkpoint in '{NAN}', of step 2, was written before any jump" in r.err, r.err[:600])
     kept = sorted(f for f in os.listdir(BEFORE) if f != "log.jsonl")
     changed = [f for f in kept if not same_bytes(f"{BEFORE}/{f}", f"{NAN}/{f}")]
     s.check("nan: earlier checkpoints byte-identical (cmp)", not changed, f"changed: {changed}")
     now = sorted(f for f in os.listdir(NAN) if f != "log.jsonl")
     s.check("nan: no new checkpoint files", now == kept, f"files now: {now}")
+
+# what the stop message says is true: with -l 1e10 step 1's update makes the weights diverge (max
+# |w| about 1e9) and checkpoint 1 holds them (it was called "intact"); with -l 3 the loss first
+# jumps at step 2 and turns infinite at step 6, after checkpoint 3; weights scaled by 1e30 in a
+# model file give a non-finite loss at once, and the file is named as the cause
+r = s.expect_fail("nan: -l 1e10 -n 1", "is not finite at step 2", BASE + ["-x", "4", "-n", "1", "-l", "1e10", "-o", f"{W}/nan_1e10"])
+s.check("nan: -l 1e10: the checkpoint of step 1 holds the diverged weights",
+        f"the newest checkpoint in '{W}/nan_1e10', of step 1, holds the weights that give this" in r.err
+        and "do not resume from it" in r.err, r.err[:600])
+s.check("nan: -l 1e10: step 1's update is named", "step 1's update made the weights diverge" in r.err, r.err[:600])
+r = s.expect_fail("nan: -l 3 -n 3", "is not finite at step 6",
+                  BASE + ["-x", "40", "-n", "3", "-c", "0", "-l", "3", "-o", f"{W}/nan_3"])
+s.check("nan: -l 3: where the loss first jumped", "the loss or norm first jumped at step 2 (loss 6.319204" in r.err, r.err[:600])
+s.check("nan: -l 3: checkpoint 3 came after the jump", "of step 3, was written after the jump at step 2" in r.err, r.err[:600])
+with open(f"{FIX}/model.bin", "rb") as f:
+    model_bytes = f.read()
+weights = struct.unpack(f"<{(len(model_bytes) - 1024) // 4}f", model_bytes[1024:])
+with open(f"{W}/model_huge.bin", "wb") as f:
+    f.write(model_bytes[:1024] + struct.pack(f"<{len(weights)}f", *[w * 1e30 for w in weights]))
+r = s.expect_fail("nan: a model file of huge weights", "is not finite at step 1", BASE + ["-e", f"{W}/model_huge.bin", "-o", ""])
+s.check("nan: ... names the file as the cause", f"the weights loaded from the model file '{W}/model_huge.bin' give it at the "
+        "first step, before any update: the file is the cause" in r.err and 'no checkpoint was written (-o "")' in r.err, r.err[:600])
 
 # ----------------------------------------------------------------------------
 # 6. checkpoint and bitwise resume. Run A: 6 steps, checkpoints at 3 and 6, warmup 2 so the
