@@ -322,6 +322,46 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, Data
 }
 
 // ----------------------------------------------------------------------------
+// stop signals: SIGINT, SIGTERM and SIGUSR1. The first asks for a checkpoint at the next safe
+// point: after the current micro-step (a step cut short is dropped: its batches are read again
+// on resume), and a validation under way is cut short. A second one exits at once, saying what
+// the newest complete checkpoint is. Under mpirun: OpenMPI forwards SIGUSR1 to every rank,
+// while SIGINT/SIGTERM to mpirun kill the ranks (no time to checkpoint)
+
+static volatile sig_atomic_t g_stop_requested = 0;  // the first stop signal's number, 0 = none
+#define EXIT_NOW_TEXT_LEN (PATH_MAX_LEN + 256)
+static char g_exit_now_text[2][EXIT_NOW_TEXT_LEN];  // what a second signal prints: two, so the
+static volatile sig_atomic_t g_exit_now_which = 0;  // handler never reads the one being written
+
+static void on_stop_signal(int sig) {
+    if (!g_stop_requested) { g_stop_requested = sig; return; }
+    const char* text = g_exit_now_text[g_exit_now_which];
+    ssize_t written = write(STDERR_FILENO, text, strlen(text));  // both async-signal-safe
+    (void)written;
+    _exit(128 + sig);
+}
+
+// what a second stop signal says from now on: the newest complete checkpoint of this run
+static void set_exit_now_text(const char* out_dir, int ckpt_step) {
+    int next = !g_exit_now_which;
+    char saved[PATH_MAX_LEN + 96];
+    if (out_dir == NULL) { snprintf(saved, sizeof(saved), "nothing was saved (-o \"\")"); }
+    else if (ckpt_step < 0) { snprintf(saved, sizeof(saved), "this run has no complete checkpoint in '%s' yet", out_dir); }
+    else { snprintf(saved, sizeof(saved), "the newest complete checkpoint in '%s' is of step %d (resume it with -y 1)", out_dir, ckpt_step); }
+    snprintf(g_exit_now_text[next], EXIT_NOW_TEXT_LEN, "\nerror: a second stop signal: exiting at once, without a checkpoint; %s\n", saved);
+    g_exit_now_which = next;
+}
+
+static void install_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+// ----------------------------------------------------------------------------
 // sampling and validation
 
 // draws an index from probs (n) given a uniform coin in [0, 1)
@@ -346,15 +386,18 @@ static void sample_tokens(GPT2* m, const GPT2Config* c, int* tokens, int n, cons
     printf("\n");
 }
 
-// the mean loss over `steps` batches of val, and over the ranks (each validates its own part)
+// the mean loss over `steps` batches of val, and over the ranks (each validates its own part);
+// NaN if a stop signal cut it short (on any rank)
 static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
     dataloader_reset(val);
     double sum = 0.0;
-    for (int i = 0; i < steps; i++) {
+    int done = 0;
+    for (; done < steps && !g_stop_requested; done++) {
         dataloader_next_batch(val);
         sum += gpt2_forward(m, val->inputs, val->targets, val->B, val->T);
     }
     dist_allreduce_sum_doubles(&sum, 1);
+    if (dist_any(done < steps)) { return NAN; }
     return (float)(sum / steps / world);
 }
 
@@ -501,21 +544,6 @@ static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int loc
 // ----------------------------------------------------------------------------
 // the run
 
-static volatile sig_atomic_t g_stop_requested = 0;
-static void on_stop_signal(int sig) { (void)sig; g_stop_requested = 1; }
-
-// SIGINT, SIGTERM and SIGUSR1 ask for a checkpoint and a clean stop after the current step.
-// Under mpirun: OpenMPI forwards SIGUSR1 to every rank, while SIGINT/SIGTERM to mpirun kill
-// the ranks (no time to checkpoint)
-static void install_stop_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-}
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -587,6 +615,7 @@ typedef struct {
     TrainingHealth health;    // for the message when the loss or the norm turns non-finite
     uint64_t run_id;          // this run's identity, in every state file it writes (fresh: random; -y 1: the checkpoint's)
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
+    int log_has_start_val;    // -y 1: the log holds the validation of the resumed step already
     int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
     size_t rss_at_start;      // the fixed overhead, before any tensor
 } Run;
@@ -646,24 +675,27 @@ static int steps_to_train(const Run* r) {
 
 // after a resume from step `step`, log.jsonl keeps the lines of steps up to it (each line
 // starts {"step": N) and drops the later ones, which the resumed run logs again: a run that
-// stopped without a checkpoint of its last steps (a crash) had logged them already
-static void log_truncate_after(const char* path, int step) {
+// stopped without a checkpoint of its last steps (a crash) had logged them already. Returns
+// whether it holds a validation of `step` (a stop signal skips one)
+static int log_truncate_after(const char* path, int step) {
     FILE* in = fopen(path, "rb");
-    if (in == NULL) { return; }  // no log yet (-o of a checkpoint copied without it)
+    if (in == NULL) { return 0; }  // no log yet (-o of a checkpoint copied without it)
     AtomicFile out;
     atomic_open(&out, path);
     char* line = NULL;
     size_t cap = 0;
-    int dropped = 0;
+    int dropped = 0, val_at_step = 0;
     while (getline(&line, &cap, in) != -1) {
         int n;
         if (sscanf(line, "{\"step\": %d", &n) == 1 && n > step) { dropped++; continue; }
+        if (sscanf(line, "{\"step\": %d", &n) == 1 && n == step && strstr(line, "\"val_loss\"") != NULL) { val_at_step = 1; }
         fwrite_check(line, 1, strlen(line), out.f);
     }
     free(line);
     fclose(in);
     atomic_commit(&out);
     if (dropped > 0) { printf("%s: dropped %d line(s) after step %d, which this run logs again\n", path, dropped, step); }
+    return val_at_step;
 }
 
 // a new run's identity: 64 random bits from the OS (the clock and the process id if it has
@@ -743,6 +775,8 @@ static void train_setup(Run* r) {
     r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
     r->health.ckpt_step = o->resume ? r->start_step : -1;
     r->health.ckpt_max_abs = r->health.start_max_abs;
+    set_exit_now_text(r->has_out ? o->out_dir : NULL, r->health.ckpt_step);
+    install_stop_signals();  // from here a signal stops the run at the next safe point
     print_config(r);
     printf("memory plan (bytes by category; measured after the first step):\n");
     print_memory_table(&r->plan, NULL);
@@ -750,10 +784,9 @@ static void train_setup(Run* r) {
     if (r->has_out && s->dist.rank == 0) {
         char path[CHECKPOINT_PATH_LEN];
         snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
-        if (o->resume) { log_truncate_after(path, r->start_step); }
+        if (o->resume) { r->log_has_start_val = log_truncate_after(path, r->start_step); }
         r->log = fopen_check(path, "a");  // a fresh run finds none (prepare_output_dir)
     }
-    install_stop_signals();
 }
 
 // stops the run at `step` (1-based), whose loss or norm (or weights, what) are not finite,
@@ -803,18 +836,27 @@ static void fail_not_finite(Run* r, int step, const char* what, const char* then
     fail("%s at step %d; %s (the weights have max |w| = %.3g)\n  %s\n  %s\n  hint: %s", what, step, then, now, history, ckpt, hint);
 }
 
-// validation, a sample and a checkpoint as due before step `step` (0-based: the steps done);
-// returns 1 when the run ends here (the last step, or a stop signal)
-static int between_steps(Run* r, int step) {
+// validation, a sample and a checkpoint as due before step `step` (0-based: the steps done;
+// cut_short: a stop signal cut the next step short); returns 1 when the run ends here (the
+// last step, or a stop signal). A pending stop skips the validation; the sample is drawn (its
+// RNG is in the checkpoint, so a resumed run draws what an unstopped run would)
+static int between_steps(Run* r, int step, int cut_short) {
     const TrainOptions* o = r->o;
-    int last = step == r->max_steps;
-    if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
+    int last = step == r->max_steps && !cut_short;
+    if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last) && !dist_any(g_stop_requested)) {
         float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
-        printf("step %5d | val loss %.6f\n", step, vl);
-        // the resumed step's validation is in the log already: the run validated before its checkpoint
-        if (r->log && !(o->resume && step == r->start_step)) { fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(r->log); }
+        if (isnan(vl)) {
+            printf("step %5d | validation cut short by the stop signal (not logged)\n", step);
+        } else {
+            printf("step %5d | val loss %.6f\n", step, vl);
+            // a resumed step's validation is in the log if the run did it before its checkpoint
+            if (r->log && !(step == r->start_step && r->log_has_start_val)) {
+                fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl);
+                fflush(r->log);
+            }
+        }
     }
-    if (o->sample_every > 0 && step > r->start_step && (step % o->sample_every == 0 || last)) {
+    if (o->sample_every > 0 && step > r->start_step && !cut_short && (step % o->sample_every == 0 || last)) {
         printf("---- sample at step %d ----\n", step);
         sample_tokens(r->model, &r->setup.config, r->gen_tokens, r->gen_len, &r->tok, &r->sample_rng);
         printf("---------------------------\n");
@@ -826,10 +868,20 @@ static int between_steps(Run* r, int step) {
         if (!isfinite(max_abs)) { fail_not_finite(r, step, "the weights are not finite after the update", "the checkpoint was not written"); }
         r->health.ckpt_step = step;
         r->health.ckpt_max_abs = max_abs;
+        set_exit_now_text(o->out_dir, step);
         int pruned = r->setup.dist.rank == 0 && o->keep_checkpoints > 0 ? checkpoint_prune(o->out_dir, o->keep_checkpoints) : 0;
         if (pruned > 0) { printf("checkpoint: removed %d older checkpoint(s) (--keep-checkpoints %d)\n", pruned, o->keep_checkpoints); }
     }
-    if (stop) { printf("stopped by signal after step %d; resume with the same flags and -y 1\n", step); }
+    if (stop) {
+        char during[64] = "";
+        if (cut_short) { snprintf(during, sizeof(during), " step %d was cut short and dropped;", step + 1); }
+        if (r->has_out) {
+            printf("stopped by signal after step %d;%s wrote checkpoint %d to %s/: resume with the same flags and -y 1\n",
+                   step, during, step, o->out_dir);
+        } else {
+            printf("stopped by signal after step %d;%s nothing was saved (-o \"\")\n", step, during);
+        }
+    }
     return last || stop;
 }
 
@@ -852,17 +904,26 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
     }
 }
 
-// one optimizer step (0-based `step`): accum micro-steps on every rank, then the update
-static void train_step(Run* r, int step) {
+// one optimizer step (0-based `step`): accum micro-steps on every rank, then the update.
+// Returns 0 if a stop signal cut it short after a micro-step: nothing was updated, and the
+// data loader is back where the step began
+static int train_step(Run* r, int step) {
     const ModelSetup* s = &r->setup;
     int B = s->B, T = s->T, world = s->dist.world;
     double t0 = now_seconds();
     gpt2_zero_grad(r->model);
     double loss = 0.0;
+    DataLoader* dl = &r->train;
+    size_t shard = dl->shard, position = dl->position;
+    int epoch = dl->epoch;
     for (int micro = 0; micro < r->accum; micro++) {
-        dataloader_next_batch(&r->train);
-        loss += gpt2_forward(r->model, r->train.inputs, r->train.targets, B, T);
-        gpt2_backward(r->model, r->train.inputs, r->train.targets, B, T, 1.0f / ((float)B * T * r->accum * world));
+        dataloader_next_batch(dl);
+        loss += gpt2_forward(r->model, dl->inputs, dl->targets, B, T);
+        gpt2_backward(r->model, dl->inputs, dl->targets, B, T, 1.0f / ((float)B * T * r->accum * world));
+        if (micro + 1 < r->accum && dist_any(g_stop_requested)) {  // all ranks agree
+            dataloader_seek(dl, shard, position, epoch);
+            return 0;
+        }
     }
     gpt2_reduce_grads(r->model);
     dist_allreduce_sum_doubles(&loss, 1);
@@ -879,6 +940,7 @@ static void train_step(Run* r, int step) {
     gpt2_update(r->model, &sc, norm);
     if (r->o->check_replicas && world > 1) { check_replicas(r->model, &s->config, s->dist, step + 1); }
     log_step(r, step, loss, norm, lr, now_seconds() - t0);
+    return 1;
 }
 
 // the end-of-run replica check, the memory summary, and everything freed
@@ -913,10 +975,10 @@ static int run_training(const TrainOptions* o, const Dist* dist) {
         return 0;
     }
     train_setup(&r);
-    int step = r.start_step;
-    while (!between_steps(&r, step)) {
-        train_step(&r, step);
-        step++;
+    int step = r.start_step, done = 1;
+    while (!between_steps(&r, step, !done)) {
+        done = train_step(&r, step);
+        step += done;
     }
     train_teardown(&r, step);
     return 0;

@@ -19,9 +19,11 @@ tests/e2e.py.
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import time
 
 import e2e
 from e2e import ckpt, read_log, same_bytes, train_rows
@@ -466,6 +468,73 @@ s.signal_check("TERM", f"{W}/sig_TERM", 100, SIGRUN)
 s.check("signal: INT and TERM runs end bitwise equal",
         same_bytes(ckpt(f"{W}/sig_INT", "model", 100, ".bin"), ckpt(f"{W}/sig_TERM", "model", 100, ".bin")),
         "model_00000100.bin differs")
+
+# the next safe point: a step of 1000 micro-batches (about a second) is cut short after the
+# micro-batch under way, dropped, and the run checkpoints the step before it; resumed, it ends
+# bitwise equal to a run that never stopped. A validation of 200000 batches (a minute) is cut
+# short. A second signal exits at once (SIGSTOP holds the run while SIGINT and SIGTERM are both
+# sent, so that both arrive before the run goes on). With -o "" nothing is saved, and it says so.
+
+
+def signalled(name, cmd, signals):
+    """runs CMD, sends SIGNALS (names) once its memory plan is printed (the stop signals are
+    installed then); returns its Result"""
+    out_path, err_path = os.path.join(s.logs, f"{name}.stdout"), os.path.join(s.logs, f"{name}.stderr")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+    timed_out = False
+    try:
+        for _ in range(400):
+            with open(out_path, errors="replace") as f:
+                if "memory plan (bytes by category" in f.read() or p.poll() is not None:
+                    break
+            time.sleep(0.05)
+        for sig in signals:
+            if p.poll() is None:
+                p.send_signal(getattr(signal, f"SIG{sig}"))
+        try:
+            rc = p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            e2e.kill_group(p)
+            rc = p.wait()
+    finally:
+        e2e.kill_group(p)
+    with open(out_path, errors="replace") as f:
+        out = f.read()
+    with open(err_path, errors="replace") as f:
+        err = f.read()
+    return e2e.Result(rc, out, err, timed_out)
+
+
+def state_without_run_id(path):
+    """a state file's bytes with its run identity (header slots 18-19) zeroed"""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[72:80] = bytes(8)
+    return bytes(data)
+
+
+LONG = BASE + ["-v", "0", "-d", "32000", "-x", "2"]
+UNSTOPPED, CUT = f"{W}/sig_unstopped", f"{W}/sig_cut"
+if s.expect_ok("signal: a 2-step run of 1000 micro-batches a step", LONG + ["-o", UNSTOPPED]):
+    r = signalled("cut", LONG + ["-o", CUT], ["INT"])
+    s.check("signal: a step under way is cut short", r.rc == 0 and f"stopped by signal after step 0; step 1 was cut short and dropped; "
+            f"wrote checkpoint 0 to {CUT}/: resume with the same flags and -y 1" in r.out, f"exit code {r.rc}: {r.out[-300:]} {r.err[:300]}")
+    if s.expect_ok("signal: ... and resumed", LONG + ["-o", CUT, "-y", "1"]):
+        s.check("signal: ... ends bitwise equal to the run that never stopped (model, and state but its run identity)",
+                same_bytes(ckpt(UNSTOPPED, "model", 2, ".bin"), ckpt(CUT, "model", 2, ".bin"))
+                and state_without_run_id(ckpt(UNSTOPPED, "state", 2, "_00000.bin")) == state_without_run_id(ckpt(CUT, "state", 2, "_00000.bin")),
+                "model_00000002.bin or state_00000002_00000.bin differs")
+r = signalled("val", BASE + ["-v", "1", "-m", "200000", "-o", f"{W}/sig_val"], ["INT"])
+s.check("signal: a validation under way is cut short", r.rc == 0 and "step     0 | validation cut short by the stop signal" in r.out
+        and os.path.isfile(ckpt(f"{W}/sig_val", "DONE", 0)), f"exit code {r.rc}: {r.out[-300:]}")
+r = signalled("twice", LONG + ["-o", f"{W}/sig_twice"], ["STOP", "INT", "TERM", "CONT"])
+s.check("signal: a second signal exits at once", r.rc in (130, 143) and "error: a second stop signal: exiting at once, without a "
+        f"checkpoint; this run has no complete checkpoint in '{W}/sig_twice' yet" in r.err, f"exit code {r.rc}: {r.err[:300]}")
+r = signalled("no_out", LONG + ["-o", ""], ["INT"])
+s.check("signal: with -o \"\" it says nothing was saved", r.rc == 0 and 'step 1 was cut short and dropped; nothing was saved (-o "")'
+        in r.out and "-y 1" not in r.out, f"exit code {r.rc}: {r.out[-300:]}")
 
 # ----------------------------------------------------------------------------
 # 9. progress output: step lines on stdout, one JSON object per line in OUT/log.jsonl
