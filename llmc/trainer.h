@@ -417,7 +417,6 @@ static void check_zero_option(const TrainOptions* o, int world) {
         fail("--zero 1 shards the optimizer state across ranks, but this run has %d rank\n"
              "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", world);
     }
-    if (o->check_replicas != 0 && o->check_replicas != 1) { fail("--check-replicas %d: 0 or 1", o->check_replicas); }
     if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
     if (o->plan_ranks != 0 && !o->plan_only) {
         fail("--plan-ranks %d plans for other ranks than this run's, so it only goes with --plan\n"
@@ -516,10 +515,8 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     }
     if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
-    if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
-    if (o->overwrite != 0 && o->overwrite != 1) { fail("--overwrite %d: overwrite is 0 or 1", o->overwrite); }
     if (o->overwrite && o->resume) { fail("-y 1 continues the run in -o, --overwrite 1 removes it: choose one"); }
     if (o->overwrite && o->out_dir[0] == '\0') { fail("--overwrite 1 starts over in the output directory, but -o is \"\" (none)"); }
     return accum;

@@ -52,6 +52,22 @@ r = s.expect_ok("flags: -h exits 0", [TRAIN, "-h"])
 if r:
     s.check("flags: -h trains nothing", not r.step_lines(), "step lines in -h output")
 
+# a switch (--plan, -y, --offload, ...) is on alone and takes an optional 0 or 1; -h says which are
+r = s.expect_ok("flags: -h again", [TRAIN, "-h"])
+if r:
+    s.check("flags: -h marks the switches", re.search(r"^  -y  --resume .*\(a switch, default off\)$", r.out, re.M)
+            and re.search(r"^      --plan .*\(a switch, default off\)$", r.out, re.M)
+            and re.search(r"^      --zero .*\(default 0\)$", r.out, re.M), r.out[:300])
+for form in (["--plan"], ["--plan", "1"], ["--plan=1"]):
+    r = s.expect_ok(f"flags: {' '.join(form)} plans", BASE + form + ["-o", ""])
+    if r:
+        s.check(f"flags: {' '.join(form)} prints the plan and trains nothing", "memory plan for" in r.out and not r.step_lines(),
+                r.out[:200])
+r = s.expect_ok("flags: --plan 0 trains", BASE + ["--plan", "0", "-x", "1", "-o", ""])
+if r:
+    s.check("flags: --plan 0 trains one step", len(r.step_lines()) == 1, r.out[-200:])
+s.expect_fail("flags: a switch takes 0 or 1 only", "-y 2: resume is 0 or 1 (a switch: -y alone means 1)", BASE + ["-y", "2"])
+
 r = s.expect_ok("flags: --name=value form", BASE + ["--steps=2", "--out="])
 if r:
     lines = r.step_lines()
@@ -301,7 +317,7 @@ for f in os.listdir(A) if os.path.isdir(A) else []:
         shutil.copy(f"{A}/{f}", C)
 if os.path.exists(ckpt(C, "DONE", 6)):
     os.remove(ckpt(C, "DONE", 6))
-r = s.expect_ok("resume: checkpoint 6 without DONE marker", RES + ["-o", C, "-y", "1"])
+r = s.expect_ok("resume: checkpoint 6 without DONE marker (and -y alone)", RES + ["-o", C, "-y"])
 if r:
     s.check("resume: ... picks the complete checkpoint 3", re.search(r"^resumed from .* at step 3$", r.out, re.M),
             "no 'resumed from ... at step 3'")
