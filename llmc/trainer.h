@@ -622,7 +622,7 @@ static void print_config(const Run* r) {
     const GPT2Config* c = &r->setup.config;
     size_t P = gpt2_num_parameters(c);
     printf("+-----------------------+----------------------------------------------------+\n");
-    printf("| model                 | L=%d C=%d NH=%d V=%d Vp=%d maxT=%d\n", c->num_layers, c->channels,
+    printf("| model shape           | L=%d C=%d NH=%d V=%d Vp=%d maxT=%d\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
     printf("| parameters            | %zu (%.1fM)\n", P, P / 1e6);
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);

@@ -73,6 +73,9 @@ if r:
     lines = r.step_lines()
     s.check("flags: --steps=2 runs 2 steps", len(lines) == 2 and lines[-1].split()[1] == "2/2",
             f"last step line: {lines[-1:] }")
+    names = [line.split("|")[1].strip() for line in r.out.splitlines() if re.match(r"^\| [a-z]", line) and line.count("|") == 2]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    s.check("flags: the configuration table names each row once", len(names) > 30 and not twice, f"rows named twice: {twice}")
 
 # every hyperparameter finite and in its range: --eps 0 trained to NaN weights and exited 0
 s.expect_fail("hyperparameters: --eps 0", "--eps 0: must be a finite number in (0, inf)", BASE + ["--eps", "0"])
