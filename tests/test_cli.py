@@ -656,4 +656,26 @@ r = s.expect_ok("plan: --plan prints recompute FLOPs",
 if r:
     s.check("plan: recompute line", re.search(r"^recompute: \+[0-9.]+ GFLOP", r.out, re.M), "missing")
 
+# ----------------------------------------------------------------------------
+# 13. the build: a train_gpt built without MPI is rebuilt once the MPI setting changes (mpicc
+# installed since, or MPI=0 given); make -q answers whether it is up to date, in a copy of the
+# Makefile over empty sources
+
+MK = f"{W}/make"
+if shutil.which("make"):
+    os.makedirs(MK)
+    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Makefile"), MK)
+    open(f"{MK}/train_gpt.c", "w").close()
+
+    def up_to_date(mpi):
+        return subprocess.run(["make", "-s", "-C", MK, "-q", "train_gpt", f"MPI={mpi}"], capture_output=True).returncode == 0
+
+    up_to_date(0)  # writes the setting
+    time.sleep(0.05)
+    open(f"{MK}/train_gpt", "w").close()  # "built" without MPI
+    s.check("make: train_gpt built with MPI=0 is up to date for MPI=0", up_to_date(0), "make -q says it is not")
+    s.check("make: ... and is rebuilt for MPI=1", not up_to_date(1), "make -q says it is up to date")
+else:
+    s.skip("make: the MPI setting rebuilds train_gpt", "make not found")
+
 s.finish()
