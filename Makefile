@@ -39,11 +39,17 @@ endif
 HEADERS = $(wildcard llmc/*.h cpu/*.h)
 DATA = data/tinyshakespeare/tiny_shakespeare_train.bin
 
+# the MPI setting that train_gpt was built with, rewritten whenever it changes (mpicc installed
+# since the last build, or MPI=0 given), so that a change rebuilds train_gpt
+MPI_STAMP = build/mpi_setting
+MPI_SETTING = MPI=$(MPI) CC=$(TRAIN_CC)
+$(shell mkdir -p build && if [ "$$(cat $(MPI_STAMP) 2>/dev/null)" != "$(MPI_SETTING)" ]; then echo "$(MPI_SETTING)" > $(MPI_STAMP); fi)
+
 .PHONY: all run data test bench bench-flags check-headers cuda-build-check clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
-train_gpt: train_gpt.c $(HEADERS)
+train_gpt: train_gpt.c $(HEADERS) $(MPI_STAMP)
 	$(TRAIN_CC) $(CFLAGS) $(TRAIN_DEFS) $< -o $@ $(LDLIBS)
 
 # the same trainer without MPI: one process, whatever mpicc is installed

@@ -19,7 +19,41 @@ its main) and checks it against an independent implementation:
 #include "train_gpt.c"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include "tests/check.h"
+
+// ----------------------------------------------------------------------------
+// checks of what stops the program: fail() exits, so each runs in a child process
+
+#define FAIL_TEXT_LEN 4096
+
+// runs fn(arg) in a forked child (stdout dropped, stderr kept); passes if the child exits
+// with status 1 through fail() ("error: ... (at file:line)") and its stderr holds phrase.
+// The child runs no OpenMP region (the parent's thread pool is not in the child).
+static void check_fails(const char* name, void (*fn)(void*), void* arg, const char* phrase) {
+    fflush(stdout);
+    fflush(stderr);
+    FILE* err = tmpfile();
+    if (err == NULL) { fail("tmpfile: %s", strerror(errno)); }
+    pid_t pid = fork();
+    if (pid < 0) { fail("fork: %s", strerror(errno)); }
+    if (pid == 0) {
+        if (freopen("/dev/null", "w", stdout) == NULL) { _exit(3); }
+        dup2(fileno(err), 2);
+        fn(arg);
+        _exit(0);  // returned: nothing stopped it
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char text[FAIL_TEXT_LEN];
+    rewind(err);
+    size_t n = fread(text, 1, sizeof(text) - 1, err);
+    text[n] = '\0';
+    fclose(err);
+    int exited1 = WIFEXITED(status) && WEXITSTATUS(status) == 1;
+    check(exited1 && strstr(text, phrase) != NULL && strstr(text, "(at ") != NULL, name,
+          "%s; stderr: %.300s", !WIFEXITED(status) ? "killed by a signal" : exited1 ? "stderr lacks the phrase" : "exit status not 1", text);
+}
 
 
 // largest |a-b| / (atol + rtol |b|) over n values; <= 1 means within tolerance
@@ -769,6 +803,89 @@ static void test_usage_lists_every_flag(void) {
 }
 
 // ----------------------------------------------------------------------------
+// sizes: a model file's largest shape has a parameter count that fits in 64 bits, and a
+// shape whose memory plan would not is stopped before planning
+
+static const GPT2Config LARGEST_MODEL = {MODEL_LIMIT_SEQ_LEN, MODEL_LIMIT_VOCAB, MODEL_LIMIT_VOCAB,
+                                         MODEL_LIMIT_LAYERS, MODEL_LIMIT_CHANNELS, MODEL_LIMIT_CHANNELS};
+
+static void plan_size_of_largest(void* arg) {
+    TrainOptions o = options_default();
+    o.seq_len = MODEL_LIMIT_SEQ_LEN;
+    o.batch_size = INT_MAX / o.seq_len;  // B*T below INT_MAX, B NH T^2 about 2^67
+    (void)arg;
+    check_plan_size(&LARGEST_MODEL, &o);
+}
+
+static void config_check_wrapping(void* arg) {
+    GPT2Config c = {984263313, 1, 984263312, 178956966, 1, 2147483647};  // the header of issue 12
+    (void)arg;
+    gpt2_config_check(&c, "wrapping.bin");
+}
+
+static void test_sizes(void) {
+    const GPT2Config* c = &LARGEST_MODEL;
+    double L = c->num_layers, C = c->channels, P = (double)c->padded_vocab_size * C + (double)c->max_seq_len * C
+               + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    check((double)gpt2_num_parameters(c) == P && P < 0x1p48, "sizes: the largest model file's parameter count is exact in 64 bits",
+          "%zu vs %.0f", gpt2_num_parameters(c), P);
+    check_fails("sizes: a plan beyond 64-bit sizes is stopped", plan_size_of_largest, NULL, "beyond what this program can count");
+    check_fails("sizes: a header whose parameter count wraps is refused by its bounds", config_check_wrapping, NULL,
+                "L (layers) = 178956966 is outside 1..1024");
+}
+
+// ----------------------------------------------------------------------------
+// free space for a checkpoint: checkpoint_bytes is what the files take, and a directory
+// without that much free space stops the run before training
+
+static void free_space_for_too_much(void* dir) {
+    check_free_space((const char*)dir, (uint64_t)1 << 62, "one checkpoint");
+}
+
+static void test_checkpoint_space(const char* dir) {
+    GPT2Config cfg = {32, 64, 128, 2, 4, 32};
+    size_t P = gpt2_num_parameters(&cfg), opt_floats = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);
+    float* zeros = (float*)calloc_check(P > opt_floats ? P : opt_floats, sizeof(float));
+    char path[CHECKPOINT_PATH_LEN];
+    struct stat model_st, state_st;
+    checkpoint_path(path, sizeof(path), dir, "model", 1, -1);
+    model_file_write(path, &cfg, zeros);
+    stat(path, &model_st);
+    TrainState st = {1, 0, 1, 0, 0, 0, 1, P, opt_floats, 0, 1, 1};
+    checkpoint_path(path, sizeof(path), dir, "state", 1, 0);
+    state_file_write(path, &st, zeros);
+    stat(path, &state_st);
+    uint64_t written = (uint64_t)model_st.st_size + 2 * (uint64_t)state_st.st_size;
+    check(checkpoint_bytes(&cfg, opt_floats, 2) == written, "checkpoint space: checkpoint_bytes equals the files written (2 ranks)",
+          "%llu vs %llu", (unsigned long long)checkpoint_bytes(&cfg, opt_floats, 2), (unsigned long long)written);
+    free(zeros);
+    check_fails("checkpoint space: a directory without room for a checkpoint is refused", free_space_for_too_much, (void*)dir,
+                "MiB free, but one checkpoint needs 4398046511104.0 MiB");
+}
+
+// ----------------------------------------------------------------------------
+// a checkpoint is never written from non-finite weights (the run then stops, saying why)
+
+static void test_checkpoint_not_finite(const char* dir) {
+    GPT2Config cfg = {16, 101, 128, 1, 4, 32};
+    ModelSetup setup = test_setup(&cfg, 2, 8, OPT_ADAMW, 0, &ACT_KEEP_ALL);
+    GPT2* m = test_model(&setup, NULL, 3);
+    DataLoader dl;
+    memset(&dl, 0, sizeof(dl));
+    char sub[CHECKPOINT_PATH_LEN / 2], path[CHECKPOINT_PATH_LEN];
+    snprintf(sub, sizeof(sub), "%.*s/not_finite", (int)sizeof(sub) - 16, dir);
+    mkdir(sub, 0755);
+    float good = save_checkpoint(m, &setup, sub, 1, &dl, 1, 7);
+    m->params_memory[12345] = INFINITY;
+    float bad = save_checkpoint(m, &setup, sub, 2, &dl, 1, 7);
+    struct stat st;
+    checkpoint_path(path, sizeof(path), sub, "model", 2, -1);
+    check(isfinite(good) && good > 0.0f && isinf(bad) && stat(path, &st) != 0,
+          "checkpoint: written from finite weights (max |w| returned), not from an infinite one", "max |w| %g then %g", good, bad);
+    gpt2_destroy(m);
+}
+
+// ----------------------------------------------------------------------------
 // fixtures for the command-line tests (tests/test_cli.py)
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
@@ -897,6 +1014,9 @@ int main(int argc, char** argv) {
     test_thread_count("tiny_came.bin");
     test_d12_state_size();
     test_usage_lists_every_flag();
+    test_sizes();
+    test_checkpoint_space(dir);
+    test_checkpoint_not_finite(dir);
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }

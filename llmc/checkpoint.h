@@ -8,8 +8,11 @@ L, NH, C, Vp; then the 16 parameter tensors in model_config.h's order.
 
 Training-state file (this project's own): header 256 x int32 (STATE_SLOT_*, 64-bit
 values in two slots, low half first): magic, version, processes, rank, step, data
-position, sampling RNG, optimizer-state length, ZeRO stage; then the optimizer state
-(fp32). With several ranks every rank writes its own state file (its data position; under
+position, sampling RNG, optimizer-state length, parameter count, ZeRO stage, the run's
+identity (a random 64-bit id chosen when the run started, the same in every file it
+writes) and the hash of the weights of the checkpoint's model file; then the optimizer
+state (fp32). A resume never combines files of two runs, or of two steps: each rank's
+state names rank 0's run, and the weights read hash to what the state recorded. With several ranks every rank writes its own state file (its data position; under
 ZeRO-1 its blocks of the optimizer state).
 
 A checkpoint of step S in directory D is D/model_S.bin, D/state_S_rank.bin and,
@@ -27,13 +30,17 @@ how to make a right one.
 #define LLMC_CHECKPOINT_H
 
 #include <dirent.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include "file_header.h"
 #include "model_config.h"
+#include "opt_layout.h"
 #include "utils.h"
 
 #define MODEL_MAGIC 20240326
@@ -45,7 +52,8 @@ enum {
 };
 
 #define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
-#define STATE_VERSION 2   // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage
+#define STATE_VERSION 3   // 3: the run identity and the hash of the checkpoint's weights
+#define STATE_VERSION_NO_IDENTITY 2  // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage; still read
 #define STATE_REGEN_HINT "a training-state file is written by this trainer's checkpoints (-o, -n); resume with the version that wrote it"
 enum {
     STATE_SLOT_MAGIC = FILE_SLOT_MAGIC, STATE_SLOT_VERSION = FILE_SLOT_VERSION, STATE_SLOT_NUM_PROCESSES = 2, STATE_SLOT_RANK = 3,
@@ -55,6 +63,8 @@ enum {
     STATE_SLOT_OPT_FLOATS = 12,      // 64-bit: slots 12, 13
     STATE_SLOT_NUM_PARAMS = 14,      // 64-bit: slots 14, 15
     STATE_SLOT_ZERO = 16,            // ZeroStage (distributed.h): 1 = this file holds rank's blocks only
+    STATE_SLOT_RUN_ID = 18,          // 64-bit: slots 18, 19 (version 3)
+    STATE_SLOT_MODEL_HASH = 20,      // 64-bit: slots 20, 21 (version 3)
 };
 
 
@@ -120,9 +130,34 @@ static FILE* model_file_open(const char* path, GPT2Config* cfg, int* version) {
     return f;
 }
 
+// the index of the first non-finite value of x (n), or n if all are finite
+static size_t first_non_finite(const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) { return i; }
+    }
+    return n;
+}
+
+// stops if a weight read from path is NaN or infinite, naming its tensor, layer and element
+static void params_check_finite(const char* path, const GPT2Config* cfg, const float* params) {
+    size_t n = gpt2_num_parameters(cfg), bad = first_non_finite(params, n);
+    if (bad == n) { return; }
+    size_t sizes[NUM_PARAMETER_TENSORS], begin = 0;
+    gpt2_parameter_sizes(sizes, cfg);
+    int t = 0;
+    while (bad >= begin + sizes[t]) { begin += sizes[t]; t++; }
+    size_t per_layer = tensor_is_per_layer(t) ? sizes[t] / cfg->num_layers : sizes[t], i = bad - begin;
+    char layer[32] = "";
+    if (tensor_is_per_layer(t)) { snprintf(layer, sizeof(layer), " of layer %zu", i / per_layer); }
+    fail("model file '%s': %s%s, element %zu of %zu, is %g: a model with non-finite weights cannot train\n"
+         "  hint: it was written after its run diverged; start from an earlier checkpoint",
+         path, PARAMETER_NAMES[t], layer, i % per_layer, per_layer, params[bad]);
+}
+
 #define BF16_READ_CHUNK 65536  // bf16 values converted per read
 
-// reads all parameters (fp32, or bf16 widened to fp32 exactly) and closes f
+// reads all parameters (fp32, or bf16 widened to fp32 exactly) and closes f; stops on a
+// non-finite weight
 static void model_file_read_params(FILE* f, const char* path, const GPT2Config* cfg, int version, float* params) {
     size_t n = gpt2_num_parameters(cfg);
     if (version == MODEL_VERSION_FP32) {
@@ -139,8 +174,8 @@ static void model_file_read_params(FILE* f, const char* path, const GPT2Config* 
             done += k;
         }
     }
-    (void)path;
     fclose(f);
+    params_check_finite(path, cfg, params);
 }
 
 static void model_file_write(const char* path, const GPT2Config* cfg, const float* params) {
@@ -169,9 +204,11 @@ typedef struct {
     int data_shard, data_epoch;
     uint64_t data_position;
     uint64_t rng;               // sampling RNG
-    uint64_t num_params;        // sanity check against the model
+    uint64_t num_params;        // checked against the model
     size_t opt_floats;          // length of the optimizer state
     int zero;                   // ZeroStage of the run that wrote it
+    uint64_t run_id;            // the run that wrote it: random, chosen when the run started (0: version 2, unknown)
+    uint64_t model_hash;        // params_hash of the weights of the same checkpoint's model file (0: unknown)
 } TrainState;
 
 static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
@@ -188,6 +225,8 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     header_set64(h, STATE_SLOT_OPT_FLOATS, s->opt_floats);
     header_set64(h, STATE_SLOT_NUM_PARAMS, s->num_params);
     h[STATE_SLOT_ZERO] = s->zero;
+    header_set64(h, STATE_SLOT_RUN_ID, s->run_id);
+    header_set64(h, STATE_SLOT_MODEL_HASH, s->model_hash);
     AtomicFile a;
     atomic_open(&a, path);
     fwrite_check(h, sizeof(int), FILE_HEADER_INTS, a.f);
@@ -200,7 +239,9 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     FILE* f = fopen_check(path, "rb");
     int h[FILE_HEADER_INTS];
     *size = file_header_read(f, path, "training-state file", STATE_MAGIC, STATE_REGEN_HINT, h);
-    file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
+    if (h[STATE_SLOT_VERSION] != STATE_VERSION_NO_IDENTITY) {
+        file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
+    }
     s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
     s->rank = h[STATE_SLOT_RANK];
     s->step = h[STATE_SLOT_STEP];
@@ -211,6 +252,9 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     s->opt_floats = header_get64(h, STATE_SLOT_OPT_FLOATS);
     s->num_params = header_get64(h, STATE_SLOT_NUM_PARAMS);
     s->zero = h[STATE_SLOT_ZERO];
+    int identity = h[STATE_SLOT_VERSION] == STATE_VERSION;
+    s->run_id = identity ? header_get64(h, STATE_SLOT_RUN_ID) : 0;
+    s->model_hash = identity ? header_get64(h, STATE_SLOT_MODEL_HASH) : 0;
     return f;
 }
 
@@ -263,6 +307,175 @@ static int checkpoint_latest(const char* dir) {
     }
     closedir(d);
     return latest;
+}
+
+// ----------------------------------------------------------------------------
+// the output directory: what an earlier run left there, a lock while a run uses it
+
+// the step of a checkpoint file's name and which file it is, or -1 for any other name
+typedef enum { CKPT_FILE_MODEL, CKPT_FILE_STATE, CKPT_FILE_DONE } CheckpointFileKind;
+static int checkpoint_file_step(const char* name, CheckpointFileKind* kind) {
+    char want[64];
+    int step = -1, rank = -1;
+    if (sscanf(name, "DONE_%8d", &step) == 1) { *kind = CKPT_FILE_DONE; snprintf(want, sizeof(want), "DONE_%08d", step); }
+    else if (sscanf(name, "model_%8d", &step) == 1) { *kind = CKPT_FILE_MODEL; snprintf(want, sizeof(want), "model_%08d.bin", step); }
+    else if (sscanf(name, "state_%8d_%5d", &step, &rank) == 2 && rank >= 0) {
+        *kind = CKPT_FILE_STATE;
+        snprintf(want, sizeof(want), "state_%08d_%05d.bin", step, rank);
+    } else { return -1; }
+    return step >= 0 && strcmp(name, want) == 0 ? step : -1;  // the exact name, nothing before or after
+}
+
+// what an earlier run left in dir: its checkpoint files and whether it has a log.jsonl
+typedef struct { int files, newest_step, has_log; } OutputDirContents;
+static OutputDirContents output_dir_contents(const char* dir) {
+    OutputDirContents c = {0, -1, 0};
+    DIR* d = opendir(dir);
+    if (d == NULL) { return c; }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        int step = checkpoint_file_step(e->d_name, &kind);
+        if (step >= 0) { c.files++; if (step > c.newest_step) { c.newest_step = step; } }
+        if (strcmp(e->d_name, "log.jsonl") == 0) { c.has_log = 1; }
+    }
+    closedir(d);
+    return c;
+}
+
+// removes every checkpoint file of dir (the DONE markers first, so that no checkpoint looks
+// complete while its files go) and its log.jsonl; returns the number of files removed
+static int output_dir_clear(const char* dir) {
+    int removed = 0;
+    for (int pass = 0; pass < 2; pass++) {  // 0: DONE markers, 1: the rest
+        DIR* d = opendir(dir);
+        if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }
+        struct dirent* e;
+        while ((e = readdir(d)) != NULL) {
+            CheckpointFileKind kind;
+            int ckpt = checkpoint_file_step(e->d_name, &kind) >= 0;
+            int now = pass == 0 ? ckpt && kind == CKPT_FILE_DONE : ckpt || strcmp(e->d_name, "log.jsonl") == 0;
+            if (!now) { continue; }
+            char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            if (remove(path) != 0) { fail("cannot remove '%s': %s", path, strerror(errno)); }
+            removed++;
+        }
+        closedir(d);
+        fsync_dir_of(dir);  // the markers' removal reaches the disk before the files'
+    }
+    return removed;
+}
+
+// removes the temporary files of atomic writes (a checkpoint file's or log.jsonl's name and
+// ".tmp") that a crashed run left in dir, saying so; other files are not touched. Call it
+// with dir locked: a running writer's files are never removed
+static void output_dir_remove_stale_tmp(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return; }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n <= 4 || strcmp(e->d_name + n - 4, ".tmp") != 0) { continue; }
+        char base[sizeof(e->d_name)], path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+        snprintf(base, sizeof(base), "%.*s", (int)(n - 4), e->d_name);
+        CheckpointFileKind kind;
+        if (checkpoint_file_step(base, &kind) < 0 && strcmp(base, "log.jsonl") != 0) { continue; }
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
+        if (remove(path) != 0) { fail("cannot remove the stale temporary file '%s': %s", path, strerror(errno)); }
+        printf("removed '%s', a temporary file that a crashed run left\n", path);
+    }
+    closedir(d);
+}
+
+// locks dir for this process (flock on the directory itself, released when the process
+// ends); stops if another run holds it. Returns the descriptor, to keep open
+static int output_dir_lock(const char* dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) { fail("cannot open output directory '%s': %s", dir, strerror(errno)); }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) {
+            fail("output directory '%s' is in use by another run (it holds the directory's lock)\n"
+                 "  hint: wait until that run ends, or choose another -o", dir);
+        }
+        fail("cannot lock output directory '%s': %s", dir, strerror(errno));
+    }
+    return fd;
+}
+
+// removes DONE_step, if there, before the files of that step are written again: a checkpoint
+// being rewritten is incomplete until its new marker
+static void checkpoint_unmark_done(const char* dir, int step) {
+    char path[CHECKPOINT_PATH_LEN];
+    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+    if (remove(path) == 0) { fsync_dir_of(path); }
+    else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
+}
+
+static int compare_steps_descending(const void* a, const void* b) { return *(const int*)b - *(const int*)a; }
+
+// keeps the newest `keep` complete checkpoints of dir and removes every checkpoint file of an
+// older step (the DONE markers first, so no checkpoint looks complete while its files go);
+// returns the number of complete checkpoints removed
+static int checkpoint_prune(const char* dir, int keep) {
+    int* steps = NULL;
+    int n = 0, cap = 0;
+    DIR* d = opendir(dir);
+    if (d == NULL) { return 0; }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        int step = checkpoint_file_step(e->d_name, &kind);
+        if (step < 0 || kind != CKPT_FILE_DONE) { continue; }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            steps = (int*)realloc(steps, (size_t)cap * sizeof(int));
+            if (steps == NULL) { fail("out of host memory listing the checkpoints of '%s'", dir); }
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    int removed = n > keep ? n - keep : 0, oldest_kept = -1;
+    if (removed > 0) {
+        qsort(steps, (size_t)n, sizeof(int), compare_steps_descending);
+        oldest_kept = steps[keep - 1];
+    }
+    free(steps);
+    for (int pass = 0; pass < 2 && removed > 0; pass++) {  // 0: DONE markers, 1: model and state files
+        d = opendir(dir);
+        if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }
+        while ((e = readdir(d)) != NULL) {
+            CheckpointFileKind kind;
+            int step = checkpoint_file_step(e->d_name, &kind);
+            if (step < 0 || step >= oldest_kept || (pass == 0) != (kind == CKPT_FILE_DONE)) { continue; }
+            char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            if (remove(path) != 0) { fail("cannot remove old checkpoint file '%s': %s", path, strerror(errno)); }
+        }
+        closedir(d);
+        fsync_dir_of(dir);
+    }
+    return removed;
+}
+
+// bytes of one checkpoint: the model file and `ranks` state files of opt_floats floats each
+static uint64_t checkpoint_bytes(const GPT2Config* cfg, size_t opt_floats, int ranks) {
+    uint64_t header = FILE_HEADER_INTS * sizeof(int);
+    return header + (uint64_t)gpt2_num_parameters(cfg) * sizeof(float) + (uint64_t)ranks * (header + (uint64_t)opt_floats * sizeof(float));
+}
+
+// stops unless the file system of dir has `need` bytes free for an unprivileged writer
+static void check_free_space(const char* dir, uint64_t need, const char* what) {
+    struct statvfs st;
+    if (statvfs(dir, &st) != 0) { return; }  // unknown: the writes themselves will tell
+    uint64_t avail = (uint64_t)st.f_bavail * st.f_frsize;
+    if (avail < need) {
+        fail("output directory '%s' has %.1f MiB free, but %s needs %.1f MiB\n"
+             "  hint: free some space, choose another -o, or -o \"\" to write no checkpoints",
+             dir, avail / 1048576.0, what, need / 1048576.0);
+    }
 }
 
 // creates dir if needed and proves it is writable, before any training is spent

@@ -14,8 +14,9 @@ over all processes each token position is an input exactly once per epoch (the t
 of a shard that does not fill a whole step across processes is skipped). After the
 last shard the loader starts epoch + 1 at the first shard.
 
-Failure: a missing, foreign, truncated or too-small shard stops at init; a token
->= V stops at the batch that holds it. Each message names the file and the fix.
+Failure: a missing, foreign, truncated or too-small shard, or a token >= V anywhere in
+a shard, stops at init (each shard is read once there). Each message names the file and
+the fix; a bad token, its position and byte offset.
 */
 #ifndef LLMC_DATALOADER_H
 #define LLMC_DATALOADER_H
@@ -66,6 +67,27 @@ static size_t shard_check(const char* path, FILE* f, size_t min_tokens) {
     return (size_t)tokens;
 }
 
+#define SHARD_SCAN_CHUNK 65536  // tokens read at a time by shard_check_tokens
+
+// reads the open shard's tokens once (f at the first token) and stops at the first id
+// >= vocab_size, naming the file, the token's position and its byte offset
+static void shard_check_tokens(const char* path, FILE* f, size_t tokens, int vocab_size) {
+    uint16_t buf[SHARD_SCAN_CHUNK];
+    for (size_t done = 0; done < tokens; ) {
+        size_t k = tokens - done < SHARD_SCAN_CHUNK ? tokens - done : SHARD_SCAN_CHUNK;
+        fread_check(buf, sizeof(uint16_t), k, f);
+        for (size_t i = 0; i < k; i++) {
+            if (buf[i] >= vocab_size) {
+                size_t at = done + i;
+                fail("token shard '%s': token %d at position %zu (byte offset %zu) is >= the model's vocabulary size %d\n"
+                     "  hint: the shard was made with another tokenizer; %s",
+                     path, buf[i], at, FILE_HEADER_INTS * sizeof(int) + at * sizeof(uint16_t), vocab_size, SHARD_REGEN_HINT);
+            }
+        }
+        done += k;
+    }
+}
+
 static size_t dataloader_step_tokens(const DataLoader* dl) {
     return (size_t)dl->B * dl->T * dl->num_processes;
 }
@@ -87,9 +109,11 @@ static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, i
         fail("no token shards match '%s'\n  hint: %s (or point -i/-j at your shards)", pattern, SHARD_REGEN_HINT);
     }
     dl->num_shards = dl->glob.gl_pathc;
-    // check every shard now, so a bad file stops the run before training, not hours in
+    // check every shard now, its header and every token, so a bad file stops the run before
+    // training, not hours in (one pass over the data)
     for (size_t s = 0; s < dl->num_shards; s++) {
         dataloader_open_shard(dl, s);
+        shard_check_tokens(dl->glob.gl_pathv[s], dl->file, dl->shard_tokens, vocab_size);
         dl->epoch_tokens += dl->shard_tokens - 1;
     }
     dataloader_open_shard(dl, 0);

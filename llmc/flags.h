@@ -61,7 +61,9 @@ typedef struct {
     int sample_every;                // steps between samples, 0 = never
     int gen_tokens;                  // tokens per sample
     int checkpoint_every;            // steps between checkpoints, 0 = only at the end
+    int keep_checkpoints;            // keep the newest K complete checkpoints in out_dir, 0 = all
     int resume;                      // 1: continue from the latest checkpoint in out_dir
+    int overwrite;                   // 1: a fresh run removes an earlier run's checkpoints and log from out_dir
     int plan_only;                   // 1: print the memory plan and exit
 } TrainOptions;
 
@@ -102,11 +104,15 @@ static TrainOptions options_default(void) {
     o.sample_every = 100;
     o.gen_tokens = 64;
     o.checkpoint_every = 0;
+    o.keep_checkpoints = 0;
     o.resume = 0;
+    o.overwrite = 0;
     o.plan_only = 0;
     return o;
 }
 
+// FLAG_SWITCH: on or off; "--plan" alone turns it on, and it takes an optional 0 or 1 after it
+// ("-y 1", "--offload 0") or after '=' ("--plan=1")
 typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH } FlagType;
 
 typedef struct {
@@ -140,7 +146,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--adafactor-beta1", FLAG_FLOAT, OPT(adafactor_beta1), "Adafactor: first-moment decay, 0 = none"},
     {NULL, "--eps1",          FLAG_FLOAT,  OPT(eps1),             "Adafactor, CAME: added to g^2 (the papers' 1e-30)"},
     {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding"},
-    {NULL, "--check-replicas", FLAG_INT,   OPT(check_replicas),   "1 = check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},
+    {NULL, "--check-replicas", FLAG_SWITCH, OPT(check_replicas),   "check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},
     {NULL, "--plan-ranks",    FLAG_INT,    OPT(plan_ranks),       "--plan for this many ranks (e.g. --zero 1 on a laptop); 0 = this run's"},
     {NULL, "--precision",     FLAG_STRING, OPT(precision),        "fp32 | bf16 (weights and activations; fp32 master weights, optimizer state and sums); \"\" = the backend's default: CPU fp32, CUDA bf16"},
     {NULL, "--peak-tflops",   FLAG_FLOAT,  OPT(peak_tflops),      "peak TFLOP/s of one GPU (or CPU) for the MFU of the progress line; 0 = the GPU's from the table of train_gpt.cu"},
@@ -151,9 +157,11 @@ static const FlagSpec FLAGS[] = {
     {"-s", "--sample-every",  FLAG_INT,    OPT(sample_every),     "print a sample every N steps, 0 = never"},
     {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (at most T)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
-    {"-y", "--resume",        FLAG_INT,    OPT(resume),           "1 = resume from the latest checkpoint in the output directory"},
+    {NULL, "--keep-checkpoints", FLAG_INT, OPT(keep_checkpoints), "keep only the newest K checkpoints in -o, removing older ones; 0 = keep all"},
+    {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
+    {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
-    {NULL, "--offload",       FLAG_INT,    OPT(offload),          "1 = move kept activations to host memory between forward and backward"},
+    {NULL, "--offload",       FLAG_SWITCH, OPT(offload),          "move kept activations to host memory between forward and backward"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},
 };
 #undef OPT
@@ -163,7 +171,8 @@ static const FlagSpec FLAGS[] = {
 static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* buf, size_t n) {
     const char* p = (const char*)o + f->offset;
     switch (f->type) {
-        case FLAG_INT: case FLAG_SWITCH: snprintf(buf, n, "%d", *(const int*)p); break;
+        case FLAG_INT: snprintf(buf, n, "%d", *(const int*)p); break;
+        case FLAG_SWITCH: snprintf(buf, n, "%s", *(const int*)p ? "on" : "off"); break;
         case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)p); break;
         case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
         case FLAG_STRING: snprintf(buf, n, "\"%s\"", p); break;
@@ -172,12 +181,12 @@ static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* bu
 
 static void print_usage(FILE* out, const char* prog) {
     TrainOptions d = options_default();
-    fprintf(out, "usage: %s [flags]   (each flag also takes --name=value)\n", prog);
+    fprintf(out, "usage: %s [flags]   (each flag also takes --name=value; a switch alone is on, or takes 0 or 1)\n", prog);
     for (int i = 0; i < NUM_FLAGS; i++) {
         char def[PATH_MAX_LEN + 8];
         flag_value_string(&FLAGS[i], &d, def, sizeof(def));
-        fprintf(out, "  %-3s %-20s %s (default %s)\n", FLAGS[i].shortname ? FLAGS[i].shortname : "",
-               FLAGS[i].longname, FLAGS[i].help, def);
+        fprintf(out, "  %-3s %-20s %s (%sdefault %s)\n", FLAGS[i].shortname ? FLAGS[i].shortname : "",
+               FLAGS[i].longname, FLAGS[i].help, FLAGS[i].type == FLAG_SWITCH ? "a switch, " : "", def);
     }
     fprintf(out, "  -h  --help                 this text\n");
     fprintf(out, "presets for -e: ");
@@ -197,6 +206,14 @@ static const FlagSpec* find_flag(const char* name, size_t len) {
     return NULL;
 }
 
+// 1 if s is a whole integer (what a switch may take after it)
+static int is_integer(const char* s) {
+    char* end = NULL;
+    errno = 0;
+    strtol(s, &end, 10);
+    return *s != '\0' && *end == '\0' && errno == 0;
+}
+
 static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
     char* p = (char*)o + f->offset;
     char* end = NULL;
@@ -206,6 +223,10 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
             long v = strtol(value, &end, 10);
             if (*value == '\0' || *end != '\0' || errno != 0 || v < -2147483647L || v > 2147483647L) {
                 fail("flag %s: '%s' is not an integer\n  hint: see -h", f->longname, value);
+            }
+            if (f->type == FLAG_SWITCH && v != 0 && v != 1) {
+                const char* name = f->shortname ? f->shortname : f->longname;
+                fail("%s %s: %s is 0 or 1 (a switch: %s alone means 1)", name, value, f->longname + 2, name);
             }
             *(int*)p = (int)v;
             break;
@@ -242,8 +263,10 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
         size_t len = (arg[0] == '-' && arg[1] == '-' && eq) ? (size_t)(eq - arg) : strlen(arg);
         const FlagSpec* f = arg[0] == '-' ? find_flag(arg, len) : NULL;
         if (f == NULL) { fail("unknown flag '%s'\n  hint: %s -h lists the flags", arg, argv[0]); }
-        if (f->type == FLAG_SWITCH) {
-            if (eq && len == (size_t)(eq - arg)) { set_flag(o, f, eq + 1); } else { *(int*)((char*)o + f->offset) = 1; }
+        if (f->type == FLAG_SWITCH) {  // alone, or with 0 or 1 after it or after '='
+            if (eq && len == (size_t)(eq - arg)) { set_flag(o, f, eq + 1); }
+            else if (i + 1 < argc && is_integer(argv[i + 1])) { set_flag(o, f, argv[++i]); }
+            else { *(int*)((char*)o + f->offset) = 1; }
             continue;
         }
         const char* value;

@@ -82,11 +82,27 @@ static int gpt2_config_preset(GPT2Config* cfg, const char* name) {
     return 0;
 }
 
+// upper bounds of a model file's shape, far above any GPT-2 (d60: L=60 C=1920, V=50257,
+// maxT=1024) and low enough that every size of the model and its plan fits in 64 bits:
+// P < Vp*C + maxT*C + L*13*(C^2 + C) < 2^48
+#define MODEL_LIMIT_LAYERS 1024
+#define MODEL_LIMIT_CHANNELS 65536
+#define MODEL_LIMIT_VOCAB (1 << 24)     // V and Vp
+#define MODEL_LIMIT_SEQ_LEN (1 << 20)
+
 // stops with a clear message if the shape cannot be a GPT-2
 static void gpt2_config_check(const GPT2Config* c, const char* where) {
-    if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->vocab_size < 1 || c->max_seq_len < 1) {
-        fail("%s: impossible model shape L=%d C=%d NH=%d V=%d maxT=%d (all must be >= 1)",
-             where, c->num_layers, c->channels, c->num_heads, c->vocab_size, c->max_seq_len);
+    const struct { const char* name; int value, max; } fields[] = {
+        {"L (layers)", c->num_layers, MODEL_LIMIT_LAYERS}, {"C (channels)", c->channels, MODEL_LIMIT_CHANNELS},
+        {"NH (heads)", c->num_heads, MODEL_LIMIT_CHANNELS}, {"V (vocabulary)", c->vocab_size, MODEL_LIMIT_VOCAB},
+        {"Vp (padded vocabulary)", c->padded_vocab_size, MODEL_LIMIT_VOCAB}, {"maxT (context)", c->max_seq_len, MODEL_LIMIT_SEQ_LEN},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (fields[i].value < 1 || fields[i].value > fields[i].max) {
+            fail("%s: impossible model shape L=%d C=%d NH=%d V=%d Vp=%d maxT=%d: %s = %d is outside 1..%d",
+                 where, c->num_layers, c->channels, c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len,
+                 fields[i].name, fields[i].value, fields[i].max);
+        }
     }
     if (c->channels % c->num_heads != 0) {
         fail("%s: channels C=%d is not divisible by heads NH=%d\n  hint: pick NH dividing C (head size C/NH)",

@@ -18,6 +18,7 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 #ifndef LLMC_TRAINER_H
 #define LLMC_TRAINER_H
 
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -25,6 +26,7 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -166,6 +168,17 @@ static uint64_t params_hash(const float* params, size_t n) {
     return h;
 }
 
+// the largest |w| of the weights, NaN or infinity if one is not finite
+static float params_max_abs(const float* params, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(params[i]);
+        if (!(a <= m)) { m = a; }  // a NaN sticks
+        if (isnan(m)) { break; }
+    }
+    return m;
+}
+
 // stops the run unless every rank holds the same weights (costs one pass over them)
 static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
     gpt2_sync(m, SYNC_TO_HOST);
@@ -180,37 +193,131 @@ static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
 }
 
 // rank 0 writes the model file, every rank its own state file (its data position and, under
-// ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE
-static void save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng) {
+// ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE. A
+// DONE marker of the same step, left by an earlier write of it, goes first. Returns the
+// weights' max |w|; if they are not finite (every rank has the same), nothing is written
+static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
+                             uint64_t run_id) {
     if (s->dist.world > 1) { check_replicas(m, &s->config, s->dist, step); }
     gpt2_sync(m, SYNC_TO_HOST);
     HostView h = gpt2_host_view(m);
+    size_t P = gpt2_num_parameters(&s->config);
+    float max_abs = params_max_abs(h.params, P);
+    if (!isfinite(max_abs)) { return max_abs; }
+    if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
+    dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
     char path[CHECKPOINT_PATH_LEN];
     if (s->dist.rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
         model_file_write(path, &s->config, h.params);
     }
     TrainState st = {s->dist.world, s->dist.rank, step, (int)dl->shard, dl->epoch, dl->position, rng,
-                     gpt2_num_parameters(&s->config), h.opt_floats, s->zero};
+                     P, h.opt_floats, s->zero, run_id, params_hash(h.params, P)};
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_write(path, &st, h.opt_state);
     dist_barrier();
     if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
+    return max_abs;
 }
 
-// loads the newest complete checkpoint of dir into the model; returns its step
-static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng) {
+// stops if the optimizer state read from path holds a NaN or infinity, naming the slice
+// (tensor and layer, opt_layout.h) whose state holds it
+static void state_check_finite(const char* path, const ModelSetup* s, const float* state, size_t n) {
+    size_t bad = first_non_finite(state, n);
+    if (bad == n) { return; }
+    ParamSlice* slices = param_slices_alloc(&s->config);
+    OptSharding z = {s->dist.rank, s->zero == ZERO_SHARDED ? s->dist.world : 1, NULL, NULL};
+    size_t begin = 0, offset, floats = 0;
+    int k = 0;
+    for (; k < param_slice_count(&s->config); k++) {
+        OptShard sh = slice_shard(&slices[k], &z, &offset);
+        floats = slice_state_floats(s->optimizer, &sh, s->use_beta1);
+        if (bad < begin + floats) { break; }
+        begin += floats;
+    }
+    char layer[32] = "";
+    if (slices[k].layer >= 0) { snprintf(layer, sizeof(layer), " of layer %d", slices[k].layer); }
+    const char* tensor = PARAMETER_NAMES[slices[k].tensor];
+    free(slices);
+    fail("state file '%s': the optimizer state of %s%s, float %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
+         "  hint: it was written after its run diverged; resume from an earlier checkpoint",
+         path, tensor, layer, bad - begin, floats, state[bad]);
+}
+
+// the training state read from path against this run: the rank that wrote it, its step, the
+// model's parameter count, the ranks and ZeRO stage, and its sampling RNG (xorshift never
+// reaches 0); its data position is checked by state_check_data once the loader is there
+static void state_check_run(const char* path, const TrainState* st, const ModelSetup* s, int step) {
+    size_t P = gpt2_num_parameters(&s->config);
+    if (st->rank != s->dist.rank || st->step != step) {
+        fail("state file '%s' holds rank %d's state of step %d, but is read as rank %d's of step %d\n"
+             "  hint: a state file renamed or copied from another checkpoint; use the checkpoint's own files", path,
+             st->rank, st->step, s->dist.rank, step);
+    }
+    if (st->num_params != P) {
+        fail("state file '%s' was written for a model of %llu parameters; this model has %zu\n"
+             "  hint: resume with the -e that wrote it", path, (unsigned long long)st->num_params, P);
+    }
+    if (st->num_processes != s->dist.world || st->zero != (int)s->zero) {
+        fail("state file '%s' was written by %d rank(s) with --zero %d; this run has %d with --zero %d\n"
+             "  hint: resume with mpirun -np %d and --zero %d", path, st->num_processes, st->zero, s->dist.world,
+             (int)s->zero, st->num_processes, st->zero);
+    }
+    if (st->rng == 0 || st->data_epoch < 0 || st->data_shard < 0) {
+        fail("state file '%s' is corrupt: sampling RNG 0x%016llx, data epoch %d, shard %d (none can be 0, negative, negative)",
+             path, (unsigned long long)st->rng, st->data_epoch, st->data_shard);
+    }
+}
+
+// the data position of a state file against the loader, already at the state's shard: a
+// window start of this rank (B*T of every rank per step), at most one past the shard's last step
+static void state_check_data(const char* path, const TrainState* st, const DataLoader* dl) {
+    size_t BT = (size_t)dl->B * dl->T, step = BT * dl->num_processes, first = (size_t)dl->rank * BT;
+    size_t pos = st->data_position, usable = (dl->shard_tokens - 1) / step;
+    if (pos < first || (pos - first) % step != 0 || (pos - first) / step > usable) {
+        fail("state file '%s': data position %zu in shard %d ('%s', %zu tokens) is not a window start of rank %d with B*T = %zu and %d rank(s)\n"
+             "  hint: resume with the -b, -t, -i and number of ranks that wrote it", path, pos, st->data_shard,
+             dl->glob.gl_pathv[dl->shard], dl->shard_tokens, dl->rank, BT, dl->num_processes);
+    }
+}
+
+// the state file at path and the model file at model_path are of one checkpoint of one run:
+// its run is rank 0's (run_id), and the weights read from the model file (params) hash to
+// what the state recorded. A version 2 state has neither (a note says it is not checked)
+static void state_check_identity(const char* path, const TrainState* st, uint64_t run_id, const char* model_path,
+                                 const float* params, size_t P) {
+    if (st->run_id == 0) {
+        printf("note: '%s' is a version %d state file, without a run identity: not checked against '%s'\n",
+               path, STATE_VERSION_NO_IDENTITY, model_path);
+        return;
+    }
+    if (st->run_id != run_id) {
+        fail("state file '%s' was written by run 0x%016llx, rank 0's state file of the same checkpoint by run 0x%016llx\n"
+             "  hint: files of two runs were combined in one folder; use one run's files (each run writes its own -o)",
+             path, (unsigned long long)st->run_id, (unsigned long long)run_id);
+    }
+    uint64_t hash = params_hash(params, P);
+    if (hash != st->model_hash) {
+        fail("model file '%s' is not of the checkpoint of state file '%s' (its weights hash to 0x%016llx, the state recorded 0x%016llx)\n"
+             "  hint: files of two runs or of two steps were combined; use one checkpoint's own files",
+             model_path, path, (unsigned long long)hash, (unsigned long long)st->model_hash);
+    }
+}
+
+// loads the newest complete checkpoint of dir into the model; returns its step and the run's
+// identity (from the state files)
+static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng, uint64_t* run_id) {
     int step = checkpoint_latest(dir);
     if (step < 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
     HostView h = gpt2_host_view(m);
-    char path[CHECKPOINT_PATH_LEN];
-    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    char path[CHECKPOINT_PATH_LEN], model_path[CHECKPOINT_PATH_LEN];
+    checkpoint_path(model_path, sizeof(model_path), dir, "model", step, -1);
     GPT2Config cfg;
     int version;
-    FILE* f = model_file_open(path, &cfg, &version);
-    if (memcmp(&cfg, &s->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", path); }
-    model_file_read_params(f, path, &cfg, version, h.params);
+    FILE* f = model_file_open(model_path, &cfg, &version);
+    if (memcmp(&cfg, &s->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", model_path); }
+    model_file_read_params(f, model_path, &cfg, version, h.params);
     // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
     TrainState st;
     checkpoint_path(path, sizeof(path), dir, "state", step, 0);
@@ -224,13 +331,62 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, Data
         fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
              "  hint: resume with --zero %d", dir, step, st.zero, (int)s->zero, st.zero);
     }
+    *run_id = st.run_id;
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_read(path, &st, h.opt_state, h.opt_floats);
-    gpt2_sync(m, SYNC_FROM_HOST);
+    state_check_run(path, &st, s, step);
+    state_check_identity(path, &st, *run_id, model_path, h.params, gpt2_num_parameters(&s->config));
+    state_check_finite(path, s, h.opt_state, h.opt_floats);
+    if ((size_t)st.data_shard >= dl->num_shards) {
+        fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
+             path, st.data_shard, dl->num_shards);
+    }
     dataloader_seek(dl, (size_t)st.data_shard, st.data_position, st.data_epoch);
+    state_check_data(path, &st, dl);
+    gpt2_sync(m, SYNC_FROM_HOST);
     *rng = st.rng;
     printf("resumed from %s/ at step %d\n", dir, step);
     return step;
+}
+
+// ----------------------------------------------------------------------------
+// stop signals: SIGINT, SIGTERM and SIGUSR1. The first asks for a checkpoint at the next safe
+// point: after the current micro-step (a step cut short is dropped: its batches are read again
+// on resume), and a validation under way is cut short. A second one exits at once, saying what
+// the newest complete checkpoint is. Under mpirun: OpenMPI forwards SIGUSR1 to every rank,
+// while SIGINT/SIGTERM to mpirun kill the ranks (no time to checkpoint)
+
+static volatile sig_atomic_t g_stop_requested = 0;  // the first stop signal's number, 0 = none
+#define EXIT_NOW_TEXT_LEN (PATH_MAX_LEN + 256)
+static char g_exit_now_text[2][EXIT_NOW_TEXT_LEN];  // what a second signal prints: two, so the
+static volatile sig_atomic_t g_exit_now_which = 0;  // handler never reads the one being written
+
+static void on_stop_signal(int sig) {
+    if (!g_stop_requested) { g_stop_requested = sig; return; }
+    const char* text = g_exit_now_text[g_exit_now_which];
+    ssize_t written = write(STDERR_FILENO, text, strlen(text));  // both async-signal-safe
+    (void)written;
+    _exit(128 + sig);
+}
+
+// what a second stop signal says from now on: the newest complete checkpoint of this run
+static void set_exit_now_text(const char* out_dir, int ckpt_step) {
+    int next = !g_exit_now_which;
+    char saved[PATH_MAX_LEN + 96];
+    if (out_dir == NULL) { snprintf(saved, sizeof(saved), "nothing was saved (-o \"\")"); }
+    else if (ckpt_step < 0) { snprintf(saved, sizeof(saved), "this run has no complete checkpoint in '%s' yet", out_dir); }
+    else { snprintf(saved, sizeof(saved), "the newest complete checkpoint in '%s' is of step %d (resume it with -y 1)", out_dir, ckpt_step); }
+    snprintf(g_exit_now_text[next], EXIT_NOW_TEXT_LEN, "\nerror: a second stop signal: exiting at once, without a checkpoint; %s\n", saved);
+    g_exit_now_which = next;
+}
+
+static void install_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -258,15 +414,18 @@ static void sample_tokens(GPT2* m, const GPT2Config* c, int* tokens, int n, cons
     printf("\n");
 }
 
-// the mean loss over `steps` batches of val, and over the ranks (each validates its own part)
+// the mean loss over `steps` batches of val, and over the ranks (each validates its own part);
+// NaN if a stop signal cut it short (on any rank)
 static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
     dataloader_reset(val);
     double sum = 0.0;
-    for (int i = 0; i < steps; i++) {
+    int done = 0;
+    for (; done < steps && !g_stop_requested; done++) {
         dataloader_next_batch(val);
         sum += gpt2_forward(m, val->inputs, val->targets, val->B, val->T);
     }
     dist_allreduce_sum_doubles(&sum, 1);
+    if (dist_any(done < steps)) { return NAN; }
     return (float)(sum / steps / world);
 }
 
@@ -286,7 +445,6 @@ static void check_zero_option(const TrainOptions* o, int world) {
         fail("--zero 1 shards the optimizer state across ranks, but this run has %d rank\n"
              "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", world);
     }
-    if (o->check_replicas != 0 && o->check_replicas != 1) { fail("--check-replicas %d: 0 or 1", o->check_replicas); }
     if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
     if (o->plan_ranks != 0 && !o->plan_only) {
         fail("--plan-ranks %d plans for other ranks than this run's, so it only goes with --plan\n"
@@ -294,18 +452,73 @@ static void check_zero_option(const TrainOptions* o, int world) {
     }
 }
 
-// -d against B*T and the ranks; returns the gradient accumulation steps of each rank
+// -d against B*T and the ranks; returns the gradient accumulation steps of each rank.
+// In 64 bits: B, T and the ranks are ints whose products need not be; tokens per step are
+// an int (-d, and the layers' loops over B*T)
+#define MAX_STEP_TOKENS INT_MAX
 static int check_batch_options(const TrainOptions* o, int world) {
-    int BT = o->batch_size * o->seq_len, step_tokens = BT * world;  // one micro-batch on every rank
-    int total = o->total_batch_size == -1 ? step_tokens : o->total_batch_size;
-    if (total < 1 || total % step_tokens != 0) {
-        char what[96];
-        if (world == 1) { snprintf(what, sizeof(what), "B*T = %d", BT); }
-        else { snprintf(what, sizeof(what), "B*T times the ranks = %d x %d = %d", BT, world, step_tokens); }
-        fail("-d %d: the total batch (tokens per step) must be a positive multiple of %s\n"
-             "  hint: use -d %d, %d, ... or -d -1", o->total_batch_size, what, step_tokens, 2 * step_tokens);
+    int64_t BT = (int64_t)o->batch_size * o->seq_len;
+    if (BT > MAX_STEP_TOKENS) {
+        fail("-b %d -t %d: a micro-batch of B*T = %lld tokens is more than %d\n  hint: lower -b or -t",
+             o->batch_size, o->seq_len, (long long)BT, MAX_STEP_TOKENS);
     }
-    return total / step_tokens;
+    int64_t step_tokens = BT * world;  // one micro-batch on every rank (< 2^62)
+    char what[128];
+    if (world == 1) { snprintf(what, sizeof(what), "B*T = %lld", (long long)BT); }
+    else { snprintf(what, sizeof(what), "B*T times the ranks = %lld x %d = %lld", (long long)BT, world, (long long)step_tokens); }
+    if (step_tokens > MAX_STEP_TOKENS) {
+        fail("-b %d -t %d: one micro-batch on every rank, %s tokens, is more than %d\n  hint: lower -b or -t, or the ranks",
+             o->batch_size, o->seq_len, what, MAX_STEP_TOKENS);
+    }
+    int64_t total = o->total_batch_size == -1 ? step_tokens : o->total_batch_size;
+    if (total < 1 || total % step_tokens != 0) {
+        char hint[96];
+        if (2 * step_tokens <= MAX_STEP_TOKENS) { snprintf(hint, sizeof(hint), "%lld, %lld, ...", (long long)step_tokens, 2 * (long long)step_tokens); }
+        else { snprintf(hint, sizeof(hint), "%lld", (long long)step_tokens); }
+        fail("-d %d: the total batch (tokens per step) must be a positive multiple of %s\n"
+             "  hint: use -d %s or -d -1", o->total_batch_size, what, hint);
+    }
+    return (int)(total / step_tokens);
+}
+
+// stops if the memory plan of this shape could overflow 64-bit sizes: a bound on every byte
+// count the planner and the backend compute (8 bytes an element, every layer keeping every
+// activation, twice over), in floating point, far below 2^63
+#define PLAN_BYTES_LIMIT 0x1p62
+static void check_plan_size(const GPT2Config* c, const TrainOptions* o) {
+    double L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    double B = o->batch_size, T = o->seq_len, BT = B * T, P = (double)gpt2_num_parameters(c);
+    double elements = 4.0 * P + (L + 3.0) * (32.0 * BT * C + 4.0 * BT + B * NH * T * T) + 2.0 * BT * Vp;
+    double bytes = 2.0 * 8.0 * elements;
+    if (!(bytes < PLAN_BYTES_LIMIT)) {
+        fail("-b %d -t %d with L=%d C=%d NH=%d Vp=%d: the memory sizes reach %.3g bytes, beyond what this program can count (2^62)\n"
+             "  hint: lower -b or -t", o->batch_size, o->seq_len, c->num_layers, c->channels, c->num_heads, c->padded_vocab_size, bytes);
+    }
+}
+
+// stops unless v is a finite number in the range lo..hi, each end open or closed ("[0, 1)")
+typedef enum { END_CLOSED, END_OPEN } RangeEnd;
+static void check_float_range(const char* flag, float v, double lo, RangeEnd lo_end, double hi, RangeEnd hi_end, const char* why) {
+    int ok = isfinite(v) && (lo_end == END_OPEN ? v > lo : v >= lo) && (hi_end == END_OPEN ? v < hi : v <= hi);
+    if (ok) { return; }
+    char hi_text[32];
+    if (isinf(hi)) { snprintf(hi_text, sizeof(hi_text), "inf"); } else { snprintf(hi_text, sizeof(hi_text), "%g", hi); }
+    fail("%s %g: must be a finite number in %c%g, %s%c (%s)", flag, v, lo_end == END_OPEN ? '(' : '[', lo, hi_text,
+         hi_end == END_OPEN ? ')' : ']', why);
+}
+
+// every floating-point hyperparameter: finite and in its range
+static void check_hyperparameters(const TrainOptions* o) {
+    check_float_range("-l (--lr)", o->learning_rate, 0.0, END_CLOSED, INFINITY, END_OPEN, "the peak learning rate");
+    check_float_range("-q (--final-lr-frac)", o->final_lr_frac, 0.0, END_CLOSED, 1.0, END_CLOSED, "the schedule ends at lr times this");
+    check_float_range("-c (--weight-decay)", o->weight_decay, 0.0, END_CLOSED, INFINITY, END_OPEN, "decoupled weight decay");
+    check_float_range("--beta1", o->beta1, 0.0, END_CLOSED, 1.0, END_OPEN, "AdamW's first-moment decay");
+    check_float_range("--beta2", o->beta2, 0.0, END_CLOSED, 1.0, END_OPEN, "AdamW's second-moment decay");
+    check_float_range("--eps", o->eps, 0.0, END_OPEN, INFINITY, END_OPEN,
+                      "AdamW divides by sqrt(v) + eps: with 0, a weight that never gets a gradient becomes 0/0 = NaN");
+    check_float_range("--grad-clip", o->grad_clip, 0.0, END_CLOSED, INFINITY, END_OPEN, "0 turns clipping off");
+    check_float_range("--adafactor-beta1", o->adafactor_beta1, 0.0, END_CLOSED, 1.0, END_OPEN, "0 keeps no first moment");
+    check_float_range("--eps1", o->eps1, 0.0, END_OPEN, INFINITY, END_OPEN, "it keeps the second moment of a zero gradient positive");
 }
 
 // checks the options against each other, the model and the number of ranks (world);
@@ -318,19 +531,23 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
         fail("-t %d is longer than the model's context maxT=%d\n  hint: use -t %d or less", o->seq_len, c->max_seq_len, c->max_seq_len);
     }
     int accum = check_batch_options(o, world);
-    if (o->learning_rate < 0.0f || o->weight_decay < 0.0f || o->grad_clip < 0.0f) { fail("-l, -c and --grad-clip must be >= 0"); }
-    if (o->beta1 < 0.0f || o->beta1 >= 1.0f || o->beta2 < 0.0f || o->beta2 >= 1.0f) { fail("--beta1 and --beta2 must be in [0, 1)"); }
-    if (o->warmup_steps < 0 || o->val_every < 0 || o->sample_every < 0 || o->checkpoint_every < 0 || o->val_steps < 0) {
-        fail("-u, -v, -m, -s and -n must be >= 0");
+    check_plan_size(c, o);
+    check_hyperparameters(o);
+    const struct { const char* flag; int value; } counts[] = {
+        {"-u (--warmup)", o->warmup_steps}, {"-v (--val-every)", o->val_every}, {"-m (--val-steps)", o->val_steps},
+        {"-s (--sample-every)", o->sample_every}, {"-n (--checkpoint-every)", o->checkpoint_every},
+        {"--keep-checkpoints", o->keep_checkpoints},
+    };
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+        if (counts[i].value < 0) { fail("%s %d: must be >= 0", counts[i].flag, counts[i].value); }
     }
     if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
-    if (o->resume != 0 && o->resume != 1) { fail("-y %d: resume is 0 or 1", o->resume); }
     if (!(o->peak_tflops >= 0.0f) || isinf(o->peak_tflops)) { fail("--peak-tflops %g: a peak in TFLOP/s, > 0, or 0 for the GPU's own", o->peak_tflops); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
-    if (o->adafactor_beta1 < 0.0f || o->adafactor_beta1 >= 1.0f) { fail("--adafactor-beta1 must be in [0, 1)"); }
-    if (!(o->eps1 > 0.0f)) { fail("--eps1 %g: must be > 0 (it keeps the second moment of a zero gradient positive)", o->eps1); }
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
+    if (o->overwrite && o->resume) { fail("-y 1 continues the run in -o, --overwrite 1 removes it: choose one"); }
+    if (o->overwrite && o->out_dir[0] == '\0') { fail("--overwrite 1 starts over in the output directory, but -o is \"\" (none)"); }
     return accum;
 }
 
@@ -360,21 +577,6 @@ static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int loc
 // ----------------------------------------------------------------------------
 // the run
 
-static volatile sig_atomic_t g_stop_requested = 0;
-static void on_stop_signal(int sig) { (void)sig; g_stop_requested = 1; }
-
-// SIGINT, SIGTERM and SIGUSR1 ask for a checkpoint and a clean stop after the current step.
-// Under mpirun: OpenMPI forwards SIGUSR1 to every rank, while SIGINT/SIGTERM to mpirun kill
-// the ranks (no time to checkpoint)
-static void install_stop_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-}
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -395,6 +597,40 @@ static double flops_per_token(const GPT2Config* c, int T) {
     return 6.0 * gpt2_num_parameters(c) + 12.0 * c->num_layers * T * c->channels;
 }
 
+// what the run knows when its loss or gradient norm turns non-finite, to say what is true:
+// the last finite step, where the numbers first jumped, the weights it started from and the
+// newest checkpoint's (max |w|, params_max_abs)
+#define LOSS_JUMP_NATS 1.0f    // a loss this far above the lowest so far is a jump
+#define NORM_JUMP_FACTOR 10.0f // so is a gradient norm this many times the lowest so far
+typedef struct {
+    int last_step;              // the last step with a finite loss and norm; 0: none yet
+    float last_loss, last_norm, last_lr;
+    float min_loss, min_norm;   // over the finite steps
+    int jump_step;              // the first step whose loss or norm jumped; 0: none
+    float jump_loss, jump_norm; // its loss and norm
+    float jump_min_loss, jump_min_norm;  // the lowest before it
+    float start_max_abs;        // the weights the run started from (-e, or the checkpoint of -y 1)
+    int ckpt_step;              // the newest checkpoint of this run in -o (written, or resumed from); -1: none
+    float ckpt_max_abs;         // its weights
+} TrainingHealth;
+
+// after a step with a finite loss and norm
+static void health_record(TrainingHealth* h, int step, float loss, float norm, float lr) {
+    if (h->last_step > 0 && h->jump_step == 0 && (loss > h->min_loss + LOSS_JUMP_NATS || norm > NORM_JUMP_FACTOR * h->min_norm)) {
+        h->jump_step = step;
+        h->jump_loss = loss;
+        h->jump_norm = norm;
+        h->jump_min_loss = h->min_loss;
+        h->jump_min_norm = h->min_norm;
+    }
+    if (h->last_step == 0 || loss < h->min_loss) { h->min_loss = loss; }
+    if (h->last_step == 0 || norm < h->min_norm) { h->min_norm = norm; }
+    h->last_step = step;
+    h->last_loss = loss;
+    h->last_norm = norm;
+    h->last_lr = lr;
+}
+
 // everything one training run holds
 typedef struct {
     const TrainOptions* o;
@@ -409,8 +645,12 @@ typedef struct {
     int* gen_tokens;          // (T) the sample being generated
     int gen_len;
     uint64_t sample_rng;
+    TrainingHealth health;    // for the message when the loss or the norm turns non-finite
+    uint64_t run_id;          // this run's identity, in every state file it writes (fresh: random; -y 1: the checkpoint's)
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
     double peak_flops;        // per rank, for MFU: --peak-tflops, or the device's; 0 = unknown
+    int log_has_start_val;    // -y 1: the log holds the validation of the resumed step already
+    int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
     size_t rss_at_start;      // the fixed overhead, before any tensor
 } Run;
 
@@ -419,7 +659,7 @@ static void print_config(const Run* r) {
     const GPT2Config* c = &r->setup.config;
     size_t P = gpt2_num_parameters(c);
     printf("+-----------------------+----------------------------------------------------+\n");
-    printf("| model                 | L=%d C=%d NH=%d V=%d Vp=%d maxT=%d\n", c->num_layers, c->channels,
+    printf("| model shape           | L=%d C=%d NH=%d V=%d Vp=%d maxT=%d\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
     printf("| parameters            | %zu (%.1fM)\n", P, P / 1e6);
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
@@ -427,6 +667,7 @@ static void print_config(const Run* r) {
            r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
     printf("| backend               | %s, %s\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision]);
     printf("| OpenMP threads        | %d\n", num_threads());
+    printf("| run id                | 0x%016llx%s\n", (unsigned long long)r->run_id, r->o->resume ? " (the checkpoint's)" : "");
     for (int i = 0; i < NUM_FLAGS; i++) {
         char v[PATH_MAX_LEN + 8];
         flag_value_string(&FLAGS[i], o, v, sizeof(v));
@@ -480,12 +721,89 @@ static int steps_to_train(const Run* r) {
     return steps < 1 ? 1 : steps;
 }
 
+// after a resume from step `step`, log.jsonl keeps the lines of steps up to it (each line
+// starts {"step": N) and drops the later ones, which the resumed run logs again: a run that
+// stopped without a checkpoint of its last steps (a crash) had logged them already. Returns
+// whether it holds a validation of `step` (a stop signal skips one)
+static int log_truncate_after(const char* path, int step) {
+    FILE* in = fopen(path, "rb");
+    if (in == NULL) { return 0; }  // no log yet (-o of a checkpoint copied without it)
+    AtomicFile out;
+    atomic_open(&out, path);
+    char* line = NULL;
+    size_t cap = 0;
+    int dropped = 0, val_at_step = 0;
+    while (getline(&line, &cap, in) != -1) {
+        int n;
+        if (sscanf(line, "{\"step\": %d", &n) == 1 && n > step) { dropped++; continue; }
+        if (sscanf(line, "{\"step\": %d", &n) == 1 && n == step && strstr(line, "\"val_loss\"") != NULL) { val_at_step = 1; }
+        fwrite_check(line, 1, strlen(line), out.f);
+    }
+    free(line);
+    fclose(in);
+    atomic_commit(&out);
+    if (dropped > 0) { printf("%s: dropped %d line(s) after step %d, which this run logs again\n", path, dropped, step); }
+    return val_at_step;
+}
+
+// a new run's identity: 64 random bits from the OS (the clock and the process id if it has
+// none), never 0; rank 0 draws it and every rank takes rank 0's
+static uint64_t new_run_id(int rank) {
+    uint64_t id = 0;
+    FILE* f = rank == 0 ? fopen("/dev/urandom", "rb") : NULL;
+    if (f != NULL) {
+        if (fread(&id, sizeof(id), 1, f) != 1) { id = 0; }
+        fclose(f);
+    }
+    if (rank == 0 && id == 0) {
+        uint64_t x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(now_seconds() * 1e9);
+        rand_u32(&x);
+        id = x;
+    }
+    uint64_t lo, hi;
+    dist_min_max_u64(rank == 0 ? id : 0, &lo, &hi);  // the others give 0: the maximum is rank 0's
+    return hi;
+}
+
+// the output directory before anything is allocated (rank 0; the other ranks wait): created,
+// locked for this run, rid of the temporary files a crash left, for a fresh run free of an earlier run's checkpoints and log (refused,
+// or with --overwrite 1 removed), and with room for one checkpoint
+static void prepare_output_dir(Run* r) {
+    const TrainOptions* o = r->o;
+    r->out_lock = -1;
+    if (!r->has_out) { return; }
+    if (r->setup.dist.rank == 0) {
+        ensure_output_dir(o->out_dir);
+        r->out_lock = output_dir_lock(o->out_dir);
+        output_dir_remove_stale_tmp(o->out_dir);
+        OutputDirContents c = output_dir_contents(o->out_dir);
+        if (!o->resume && (c.files > 0 || c.has_log)) {
+            if (!o->overwrite) {
+                char what[96] = "";
+                if (c.files > 0) { snprintf(what, sizeof(what), "%d checkpoint file(s), the newest of step %d%s", c.files, c.newest_step, c.has_log ? ", and " : ""); }
+                fail("output directory '%s' holds an earlier run (%s%s)\n"
+                     "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
+                     o->out_dir, what, c.has_log ? "log.jsonl" : "");
+            }
+            printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_clear(o->out_dir), o->out_dir);
+        }
+        // room for one checkpoint (the model file and every rank's state file), before any training
+        const ModelSetup* s = &r->setup;
+        size_t opt_floats = optimizer_state_floats(&s->config, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
+        char what[128];
+        snprintf(what, sizeof(what), "one checkpoint (the model file and %d state file(s))", s->dist.world);
+        check_free_space(o->out_dir, checkpoint_bytes(&s->config, opt_floats, s->dist.world), what);
+    }
+    dist_barrier();  // the other ranks write their state files into it
+}
+
 // allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
     gpt2_select_device(&s->dist);
     check_memory_fits(&r->plan, &s->act, dist_local_ranks());
+    prepare_output_dir(r);
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer
     #pragma omp parallel
@@ -494,15 +812,20 @@ static void train_setup(Run* r) {
     r->rss_at_start = mem_rss_now();
     r->model = gpt2_create(s);
     gpt2_init_weights(r->model, o);
-    if (r->has_out && s->dist.rank == 0) { ensure_output_dir(o->out_dir); }
-    dist_barrier();  // the other ranks write their state files into it
     dataloader_init(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size);
     if (r->has_val) { dataloader_init(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size); }
     r->gen_len = o->gen_tokens < s->T ? o->gen_tokens : s->T;
     r->gen_tokens = sample_buffer_alloc(s->T);
     r->max_steps = steps_to_train(r);
     r->sample_rng = RNG_SEED_MIX ^ (o->seed + 1);
-    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng) : 0;
+    r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
+    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng, &r->run_id) : 0;
+    if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
+    r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
+    r->health.ckpt_step = o->resume ? r->start_step : -1;
+    r->health.ckpt_max_abs = r->health.start_max_abs;
+    set_exit_now_text(r->has_out ? o->out_dir : NULL, r->health.ckpt_step);
+    install_stop_signals();  // from here a signal stops the run at the next safe point
     print_config(r);
     printf("memory plan (bytes by category; measured after the first step):\n");
     print_memory_table(&r->plan, NULL);
@@ -510,31 +833,105 @@ static void train_setup(Run* r) {
     if (r->has_out && s->dist.rank == 0) {
         char path[CHECKPOINT_PATH_LEN];
         snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
-        r->log = fopen_check(path, o->resume ? "a" : "w");
+        if (o->resume) { r->log_has_start_val = log_truncate_after(path, r->start_step); }
+        r->log = fopen_check(path, "a");  // a fresh run finds none (prepare_output_dir)
     }
     r->peak_flops = o->peak_tflops > 0.0f ? o->peak_tflops * 1e12 : gpt2_peak_flops(s->precision);
-    install_stop_signals();
 }
 
-// validation, a sample and a checkpoint as due before step `step` (0-based: the steps done);
-// returns 1 when the run ends here (the last step, or a stop signal)
-static int between_steps(Run* r, int step) {
-    const TrainOptions* o = r->o;
-    int last = step == r->max_steps;
-    if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
-        float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
-        printf("step %5d | val loss %.6f\n", step, vl);
-        if (r->log) { fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl); fflush(r->log); }
+// stops the run at `step` (1-based), whose loss or norm (or weights, what) are not finite,
+// saying what is true: the weights now, the last finite step and where the numbers first
+// jumped, the newest checkpoint and whether it holds good weights, or that the file the run
+// started from is the cause
+static void fail_not_finite(Run* r, int step, const char* what, const char* then) {
+    const TrainingHealth* h = &r->health;
+    gpt2_sync(r->model, SYNC_TO_HOST);
+    float now = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&r->setup.config));
+    char history[320], ckpt[PATH_MAX_LEN + 256], hint[PATH_MAX_LEN + 192];
+    if (h->last_step == 0) {
+        snprintf(history, sizeof(history), "it is the first step of this run, from weights with max |w| = %.3g", h->start_max_abs);
+    } else {
+        int n = snprintf(history, sizeof(history), "the last finite step is %d (loss %.6f, norm %.4g, lr %.3g); ", h->last_step,
+                         h->last_loss, h->last_norm, h->last_lr);
+        if (h->jump_step > 0) {
+            snprintf(history + n, sizeof(history) - n, "the loss or norm first jumped at step %d (loss %.6f, norm %.4g; lowest before: %.6f, %.4g)",
+                     h->jump_step, h->jump_loss, h->jump_norm, h->jump_min_loss, h->jump_min_norm);
+        } else {
+            snprintf(history + n, sizeof(history) - n, "no jump before it (the loss within %.0f nat of its lowest, the norm within %.0fx): step %d's update made the weights diverge",
+                     LOSS_JUMP_NATS, NORM_JUMP_FACTOR, h->last_step);
+        }
     }
-    if (o->sample_every > 0 && step > r->start_step && (step % o->sample_every == 0 || last)) {
+    const char* dir = r->has_out ? r->o->out_dir : NULL;
+    if (dir == NULL) {
+        snprintf(ckpt, sizeof(ckpt), "no checkpoint was written (-o \"\")");
+    } else if (h->ckpt_step < 0) {
+        snprintf(ckpt, sizeof(ckpt), "no checkpoint of this run is in '%s' yet", dir);
+    } else if (h->ckpt_step == h->last_step && h->ckpt_step > r->start_step) {
+        snprintf(ckpt, sizeof(ckpt), "the newest checkpoint in '%s', of step %d, holds the weights that give this (max |w| = %.3g; the run started from %.3g): "
+                 "do not resume from it", dir, h->ckpt_step, h->ckpt_max_abs, h->start_max_abs);
+    } else if (h->jump_step > 0 && h->ckpt_step >= h->jump_step) {
+        snprintf(ckpt, sizeof(ckpt), "the newest checkpoint in '%s', of step %d, was written after the jump at step %d (max |w| = %.3g; the run started from %.3g)",
+                 dir, h->ckpt_step, h->jump_step, h->ckpt_max_abs, h->start_max_abs);
+    } else {
+        snprintf(ckpt, sizeof(ckpt), "the newest checkpoint in '%s', of step %d, was written before any jump (max |w| = %.3g; the run started from %.3g)",
+                 dir, h->ckpt_step, h->ckpt_max_abs, h->start_max_abs);
+    }
+    GPT2Config preset;
+    if (h->last_step == 0 && (r->o->resume || !model_is_preset(r->o, &preset))) {
+        snprintf(hint, sizeof(hint), "the weights loaded from %s '%s' give it at the first step, before any update: the file is the cause, not the training",
+                 r->o->resume ? "the checkpoint in" : "the model file", r->o->resume ? r->o->out_dir : r->o->model);
+    } else {
+        snprintf(hint, sizeof(hint), "lower the learning rate (-l), keep --grad-clip on");
+    }
+    fail("%s at step %d; %s (the weights have max |w| = %.3g)\n  %s\n  %s\n  hint: %s", what, step, then, now, history, ckpt, hint);
+}
+
+// validation, a sample and a checkpoint as due before step `step` (0-based: the steps done;
+// cut_short: a stop signal cut the next step short); returns 1 when the run ends here (the
+// last step, or a stop signal). A pending stop skips the validation; the sample is drawn (its
+// RNG is in the checkpoint, so a resumed run draws what an unstopped run would)
+static int between_steps(Run* r, int step, int cut_short) {
+    const TrainOptions* o = r->o;
+    int last = step == r->max_steps && !cut_short;
+    if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last) && !dist_any(g_stop_requested)) {
+        float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
+        if (isnan(vl)) {
+            printf("step %5d | validation cut short by the stop signal (not logged)\n", step);
+        } else {
+            printf("step %5d | val loss %.6f\n", step, vl);
+            // a resumed step's validation is in the log if the run did it before its checkpoint
+            if (r->log && !(step == r->start_step && r->log_has_start_val)) {
+                fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl);
+                fflush(r->log);
+            }
+        }
+    }
+    if (o->sample_every > 0 && step > r->start_step && !cut_short && (step % o->sample_every == 0 || last)) {
         printf("---- sample at step %d ----\n", step);
         sample_tokens(r->model, &r->setup.config, r->gen_tokens, r->gen_len, &r->tok, &r->sample_rng);
         printf("---------------------------\n");
     }
     int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
     int periodic = o->checkpoint_every > 0 && step > r->start_step && step % o->checkpoint_every == 0;
-    if (r->has_out && (last || stop || periodic)) { save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng); }
-    if (stop) { printf("stopped by signal after step %d; resume with the same flags and -y 1\n", step); }
+    if (r->has_out && (last || stop || periodic)) {
+        float max_abs = save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng, r->run_id);
+        if (!isfinite(max_abs)) { fail_not_finite(r, step, "the weights are not finite after the update", "the checkpoint was not written"); }
+        r->health.ckpt_step = step;
+        r->health.ckpt_max_abs = max_abs;
+        set_exit_now_text(o->out_dir, step);
+        int pruned = r->setup.dist.rank == 0 && o->keep_checkpoints > 0 ? checkpoint_prune(o->out_dir, o->keep_checkpoints) : 0;
+        if (pruned > 0) { printf("checkpoint: removed %d older checkpoint(s) (--keep-checkpoints %d)\n", pruned, o->keep_checkpoints); }
+    }
+    if (stop) {
+        char during[64] = "";
+        if (cut_short) { snprintf(during, sizeof(during), " step %d was cut short and dropped;", step + 1); }
+        if (r->has_out) {
+            printf("stopped by signal after step %d;%s wrote checkpoint %d to %s/: resume with the same flags and -y 1\n",
+                   step, during, step, o->out_dir);
+        } else {
+            printf("stopped by signal after step %d;%s nothing was saved (-o \"\")\n", step, during);
+        }
+    }
     return last || stop;
 }
 
@@ -570,33 +967,44 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
     }
 }
 
-// one optimizer step (0-based `step`): accum micro-steps on every rank, then the update
-static void train_step(Run* r, int step) {
+// one optimizer step (0-based `step`): accum micro-steps on every rank, then the update.
+// Returns 0 if a stop signal cut it short after a micro-step: nothing was updated, and the
+// data loader is back where the step began
+static int train_step(Run* r, int step) {
     const ModelSetup* s = &r->setup;
     int B = s->B, T = s->T, world = s->dist.world;
     double t0 = now_seconds();
     gpt2_zero_grad(r->model);
     double loss = 0.0;
+    DataLoader* dl = &r->train;
+    size_t shard = dl->shard, position = dl->position;
+    int epoch = dl->epoch;
     for (int micro = 0; micro < r->accum; micro++) {
-        dataloader_next_batch(&r->train);
-        loss += gpt2_forward(r->model, r->train.inputs, r->train.targets, B, T);
+        dataloader_next_batch(dl);
+        loss += gpt2_forward(r->model, dl->inputs, dl->targets, B, T);
         if (micro == r->accum - 1) { gpt2_reduce_during_backward(r->model); }
-        gpt2_backward(r->model, r->train.inputs, r->train.targets, B, T, 1.0f / ((float)B * T * r->accum * world));
+        gpt2_backward(r->model, dl->inputs, dl->targets, B, T, 1.0f / ((float)B * T * r->accum * world));
+        if (micro + 1 < r->accum && dist_any(g_stop_requested)) {  // all ranks agree
+            dataloader_seek(dl, shard, position, epoch);
+            return 0;
+        }
     }
     gpt2_reduce_grads(r->model);
     dist_allreduce_sum_doubles(&loss, 1);
     loss /= r->accum * world;
     float norm = gpt2_grad_norm(r->model);
-    if (!isfinite(loss) || !isfinite(norm)) {
-        fail("the loss (%f) or gradient norm (%f) is not finite at step %d; the weights were not updated\n"
-             "  hint: lower the learning rate (-l), keep --grad-clip on; checkpoints already in '%s' are intact",
-             loss, norm, step + 1, r->has_out ? r->o->out_dir : "(no -o)");
-    }
     float lr = learning_rate_at(r->o, step, r->max_steps);
+    if (!isfinite(loss) || !isfinite(norm)) {
+        char what[128];
+        snprintf(what, sizeof(what), "the loss (%f) or gradient norm (%f) is not finite", loss, norm);
+        fail_not_finite(r, step + 1, what, "the weights were not updated");
+    }
+    health_record(&r->health, step + 1, (float)loss, norm, lr);
     StepConfig sc = {optimizer_hyper(r->o, s->optimizer, lr), r->o->grad_clip, step + 1};
     gpt2_update(r->model, &sc, norm);
     if (r->o->check_replicas && world > 1) { check_replicas(r->model, &s->config, s->dist, step + 1); }
     log_step(r, step, loss, norm, lr, now_seconds() - t0);
+    return 1;
 }
 
 // the end-of-run replica check, the memory summary, and everything freed
@@ -608,6 +1016,7 @@ static void train_teardown(Run* r, int step) {
            peak / MIB, g_mem.total_peak / MIB, r->rss_at_start / MIB,
            ((double)peak - (double)g_mem.total_peak - (double)r->rss_at_start) / MIB);
     if (r->log) { fclose(r->log); }
+    if (r->out_lock >= 0) { close(r->out_lock); }
     mem_free(r->gen_tokens);
     dataloader_free(&r->train);
     if (r->has_val) { dataloader_free(&r->val); }
@@ -631,10 +1040,10 @@ static int run_training(const TrainOptions* o, const Dist* dist) {
         return 0;
     }
     train_setup(&r);
-    int step = r.start_step;
-    while (!between_steps(&r, step)) {
-        train_step(&r, step);
-        step++;
+    int step = r.start_step, done = 1;
+    while (!between_steps(&r, step, !done)) {
+        done = train_step(&r, step);
+        step += done;
     }
     train_teardown(&r, step);
     return 0;

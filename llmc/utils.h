@@ -83,6 +83,15 @@ static void* malloc_check_at(size_t size, const char* file, int line) {
 }
 #define malloc_check(size) malloc_check_at(size, __FILE__, __LINE__)
 
+static void* calloc_check_at(size_t n, size_t size, const char* file, int line) {
+    void* p = calloc(n, size);
+    if (p == NULL && n * size > 0) {
+        fail_at(file, line, "out of host memory allocating %zu bytes", n * size);
+    }
+    return p;
+}
+#define calloc_check(n, size) calloc_check_at(n, size, __FILE__, __LINE__)
+
 // size of an open file in bytes (leaves the position at the start)
 static long file_size(FILE* f) {
     fseek_check(f, 0, SEEK_END);

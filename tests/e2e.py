@@ -20,7 +20,7 @@ printed tables.
 An error check (expect_fail) passes when the run exits non-zero by itself (not killed by a signal
 or the time limit), stderr holds the expected phrase and the "(at file:line)" that utils.h's fail()
 adds, no *.tmp file is left anywhere, and every file that existed before the run is byte-identical
-after it (log.jsonl aside: a fresh run starts its log anew, a failed one too).
+after it (log.jsonl aside: a resumed run first drops its lines after the checkpoint's step).
 """
 
 import atexit
@@ -103,6 +103,20 @@ def same_bytes(a, b):
             return fa.read() == fb.read()
     except OSError:
         return False
+
+
+STATE_RUN_ID = slice(4 * 18, 4 * 20)  # the bytes of a run's identity in a state file's header (llmc/checkpoint.h)
+
+
+def same_state(a, b):
+    """two state files are the same but for their runs' identities (two separate runs draw two)"""
+    try:
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            da, db = bytearray(fa.read()), bytearray(fb.read())
+    except OSError:
+        return False
+    da[STATE_RUN_ID] = db[STATE_RUN_ID] = bytes(8)
+    return da == db
 
 
 def sha256(path):

@@ -19,7 +19,11 @@ tests/e2e.py.
 import os
 import re
 import shutil
+import signal
+import struct
+import subprocess
 import sys
+import time
 
 import e2e
 from e2e import ckpt, read_log, same_bytes, train_rows
@@ -50,11 +54,40 @@ r = s.expect_ok("flags: -h exits 0", [TRAIN, "-h"])
 if r:
     s.check("flags: -h trains nothing", not r.step_lines(), "step lines in -h output")
 
+# a switch (--plan, -y, --offload, ...) is on alone and takes an optional 0 or 1; -h says which are
+r = s.expect_ok("flags: -h again", [TRAIN, "-h"])
+if r:
+    s.check("flags: -h marks the switches", re.search(r"^  -y  --resume .*\(a switch, default off\)$", r.out, re.M)
+            and re.search(r"^      --plan .*\(a switch, default off\)$", r.out, re.M)
+            and re.search(r"^      --zero .*\(default 0\)$", r.out, re.M), r.out[:300])
+for form in (["--plan"], ["--plan", "1"], ["--plan=1"]):
+    r = s.expect_ok(f"flags: {' '.join(form)} plans", BASE + form + ["-o", ""])
+    if r:
+        s.check(f"flags: {' '.join(form)} prints the plan and trains nothing", "memory plan for" in r.out and not r.step_lines(),
+                r.out[:200])
+r = s.expect_ok("flags: --plan 0 trains", BASE + ["--plan", "0", "-x", "1", "-o", ""])
+if r:
+    s.check("flags: --plan 0 trains one step", len(r.step_lines()) == 1, r.out[-200:])
+s.expect_fail("flags: a switch takes 0 or 1 only", "-y 2: resume is 0 or 1 (a switch: -y alone means 1)", BASE + ["-y", "2"])
+
 r = s.expect_ok("flags: --name=value form", BASE + ["--steps=2", "--out="])
 if r:
     lines = r.step_lines()
     s.check("flags: --steps=2 runs 2 steps", len(lines) == 2 and lines[-1].split()[1] == "2/2",
             f"last step line: {lines[-1:] }")
+    names = [line.split("|")[1].strip() for line in r.out.splitlines() if re.match(r"^\| [a-z]", line) and line.count("|") == 2]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    s.check("flags: the configuration table names each row once", len(names) > 30 and not twice, f"rows named twice: {twice}")
+
+# every hyperparameter finite and in its range: --eps 0 trained to NaN weights and exited 0
+s.expect_fail("hyperparameters: --eps 0", "--eps 0: must be a finite number in (0, inf)", BASE + ["--eps", "0"])
+s.expect_fail("hyperparameters: --eps -1", "--eps -1: must be a finite number in (0, inf)", BASE + ["--eps", "-1"])
+s.expect_fail("hyperparameters: -q -5", "-q (--final-lr-frac) -5: must be a finite number in [0, 1]", BASE + ["-q", "-5"])
+s.expect_fail("hyperparameters: -l inf", "-l (--lr) inf: must be a finite number in [0, inf)", BASE + ["-l", "inf"])
+s.expect_fail("hyperparameters: --beta2 1", "--beta2 1: must be a finite number in [0, 1)", BASE + ["--beta2", "1"])
+s.expect_fail("hyperparameters: --grad-clip -inf", "--grad-clip -inf: must be a finite number in [0, inf)",
+              BASE + ["--grad-clip", "-inf"])
+s.expect_fail("hyperparameters: -u -1", "-u (--warmup) -1: must be >= 0", BASE + ["-u", "-1"])
 
 # ----------------------------------------------------------------------------
 # 2. impossible shapes: stopped before anything is allocated or trained
@@ -65,6 +98,20 @@ s.expect_fail("shapes: -t longer than maxT", "-t 33 is longer than the model's c
 s.expect_fail("shapes: -d not a multiple of B*T", "must be a positive multiple of B*T = 32", BASE + ["-d", "48"])
 s.expect_fail("shapes: -b 0", "the batch size must be >= 1", BASE + ["-b", "0"])
 s.expect_fail("shapes: -x 0", "the number of steps must be >= 1", BASE + ["-x", "0"])
+# sizes in 64 bits: B*T of 2^32 tokens was 0 in an int (a division by zero), 2^31-1 sequences
+# of 16 tokens a negative count, and 2^31-1 planned ranks a negative size
+s.expect_fail("sizes: -b 67108864 -t 64 -d 256", "a micro-batch of B*T = 4294967296 tokens is more than 2147483647",
+              BASE + ["-e", "tiny", "-b", "67108864", "-t", "64", "-d", "256"])
+s.expect_fail("sizes: -b 4194304 -t 1024 -d 1024", "a micro-batch of B*T = 4294967296 tokens is more than 2147483647",
+              BASE + ["-e", "tiny", "-b", "4194304", "-t", "1024", "-d", "1024"])
+s.expect_fail("sizes: -b 2147483647", "B*T = 34359738352 tokens is more than 2147483647", BASE + ["-b", "2147483647"])
+s.expect_fail("sizes: --plan --plan-ranks 2147483647", "B*T times the ranks = 32 x 2147483647 = 68719476704 tokens",
+              BASE + ["--plan", "--plan-ranks", "2147483647"])
+# a 1,244-byte model file whose header's parameter count wraps around 2^64 to 55 floats
+with open(f"{W}/model_wraps.bin", "wb") as f:
+    f.write(struct.pack("<8i", 20240326, 3, 984263313, 1, 178956966, 1, 2147483647, 984263312) + bytes(248 * 4 + 220))
+s.expect_fail("sizes: model header beyond the bounds (its size would wrap)", "L (layers) = 178956966 is outside 1..1024",
+              BASE + ["-e", f"{W}/model_wraps.bin"])
 
 # ----------------------------------------------------------------------------
 # 3. files: missing, foreign, truncated or inconsistent model, shard and tokenizer files
@@ -84,9 +131,34 @@ s.expect_fail("files: shard header count != size", "but its header says 4101 tok
               BASE + ["-i", f"{FIX}/shard_badcount.bin"])
 s.expect_fail("files: shard too small for one batch", "has 10 tokens, fewer than one step needs (33",
               BASE + ["-i", f"{FIX}/shard_small.bin"])
-# the bad token sits at position 100, in the 4th batch of 32 tokens: found during training
-s.expect_fail("files: token >= V names token and shard", "shard_bigtoken.bin': token 64 at position 100",
-              BASE + ["-i", f"{FIX}/shard_bigtoken.bin"])
+# the bad token sits at position 100, in the 4th batch of 32 tokens: found when the shard is
+# opened, before any training
+r = s.expect_fail("files: token >= V names token, shard and offset",
+                  "shard_bigtoken.bin': token 64 at position 100 (byte offset 1224)", BASE + ["-i", f"{FIX}/shard_bigtoken.bin"])
+s.check("files: token >= V found before training", not r.step_lines(), f"step lines printed: {r.step_lines()[:1]}")
+r = s.expect_fail("files: token >= V in a validation shard", "shard_bigtoken.bin': token 64 at position 100",
+                  BASE + ["-j", f"{FIX}/shard_bigtoken.bin"])
+s.check("files: token >= V in a validation shard found before training", not r.step_lines(),
+        f"step lines printed: {r.step_lines()[:1]}")
+# the tokenizer: a short read names the file; the EOT id must be in the vocabulary
+with open(f"{FIX}/tokenizer.bin", "rb") as f:
+    tok_bytes = f.read()
+with open(f"{W}/tokenizer_short.bin", "wb") as f:
+    f.write(tok_bytes[:-3])
+s.expect_fail("files: truncated tokenizer names the file", "tokenizer_short.bin' is truncated: token 63 of 64",
+              BASE + ["-k", f"{W}/tokenizer_short.bin"])
+with open(f"{W}/tokenizer_eot.bin", "wb") as f:
+    f.write(tok_bytes[:12] + struct.pack("<i", 64) + tok_bytes[16:])
+s.expect_fail("files: tokenizer EOT id outside its vocabulary", "tokenizer_eot.bin': the end-of-text id 64 is outside",
+              BASE + ["-k", f"{W}/tokenizer_eot.bin"])
+# a NaN in qkvw of layer 1 (the fixture: wte 128x32, wpe 32x32, ln1w, ln1b 2x32, then qkvw 2x96x32)
+with open(f"{FIX}/model.bin", "rb") as f:
+    model_bytes = bytearray(f.read())
+struct.pack_into("<f", model_bytes, 1024 + 4 * (128 * 32 + 32 * 32 + 2 * 2 * 32 + 96 * 32 + 5), float("nan"))
+with open(f"{W}/model_nan.bin", "wb") as f:
+    f.write(model_bytes)
+s.expect_fail("files: model with a NaN weight names the tensor", "qkvw of layer 1, element 5 of 3072, is nan",
+              BASE + ["-e", f"{W}/model_nan.bin"])
 s.expect_fail("files: tokenizer is not a tokenizer", "is not a tokenizer file", BASE + ["-k", f"{FIX}/train.bin"])
 # a missing tokenizer only turns decoding off (samples print ids)
 r = s.expect_ok("files: missing tokenizer is not an error",
@@ -106,22 +178,86 @@ r = s.expect_fail("output: -o is a regular file", "exists and is not a directory
 s.check("output: -o a regular file fails before training", not r.step_lines(),
         f"step lines printed: {r.step_lines()[:1]}")
 
+# an earlier run's folder: a fresh run is refused (it overwrote checkpoints of the same step and
+# truncated the log); --overwrite 1 starts over there, removing them; -y 1 continues
+OLD = f"{W}/out_old"
+if s.expect_ok("output: a first run into a folder", BASE + ["-x", "2", "-n", "1", "-o", OLD]):
+    s.expect_fail("output: a fresh run into a folder with an earlier run is refused",
+                  "holds an earlier run (6 checkpoint file(s), the newest of step 2, and log.jsonl)", BASE + ["-o", OLD])
+    s.expect_fail("output: ... and says how to go on", "resume it with -y 1, choose another -o, or start over there with --overwrite 1",
+                  BASE + ["-o", OLD])
+    for f in os.listdir(OLD):
+        if f != "log.jsonl":
+            os.remove(f"{OLD}/{f}")
+    s.expect_fail("output: a folder with only a log.jsonl is refused too", "holds an earlier run (log.jsonl)", BASE + ["-o", OLD])
+    r = s.expect_ok("output: --overwrite 1 starts over there", BASE + ["-x", "3", "-o", OLD, "--overwrite", "1"])
+    if r:
+        s.check("output: --overwrite 1 says what it removed", "--overwrite 1: removed 1 file(s) of an earlier run" in r.out,
+                "no such line")
+        steps = [row[0] for row in train_rows(OLD)]
+        s.check("output: --overwrite 1 leaves only the new run's log and checkpoint",
+                steps == [1, 2, 3] and sorted(os.listdir(OLD)) == ["DONE_00000003", "log.jsonl", "model_00000003.bin",
+                                                                    "state_00000003_00000.bin"],
+                f"steps {steps}, files {sorted(os.listdir(OLD))}")
+s.expect_fail("output: -y 1 and --overwrite 1 together", "choose one", BASE + ["-y", "1", "--overwrite", "1"])
+s.expect_fail("output: --overwrite 1 without -o", "but -o is \"\" (none)", BASE + ["-o", "", "--overwrite", "1"])
+
+# a lock on the output folder while a run uses it: a second run into it (here one that would
+# start over there) is refused while the first trains
+LOCKED = f"{W}/locked"
+first = subprocess.Popen(BASE + ["-x", "1000000", "-v", "0", "-o", LOCKED], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+try:
+    line = first.stdout.readline()
+    while line and not e2e.STEP_LINE_RE.match(line):
+        line = first.stdout.readline()
+    r = s.expect_fail("output: a second run into a folder in use is refused", f"output directory '{LOCKED}' is in use by another run",
+                      BASE + ["-x", "1", "-o", LOCKED, "--overwrite", "1"])
+    s.check("output: ... before touching it", first.poll() is None and os.path.isfile(f"{LOCKED}/log.jsonl"),
+            "the first run ended or lost its log")
+finally:
+    e2e.kill_group(first)
+
 # ----------------------------------------------------------------------------
 # 5. a non-finite loss stops the run; checkpoints already in the directory stay intact. A good
-# run writes checkpoints 1 and 2 into NAN; the same flags with -l 1e30 and no periodic
-# checkpoints would overwrite checkpoint 2 at its end, but the huge first update makes step 2's
+# run writes checkpoints 1 and 2 into NAN; resumed there with -l 1e30 and -x 4, no periodic
+# checkpoints, it would write checkpoint 4 at its end, but step 3's huge update makes step 4's
 # loss NaN, so the run must stop before that.
 
 NAN, BEFORE = f"{W}/nan", f"{W}/nan_before"
 if s.expect_ok("nan: first run writes checkpoints 1 and 2", BASE + ["-x", "2", "-n", "1", "-o", NAN]):
     shutil.copytree(NAN, BEFORE)
-    s.expect_fail("nan: -l 1e30 stops with 'not finite'", "is not finite at step 2",
-                  BASE + ["-x", "2", "-n", "0", "-l", "1e30", "-o", NAN])
+    r = s.expect_fail("nan: -l 1e30 stops with 'not finite'", "is not finite at step 4",
+                      BASE + ["-x", "4", "-n", "0", "-l", "1e30", "-o", NAN, "-y", "1"])
+    s.check("nan: ... and says the checkpoint it resumed from is good",
+            f"the newest checkpoint in '{NAN}', of step 2, was written before any jump" in r.err, r.err[:600])
     kept = sorted(f for f in os.listdir(BEFORE) if f != "log.jsonl")
     changed = [f for f in kept if not same_bytes(f"{BEFORE}/{f}", f"{NAN}/{f}")]
     s.check("nan: earlier checkpoints byte-identical (cmp)", not changed, f"changed: {changed}")
     now = sorted(f for f in os.listdir(NAN) if f != "log.jsonl")
     s.check("nan: no new checkpoint files", now == kept, f"files now: {now}")
+
+# what the stop message says is true: with -l 1e10 step 1's update makes the weights diverge (max
+# |w| about 1e9) and checkpoint 1 holds them (it was called "intact"); with -l 3 the loss first
+# jumps at step 2 and turns infinite at step 6, after checkpoint 3; weights scaled by 1e30 in a
+# model file give a non-finite loss at once, and the file is named as the cause
+r = s.expect_fail("nan: -l 1e10 -n 1", "is not finite at step 2", BASE + ["-x", "4", "-n", "1", "-l", "1e10", "-o", f"{W}/nan_1e10"])
+s.check("nan: -l 1e10: the checkpoint of step 1 holds the diverged weights",
+        f"the newest checkpoint in '{W}/nan_1e10', of step 1, holds the weights that give this" in r.err
+        and "do not resume from it" in r.err, r.err[:600])
+s.check("nan: -l 1e10: step 1's update is named", "step 1's update made the weights diverge" in r.err, r.err[:600])
+r = s.expect_fail("nan: -l 3 -n 3", "is not finite at step 6",
+                  BASE + ["-x", "40", "-n", "3", "-c", "0", "-l", "3", "-o", f"{W}/nan_3"])
+s.check("nan: -l 3: where the loss first jumped", "the loss or norm first jumped at step 2 (loss 6.319204" in r.err, r.err[:600])
+s.check("nan: -l 3: checkpoint 3 came after the jump", "of step 3, was written after the jump at step 2" in r.err, r.err[:600])
+with open(f"{FIX}/model.bin", "rb") as f:
+    model_bytes = f.read()
+weights = struct.unpack(f"<{(len(model_bytes) - 1024) // 4}f", model_bytes[1024:])
+with open(f"{W}/model_huge.bin", "wb") as f:
+    f.write(model_bytes[:1024] + struct.pack(f"<{len(weights)}f", *[w * 1e30 for w in weights]))
+r = s.expect_fail("nan: a model file of huge weights", "is not finite at step 1", BASE + ["-e", f"{W}/model_huge.bin", "-o", ""])
+s.check("nan: ... names the file as the cause", f"the weights loaded from the model file '{W}/model_huge.bin' give it at the "
+        "first step, before any update: the file is the cause" in r.err and 'no checkpoint was written (-o "")' in r.err, r.err[:600])
 
 # ----------------------------------------------------------------------------
 # 6. checkpoint and bitwise resume. Run A: 6 steps, checkpoints at 3 and 6, warmup 2 so the
@@ -186,7 +322,7 @@ for f in os.listdir(A) if os.path.isdir(A) else []:
         shutil.copy(f"{A}/{f}", C)
 if os.path.exists(ckpt(C, "DONE", 6)):
     os.remove(ckpt(C, "DONE", 6))
-r = s.expect_ok("resume: checkpoint 6 without DONE marker", RES + ["-o", C, "-y", "1"])
+r = s.expect_ok("resume: checkpoint 6 without DONE marker (and -y alone)", RES + ["-o", C, "-y"])
 if r:
     s.check("resume: ... picks the complete checkpoint 3", re.search(r"^resumed from .* at step 3$", r.out, re.M),
             "no 'resumed from ... at step 3'")
@@ -210,6 +346,136 @@ if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
     with open(ckpt(A, "state", 6, "_00000.bin"), "rb") as src, open(ckpt(F, "state", 6, "_00000.bin"), "wb") as dst:
         dst.write(src.read(5000))
 s.expect_fail("resume: truncated state file", "truncated or corrupt", RES + ["-o", F, "-y", "1"])
+G = f"{W}/run_g"
+os.makedirs(G)
+if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
+    for f in os.listdir(A):
+        if "_00000006" in f:
+            shutil.copy(f"{A}/{f}", G)
+    with open(ckpt(G, "state", 6, "_00000.bin"), "r+b") as f:  # AdamW: m of wte first, then v
+        f.seek(1024 + 4 * 10)
+        f.write(struct.pack("<f", float("inf")))
+s.expect_fail("resume: state with an infinity names the slice", "the optimizer state of wte, float 10 of its 4096, is inf",
+              RES + ["-o", G, "-y", "1"])
+
+
+def patched_state(name, fmt, slot, value):
+    """a copy of run A's checkpoint 6 in W/NAME whose state file has VALUE (struct FMT) at header SLOT"""
+    d = f"{W}/{name}"
+    os.makedirs(d)
+    if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
+        copy_checkpoint(A, 6, d)
+        with open(ckpt(d, "state", 6, "_00000.bin"), "r+b") as f:
+            f.seek(4 * slot)
+            f.write(struct.pack(fmt, value))
+    return d
+
+
+# the state header against the model and the run (STATE_SLOT_*: rank 3, step 4, data position
+# 8-9, RNG 10-11, parameter count 14-15); each was read and ignored (or not compared) before
+s.expect_fail("resume: state of another rank", "holds rank 1's state of step 6, but is read as rank 0's",
+              RES + ["-o", patched_state("st_rank", "<i", 3, 1), "-y", "1"])
+s.expect_fail("resume: state of another step", "holds rank 0's state of step 5, but is read as rank 0's of step 6",
+              RES + ["-o", patched_state("st_step", "<i", 4, 5), "-y", "1"])
+s.expect_fail("resume: state of another parameter count", "was written for a model of 12345 parameters",
+              RES + ["-o", patched_state("st_params", "<Q", 14, 12345), "-y", "1"])
+s.expect_fail("resume: state with a misaligned data position", "data position 7 in shard 0",
+              RES + ["-o", patched_state("st_pos", "<Q", 8, 7), "-y", "1"])
+s.expect_fail("resume: state with a data position past its shard", "data position 40992 in shard 0",
+              RES + ["-o", patched_state("st_pos_far", "<Q", 8, 32 * 1281), "-y", "1"])
+s.expect_fail("resume: state with the RNG at 0", "sampling RNG 0x0000000000000000",
+              RES + ["-o", patched_state("st_rng", "<Q", 10, 0), "-y", "1"])
+s.expect_fail("resume: data position in a shard -i lacks", "data position in shard 3, but only 1 shard(s) match -i",
+              RES + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
+
+# the temporary files of atomic writes that a crash (kill -9 while writing) left are removed when
+# a run starts in the folder; a file of another name that ends in .tmp is not touched
+STALE = f"{W}/run_stale"
+if os.path.isdir(A):
+    copy_checkpoint(A, 3, STALE)
+    ours = [ckpt(STALE, "model", 6, ".bin.tmp"), ckpt(STALE, "state", 6, "_00000.bin.tmp"), ckpt(STALE, "DONE", 6, ".tmp"),
+            f"{STALE}/log.jsonl.tmp"]
+    for f in ours + [f"{STALE}/notes.tmp"]:
+        with open(f, "wb") as out:
+            out.write(b"partial")
+    r = s.run(RES + ["-o", STALE, "-y", "1"])
+    left = [f for f in ours if os.path.exists(f)]
+    s.check("resume: stale temporary files of a crash are removed", r.rc == 0 and not left, f"exit code {r.rc}, left {left}")
+    s.check("resume: ... saying so, and another .tmp file is kept",
+            f"removed '{ours[0]}', a temporary file that a crashed run left" in r.out and os.path.isfile(f"{STALE}/notes.tmp"),
+            "no message, or notes.tmp removed")
+    for f in ours + [f"{STALE}/notes.tmp"]:  # so that a failure here fails no later check
+        if os.path.exists(f):
+            os.remove(f)
+
+# log.jsonl after a resume: a run that logged steps past its last checkpoint (here: checkpoint 6
+# lost its DONE marker, as in a crash while writing it) is resumed from checkpoint 3; its log keeps
+# every step and validation once, the resumed steps' lines equal to the first run's
+LOGR = f"{W}/run_log"
+if os.path.isdir(A):
+    shutil.copytree(A, LOGR)
+    os.remove(ckpt(LOGR, "DONE", 6))
+    r = s.expect_ok("log: resume from 3 after steps 4..6 were logged", RES + ["-o", LOGR, "-y", "1"])
+    if r:
+        rows = read_log(LOGR)
+        train_steps = [x["step"] for x in rows if "loss" in x]
+        val_steps = [x["step"] for x in rows if "val_loss" in x]
+        s.check("log: every training step once", train_steps == [1, 2, 3, 4, 5, 6], f"steps {train_steps}")
+        s.check("log: every validation once", val_steps == [0, 3, 6], f"validations at {val_steps}")
+        s.check("log: the resumed steps' lines equal the first run's", train_rows(LOGR) == train_rows(A), "differ")
+        s.check("log: says what it dropped", "dropped 4 line(s) after step 3" in r.out, "no such line")
+
+# the run identity: a model file of one run with the state file of another run of the same step is
+# refused (the weights do not hash to what the state recorded); a version 2 state file (before the
+# identity) is still read, with a note
+SEED2, MIXED, V2 = f"{W}/run_seed2", f"{W}/run_mixed", f"{W}/run_v2"
+if s.expect_ok("resume: run A's flags with another seed", RES + ["--seed", "2", "-e", "tiny", "-o", SEED2]):
+    if s.expect_ok("resume: ... and run A's again", RES + ["-e", "tiny", "-x", "3", "-o", f"{SEED2}_a"]):
+        os.makedirs(MIXED)
+        shutil.copy(ckpt(f"{SEED2}_a", "model", 3, ".bin"), MIXED)
+        shutil.copy(ckpt(f"{SEED2}_a", "DONE", 3), MIXED)
+        shutil.copy(ckpt(SEED2, "state", 3, "_00000.bin"), MIXED)
+        s.expect_fail("resume: a model and a state of two runs are not combined", "is not of the checkpoint of state file",
+                      RES + ["-e", "tiny", "-o", MIXED, "-y", "1"])
+    copy_checkpoint(SEED2, 3, V2)
+    with open(ckpt(V2, "state", 3, "_00000.bin"), "r+b") as f:
+        f.seek(4)
+        f.write(struct.pack("<i", 2))
+    r = s.expect_ok("resume: a version 2 state file is read", RES + ["--seed", "2", "-e", "tiny", "-o", V2, "-y", "1"])
+    if r:
+        s.check("resume: ... with a note that it was not checked", "is a version 2 state file, without a run identity" in r.out,
+                "no note")
+        s.check("resume: ... to the same end", same_bytes(ckpt(SEED2, "model", 6, ".bin"), ckpt(V2, "model", 6, ".bin")),
+                "model_00000006.bin differs")
+
+# a checkpoint being rewritten loses its DONE marker first: run A's folder copy resumed at its
+# last step writes checkpoint 6 again; its state file cannot be written (a directory stands
+# at its temporary name), so the run fails with a new model file and an old state: step 6
+# must no longer look complete
+REW = f"{W}/run_rewrite"
+if os.path.isdir(A):
+    shutil.copytree(A, REW)
+    blocker = ckpt(REW, "state", 6, "_00000.bin.tmp")
+    os.makedirs(f"{blocker}/x")
+    r = s.run(RES + ["-o", REW, "-y", "1"])
+    shutil.rmtree(blocker)
+    s.check("resume: a failed rewrite of checkpoint 6 fails cleanly", r.rc == 1 and "cannot write" in r.err,
+            f"exit code {r.rc}: {r.err[:300]}")
+    s.check("resume: ... and leaves step 6 without its DONE marker", not os.path.exists(ckpt(REW, "DONE", 6))
+            and os.path.exists(ckpt(REW, "DONE", 3)), f"files: {sorted(os.listdir(REW))}")
+
+# --keep-checkpoints K: after each checkpoint only the newest K complete ones stay
+KEEP = f"{W}/run_keep"
+r = s.expect_ok("checkpoints: -n 1 --keep-checkpoints 2", RES + ["-n", "1", "--keep-checkpoints", "2", "-o", KEEP])
+if r:
+    files = sorted(f for f in os.listdir(KEEP) if f != "log.jsonl")
+    s.check("checkpoints: only the newest 2 remain", files == ["DONE_00000005", "DONE_00000006", "model_00000005.bin",
+            "model_00000006.bin", "state_00000005_00000.bin", "state_00000006_00000.bin"], f"files: {files}")
+    s.check("checkpoints: ... saying so", r.out.count("removed 1 older checkpoint(s) (--keep-checkpoints 2)") == 4,
+            "not 4 such lines")
+    s.check("checkpoints: ... and the same model as without", same_bytes(ckpt(A, "model", 6, ".bin"), ckpt(KEEP, "model", 6, ".bin")),
+            "model_00000006.bin differs from run A's")
+s.expect_fail("checkpoints: --keep-checkpoints -1", "--keep-checkpoints -1: must be >= 0", BASE + ["--keep-checkpoints", "-1"])
 
 # ----------------------------------------------------------------------------
 # 8. SIGINT and SIGTERM: the run finishes its step, writes a checkpoint, says so and exits 0;
@@ -223,6 +489,73 @@ s.signal_check("TERM", f"{W}/sig_TERM", 100, SIGRUN)
 s.check("signal: INT and TERM runs end bitwise equal",
         same_bytes(ckpt(f"{W}/sig_INT", "model", 100, ".bin"), ckpt(f"{W}/sig_TERM", "model", 100, ".bin")),
         "model_00000100.bin differs")
+
+# the next safe point: a step of 1000 micro-batches (about a second) is cut short after the
+# micro-batch under way, dropped, and the run checkpoints the step before it; resumed, it ends
+# bitwise equal to a run that never stopped. A validation of 200000 batches (a minute) is cut
+# short. A second signal exits at once (SIGSTOP holds the run while SIGINT and SIGTERM are both
+# sent, so that both arrive before the run goes on). With -o "" nothing is saved, and it says so.
+
+
+def signalled(name, cmd, signals):
+    """runs CMD, sends SIGNALS (names) once its memory plan is printed (the stop signals are
+    installed then); returns its Result"""
+    out_path, err_path = os.path.join(s.logs, f"{name}.stdout"), os.path.join(s.logs, f"{name}.stderr")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+    timed_out = False
+    try:
+        for _ in range(400):
+            with open(out_path, errors="replace") as f:
+                if "memory plan (bytes by category" in f.read() or p.poll() is not None:
+                    break
+            time.sleep(0.05)
+        for sig in signals:
+            if p.poll() is None:
+                p.send_signal(getattr(signal, f"SIG{sig}"))
+        try:
+            rc = p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            e2e.kill_group(p)
+            rc = p.wait()
+    finally:
+        e2e.kill_group(p)
+    with open(out_path, errors="replace") as f:
+        out = f.read()
+    with open(err_path, errors="replace") as f:
+        err = f.read()
+    return e2e.Result(rc, out, err, timed_out)
+
+
+def state_without_run_id(path):
+    """a state file's bytes with its run identity (header slots 18-19) zeroed"""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[72:80] = bytes(8)
+    return bytes(data)
+
+
+LONG = BASE + ["-v", "0", "-d", "32000", "-x", "2"]
+UNSTOPPED, CUT = f"{W}/sig_unstopped", f"{W}/sig_cut"
+if s.expect_ok("signal: a 2-step run of 1000 micro-batches a step", LONG + ["-o", UNSTOPPED]):
+    r = signalled("cut", LONG + ["-o", CUT], ["INT"])
+    s.check("signal: a step under way is cut short", r.rc == 0 and f"stopped by signal after step 0; step 1 was cut short and dropped; "
+            f"wrote checkpoint 0 to {CUT}/: resume with the same flags and -y 1" in r.out, f"exit code {r.rc}: {r.out[-300:]} {r.err[:300]}")
+    if s.expect_ok("signal: ... and resumed", LONG + ["-o", CUT, "-y", "1"]):
+        s.check("signal: ... ends bitwise equal to the run that never stopped (model, and state but its run identity)",
+                same_bytes(ckpt(UNSTOPPED, "model", 2, ".bin"), ckpt(CUT, "model", 2, ".bin"))
+                and state_without_run_id(ckpt(UNSTOPPED, "state", 2, "_00000.bin")) == state_without_run_id(ckpt(CUT, "state", 2, "_00000.bin")),
+                "model_00000002.bin or state_00000002_00000.bin differs")
+r = signalled("val", BASE + ["-v", "1", "-m", "200000", "-o", f"{W}/sig_val"], ["INT"])
+s.check("signal: a validation under way is cut short", r.rc == 0 and "step     0 | validation cut short by the stop signal" in r.out
+        and os.path.isfile(ckpt(f"{W}/sig_val", "DONE", 0)), f"exit code {r.rc}: {r.out[-300:]}")
+r = signalled("twice", LONG + ["-o", f"{W}/sig_twice"], ["STOP", "INT", "TERM", "CONT"])
+s.check("signal: a second signal exits at once", r.rc in (130, 143) and "error: a second stop signal: exiting at once, without a "
+        f"checkpoint; this run has no complete checkpoint in '{W}/sig_twice' yet" in r.err, f"exit code {r.rc}: {r.err[:300]}")
+r = signalled("no_out", LONG + ["-o", ""], ["INT"])
+s.check("signal: with -o \"\" it says nothing was saved", r.rc == 0 and 'step 1 was cut short and dropped; nothing was saved (-o "")'
+        in r.out and "-y 1" not in r.out, f"exit code {r.rc}: {r.out[-300:]}")
 
 # ----------------------------------------------------------------------------
 # 9. progress output: step lines on stdout, one JSON object per line in OUT/log.jsonl
@@ -324,5 +657,27 @@ r = s.expect_ok("plan: --plan prints recompute FLOPs",
                 [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--recompute", "sqrt,attn", "--offload", "1"])
 if r:
     s.check("plan: recompute line", re.search(r"^recompute: \+[0-9.]+ GFLOP", r.out, re.M), "missing")
+
+# ----------------------------------------------------------------------------
+# 13. the build: a train_gpt built without MPI is rebuilt once the MPI setting changes (mpicc
+# installed since, or MPI=0 given); make -q answers whether it is up to date, in a copy of the
+# Makefile over empty sources
+
+MK = f"{W}/make"
+if shutil.which("make"):
+    os.makedirs(MK)
+    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Makefile"), MK)
+    open(f"{MK}/train_gpt.c", "w").close()
+
+    def up_to_date(mpi):
+        return subprocess.run(["make", "-s", "-C", MK, "-q", "train_gpt", f"MPI={mpi}"], capture_output=True).returncode == 0
+
+    up_to_date(0)  # writes the setting
+    time.sleep(0.05)
+    open(f"{MK}/train_gpt", "w").close()  # "built" without MPI
+    s.check("make: train_gpt built with MPI=0 is up to date for MPI=0", up_to_date(0), "make -q says it is not")
+    s.check("make: ... and is rebuilt for MPI=1", not up_to_date(1), "make -q says it is up to date")
+else:
+    s.skip("make: the MPI setting rebuilds train_gpt", "make not found")
 
 s.finish()

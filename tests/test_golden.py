@@ -12,19 +12,25 @@ repeated with the build without MPI (when given) and one with two OpenMP threads
 depend on either. Without mpirun (or with a train_gpt built without MPI) the 2-rank run is skipped
 and counted: "N passed, N failed, 1 skipped".
 
+A state file holds its run's identity (slots 18-19 of its header: 64 random bits drawn when the run
+starts, the same in every file of one run), which no two runs share: its sha256 is taken with those
+two slots zeroed, and the identity is checked to be nonzero and one per run.
+
 Tolerances: none. A checkpoint holds the weights, the optimizer state, the data position and the
 RNG; a different bit anywhere means the arithmetic, its order or the file layout changed. If that
 was deliberate (new numerics), re-record the hashes in tests/golden_checkpoints.json (a failing
 check prints the new one) and say in the commit message what changed and why.
 """
 
+import glob
+import hashlib
 import json
 import os
 import shlex
 import sys
 
 import e2e
-from e2e import sha256
+from e2e import STATE_RUN_ID
 
 TRAIN, TESTER, NOMPI = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], optional=1)
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden_checkpoints.json")
@@ -34,21 +40,45 @@ s = e2e.Suite("test_golden", tester=TESTER, run_limit=60)
 mpirun, why_not = e2e.mpi_launcher(TRAIN)
 
 
+
+
+def checkpoint_sha256(path):
+    """sha256 of a checkpoint file; a state file's with its run identity zeroed"""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    if os.path.basename(path).startswith("state_"):
+        data[STATE_RUN_ID] = bytes(8)
+    return hashlib.sha256(data).hexdigest()
+
+
+def run_ids(out):
+    """the run identities of OUT's state files"""
+    ids = set()
+    for path in glob.glob(os.path.join(out, "state_*.bin")):
+        with open(path, "rb") as f:
+            ids.add(f.read(1024)[STATE_RUN_ID])
+    return ids
+
+
 def golden_run(name, run, launcher, train, env=None):
     """trains RUN's flags into a fresh directory; checks every file's sha256 against RUN's"""
     out = s.path(name.replace(" ", "_").replace(",", ""))
     flags = [a.replace("{FIX}", s.fix) for a in golden["common_flags"] + run["flags"]]
     if not s.expect_ok(f"{name}: 5 steps", launcher + [train] + flags + ["-o", out], env):
         return
+    ids = run_ids(out)
+    s.check(f"{name}: one nonzero run identity in its state files", len(ids) == 1 and bytes(8) not in ids,
+            f"identities: {[i.hex() for i in ids]}")
     for file, want in run["sha256"].items():
         path = os.path.join(out, file)
-        got = sha256(path) if os.path.isfile(path) else "(no such file)"
-        s.check(f"{name}: {file} as recorded at {golden['recorded_at']}", got == want,
+        got = checkpoint_sha256(path) if os.path.isfile(path) else "(no such file)"
+        when = golden["state_recorded_at"] if file.startswith("state_") else golden["recorded_at"]
+        s.check(f"{name}: {file} as recorded at {when}", got == want,
                 f"{file} differs from the recorded checkpoint\n"
                 f"    expected sha256 {want}\n"
                 f"    got             {got}\n"
                 f"    run: {shlex.join(launcher + [train] + flags + ['-o', out])}\n"
-                f"  The trainer no longer writes what it wrote at {golden['recorded_at']}. If the numerics (or the\n"
+                f"  The trainer no longer writes what it wrote at {when}. If the numerics (or the\n"
                 f"  file layout) changed on purpose, re-record the hashes in tests/golden_checkpoints.json and say\n"
                 f"  in the commit message what changed and why; otherwise this change broke bitwise reproducibility.")
 

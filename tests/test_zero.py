@@ -200,7 +200,18 @@ for name in ("adamw", "adafactor+beta1"):
             s.check(f"{name}: resumed state of rank {rank} bitwise equal",
                     same_bytes(ckpt(A, "state", 10, f"_{rank:05d}.bin"), ckpt(R, "state", 10, f"_{rank:05d}.bin")),
                     "cmp differs")
-A = f"{W}/adamw_n2z1"
+# the run identity: rank 1's state file of another run with the same flags (the same numbers,
+# another identity) is not combined with rank 0's
+A, A2, MIX = f"{W}/adamw_n2z1", f"{W}/adamw_n2z1_again", f"{W}/adamw_mixed"
+if s.expect_ok("adamw: mpirun -np 2 --zero 1 again", MPIRUN + ["2"] + BASE + ["--zero", "1", "-o", A2]) and os.path.isdir(A):
+    os.makedirs(MIX)
+    for f in [ckpt(A, "model", 5, ".bin"), ckpt(A, "DONE", 5), ckpt(A, "state", 5, "_00000.bin"), ckpt(A2, "state", 5, "_00001.bin")]:
+        shutil.copy(f, MIX)
+    s.check("adamw: the two runs' rank 1 states differ only in the run identity",
+            open(ckpt(A, "state", 5, "_00001.bin"), "rb").read()[80:] == open(ckpt(A2, "state", 5, "_00001.bin"), "rb").read()[80:]
+            and not same_bytes(ckpt(A, "state", 5, "_00001.bin"), ckpt(A2, "state", 5, "_00001.bin")), "they differ elsewhere, or not at all")
+    s.expect_fail("resume refuses state files of two runs", "rank 0's state file of the same checkpoint by run",
+                  MPIRUN + ["2"] + BASE + ["--zero", "1", "-o", MIX, "-y", "1"])
 s.expect_fail("resume a 2-rank checkpoint with 1 rank", "was written by 2 rank(s); this run has 1",
               BASE + ["-x", "12", "-o", A, "-y", "1"])
 s.expect_fail("resume a 2-rank checkpoint with 3 ranks", "was written by 2 rank(s); this run has 3",
