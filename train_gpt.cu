@@ -1,5 +1,5 @@
 /*
-train_gpt.cu: GPT-2 training on one NVIDIA GPU: the CUDA backend of the one training program
+train_gpt.cu: GPT-2 training on NVIDIA GPUs, one process each: the CUDA backend of the one training program
 (llmc/trainer.h). Everything around the model (flags, checks, the memory plan, checkpoints,
 resume, validation, sampling, the log and the loop) is the shared code the CPU trainer runs
 too; this file holds the model's tensors in device memory and calls the kernels of cuda/,
