@@ -30,6 +30,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
      [PY, "tests/test_zero.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
     ("golden checkpoints", [PY, "tests/test_golden.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
+    ("fuzzer of the readers and flags (ASan+UBSan)", ["./build/fuzz", "./test_gpt", "4000"], None),
+    ("CPU trainer under ASan+UBSan (test_gpt.c)", ["./build/test_gpt_asan"], None),
     ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
 ]
