@@ -723,8 +723,9 @@ static uint64_t new_run_id(int rank) {
 }
 
 // the output directory before anything is allocated (rank 0; the other ranks wait): created,
-// locked for this run, rid of the temporary files a crash left, for a fresh run free of an earlier run's checkpoints and log (refused,
-// or with --overwrite 1 removed), and with room for one checkpoint
+// locked for this run, rid of the temporary files a crash left, for a fresh run free of an
+// earlier run's checkpoints and log (refused, or with --overwrite 1 removed), and with room
+// for one checkpoint
 static void prepare_output_dir(Run* r) {
     const TrainOptions* o = r->o;
     r->out_lock = -1;
