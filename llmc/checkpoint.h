@@ -396,7 +396,8 @@ static void output_dir_remove_stale_tmp(const char* dir) {
 }
 
 // locks dir for this process (flock on the directory itself, released when the process
-// ends); stops if another run holds it. Returns the descriptor, to keep open
+// ends); stops if another run holds it. Returns the descriptor, to keep open. A file system
+// without locks (some network ones) gets a note, and the run goes on unlocked
 static int output_dir_lock(const char* dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) { fail("cannot open output directory '%s': %s", dir, strerror(errno)); }
@@ -405,7 +406,7 @@ static int output_dir_lock(const char* dir) {
             fail("output directory '%s' is in use by another run (it holds the directory's lock)\n"
                  "  hint: wait until that run ends, or choose another -o", dir);
         }
-        fail("cannot lock output directory '%s': %s", dir, strerror(errno));
+        printf("note: cannot lock output directory '%s' (%s): nothing keeps a second run out of it\n", dir, strerror(errno));
     }
     return fd;
 }
