@@ -77,8 +77,19 @@ build/nvcc/%/train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(subst -arch=$(GPU_ARCH),-arch=$*,$(NVCC_FLAGS)) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) --Werror all-warnings $< -o $@ $(CUDA_LIBS)
 
 # the tests: test_gpt.c includes train_gpt.c with TESTING defined (no main)
-test_gpt: test_gpt.c train_gpt.c $(HEADERS)
+test_gpt: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# sanitizer builds (AddressSanitizer + UndefinedBehaviorSanitizer, any report aborts): the fuzzer
+# of the readers and the flag parser (./build/fuzz ./test_gpt [CASES]) and the C unit tests
+SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+SAN_CFLAGS = -std=c11 -I. -march=native -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function $(SANITIZE)
+build/fuzz: tests/fuzz.c tests/check.h tests/fuzz_corpus.h train_gpt.c $(HEADERS)
+	@mkdir -p build
+	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
+build/test_gpt_asan: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
+	@mkdir -p build
+	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
 
 build/test_matmul: tests/test_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
@@ -98,7 +109,7 @@ run: train_gpt $(DATA)
 	./train_gpt $(ARGS)
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/emu/train_gpt
+test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)

@@ -21,6 +21,7 @@ its main) and checks it against an independent implementation:
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include "tests/check.h"
+#include "tests/fuzz_corpus.h"
 
 // ----------------------------------------------------------------------------
 // checks of what stops the program: fail() exits, so each runs in a child process
@@ -906,6 +907,32 @@ static void write_model_variant(const char* dir, const char* name, const GPT2Con
     if (truncate_to > 0 && truncate(path, truncate_to) != 0) { fail("truncate %s", path); }
 }
 
+// the fuzzer's seed files (tests/fuzz_corpus.h): each one that the fuzzer reads whole is
+// accepted by its reader; the state resumes the model on the shard
+static void write_fuzz_corpus(const char* dir) {
+    GPT2Config cfg = FUZZ_CONFIG;
+    size_t P = gpt2_num_parameters(&cfg), opt_floats = optimizer_state_floats(&cfg, OPT_ADAMW, 0, 1);
+    float* params = (float*)malloc_check(P * sizeof(float));
+    float* state = (float*)calloc_check(opt_floats, sizeof(float));
+    gpt2_init_params(params, &cfg, 9);
+    for (size_t i = 0; i < opt_floats; i++) { state[i] = (float)(i % 7) * 1e-3f; }
+    char path[CHECKPOINT_PATH_LEN];
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_MODEL_FILE);
+    model_file_write(path, &cfg, params);
+    TrainState st = {1, 0, FUZZ_STEP, 0, 0, (uint64_t)FUZZ_STEP * FUZZ_B * FUZZ_T, 12345, P, opt_floats, 0,
+                     FUZZ_RUN_ID, params_hash(params, P)};
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_STATE_FILE);
+    state_file_write(path, &st, state);
+    uint16_t toks[FUZZ_SHARD_TOKENS];
+    for (int i = 0; i < FUZZ_SHARD_TOKENS; i++) { toks[i] = (uint16_t)(i % cfg.vocab_size); }
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_SHARD_FILE);
+    write_shard(path, toks, FUZZ_SHARD_TOKENS);
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_TOKENIZER_FILE);
+    write_tokenizer(path, cfg.vocab_size);
+    free(params);
+    free(state);
+}
+
 static void write_fixtures(const char* dir) {
     mkdir(dir, 0755);
     GPT2Config cfg = {32, FIXTURE_V, 128, 2, 4, 32};  // maxT, V, Vp, L, NH, C
@@ -947,6 +974,7 @@ static void write_fixtures(const char* dir) {
         fclose(f);
     }
     snprintf(path, sizeof(path), "%s/tokenizer.bin", dir); write_tokenizer(path, FIXTURE_V);
+    write_fuzz_corpus(dir);
     printf("fixtures written to %s\n", dir);
 }
 

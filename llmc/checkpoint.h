@@ -12,13 +12,18 @@ position, sampling RNG, optimizer-state length, parameter count, ZeRO stage, the
 identity (a random 64-bit id chosen when the run started, the same in every file it
 writes) and the hash of the weights of the checkpoint's model file; then the optimizer
 state (fp32). A resume never combines files of two runs, or of two steps: each rank's
-state names rank 0's run, and the weights read hash to what the state recorded. With several ranks every rank writes its own state file (its data position; under
-ZeRO-1 its blocks of the optimizer state).
+state names rank 0's run, and the weights read hash to what the state recorded. With
+several ranks every rank writes its own state file (its data position; under ZeRO-1 its
+blocks of the optimizer state).
 
 A checkpoint of step S in directory D is D/model_S.bin, D/state_S_rank.bin and,
 written last, D/DONE_S: a checkpoint without its DONE marker is incomplete and never
-resumed from. Every file is written to a temporary name, flushed to disk (fsync) and
-renamed into place, so a crash leaves either the old file or the new one, never half.
+resumed from (and a DONE marker goes before its step's files are written again). Every
+file is written to a temporary name, flushed to disk (fsync) and renamed into place, so a
+crash leaves either the old file or the new one, never half; the temporary files a crash
+leaves are removed when the next run starts there. The output directory: what an earlier
+run left (output_dir_contents, output_dir_clear), a lock while a run uses it (flock),
+room for a checkpoint, and keeping only the newest K (checkpoint_prune).
 
     GPT2Config cfg; FILE* f = model_file_open(path, &cfg, &version);
     model_file_read_params(f, path, &cfg, version, params);
@@ -30,8 +35,8 @@ how to make a right one.
 #define LLMC_CHECKPOINT_H
 
 #include <dirent.h>
-#include <math.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/file.h>
@@ -391,7 +396,8 @@ static void output_dir_remove_stale_tmp(const char* dir) {
 }
 
 // locks dir for this process (flock on the directory itself, released when the process
-// ends); stops if another run holds it. Returns the descriptor, to keep open
+// ends); stops if another run holds it. Returns the descriptor, to keep open. A file system
+// without locks (some network ones) gets a note, and the run goes on unlocked
 static int output_dir_lock(const char* dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) { fail("cannot open output directory '%s': %s", dir, strerror(errno)); }
@@ -400,7 +406,7 @@ static int output_dir_lock(const char* dir) {
             fail("output directory '%s' is in use by another run (it holds the directory's lock)\n"
                  "  hint: wait until that run ends, or choose another -o", dir);
         }
-        fail("cannot lock output directory '%s': %s", dir, strerror(errno));
+        printf("note: cannot lock output directory '%s' (%s): nothing keeps a second run out of it\n", dir, strerror(errno));
     }
     return fd;
 }

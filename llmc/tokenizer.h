@@ -47,10 +47,12 @@ static void tokenizer_init(Tokenizer* tok, const char* path) {
     int vocab = header[TOKENIZER_SLOT_VOCAB_SIZE], eot = header[TOKENIZER_SLOT_EOT];
     long body = size - (long)sizeof(header);  // each token takes at least its length byte
     if (vocab <= 0 || vocab > body) {
-        fail("tokenizer '%s': vocabulary size %d is impossible for its %ld bytes of tokens\n  hint: %s", path, vocab, body, TOKENIZER_REGEN_HINT);
+        fail("tokenizer '%s': vocabulary size %d is impossible for its %ld bytes of tokens\n  hint: %s",
+             path, vocab, body, TOKENIZER_REGEN_HINT);
     }
     if (eot < 0 || eot >= vocab) {
-        fail("tokenizer '%s': the end-of-text id %d is outside its vocabulary 0..%d\n  hint: %s", path, eot, vocab - 1, TOKENIZER_REGEN_HINT);
+        fail("tokenizer '%s': the end-of-text id %d is outside its vocabulary 0..%d\n  hint: %s",
+             path, eot, vocab - 1, TOKENIZER_REGEN_HINT);
     }
     tok->vocab_size = (uint32_t)vocab;
     tok->token_table = (char**)calloc_check(tok->vocab_size, sizeof(char*));

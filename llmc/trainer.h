@@ -305,6 +305,23 @@ static void state_check_identity(const char* path, const TrainState* st, uint64_
     }
 }
 
+// reads this rank's state file of checkpoint `step` (path) into st and h.opt_state, whose
+// weights h.params already holds (read from model_path), checks it against the run (run_id:
+// rank 0's) and moves the data loader to its position
+static void state_load(const char* path, TrainState* st, const ModelSetup* s, int step, uint64_t run_id,
+                       const char* model_path, HostView h, DataLoader* dl) {
+    state_file_read(path, st, h.opt_state, h.opt_floats);
+    state_check_run(path, st, s, step);
+    state_check_identity(path, st, run_id, model_path, h.params, gpt2_num_parameters(&s->config));
+    state_check_finite(path, s, h.opt_state, h.opt_floats);
+    if ((size_t)st->data_shard >= dl->num_shards) {
+        fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
+             path, st->data_shard, dl->num_shards);
+    }
+    dataloader_seek(dl, (size_t)st->data_shard, st->data_position, st->data_epoch);
+    state_check_data(path, st, dl);
+}
+
 // loads the newest complete checkpoint of dir into the model; returns its step and the run's
 // identity (from the state files)
 static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng, uint64_t* run_id) {
@@ -333,16 +350,7 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, Data
     }
     *run_id = st.run_id;
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
-    state_file_read(path, &st, h.opt_state, h.opt_floats);
-    state_check_run(path, &st, s, step);
-    state_check_identity(path, &st, *run_id, model_path, h.params, gpt2_num_parameters(&s->config));
-    state_check_finite(path, s, h.opt_state, h.opt_floats);
-    if ((size_t)st.data_shard >= dl->num_shards) {
-        fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
-             path, st.data_shard, dl->num_shards);
-    }
-    dataloader_seek(dl, (size_t)st.data_shard, st.data_position, st.data_epoch);
-    state_check_data(path, &st, dl);
+    state_load(path, &st, s, step, *run_id, model_path, h, dl);
     gpt2_sync(m, SYNC_FROM_HOST);
     *rng = st.rng;
     printf("resumed from %s/ at step %d\n", dir, step);
@@ -766,8 +774,9 @@ static uint64_t new_run_id(int rank) {
 }
 
 // the output directory before anything is allocated (rank 0; the other ranks wait): created,
-// locked for this run, rid of the temporary files a crash left, for a fresh run free of an earlier run's checkpoints and log (refused,
-// or with --overwrite 1 removed), and with room for one checkpoint
+// locked for this run, rid of the temporary files a crash left, for a fresh run free of an
+// earlier run's checkpoints and log (refused, or with --overwrite 1 removed), and with room
+// for one checkpoint
 static void prepare_output_dir(Run* r) {
     const TrainOptions* o = r->o;
     r->out_lock = -1;

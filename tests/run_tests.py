@@ -30,6 +30,10 @@ SUITES = [  # name, command, and for an optional suite the file without which it
      [PY, "tests/test_zero.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
     ("golden checkpoints", [PY, "tests/test_golden.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
+    ("fuzzer of the readers and flags (ASan+UBSan)", ["./build/fuzz", "./test_gpt", "4000"], None),
+    # one OpenMP thread: two spinning threads under ASan on a busy two-core machine take minutes
+    # (the thread-count checks still run 1 and 3 threads)
+    ("CPU trainer under ASan+UBSan (test_gpt.c)", ["env", "OMP_NUM_THREADS=1", "./build/test_gpt_asan"], None),
     ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
     ("Hugging Face GPT-2 converter", [PY, "tests/test_convert.py", "./train_gpt", "./test_gpt"], None),
     ("compare flags and plots", [PY, "tests/test_compare_flags.py", "./train_gpt", "./test_gpt"], None),

@@ -1,6 +1,10 @@
-"""test_cli.py: end-to-end tests of the train_gpt binary: flags, impossible shapes, bad files, the
-output directory, a non-finite loss, checkpoints and bitwise resume, SIGINT/SIGTERM, the progress
-output and log.jsonl, --plan, the optimizers, and --recompute/--offload.
+"""test_cli.py: end-to-end tests of the train_gpt binary: flags and switches, hyperparameter ranges,
+impossible shapes and sizes beyond 32 bits, bad files (model, shards, tokenizer), the output directory
+(an earlier run's folder, --overwrite, the lock, stale temporary files), a non-finite loss and what
+its message says, checkpoints and bitwise resume (the state header checked against the run, the run
+identity, a rewritten checkpoint's DONE marker, log.jsonl after a resume, --keep-checkpoints),
+SIGINT/SIGTERM (a step or a validation cut short, a second signal), the progress output and
+log.jsonl, --plan, the optimizers, --recompute/--offload, and the Makefile's MPI setting.
 
     python3 tests/test_cli.py ./train_gpt ./test_gpt
 

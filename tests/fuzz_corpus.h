@@ -1,0 +1,21 @@
+/*
+fuzz_corpus.h: the seed files of the fuzzer (tests/fuzz.c), written by
+`test_gpt --write-fixtures DIR` beside the end-to-end suites' fixtures: a model small enough
+that every mutation matters (a few KB), a token shard, a training state of that model that
+resumes cleanly on that shard, and a tokenizer. The fuzzer reads the shapes from here.
+*/
+#ifndef TESTS_FUZZ_CORPUS_H
+#define TESTS_FUZZ_CORPUS_H
+
+#define FUZZ_MODEL_FILE "fuzz_model.bin"
+#define FUZZ_SHARD_FILE "fuzz_shard.bin"
+#define FUZZ_STATE_FILE "fuzz_state.bin"
+#define FUZZ_TOKENIZER_FILE "fuzz_tokenizer.bin"
+#define FUZZ_CONFIG {8, 16, 16, 1, 2, 8}  // maxT, V, Vp, L, NH, C: 1080 parameters
+#define FUZZ_SHARD_TOKENS 200             // ids < V
+#define FUZZ_B 1                          // the state's run: micro-batches of (1, 4), one rank, AdamW
+#define FUZZ_T 4
+#define FUZZ_STEP 3                       // the state is of step 3: data position 3 * B * T
+#define FUZZ_RUN_ID 0x5eed5eed5eed5eedULL
+
+#endif // TESTS_FUZZ_CORPUS_H
