@@ -7,8 +7,11 @@ its main) and checks it against an independent implementation:
 - a finite-difference check of the gradient of every parameter tensor;
 - model-file round trips (fp32, and bf16 read), tokenizer decoding, the data
   loader walking every token once per epoch, the memory planner against the
-  measured allocations (every optimizer, activation policy and ZeRO-1 rank count);
-- every --recompute / --offload policy bitwise equal to plain training.
+  measured allocations (every optimizer, activation policy and ZeRO-1 rank count)
+  and the CPU's activation layout against its closed forms;
+- every --recompute / --offload policy bitwise equal to plain training;
+- -h against the flag table and the presets; the size and range checks (fail()
+  paths run in a forked child).
 
     make test_gpt && ./test_gpt            # prints "N passed, N failed", exit 1 on failure
     ./test_gpt --write-fixtures DIR        # tiny model, shards, tokenizer, and broken

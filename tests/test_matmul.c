@@ -1,8 +1,8 @@
 /*
-test_matmul.c: mm_sgemm (llmc/matmul.h) against a naive triple loop that sums in double.
+test_matmul.c: mm_sgemm (cpu/matmul.h) against a naive triple loop that sums in double.
 
-    gcc -O3 -march=native -fopenmp dev/test_matmul.c -o test_matmul -lm && ./test_matmul
-    gcc -O3 -march=native -fopenmp -DUSE_BLAS dev/test_matmul.c -o test_matmul_blas -lopenblas -lm
+    gcc -O3 -march=native -fopenmp tests/test_matmul.c -o test_matmul -lm && ./test_matmul
+    gcc -O3 -march=native -fopenmp -DUSE_BLAS tests/test_matmul.c -o test_matmul_blas -lopenblas -lm
 
 Checks all four transpose combinations over odd sizes and odd leading dimensions,
 alpha/beta variants, beta = 0 with NaN in C (must be overwritten, never read),
