@@ -9,8 +9,10 @@ MPI_COMM_WORLD, built with -DCUDA_EMU_MPI), after which each rank computes its o
     reduce-scatter   out[i] = reduce over ranks of in_r[rank * count + i]
     all-gather       out[r * count + i] = in_r[i]
     broadcast        out[i] = in_root[i]
-Reductions accumulate in fp32 in rank order and round once (to nearest-even for bf16), so every
-rank gets bit-identical results; ncclAvg divides the sum by the number of ranks.
+Reductions accumulate in rank order, in fp32 (in fp64 for ncclFloat64) and round once (to
+nearest-even for bf16), so every rank gets bit-identical results; ncclAvg divides the sum by the
+number of ranks. With 2 ranks that is the one addition real NCCL makes too (a + b = b + a, bitwise);
+with more, real NCCL's order follows its ring and may differ from rank order.
 
 When: a collective is queued on its stream and that stream is then drained, so it runs after the
 work it depends on in every stream mode. It completes before the call returns (a real NCCL call
@@ -172,45 +174,61 @@ ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 static size_t element_bytes(ncclDataType_t t) {
     switch (t) {
         case ncclFloat32: return sizeof(float);
+        case ncclFloat64: return sizeof(double);
         case ncclBfloat16: return sizeof(__nv_bfloat16);
         case ncclFloat16: return sizeof(__half);
         default: return 0;  // not emulated
     }
 }
 
-static float load(const char* p, ncclDataType_t t, size_t i) {
+// element i of p as a double (exact for every emulated type)
+static double load(const char* p, ncclDataType_t t, size_t i) {
     switch (t) {
+        case ncclFloat64: return ((const double*)p)[i];
         case ncclBfloat16: return __bfloat162float(((const __nv_bfloat16*)p)[i]);
         case ncclFloat16: return __half2float(((const __half*)p)[i]);
         default: return ((const float*)p)[i];
     }
 }
 
-static void store(void* p, ncclDataType_t t, size_t i, float v) {
+// stores v, which the reduction computed in the type's accumulator (so exact but for bf16 and fp16)
+static void store(void* p, ncclDataType_t t, size_t i, double v) {
     switch (t) {
-        case ncclBfloat16: ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); break;
-        case ncclFloat16: ((__half*)p)[i] = __float2half(v); break;
-        default: ((float*)p)[i] = v; break;
+        case ncclFloat64: ((double*)p)[i] = v; break;
+        case ncclBfloat16: ((__nv_bfloat16*)p)[i] = __float2bfloat16((float)v); break;
+        case ncclFloat16: ((__half*)p)[i] = __float2half((float)v); break;
+        default: ((float*)p)[i] = (float)v; break;
     }
 }
 
-// out[i] = op over ranks of all[r * rank_stride + offset + i], for i < count
-static void reduce_ranks(const std::vector<char>& all, size_t rank_stride, size_t offset, size_t count,
-                         ncclDataType_t type, ncclRedOp_t op, int nranks, void* out) {
+// out[i] = op over ranks r = 0, 1, ... of all[r * rank_stride + offset + i], for i < count, each
+// step rounded to Acc (float, or double for ncclFloat64)
+template <typename Acc>
+static void reduce_ranks_in(const std::vector<char>& all, size_t rank_stride, size_t offset, size_t count,
+                            ncclDataType_t type, ncclRedOp_t op, int nranks, void* out) {
     size_t eb = element_bytes(type);
     for (size_t i = 0; i < count; i++) {
-        float acc = load(all.data(), type, offset + i);
+        Acc acc = (Acc)load(all.data(), type, offset + i);
         for (int r = 1; r < nranks; r++) {
-            float v = load(all.data() + r * rank_stride * eb, type, offset + i);
+            Acc v = (Acc)load(all.data() + r * rank_stride * eb, type, offset + i);
             switch (op) {
-                case ncclMax: acc = fmaxf(acc, v); break;
-                case ncclMin: acc = fminf(acc, v); break;
+                case ncclMax: acc = (Acc)fmax(acc, v); break;  // exact: both are Acc
+                case ncclMin: acc = (Acc)fmin(acc, v); break;
                 case ncclProd: acc *= v; break;
                 default: acc += v; break;  // ncclSum, ncclAvg
             }
         }
-        if (op == ncclAvg) { acc /= (float)nranks; }
+        if (op == ncclAvg) { acc /= (Acc)nranks; }
         store(out, type, i, acc);
+    }
+}
+
+static void reduce_ranks(const std::vector<char>& all, size_t rank_stride, size_t offset, size_t count,
+                         ncclDataType_t type, ncclRedOp_t op, int nranks, void* out) {
+    if (type == ncclFloat64) {
+        reduce_ranks_in<double>(all, rank_stride, offset, count, type, op, nranks, out);
+    } else {
+        reduce_ranks_in<float>(all, rank_stride, offset, count, type, op, nranks, out);
     }
 }
 

@@ -1,6 +1,6 @@
 /*
 test_nccl.cu: each NCCL collective (all-reduce, reduce-scatter, all-gather, broadcast) with ncclSum
-and ncclAvg, in fp32 and bf16, between the processes of one run, set up as the trainer does it:
+and ncclAvg, in fp32, bf16 and fp64 (the optimizers' statistics: cuda/adafactor.cuh), between the processes of one run, set up as the trainer does it:
 rank 0 makes the ncclUniqueId and MPI sends it to the others, and each rank of a host uses the GPU
 of its local rank. Two more modes check what NCCL and CUDA refuse on a host with fewer GPUs than ranks:
 
@@ -14,6 +14,8 @@ of its local rank. Two more modes check what NCCL and CUDA refuse on a host with
 
 (built with -DUSE_MPI for more than one rank.) Rank r contributes x_r[i] = (r + 1) * (i + 1) / 8,
 exact in bf16 for the sizes used, so the expected sums and averages are exact in every type.
+fp64 has one more check: an all-reduce of values whose sum is exact in double but not in float (a
+reduction in fp32 would round it).
 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,34 +40,45 @@ static const int COUNT = 12;  // elements per rank chunk
 
 static float contribution(int rank, int i) { return (float)((rank + 1) * (i + 1)) / 8.0f; }
 
-// a device buffer of n values in fp32 or bf16, filled from f(i) (or NaN bytes when f is null)
+// a device buffer of n values in fp32, bf16 or fp64, filled from values (or NaN bytes when null)
 struct buffer {
     void* ptr;
     int n;
     ncclDataType_t type;
 };
 
-static size_t element_bytes(ncclDataType_t type) { return type == ncclFloat ? sizeof(float) : sizeof(__nv_bfloat16); }
+static size_t element_bytes(ncclDataType_t type) {
+    return type == ncclFloat ? sizeof(float) : type == ncclDouble ? sizeof(double) : sizeof(__nv_bfloat16);
+}
 
-static buffer make_buffer(int n, ncclDataType_t type, const std::vector<float>* values) {
+static const char* type_name_of(ncclDataType_t type) { return type == ncclFloat ? "fp32" : type == ncclDouble ? "fp64" : "bf16"; }
+
+// values are held as doubles on the host: exact for every value of fp32, bf16 and fp64
+static buffer make_buffer(int n, ncclDataType_t type, const std::vector<double>* values) {
     buffer b = {nullptr, n, type};
     CUDA_CHECK(cudaMalloc(&b.ptr, n * element_bytes(type)));
-    if (values != nullptr) {
-        if (type == ncclFloat) {
-            CUDA_CHECK(cudaMemcpy(b.ptr, values->data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        } else {
-            std::vector<__nv_bfloat16> h(n);
-            for (int i = 0; i < n; i++) { h[i] = __float2bfloat16((*values)[i]); }
-            CUDA_CHECK(cudaMemcpy(b.ptr, h.data(), n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-        }
+    if (values == nullptr) { return b; }
+    if (type == ncclDouble) {
+        CUDA_CHECK(cudaMemcpy(b.ptr, values->data(), n * sizeof(double), cudaMemcpyHostToDevice));
+    } else if (type == ncclFloat) {
+        std::vector<float> h(values->begin(), values->end());
+        CUDA_CHECK(cudaMemcpy(b.ptr, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    } else {
+        std::vector<__nv_bfloat16> h(n);
+        for (int i = 0; i < n; i++) { h[i] = __float2bfloat16((float)(*values)[i]); }
+        CUDA_CHECK(cudaMemcpy(b.ptr, h.data(), n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
     }
     return b;
 }
 
-static std::vector<float> read_buffer(const buffer& b) {
-    std::vector<float> out(b.n);
-    if (b.type == ncclFloat) {
-        CUDA_CHECK(cudaMemcpy(out.data(), b.ptr, b.n * sizeof(float), cudaMemcpyDeviceToHost));
+static std::vector<double> read_buffer(const buffer& b) {
+    std::vector<double> out(b.n);
+    if (b.type == ncclDouble) {
+        CUDA_CHECK(cudaMemcpy(out.data(), b.ptr, b.n * sizeof(double), cudaMemcpyDeviceToHost));
+    } else if (b.type == ncclFloat) {
+        std::vector<float> h(b.n);
+        CUDA_CHECK(cudaMemcpy(h.data(), b.ptr, b.n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < b.n; i++) { out[i] = h[i]; }
     } else {
         std::vector<__nv_bfloat16> h(b.n);
         CUDA_CHECK(cudaMemcpy(h.data(), b.ptr, b.n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
@@ -74,10 +87,10 @@ static std::vector<float> read_buffer(const buffer& b) {
     return out;
 }
 
-static bool equal(const std::vector<float>& got, const std::vector<float>& want, char* detail, size_t detail_size) {
+static bool equal(const std::vector<double>& got, const std::vector<double>& want, char* detail, size_t detail_size) {
     for (size_t i = 0; i < want.size(); i++) {
         if (got[i] != want[i]) {
-            snprintf(detail, detail_size, "element %zu: got %g want %g", i, got[i], want[i]);
+            snprintf(detail, detail_size, "element %zu: got %.17g want %.17g", i, got[i], want[i]);
             return false;
         }
     }
@@ -85,17 +98,17 @@ static bool equal(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 static void test_collectives(ncclComm_t comm, int rank, int nranks, ncclDataType_t type, cudaStream_t stream) {
-    const char* type_name = type == ncclFloat ? "fp32" : "bf16";
+    const char* type_name = type_name_of(type);
     char name[96], detail[128] = "";
     int total = COUNT * nranks;
 
     for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
         const char* op_name = op == ncclSum ? "sum" : "avg";
         // all-reduce over COUNT * nranks elements; reduce-scatter of the same input
-        std::vector<float> mine(total), want(total);
+        std::vector<double> mine(total), want(total);
         for (int i = 0; i < total; i++) {
             mine[i] = contribution(rank, i);
-            float sum = 0.0f;
+            float sum = 0.0f;  // exact
             for (int r = 0; r < nranks; r++) { sum += contribution(r, i); }
             want[i] = op == ncclSum ? sum : sum / nranks;
         }
@@ -108,14 +121,14 @@ static void test_collectives(ncclComm_t comm, int rank, int nranks, ncclDataType
         buffer chunk = make_buffer(COUNT, type, nullptr);
         NCCL_CHECK(ncclReduceScatter(send.ptr, chunk.ptr, COUNT, type, op, comm, stream));
         CUDA_CHECK(cudaStreamSynchronize(stream));
-        std::vector<float> want_chunk(want.begin() + rank * COUNT, want.begin() + (rank + 1) * COUNT);
+        std::vector<double> want_chunk(want.begin() + rank * COUNT, want.begin() + (rank + 1) * COUNT);
         snprintf(name, sizeof name, "ncclReduceScatter %s %s, %d ranks", op_name, type_name, nranks);
         check(equal(read_buffer(chunk), want_chunk, detail, sizeof detail), name, "%s", detail);
         for (buffer* b : {&send, &recv, &chunk}) { CUDA_CHECK(cudaFree(b->ptr)); }
     }
 
     // all-gather, in place: each rank's chunk already sits at its place in the full buffer
-    std::vector<float> full(total), want(total);
+    std::vector<double> full(total), want(total);
     for (int i = 0; i < total; i++) {
         int owner = i / COUNT;
         full[i] = owner == rank ? contribution(rank, i) : -1.0f;
@@ -133,7 +146,7 @@ static void test_collectives(ncclComm_t comm, int rank, int nranks, ncclDataType
 
     // broadcast from the last rank
     int root = nranks - 1;
-    std::vector<float> values(COUNT), want_root(COUNT);
+    std::vector<double> values(COUNT), want_root(COUNT);
     for (int i = 0; i < COUNT; i++) {
         values[i] = rank == root ? contribution(root, i) : 0.0f;
         want_root[i] = contribution(root, i);
@@ -143,6 +156,21 @@ static void test_collectives(ncclComm_t comm, int rank, int nranks, ncclDataType
     CUDA_CHECK(cudaStreamSynchronize(stream));
     snprintf(name, sizeof name, "ncclBroadcast from rank %d %s, %d ranks", root, type_name, nranks);
     check(equal(read_buffer(b), want_root, detail, sizeof detail), name, "%s", detail);
+    CUDA_CHECK(cudaFree(b.ptr));
+}
+
+// fp64 sums in fp64: rank r adds 1 + r 2^-40, whose sum over the ranks float would round to 1 or 2
+static void test_double_sum(ncclComm_t comm, int rank, int nranks, cudaStream_t stream) {
+    std::vector<double> mine(COUNT, 1.0 + rank * ldexp(1.0, -40)), want(COUNT, 0.0);
+    for (int r = 0; r < nranks; r++) {
+        for (int i = 0; i < COUNT; i++) { want[i] += 1.0 + r * ldexp(1.0, -40); }
+    }
+    buffer b = make_buffer(COUNT, ncclDouble, &mine);
+    NCCL_CHECK(ncclAllReduce(b.ptr, b.ptr, COUNT, ncclDouble, ncclSum, comm, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    char name[96], detail[128] = "";
+    snprintf(name, sizeof name, "ncclAllReduce sum fp64 in place adds in fp64, %d ranks", nranks);
+    check(equal(read_buffer(b), want, detail, sizeof detail), name, "%s", detail);
     CUDA_CHECK(cudaFree(b.ptr));
 }
 
@@ -182,6 +210,8 @@ static void run_collectives(int rank, int nranks, int local_rank) {
     CUDA_CHECK(cudaStreamCreate(&stream));
     test_collectives(comm, rank, nranks, ncclFloat, stream);
     test_collectives(comm, rank, nranks, ncclBfloat16, stream);
+    test_collectives(comm, rank, nranks, ncclDouble, stream);
+    test_double_sum(comm, rank, nranks, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
     NCCL_CHECK(ncclCommDestroy(comm));
 }
