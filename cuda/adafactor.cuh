@@ -1,10 +1,11 @@
 /*
 adafactor.cuh: the Adafactor update on the device, mirroring adafactor_update of cpu/optimizers.h,
-and the factored second moment it shares with CAME (came.cuh), for one process that holds every
-slice whole (no ZeRO-1: OPT_UNSHARDED).
+and the factored second moment it shares with CAME (came.cuh), for a slice held whole or, under
+ZeRO-1, for this rank's part of it (OptShard of llmc/opt_layout.h), the ranks joined by NCCL.
 
     void* scratch;  // factored_model_scratch_bytes(&cfg) bytes (or factored_scratch_bytes(&sh), one slice)
-    adafactor_update_cuda(param, grad, state, &sh, &h, t, scratch, stream);   // t = 1, 2, ...
+    adafactor_update_cuda(param, grad, state, &sh, &h, t, scratch, comm, stream);   // t = 1, 2, ...
+    // comm: the ranks' NCCL communicator when sh.world > 1 (NULL when the slice is whole)
 
 Invariants: param, grad and state are fp32 (master weights, gradients, optimizer state in the
 layout of llmc/opt_layout.h: state is where the caller points, slice by slice, as on the CPU). The
@@ -13,24 +14,43 @@ operation rounded as the CPU rounds it: no fused multiply-adds (__fmul_rn, __fad
 built without contraction), IEEE division and square root, the hyperparameters rounded to fp32
 where they meet a tensor and an EMA's 1 - beta taken in double (opt_ema_coeffs of opt_layout.h).
 The sums (row and column means, mean(R), RMS(U), RMS(p)) are taken in double over a partition
-fixed by the slice's shape alone, added in a fixed order, so a run is bitwise the same run after
-run and on any GPU. They agree with the CPU's to double rounding, not bitwise, except the column
-sums: those use the CPU's partition (FACTORED_ROW_PARTS = OPT_PARTS parts of the rows, each added
-row after row, the parts in order) and are its sums exactly. The statistics the update reads
-(the clip divisor, RMS(p)) stay in device memory: no copy to the host, no synchronization.
+fixed by the slice part's shape alone, added in a fixed order, so a run is bitwise the same run
+after run and on any GPU. They agree with the CPU's to double rounding, not bitwise, except the
+column sums: those use the CPU's partition (FACTORED_ROW_PARTS = OPT_PARTS parts of the part's
+rows, each added row after row, the parts in order) and are its sums exactly. The statistics the
+update reads (the clip divisor, RMS(p)) stay in device memory: no copy to the host, no
+synchronization.
+
+ZeRO-1 (sh->world > 1; the CPU's OptSumFn and OptGatherFn hooks become NCCL calls on `stream`, so
+nothing waits on the host): each rank updates its block of rows (a vector: of elements) and keeps
+its block of the column statistics, as the CPU does. What needs the whole slice is each rank's
+partial sum, in double, then an ncclAllReduce (ncclSum, in place) of those doubles across the ranks:
+the column sums with the sum of the row statistic (mean(R)) in one call, the sums of U^2 and of p^2
+in another; the CPU adds the same partial sums with MPI_Allreduce. With 2 ranks either library makes
+one addition, so with the same gradients the column statistics are the CPU's bitwise; with more, NCCL's order (its ring) and
+MPI's may differ in the last bit of a double. Each rank updates its columns of the column statistic
+and their scales rsqrt(Cc_j); the scales are gathered, one ncclBroadcast per rank's block of
+columns in one NCCL group (the CPU gathers Cc and takes rsqrt on every rank: the same floats).
+The sharded sums add in another order than the whole slice's (per rank, then across), so --zero 1
+agrees with --zero 0 to double rounding before each float rounding (in practice bitwise).
+
+Launches per slice (a real GPU's cost is mostly their count: a d12 step has 50 matrix and 98 vector
+slices): Adafactor matrix 6 kernels, vector 4, each +2 with scale_parameter (RMS(p)); ZeRO-1 adds
+NCCL calls: 3 for a matrix (all-reduce, broadcast group, all-reduce), 1 for a vector. CAME: see came.cuh.
 
 Scratch (the caller's, reused by every slice; the kernels run in stream order): the row and column
 scales of U, the partial sums of the factored statistics, the block sums of the RMS. Its layout
-comes from factored_scratch_carve alone, so the sizes and the carving cannot disagree.
+comes from factored_scratch_carve alone, so the sizes and the carving cannot disagree; a part of a
+slice needs at most what the whole slice needs, so the model's scratch covers every ZeRO-1 part.
 
-Failure: a sharded slice (OptShard of more than one process) stops with a message: ZeRO-1 on the
-GPU is not written yet.
+Failure: a sharded slice without a communicator stops with a message.
 */
 #ifndef CUDA_ADAFACTOR_CUH
 #define CUDA_ADAFACTOR_CUH
 
 #include <math.h>
 #include "common.cuh"
+#include "nccl.cuh"
 #include "global_norm.cuh"  // block_sum_double, global_norm_squared_cuda, global_norm_total_kernel
 #include "../llmc/model_config.h"
 #include "../llmc/opt_layout.h"
@@ -69,9 +89,11 @@ __device__ inline float scaled_grad(const float* scale_row, int i, float scale_c
 
 typedef struct {
     float* scale_row;   // (rows) U's row scales; a vector's stays unused (scales of 1, passed as NULL)
-    float* scale_col;   // (cols) U's column scales (a vector: one per element)
+    float* scale_col;   // (cols) U's column scales (a vector: one per element); whole under ZeRO-1 too
     double* row_parts;  // (col_chunks, rows) each block column's row sums; matrices
     double* col_parts;  // (FACTORED_ROW_PARTS, cols) each row part's column sums; matrices
+    double* col_sums;   // (1 + cols) [0]: the sum of the row statistic over the rows (mean(R)),
+                        // [1 + j]: column j's sum; what ZeRO-1's ranks add in one call; matrices
     double* partials;   // (OPT_MAX_BLOCKS) the block sums of an RMS
     double* sums;       // [2]: sum of p^2 before the step (Adafactor's scale_parameter), sum of U^2
 } FactoredScratch;
@@ -81,10 +103,11 @@ static size_t factored_align(size_t bytes) { return (bytes + 15) / 16 * 16; }
 // columns one block of factored_sums_kernel covers: OPT_BLOCK threads of OPT_VEC columns
 static int factored_col_chunks(int cols) { return ceil_div(cols, OPT_BLOCK * OPT_VEC); }
 
-// threads of a block that walks a row of cols: whole warps, OPT_VEC columns each, at most OPT_BLOCK
+// threads of a block that walks a row of cols: whole warps, OPT_VEC columns each, at least one warp
+// (an empty ZeRO-1 part still launches), at most OPT_BLOCK
 static int opt_threads(int cols) {
     int t = ceil_div(ceil_div(cols, OPT_VEC), WARP_SIZE) * WARP_SIZE;
-    return t < OPT_BLOCK ? t : OPT_BLOCK;
+    return t < WARP_SIZE ? WARP_SIZE : (t < OPT_BLOCK ? t : OPT_BLOCK);
 }
 
 // points w into base (NULL: only counts) for slice part sh; returns the bytes
@@ -92,11 +115,13 @@ static size_t factored_scratch_carve(char* base, const OptShard* sh, FactoredScr
     size_t rows = (size_t)sh->rows, cols = (size_t)sh->cols, offset = 0;
     size_t row_parts = sh->factored ? (size_t)factored_col_chunks(sh->cols) * rows : 0;
     size_t col_parts = sh->factored ? (size_t)FACTORED_ROW_PARTS * cols : 0;
-    const size_t bytes[6] = {rows * sizeof(float), cols * sizeof(float), row_parts * sizeof(double),
-                             col_parts * sizeof(double), OPT_MAX_BLOCKS * sizeof(double), 2 * sizeof(double)};
-    void** ptrs[6] = {(void**)&w->scale_row, (void**)&w->scale_col, (void**)&w->row_parts,
-                      (void**)&w->col_parts, (void**)&w->partials, (void**)&w->sums};
-    for (int k = 0; k < 6; k++) {
+    size_t col_sums = sh->factored ? 1 + cols : 0;
+    const size_t bytes[7] = {rows * sizeof(float), cols * sizeof(float), row_parts * sizeof(double),
+                             col_parts * sizeof(double), col_sums * sizeof(double), OPT_MAX_BLOCKS * sizeof(double),
+                             2 * sizeof(double)};
+    void** ptrs[7] = {(void**)&w->scale_row, (void**)&w->scale_col, (void**)&w->row_parts, (void**)&w->col_parts,
+                      (void**)&w->col_sums, (void**)&w->partials, (void**)&w->sums};
+    for (int k = 0; k < 7; k++) {
         *ptrs[k] = base != NULL ? base + offset : NULL;
         offset += factored_align(bytes[k]);
     }
@@ -205,37 +230,49 @@ __global__ void factored_sums_kernel(double* row_parts, double* col_parts, Facto
     }
 }
 
-// the EMAs of the means, as cpu opt_ema_grad_sq_factored and opt_ema_col_means:
-// R (rows) = ema(R, (row_parts summed over chunks) / cols), Cc (cols) = ema(Cc, (col_parts summed
-// over the parts) / rows), scale_col (cols) = rsqrt(Cc); a thread per row, then one per column.
-// bytes: 8 (chunks rows + parts cols) + 8 rows + 12 cols; FLOPs: chunks rows + parts cols + 4 (rows + cols)
-static __global__ void factored_ema_kernel(float* R, float* Cc, float* scale_col, const double* row_parts, int chunks,
-                                           const double* col_parts, int rows, int cols, OptEma e) {
-    int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k < rows) {
+// the row statistic's EMA and what the column statistic needs, as cpu opt_ema_grad_sq_factored and
+// opt_ema_col_means up to the sums across the ranks: S_row (rows) = ema(S_row, (row_parts summed over
+// the chunks) / cols); col_sums[0] = the sum of the new S_row (mean(R)'s, cpu opt_factored_scales:
+// thread t adds rows t, t + blockDim, ..., the threads by a fixed tree), col_sums[1 + j] = col_parts
+// summed over the parts in order (the CPU's column sums, bitwise). One block: the row sum needs every row.
+// bytes: 8 (chunks rows + parts cols) + 8 rows + 8 cols; FLOPs: chunks rows + parts cols + 4 rows
+static __global__ void factored_row_ema_kernel(float* S_row, double* col_sums, const double* row_parts, int chunks,
+                                               const double* col_parts, int rows, int cols, OptEma e) {
+    double sum_rows = 0.0;
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
         double s = 0.0;
-        for (int c = 0; c < chunks; c++) { s += row_parts[(size_t)c * rows + k]; }
-        R[k] = opt_ema_device(R[k], (float)(s / cols), e);
-    } else if (k < rows + cols) {
-        int j = k - rows;
+        for (int c = 0; c < chunks; c++) { s += row_parts[(size_t)c * rows + i]; }
+        float r = opt_ema_device(S_row[i], (float)(s / cols), e);
+        S_row[i] = r;
+        sum_rows += r;
+    }
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         double s = 0.0;
         for (int p = 0; p < FACTORED_ROW_PARTS; p++) { s += col_parts[(size_t)p * cols + j]; }
-        Cc[j] = opt_ema_device(Cc[j], (float)(s / rows), e);
-        scale_col[j] = opt_rsqrt_device(Cc[j]);
+        col_sums[1 + j] = s;
     }
+    double total = block_sum_double(sum_rows);
+    if (threadIdx.x == 0) { col_sums[0] = total; }
 }
 
-// scale_row (rows) = rsqrt(R_i / mean(R)), mean(R) in double over R (rows), as cpu
-// opt_factored_scales; one block (thread t adds rows t, t + blockDim, ...; the threads by a fixed tree).
-// bytes: 12 rows; FLOPs: about 4 rows
-static __global__ void factored_row_scales_kernel(float* scale_row, const float* R, int rows) {
-    __shared__ float mean;
-    double s = 0.0;
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) { s += R[i]; }
-    double total = block_sum_double(s);
-    if (threadIdx.x == 0) { mean = (float)(total / rows); }
-    __syncthreads();
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) { scale_row[i] = opt_rsqrt_device(R[i] / mean); }
+// from the sums over the whole slice (col_sums, added across the ranks), as cpu opt_ema_col_means and
+// opt_factored_scales: this part's columns of the column statistic, S_col (col_count) = ema(S_col,
+// col_sums[1 + col_begin + c] / total_rows), and their scales scale_col[col_begin + c] = rsqrt(S_col[c]);
+// the row scales scale_row (rows) = rsqrt(S_row_i / mean(S_row)), mean = col_sums[0] / total_rows.
+// A thread per row, then one per column. bytes: 12 rows + 16 col_count; FLOPs: 4 (rows + col_count)
+static __global__ void factored_scales_kernel(float* scale_row, float* scale_col, float* S_col, const float* S_row,
+                                              const double* col_sums, int rows, int total_rows, int col_begin,
+                                              int col_count, OptEma e) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < rows) {
+        float mean = (float)(col_sums[0] / total_rows);
+        scale_row[k] = opt_rsqrt_device(S_row[k] / mean);
+    } else if (k < rows + col_count) {
+        int c = k - rows, j = col_begin + c;
+        float v = opt_ema_device(S_col[c], (float)(col_sums[1 + j] / total_rows), e);
+        S_col[c] = v;
+        scale_col[j] = opt_rsqrt_device(v);
+    }
 }
 
 // a vector's second moment, as cpu opt_second_moment: V (n) = ema(V, g^2 + eps1), scale_col = rsqrt(V).
@@ -313,12 +350,36 @@ static __global__ void adafactor_apply_kernel(float* param, const float* grad, f
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-// the slice part must be the whole slice: ZeRO-1's sums across the ranks are not on the GPU yet
-static void factored_check_unsharded(const OptShard* sh, const char* who) {
-    if (sh->world != 1 || sh->sum != NULL || sh->gather != NULL) {
-        fail("%s: a slice shared by %d processes; the GPU's Adafactor and CAME hold every slice whole\n"
-             "  hint: ZeRO-1 on the GPU is issue 10; pass OPT_UNSHARDED", who, sh->world);
+// a slice part shared by several ranks needs their communicator
+static void factored_check_comm(const OptShard* sh, ncclComm_t comm, const char* who) {
+    if (sh->world > 1 && comm == NULL) {
+        fail("%s: a slice shared by %d processes (ZeRO-1) and no NCCL communicator to add their sums\n"
+             "  hint: pass the ranks' communicator (train_gpt.cu: m->comm), or OPT_UNSHARDED for a slice held whole",
+             who, sh->world);
     }
+}
+
+// x (n doubles, device) := the sum over the ranks that share the slice of their x, in place on
+// stream (the CPU's opt_sum_across); nothing when this process holds the slice whole
+static void opt_sum_across_cuda(double* x, size_t n, const OptShard* sh, ncclComm_t comm, cudaStream_t stream) {
+    if (sh->world == 1) { return; }
+    NCCL_CHECK(ncclAllReduce(x, x, n, ncclDouble, ncclSum, comm, stream));
+}
+
+// scale_col (cols): every rank's block of columns (opt_layout.h's shard_range, the CPU's gather
+// counts) from the rank that computed it, one broadcast per block in one NCCL group, in place;
+// nothing when the slice is whole
+static void opt_gather_cols_cuda(float* scale_col, const OptShard* sh, ncclComm_t comm, cudaStream_t stream) {
+    if (sh->world == 1) { return; }
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < sh->world; r++) {
+        int begin, end;
+        shard_range(sh->cols, r, sh->world, &begin, &end);
+        if (end > begin) {
+            NCCL_CHECK(ncclBroadcast(scale_col + begin, scale_col + begin, (size_t)(end - begin), ncclFloat, r, comm, stream));
+        }
+    }
+    NCCL_CHECK(ncclGroupEnd());
 }
 
 // 16-byte loads and stores: every pointer aligned and every row a whole number of packs
@@ -326,39 +387,47 @@ static bool factored_vector(const void* a, const void* b, const void* c, int col
     return is_aligned16(a) && is_aligned16(b) && (c == NULL || is_aligned16(c)) && cols % OPT_VEC == 0;
 }
 
-// blocks of a kernel that takes one row per block (grid-stride over the rows)
-static int opt_row_blocks(int rows) { return rows < OPT_MAX_BLOCKS ? rows : OPT_MAX_BLOCKS; }
+// blocks of a kernel that takes one row per block (grid-stride over the rows); one for an empty
+// ZeRO-1 part (a grid of none is a launch error)
+static int opt_row_blocks(int rows) { return rows < 1 ? 1 : (rows < OPT_MAX_BLOCKS ? rows : OPT_MAX_BLOCKS); }
 
-// ema(S_row, row means of X), ema(S_col, column means of X) for a matrix (rows, cols), then the
-// scales of the factored rsqrt: w->scale_row = rsqrt(S_row / mean(S_row)), w->scale_col = rsqrt(S_col)
+// blocks of OPT_BLOCK threads for n items, a thread each; one for none
+static int opt_blocks(int n) { return n < 1 ? 1 : ceil_div(n, OPT_BLOCK); }
+
+// ema(S_row, row means of X), ema(S_col, column means of X) for this part (rows, cols) of a matrix,
+// the means over the whole slice, then the scales of the factored rsqrt: w->scale_row =
+// rsqrt(S_row / mean(S_row)), w->scale_col = rsqrt(S_col), every column (S_col: this part's block).
+// 3 kernels; ZeRO-1 adds an all-reduce of the sums and the gather of the column scales
 template <int STAT>
-static void factored_stat_cuda(float* S_row, float* S_col, const FactoredArgs* a, int rows, int cols, OptEma e,
-                               const FactoredScratch* w, cudaStream_t stream) {
-    int chunks = factored_col_chunks(cols);
+static void factored_stat_cuda(float* S_row, float* S_col, const FactoredArgs* a, const OptShard* sh, OptEma e,
+                               const FactoredScratch* w, ncclComm_t comm, cudaStream_t stream) {
+    int rows = sh->rows, cols = sh->cols, chunks = factored_col_chunks(cols);
     bool vector = factored_vector(a->g, a->M, a->scale_col, cols);
     dim3 grid(chunks, FACTORED_ROW_PARTS);
     factored_sums_kernel<STAT><<<grid, opt_threads(cols), 0, stream>>>(w->row_parts, w->col_parts, *a, rows, cols, vector);
     CUDA_CHECK_LAUNCH();
-    factored_ema_kernel<<<ceil_div(rows + cols, OPT_BLOCK), OPT_BLOCK, 0, stream>>>(S_row, S_col, w->scale_col, w->row_parts,
-                                                                                    chunks, w->col_parts, rows, cols, e);
+    factored_row_ema_kernel<<<1, OPT_BLOCK, 0, stream>>>(S_row, w->col_sums, w->row_parts, chunks, w->col_parts, rows, cols, e);
     CUDA_CHECK_LAUNCH();
-    factored_row_scales_kernel<<<1, OPT_BLOCK, 0, stream>>>(w->scale_row, S_row, rows);
+    opt_sum_across_cuda(w->col_sums, 1 + (size_t)cols, sh, comm, stream);
+    factored_scales_kernel<<<opt_blocks(rows + sh->col_count), OPT_BLOCK, 0, stream>>>(
+        w->scale_row, w->scale_col, S_col, S_row, w->col_sums, rows, sh->total_rows, sh->col_begin, sh->col_count, e);
     CUDA_CHECK_LAUNCH();
+    opt_gather_cols_cuda(w->scale_col, sh, comm, stream);
 }
 
 // the second moment shared by Adafactor and CAME (cpu opt_second_moment): updates v (factored: R then
-// Cc; vector: V) with g and fills w's scales so that U_ij = (scale_row_i scale_col_j) g_ij
+// this part's block of Cc; vector: V) with g and fills w's scales so that U_ij = (scale_row_i scale_col_j) g_ij
 static void second_moment_cuda(float* v, const float* g, const OptShard* sh, float eps1, OptEma e,
-                               const FactoredScratch* w, cudaStream_t stream) {
+                               const FactoredScratch* w, ncclComm_t comm, cudaStream_t stream) {
     if (sh->factored) {
         FactoredArgs a;
         memset(&a, 0, sizeof(a));
         a.g = g;
         a.eps = eps1;
-        factored_stat_cuda<STAT_GRAD_SQ>(v, v + sh->state_units, &a, sh->rows, sh->cols, e, w, stream);
+        factored_stat_cuda<STAT_GRAD_SQ>(v, v + sh->state_units, &a, sh, e, w, comm, stream);
         return;
     }
-    second_moment_vector_kernel<<<ceil_div(sh->cols, OPT_BLOCK), OPT_BLOCK, 0, stream>>>(v, w->scale_col, g, sh->cols, eps1, e);
+    second_moment_vector_kernel<<<opt_blocks(sh->cols), OPT_BLOCK, 0, stream>>>(v, w->scale_col, g, sh->cols, eps1, e);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -374,19 +443,23 @@ static void clip_sum_cuda(double* sum_u2, const float* g, const OptShard* sh, co
     CUDA_CHECK_LAUNCH();
 }
 
-// one Adafactor step on one slice (rows, cols), held whole, as cpu adafactor_update: param and grad
-// (rows, cols), state in the layout of opt_layout.h (factored: R, Cc [, M]; vector: V [, M]); t = 1, 2, ...;
-// scratch: factored_scratch_bytes(sh) bytes
+// one Adafactor step on a slice part sh (rows, cols), the whole slice or this rank's ZeRO-1 part,
+// as cpu adafactor_update: param and grad (rows, cols), state in the layout of opt_layout.h (factored:
+// R, Cc [, M]; vector: V [, M]); t = 1, 2, ...; scratch: factored_scratch_bytes(sh) bytes; comm: the
+// ranks that share the slice (unused when sh->world is 1). The sums of p^2 (RMS(p), taken before the
+// step changes p) and of U^2 cross the ranks together, just before the update that reads them
 static void adafactor_update_cuda(float* param, const float* grad, float* state, const OptShard* sh,
-                                  const AdafactorHyper* h, int t, void* scratch, cudaStream_t stream) {
-    factored_check_unsharded(sh, "adafactor_update_cuda");
+                                  const AdafactorHyper* h, int t, void* scratch, ncclComm_t comm, cudaStream_t stream) {
+    factored_check_comm(sh, comm, "adafactor_update_cuda");
     FactoredScratch w;
     factored_scratch_carve((char*)scratch, sh, &w);
     int rows = sh->rows, cols = sh->cols;
     size_t n = (size_t)rows * cols;
     if (h->scale_parameter) { global_norm_squared_cuda(w.sums, param, n, w.partials, stream); }  // p before the step
-    second_moment_cuda(state, grad, sh, (float)h->eps1, opt_ema_coeffs(adafactor_beta2(h, t)), &w, stream);
+    second_moment_cuda(state, grad, sh, (float)h->eps1, opt_ema_coeffs(adafactor_beta2(h, t)), &w, comm, stream);
     clip_sum_cuda(w.sums + 1, grad, sh, &w, stream);
+    int first = h->scale_parameter ? 0 : 1;  // sums[0]: p^2 (scale_parameter only), sums[1]: U^2
+    opt_sum_across_cuda(w.sums + first, 2 - first, sh, comm, stream);
     float* M = h->beta1 > 0.0 ? state + adafactor_state_floats(sh, 0) : NULL;
     AdafactorStep st = {(float)adafactor_step_size(h, t), (float)h->eps2, h->scale_parameter, (float)h->clip_threshold,
                         h->weight_decay, opt_ema_coeffs(h->beta1)};

@@ -1,16 +1,21 @@
 /*
 came.cuh: the CAME update on the device (confidence-guided Adafactor), mirroring came_update of
-cpu/optimizers.h, for one process that holds every slice whole (no ZeRO-1: OPT_UNSHARDED). The
-factored second moment, the clip divisor and the scratch are Adafactor's (adafactor.cuh): CAME adds
-the first moment and the factored EMA of the residual (U - M)^2, whose scales replace U's.
+cpu/optimizers.h, for a slice held whole or, under ZeRO-1, for this rank's part of it. The factored
+second moment, the clip divisor, the sums across the ranks and the scratch are Adafactor's
+(adafactor.cuh): CAME adds the first moment and the factored EMA of the residual (U - M)^2, whose
+scales replace U's.
 
     void* scratch;  // factored_model_scratch_bytes(&cfg) bytes (or factored_scratch_bytes(&sh), one slice)
-    came_update_cuda(param, grad, state, &sh, &h, scratch, stream);   // no step count: no bias correction
+    came_update_cuda(param, grad, state, &sh, &h, scratch, comm, stream);   // no step count: no bias correction
 
 Invariants: those of adafactor.cuh: fp32 parameters, gradients and state in opt_layout.h's layout
-(M, R, Cc, Rr, Rc for a matrix; M, V for a vector), the CPU's order of operations and roundings,
-sums in double over partitions fixed by the shape (bitwise the same run after run), the statistics
-in device memory. Failure: a sharded slice stops with a message (ZeRO-1 on the GPU: issue 10).
+(M, R, Cc, Rr, Rc for a matrix; M, V for a vector; under ZeRO-1 this rank's rows and its block of
+Cc's and Rc's columns), the CPU's order of operations and roundings, sums in double over partitions
+fixed by the shape (bitwise the same run after run), the statistics in device memory, the ranks'
+sums added by NCCL on the stream. Launches per slice: a matrix 9 kernels, a vector 4; ZeRO-1 adds
+NCCL calls: 5 for a matrix (each factored statistic's all-reduce and gather, the all-reduce of the
+sum of U^2 between them), 1 for a vector. Failure: a sharded slice without a communicator stops
+with a message.
 */
 #ifndef CUDA_CAME_CUH
 #define CUDA_CAME_CUH
@@ -66,26 +71,29 @@ static __global__ void came_apply_kernel(float* param, const float* grad, float*
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-// one CAME step on one slice (rows, cols), held whole, as cpu came_update: param and grad (rows, cols),
-// state in the layout of opt_layout.h; scratch: factored_scratch_bytes(sh) bytes. Steps (cpu/optimizers.h):
-// 1-2 the second moment and U's scales, 3 the clip divisor's sum, then a matrix's 4-5 (ema(M, U) and
-// the residual's EMAs, whose scales replace U's) in one pass, and 6-7 the update (a vector's 4 with it)
+// one CAME step on a slice part sh (rows, cols), the whole slice or this rank's ZeRO-1 part, as cpu
+// came_update: param and grad (rows, cols), state in the layout of opt_layout.h; scratch:
+// factored_scratch_bytes(sh) bytes; comm: the ranks that share the slice (unused when sh->world is 1).
+// Steps (cpu/optimizers.h): 1-2 the second moment and U's scales, 3 the clip divisor's sum (over the
+// whole slice before the residual reads it), then a matrix's 4-5 (ema(M, U) and the residual's EMAs,
+// whose scales replace U's) in one pass, and 6-7 the update (a vector's 4 with it)
 static void came_update_cuda(float* param, const float* grad, float* state, const OptShard* sh, const CAMEHyper* h,
-                             void* scratch, cudaStream_t stream) {
-    factored_check_unsharded(sh, "came_update_cuda");
+                             void* scratch, ncclComm_t comm, cudaStream_t stream) {
+    factored_check_comm(sh, comm, "came_update_cuda");
     FactoredScratch w;
     factored_scratch_carve((char*)scratch, sh, &w);
     int rows = sh->rows, cols = sh->cols;
     float* M = state;
     float* v = state + sh->state_units * sh->width;  // factored: R, Cc, Rr, Rc; vector: V
-    second_moment_cuda(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w, stream);
+    second_moment_cuda(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w, comm, stream);
     clip_sum_cuda(w.sums + 1, grad, sh, &w, stream);
+    opt_sum_across_cuda(w.sums + 1, 1, sh, comm, stream);
     if (sh->factored) {
         float* Rr = v + sh->state_units + sh->col_units;
-        float* Rc = Rr + sh->state_units;
+        float* Rc = Rr + sh->state_units;  // this part's block of columns
         FactoredArgs a = {grad, (float)h->eps2, M, w.scale_row, w.scale_col, w.sums + 1, (double)sh->total,
                           (float)h->clip_threshold, opt_ema_coeffs(h->beta1)};
-        factored_stat_cuda<STAT_CAME_RESIDUAL>(Rr, Rc, &a, rows, cols, opt_ema_coeffs(h->beta3), &w, stream);
+        factored_stat_cuda<STAT_CAME_RESIDUAL>(Rr, Rc, &a, sh, opt_ema_coeffs(h->beta3), &w, comm, stream);
     }
     CAMEStep st = {(float)h->lr, (float)(-h->weight_decay * h->lr), h->weight_decay != 0.0, (float)h->clip_threshold,
                    opt_ema_coeffs(h->beta1)};

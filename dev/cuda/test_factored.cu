@@ -3,20 +3,29 @@ test_factored.cu: Adafactor and CAME on the device, cuda/adafactor.cuh and cuda/
 adafactor_update and came_update of cpu/optimizers.h: STEPS steps with a new gradient each, on
 matrix slices of odd shapes (rows and columns multiples of nothing; more rows than the 64 row parts;
 more columns than one block covers) and on vectors (a 1-row slice, a 1-column slice, one longer
-than a block's pass), with and without Adafactor's first moment, weight decay, the relative step
-and its scale_parameter, and a clip threshold that clips; one matrix whose rows are whole 16-byte
-packs (the vector path), once aligned and once one float off (the element path). After the last
-step the parameters and every float of the state are held to TOLERANCE relative to the CPU's
-(the sums are in double in another order, so a statistic may round to the neighbouring float);
-the same run twice on the device must give the same bits. Prints the worst error of each case.
+than a block's pass, one shorter than 3 ranks), with and without Adafactor's first moment, weight
+decay, the relative step and its scale_parameter, and a clip threshold that clips; one matrix whose
+rows are whole 16-byte packs (the vector path), once aligned and once one float off (the element
+path). After the last step the parameters and every float of the state are held to TOLERANCE
+relative to the CPU's (the sums are in double in another order, so a statistic may round to the
+neighbouring float); the same run twice on the device must give the same bits. Prints the worst
+error of each case.
+
+Under mpirun every slice is cut over the ranks as ZeRO-1 cuts it (llmc/opt_layout.h): each rank
+updates its part on its device, the ranks' sums added by NCCL, against the CPU's update of the same
+part with the ranks' sums added by MPI (the trainer's hooks: dist_allreduce_sum_doubles,
+dist_allgather_floats_world). With 3 ranks the parts are uneven, and the 2 x 5 matrix and the
+2-element vector leave a rank no rows (it still owns a column of the 2 x 5 matrix's statistics).
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_factored && ./build/emu/dev/cuda/test_factored
-    ./build/emu/dev/cuda/test_factored sharded    # a sharded slice stops with a message
+    mpirun -np 3 ./build/emu/dev/cuda/test_factored   # ZeRO-1 parts, one emulated device per rank
+    ./build/emu/dev/cuda/test_factored sharded        # a sharded slice without a communicator stops with a message
 */
 #include "dev/cuda/kernel_test.h"
 #include "cpu/optimizers.h"
 #include "cuda/adafactor.cuh"
 #include "cuda/came.cuh"
+#include "llmc/distributed.h"
 
 static const int STEPS = 4;
 static const double TOLERANCE = 1e-6;  // relative, per float of the parameters and of the state
@@ -32,6 +41,7 @@ static const Shape SHAPES[] = {
     {1, 45, 0},     // a 1-row slice: a vector
     {45, 1, 0},     // a 1-column slice: a vector
     {1, 1030, 3},   // a vector longer than a block's pass
+    {1, 2, 0},      // a vector shorter than 3 ranks: one of them holds none of it
 };
 
 enum Optimizer { ADAFACTOR, CAME };
@@ -60,11 +70,13 @@ static const Case CASES[] = {
     {"came weight decay, clip 0.5", CAME, {}, CAME_WD},
 };
 
-// the whole slice (rows, cols) as one process holds it
-static OptShard whole_slice(int rows, int cols) {
+// this process's part of slice (rows, cols): the whole slice, or under mpirun (d.world > 1) rank
+// d.rank's ZeRO-1 part, whose sums cross the ranks by the CPU trainer's MPI hooks (the device's by
+// NCCL); *offset: floats from the slice's start to the part's
+static OptShard slice_part(int rows, int cols, const Dist& d, size_t* offset) {
     ParamSlice s = {0, -1, rows, cols, 0};
-    size_t offset;
-    return slice_shard(&s, &OPT_UNSHARDED, &offset);
+    OptSharding z = {d.rank, d.world, dist_allreduce_sum_doubles, dist_allgather_floats_world};
+    return slice_shard(&s, d.world > 1 ? &z : &OPT_UNSHARDED, offset);
 }
 
 static size_t state_floats(const Case& c, const OptShard* sh) {
@@ -72,14 +84,15 @@ static size_t state_floats(const Case& c, const OptShard* sh) {
                               : slice_state_floats(OPT_CAME, sh, 0);
 }
 
-// step t's gradient: uniform, each row scaled differently (so that the factored scales matter)
-static std::vector<float> gradient(int rows, int cols, int t) {
+// step t's gradient of the part (n floats from offset) of a slice (rows, cols): uniform, each row
+// scaled differently (so that the factored scales matter)
+static std::vector<float> gradient(int rows, int cols, int t, size_t offset, size_t n) {
     std::vector<float> g = random_vector((size_t)rows * cols, 100 + t);
     for (int i = 0; i < rows; i++) {
         float scale = 1e-3f * (1 + (i * 7) % 13);
         for (int j = 0; j < cols; j++) { g[(size_t)i * cols + j] *= scale; }
     }
-    return g;
+    return std::vector<float>(g.begin() + offset, g.begin() + offset + n);
 }
 
 // largest |got - want| / max(|want|, STATE_FLOOR); NaN counts as infinitely far
@@ -92,20 +105,22 @@ static double worst_rel(const std::vector<float>& got, const std::vector<float>&
     return worst;
 }
 
-// one update on the device
+// one update on the device; comm: the ranks' communicator (NULL: one process)
 static void device_step(const Case& c, float* param, const float* grad, float* state, const OptShard* sh, int t,
-                        void* scratch) {
+                        void* scratch, ncclComm_t comm) {
     if (c.opt == ADAFACTOR) {
-        adafactor_update_cuda(param, grad, state, sh, &c.adafactor, t, scratch, 0);
+        adafactor_update_cuda(param, grad, state, sh, &c.adafactor, t, scratch, comm, 0);
     } else {
-        came_update_cuda(param, grad, state, sh, &c.came, scratch, 0);
+        came_update_cuda(param, grad, state, sh, &c.came, scratch, comm, 0);
     }
 }
 
 struct DeviceRun { std::vector<float> param, state; };
 
-// STEPS steps on the device from param0 and a zero state, buffers `offset` floats off alignment
-static DeviceRun run_device(const Case& c, const Shape& s, const OptShard* sh, const std::vector<float>& param0) {
+// STEPS steps on the device from param0 (the part sh, `offset` floats into the slice) and a zero
+// state, buffers s.offset floats off alignment
+static DeviceRun run_device(const Case& c, const Shape& s, const OptShard* sh, size_t offset,
+                            const std::vector<float>& param0, ncclComm_t comm) {
     size_t n = param0.size(), ns = state_floats(c, sh);
     float *bp = device_alloc<float>(n + 4), *bg = device_alloc<float>(n + 4), *bs = device_alloc<float>(ns + 4);
     float *d_param = bp + s.offset, *d_grad = bg + s.offset, *d_state = bs + s.offset;
@@ -113,30 +128,38 @@ static DeviceRun run_device(const Case& c, const Shape& s, const OptShard* sh, c
     upload_into(d_param, param0);
     CUDA_CHECK(cudaMemset(d_state, 0, ns * sizeof(float)));
     for (int t = 1; t <= STEPS; t++) {
-        upload_into(d_grad, gradient(s.rows, s.cols, t));
-        device_step(c, d_param, d_grad, d_state, sh, t, scratch);
+        upload_into(d_grad, gradient(s.rows, s.cols, t, offset, n));
+        device_step(c, d_param, d_grad, d_state, sh, t, scratch, comm);
     }
     DeviceRun r = {download(d_param, n), download(d_state, ns)};
     for (void* p : {(void*)bp, (void*)bg, (void*)bs, scratch}) { CUDA_CHECK(cudaFree(p)); }
     return r;
 }
 
-static void test_case(const Case& c, const Shape& s) {
-    OptShard sh = whole_slice(s.rows, s.cols);
-    size_t n = (size_t)s.rows * s.cols;
-    std::vector<float> param0 = random_vector(n, 7), param = param0, state(state_floats(c, &sh), 0.0f);
+// the slice s, whole or (mpirun) this rank's part, on the CPU and twice on the device
+static void test_case(const Case& c, const Shape& s, const Dist& d, ncclComm_t comm) {
+    size_t offset;
+    OptShard sh = slice_part(s.rows, s.cols, d, &offset);
+    size_t n = (size_t)sh.rows * sh.cols;
+    std::vector<float> whole0 = random_vector((size_t)s.rows * s.cols, 7);
+    std::vector<float> param0(whole0.begin() + offset, whole0.begin() + offset + n), param = param0;
+    std::vector<float> state(state_floats(c, &sh), 0.0f);
     for (int t = 1; t <= STEPS; t++) {
-        std::vector<float> g = gradient(s.rows, s.cols, t);
+        std::vector<float> g = gradient(s.rows, s.cols, t, offset, n);
         if (c.opt == ADAFACTOR) {
             adafactor_update(param.data(), g.data(), state.data(), &sh, &c.adafactor, t);
         } else {
             came_update(param.data(), g.data(), state.data(), &sh, &c.came);
         }
     }
-    DeviceRun a = run_device(c, s, &sh, param0), b = run_device(c, s, &sh, param0);
+    DeviceRun a = run_device(c, s, &sh, offset, param0, comm), b = run_device(c, s, &sh, offset, param0, comm);
     double ep = worst_rel(a.param, param), es = worst_rel(a.state, state);
-    char shape[64], name[256];
+    char shape[96], name[320];
     snprintf(shape, sizeof shape, "%d x %d%s%s", s.rows, s.cols, sh.factored ? "" : ", a vector", s.offset ? ", unaligned" : "");
+    if (d.world > 1) {
+        size_t len = strlen(shape);
+        snprintf(shape + len, sizeof shape - len, ", rank %d's part of %d: %d x %d", d.rank, d.world, sh.rows, sh.cols);
+    }
     snprintf(name, sizeof name, "%s (%s): %d steps vs cpu/optimizers.h: params %.1e, state %.1e <= %.0e", c.name, shape,
              STEPS, ep, es, TOLERANCE);
     check(ep <= TOLERANCE && es <= TOLERANCE, name, "%s", "over the tolerance");
@@ -144,18 +167,24 @@ static void test_case(const Case& c, const Shape& s) {
     check(a.param == b.param && a.state == b.state, name, "%s", "the two runs differ");
 }
 
-// the scratch the trainer keeps covers every slice of a model
+// the scratch the trainer keeps covers every slice of a model, whole and every ZeRO-1 part of 2..8 ranks
 static void test_model_scratch() {
     GPT2Config c = {32, 64, 64, 2, 4, 32};  // max_seq_len, vocab_size, padded_vocab_size, layers, heads, channels
     ParamSlice* s = param_slices_alloc(&c);
     size_t most = factored_model_scratch_bytes(&c), offset;
     bool covers = true;
-    for (int k = 0; k < param_slice_count(&c); k++) {
-        OptShard sh = slice_shard(&s[k], &OPT_UNSHARDED, &offset);
-        covers = covers && factored_scratch_bytes(&sh) <= most;
+    for (int world = 1; world <= 8; world++) {
+        for (int rank = 0; rank < world; rank++) {
+            OptSharding z = {rank, world, NULL, NULL};
+            for (int k = 0; k < param_slice_count(&c); k++) {
+                OptShard sh = slice_shard(&s[k], &z, &offset);
+                covers = covers && factored_scratch_bytes(&sh) <= most;
+            }
+        }
     }
     free(s);
-    check(covers && most > 0, "factored_model_scratch_bytes covers every slice of the tiny model", "%zu bytes", most);
+    check(covers && most > 0, "factored_model_scratch_bytes covers every slice of the tiny model, whole and its ZeRO-1 parts",
+          "%zu bytes", most);
 }
 
 // GPT-2 d12's fcw slice (3072 x 768) on a GPU
@@ -165,8 +194,9 @@ static void bench_factored() {
 #else
     const int rows = 3072, cols = 768;
 #endif
-    OptShard sh = whole_slice(rows, cols);
-    size_t n = (size_t)rows * cols;
+    size_t offset, n = (size_t)rows * cols;
+    Dist one = {0, 1};
+    OptShard sh = slice_part(rows, cols, one, &offset);
     float *d_p = upload<float>(random_vector(n, 1)), *d_g = upload<float>(random_vector(n, 2));
     float* d_state = upload<float>(std::vector<float>(n + came_state_floats(&sh), 0.0f));
     void* scratch = device_alloc<char>(factored_scratch_bytes(&sh));
@@ -175,8 +205,8 @@ static void bench_factored() {
     char name[2][64];
     snprintf(name[0], sizeof name[0], "adafactor_update (%d x %d)", rows, cols);
     snprintf(name[1], sizeof name[1], "came_update (%d x %d)", rows, cols);
-    bench(name[0], 4.0 * 6 * n, 30.0 * n, [&] { adafactor_update_cuda(d_p, d_g, d_state, &sh, &AF_RELATIVE, 2, scratch, 0); });
-    bench(name[1], 4.0 * 9 * n, 50.0 * n, [&] { came_update_cuda(d_p, d_g, d_state, &sh, &CAME_PLAIN, scratch, 0); });
+    bench(name[0], 4.0 * 6 * n, 30.0 * n, [&] { adafactor_update_cuda(d_p, d_g, d_state, &sh, &AF_RELATIVE, 2, scratch, NULL, 0); });
+    bench(name[1], 4.0 * 9 * n, 50.0 * n, [&] { came_update_cuda(d_p, d_g, d_state, &sh, &CAME_PLAIN, scratch, NULL, 0); });
     for (void* p : {(void*)d_p, (void*)d_g, (void*)d_state, scratch}) { CUDA_CHECK(cudaFree(p)); }
 }
 
@@ -186,13 +216,26 @@ int main(int argc, char** argv) {
         OptSharding z = {0, 2, NULL, NULL};
         size_t offset;
         OptShard sh = slice_shard(&s, &z, &offset);
-        adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, 0);
+        adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, NULL, 0);
         return 0;
     }
+    Dist d;
+    dist_init(&d, &argc, &argv);  // mpirun: one rank per emulated device, NCCL among them
+    CUDA_CHECK(cudaSetDevice(dist_local_rank()));
+    ncclComm_t comm = d.world > 1 ? nccl_init(&d) : NULL;
+    // one report per run: rank 0's lines, and at the end the totals of all ranks
+    if (d.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { return EXIT_FAILURE; }
     for (const Case& c : CASES) {
-        for (const Shape& s : SHAPES) { test_case(c, s); }
+        for (const Shape& s : SHAPES) { test_case(c, s, d, comm); }
     }
     test_model_scratch();
-    bench_factored();
+    if (d.world == 1) { bench_factored(); }
+    if (comm != NULL) { NCCL_CHECK(ncclCommDestroy(comm)); }
+    if (d.rank != 0 && g_checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", d.rank, g_checks_failed); }
+    double counts[2] = {(double)g_checks_passed, (double)g_checks_failed};
+    dist_allreduce_sum_doubles(counts, 2);
+    g_checks_passed = (int)counts[0];
+    g_checks_failed = (int)counts[1];
+    dist_finalize();
     return check_summary();
 }

@@ -5,7 +5,8 @@
 #
 #   bash dev/cuda_emu/run_tests.sh          (from anywhere; `make emu-test` runs it)
 #
-# The NCCL test also runs as 2 MPI processes when mpirun exists (skipped, with a note, if not).
+# The NCCL test, and test_factored (ZeRO-1 parts), also run as 2 (and 3) MPI processes when mpirun
+# exists (skipped, with a note, if not).
 set -u
 cd "$(dirname "$0")/../.."
 make -s -f dev/cuda_emu/emu.mk -j"$(nproc)" emu-build-tests || { echo "0 passed, 1 failed"; exit 1; }
@@ -74,8 +75,17 @@ if [ -n "$KERNEL_TESTS" ]; then
             "failed: CUBLAS_STATUS_INVALID_VALUE" $KBIN/test_matmul bad-leading-dimension
         expect_error "cuda/attention.cuh: C not divisible by NH stops with a message" \
             "C=30 is not divisible by NH=4" $KBIN/test_attention indivisible-heads
-        expect_error "cuda/adafactor.cuh: a slice sharded over 2 processes stops with a message" \
-            "a slice shared by 2 processes" $KBIN/test_factored sharded
+        expect_error "cuda/adafactor.cuh: a slice sharded over 2 processes without a communicator stops with a message" \
+            "a slice shared by 2 processes (ZeRO-1) and no NCCL communicator" $KBIN/test_factored sharded
+        # ZeRO-1 parts of every slice, the ranks' sums by NCCL against the CPU's by MPI: even parts, and
+        # uneven ones (3 ranks, one of them with no rows of some slices) under the late stream order
+        if command -v mpirun > /dev/null; then
+            run "test_factored, 2 ranks (mpirun -np 2): ZeRO-1 parts vs cpu/optimizers.h" -- "${MPIRUN_NP2[@]}" $KBIN/test_factored
+            MPIRUN_NP3=("${MPIRUN_NP2[@]:0:${#MPIRUN_NP2[@]}-1}" 3)  # the same launcher, 3 ranks
+            run "test_factored, 3 ranks (uneven parts), late streams" -- "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late $KBIN/test_factored
+        else
+            echo "skipped: test_factored with 2 and 3 ranks (mpirun not found)"
+        fi
     else
         echo "FAIL building the kernel tests of dev/cuda"
         failed=$((failed + 1))
