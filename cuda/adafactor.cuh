@@ -29,8 +29,9 @@ the column sums with the sum of the row statistic (mean(R)) in one call, the sum
 in another; the CPU adds the same partial sums with MPI_Allreduce. With 2 ranks either library makes
 one addition, so from the same gradients the column statistics are the CPU's bitwise; with more,
 NCCL's order (its ring) and MPI's may differ in the last bit of a double. Each rank updates its
-columns of the column statistic and their scales rsqrt(Cc_j); the scales are gathered, one ncclBroadcast per rank's block of
-columns in one NCCL group (the CPU gathers Cc and takes rsqrt on every rank: the same floats).
+columns of the column statistic and their scales rsqrt(Cc_j); the scales are gathered, one
+ncclBroadcast per rank's block of columns in one NCCL group (the CPU gathers Cc and takes rsqrt on
+every rank: the same floats).
 The sharded sums add in another order than the whole slice's (per rank, then across), so --zero 1
 agrees with --zero 0 to double rounding before each float rounding (in practice bitwise).
 
