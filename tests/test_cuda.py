@@ -16,7 +16,11 @@ compiled for dev/cuda_emu); on a GPU pass ./train_gpt_cu instead.
   - Adafactor (with and without its first moment) and CAME: the same checks (10 steps against the
     CPU, the same run twice, resume, checkpoints across the backends, --recompute, plan = measured,
     bf16); Adafactor's relative step: the 10 steps against the CPU;
-  - what the GPU does not do yet (--zero 1 with Adafactor or CAME) stops with a message.
+  - ZeRO-1 with Adafactor (with and without its first moment) and CAME on 2 emulated ranks: --zero 1
+    equals --zero 0 bit for bit, within DP_RTOL of 1 rank, half the optimizer state per rank, the
+    sharded checkpoint resumed by the CPU trainer on 2 ranks within MODEL_RTOL of the GPU's own end;
+    CAME also on 3 ranks (uneven parts) and resumed bitwise by the GPU; Adafactor under the late
+    stream order.
 
     python3 tests/test_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt
 
@@ -271,8 +275,97 @@ for opt, (flags, full) in FACTORED.items():
                     f"worst relative difference {worst(lb, lc):.3g}")
             print(f"     worst relative loss difference {worst(lb, lc):.3g}")
 
-# not on the GPU yet: a message, not a wrong answer
-if mpirun is not None:
-    s.expect_fail("CUDA: --zero 1 with Adafactor is refused with a message", "--zero 1 with --optimizer adafactor: not on the GPU yet",
-                  mpirun + ["2", CUDA] + BASE + ["-d", "64", "--optimizer", "adafactor", "--zero", "1", "-o", ""])
+# ZeRO-1 with Adafactor and CAME (cuda/adafactor.cuh): each rank updates its block of every slice's
+# rows and keeps its block of the column statistics, the statistics over a whole slice added across
+# the ranks by NCCL inside the update. --zero 1 adds those sums per rank, then across (in double), where
+# --zero 0 adds them over the whole slice: they can differ only where two double sums round to
+# different floats, which these runs never meet, so the check is bit for bit (as the CPU's
+# tests/test_zero.py finds on the CPU). The GPU's sharded state files are the CPU's layout: the CPU
+# trainer resumes them on 2 ranks and ends within MODEL_RTOL of the GPU (the two backends' sums
+# differ in order, as in the checks above)
+if mpirun is None:
+    s.skip("CUDA data parallel with Adafactor and CAME (--zero 1)", why_not)
+else:
+    cpu_mpirun, cpu_why_not = e2e.mpi_launcher(TRAIN)
+    ZERO_FACTORED = {"adafactor": ["--optimizer", "adafactor"],
+                     "adafactor beta1": ["--optimizer", "adafactor", "--adafactor-beta1", "0.9"],
+                     "came": ["--optimizer", "came"]}
+
+    def dp_run(name, ranks, flags, out, env_late=False):
+        """mpirun -np RANKS of the CUDA trainer on the data-parallel flags; ranks 1: no mpirun"""
+        late = ["-x", "CUDA_EMU_STREAMS=late"] if env_late else []
+        cmd = ([CUDA] if ranks == 1 else mpirun + [str(ranks)] + late + [CUDA]) + flags + ["-o", out]
+        return s.expect_ok(name, cmd)
+
+    def state_bytes(d, rank):
+        return os.path.getsize(ckpt(d, "state", 4, f"_{rank:05d}.bin")) - HEADER_BYTES
+
+    def copy_step(src, step, dst):
+        os.makedirs(dst)
+        for f in glob.glob(f"{src}/*_{step:08d}*") + glob.glob(f"{src}/DONE_{step:08d}"):
+            shutil.copy(f, dst)
+
+    for opt, oflags in ZERO_FACTORED.items():
+        flags = DP + FP32 + oflags + ["--eps1", "1e-12"]
+        tag = opt.replace(" ", "_")
+        one, z0, z1 = f"{W}/dpf_{tag}_1rank", f"{W}/dpf_{tag}_zero0", f"{W}/dpf_{tag}_zero1"
+        ok1 = dp_run(f"CUDA {opt}: 1 rank, 2 micro-steps", 1, flags, one)
+        ok0 = dp_run(f"CUDA {opt}: mpirun -np 2 --zero 0", 2, flags + ["--zero", "0"], z0)
+        if not dp_run(f"CUDA {opt}: mpirun -np 2 --zero 1", 2, flags + ["--zero", "1"], z1):
+            continue
+        s.check_memory(f"CUDA {opt} --zero 1: measured memory equals the plan", z1)
+        if ok0:
+            s.check(f"CUDA {opt}: --zero 1 equals --zero 0 bit for bit",
+                    same_bytes(ckpt(z0, "model", 4, ".bin"), ckpt(z1, "model", 4, ".bin")), "models differ")
+            full, half = state_bytes(z0, 0), state_bytes(z1, 0)
+            s.check(f"CUDA {opt} --zero 1: each rank keeps half the optimizer state",
+                    full == 2 * half and state_bytes(z1, 1) == half, f"{half} of {full} bytes")
+        if ok1:
+            models_close(f"CUDA {opt} --zero 1: 2 ranks within {DP_RTOL:g} of 1 rank",
+                         ckpt(z1, "model", 4, ".bin"), ckpt(one, "model", 4, ".bin"), DP_RTOL)
+        # the GPU's sharded checkpoint of step 2, resumed by the CPU trainer on 2 ranks
+        if cpu_mpirun is None:
+            s.skip(f"CUDA {opt} --zero 1 checkpoint, CPU resume", cpu_why_not)
+            continue
+        r = f"{W}/dpf_{tag}_cpu_resume"
+        copy_step(z1, 2, r)
+        ran = s.expect_ok(f"CUDA {opt} --zero 1 checkpoint: mpirun -np 2 ./train_gpt --zero 1 resumes it",
+                          cpu_mpirun + ["2", TRAIN] + flags + ["--zero", "1", "-o", r, "-y", "1"])
+        if ran:
+            s.check(f"CUDA {opt} --zero 1 checkpoint, CPU resume: starts at step 2", "at step 2" in ran.out, ran.out[-300:])
+            models_close(f"CUDA {opt} --zero 1 checkpoint, CPU resume: ends within {MODEL_RTOL:g} of the GPU's run",
+                         ckpt(r, "model", 4, ".bin"), ckpt(z1, "model", 4, ".bin"), MODEL_RTOL)
+
+    # CAME on 3 ranks: every slice's rows (32, 96, 128 of them) and columns cut unevenly; one micro-step
+    # each (-d 96), against 1 rank's three
+    flags = DEEP + ["-d", "96", "-n", "2"] + FP32 + ZERO_FACTORED["came"] + ["--eps1", "1e-12"]
+    one, z0, z1 = f"{W}/dpf3_came_1rank", f"{W}/dpf3_came_zero0", f"{W}/dpf3_came_zero1"
+    ok1 = dp_run("CUDA came: 1 rank, 3 micro-steps", 1, flags, one)
+    ok0 = dp_run("CUDA came: mpirun -np 3 --zero 0", 3, flags + ["--zero", "0"], z0)
+    if dp_run("CUDA came: mpirun -np 3 --zero 1", 3, flags + ["--zero", "1"], z1):
+        if ok0:
+            s.check("CUDA came, 3 ranks: --zero 1 equals --zero 0 bit for bit",
+                    same_bytes(ckpt(z0, "model", 4, ".bin"), ckpt(z1, "model", 4, ".bin")), "models differ")
+            full, parts = state_bytes(z0, 0), [state_bytes(z1, r) for r in range(3)]
+            s.check("CUDA came --zero 1, 3 ranks: each rank keeps about a third of the optimizer state (parts padded to "
+                    "ceil(units / 3))", len(set(parts)) == 1 and full <= 3 * parts[0] <= 1.05 * full,
+                    f"{parts} of {full} bytes")
+        if ok1:
+            models_close(f"CUDA came --zero 1: 3 ranks within {DP_RTOL:g} of 1 rank",
+                         ckpt(z1, "model", 4, ".bin"), ckpt(one, "model", 4, ".bin"), DP_RTOL)
+        r = f"{W}/dpf3_came_resume"
+        copy_step(z1, 2, r)
+        if s.expect_ok("CUDA came --zero 1, 3 ranks: resume from step 2",
+                       mpirun + ["3", CUDA] + flags + ["--zero", "1", "-o", r, "-y", "1"]):
+            for kind, suffix in [("model", ".bin")] + [("state", f"_{k:05d}.bin") for k in range(3)]:
+                s.check(f"CUDA came --zero 1, 3 ranks: resumed run ends with the same {kind}{suffix}",
+                        same_bytes(ckpt(z1, kind, 4, suffix), ckpt(r, kind, 4, suffix)), "files differ")
+
+    # the statistics' collectives run on the model's stream: under the late stream order an update that
+    # did not wait for them (or a collective that did not wait for its sums) reads stale memory
+    flags = DP + FP32 + ZERO_FACTORED["adafactor"] + ["--eps1", "1e-12", "--zero", "1"]
+    late, want = f"{W}/dpf_adafactor_zero1_late", f"{W}/dpf_adafactor_zero1"
+    if dp_run("CUDA adafactor --zero 1, late streams", 2, flags, late, env_late=True):
+        s.check("CUDA adafactor --zero 1, late streams: the same model as in order", os.path.exists(ckpt(want, "model", 4, ".bin"))
+                and same_bytes(ckpt(late, "model", 4, ".bin"), ckpt(want, "model", 4, ".bin")), "models differ")
 s.finish()
