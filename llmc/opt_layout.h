@@ -23,8 +23,9 @@ every slice's rows (a vector: of its elements) and keeps only that block's state
 matrix's column statistics only its block of columns. What an update needs from the whole
 slice (column means, mean(R), the RMS of U and of p) is summed over the block's rows and
 then across the ranks by the OptSumFn hook; the column statistics' blocks are gathered by
-the OptGatherFn hook into a workspace. With one process (hooks NULL) every sum is taken
-exactly as without sharding, bit for bit.
+the OptGatherFn hook into a workspace (the CUDA backend adds and gathers the same on the
+device with NCCL instead of the hooks: cuda/adafactor.cuh). With one process (hooks NULL)
+every sum is taken exactly as without sharding, bit for bit.
 
 State layout (one block of floats, zeroed before step 1): the slices in checkpoint order
 (wte, wpe, ln1w of layer 0..L-1, ln1b of layer 0..L-1, qkvw 0..L-1, ..., fcprojb 0..L-1, lnfw,
