@@ -260,7 +260,7 @@ static __global__ void factored_row_ema_kernel(float* S_row, double* col_sums, c
 // opt_factored_scales: this part's columns of the column statistic, S_col (col_count) = ema(S_col,
 // col_sums[1 + col_begin + c] / total_rows), and their scales scale_col[col_begin + c] = rsqrt(S_col[c]);
 // the row scales scale_row (rows) = rsqrt(S_row_i / mean(S_row)), mean = col_sums[0] / total_rows.
-// A thread per row, then one per column. bytes: 12 rows + 16 col_count; FLOPs: 4 (rows + col_count)
+// A thread per row, then one per column. bytes: 8 rows + 20 col_count; FLOPs: 4 (rows + col_count)
 static __global__ void factored_scales_kernel(float* scale_row, float* scale_col, float* S_col, const float* S_row,
                                               const double* col_sums, int rows, int total_rows, int col_begin,
                                               int col_count, OptEma e) {
