@@ -47,7 +47,7 @@ typedef struct {
     float eps1;                      // Adafactor, CAME: added to g^2 before the second moment
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
-    int offload;                     // 1: kept activations go to the host store
+    char offload[PATH_MAX_LEN];      // what moves to host memory: activations (or 1), optimizer, both (comma list); 0 = none
     int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
@@ -91,7 +91,7 @@ static TrainOptions options_default(void) {
     o.adafactor_beta1 = 0.0f;
     o.eps1 = 1e-30f;                 // Adafactor (Shazeer & Stern) and CAME (eps[0]) both use 1e-30
     strcpy(o.recompute, "none");
-    o.offload = 0;
+    strcpy(o.offload, "0");
     o.zero = 0;
     o.check_replicas = 0;
     o.plan_ranks = 0;
@@ -112,8 +112,10 @@ static TrainOptions options_default(void) {
 }
 
 // FLAG_SWITCH: on or off; "--plan" alone turns it on, and it takes an optional 0 or 1 after it
-// ("-y 1", "--offload 0") or after '=' ("--plan=1")
-typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH } FlagType;
+// ("-y 1", "--plan 0") or after '=' ("--plan=1"). FLAG_WORDS: a string that alone means "1"
+// ("--offload" = "--offload 1", "--offload optimizer"): a word after it is its value unless it
+// starts with '-'
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH, FLAG_WORDS } FlagType;
 
 typedef struct {
     const char* shortname;   // "-x", or NULL
@@ -161,7 +163,7 @@ static const FlagSpec FLAGS[] = {
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
-    {NULL, "--offload",       FLAG_SWITCH, OPT(offload),          "move kept activations to host memory between forward and backward"},
+    {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory: activations (or 1), optimizer (GPU: master weights, gradients, state and the update run on the CPU), or activations,optimizer; 0 = none"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},
 };
 #undef OPT
@@ -175,7 +177,7 @@ static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* bu
         case FLAG_SWITCH: snprintf(buf, n, "%s", *(const int*)p ? "on" : "off"); break;
         case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)p); break;
         case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
-        case FLAG_STRING: snprintf(buf, n, "\"%s\"", p); break;
+        case FLAG_STRING: case FLAG_WORDS: snprintf(buf, n, "\"%s\"", p); break;
     }
 }
 
@@ -247,7 +249,7 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
             *(float*)p = v;
             break;
         }
-        case FLAG_STRING:
+        case FLAG_STRING: case FLAG_WORDS:
             if (strlen(value) >= PATH_MAX_LEN) { fail("flag %s: value longer than %d characters", f->longname, PATH_MAX_LEN - 1); }
             strcpy(p, value);
             break;
@@ -269,6 +271,10 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
             else { *(int*)((char*)o + f->offset) = 1; }
             continue;
         }
+        if (f->type == FLAG_WORDS && !(eq && len == (size_t)(eq - arg)) && (i + 1 >= argc || argv[i + 1][0] == '-')) {
+            set_flag(o, f, "1");  // alone
+            continue;
+        }
         const char* value;
         if (eq && len == (size_t)(eq - arg)) {
             value = eq + 1;
@@ -279,6 +285,24 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
         set_flag(o, f, value);
     }
     return 0;
+}
+
+// --offload: a comma list of activations (or 1) and optimizer, or 0 / none alone
+static void offload_parse(const char* spec, int* activations, int* optimizer) {
+    *activations = 0;
+    *optimizer = 0;
+    if (strcmp(spec, "0") == 0 || strcmp(spec, "none") == 0) { return; }
+    char buf[PATH_MAX_LEN];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    for (char* w = strtok(buf, ","); w != NULL; w = strtok(NULL, ",")) {
+        if (strcmp(w, "1") == 0 || strcmp(w, "activations") == 0) { *activations = 1; }
+        else if (strcmp(w, "optimizer") == 0) { *optimizer = 1; }
+        else {
+            fail("--offload %s: '%s' is not something that moves to host memory\n"
+                 "  hint: activations (or 1), optimizer, or activations,optimizer; 0 or none for nothing", spec, w);
+        }
+    }
+    if (!*activations && !*optimizer) { fail("--offload '%s': name what moves: activations (or 1), optimizer; 0 for nothing", spec); }
 }
 
 #endif // LLMC_FLAGS_H
