@@ -556,7 +556,7 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     alloc_backward_and_scratch(m, s->B, s->T);
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
-    if (m->act.offload || m->offload_opt) {  // timed waits for copies (gpt2_copy_wait_ms)
+    if (m->act.offload) {  // timed waits for copies (gpt2_copy_wait_ms)
         m->wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
         for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->wait_marks[i])); }
     }
@@ -830,12 +830,11 @@ static LayerParams<float> packed_layer_grads(float* p, const GPT2Config* c) {
     return g;
 }
 
-// layer l's gradient buffer on the GPU, zeroed, once the copy of the layer that used it last
-// (l + 2) has left it
+// layer l's gradient buffer on the GPU, zeroed. The layer that used it last (l + 2) has left it:
+// the CPU took l + 2's gradients (waiting for their copy) before it queued l + 1's backward
 template <typename floatX>
 static LayerParams<float> layer_grads_on_device(Model<floatX>* m, int l) {
     int b = l % 2;
-    if (l + 2 < m->config.num_layers) { compute_waits_for_copy(m, m->grads_down[b]); }
     CUDA_CHECK(cudaMemsetAsync(m->grad_layers[b], 0, layer_weights(&m->config) * sizeof(float), m->stream));
     return packed_layer_grads(m->grad_layers[b], &m->config);
 }
