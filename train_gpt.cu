@@ -322,9 +322,10 @@ struct Model {
     int reduce_in_backward;       // the next backward is the step's last: reduce as it goes
     double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
     // --offload optimizer (see "optimizer offload"): master_memory, opt_memory and these are pinned
-    // host memory; grads_memory on the GPU holds the rest's gradients (wte, wpe, lnfw, lnfb) and
-    // two layers' (grad_layers)
-    int offload_opt;
+    // host memory; with ",gradients" grads_memory on the GPU holds the rest's gradients (wte, wpe,
+    // lnfw, lnfb) and two layers' (grad_layers), else all of them
+    OptOffload offload_opt;
+    int send_in_backward;         // OPT_OFFLOAD_STATE: the next backward is the step's last: send as it goes
     char* opt_host_memory;        // one pinned block: master (P), host_grads (P), staging, the optimizer state
     float* host_grads;            // (P) fp32: the step's gradients, summed on the host
     float* grad_layers[2];        // (Pl) each, on the GPU: layer l computes its gradients into [l % 2]
@@ -505,14 +506,19 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     size_t P = m->num_parameters, Pl = layer_weights(c), Pr = rest_weights(c), C = c->channels;
     m->weights_memory = (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
     point_params(&m->weights, m->weights_memory, c);
-    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, (Pr + 2 * Pl) * sizeof(float));
-    CUDA_CHECK(cudaMemset(m->grads_memory, 0, (Pr + 2 * Pl) * sizeof(float)));
-    m->grads.wte = m->grads_memory;  // the rest, in checkpoint order; the per-layer tensors stay NULL
-    m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size * C;
-    m->grads.lnfw = m->grads.wpe + (size_t)c->max_seq_len * C;
-    m->grads.lnfb = m->grads.lnfw + C;
-    m->grad_layers[0] = m->grads_memory + Pr;
-    m->grad_layers[1] = m->grad_layers[0] + Pl;
+    size_t grads = m->offload_opt == OPT_OFFLOAD_GRADS ? Pr + 2 * Pl : P;
+    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, grads * sizeof(float));
+    CUDA_CHECK(cudaMemset(m->grads_memory, 0, grads * sizeof(float)));
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {
+        m->grads.wte = m->grads_memory;  // the rest, in checkpoint order; the per-layer tensors stay NULL
+        m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size * C;
+        m->grads.lnfw = m->grads.wpe + (size_t)c->max_seq_len * C;
+        m->grads.lnfb = m->grads.lnfw + C;
+        m->grad_layers[0] = m->grads_memory + Pr;
+        m->grad_layers[1] = m->grad_layers[0] + Pl;
+    } else {
+        point_params(&m->grads, m->grads_memory, c);
+    }
     m->opt_staging_floats = Pl > Pr ? Pl : Pr;
     m->opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * P + 2 * m->opt_staging_floats + m->opt_floats) * sizeof(float));
     char* p = m->opt_host_memory;
@@ -787,15 +793,19 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
 }
 
 // ----------------------------------------------------------------------------
-// optimizer offload (--offload optimizer; ZeRO-Offload, Ren et al. 2021): the GPU keeps the
-// working weights, the gradients of the rest (wte, wpe, lnfw, lnfb: wte's builds up over the
-// whole backward) and of two layers; the fp32 master weights, the step's gradients and the
-// optimizer state are pinned host memory. Backward sends each layer's gradients down on
-// grad_stream as soon as they are computed, and the CPU adds them into the step's gradients
-// while the GPU computes the next layer. The step is the CPU reference's own code
-// (cpu/host_step.h: MPI sums, norm, clipping, the update), and each tensor's new weights go up,
-// rounded to floatX, while the CPU updates the next. Two pinned staging buffers take turns:
-// gradients come down through them, weights go up.
+// optimizer offload (--offload optimizer; ZeRO-Offload, Ren et al. 2021): the fp32 master
+// weights, the step's gradients and the optimizer state are pinned host memory; the GPU keeps
+// the working weights and the gradients of the step, which build up there over the micro-steps
+// as in plain training. The last micro-step's backward sends each layer's gradients down on
+// grad_stream as soon as they are final, overlapping the layers still computing. The step is
+// the CPU reference's own code (cpu/host_step.h: MPI sums, norm, clipping, the update), and each
+// tensor's new weights go up, rounded to floatX, while the CPU updates the next, through two
+// pinned staging buffers in turn.
+//
+// --offload optimizer,gradients: the GPU keeps only the gradients of the rest (wte, wpe, lnfw,
+// lnfb: wte's builds up over the whole backward) and of two layers. Every micro-step's backward
+// sends each layer's gradients down through the staging buffers, and the CPU adds them into the
+// step's gradients while the GPU computes the next layer.
 
 // a gradient group's pieces: layer l's slices of the per-layer tensors, or (l = REST_GROUP)
 // wte, wpe, lnfw, lnfb whole; one after another in a group buffer (on the GPU and in staging),
@@ -895,6 +905,21 @@ static void upload_tensor(Model<floatX>* m, int i) {
 template <typename floatX>
 static void upload_tensor_done(void* model, int i) { upload_tensor((Model<floatX>*)model, i); }
 
+// OPT_OFFLOAD_STATE, the last micro-step: group l's final gradients (REST_GROUP: wte, wpe, lnfw,
+// lnfb) straight into the host's, after everything the compute stream has queued so far
+template <typename floatX>
+static void send_final_grads(Model<floatX>* m, int l) {
+    CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->grad_stream, m->grads_ready, 0));
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    int n = grad_group_pieces(&m->config, l, pieces);
+    for (int i = 0; i < n; i++) {
+        size_t off = pieces[i].host_offset;
+        CUDA_CHECK(cudaMemcpyAsync(m->host_grads + off, m->grads_memory + off, pieces[i].n * sizeof(float),
+                                   cudaMemcpyDeviceToHost, m->grad_stream));
+    }
+}
+
 // the host arrays of the step (cpu/host_step.h)
 template <typename floatX>
 static HostStep host_step_of(Model<floatX>* m) {
@@ -936,7 +961,7 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
     int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     size_t BTC = (size_t)B * T * C, X = sizeof(floatX);
     cudaStream_t s = m->stream;
-    if (m->offload_opt) {  // the rest's gradients hold this micro-batch's only (the host sums the step's)
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest's gradients hold this micro-batch's only (the host sums the step's)
         CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, rest_weights(c) * sizeof(float), s));
     }
     classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
@@ -948,17 +973,20 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
     for (int l = L - 1; l >= 0; l--) {
         prepare_backward(m, l, B, T);
         LayerParams<floatX> lp = layer_params(&m->weights, l, C);
-        LayerParams<float> lg = m->offload_opt ? layer_grads_on_device(m, l) : layer_params(&m->grads, l, C);
+        int offload_grads = m->offload_opt == OPT_OFFLOAD_GRADS;
+        LayerParams<float> lg = offload_grads ? layer_grads_on_device(m, l) : layer_params(&m->grads, l, C);
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
         if (m->reduce_in_backward) { reduce_now_final(m, l); }
-        if (m->offload_opt) {  // l's gradients go down while the CPU takes l+1's and the GPU computes l-1's
+        if (m->send_in_backward) { send_final_grads(m, l); }
+        if (offload_grads) {  // l's gradients go down while the CPU takes l+1's and the GPU computes l-1's
             send_grads_down(m, m->grad_layers[l % 2], layer_weights(c), l % 2);
             if (l + 1 < L) { take_grads(m, l + 1, (l + 1) % 2); }
         }
     }
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, m->inputs, B, T, C, s);
     if (m->reduce_in_backward) { reduce_now_final(m, -1); }  // wte, wpe, lnfw, lnfb
-    if (m->offload_opt) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
+    if (m->send_in_backward) { send_final_grads(m, REST_GROUP); }
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
         send_grads_down(m, m->grads_memory, rest_weights(c), 1);
         take_grads(m, 0, 0);
         take_grads(m, REST_GROUP, 1);
@@ -999,7 +1027,13 @@ static void reduce_now_final(Model<floatX>* m, int layer) {
 // ranks): after a backward that reduced as it went, the compute stream only waits for that
 template <typename floatX>
 static void model_reduce_grads(Model<floatX>* m) {
-    if (m->offload_opt) { HostStep h = host_step_of(m); host_reduce_grads(&h); return; }
+    if (m->offload_opt != OPT_OFFLOAD_NONE) {  // the gradients are (or are on their way) in host memory
+        if (m->send_in_backward) { CUDA_CHECK(cudaStreamSynchronize(m->grad_stream)); }
+        m->send_in_backward = 0;
+        HostStep h = host_step_of(m);
+        host_reduce_grads(&h);
+        return;
+    }
     if (m->comm == NULL) { return; }
     if (m->reduce_in_backward) {
         CUDA_CHECK(cudaEventRecord(m->reduced, m->comm_stream));
@@ -1258,7 +1292,7 @@ const float* gpt2_probs(GPT2* m, int position) {
 // --offload optimizer: the next backward's gradients replace the host's (no pass over them)
 template <typename floatX>
 static void model_zero_grad(Model<floatX>* m) {
-    if (m->offload_opt) { m->first_micro_step = 1; return; }
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) { m->first_micro_step = 1; return; }
     CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, m->num_parameters * sizeof(float), m->stream));
 }
 
@@ -1277,8 +1311,8 @@ double gpt2_copy_wait_ms(GPT2* m) {
 }
 
 void gpt2_reduce_during_backward(GPT2* m) {
-    if (m->bf16) { m->bf16->reduce_in_backward = m->bf16->comm != NULL; }
-    else { m->f32->reduce_in_backward = m->f32->comm != NULL; }
+    if (m->bf16) { m->bf16->reduce_in_backward = m->bf16->comm != NULL; m->bf16->send_in_backward = m->bf16->offload_opt == OPT_OFFLOAD_STATE; }
+    else { m->f32->reduce_in_backward = m->f32->comm != NULL; m->f32->send_in_backward = m->f32->offload_opt == OPT_OFFLOAD_STATE; }
 }
 
 void gpt2_reduce_grads(GPT2* m) {

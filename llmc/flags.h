@@ -163,7 +163,7 @@ static const FlagSpec FLAGS[] = {
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
-    {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory: activations (or 1), optimizer (GPU: master weights, gradients, state and the update run on the CPU), or activations,optimizer; 0 = none"},
+    {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory, a comma list: activations (or 1); optimizer (GPU: fp32 master weights and state, the update on the CPU); gradients (with optimizer: every micro-step's, not the step's); 0 = none"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},
 };
 #undef OPT
@@ -285,24 +285,6 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
         set_flag(o, f, value);
     }
     return 0;
-}
-
-// --offload: a comma list of activations (or 1) and optimizer, or 0 / none alone
-static void offload_parse(const char* spec, int* activations, int* optimizer) {
-    *activations = 0;
-    *optimizer = 0;
-    if (strcmp(spec, "0") == 0 || strcmp(spec, "none") == 0) { return; }
-    char buf[PATH_MAX_LEN];
-    snprintf(buf, sizeof(buf), "%s", spec);
-    for (char* w = strtok(buf, ","); w != NULL; w = strtok(NULL, ",")) {
-        if (strcmp(w, "1") == 0 || strcmp(w, "activations") == 0) { *activations = 1; }
-        else if (strcmp(w, "optimizer") == 0) { *optimizer = 1; }
-        else {
-            fail("--offload %s: '%s' is not something that moves to host memory\n"
-                 "  hint: activations (or 1), optimizer, or activations,optimizer; 0 or none for nothing", spec, w);
-        }
-    }
-    if (!*activations && !*optimizer) { fail("--offload '%s': name what moves: activations (or 1), optimizer; 0 for nothing", spec); }
 }
 
 #endif // LLMC_FLAGS_H

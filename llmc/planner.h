@@ -51,7 +51,7 @@ typedef struct {
     int optimizer;         // OptimizerKind: 0 AdamW, 1 Adafactor, 2 CAME
     int use_beta1;         // Adafactor keeps a first moment
     ActPolicy act;         // --recompute, --offload activations
-    int offload_optimizer; // --offload optimizer: master weights, gradients and state in host memory
+    OptOffload offload_optimizer;  // --offload optimizer[,gradients] (act_policy.h)
     int world;             // data-parallel ranks (0 or 1: one process)
     int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks
     BackendLayout layout;  // the backend's bytes (train_gpt.c: gpt2_layout)
@@ -117,22 +117,25 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
 }
 
-// --offload optimizer (ZeRO-Offload): the device keeps the working weights and the gradients of
-// two layers (one computing, one on its way to the host) and of the rest (wte, wpe, lnf: wte's
-// gradient builds up over the whole backward); host memory keeps the fp32 master weights, the
-// step's gradients, the optimizer state, and two staging buffers the size of the larger of a
-// layer's gradients and the rest's, through which gradients go down and new weights come up.
+// --offload optimizer (ZeRO-Offload): the device keeps the working weights and the fp32
+// gradients; host memory the fp32 master weights, the step's gradients, the optimizer state, and
+// two staging buffers the size of the larger of a layer's weights and the rest's, through which
+// new weights come up (and with ",gradients" each micro-step's gradients come down). With
+// ",gradients" the device keeps only the gradients of two layers (one computing, one on its way
+// to the host) and of the rest (wte, wpe, lnf: wte's builds up over the whole backward).
 // A layer has Pl = 12C^2 + 13C weights, the rest Pr = (Vp + maxT)C + 2C.
 static size_t plan_layer_weights(const GPT2Config* c) { size_t C = c->channels; return 12 * C * C + 13 * C; }
 static size_t plan_rest_weights(const GPT2Config* c) {
     return ((size_t)c->padded_vocab_size + c->max_seq_len) * c->channels + 2 * (size_t)c->channels;
 }
-static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, const BackendLayout* lay) {
+static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, const BackendLayout* lay, OptOffload what) {
     size_t F = sizeof(float), Pl = plan_layer_weights(c), Pr = plan_rest_weights(c);
     p->bytes[MEM_PARAMETERS] = P * lay->working_bytes;
     snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP: working copy (fp32 master on the host)", lay->working_bytes);
-    p->bytes[MEM_GRADIENTS] = (2 * Pl + Pr) * F;
-    snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4(2Pl + Pr): two layers' and the rest's");
+    if (what == OPT_OFFLOAD_GRADS) {
+        p->bytes[MEM_GRADIENTS] = (2 * Pl + Pr) * F;
+        snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4(2Pl + Pr): two layers' and the rest's");
+    }
     p->bytes[MEM_OPT_HOST] = (2 * P + 2 * (Pl > Pr ? Pl : Pr)) * F + p->bytes[MEM_OPTIMIZER];
     snprintf(p->formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "4(2P + 2max(Pl, Pr)) + state: %.32s", p->formula[MEM_OPTIMIZER]);
     p->bytes[MEM_OPTIMIZER] = 0;
@@ -201,7 +204,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
-    if (in.offload_optimizer) { plan_offload_optimizer(&p, cfg, P, lay); }
+    if (in.offload_optimizer != OPT_OFFLOAD_NONE) { plan_offload_optimizer(&p, cfg, P, lay, in.offload_optimizer); }
     return p;
 }
 

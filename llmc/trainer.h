@@ -63,7 +63,7 @@ typedef struct {
     OptimizerKind optimizer;
     int use_beta1;            // Adafactor keeps a first moment
     ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload activations)
-    int offload_optimizer;    // --offload optimizer: master weights, gradients, state and the update in host memory
+    OptOffload offload_optimizer;  // --offload optimizer[,gradients]: master weights, state, the update (and gradients) on the host
     Dist dist;                // this process among the data-parallel ranks
     ZeroStage zero;           // ZERO_SHARDED: this rank keeps its blocks of the optimizer state only
 } ModelSetup;

@@ -140,7 +140,8 @@ static void fuzz_flags_args(int argc, char** argv) {
     gpt2_config_preset(&cfg, "tiny");
     int world = o.plan_only && o.plan_ranks > 0 ? o.plan_ranks : 1;
     check_options(&o, &cfg, world);
-    int offload_acts, offload_opt;
+    int offload_acts;
+    OptOffload offload_opt;
     offload_parse(o.offload, &offload_acts, &offload_opt);
     ActPolicy act = act_policy_parse(o.recompute, offload_acts, cfg.num_layers);
     OptimizerKind kind = (OptimizerKind)optimizer_from_name(o.optimizer);
