@@ -1,14 +1,15 @@
 """test_cuda_matrix.py: every memory flag of the CUDA trainer, and their combinations, on the
 emulated device (or a real GPU), against plain CUDA training:
   - each optimizer (adamw, adafactor, adafactor + beta1, came) with each activation policy and
-    offload (--recompute 1, gelu,attn, --offload activations, --offload optimizer, and all of them
-    together) trains to the bitwise same model as the same optimizer without it, on 1 rank and on
-    2 ranks with --zero 0 and 1, and the memory measured after the first step equals the plan;
-  - --offload optimizer (ZeRO-Offload: the master weights, gradients and optimizer state in host
-    memory, the update on the CPU) also under the emulator's late stream order, where a missing
-    wait reads stale data; in bf16; with gradient accumulation (the host adds the micro-batches'
-    gradients where the GPU adds them inside its kernels: within 1e-6, not bitwise); resumed
-    bitwise; its checkpoint resumed by the CPU trainer; planned for a large model.
+    offload (--recompute 1, gelu,attn, --offload activations, optimizer, optimizer,gradients, and
+    them together) trains to the bitwise same model as the same optimizer without it, on 1 rank
+    and on 2 ranks with --zero 0 and 1, and the memory measured after the first step equals the plan;
+  - --offload optimizer (ZeRO-Offload: the master weights and optimizer state in host memory, the
+    update on the CPU; with ",gradients" each micro-step's gradients too) also under the
+    emulator's late stream order, where a missing wait reads stale data; in bf16; with gradient
+    accumulation (bitwise; with ",gradients" the host adds the micro-batches' gradients where the
+    GPU adds them inside its kernels: within 1e-6); resumed bitwise; its checkpoint resumed by the
+    CPU trainer; planned for a large model.
 
     python3 tests/test_cuda_matrix.py ./build/emu/train_gpt ./train_gpt ./test_gpt
 
@@ -39,8 +40,9 @@ BASE = ["-e", f"{FIX}/model_deep.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k",
         "-x", str(STEPS), "-u", "1", "-v", "0", "-s", "0", "-n", "2", "--precision", "fp32", "--eps1", "1e-12"]
 OPTIMIZERS = ["adamw", "adafactor", "adafactor --adafactor-beta1 0.9", "came"]
 POLICIES = ["--recompute 1", "--recompute gelu,attn", "--offload activations", "--offload optimizer",
-            "--recompute 2,gelu,attn --offload activations,optimizer"]
-RANK_POLICIES = ["--offload activations", "--offload optimizer", "--recompute 2,gelu,attn --offload activations,optimizer"]
+            "--offload optimizer,gradients", "--recompute 2,gelu,attn --offload activations,optimizer,gradients"]
+RANK_POLICIES = ["--offload activations", "--offload optimizer", "--offload optimizer,gradients",
+                 "--recompute 2,gelu,attn --offload activations,optimizer"]
 
 mpirun, why_not = e2e.mpi_launcher(CUDA)
 LAUNCHES = [("1 rank", [], ["-d", "32"], POLICIES)]  # name, launcher, flags, policies
@@ -89,25 +91,34 @@ for lname, launcher, flags, policies in LAUNCHES:
 # the late stream order: gradients copied before their layer's backward ran, or a staging buffer
 # refilled before its upload ran, give another model
 plain = refs.get(("1 rank", "adamw"))
-for pol in ("--offload optimizer", "--recompute 2 --offload activations,optimizer"):
+for pol in ("--offload optimizer", "--offload optimizer,gradients", "--recompute 2 --offload activations,optimizer,gradients"):
     d = f"{W}/late_{slug(pol)}"
     if plain and train(f"late streams, {pol}", d, [], ["-d", "32", *pol.split()], env={"CUDA_EMU_STREAMS": "late"}):
         same_model(f"late streams, {pol}", plain, d)
 
 # bf16: the working weights rounded on the CPU as the GPU rounds them (to nearest-even)
-for opt in ("adamw", "came"):
+for opt, what in (("adamw", "optimizer"), ("came", "optimizer,gradients")):
     ref, d = f"{W}/bf16_{opt}", f"{W}/bf16_{opt}_offload"
     bf16 = ["--precision", "bf16", "--optimizer", opt, "-d", "32"]
-    if train(f"bf16 {opt}", ref, [], bf16) and train(f"bf16 {opt}, --offload optimizer", d, [], bf16 + ["--offload", "optimizer"]):
-        same_model(f"bf16 {opt}, --offload optimizer", ref, d)
+    if train(f"bf16 {opt}", ref, [], bf16) and train(f"bf16 {opt}, --offload {what}", d, [], bf16 + ["--offload", what]):
+        same_model(f"bf16 {opt}, --offload {what}", ref, d)
 
-# gradient accumulation: two micro-batches a step, added on the host
+# gradient accumulation, two micro-batches a step: summed on the GPU as in plain training
+# (bitwise), or with ",gradients" on the host (within 1e-6)
 for opt in ("adamw", "came"):
-    ref, d = f"{W}/accum_{opt}", f"{W}/accum_{opt}_offload"
+    ref = f"{W}/accum_{opt}"
     acc = ["--optimizer", opt, "-d", "64"]
-    if train(f"2 micro-steps, {opt}", ref, [], acc) and train(f"2 micro-steps, {opt}, --offload optimizer", d, [], acc + ["--offload", "optimizer"]):
-        models_close(f"2 micro-steps, {opt}, --offload optimizer: within {ACCUM_RTOL:g} of plain",
-                     ckpt(d, "model", STEPS, ".bin"), ckpt(ref, "model", STEPS, ".bin"), ACCUM_RTOL)
+    if not train(f"2 micro-steps, {opt}", ref, [], acc):
+        continue
+    for what in ("optimizer", "optimizer,gradients"):
+        d = f"{W}/accum_{opt}_{slug(what)}"
+        if not train(f"2 micro-steps, {opt}, --offload {what}", d, [], acc + ["--offload", what]):
+            continue
+        if what == "optimizer":
+            same_model(f"2 micro-steps, {opt}, --offload {what}", ref, d)
+        else:
+            models_close(f"2 micro-steps, {opt}, --offload {what}: within {ACCUM_RTOL:g} of plain",
+                         ckpt(d, "model", STEPS, ".bin"), ckpt(ref, "model", STEPS, ".bin"), ACCUM_RTOL)
 
 # resume from step 2 (the state file is the host's master weights and state): bitwise the same
 # end; the checkpoint also resumes on the CPU trainer, where the same run ends within 1e-6
@@ -133,7 +144,7 @@ for name, trainer, flags in (("--offload optimizer resume", CUDA, ["--offload", 
 # (2975 MiB), two layers' fp32 gradients and the activations; the host 8 bytes a weight (11900
 # MiB: master weights and gradients), staging and the state (no allocation: --plan)
 r = s.run([CUDA, "-e", "d48", "-b", "1", "-t", "1024", "--optimizer", "adafactor", "--recompute", "sqrt", "--plan",
-           "--offload", "optimizer"])
+           "--offload", "optimizer,gradients"])
 m = re.search(r"\| device total +\| +([0-9.]+) MiB", r.out)
 h = re.search(r"\| optimizer \(host\) +\| +([0-9.]+) MiB", r.out)
 s.check("--plan --offload optimizer, d48: the GPU keeps about 2 bytes a weight, the host 8 and the state",
@@ -142,6 +153,8 @@ s.check("--plan --offload optimizer, d48: the GPU keeps about 2 bytes a weight, 
 # misuse: a clear message
 s.expect_fail("CPU: --offload optimizer is refused", "the CPU backend's weights, gradients and optimizer state are host memory already",
               [TRAIN, "-e", f"{FIX}/model.bin", "-t", "16", "--offload", "optimizer", "--plan"])
-s.expect_fail("--offload with an unknown word", "'gradients' is not something that moves to host memory",
-              [CUDA, "-e", f"{FIX}/model.bin", "-t", "16", "--offload", "optimizer,gradients", "--plan"])
+s.expect_fail("--offload gradients without the optimizer", "gradients go to the host only with the optimizer",
+              [CUDA, "-e", f"{FIX}/model.bin", "-t", "16", "--offload", "gradients", "--plan"])
+s.expect_fail("--offload with an unknown word", "'weights' is not something that moves to host memory",
+              [CUDA, "-e", f"{FIX}/model.bin", "-t", "16", "--offload", "optimizer,weights", "--plan"])
 s.finish()
