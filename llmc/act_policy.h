@@ -208,9 +208,9 @@ static void offload_parse(const char* spec, int* activations, OptOffload* optimi
     *activations = 0;
     *optimizer = OPT_OFFLOAD_NONE;
     if (strcmp(spec, "0") == 0 || strcmp(spec, "none") == 0) { return; }
-    char buf[256];
-    if (strlen(spec) >= sizeof(buf)) { fail("--offload '%.40s...': too long", spec); }
-    snprintf(buf, sizeof(buf), "%s", spec);
+    char buf[64];
+    if (strlen(spec) >= sizeof(buf)) { fail("--offload '%.40s...': too long (a comma list of activations, optimizer, gradients)", spec); }
+    memcpy(buf, spec, strlen(spec) + 1);
     int opt = 0, grads = 0;
     for (char* w = strtok(buf, ","); w != NULL; w = strtok(NULL, ",")) {
         if (strcmp(w, "1") == 0 || strcmp(w, "activations") == 0) { *activations = 1; }
