@@ -47,7 +47,7 @@ typedef struct {
     float eps1;                      // Adafactor, CAME: added to g^2 before the second moment
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
-    int offload;                     // 1: kept activations go to the host store
+    char offload[PATH_MAX_LEN];      // what moves to host memory: activations (or 1), optimizer, both (comma list); 0 = none
     int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
@@ -91,7 +91,7 @@ static TrainOptions options_default(void) {
     o.adafactor_beta1 = 0.0f;
     o.eps1 = 1e-30f;                 // Adafactor (Shazeer & Stern) and CAME (eps[0]) both use 1e-30
     strcpy(o.recompute, "none");
-    o.offload = 0;
+    strcpy(o.offload, "0");
     o.zero = 0;
     o.check_replicas = 0;
     o.plan_ranks = 0;
@@ -112,8 +112,10 @@ static TrainOptions options_default(void) {
 }
 
 // FLAG_SWITCH: on or off; "--plan" alone turns it on, and it takes an optional 0 or 1 after it
-// ("-y 1", "--offload 0") or after '=' ("--plan=1")
-typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH } FlagType;
+// ("-y 1", "--plan 0") or after '=' ("--plan=1"). FLAG_WORDS: a string that alone means "1"
+// ("--offload" = "--offload 1", "--offload optimizer"): a word after it is its value unless it
+// starts with '-'
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH, FLAG_WORDS } FlagType;
 
 typedef struct {
     const char* shortname;   // "-x", or NULL
@@ -161,7 +163,7 @@ static const FlagSpec FLAGS[] = {
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
-    {NULL, "--offload",       FLAG_SWITCH, OPT(offload),          "move kept activations to host memory between forward and backward"},
+    {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory, a comma list: activations (or 1); optimizer (GPU: fp32 master weights and state, the update on the CPU); gradients (with optimizer: every micro-step's, not the step's); 0 = none"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},
 };
 #undef OPT
@@ -175,7 +177,7 @@ static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* bu
         case FLAG_SWITCH: snprintf(buf, n, "%s", *(const int*)p ? "on" : "off"); break;
         case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)p); break;
         case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
-        case FLAG_STRING: snprintf(buf, n, "\"%s\"", p); break;
+        case FLAG_STRING: case FLAG_WORDS: snprintf(buf, n, "\"%s\"", p); break;
     }
 }
 
@@ -247,7 +249,7 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
             *(float*)p = v;
             break;
         }
-        case FLAG_STRING:
+        case FLAG_STRING: case FLAG_WORDS:
             if (strlen(value) >= PATH_MAX_LEN) { fail("flag %s: value longer than %d characters", f->longname, PATH_MAX_LEN - 1); }
             strcpy(p, value);
             break;
@@ -267,6 +269,10 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
             if (eq && len == (size_t)(eq - arg)) { set_flag(o, f, eq + 1); }
             else if (i + 1 < argc && is_integer(argv[i + 1])) { set_flag(o, f, argv[++i]); }
             else { *(int*)((char*)o + f->offset) = 1; }
+            continue;
+        }
+        if (f->type == FLAG_WORDS && !(eq && len == (size_t)(eq - arg)) && (i + 1 >= argc || argv[i + 1][0] == '-')) {
+            set_flag(o, f, "1");  // alone
             continue;
         }
         const char* value;
