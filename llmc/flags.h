@@ -186,7 +186,7 @@ static const FlagSpec FLAGS[] = {
 typedef struct { const char* name; int shift; } ByteUnit;  // 2^shift bytes
 static const ByteUnit BYTE_UNITS[] = {{"B", 0}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}};
 #define NUM_BYTE_UNITS ((int)(sizeof(BYTE_UNITS) / sizeof(BYTE_UNITS[0])))
-#define BYTES_MAX 0x1p62  // a budget beyond 4 EiB is a typo (and the plan's sizes stay below 2^62)
+#define BYTES_LIMIT ((uint64_t)1 << 62)  // 4 EiB: beyond is a typo (and the plan's sizes stay below 2^62)
 
 // s as bytes into *out: digits with an optional fraction and a unit of BYTE_UNITS (any case; a
 // fraction only with a unit above B), rounded down, 1 to 2^62; or free, none. Returns 0 if s is not one
@@ -209,9 +209,15 @@ static int parse_bytes(const char* s, uint64_t* out) {
     }
     if (*p == '\0') { shift = 0; }
     if (shift < 0 || (frac > 0 && shift == 0)) { return 0; }
+    if (frac == 0) {  // exactly, beyond 2^53 too
+        uint64_t w = strtoull(s, NULL, 10);  // at most 19 digits: no overflow
+        if (w == 0 || w > (BYTES_LIMIT >> shift)) { return 0; }
+        *out = w << shift;
+        return 1;
+    }
     double v = strtod(s, NULL) * (double)((uint64_t)1 << shift);  // digits, '.', digits: strtod reads them all
-    if (!(v >= 1.0 && v <= BYTES_MAX)) { return 0; }
-    *out = frac > 0 ? (uint64_t)v : strtoull(s, NULL, 10) << shift;  // whole numbers exactly, beyond 2^53 too
+    if (!(v >= 1.0 && v <= (double)BYTES_LIMIT)) { return 0; }
+    *out = (uint64_t)v;
     return 1;
 }
 
