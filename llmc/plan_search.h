@@ -16,10 +16,12 @@ refuse (--offload 1 with a single segment, --zero 1 with an optimizer a backend 
 listed with the checks' own reason. Adding a dimension (a flag and its values) is one line of
 the table; the columns, the command line and the JSON follow from it.
 
-Ties in cost go to the combination that changes fewer of the flags given (the optimizer asked
-for before another one), then to the least device memory. The last line is one JSON object,
-{"plan_search": {...}}, with the budgets, the recommendation's bytes, cost and argv, or what
-would be needed when nothing fits: what the tests read.
+Ties in cost go to the combination that keeps the model the flags given train (the optimizer
+asked for: every other dimension trains the bitwise same model), then to the one that changes
+fewer of the flags given, then to the least device memory. When the fastest that fits trains
+another model (another optimizer), the fastest that fits without that is printed beside it. The
+last line is one JSON object, {"plan_search": {...}}, with the budgets, the recommendation's
+bytes, cost and argv, or what would be needed when nothing fits: what the tests read.
 */
 #ifndef LLMC_PLAN_SEARCH_H
 #define LLMC_PLAN_SEARCH_H
@@ -42,13 +44,14 @@ typedef struct {
     const char* flag;                       // as the parser takes it
     const char* values[PLAN_MAX_VALUES];    // as set_flag takes them; the rest NULL
     int min_ranks;                          // searched only with this many ranks or more (else the flag as given)
+    int changes_model;                      // 1: another value trains another model; 0: the bitwise same one
 } PlanDimension;
 
 static const PlanDimension PLAN_DIMENSIONS[] = {
-    {"--optimizer", {"adamw", "adafactor", "came"}, 1},
-    {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1},
-    {"--offload", {"0", "1"}, 1},
-    {"--zero", {"0", "1"}, 2},
+    {"--optimizer", {"adamw", "adafactor", "came"}, 1, 1},
+    {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1, 0},
+    {"--offload", {"0", "1"}, 1, 0},
+    {"--zero", {"0", "1"}, 2, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
 #define PLAN_MAX_CANDIDATES 1024
@@ -80,6 +83,7 @@ typedef struct {
     int planned;                     // 0: the checks refused it (why)
     char why[FAIL_MESSAGE_LEN];      // the checks' message up to its hint, on one line
     int changes;                     // dimensions whose value differs from the options given
+    int model_changes;               // of which dimensions that train another model (changes_model)
     size_t need;                     // the bytes against the device budget: device (shared: device + host)
     BudgetFit fit;
     StepCost cost;
@@ -133,10 +137,12 @@ static void plan_candidate(const PlanSearch* s, PlanCandidate* c, FailTrap* trap
     c->fit = plan_fit(&plan, &s->budget);
     c->need = s->budget.shared ? c->fit.device + c->fit.host : c->fit.device;
     c->cost = plan_step_cost(&plan, accum, &s->cost);
-    c->changes = 0;
+    c->changes = c->model_changes = 0;
     for (int d = 0; d < PLAN_NUM_DIMENSIONS; d++) {
         const FlagSpec* f = find_flag(PLAN_DIMENSIONS[d].flag, strlen(PLAN_DIMENSIONS[d].flag));
-        c->changes += !flag_field_equal(f, o, s->base);
+        int changed = !flag_field_equal(f, o, s->base);
+        c->changes += changed;
+        c->model_changes += changed && PLAN_DIMENSIONS[d].changes_model;
     }
 }
 
@@ -162,8 +168,8 @@ static int plan_enumerate(const PlanSearch* s, PlanCandidate* out, int max) {
 
 static int plan_fits(const PlanCandidate* c) { return c->planned && c->fit.device_ok && c->fit.host_ok; }
 
-// fitting first, refused last; then cost (equal within 1e-9); fewer changes to the flags given;
-// device memory (shared: the total), host memory
+// fitting first, refused last; then cost (equal within 1e-9); the model the flags given train;
+// fewer changes to the flags given; device memory (shared: the total), host memory
 static int plan_candidate_order(const void* pa, const void* pb) {
     const PlanCandidate *a = (const PlanCandidate*)pa, *b = (const PlanCandidate*)pb;
     if (plan_fits(a) != plan_fits(b)) { return plan_fits(b) - plan_fits(a); }
@@ -171,6 +177,7 @@ static int plan_candidate_order(const void* pa, const void* pb) {
     double ca = a->cost.relative, cb = b->cost.relative;
     if (ca < cb * (1.0 - 1e-9)) { return -1; }
     if (cb < ca * (1.0 - 1e-9)) { return 1; }
+    if (a->model_changes != b->model_changes) { return a->model_changes - b->model_changes; }
     if (a->changes != b->changes) { return a->changes - b->changes; }
     if (a->need != b->need) { return a->need < b->need ? -1 : 1; }
     if (a->fit.host != b->fit.host) { return a->fit.host < b->fit.host ? -1 : 1; }
@@ -400,50 +407,59 @@ static void plan_print_nothing_fits(const PlanSearch* s, const PlanCandidate* c,
            "  with --zero 1 (the optimizer state divides by them: --plan-ranks N)\n");
 }
 
-static void plan_print_recommended(const PlanSearch* s, const PlanCandidate* c, const CommandLine* cl) {
+// one recommendation: its flags, cost and memory, and the command that runs it
+static void plan_print_pick(const PlanSearch* s, const PlanCandidate* c, const char* title) {
     char flags[256], dev[32], host[32];
+    static CommandLine cl;
+    plan_command(s, c, &cl);
     plan_candidate_flags(c, flags, sizeof(flags));
     format_bytes(dev, sizeof(dev), (double)c->fit.device);
     format_bytes(host, sizeof(host), (double)c->fit.host);
-    printf("recommended (the fastest that fits; ties: fewer changes to the flags given, then the least device memory):\n");
-    printf("  %s: %.3fx the plain step, device %s, host %s\n  ", flags, c->cost.relative, dev, host);
-    for (int i = 0; i < cl->argc; i++) {
+    printf("%s:\n  %s: %.3fx the plain step, device %s, host %s\n  ", title, flags, c->cost.relative, dev, host);
+    for (int i = 0; i < cl.argc; i++) {
         if (i > 0) { printf(" "); }
-        print_shell_arg(cl->argv[i]);
+        print_shell_arg(cl.argv[i]);
     }
     printf("\n");
-    (void)s;
 }
 
-// the last line: {"plan_search": {"budget": {...}, "combinations": N, ..., "recommended": {...} or null, "needed": {...}}}
-static void plan_print_json(const PlanSearch* s, const PlanCandidate* c, int n, int best, const CommandLine* cl, int dev, int host) {
+// {"flags": {"--optimizer": "adamw", ...}, "device": bytes, "host": bytes, "cost": x, "argv": [...]}, or null
+static void plan_print_json_pick(const PlanSearch* s, const PlanCandidate* c) {
+    if (c == NULL) { printf("null"); return; }
+    static CommandLine cl;
+    plan_command(s, c, &cl);
+    printf("{\"flags\": {");
+    int k = 0;
+    for (int d = 0; d < PLAN_NUM_DIMENSIONS; d++) {
+        if (c->value[d] < 0) { continue; }
+        printf("%s\"%s\": \"%s\"", k++ ? ", " : "", PLAN_DIMENSIONS[d].flag, PLAN_DIMENSIONS[d].values[c->value[d]]);
+    }
+    printf("}, \"device\": %zu, \"host\": %zu, \"cost\": %.6f, \"argv\": [", c->fit.device, c->fit.host, c->cost.relative);
+    for (int i = 0; i < cl.argc; i++) {
+        if (i > 0) { printf(", "); }
+        print_json_string(cl.argv[i]);
+    }
+    printf("]}");
+}
+
+// the last line: {"plan_search": {"budget": {...}, "combinations": N, ..., "recommended": {...} or null,
+// "same_model": {...} or null, "needed": {"device": bytes or null, "host": bytes or null}}}
+static void plan_print_json(const PlanSearch* s, const PlanCandidate* c, int n, const PlanCandidate* best,
+                            const PlanCandidate* same, int dev, int host) {
     int planned = 0, fitting = 0;
     for (int i = 0; i < n; i++) { planned += c[i].planned; fitting += plan_fits(&c[i]); }
     printf("{\"plan_search\": {\"budget\": {\"device\": %zu, \"host\": ", s->budget.device);
     print_json_bytes_or_null(s->budget.shared ? SIZE_MAX : s->budget.host);
     printf(", \"shared\": %s}, \"combinations\": %d, \"planned\": %d, \"fitting\": %d, \"refused\": %d, \"recommended\": ",
            s->budget.shared ? "true" : "false", n, planned, fitting, n - planned);
-    if (best < 0) {
-        printf("null, \"needed\": {\"device\": ");
-        print_json_bytes_or_null(dev >= 0 ? c[dev].need : SIZE_MAX);
-        printf(", \"host\": ");
-        print_json_bytes_or_null(host >= 0 && !s->budget.shared ? c[host].fit.host : SIZE_MAX);
-        printf("}}}\n");
-        return;
-    }
-    const PlanCandidate* r = &c[best];
-    printf("{\"flags\": {");
-    int k = 0;
-    for (int d = 0; d < PLAN_NUM_DIMENSIONS; d++) {
-        if (r->value[d] < 0) { continue; }
-        printf("%s\"%s\": \"%s\"", k++ ? ", " : "", PLAN_DIMENSIONS[d].flag, PLAN_DIMENSIONS[d].values[r->value[d]]);
-    }
-    printf("}, \"device\": %zu, \"host\": %zu, \"cost\": %.6f, \"argv\": [", r->fit.device, r->fit.host, r->cost.relative);
-    for (int i = 0; i < cl->argc; i++) {
-        if (i > 0) { printf(", "); }
-        print_json_string(cl->argv[i]);
-    }
-    printf("]}}}\n");
+    plan_print_json_pick(s, best);
+    printf(", \"same_model\": ");
+    plan_print_json_pick(s, same);
+    printf(", \"needed\": {\"device\": ");
+    print_json_bytes_or_null(dev >= 0 ? c[dev].need : SIZE_MAX);
+    printf(", \"host\": ");
+    print_json_bytes_or_null(host >= 0 && !s->budget.shared ? c[host].fit.host : SIZE_MAX);
+    printf("}}}\n");
 }
 
 // ----------------------------------------------------------------------------
@@ -462,17 +478,23 @@ static void plan_search(const PlanSearch* s) {
     plan_print_table(s, c, n);
     plan_print_refused(c, n);
     printf("\n");
-    int best = n > 0 && plan_fits(&c[0]) ? 0 : -1, dev = -1, host = -1;
-    static CommandLine cl;
-    cl.argc = 0;
-    if (best >= 0) {
-        plan_command(s, &c[best], &cl);
-        plan_print_recommended(s, &c[best], &cl);
+    // the first fitting (the order puts them first), and the first that fits and trains the model
+    // the flags given, when that is another
+    const PlanCandidate *best = n > 0 && plan_fits(&c[0]) ? &c[0] : NULL, *same = NULL;
+    for (int i = 0; best != NULL && best->model_changes > 0 && i < n && same == NULL; i++) {
+        if (plan_fits(&c[i]) && c[i].model_changes == 0) { same = &c[i]; }
+    }
+    int dev = -1, host = -1;
+    if (best != NULL) {
+        plan_print_pick(s, best, "recommended (the fastest that fits; ties: the model the flags given train, then fewer\n"
+                                 "changes to them, then the least device memory)");
+        if (same != NULL) { plan_print_pick(s, same, "the fastest that fits and trains the model of the flags given (their --optimizer)"); }
+        else if (best->model_changes > 0) { printf("nothing that fits trains the model of the flags given (their --optimizer)\n"); }
     } else {
         plan_needed(c, n, &dev, &host);
         plan_print_nothing_fits(s, c, n, dev, host);
     }
-    plan_print_json(s, c, n, best, &cl, dev, host);
+    plan_print_json(s, c, n, best, same, dev, host);
 }
 
 #endif // LLMC_PLAN_SEARCH_H
