@@ -125,20 +125,30 @@ for budget_arg, want, want_same in CASES:
 # ----------------------------------------------------------------------------
 # 2. nothing fits: no recommendation, and exactly what would be needed
 
-res, r = search("cpu 300KiB", TRAIN, ["--max-memory", "300KiB"])
-if res is not None:
-    s.check("cpu 300KiB: no recommendation", res["recommended"] is None, res["recommended"])
-    s.check("cpu 300KiB: says nothing fits", "nothing fits: none of the" in r.out, r.out[-400:])
+def nothing_fits(name, budget_arg, extra=()):
+    """a budget nothing fits: no recommendation, and the need reported is exact: that many bytes
+    fit (everything a combination takes, the host store of --offload too), one byte less does not"""
+    res, r = search(name, TRAIN, ["--max-memory", budget_arg], extra=extra)
+    if res is None:
+        return
+    s.check(f"{name}: no recommendation", res["recommended"] is None, res["recommended"])
+    s.check(f"{name}: says nothing fits", "nothing fits: none of the" in r.out, r.out[-400:])
     need = res["needed"]["device"]
-    if s.check("cpu 300KiB: reports the memory needed", isinstance(need, int) and need > 300 * KIB, res["needed"]):
-        res2, _ = search("cpu, the needed bytes", TRAIN, ["--max-memory", str(need)])
-        if res2 is not None:
-            rec = res2["recommended"]
-            s.check("cpu, the needed bytes: something fits, needing exactly them",
-                    rec is not None and rec["device"] + rec["host"] == need, f"recommended {rec}, needed {need}")
-        res3, _ = search("cpu, one byte less", TRAIN, ["--max-memory", str(need - 1)])
-        if res3 is not None:
-            s.check("cpu, one byte less: nothing fits", res3["recommended"] is None, res3["recommended"])
+    if not s.check(f"{name}: reports the memory needed", isinstance(need, int) and need > 0, res["needed"]):
+        return
+    res2, _ = search(f"{name}, the needed bytes", TRAIN, ["--max-memory", str(need)], extra=extra)
+    if res2 is not None:
+        rec = res2["recommended"]
+        s.check(f"{name}, the needed bytes: something fits, needing exactly them",
+                rec is not None and rec["device"] + rec["host"] == need, f"recommended {rec}, needed {need}")
+    res3, _ = search(f"{name}, one byte less", TRAIN, ["--max-memory", str(need - 1)], extra=extra)
+    if res3 is not None:
+        s.check(f"{name}, one byte less: nothing fits", res3["recommended"] is None, res3["recommended"])
+
+
+nothing_fits("cpu 300KiB", "300KiB")
+# five layers: there --offload 1 keeps less on the "device" but more in all (the host store)
+nothing_fits("cpu 5 layers 1KiB", "1KiB", ["-e", f"{FIX}/model_deep.bin"])
 
 # ----------------------------------------------------------------------------
 # 3. the sizes the flags take, and the malformed ones
