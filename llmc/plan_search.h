@@ -118,9 +118,8 @@ static void plan_why(char* out, size_t n, const char* message) {
     out[used] = '\0';
 }
 
-// plans candidate c into it, or keeps why the checks refused it. The trap
-// and the options are the caller's (nothing this function changes after setjmp is read after
-// a longjmp)
+// plans candidate c into it, or keeps why the checks refused it. The trap and the options are
+// the caller's: nothing this function changes after setjmp is read after a longjmp
 static void plan_candidate(const PlanSearch* s, PlanCandidate* c, FailTrap* trap, TrainOptions* o) {
     MemPlan plan;
     int accum = 1;
