@@ -26,6 +26,7 @@ cpu/optimizers.h; the loop, flags, files and memory accounting are shared (llmc/
 #include "llmc/trainer.h"
 #include "cpu/layers.h"
 #include "cpu/optimizers.h"
+#include "cpu/host_step.h"
 
 // ----------------------------------------------------------------------------
 // parameters: 16 tensors carved from one allocation, in checkpoint order
@@ -196,13 +197,6 @@ static const float* layer_input(const GPT2* m, int l) {
 // ----------------------------------------------------------------------------
 // sizes (the planner reads them through gpt2_layout) and allocation
 
-// how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1
-static OptSharding gpt2_sharding(const GPT2* m) {
-    if (m->zero != ZERO_SHARDED) { return OPT_UNSHARDED; }
-    OptSharding z = {m->dist.rank, m->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world};
-    return z;
-}
-
 // floats of one layer's block under a policy
 static size_t layer_act_floats(int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
@@ -252,6 +246,10 @@ void gpt2_check_setup(const ModelSetup* s) {
         fail("--precision %s: the CPU backend trains in fp32 only (it is the reference)\n"
              "  hint: --precision fp32, or the CUDA trainer (make train_gpt_cu) for bf16", PRECISION_NAMES[s->precision]);
     }
+    if (s->offload_optimizer) {
+        fail("--offload optimizer: the CPU backend's weights, gradients and optimizer state are host memory already\n"
+             "  hint: it moves them off a GPU (make train_gpt_cu); here --offload activations, --optimizer adafactor or --zero 1 save memory");
+    }
 }
 
 // the CPU's tensors in bytes, for the memory planner: everything fp32
@@ -266,7 +264,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     BackendLayout l = {F, F, layer * F, (layer - layer_act_floats(B, T, C, NH, &gelu)) * F,
                        (layer - layer_act_floats(B, T, C, NH, &attn)) * F, (size_t)B * T * C * F,
                        head_act_floats(B, T, C, c->padded_vocab_size) * F, backward * F,
-                       "4(16BTC + 4BT + B NH T^2)", "4(13BTC + B NH T^2)", 0, 0, 0};
+                       "4(16BTC + 4BT + B NH T^2)", "4(13BTC + B NH T^2)", 0, 0, 0, F};
     return l;
 }
 
@@ -343,7 +341,7 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     point_parameters(&m->grads, m->grads_memory, c);
     m->optimizer = optimizer;
     m->use_beta1 = use_beta1;
-    m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1, gpt2_sharding(m).world);
+    m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1, m->zero == ZERO_SHARDED ? m->dist.world : 1);
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     gpt2_alloc_activations(m, B, T, pol);
     size_t bsizes[NUM_BACKWARD_BUFFERS], btotal = 0;
@@ -540,76 +538,21 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 }
 
 // ----------------------------------------------------------------------------
-// data parallelism: each rank's gradient is of its own part of the batch; before the step
-// ZERO_REPLICATED sums them whole on every rank (all-reduce), ZERO_SHARDED sums each block
-// only on the rank that owns it (reduce-scatter), which updates it and sends it to the
-// others (all-gather). The loss scale already divides by the number of ranks.
+// data parallelism and the optimizer step: cpu/host_step.h, on the model's own arrays. Each
+// rank's gradient is of its own part of the batch; before the step ZERO_REPLICATED sums them
+// whole on every rank (all-reduce), ZERO_SHARDED sums each block only on the rank that owns it
+// (reduce-scatter), which updates it and sends it to the others (all-gather).
 
-// calls part(slice memory, counts) for every slice of the model, counts[r] = floats of rank r's block
-static void for_each_slice_block(const GPT2* m, float* memory, void (*part)(float*, const int*, Dist)) {
-    ParamSlice* s = param_slices_alloc(&m->config);
-    int* counts = (int*)malloc_check((size_t)m->dist.world * sizeof(int));
-    for (int k = 0; k < param_slice_count(&m->config); k++) {
-        slice_part_counts(&s[k], m->dist.world, counts);
-        part(memory + s[k].offset, counts, m->dist);
-    }
-    free(counts);
-    free(s);
+static HostStep gpt2_host_step(GPT2* m) {
+    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->params_memory, m->grads_memory, m->opt_memory};
+    return h;
 }
 
-// the gradients of all ranks' micro-batches, summed: whole, or this rank's blocks (ZeRO-1)
-void gpt2_reduce_grads(GPT2* m) {
-    if (m->dist.world == 1) { return; }
-    if (m->zero == ZERO_SHARDED) { for_each_slice_block(m, m->grads_memory, dist_reduce_scatter_floats); }
-    else { dist_allreduce_sum_floats(m->grads_memory, m->num_parameters); }
-}
-
-// ----------------------------------------------------------------------------
-// optimizer step
-
-#define NORM_CHUNKS 256  // fixed partition of the sum of squares: same result for any thread count
-
-// global L2 norm of all gradients, summed in double over a fixed partition. ZeRO-1: each
-// rank sums the squares of its blocks (the only reduced gradients it has), then the ranks add.
-float gpt2_grad_norm(GPT2* m) {
-    if (m->zero == ZERO_SHARDED) {
-        OptSharding z = gpt2_sharding(m);
-        ParamSlice* s = param_slices_alloc(&m->config);
-        double total = 0.0;
-        for (int k = 0; k < param_slice_count(&m->config); k++) {
-            size_t offset;
-            OptShard sh = slice_shard(&s[k], &z, &offset);
-            total += opt_sum_squares(m->grads_memory + s[k].offset + offset, (size_t)sh.rows * sh.cols);
-        }
-        free(s);
-        dist_allreduce_sum_doubles(&total, 1);
-        return (float)sqrt(total);
-    }
-    double partial[NORM_CHUNKS];
-    size_t n = m->num_parameters, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
-    #pragma omp parallel for
-    for (int k = 0; k < NORM_CHUNKS; k++) {
-        double s = 0.0;
-        size_t end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
-        for (size_t i = k * chunk; i < end; i++) { s += (double)m->grads_memory[i] * m->grads_memory[i]; }
-        partial[k] = s;
-    }
-    double total = 0.0;
-    for (int k = 0; k < NORM_CHUNKS; k++) { total += partial[k]; }
-    return (float)sqrt(total);
-}
-
-// clips the gradients to the global norm (given) and takes one step of the model's optimizer;
-// ZeRO-1: on this rank's blocks, then every rank gathers the others' updated blocks
+void gpt2_reduce_grads(GPT2* m) { HostStep h = gpt2_host_step(m); host_reduce_grads(&h); }
+float gpt2_grad_norm(GPT2* m) { HostStep h = gpt2_host_step(m); return host_grad_norm(&h); }
 void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
-    if (s->grad_clip > 0.0f && grad_norm > s->grad_clip) {
-        float scale = s->grad_clip / grad_norm;
-        #pragma omp parallel for
-        for (size_t i = 0; i < m->num_parameters; i++) { m->grads_memory[i] *= scale; }
-    }
-    OptSharding z = gpt2_sharding(m);
-    optimizer_step(m->optimizer, m->params_memory, m->grads_memory, m->opt_memory, &m->config, &s->hyper, s->t, &z);
-    if (m->zero == ZERO_SHARDED) { for_each_slice_block(m, m->params_memory, dist_allgather_floats); }
+    HostStep h = gpt2_host_step(m);
+    host_update(&h, s, grad_norm, NULL, NULL);
 }
 
 #ifndef TESTING

@@ -43,6 +43,7 @@ the GPU (it stops with a message): --zero 1 with Adafactor or CAME (issue 10).
 #include "cuda/came.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/scale.cuh"
+#include "cpu/host_step.h"
 
 // ----------------------------------------------------------------------------
 // device memory: the accounting allocator's categories in device and pinned host memory
@@ -69,6 +70,7 @@ static void use_device_memory(void) {
     for (size_t i = 0; i < sizeof(on_device) / sizeof(on_device[0]); i++) { mem_set_allocator(on_device[i], MEM_DEVICE); }
     mem_set_allocator(MEM_HOST_COPIES, MEM_PINNED);
     mem_set_allocator(MEM_OFFLOADED, MEM_PINNED);  // --offload: copies that overlap compute need pinned memory
+    mem_set_allocator(MEM_OPT_HOST, MEM_PINNED);
 }
 
 // ----------------------------------------------------------------------------
@@ -319,6 +321,22 @@ struct Model {
     cudaEvent_t reduced;          // comm stream: every gradient is reduced
     int reduce_in_backward;       // the next backward is the step's last: reduce as it goes
     double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
+    // --offload optimizer (see "optimizer offload"): master_memory, opt_memory and these are pinned
+    // host memory; with ",gradients" grads_memory on the GPU holds the rest's gradients (wte, wpe,
+    // lnfw, lnfb) and two layers' (grad_layers), else all of them
+    OptOffload offload_opt;
+    int send_in_backward;         // OPT_OFFLOAD_STATE: the next backward is the step's last: send as it goes
+    char* opt_host_memory;        // one pinned block: master (P), host_grads (P), staging, the optimizer state
+    float* host_grads;            // (P) fp32: the step's gradients, summed on the host
+    float* grad_layers[2];        // (Pl) each, on the GPU: layer l computes its gradients into [l % 2]
+    float* opt_staging[2];        // (max(Pl, Pr)) each, pinned: gradients on their way down, new weights on their way up
+    size_t opt_staging_floats;
+    int next_staging;             // the opt_staging buffer the next upload fills
+    int first_micro_step;         // the step's first backward: its gradients replace the host's, later ones add
+    cudaStream_t grad_stream;     // copies of gradients to the host while the next layer computes
+    cudaEvent_t grads_down[2];    // grad_stream: grad_layers[i] (or the rest) copied into opt_staging[i]
+    cudaEvent_t staged_up[2];     // stream: the upload out of opt_staging[i] is done
+    cudaEvent_t grads_ready;      // stream: a group's gradients are computed (grad_stream waits for it)
 };
 
 struct GPT2 {
@@ -382,8 +400,6 @@ static void alloc_host_store(Model<floatX>* m, int slots, int seg_kept, size_t R
         CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_saved[i], cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_loaded[i], cudaEventDisableTiming));
     }
-    m->wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
-    for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->wait_marks[i])); }
 }
 
 template <typename floatX>
@@ -451,6 +467,78 @@ static void alloc_backward_and_scratch(Model<floatX>* m, int B, int T) {
     m->opt_scratch = carve<char>(&p, sb.optimizer);
 }
 
+// the fp32 master weights, their gradients and the optimizer state on the GPU, and pinned host
+// copies of the weights and the state for checkpoints
+template <typename floatX>
+static void alloc_optimizer_on_device(Model<floatX>* m) {
+    size_t P = m->num_parameters;
+    m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, P * sizeof(float));
+    point_params(&m->master, m->master_memory, &m->config);
+    m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
+                                                        : (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
+    point_params(&m->weights, m->weights_memory, &m->config);
+    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, P * sizeof(float));
+    point_params(&m->grads, m->grads_memory, &m->config);
+    CUDA_CHECK(cudaMemset(m->grads_memory, 0, P * sizeof(float)));
+    m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
+    CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
+    m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
+    m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
+    memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
+}
+
+// --offload optimizer: the floats of one layer's weights (Pl: its slices of the 12 per-layer
+// tensors) and of the rest (Pr: wte, wpe, lnfw, lnfb)
+static size_t layer_weights(const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    gpt2_parameter_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { n += PARAMETER_IS_PER_LAYER[i] ? sizes[i] / c->num_layers : 0; }
+    return n;
+}
+static size_t rest_weights(const GPT2Config* c) { return gpt2_num_parameters(c) - (size_t)c->num_layers * layer_weights(c); }
+
+// --offload optimizer: the working weights on the GPU with the gradients of the rest and of two
+// layers; one pinned host block with the master weights, the step's gradients, two staging
+// buffers and the optimizer state (the master weights and the state are what checkpoints hold)
+template <typename floatX>
+static void alloc_offloaded_optimizer(Model<floatX>* m) {
+    const GPT2Config* c = &m->config;
+    size_t P = m->num_parameters, Pl = layer_weights(c), Pr = rest_weights(c), C = c->channels;
+    m->weights_memory = (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
+    point_params(&m->weights, m->weights_memory, c);
+    size_t grads = m->offload_opt == OPT_OFFLOAD_GRADS ? Pr + 2 * Pl : P;
+    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, grads * sizeof(float));
+    CUDA_CHECK(cudaMemset(m->grads_memory, 0, grads * sizeof(float)));
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {
+        m->grads.wte = m->grads_memory;  // the rest, in checkpoint order; the per-layer tensors stay NULL
+        m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size * C;
+        m->grads.lnfw = m->grads.wpe + (size_t)c->max_seq_len * C;
+        m->grads.lnfb = m->grads.lnfw + C;
+        m->grad_layers[0] = m->grads_memory + Pr;
+        m->grad_layers[1] = m->grad_layers[0] + Pl;
+    } else {
+        point_params(&m->grads, m->grads_memory, c);
+    }
+    m->opt_staging_floats = Pl > Pr ? Pl : Pr;
+    m->opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * P + 2 * m->opt_staging_floats + m->opt_floats) * sizeof(float));
+    char* p = m->opt_host_memory;
+    m->master_memory = carve<float>(&p, P * sizeof(float));
+    point_params(&m->master, m->master_memory, c);
+    m->host_grads = carve<float>(&p, P * sizeof(float));
+    for (int i = 0; i < 2; i++) { m->opt_staging[i] = carve<float>(&p, m->opt_staging_floats * sizeof(float)); }
+    m->opt_memory = carve<float>(&p, m->opt_floats * sizeof(float));
+    memset(m->opt_memory, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero
+    m->host_params = m->master_memory;  // what checkpoints read and write (gpt2_host_view)
+    m->host_opt = m->opt_memory;
+    m->first_micro_step = 1;
+    CUDA_CHECK(cudaStreamCreate(&m->grad_stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_down[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->staged_up[i], cudaEventDisableTiming));
+    }
+}
+
 template <typename floatX>
 static Model<floatX>* model_create(const ModelSetup* s) {
     Model<floatX>* m = (Model<floatX>*)malloc_check(sizeof(Model<floatX>));
@@ -466,26 +554,20 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->batch_size = s->B;
     m->seq_len = s->T;
     CUDA_CHECK(cudaStreamCreate(&m->stream));
-    // weights: fp32 master, and for bf16 a working copy
-    m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, P * sizeof(float));
-    point_params(&m->master, m->master_memory, c);
-    m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
-                                                        : (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
-    point_params(&m->weights, m->weights_memory, c);
-    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, P * sizeof(float));
-    point_params(&m->grads, m->grads_memory, c);
-    CUDA_CHECK(cudaMemset(m->grads_memory, 0, P * sizeof(float)));
+    // weights: fp32 master, and for bf16 a working copy; gradients, optimizer state
+    m->offload_opt = s->offload_optimizer;
     m->opt_floats = optimizer_state_floats(c, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
-    m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
-    CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
+    if (m->offload_opt) { alloc_offloaded_optimizer(m); } else { alloc_optimizer_on_device(m); }
     alloc_activations(m, s->B, s->T, &s->act);
     alloc_backward_and_scratch(m, s->B, s->T);
-    m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
-    m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
-    memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
-    m->comm = s->dist.world > 1 ? nccl_init(&s->dist) : NULL;
+    if (m->act.offload) {  // timed waits for copies (gpt2_copy_wait_ms)
+        m->wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
+        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->wait_marks[i])); }
+    }
+    // with the optimizer on the host, MPI sums the gradients there (cpu/host_step.h): no NCCL
+    m->comm = s->dist.world > 1 && !m->offload_opt ? nccl_init(&s->dist) : NULL;
     if (m->comm != NULL) {
         CUDA_CHECK(cudaStreamCreate(&m->comm_stream));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_final, cudaEventDisableTiming));
@@ -496,18 +578,29 @@ static Model<floatX>* model_create(const ModelSetup* s) {
 
 template <typename floatX>
 static void model_destroy(Model<floatX>* m) {
-    if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
-    void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->acts_memory, m->bwd_memory,
-                      m->scratch_memory, m->host_params, m->host_opt, m->host_probs, m->host_losses};
+    if (m->offload_opt) {
+        void* blocks[] = {m->weights_memory, m->grads_memory, m->opt_host_memory};
+        for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
+        CUDA_CHECK(cudaEventDestroy(m->grads_ready));
+        for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->grads_down[i])); CUDA_CHECK(cudaEventDestroy(m->staged_up[i])); }
+        CUDA_CHECK(cudaStreamDestroy(m->grad_stream));
+    } else {
+        if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
+        void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->host_params, m->host_opt};
+        for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
+    }
+    void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->host_probs, m->host_losses};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     free(m->slots);
     free(m->seg_inputs);
+    if (m->wait_marks != NULL) {
+        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventDestroy(m->wait_marks[i])); }
+        free(m->wait_marks);
+    }
     if (m->act.offload) {
         int slots = act_num_slots(&m->act, m->config.num_layers);
         for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(m->slot_saved[i])); CUDA_CHECK(cudaEventDestroy(m->slot_loaded[i])); }
         CUDA_CHECK(cudaEventDestroy(m->staging_loaded));
-        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventDestroy(m->wait_marks[i])); }
-        free(m->wait_marks);
         CUDA_CHECK(cudaEventDestroy(m->compute_done));
         CUDA_CHECK(cudaStreamDestroy(m->copy_stream));
         free(m->slot_layer); free(m->slot_saved); free(m->slot_loaded);
@@ -699,6 +792,141 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// optimizer offload (--offload optimizer; ZeRO-Offload, Ren et al. 2021): the fp32 master
+// weights, the step's gradients and the optimizer state are pinned host memory; the GPU keeps
+// the working weights and the gradients of the step, which build up there over the micro-steps
+// as in plain training. The last micro-step's backward sends each layer's gradients down on
+// grad_stream as soon as they are final, overlapping the layers still computing. The step is
+// the CPU reference's own code (cpu/host_step.h: MPI sums, norm, clipping, the update), and each
+// tensor's new weights go up, rounded to floatX, while the CPU updates the next, through two
+// pinned staging buffers in turn.
+//
+// --offload optimizer,gradients: the GPU keeps only the gradients of the rest (wte, wpe, lnfw,
+// lnfb: wte's builds up over the whole backward) and of two layers. Every micro-step's backward
+// sends each layer's gradients down through the staging buffers, and the CPU adds them into the
+// step's gradients while the GPU computes the next layer.
+
+// a gradient group's pieces: layer l's slices of the per-layer tensors, or (l = REST_GROUP)
+// wte, wpe, lnfw, lnfb whole; one after another in a group buffer (on the GPU and in staging),
+// each at host_offset floats in the model's order
+#define REST_GROUP (-1)
+typedef struct { size_t host_offset, n; } GradPiece;
+
+static int grad_group_pieces(const GPT2Config* c, int l, GradPiece pieces[NUM_PARAMETER_TENSORS]) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_parameter_sizes(sizes, c);
+    int n = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        int per_layer = PARAMETER_IS_PER_LAYER[i];
+        if (per_layer == (l != REST_GROUP)) {
+            size_t each = per_layer ? sizes[i] / c->num_layers : sizes[i];
+            GradPiece piece = {offset + (per_layer ? (size_t)l * each : 0), each};
+            pieces[n++] = piece;
+        }
+        offset += sizes[i];
+    }
+    return n;
+}
+
+// layer gradients packed in a group buffer p: the per-layer tensors' slices in model order
+static LayerParams<float> packed_layer_grads(float* p, const GPT2Config* c) {
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    LayerParams<float> g;
+    float** ptrs[] = {&g.ln1w, &g.ln1b, &g.qkvw, &g.qkvb, &g.attprojw, &g.attprojb,
+                      &g.ln2w, &g.ln2b, &g.fcw, &g.fcb, &g.fcprojw, &g.fcprojb};
+    int n = grad_group_pieces(c, 0, pieces);
+    for (int i = 0; i < n; i++) { *ptrs[i] = p; p += pieces[i].n; }
+    return g;
+}
+
+// layer l's gradient buffer on the GPU, zeroed. The layer that used it last (l + 2) has left it:
+// the CPU took l + 2's gradients (waiting for their copy) before it queued l + 1's backward
+template <typename floatX>
+static LayerParams<float> layer_grads_on_device(Model<floatX>* m, int l) {
+    int b = l % 2;
+    CUDA_CHECK(cudaMemsetAsync(m->grad_layers[b], 0, layer_weights(&m->config) * sizeof(float), m->stream));
+    return packed_layer_grads(m->grad_layers[b], &m->config);
+}
+
+// queues the copy of a group's n gradients at src (GPU) into opt_staging[b], after everything the
+// compute stream has queued so far
+template <typename floatX>
+static void send_grads_down(Model<floatX>* m, const float* src, size_t n, int b) {
+    CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->grad_stream, m->grads_ready, 0));
+    CUDA_CHECK(cudaMemcpyAsync(m->opt_staging[b], src, n * sizeof(float), cudaMemcpyDeviceToHost, m->grad_stream));
+    CUDA_CHECK(cudaEventRecord(m->grads_down[b], m->grad_stream));
+}
+
+// the CPU waits for group l's gradients in opt_staging[b] and takes them into the step's: the
+// step's first micro-batch copies, later ones add (in the order the GPU would have added them)
+template <typename floatX>
+static void take_grads(Model<floatX>* m, int l, int b) {
+    CUDA_CHECK(cudaEventSynchronize(m->grads_down[b]));
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    int n = grad_group_pieces(&m->config, l, pieces);
+    const float* src = m->opt_staging[b];
+    for (int i = 0; i < n; i++) {
+        float* dst = m->host_grads + pieces[i].host_offset;
+        size_t len = pieces[i].n;
+        if (m->first_micro_step) {
+            memcpy(dst, src, len * sizeof(float));
+        } else {
+            #pragma omp parallel for
+            for (size_t j = 0; j < len; j++) { dst[j] += src[j]; }
+        }
+        src += len;
+    }
+}
+
+// parameter tensor i's new master weights up to the GPU's working weights, rounded to floatX on
+// the CPU, in chunks through the staging buffers in turn (a chunk waits for the upload that
+// used its buffer last); queued on the compute stream, so the next forward runs after them
+template <typename floatX>
+static void upload_tensor(Model<floatX>* m, int i) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_parameter_sizes(sizes, &m->config);
+    for (int k = 0; k < i; k++) { offset += sizes[k]; }
+    for (size_t done = 0; done < sizes[i]; done += m->opt_staging_floats) {
+        size_t n = sizes[i] - done < m->opt_staging_floats ? sizes[i] - done : m->opt_staging_floats;
+        int b = m->next_staging;
+        m->next_staging ^= 1;
+        CUDA_CHECK(cudaEventSynchronize(m->staged_up[b]));
+        floatX* dst = (floatX*)m->opt_staging[b];
+        const float* src = m->master_memory + offset + done;
+        #pragma omp parallel for
+        for (size_t j = 0; j < n; j++) { dst[j] = from_float<floatX>(src[j]); }
+        CUDA_CHECK(cudaMemcpyAsync(m->weights_memory + offset + done, dst, n * sizeof(floatX), cudaMemcpyHostToDevice, m->stream));
+        CUDA_CHECK(cudaEventRecord(m->staged_up[b], m->stream));
+    }
+}
+
+template <typename floatX>
+static void upload_tensor_done(void* model, int i) { upload_tensor((Model<floatX>*)model, i); }
+
+// OPT_OFFLOAD_STATE, the last micro-step: group l's final gradients (REST_GROUP: wte, wpe, lnfw,
+// lnfb) straight into the host's, after everything the compute stream has queued so far
+template <typename floatX>
+static void send_final_grads(Model<floatX>* m, int l) {
+    CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->grad_stream, m->grads_ready, 0));
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    int n = grad_group_pieces(&m->config, l, pieces);
+    for (int i = 0; i < n; i++) {
+        size_t off = pieces[i].host_offset;
+        CUDA_CHECK(cudaMemcpyAsync(m->host_grads + off, m->grads_memory + off, pieces[i].n * sizeof(float),
+                                   cudaMemcpyDeviceToHost, m->grad_stream));
+    }
+}
+
+// the host arrays of the step (cpu/host_step.h)
+template <typename floatX>
+static HostStep host_step_of(Model<floatX>* m) {
+    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->master_memory, m->host_grads, m->opt_memory};
+    return h;
+}
+
 // the mean of the (B,T) losses, added on the host in the CPU's order
 template <typename floatX>
 static float mean_loss(Model<floatX>* m, int B, int T) {
@@ -733,6 +961,9 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
     int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     size_t BTC = (size_t)B * T * C, X = sizeof(floatX);
     cudaStream_t s = m->stream;
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest's gradients hold this micro-batch's only (the host sums the step's)
+        CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, rest_weights(c) * sizeof(float), s));
+    }
     classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
     CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
     matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch, &m->matmul, s);
@@ -742,12 +973,25 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
     for (int l = L - 1; l >= 0; l--) {
         prepare_backward(m, l, B, T);
         LayerParams<floatX> lp = layer_params(&m->weights, l, C);
-        LayerParams<float> lg = layer_params(&m->grads, l, C);
+        int offload_grads = m->offload_opt == OPT_OFFLOAD_GRADS;
+        LayerParams<float> lg = offload_grads ? layer_grads_on_device(m, l) : layer_params(&m->grads, l, C);
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
         if (m->reduce_in_backward) { reduce_now_final(m, l); }
+        if (m->send_in_backward) { send_final_grads(m, l); }
+        if (offload_grads) {  // l's gradients go down while the CPU takes l+1's and the GPU computes l-1's
+            send_grads_down(m, m->grad_layers[l % 2], layer_weights(c), l % 2);
+            if (l + 1 < L) { take_grads(m, l + 1, (l + 1) % 2); }
+        }
     }
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, m->inputs, B, T, C, s);
     if (m->reduce_in_backward) { reduce_now_final(m, -1); }  // wte, wpe, lnfw, lnfb
+    if (m->send_in_backward) { send_final_grads(m, REST_GROUP); }
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
+        send_grads_down(m, m->grads_memory, rest_weights(c), 1);
+        take_grads(m, 0, 0);
+        take_grads(m, REST_GROUP, 1);
+        m->first_micro_step = 0;
+    }
 }
 
 // the gradients of the slices of `layer` (or ALL_SLICES) summed over the ranks on `stream`: whole
@@ -783,6 +1027,13 @@ static void reduce_now_final(Model<floatX>* m, int layer) {
 // ranks): after a backward that reduced as it went, the compute stream only waits for that
 template <typename floatX>
 static void model_reduce_grads(Model<floatX>* m) {
+    if (m->offload_opt != OPT_OFFLOAD_NONE) {  // the gradients are (or are on their way) in host memory
+        if (m->send_in_backward) { CUDA_CHECK(cudaStreamSynchronize(m->grad_stream)); }
+        m->send_in_backward = 0;
+        HostStep h = host_step_of(m);
+        host_reduce_grads(&h);
+        return;
+    }
     if (m->comm == NULL) { return; }
     if (m->reduce_in_backward) {
         CUDA_CHECK(cudaEventRecord(m->reduced, m->comm_stream));
@@ -797,6 +1048,7 @@ static void model_reduce_grads(Model<floatX>* m) {
 // squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add
 template <typename floatX>
 static float model_grad_norm(Model<floatX>* m) {
+    if (m->offload_opt) { HostStep h = host_step_of(m); return host_grad_norm(&h); }
     double sum = 0.0;
     if (m->zero != ZERO_SHARDED || m->comm == NULL) {
         double* result = m->norm_scratch;
@@ -831,6 +1083,11 @@ static float model_grad_norm(Model<floatX>* m) {
 // weights follow the master
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
+    if (m->offload_opt) {  // the CPU's step; each tensor goes up as soon as it is updated
+        HostStep h = host_step_of(m);
+        host_update(&h, s, grad_norm, upload_tensor_done<floatX>, m);
+        return;
+    }
     float clip = s->grad_clip > 0.0f && grad_norm > s->grad_clip ? s->grad_clip / grad_norm : 1.0f;
     if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->num_parameters, m->stream); }
     const OptimizerHyper* h = &s->hyper;
@@ -875,7 +1132,11 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
 template <typename floatX>
 static void model_sync(Model<floatX>* m, SyncDirection dir) {
     size_t P = m->num_parameters;
-    if (dir == SYNC_TO_HOST) {
+    if (m->offload_opt) {  // the host holds the master weights and the state: the GPU's weights follow them
+        if (dir == SYNC_FROM_HOST) {
+            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { upload_tensor(m, i); }
+        }
+    } else if (dir == SYNC_TO_HOST) {
         CUDA_CHECK(cudaMemcpyAsync(m->host_params, m->master_memory, P * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
         CUDA_CHECK(cudaMemcpyAsync(m->host_opt, m->opt_memory, m->opt_floats * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     } else {
@@ -990,7 +1251,7 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 
 // what the GPU does not do yet stops here, before anything is allocated
 void gpt2_check_setup(const ModelSetup* s) {
-    if (s->zero == ZERO_SHARDED && s->optimizer != OPT_ADAMW) {
+    if (s->zero == ZERO_SHARDED && s->optimizer != OPT_ADAMW && !s->offload_optimizer) {
         fail("--zero 1 with --optimizer %s: not on the GPU yet (a factored optimizer's column statistics need sums\n"
              "  across the ranks inside the update: issue 10)\n"
              "  hint: --zero 0, or --optimizer adamw, or ./train_gpt (the CPU shards all three)", OPTIMIZER_NAMES[s->optimizer]);
@@ -1027,7 +1288,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
                        layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
                        precision == PRECISION_BF16 ? "2(13BTC + B NH T^2) + 4(4BT)" : "4(16BTC + 4BT + B NH T^2)",
                        precision == PRECISION_BF16 ? "2(13BTC + B NH T^2)" : "4(13BTC + B NH T^2)",
-                       scratch_total(&sb) + host_scratch, F, 1};
+                       scratch_total(&sb) + host_scratch, F, 1, X};
     return l;
 }
 
@@ -1070,9 +1331,15 @@ const float* gpt2_probs(GPT2* m, int position) {
     return m->bf16 ? model_probs(m->bf16, position) : model_probs(m->f32, position);
 }
 
+// --offload optimizer: the next backward's gradients replace the host's (no pass over them)
+template <typename floatX>
+static void model_zero_grad(Model<floatX>* m) {
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) { m->first_micro_step = 1; return; }
+    CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, m->num_parameters * sizeof(float), m->stream));
+}
+
 void gpt2_zero_grad(GPT2* m) {
-    if (m->bf16) { CUDA_CHECK(cudaMemsetAsync(m->bf16->grads_memory, 0, m->bf16->num_parameters * sizeof(float), m->bf16->stream)); }
-    else { CUDA_CHECK(cudaMemsetAsync(m->f32->grads_memory, 0, m->f32->num_parameters * sizeof(float), m->f32->stream)); }
+    if (m->bf16) { model_zero_grad(m->bf16); } else { model_zero_grad(m->f32); }
 }
 
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
@@ -1081,13 +1348,13 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 }
 
 double gpt2_copy_wait_ms(GPT2* m) {
-    if (m->bf16) { return m->bf16->act.offload ? copy_wait_ms(m->bf16) : -1.0; }
-    return m->f32->act.offload ? copy_wait_ms(m->f32) : -1.0;
+    if (m->bf16) { return m->bf16->wait_marks != NULL ? copy_wait_ms(m->bf16) : -1.0; }
+    return m->f32->wait_marks != NULL ? copy_wait_ms(m->f32) : -1.0;
 }
 
 void gpt2_reduce_during_backward(GPT2* m) {
-    if (m->bf16) { m->bf16->reduce_in_backward = m->bf16->comm != NULL; }
-    else { m->f32->reduce_in_backward = m->f32->comm != NULL; }
+    if (m->bf16) { m->bf16->reduce_in_backward = m->bf16->comm != NULL; m->bf16->send_in_backward = m->bf16->offload_opt == OPT_OFFLOAD_STATE; }
+    else { m->f32->reduce_in_backward = m->f32->comm != NULL; m->f32->send_in_backward = m->f32->offload_opt == OPT_OFFLOAD_STATE; }
 }
 
 void gpt2_reduce_grads(GPT2* m) {

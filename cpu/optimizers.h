@@ -4,7 +4,7 @@ with the state layout and ZeRO-1 sharding of llmc/opt_layout.h.
 
     size_t n = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);        // zeroed before step 1
     float* state = calloc(n, sizeof(float));
-    optimizer_step(OPT_CAME, params, grads, state, &cfg, &hyper, t, &OPT_UNSHARDED); // t = 1, 2, ...
+    optimizer_step(OPT_CAME, params, grads, state, &cfg, &hyper, t, &OPT_UNSHARDED, NULL, NULL); // t = 1, 2, ...
 
 Order of operations, per parameter p (rows, cols) with gradient g, step t = 1, 2, ...
 (the transcriptions in dev/reference/make_reference.py, checked there against the packages;
@@ -372,9 +372,11 @@ static void adamw_update_part(float* param, const float* grad, float* state, con
 // the step over every slice
 
 // one optimizer step over this process's part of every slice (gradients already clipped);
-// t = 1, 2, ...; z = &OPT_UNSHARDED for the whole model
+// t = 1, 2, ...; z = &OPT_UNSHARDED for the whole model. tensor_done(ctx, i), if not NULL, is
+// called when the last slice of parameter tensor i is updated (the slices go tensor by tensor)
 static void optimizer_step(OptimizerKind kind, float* params, const float* grads, float* state,
-                           const GPT2Config* c, const OptimizerHyper* h, int t, const OptSharding* z) {
+                           const GPT2Config* c, const OptimizerHyper* h, int t, const OptSharding* z,
+                           void (*tensor_done)(void*, int), void* ctx) {
     ParamSlice* s = param_slices_alloc(c);
     int use_beta1 = h->adafactor.beta1 > 0.0;
     float* st = state;
@@ -391,6 +393,8 @@ static void optimizer_step(OptimizerKind kind, float* params, const float* grads
             came_update(p, g, st, &sh, &h->came);
         }
         st += slice_state_floats(kind, &sh, use_beta1);
+        int last_of_tensor = k + 1 == param_slice_count(c) || s[k + 1].tensor != s[k].tensor;
+        if (tensor_done != NULL && last_of_tensor) { tensor_done(ctx, s[k].tensor); }
     }
     free(s);
 }

@@ -193,4 +193,40 @@ static void act_policy_describe(const ActPolicy* p, int L, char* out, size_t n) 
     if (used == 0) { snprintf(out, n, "none: every layer keeps its activations"); }
 }
 
+// --offload optimizer (a GPU's): what of the optimizer lives in host memory
+typedef enum {
+    OPT_OFFLOAD_NONE,    // everything on the GPU
+    OPT_OFFLOAD_STATE,   // fp32 master weights, optimizer state and the update on the host; the step's
+                         // gradients build up on the GPU and go down during the last micro-step
+    OPT_OFFLOAD_GRADS,   // also the gradients: each micro-step's go down layer by layer and the host
+                         // adds them; the GPU keeps two layers' (least GPU memory, most traffic)
+} OptOffload;
+
+// --offload: a comma list of activations (or 1), optimizer and gradients (with optimizer), or
+// 0 / none alone
+static void offload_parse(const char* spec, int* activations, OptOffload* optimizer) {
+    *activations = 0;
+    *optimizer = OPT_OFFLOAD_NONE;
+    if (strcmp(spec, "0") == 0 || strcmp(spec, "none") == 0) { return; }
+    char buf[64];
+    if (strlen(spec) >= sizeof(buf)) { fail("--offload '%.40s...': too long (a comma list of activations, optimizer, gradients)", spec); }
+    memcpy(buf, spec, strlen(spec) + 1);
+    int opt = 0, grads = 0;
+    for (char* w = strtok(buf, ","); w != NULL; w = strtok(NULL, ",")) {
+        if (strcmp(w, "1") == 0 || strcmp(w, "activations") == 0) { *activations = 1; }
+        else if (strcmp(w, "optimizer") == 0) { opt = 1; }
+        else if (strcmp(w, "gradients") == 0) { grads = 1; }
+        else {
+            fail("--offload %s: '%s' is not something that moves to host memory\n"
+                 "  hint: a comma list of activations (or 1), optimizer, gradients (with optimizer); 0 or none for nothing", spec, w);
+        }
+    }
+    if (grads && !opt) {
+        fail("--offload %s: gradients go to the host only with the optimizer, which updates the weights there\n"
+             "  hint: --offload optimizer,gradients", spec);
+    }
+    if (!*activations && !opt) { fail("--offload '%s': name what moves: activations (or 1), optimizer; 0 for nothing", spec); }
+    *optimizer = !opt ? OPT_OFFLOAD_NONE : grads ? OPT_OFFLOAD_GRADS : OPT_OFFLOAD_STATE;
+}
+
 #endif // LLMC_ACT_POLICY_H

@@ -50,7 +50,7 @@ typedef struct {
     float eps1;                      // Adafactor, CAME: added to g^2 before the second moment
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
-    int offload;                     // 1: kept activations go to the host store
+    char offload[PATH_MAX_LEN];      // what moves to host memory: activations (or 1), optimizer, both (comma list); 0 = none
     int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
@@ -100,7 +100,7 @@ static TrainOptions options_default(void) {
     o.adafactor_beta1 = 0.0f;
     o.eps1 = 1e-30f;                 // Adafactor (Shazeer & Stern) and CAME (eps[0]) both use 1e-30
     strcpy(o.recompute, "none");
-    o.offload = 0;
+    strcpy(o.offload, "0");
     o.zero = 0;
     o.check_replicas = 0;
     o.plan_ranks = 0;
@@ -123,8 +123,10 @@ static TrainOptions options_default(void) {
 }
 
 // FLAG_SWITCH: on or off; "--plan" alone turns it on, and it takes an optional 0 or 1 after it
-// ("-y 1", "--offload 0") or after '=' ("--plan=1"). FLAG_BYTES: a size (parse_bytes) into a uint64_t
-typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH, FLAG_BYTES } FlagType;
+// ("-y 1", "--plan 0") or after '=' ("--plan=1"). FLAG_WORDS: a string that alone means "1"
+// ("--offload" = "--offload 1", "--offload optimizer"): a word after it is its value unless it
+// starts with '-'. FLAG_BYTES: a size (parse_bytes) into a uint64_t
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH, FLAG_WORDS, FLAG_BYTES } FlagType;
 
 typedef struct {
     const char* shortname;   // "-x", or NULL
@@ -172,10 +174,10 @@ static const FlagSpec FLAGS[] = {
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
-    {NULL, "--offload",       FLAG_SWITCH, OPT(offload),          "move kept activations to host memory between forward and backward"},
+    {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory, a comma list: activations (or 1); optimizer (GPU: fp32 master weights and state, the update on the CPU); gradients (with optimizer: every micro-step's, not the step's); 0 = none"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit; with a budget, every combination of the memory flags and the fastest that fits"},
     {NULL, "--max-memory",    FLAG_BYTES,  OPT(max_memory),       "memory budget of a rank's device (GPU) memory, on the CPU of everything: 24GiB, 512MiB, bytes, free; --plan searches for it, a run refuses to start above it"},
-    {NULL, "--max-host-memory", FLAG_BYTES, OPT(max_host_memory), "GPU builds: budget of a rank's host memory (offload store, host copies); with --plan omitted = available"},
+    {NULL, "--max-host-memory", FLAG_BYTES, OPT(max_host_memory), "GPU builds: budget of a rank's host memory (offload store, optimizer offload, host copies); with --plan omitted = available"},
 };
 #undef OPT
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
@@ -238,7 +240,7 @@ static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* bu
         case FLAG_SWITCH: snprintf(buf, n, "%s", *(const int*)p ? "on" : "off"); break;
         case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)p); break;
         case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
-        case FLAG_STRING: snprintf(buf, n, "\"%s\"", p); break;
+        case FLAG_STRING: case FLAG_WORDS: snprintf(buf, n, "\"%s\"", p); break;
         case FLAG_BYTES: bytes_to_arg(*(const uint64_t*)p, buf, n); break;
     }
 }
@@ -311,7 +313,7 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
             *(float*)p = v;
             break;
         }
-        case FLAG_STRING:
+        case FLAG_STRING: case FLAG_WORDS:
             if (strlen(value) >= PATH_MAX_LEN) { fail("flag %s: value longer than %d characters", f->longname, PATH_MAX_LEN - 1); }
             strcpy(p, value);
             break;
@@ -341,6 +343,10 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
             else { *(int*)((char*)o + f->offset) = 1; }
             continue;
         }
+        if (f->type == FLAG_WORDS && !(eq && len == (size_t)(eq - arg)) && (i + 1 >= argc || argv[i + 1][0] == '-')) {
+            set_flag(o, f, "1");  // alone
+            continue;
+        }
         const char* value;
         if (eq && len == (size_t)(eq - arg)) {
             value = eq + 1;
@@ -363,7 +369,7 @@ static int flag_field_equal(const FlagSpec* f, const TrainOptions* a, const Trai
         case FLAG_INT: case FLAG_SWITCH: return *(const int*)pa == *(const int*)pb;
         case FLAG_FLOAT: return *(const float*)pa == *(const float*)pb;
         case FLAG_U64: case FLAG_BYTES: return *(const uint64_t*)pa == *(const uint64_t*)pb;
-        case FLAG_STRING: return strcmp(pa, pb) == 0;
+        case FLAG_STRING: case FLAG_WORDS: return strcmp(pa, pb) == 0;
     }
     return 0;
 }
@@ -375,7 +381,7 @@ static void flag_value_arg(const FlagSpec* f, const TrainOptions* o, char* buf, 
     switch (f->type) {
         case FLAG_INT: case FLAG_SWITCH: snprintf(buf, n, "%d", *(const int*)p); break;
         case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
-        case FLAG_STRING: snprintf(buf, n, "%s", p); break;
+        case FLAG_STRING: case FLAG_WORDS: snprintf(buf, n, "%s", p); break;
         case FLAG_BYTES: bytes_to_arg(*(const uint64_t*)p, buf, n); break;
         case FLAG_FLOAT: {
             float v = *(const float*)p;

@@ -34,22 +34,23 @@ typedef enum {
     MEM_ACTIVATIONS,      // what forward keeps for backward, and the logits
     MEM_ACT_GRADIENTS,    // backward's working buffers (one layer's worth, reused)
     MEM_SCRATCH,          // data loader batches, sampling buffer; a GPU's reduction and attention scratch
-    MEM_OFFLOADED,        // the host store of offloaded activations (--offload)
+    MEM_OFFLOADED,        // the host store of offloaded activations (--offload activations)
+    MEM_OPT_HOST,         // --offload optimizer: master weights, gradients, optimizer state and their staging, in host memory
     MEM_HOST_COPIES,      // a GPU backend's host copies of the weights and optimizer state (checkpoints)
     NUM_MEM_CATEGORIES
 } MemCategory;
 
 static const char* MEM_CATEGORY_NAMES[NUM_MEM_CATEGORIES] = {
     "parameters", "gradients", "optimizer state", "activations", "activation grads", "scratch",
-    "offloaded (host)", "host copies",
+    "offloaded (host)", "optimizer (host)", "host copies",
 };
 // the same categories as keys of the JSON log (log.jsonl's "memory" record)
 static const char* MEM_CATEGORY_KEYS[NUM_MEM_CATEGORIES] = {
     "parameters", "gradients", "optimizer_state", "activations", "activation_grads", "scratch",
-    "offloaded_host", "host_copies",
+    "offloaded_host", "optimizer_host", "host_copies",
 };
 // the categories that live in host memory on a GPU; the rest is "device" (what a GPU holds)
-static int mem_category_on_host(int cat) { return cat == MEM_OFFLOADED || cat == MEM_HOST_COPIES; }
+static int mem_category_on_host(int cat) { return cat == MEM_OFFLOADED || cat == MEM_OPT_HOST || cat == MEM_HOST_COPIES; }
 
 typedef struct {
     size_t current[NUM_MEM_CATEGORIES];  // bytes live now

@@ -123,6 +123,8 @@ static const char* PARAMETER_NAMES[NUM_PARAMETER_TENSORS] = {
 };
 // which tensors are matrices (get weight decay, factored optimizer state)
 static const int PARAMETER_IS_MATRIX[NUM_PARAMETER_TENSORS] = {1,1,0,0,1,0,1,0,0,0,1,0,1,0,0,0};
+// which tensors hold one slice per layer (the rest: wte, wpe, lnfw, lnfb)
+static const int PARAMETER_IS_PER_LAYER[NUM_PARAMETER_TENSORS] = {0,0,1,1,1,1,1,1,1,1,1,1,1,1,0,0};
 
 // number of floats of each tensor; per-layer tensors hold all L layers, layer-major
 static void gpt2_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const GPT2Config* cfg) {

@@ -49,6 +49,7 @@ typedef struct {
     size_t backend_scratch;  // the backend's own scratch: a GPU's reduction and attention buffers, the batch on the device
     size_t host_copy_bytes;  // per weight: a GPU's host copy for checkpoints (CPU: 0, its weights are host memory)
     int host_copies_opt;     // 1: the optimizer state has a host copy too
+    size_t working_bytes;    // per weight: the copy the kernels read, all a GPU keeps with --offload optimizer
 } BackendLayout;
 
 typedef struct {
@@ -56,7 +57,8 @@ typedef struct {
     int num_loaders;       // data loaders (train, and val if any)
     int optimizer;         // OptimizerKind: 0 AdamW, 1 Adafactor, 2 CAME
     int use_beta1;         // Adafactor keeps a first moment
-    ActPolicy act;         // --recompute, --offload
+    ActPolicy act;         // --recompute, --offload activations
+    OptOffload offload_optimizer;  // --offload optimizer[,gradients] (act_policy.h)
     int world;             // data-parallel ranks (0 or 1: one process)
     int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks
     BackendLayout layout;  // the backend's bytes (train_gpt.c: gpt2_layout)
@@ -125,6 +127,33 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
 }
 
+// --offload optimizer (ZeRO-Offload): the device keeps the working weights and the fp32
+// gradients; host memory the fp32 master weights, the step's gradients, the optimizer state, and
+// two staging buffers the size of the larger of a layer's weights and the rest's, through which
+// new weights come up (and with ",gradients" each micro-step's gradients come down). With
+// ",gradients" the device keeps only the gradients of two layers (one computing, one on its way
+// to the host) and of the rest (wte, wpe, lnf: wte's builds up over the whole backward).
+// A layer has Pl = 12C^2 + 13C weights, the rest Pr = (Vp + maxT)C + 2C.
+static size_t plan_layer_weights(const GPT2Config* c) { size_t C = c->channels; return 12 * C * C + 13 * C; }
+static size_t plan_rest_weights(const GPT2Config* c) {
+    return ((size_t)c->padded_vocab_size + c->max_seq_len) * c->channels + 2 * (size_t)c->channels;
+}
+static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, const BackendLayout* lay, OptOffload what) {
+    size_t F = sizeof(float), Pl = plan_layer_weights(c), Pr = plan_rest_weights(c);
+    p->bytes[MEM_PARAMETERS] = P * lay->working_bytes;
+    snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP: working copy (fp32 master on the host)", lay->working_bytes);
+    if (what == OPT_OFFLOAD_GRADS) {
+        p->bytes[MEM_GRADIENTS] = (2 * Pl + Pr) * F;
+        snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4(2Pl + Pr): two layers' and the rest's");
+    }
+    p->bytes[MEM_OPT_HOST] = (2 * P + 2 * (Pl > Pr ? Pl : Pr)) * F + p->bytes[MEM_OPTIMIZER];
+    snprintf(p->formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "4(2P + 2max(Pl, Pr)) + state: %.32s", p->formula[MEM_OPTIMIZER]);
+    p->bytes[MEM_OPTIMIZER] = 0;
+    snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "in host memory: --offload optimizer");
+    p->bytes[MEM_HOST_COPIES] = 0;
+    snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "none: master weights and state are host memory");
+}
+
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t L = cfg->num_layers, C = cfg->channels;
     size_t Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
@@ -187,11 +216,14 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
              lay->backend_scratch ? " + backend scratch" : "");
     p.bytes[MEM_HOST_COPIES] = P * lay->host_copy_bytes + (lay->host_copies_opt ? p.bytes[MEM_OPTIMIZER] : 0);
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
+    p.bytes[MEM_OPT_HOST] = 0;
+    snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
+    if (in.offload_optimizer != OPT_OFFLOAD_NONE) { plan_offload_optimizer(&p, cfg, P, lay, in.offload_optimizer); }
     // the gradient exchange of N ranks, per optimizer step: a ring all-reduce sends 2(N-1)/N of
     // the gradients from each rank; ZeRO-1's reduce to each block's owner and broadcast back the
     // same bytes (a reduce-scatter and an all-gather)
     double N = in.world > 1 ? in.world : 1;
-    p.exchange_bytes = 2.0 * (N - 1.0) / N * p.bytes[MEM_GRADIENTS];
+    p.exchange_bytes = 2.0 * (N - 1.0) / N * (double)(P * lay->grad_bytes);
     return p;
 }
 
@@ -288,7 +320,7 @@ static void print_memory_table(const MemPlan* p, const MemStats* measured) {
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", (measured->total_peak - plan_host_bytes(measured->peak)) / MIB); }
     print_memory_row("device total", plan_total(p) - host, m, "all but the host categories");
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", plan_host_bytes(measured->peak) / MIB); }
-    print_memory_row("host total", host, m, "offloaded activations, host copies");
+    print_memory_row("host total", host, m, "offloaded activations, optimizer, host copies");
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
     print_memory_row("total", plan_total(p), m, "");
     printf("%s", MEM_TABLE_RULE);

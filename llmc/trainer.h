@@ -63,7 +63,8 @@ typedef struct {
     Precision precision;      // --precision
     OptimizerKind optimizer;
     int use_beta1;            // Adafactor keeps a first moment
-    ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload)
+    ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload activations)
+    OptOffload offload_optimizer;  // --offload optimizer[,gradients]: master weights, state, the update (and gradients) on the host
     Dist dist;                // this process among the data-parallel ranks
     ZeroStage zero;           // ZERO_SHARDED: this rank keeps its blocks of the optimizer state only
 } ModelSetup;
@@ -780,14 +781,16 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     s->T = o->seq_len;
     s->optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
     s->use_beta1 = s->optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
-    s->act = act_policy_parse(o->recompute, o->offload, s->config.num_layers);
+    int offload_acts;
+    offload_parse(o->offload, &offload_acts, &s->offload_optimizer);
+    s->act = act_policy_parse(o->recompute, offload_acts, s->config.num_layers);
     s->precision = precision_from_flag(o->precision);
     s->dist = *dist;
     s->zero = (ZeroStage)o->zero;
     gpt2_check_setup(s);
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
-    PlanInputs in = {s->B, s->T, 1 + r->has_val, s->optimizer, s->use_beta1, s->act, world, o->zero,
+    PlanInputs in = {s->B, s->T, 1 + r->has_val, s->optimizer, s->use_beta1, s->act, s->offload_optimizer, world, o->zero,
                      gpt2_layout(&s->config, s->B, s->T, s->precision)};
     r->plan = plan_memory(&s->config, in);
 }

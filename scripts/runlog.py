@@ -7,7 +7,7 @@
 log.jsonl (written by llmc/trainer.h with -o DIR) holds one JSON object a line: each step
 {"step", "loss", "grad_norm", "lr", "ms", "tokens_per_s"}, each validation {"step", "val_loss"},
 and after the first step {"step", "memory": {"planned": {...}, "measured": {...}}} with bytes by
-category (parameters, gradients, ..., offloaded_host, host_copies) and device_total, host_total,
+category (parameters, gradients, ..., offloaded_host, optimizer_host, host_copies) and device_total, host_total,
 total. Standard library only; pyplot() imports matplotlib when a script draws.
 """
 
@@ -17,7 +17,7 @@ import sys
 from collections import namedtuple
 
 TOTALS = ("device_total", "host_total", "total")
-HOST_CATEGORIES = ("offloaded_host", "host_copies")  # llmc/memory.h's mem_category_on_host
+HOST_CATEGORIES = ("offloaded_host", "optimizer_host", "host_copies")  # llmc/memory.h's mem_category_on_host
 MIB = 1024.0 * 1024.0
 
 Run = namedtuple("Run", "label path steps vals memory")
@@ -69,7 +69,7 @@ def is_host(category):
 
 def category_label(category):
     return {"optimizer_state": "optimizer state", "activation_grads": "activation grads",
-            "offloaded_host": "offloaded (host)"}.get(category, category.replace("_", " "))
+            "offloaded_host": "offloaded (host)", "optimizer_host": "optimizer (host)"}.get(category, category.replace("_", " "))
 
 
 def pyplot():

@@ -39,7 +39,7 @@ import time
 STEP_LINE_RE = re.compile(r"^step +\d+/\d+ ", re.M)  # "step    3/6 | loss ..."
 FAIL_LOCATION_RE = re.compile(r"\(at [^ ]+:[0-9]+\)")  # what utils.h's fail() appends
 MEMORY_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "activation_grads",
-               "scratch", "offloaded_host", "host_copies", "device_total", "host_total", "total")
+               "scratch", "offloaded_host", "optimizer_host", "host_copies", "device_total", "host_total", "total")
 MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np"]
 
 

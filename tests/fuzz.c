@@ -142,10 +142,13 @@ static void fuzz_flags_args(int argc, char** argv) {
     gpt2_config_preset(&cfg, "tiny");
     int world = o.plan_only && o.plan_ranks > 0 ? o.plan_ranks : 1;
     check_options(&o, &cfg, world);
-    ActPolicy act = act_policy_parse(o.recompute, o.offload, cfg.num_layers);
+    int offload_acts;
+    OptOffload offload_opt;
+    offload_parse(o.offload, &offload_acts, &offload_opt);
+    ActPolicy act = act_policy_parse(o.recompute, offload_acts, cfg.num_layers);
     OptimizerKind kind = (OptimizerKind)optimizer_from_name(o.optimizer);
     Precision precision = precision_from_flag(o.precision);
-    PlanInputs in = {o.batch_size, o.seq_len, 2, kind, kind == OPT_ADAFACTOR && o.adafactor_beta1 > 0.0f, act, world, o.zero,
+    PlanInputs in = {o.batch_size, o.seq_len, 2, kind, kind == OPT_ADAFACTOR && o.adafactor_beta1 > 0.0f, act, offload_opt, world, o.zero,
                      gpt2_layout(&cfg, o.batch_size, o.seq_len, precision)};
     MemPlan plan = plan_memory(&cfg, in);
     (void)plan;

@@ -652,7 +652,7 @@ s.expect_fail("recompute: segment size 0", "the segment size must be 1..2", BASE
 s.expect_fail("recompute: segment size above L", "the segment size must be 1..2", BASE + ["--recompute", "3"])
 s.expect_fail("recompute: two segment sizes", "give one segment size", BASE + ["--recompute", "sqrt,1"])
 s.expect_fail("recompute: none with others", "'none' cannot be combined", BASE + ["--recompute", "none,gelu"])
-s.expect_fail("offload: value other than 0 or 1", "--offload 2: offload is 0 or 1", BASE + ["--offload", "2"])
+s.expect_fail("offload: a value that names nothing to move", "--offload 2: '2' is not something that moves to host memory", BASE + ["--offload", "2"])
 s.expect_fail("offload: one segment leaves nothing to offload", "nothing would move to the host",
               BASE + ["--recompute", "2", "--offload", "1"])
 s.expect_fail("offload: host store larger than the host memory", "host memory",
