@@ -1223,10 +1223,13 @@ int gpt2_has_device(void) { return 1; }
 
 // the step-cost model's rates (planner.h): the GPU's peak and memory bandwidth from GPU_PEAKS,
 // or an H100's where no GPU of the table is found (no GPU, the emulator); pinned copies to and
-// from the host on PCIe 4.0 x16 (about 25 of its 32 GB/s; PCIe 5.0 doubles it); NCCL's all-reduce
-// bus bandwidth of one 400 Gb/s InfiniBand link per GPU between machines (NVLink in one is faster)
+// from the host on PCIe 4.0 x16 (about 25 of its 32 GB/s; PCIe 5.0 doubles it); the CPU's update
+// of --offload optimizer at one GPU's share of a node's host memory bandwidth (eight GPUs on two
+// sockets of DDR5, about 400 GB/s in all); NCCL's all-reduce bus bandwidth of one 400 Gb/s
+// InfiniBand link per GPU between machines (NVLink in one is faster)
 #define COST_DEFAULT_GPU "H100"
 #define PCIE_BW 25e9
+#define HOST_MEMORY_BW_PER_GPU 50e9
 #define GPU_LINK_BW 50e9
 CostModel gpt2_cost_model(Precision p) {
     char name[256];
@@ -1239,11 +1242,12 @@ CostModel gpt2_cost_model(Precision p) {
         which = "an " COST_DEFAULT_GPU " (no GPU of the table here)";
     }
     double peak = p == PRECISION_BF16 ? row->bf16 : row->fp32;
-    CostModel m = {COST_ASSUMED_MFU * peak, row->memory_bw, PCIE_BW, GPU_LINK_BW, "", "", "", ""};
+    CostModel m = {COST_ASSUMED_MFU * peak, row->memory_bw, PCIE_BW, HOST_MEMORY_BW_PER_GPU, GPU_LINK_BW, "", "", "", "", ""};
     snprintf(m.flops_note, sizeof(m.flops_note), "%.0f%% of the %s peak %.0f TFLOP/s of %s", 100.0 * COST_ASSUMED_MFU,
              PRECISION_NAMES[p], peak / 1e12, which);
     snprintf(m.memory_note, sizeof(m.memory_note), "the memory of %s", which);
     snprintf(m.host_note, sizeof(m.host_note), "pinned copies on PCIe 4.0 x16");
+    snprintf(m.host_memory_note, sizeof(m.host_memory_note), "a GPU's share of a node's host memory, 8 GPUs");
     snprintf(m.link_note, sizeof(m.link_note), "NCCL over one 400 Gb/s InfiniBand link per GPU");
     return m;
 }

@@ -44,13 +44,14 @@ typedef struct {
     const char* flag;                       // as the parser takes it
     const char* values[PLAN_MAX_VALUES];    // as set_flag takes them; the rest NULL
     int min_ranks;                          // searched only with this many ranks or more (else the flag as given)
-    int changes_model;                      // 1: another value trains another model; 0: the bitwise same one
+    int changes_model;                      // 1: another value trains another model; 0: the same one (bitwise,
+                                            // --offload optimizer,gradients with accumulation to rounding)
 } PlanDimension;
 
 static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--optimizer", {"adamw", "adafactor", "came"}, 1, 1},
     {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1, 0},
-    {"--offload", {"0", "1"}, 1, 0},
+    {"--offload", {"0", "activations", "optimizer", "activations,optimizer", "optimizer,gradients", "activations,optimizer,gradients"}, 1, 0},
     {"--zero", {"0", "1"}, 2, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
@@ -236,17 +237,19 @@ static void plan_print_cost_model(const CostModel* m) {
     printf("cost model: the step's time over plain training's (1.00x = its FLOPs alone, per rank), nothing overlapped:\n"
            "  FLOPs, recomputed ones too, at %.4g TFLOP/s (%s)\n"
            "  + selective recompute's device-memory traffic (2 x each recomputed tensor) at %.4g GB/s (%s)\n"
-           "  + offload copies (2 x the host store per micro-step) at %.4g GB/s (%s)\n"
+           "  + offload copies (activations: 2 x the host store per micro-step; optimizer: the fp32 gradients down,\n"
+           "    the working weights up) at %.4g GB/s (%s)\n"
+           "  + the CPU's update of --offload optimizer (2 x its host bytes) at %.4g GB/s (%s)\n"
            "  + the gradient exchange (2(N-1)/N x the gradients per step; ZeRO-1 the same bytes) at %.4g GB/s (%s)\n"
-           "  not counted: the optimizer's update, kernels' memory traffic besides recompute's\n",
+           "  not counted: the GPU's optimizer update, kernels' memory traffic besides recompute's\n",
            m->flops / 1e12, m->flops_note, m->memory_bw / 1e9, m->memory_note, m->host_bw / 1e9, m->host_note,
-           m->link_bw / 1e9, m->link_note);
+           m->host_memory_bw / 1e9, m->host_memory_note, m->link_bw / 1e9, m->link_note);
 }
 
 // one row a planned combination: fits, cost, memory (shared: the total too), the searched flags
 static void plan_print_table(const PlanSearch* s, const PlanCandidate* c, int n) {
     int width[PLAN_NUM_DIMENSIONS], last = -1;
-    printf("%-10s | %-8s | %-10s | %-10s", "fits", "cost", "device", "host");
+    printf("%-10s | %-10s | %-10s | %-10s", "fits", "cost", "device", "host");
     if (s->budget.shared) { printf(" | %-10s", "total"); }
     for (int d = 0; d < PLAN_NUM_DIMENSIONS; d++) {
         if (!plan_dimension_active(s, d)) { continue; }
@@ -268,7 +271,7 @@ static void plan_print_table(const PlanSearch* s, const PlanCandidate* c, int n)
         format_bytes(host, sizeof(host), (double)c[i].fit.host);
         format_bytes(total, sizeof(total), (double)(c[i].fit.device + c[i].fit.host));
         snprintf(cost, sizeof(cost), "%.3fx", c[i].cost.relative);
-        printf("%-10s | %8s | %10s | %10s", plan_fit_word(&c[i]), cost, dev, host);
+        printf("%-10s | %10s | %10s | %10s", plan_fit_word(&c[i]), cost, dev, host);
         if (s->budget.shared) { printf(" | %10s", total); }
         for (int d = 0; d <= last; d++) {
             if (c[i].value[d] >= 0) { printf(" | %-*s", d == last ? 0 : width[d], PLAN_DIMENSIONS[d].values[c[i].value[d]]); }

@@ -79,7 +79,9 @@ typedef struct {
     double recompute_flops;  // extra forward FLOPs per micro-step (checkpointing, selective recompute)
     double step_flops;       // training FLOPs per micro-step without recompute, 6P + 12LTC per token
     double recompute_bytes;  // selective recompute's extra device-memory traffic per micro-step
-    double offload_bytes;    // bytes copied between device and host store per micro-step (--offload)
+    double offload_bytes;    // bytes copied between device and host per micro-step (--offload)
+    double step_offload_bytes;  // and per optimizer step (--offload optimizer: gradients down, weights up)
+    double host_update_bytes;   // host memory the CPU's update reads and writes per step (--offload optimizer)
     double exchange_bytes;   // bytes a rank sends in the gradient exchange per optimizer step (ranks > 1)
 } MemPlan;
 
@@ -152,6 +154,12 @@ static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, co
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "in host memory: --offload optimizer");
     p->bytes[MEM_HOST_COPIES] = 0;
     snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "none: master weights and state are host memory");
+    // what moves (the step's cost): the fp32 gradients down once a step (",gradients": every
+    // micro-step's), the new working weights up; the CPU's update reads and writes its bytes once
+    double grads = (double)P * F, up = (double)P * lay->working_bytes;
+    if (what == OPT_OFFLOAD_GRADS) { p->offload_bytes += grads; }
+    p->step_offload_bytes = (what == OPT_OFFLOAD_GRADS ? 0.0 : grads) + up;
+    p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
@@ -218,6 +226,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
+    p.step_offload_bytes = p.host_update_bytes = 0.0;
     if (in.offload_optimizer != OPT_OFFLOAD_NONE) { plan_offload_optimizer(&p, cfg, P, lay, in.offload_optimizer); }
     // the gradient exchange of N ranks, per optimizer step: a ring all-reduce sends 2(N-1)/N of
     // the gradients from each rank; ZeRO-1's reduce to each block's owner and broadcast back the
@@ -248,9 +257,11 @@ static size_t plan_total(const MemPlan* p) {
 typedef struct {
     double flops;       // FLOP/s a training step achieves
     double memory_bw;   // bytes/s of device memory: selective recompute's extra traffic
-    double host_bw;     // bytes/s between device and host store: --offload's copies
+    double host_bw;     // bytes/s between device and host: --offload's copies
+    double host_memory_bw;  // bytes/s of host memory for one rank's update on the CPU: --offload optimizer
     double link_bw;     // bytes/s a rank sends in the gradient exchange (all-reduce bus bandwidth)
-    char flops_note[COST_NOTE_LEN], memory_note[COST_NOTE_LEN], host_note[COST_NOTE_LEN], link_note[COST_NOTE_LEN];
+    char flops_note[COST_NOTE_LEN], memory_note[COST_NOTE_LEN], host_note[COST_NOTE_LEN], host_memory_note[COST_NOTE_LEN],
+        link_note[COST_NOTE_LEN];
 } CostModel;
 
 // the fraction of a peak FLOP/s a training step is taken to achieve where only the peak is known
@@ -259,7 +270,7 @@ typedef struct {
 
 // one optimizer step (accum micro-steps) in seconds, by part; nothing assumed to overlap
 typedef struct {
-    double compute, recompute, memory, offload, exchange;  // FLOPs, recomputed FLOPs, traffic, copies, exchange
+    double compute, recompute, memory, offload, host_update, exchange;  // FLOPs, recomputed FLOPs, traffic, copies, CPU update, exchange
     double total;
     double relative;    // total over the plain step (compute alone): 1.0 = plain training
 } StepCost;
@@ -269,9 +280,10 @@ static StepCost plan_step_cost(const MemPlan* p, int accum, const CostModel* m) 
     c.compute = accum * p->step_flops / m->flops;
     c.recompute = accum * p->recompute_flops / m->flops;
     c.memory = accum * p->recompute_bytes / m->memory_bw;
-    c.offload = accum * p->offload_bytes / m->host_bw;
+    c.offload = (accum * p->offload_bytes + p->step_offload_bytes) / m->host_bw;
+    c.host_update = p->host_update_bytes / m->host_memory_bw;
     c.exchange = p->exchange_bytes / m->link_bw;
-    c.total = c.compute + c.recompute + c.memory + c.offload + c.exchange;
+    c.total = c.compute + c.recompute + c.memory + c.offload + c.host_update + c.exchange;
     c.relative = c.total / c.compute;
     return c;
 }

@@ -13,7 +13,8 @@ llmc/plan_search.h), on the tiny fixture model (L=2 C=32 NH=4 V=64), so every ru
   - two ranks (--plan-ranks 2): --zero joins the search, the command starts with mpirun, and
     (with mpirun) runs within the budget;
   - the emulated CUDA build answers with the GPU's layout (bf16 weights: its measured parameters
-    are 1.5x the CPU's), takes its device budget from the emulated GPU's free memory when
+    are 1.5x the CPU's), keeps AdamW within a GPU budget through --offload optimizer (and that run
+    measures what was predicted), takes its device budget from the emulated GPU's free memory when
     --max-memory is omitted, and reports the host budget when that one is short.
 
     python3 tests/test_plan_budget.py ./train_gpt ./test_gpt [./build/emu/train_gpt]
@@ -215,6 +216,15 @@ else:
         if measured and cpu_params:
             s.check("emu: bf16 weights: the parameters take 1.5x the CPU's (fp32 master + bf16 copy)",
                     2 * measured["parameters"] == 3 * cpu_params, f"emu {measured['parameters']}, cpu {cpu_params}")
+    # --offload optimizer: the only way AdamW fits 32.5 MiB of GPU (its master weights and state go to the host)
+    out = f"{W}/emu_opt"
+    res, r = search("emu 32.5MiB", CUDA, ["--max-memory", "32.5MiB", "--max-host-memory", "64MiB"], out)
+    if res is not None and s.check("emu 32.5MiB: a recommendation", res["recommended"] is not None, r.out[-300:]):
+        same = res["same_model"]
+        if s.check("emu 32.5MiB: AdamW fits with --offload optimizer",
+                   same is not None and same["flags"]["--optimizer"] == "adamw" and "optimizer" in same["flags"]["--offload"],
+                   f"same_model {same}"):
+            run_pick("emu 32.5MiB, AdamW", same, res["budget"], out)
     gpu_bytes = 40 << 20
     res, r = search("emu, --max-memory omitted", CUDA, ["--max-host-memory", "1MiB"],
                     env={"CUDA_EMU_MEMORY_BYTES": str(gpu_bytes)})
