@@ -223,6 +223,23 @@ void gpt2_reduce_during_backward(GPT2* m) { (void)m; }
 // offload on the CPU is a memcpy inside the step (nothing overlaps, nothing to report apart)
 double gpt2_copy_wait_ms(GPT2* m) { (void)m; return -1.0; }
 Precision gpt2_default_precision(void) { return PRECISION_FP32; }
+// one memory: the "device" categories are host memory too, so one budget (--max-memory) covers all
+int gpt2_has_device(void) { return 0; }
+
+// the step-cost model's rates (planner.h), measured on this project's 2-core machine: the d12
+// step of make bench (200 GFLOP/s at B=4 T=64, quiet: README, Performance), and a 512 MiB memcpy;
+// a rank's gradient exchange is MPI between processes on one machine, two copies through shared memory
+#define CPU_STEP_FLOPS 200e9
+#define CPU_MEMCPY_BW 10e9      // bytes copied per second: a read and a write each
+#define CPU_MPI_BW 5e9
+CostModel gpt2_cost_model(Precision p) {
+    (void)p;  // fp32 only
+    CostModel m = {CPU_STEP_FLOPS, 2.0 * CPU_MEMCPY_BW, CPU_MEMCPY_BW, 2.0 * CPU_MEMCPY_BW, CPU_MPI_BW,
+                   "make bench's d12 step on 2 cores", "reads and writes of a memcpy, 2 x its rate",
+                   "a memcpy in host memory, measured", "no --offload optimizer on the CPU",
+                   "MPI through shared memory on one machine, assumed"};
+    return m;
+}
 
 // the CPU trains in fp32 only: it is the reference the other precisions are measured against
 void gpt2_check_setup(const ModelSetup* s) {

@@ -1166,27 +1166,73 @@ size_t gpt2_device_bytes_used(size_t* accounted) {
 }
 
 // dense peak FLOP/s per GPU model (NVIDIA's data sheets): bf16 on the tensor cores, fp32 without
-// TF32 (this backend's fp32 GEMMs accumulate and multiply in full fp32). Unknown GPUs: --peak-tflops
-typedef struct { const char* name; double bf16, fp32; } GPUPeak;
+// TF32 (this backend's fp32 GEMMs accumulate and multiply in full fp32), and the memory's
+// bandwidth. Unknown GPUs: --peak-tflops
+typedef struct { const char* name; double bf16, fp32, memory_bw; } GPUPeak;
 static const GPUPeak GPU_PEAKS[] = {
-    {"H100 PCIe", 756e12, 51e12},
-    {"H100", 989e12, 67e12},   // SXM and NVL ("H100 80GB HBM3")
-    {"H200", 989e12, 67e12},
-    {"A100", 312e12, 19.5e12},
-    {"L40S", 362e12, 91.6e12},
-    {"A10", 125e12, 31.2e12},
+    {"H100 PCIe", 756e12, 51e12, 2.0e12},
+    {"H100", 989e12, 67e12, 3.35e12},   // SXM and NVL ("H100 80GB HBM3")
+    {"H200", 989e12, 67e12, 4.8e12},
+    {"A100", 312e12, 19.5e12, 2.0e12},
+    {"L40S", 362e12, 91.6e12, 0.864e12},
+    {"A10", 125e12, 31.2e12, 0.6e12},
 };
+#define NUM_GPU_PEAKS ((int)(sizeof(GPU_PEAKS) / sizeof(GPU_PEAKS[0])))
+
+// the row of GPU_PEAKS whose name is in the device's name (the first: "H100 PCIe" before "H100"),
+// NULL for none; name: the device's, "" without a GPU
+static const GPUPeak* gpu_peak_row(char* name, size_t n) {
+    name[0] = '\0';
+    int device;
+    if (cudaGetDevice(&device) != cudaSuccess) { cudaGetLastError(); return NULL; }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) { cudaGetLastError(); return NULL; }
+    snprintf(name, n, "%s", prop.name);
+    for (int i = 0; i < NUM_GPU_PEAKS; i++) {
+        if (strstr(prop.name, GPU_PEAKS[i].name) != NULL) { return &GPU_PEAKS[i]; }
+    }
+    return NULL;
+}
 
 double gpt2_peak_flops(Precision p) {
-    int device;
-    if (cudaGetDevice(&device) != cudaSuccess) { cudaGetLastError(); return 0.0; }
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    for (size_t i = 0; i < sizeof(GPU_PEAKS) / sizeof(GPU_PEAKS[0]); i++) {
-        if (strstr(prop.name, GPU_PEAKS[i].name) != NULL) { return p == PRECISION_BF16 ? GPU_PEAKS[i].bf16 : GPU_PEAKS[i].fp32; }
-    }
-    printf("note: no peak FLOP/s known for '%s': the progress line shows no MFU (give one with --peak-tflops)\n", prop.name);
+    char name[256];
+    const GPUPeak* row = gpu_peak_row(name, sizeof(name));
+    if (row != NULL) { return p == PRECISION_BF16 ? row->bf16 : row->fp32; }
+    if (name[0] != '\0') { printf("note: no peak FLOP/s known for '%s': the progress line shows no MFU (give one with --peak-tflops)\n", name); }
     return 0.0;
+}
+
+int gpt2_has_device(void) { return 1; }
+
+// the step-cost model's rates (planner.h): the GPU's peak and memory bandwidth from GPU_PEAKS,
+// or an H100's where no GPU of the table is found (no GPU, the emulator); pinned copies to and
+// from the host on PCIe 4.0 x16 (about 25 of its 32 GB/s; PCIe 5.0 doubles it); the CPU's update
+// of --offload optimizer at one GPU's share of a node's host memory bandwidth (eight GPUs on two
+// sockets of DDR5, about 400 GB/s in all); NCCL's all-reduce bus bandwidth of one 400 Gb/s
+// InfiniBand link per GPU between machines (NVLink in one is faster)
+#define COST_DEFAULT_GPU "H100"
+#define PCIE_BW 25e9
+#define HOST_MEMORY_BW_PER_GPU 50e9
+#define GPU_LINK_BW 50e9
+CostModel gpt2_cost_model(Precision p) {
+    char name[256];
+    const GPUPeak* row = gpu_peak_row(name, sizeof(name));
+    const char* which = "this GPU";
+    if (row == NULL) {
+        for (int i = 0; i < NUM_GPU_PEAKS; i++) {
+            if (strcmp(GPU_PEAKS[i].name, COST_DEFAULT_GPU) == 0) { row = &GPU_PEAKS[i]; }
+        }
+        which = "an " COST_DEFAULT_GPU " (no GPU of the table here)";
+    }
+    double peak = p == PRECISION_BF16 ? row->bf16 : row->fp32;
+    CostModel m = {COST_ASSUMED_MFU * peak, row->memory_bw, PCIE_BW, HOST_MEMORY_BW_PER_GPU, GPU_LINK_BW, "", "", "", "", ""};
+    snprintf(m.flops_note, sizeof(m.flops_note), "%.0f%% of the %s peak %.0f TFLOP/s of %s", 100.0 * COST_ASSUMED_MFU,
+             PRECISION_NAMES[p], peak / 1e12, which);
+    snprintf(m.memory_note, sizeof(m.memory_note), "the memory of %s", which);
+    snprintf(m.host_note, sizeof(m.host_note), "pinned copies on PCIe 4.0 x16");
+    snprintf(m.host_memory_note, sizeof(m.host_memory_note), "a GPU's share of a node's host memory, 8 GPUs");
+    snprintf(m.link_note, sizeof(m.link_note), "NCCL over one 400 Gb/s InfiniBand link per GPU");
+    return m;
 }
 Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 

@@ -5,9 +5,11 @@ both the parser and the usage text are generated, so the two cannot drift apart.
     TrainOptions opt = options_default();
     parse_flags(&opt, argc, argv);     // -x 100, --steps 100, --steps=100
     print_usage(stdout, argv[0]);      // -h
+    CommandLine cl;                    // back to arguments: every flag that differs from the default
+    options_to_args(&cl, &opt, NULL, 0);
 
-Failure: an unknown flag, a missing value or a malformed number stops with a
-message naming the flag and pointing at -h.
+Failure: an unknown flag, a missing value or a malformed number or size stops
+with a message naming the flag and pointing at -h.
 */
 #ifndef LLMC_FLAGS_H
 #define LLMC_FLAGS_H
@@ -18,6 +20,7 @@ message naming the flag and pointing at -h.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include "model_config.h"
 #include "utils.h"
 
@@ -65,7 +68,13 @@ typedef struct {
     int resume;                      // 1: continue from the latest checkpoint in out_dir
     int overwrite;                   // 1: a fresh run removes an earlier run's checkpoints and log from out_dir
     int plan_only;                   // 1: print the memory plan and exit
+    uint64_t max_memory;             // bytes a rank's device categories may take (CPU: everything); BYTES_NONE, BYTES_FREE
+    uint64_t max_host_memory;        // bytes a rank's host categories may take (a GPU's host store and copies)
 } TrainOptions;
+
+// the two sizes a FLAG_BYTES flag takes besides a number of bytes
+#define BYTES_NONE 0            // "none": no budget
+#define BYTES_FREE UINT64_MAX   // "free": the memory free when the run starts (the GPU's, or the host's available)
 
 static TrainOptions options_default(void) {
     TrainOptions o;
@@ -108,14 +117,16 @@ static TrainOptions options_default(void) {
     o.resume = 0;
     o.overwrite = 0;
     o.plan_only = 0;
+    o.max_memory = BYTES_NONE;
+    o.max_host_memory = BYTES_NONE;
     return o;
 }
 
 // FLAG_SWITCH: on or off; "--plan" alone turns it on, and it takes an optional 0 or 1 after it
 // ("-y 1", "--plan 0") or after '=' ("--plan=1"). FLAG_WORDS: a string that alone means "1"
 // ("--offload" = "--offload 1", "--offload optimizer"): a word after it is its value unless it
-// starts with '-'
-typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH, FLAG_WORDS } FlagType;
+// starts with '-'. FLAG_BYTES: a size (parse_bytes) into a uint64_t
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_U64, FLAG_SWITCH, FLAG_WORDS, FLAG_BYTES } FlagType;
 
 typedef struct {
     const char* shortname;   // "-x", or NULL
@@ -164,10 +175,62 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
     {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory, a comma list: activations (or 1); optimizer (GPU: fp32 master weights and state, the update on the CPU); gradients (with optimizer: every micro-step's, not the step's); 0 = none"},
-    {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit"},
+    {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit; with a budget, every combination of the memory flags and the fastest that fits"},
+    {NULL, "--max-memory",    FLAG_BYTES,  OPT(max_memory),       "memory budget of a rank's device (GPU) memory, on the CPU of everything: 24GiB, 512MiB, bytes, free; --plan searches for it, a run refuses to start above it"},
+    {NULL, "--max-host-memory", FLAG_BYTES, OPT(max_host_memory), "GPU builds: budget of a rank's host memory (offload store, optimizer offload, host copies); with --plan omitted = available"},
 };
 #undef OPT
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
+
+// ----------------------------------------------------------------------------
+// sizes: "24GiB", "1.5TiB", "512MiB", "64KiB", "4096B", "4096" (bytes), "free", "none"
+
+typedef struct { const char* name; int shift; } ByteUnit;  // 2^shift bytes
+static const ByteUnit BYTE_UNITS[] = {{"B", 0}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}};
+#define NUM_BYTE_UNITS ((int)(sizeof(BYTE_UNITS) / sizeof(BYTE_UNITS[0])))
+#define BYTES_LIMIT ((uint64_t)1 << 62)  // 4 EiB: beyond is a typo (and the plan's sizes stay below 2^62)
+
+// s as bytes into *out: digits with an optional fraction and a unit of BYTE_UNITS (any case; a
+// fraction only with a unit above B), rounded down, 1 to 2^62; or free, none. Returns 0 if s is not one
+static int parse_bytes(const char* s, uint64_t* out) {
+    if (strcmp(s, "free") == 0) { *out = BYTES_FREE; return 1; }
+    if (strcmp(s, "none") == 0) { *out = BYTES_NONE; return 1; }
+    const char* p = s;
+    while (*p >= '0' && *p <= '9') { p++; }
+    size_t whole = (size_t)(p - s), frac = 0;
+    if (*p == '.') {
+        const char* q = ++p;
+        while (*p >= '0' && *p <= '9') { p++; }
+        frac = (size_t)(p - q);
+        if (frac == 0) { return 0; }
+    }
+    if (whole == 0 || whole > 19) { return 0; }  // 19 digits: below 2^64
+    int shift = -1;
+    for (int i = 0; i < NUM_BYTE_UNITS; i++) {
+        if (strcasecmp(p, BYTE_UNITS[i].name) == 0) { shift = BYTE_UNITS[i].shift; }
+    }
+    if (*p == '\0') { shift = 0; }
+    if (shift < 0 || (frac > 0 && shift == 0)) { return 0; }
+    if (frac == 0) {  // exactly, beyond 2^53 too
+        uint64_t w = strtoull(s, NULL, 10);  // at most 19 digits: no overflow
+        if (w == 0 || w > (BYTES_LIMIT >> shift)) { return 0; }
+        *out = w << shift;
+        return 1;
+    }
+    double v = strtod(s, NULL) * (double)((uint64_t)1 << shift);  // digits, '.', digits: strtod reads them all
+    if (!(v >= 1.0 && v <= (double)BYTES_LIMIT)) { return 0; }
+    *out = (uint64_t)v;
+    return 1;
+}
+
+// bytes as a size parse_bytes reads back: the largest unit that divides it ("24GiB", "1000B" -> "1000"), free, none
+static void bytes_to_arg(uint64_t bytes, char* buf, size_t n) {
+    if (bytes == BYTES_FREE) { snprintf(buf, n, "free"); return; }
+    if (bytes == BYTES_NONE) { snprintf(buf, n, "none"); return; }
+    int u = NUM_BYTE_UNITS - 1;
+    while (u > 0 && bytes % ((uint64_t)1 << BYTE_UNITS[u].shift) != 0) { u--; }
+    snprintf(buf, n, "%llu%s", (unsigned long long)(bytes >> BYTE_UNITS[u].shift), u > 0 ? BYTE_UNITS[u].name : "");
+}
 
 // writes the current value of a flag into buf, for the usage text and the config table
 static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* buf, size_t n) {
@@ -178,6 +241,7 @@ static void flag_value_string(const FlagSpec* f, const TrainOptions* o, char* bu
         case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)p); break;
         case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
         case FLAG_STRING: case FLAG_WORDS: snprintf(buf, n, "\"%s\"", p); break;
+        case FLAG_BYTES: bytes_to_arg(*(const uint64_t*)p, buf, n); break;
     }
 }
 
@@ -253,6 +317,14 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
             if (strlen(value) >= PATH_MAX_LEN) { fail("flag %s: value longer than %d characters", f->longname, PATH_MAX_LEN - 1); }
             strcpy(p, value);
             break;
+        case FLAG_BYTES:
+            if (!parse_bytes(value, (uint64_t*)p)) {
+                fail("flag %s: '%s' is not a size\n"
+                     "  hint: bytes (4096), or a number and a unit B, KiB, MiB, GiB, TiB, powers of 1024 (24GiB, 1.5TiB;\n"
+                     "  GB and MB are not taken: they mean powers of 1000 to some and 1024 to others), from 1 byte to 4 EiB;\n"
+                     "  or free (what is free when the run starts), or none", f->longname, value);
+            }
+            break;
     }
 }
 
@@ -285,6 +357,78 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
         set_flag(o, f, value);
     }
     return 0;
+}
+
+// ----------------------------------------------------------------------------
+// options back to arguments: what a printed command line is made of (--plan's recommendation)
+
+// 1 if the flag's field holds the same value in a and b
+static int flag_field_equal(const FlagSpec* f, const TrainOptions* a, const TrainOptions* b) {
+    const char *pa = (const char*)a + f->offset, *pb = (const char*)b + f->offset;
+    switch (f->type) {
+        case FLAG_INT: case FLAG_SWITCH: return *(const int*)pa == *(const int*)pb;
+        case FLAG_FLOAT: return *(const float*)pa == *(const float*)pb;
+        case FLAG_U64: case FLAG_BYTES: return *(const uint64_t*)pa == *(const uint64_t*)pb;
+        case FLAG_STRING: case FLAG_WORDS: return strcmp(pa, pb) == 0;
+    }
+    return 0;
+}
+
+// a flag's value as an argument that set_flag reads back to the same value (floats: the
+// shortest %g that does)
+static void flag_value_arg(const FlagSpec* f, const TrainOptions* o, char* buf, size_t n) {
+    const char* p = (const char*)o + f->offset;
+    switch (f->type) {
+        case FLAG_INT: case FLAG_SWITCH: snprintf(buf, n, "%d", *(const int*)p); break;
+        case FLAG_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)p); break;
+        case FLAG_STRING: case FLAG_WORDS: snprintf(buf, n, "%s", p); break;
+        case FLAG_BYTES: bytes_to_arg(*(const uint64_t*)p, buf, n); break;
+        case FLAG_FLOAT: {
+            float v = *(const float*)p;
+            for (int digits = 1; digits <= 9; digits++) {  // 9 significant digits round-trip any float
+                snprintf(buf, n, "%.*g", digits, v);
+                if (strtof(buf, NULL) == v) { break; }
+            }
+            break;
+        }
+    }
+}
+
+#define COMMAND_MAX_ARGS (2 * NUM_FLAGS)
+#define COMMAND_TEXT_LEN (8 * PATH_MAX_LEN)
+typedef struct {
+    int argc;
+    const char* argv[COMMAND_MAX_ARGS];  // into text
+    char text[COMMAND_TEXT_LEN];
+    size_t used;
+} CommandLine;
+
+static void command_add(CommandLine* c, const char* arg) {
+    size_t n = strlen(arg) + 1;
+    if (c->argc >= COMMAND_MAX_ARGS || c->used + n > COMMAND_TEXT_LEN) { fail("command line longer than %d characters", COMMAND_TEXT_LEN); }
+    memcpy(c->text + c->used, arg, n);
+    c->argv[c->argc++] = c->text + c->used;
+    c->used += n;
+}
+
+// the arguments that give o from the defaults: every flag whose value differs, in the table's
+// order, by its short name where it has one (a switch that is on: the name alone), except the
+// flags at the offsets in skip (fields of TrainOptions, e.g. --plan's)
+static void options_to_args(CommandLine* c, const TrainOptions* o, const size_t* skip, int num_skip) {
+    TrainOptions d = options_default();
+    c->argc = 0;
+    c->used = 0;
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* f = &FLAGS[i];
+        int skipped = 0;
+        for (int k = 0; k < num_skip; k++) { skipped |= skip[k] == f->offset; }
+        if (skipped || flag_field_equal(f, o, &d)) { continue; }
+        command_add(c, f->shortname ? f->shortname : f->longname);
+        if (f->type == FLAG_SWITCH && *(const int*)((const char*)o + f->offset) == 1) { continue; }
+        char v[PATH_MAX_LEN + 32];
+        flag_value_arg(f, o, v, sizeof(v));
+        command_add(c, v);
+    }
 }
 
 #endif // LLMC_FLAGS_H

@@ -52,7 +52,9 @@ static const GPT2Preset GPT2_PRESETS[] = {
     {"d24", 24, 1024, 16},  // GPT-2 350M
     {"d36", 36, 1280, 20},  // GPT-2 774M
     {"d48", 48, 1600, 25},  // GPT-2 1558M
-    {"d60", 60, 1920, 30},  // 2.7B
+    {"d60", 60, 1920, 30},  // 2.7B, the largest llm.c trains on one 80 GB GPU
+    {"d72", 72, 2880, 30},  // 7.3B
+    {"d84", 84, 3456, 36},  // 12.2B
 };
 #define NUM_GPT2_PRESETS ((int)(sizeof(GPT2_PRESETS) / sizeof(GPT2_PRESETS[0])))
 #define GPT2_PRESET_LIST_LEN 128
@@ -82,7 +84,7 @@ static int gpt2_config_preset(GPT2Config* cfg, const char* name) {
     return 0;
 }
 
-// upper bounds of a model file's shape, far above any GPT-2 (d60: L=60 C=1920, V=50257,
+// upper bounds of a model file's shape, far above any GPT-2 (d84: L=84 C=3456, V=50257,
 // maxT=1024) and low enough that every size of the model and its plan fits in 64 bits:
 // P < Vp*C + maxT*C + L*13*(C^2 + C) < 2^48
 #define MODEL_LIMIT_LAYERS 1024

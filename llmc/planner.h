@@ -15,6 +15,13 @@ Notation: L layers, C channels, NH heads, Vp padded vocabulary, maxT positions,
 B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 Under data parallelism every number is per rank: gradients are all-reduced or
 reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state.
+
+The plan also counts what a policy costs in time: the FLOPs it recomputes and the
+bytes it moves (selective recompute through device memory, offload between device
+and host, the gradient exchange between ranks). plan_step_cost turns them into a
+step time relative to plain training at a backend's rates (CostModel), and
+plan_fit says whether the plan fits a memory budget: what --plan's budget search
+(plan_search.h) sorts by.
 */
 #ifndef LLMC_PLANNER_H
 #define LLMC_PLANNER_H
@@ -71,6 +78,11 @@ typedef struct {
     char act_policy[128];    // the policy, in words
     double recompute_flops;  // extra forward FLOPs per micro-step (checkpointing, selective recompute)
     double step_flops;       // training FLOPs per micro-step without recompute, 6P + 12LTC per token
+    double recompute_bytes;  // selective recompute's extra device-memory traffic per micro-step
+    double offload_bytes;    // bytes copied between device and host per micro-step (--offload)
+    double step_offload_bytes;  // and per optimizer step (--offload optimizer: gradients down, weights up)
+    double host_update_bytes;   // host memory the CPU's update reads and writes per step (--offload optimizer)
+    double exchange_bytes;   // bytes a rank sends in the gradient exchange per optimizer step (ranks > 1)
 } MemPlan;
 
 // appends printf-style text to a formula
@@ -142,6 +154,12 @@ static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, co
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "in host memory: --offload optimizer");
     p->bytes[MEM_HOST_COPIES] = 0;
     snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "none: master weights and state are host memory");
+    // what moves (the step's cost): the fp32 gradients down once a step (",gradients": every
+    // micro-step's), the new working weights up; the CPU's update reads and writes its bytes once
+    double grads = (double)P * F, up = (double)P * lay->working_bytes;
+    if (what == OPT_OFFLOAD_GRADS) { p->offload_bytes += grads; }
+    p->step_offload_bytes = (what == OPT_OFFLOAD_GRADS ? 0.0 : grads) + up;
+    p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
@@ -192,6 +210,10 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     double recomputed_layers = ap->segment > 0 ? (double)(segments - 1) * ap->segment : 0.0;
     p.recompute_flops = BT * (recomputed_layers * layer_forward + (ap->attn ? L * 2.0 * T * C : 0.0));
     p.step_flops = BT * (6.0 * P + 12.0 * L * T * C);
+    // bytes moved: a recomputed GELU output or attention weights tensor is written and read once
+    // more per layer; each offloaded byte goes to the host after forward and back before backward
+    p.recompute_bytes = 2.0 * L * ((ap->gelu ? lay->layer_gelu : 0) + (ap->attn ? lay->layer_att : 0));
+    p.offload_bytes = 2.0 * p.bytes[MEM_OFFLOADED];
     p.bytes[MEM_ACT_GRADIENTS] = lay->backward;
     snprintf(p.formula[MEM_ACT_GRADIENTS], PLAN_FORMULA_LEN, "%s", lay->backward_formula);
     // each loader: uint16 read buffer of BT+1 tokens, int inputs and targets (BT each);
@@ -204,7 +226,13 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
+    p.step_offload_bytes = p.host_update_bytes = 0.0;
     if (in.offload_optimizer != OPT_OFFLOAD_NONE) { plan_offload_optimizer(&p, cfg, P, lay, in.offload_optimizer); }
+    // the gradient exchange of N ranks, per optimizer step: a ring all-reduce sends 2(N-1)/N of
+    // the gradients from each rank; ZeRO-1's reduce to each block's owner and broadcast back the
+    // same bytes (a reduce-scatter and an all-gather)
+    double N = in.world > 1 ? in.world : 1;
+    p.exchange_bytes = 2.0 * (N - 1.0) / N * (double)(P * lay->grad_bytes);
     return p;
 }
 
@@ -219,6 +247,66 @@ static size_t plan_total(const MemPlan* p) {
     size_t s = 0;
     for (int i = 0; i < NUM_MEM_CATEGORIES; i++) { s += p->bytes[i]; }
     return s;
+}
+
+// ----------------------------------------------------------------------------
+// the time a plan costs, and whether it fits a budget
+
+// the rates of one rank that turn a plan's FLOPs and bytes into time (a backend's: gpt2_cost_model)
+#define COST_NOTE_LEN 96
+typedef struct {
+    double flops;       // FLOP/s a training step achieves
+    double memory_bw;   // bytes/s of device memory: selective recompute's extra traffic
+    double host_bw;     // bytes/s between device and host: --offload's copies
+    double host_memory_bw;  // bytes/s of host memory for one rank's update on the CPU: --offload optimizer
+    double link_bw;     // bytes/s a rank sends in the gradient exchange (all-reduce bus bandwidth)
+    char flops_note[COST_NOTE_LEN], memory_note[COST_NOTE_LEN], host_note[COST_NOTE_LEN], host_memory_note[COST_NOTE_LEN],
+        link_note[COST_NOTE_LEN];
+} CostModel;
+
+// the fraction of a peak FLOP/s a training step is taken to achieve where only the peak is known
+// (a GPU's data sheet, --peak-tflops)
+#define COST_ASSUMED_MFU 0.4
+
+// one optimizer step (accum micro-steps) in seconds, by part; nothing assumed to overlap
+typedef struct {
+    double compute, recompute, memory, offload, host_update, exchange;  // FLOPs, recomputed FLOPs, traffic, copies, CPU update, exchange
+    double total;
+    double relative;    // total over the plain step (compute alone): 1.0 = plain training
+} StepCost;
+
+static StepCost plan_step_cost(const MemPlan* p, int accum, const CostModel* m) {
+    StepCost c;
+    c.compute = accum * p->step_flops / m->flops;
+    c.recompute = accum * p->recompute_flops / m->flops;
+    c.memory = accum * p->recompute_bytes / m->memory_bw;
+    c.offload = (accum * p->offload_bytes + p->step_offload_bytes) / m->host_bw;
+    c.host_update = p->host_update_bytes / m->host_memory_bw;
+    c.exchange = p->exchange_bytes / m->link_bw;
+    c.total = c.compute + c.recompute + c.memory + c.offload + c.host_update + c.exchange;
+    c.relative = c.total / c.compute;
+    return c;
+}
+
+// what a rank may use, in bytes; SIZE_MAX: no limit
+typedef struct {
+    size_t device;   // the device categories (all but the host ones); shared: everything
+    size_t host;     // the host categories (the offload store, a GPU's host copies)
+    int shared;      // 1: one memory holds both (the CPU backend): device + host must fit in .device
+} MemBudget;
+
+typedef struct {
+    size_t device, host;         // the plan's bytes in each
+    int device_ok, host_ok;      // each within its budget (shared: device_ok for the sum, host_ok = 1)
+} BudgetFit;
+
+static BudgetFit plan_fit(const MemPlan* p, const MemBudget* b) {
+    BudgetFit f;
+    f.host = plan_host_bytes(p->bytes);
+    f.device = plan_total(p) - f.host;
+    f.device_ok = (b->shared ? f.device + f.host : f.device) <= b->device;
+    f.host_ok = b->shared || f.host <= b->host;
+    return f;
 }
 
 #define MIB (1024.0 * 1024.0)

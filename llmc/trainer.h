@@ -39,6 +39,7 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 #include "act_policy.h"
 #include "memory.h"
 #include "planner.h"
+#include "plan_search.h"
 #include "dataloader.h"
 #include "tokenizer.h"
 #include "checkpoint.h"
@@ -93,6 +94,12 @@ void gpt2_select_device(const Dist* d);
 size_t gpt2_device_free_bytes(void);
 size_t gpt2_device_bytes_used(size_t* accounted);
 double gpt2_peak_flops(Precision p);
+// 1 if the backend's "device" categories are a device's memory (CUDA, with a GPU present or
+// not); 0 if they are host memory like the rest (the CPU: one budget covers everything)
+int gpt2_has_device(void);
+// the rates of the planner's step-cost model (planner.h: CostModel) in precision p: the GPU's
+// where it is known (by its name), else stated defaults
+CostModel gpt2_cost_model(Precision p);
 // the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan
 BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p);
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
@@ -584,6 +591,73 @@ static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int loc
 }
 
 // ----------------------------------------------------------------------------
+// memory budgets: --max-memory and --max-host-memory, per rank. --plan searches the memory
+// flags for the fastest combination within them (plan_search.h); a run refuses to start when
+// its plan exceeds one (before allocating anything)
+
+typedef struct {
+    MemBudget budget;
+    char device_from[96], host_from[96];  // where each came from, in words
+} BudgetSource;
+
+// one budget flag's bytes: a size, or free: the GPU's free memory (device) or the host's
+// available memory; omitted: free for --plan's search (search = 1), no limit for a run
+static size_t resolve_budget_flag(uint64_t v, const char* flag, int device, int search, char* from, size_t n) {
+    char arg[32];
+    bytes_to_arg(v, arg, sizeof(arg));
+    if (v == BYTES_NONE && !search) { snprintf(from, n, "no %s", flag); return SIZE_MAX; }
+    if (v != BYTES_NONE && v != BYTES_FREE) { snprintf(from, n, "%s %s", flag, arg); return (size_t)v; }
+    const char* omitted = v == BYTES_NONE ? " omitted" : " free";
+    size_t free_now = device ? gpt2_device_free_bytes() : mem_available();
+    if (free_now == 0 && device) {
+        fail("%s%s: no GPU to ask for its free memory\n  hint: give the GPU's budget, e.g. --max-memory 80GiB (an H100) or 24GiB", flag, omitted);
+    }
+    if (free_now == 0) { fail("%s%s: the host's available memory is unknown (no /proc/meminfo)\n  hint: give it, e.g. %s 64GiB", flag, omitted, flag); }
+    snprintf(from, n, "%s%s: the %s now", flag, omitted, device ? "GPU's free memory" : "host's available memory");
+    return free_now;
+}
+
+// the budgets of the flags; returns 0 when neither flag is given (no budget: --plan prints the
+// memory table, a run is not limited beyond what the machine has)
+static int resolve_budgets(const TrainOptions* o, int search, BudgetSource* b) {
+    int has_device = gpt2_has_device();
+    if (!has_device && o->max_host_memory != BYTES_NONE) {
+        fail("--max-host-memory: %s keeps every category in host memory, so --max-memory is its one budget\n"
+             "  hint: --max-memory SIZE (or free: the host's available memory)", gpt2_backend_name());
+    }
+    if (o->max_memory == BYTES_NONE && o->max_host_memory == BYTES_NONE) { return 0; }
+    b->budget.shared = !has_device;
+    b->budget.device = resolve_budget_flag(o->max_memory, "--max-memory", has_device, search, b->device_from, sizeof(b->device_from));
+    b->budget.host = has_device ? resolve_budget_flag(o->max_host_memory, "--max-host-memory", 0, search, b->host_from, sizeof(b->host_from))
+                                : SIZE_MAX;
+    if (!has_device) { snprintf(b->host_from, sizeof(b->host_from), "in the --max-memory budget"); }
+    return 1;
+}
+
+// a run with --max-memory or --max-host-memory: stops before allocating if its plan exceeds one
+static void check_memory_budget(const MemPlan* plan, const TrainOptions* o) {
+    BudgetSource b;
+    if (!resolve_budgets(o, 0, &b)) { return; }
+    BudgetFit fit = plan_fit(plan, &b.budget);
+    char need[32], have[32];
+    if (!fit.device_ok) {
+        size_t bytes = b.budget.shared ? fit.device + fit.host : fit.device;
+        format_bytes(need, sizeof(need), (double)bytes);
+        format_bytes(have, sizeof(have), (double)b.budget.device);
+        fail("this run's memory plan needs %s of %s, more than the budget %s (%s)\n"
+             "  hint: add --plan to these flags: it lists every combination of the memory flags with what it needs, and the fastest that fits",
+             need, b.budget.shared ? "memory (device + host total)" : "device memory (the device total)", have, b.device_from);
+    }
+    if (!fit.host_ok) {
+        format_bytes(need, sizeof(need), (double)fit.host);
+        format_bytes(have, sizeof(have), (double)b.budget.host);
+        fail("this run's memory plan needs %s of host memory (the host total), more than the budget %s (%s)\n"
+             "  hint: add --plan to these flags: it lists every combination of the memory flags with what it needs, and the fastest that fits",
+             need, have, b.host_from);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the run
 
 static double now_seconds(void) {
@@ -814,6 +888,7 @@ static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
     gpt2_select_device(&s->dist);
+    check_memory_budget(&r->plan, o);
     check_memory_fits(&r->plan, &s->act, dist_local_ranks());
     prepare_output_dir(r);
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
@@ -1036,19 +1111,57 @@ static void train_teardown(Run* r, int step) {
     gpt2_destroy(r->model);
 }
 
+// --plan with a budget: one candidate's options planned as a run would plan them
+typedef struct { const Dist* dist; int world; } PlanContext;
+static void plan_options(const TrainOptions* o, void* ctx, MemPlan* plan, int* accum) {
+    const PlanContext* pc = (const PlanContext*)ctx;
+    Run r;
+    memset(&r, 0, sizeof(r));
+    r.o = o;
+    plan_run(&r, pc->dist, pc->world);
+    *plan = r.plan;
+    *accum = r.accum;
+}
+
+// the cost model of the backend, or with --peak-tflops the achieved rate taken from it
+static CostModel cost_model_of(const TrainOptions* o, Precision p) {
+    CostModel m = gpt2_cost_model(p);
+    if (o->peak_tflops > 0.0f) {
+        m.flops = COST_ASSUMED_MFU * o->peak_tflops * 1e12;
+        snprintf(m.flops_note, sizeof(m.flops_note), "%.0f%% of --peak-tflops %g", 100.0 * COST_ASSUMED_MFU, o->peak_tflops);
+    }
+    return m;
+}
+
+// --plan: the memory table of these flags, or with a budget the search of the memory flags
+static void print_plan(const Run* r, const Dist* dist, int world, const char* prog) {
+    const TrainOptions* o = r->o;
+    const GPT2Config* c = &r->setup.config;
+    BudgetSource b;
+    if (resolve_budgets(o, 1, &b)) {
+        printf("memory budget search for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s), per rank of %d:\n", c->num_layers,
+               c->channels, c->num_heads, c->padded_vocab_size, r->setup.B, r->setup.T, PRECISION_NAMES[r->setup.precision],
+               gpt2_backend_name(), world);
+        PlanContext ctx = {dist, world};
+        PlanSearch s = {o, world, b.budget, b.device_from, b.host_from, cost_model_of(o, r->setup.precision), prog, plan_options, &ctx};
+        plan_search(&s);
+        return;
+    }
+    printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s, %s), per rank of %d, --zero %d:\n", c->num_layers,
+           c->channels, c->num_heads, c->padded_vocab_size, r->setup.B, r->setup.T, o->optimizer,
+           PRECISION_NAMES[r->setup.precision], gpt2_backend_name(), world, o->zero);
+    print_memory_table(&r->plan, NULL);
+}
+
 // plans, then (unless --plan) trains: the whole program after the flags
-static int run_training(const TrainOptions* o, const Dist* dist) {
+static int run_training(const TrainOptions* o, const Dist* dist, const char* prog) {
     Run r;
     memset(&r, 0, sizeof(r));
     r.o = o;
     int world = o->plan_only && o->plan_ranks > 0 ? o->plan_ranks : dist->world;
     plan_run(&r, dist, world);
     if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
-        const GPT2Config* c = &r.setup.config;
-        printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s, %s), per rank of %d, --zero %d:\n", c->num_layers,
-               c->channels, c->num_heads, c->padded_vocab_size, r.setup.B, r.setup.T, o->optimizer,
-               PRECISION_NAMES[r.setup.precision], gpt2_backend_name(), world, o->zero);
-        print_memory_table(&r.plan, NULL);
+        print_plan(&r, dist, world, prog);
         return 0;
     }
     train_setup(&r);
@@ -1069,7 +1182,7 @@ static int train_main(int argc, char** argv) {
     // rank 0 speaks for the job: the other ranks' stdout is dropped (their errors still reach stderr)
     if (dist.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { fail("cannot silence stdout of rank %d", dist.rank); }
     TrainOptions opt = options_default();
-    int rc = parse_flags(&opt, argc, argv) ? 0 : run_training(&opt, &dist);
+    int rc = parse_flags(&opt, argc, argv) ? 0 : run_training(&opt, &dist, argv[0]);
     dist_finalize();
     return rc;
 }

@@ -9,19 +9,43 @@ wrappers, so a failure never goes unnoticed and always says where and why:
     float* p = malloc_check(n * sizeof(float));
 
 fail(...) prints "error: <message>" and the source location, then exits with
-EXIT_FAILURE. Messages name the problem and, where one exists, the fix.
+EXIT_FAILURE. Messages name the problem and, where one exists, the fix. Inside a
+FailTrap (below) it returns to the trap with the message instead.
 */
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
 
 #include <errno.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-// print "error: ..." with the caller's file:line and exit
+// a caller that tries something the ordinary checks may refuse (--plan's budget search plans
+// every combination of the memory flags) points g_fail_trap at a trap and setjmp()s it: fail()
+// then keeps its message there and longjmps back instead of exiting. Only around code that
+// allocates nothing and leaves no file open when it fails (the checks and the planner)
+#define FAIL_MESSAGE_LEN 512
+typedef struct {
+    jmp_buf jump;
+    char message[FAIL_MESSAGE_LEN];  // what fail() would have printed after "error: "
+} FailTrap;
+static FailTrap* g_fail_trap = NULL;
+
+// print "error: ..." with the caller's file:line and exit (in a trap: return to it)
 static void fail_at(const char* file, int line, const char* fmt, ...) {
+    if (g_fail_trap != NULL) {
+        FailTrap* trap = g_fail_trap;
+        g_fail_trap = NULL;  // a trap catches one failure
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(trap->message, sizeof(trap->message), fmt, ap);
+        va_end(ap);
+        (void)file;
+        (void)line;
+        longjmp(trap->jump, 1);
+    }
     fflush(stdout);
     fprintf(stderr, "error: ");
     va_list ap;

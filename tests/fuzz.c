@@ -120,13 +120,15 @@ static const char* const FLAG_SEEDS[][16] = {
     {"-y", "-o", "out", "--keep-checkpoints", "3", "-n", "5", "--check-replicas", "0"},
     {"--steps=10", "-v", "0", "-m", "1", "-s", "0", "-g", "8", "--seed=7", "-u", "2"},
     {"-o", "out", "--overwrite", "--optimizer=came", "--recompute=2,attn", "-d", "512"},
+    {"--plan", "-e", "tiny", "-b", "2", "-t", "16", "--max-memory", "24GiB", "--plan-ranks", "2"},
+    {"--plan", "-e", "tiny", "--max-memory=1.5MiB", "-b", "1", "-t", "8", "--recompute", "1"},
 };
 #define NUM_FLAG_SEEDS ((int)(sizeof(FLAG_SEEDS) / sizeof(FLAG_SEEDS[0])))
 static const char* const FLAG_VALUES[] = {
     "0", "1", "-1", "2", "3", "7", "64", "1023", "1024", "1025", "65536", "-2147483648", "2147483647", "2147483648",
     "4194304", "67108864", "99999999999999999999", "1e39", "-1e39", "1e-45", "inf", "-inf", "nan", "0.5", "1.0", "-0",
     "0x10", "", "=", "-", "--", "none", "sqrt", "sqrt,sqrt", "none,gelu", "0,gelu", "gelu,attn,1", "adamw", "sgd", "tiny",
-    "d60", "18446744073709551616",
+    "d60", "18446744073709551616", "24GiB", "0.5KiB", "1.5", "free", "24GB", "4611686018427387905", "8TiB",
 };
 #define NUM_FLAG_VALUES ((int)(sizeof(FLAG_VALUES) / sizeof(FLAG_VALUES[0])))
 
@@ -150,6 +152,12 @@ static void fuzz_flags_args(int argc, char** argv) {
                      gpt2_layout(&cfg, o.batch_size, o.seq_len, precision)};
     MemPlan plan = plan_memory(&cfg, in);
     (void)plan;
+    // --plan as the trainer runs it: with a budget, the search of every combination of the memory
+    // flags under the fail() trap (nothing is allocated)
+    if (o.plan_only) {
+        Dist single = {0, 1};
+        run_training(&o, &single, "train_gpt");
+    }
 }
 
 // reads a flag set from path, one argument a line

@@ -29,6 +29,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("data parallel (MPI, --zero)",
      [PY, "tests/test_zero.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
+    ("memory budgets (--plan --max-memory)",
+     [PY, "tests/test_plan_budget.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),
     ("golden checkpoints", [PY, "tests/test_golden.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     ("fuzzer of the readers and flags (ASan+UBSan)", ["./build/fuzz", "./test_gpt", "4000"], None),
     # one OpenMP thread: two spinning threads under ASan on a busy two-core machine take minutes
