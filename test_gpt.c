@@ -17,12 +17,14 @@ its main) and checks it against an independent implementation:
     ./test_gpt --write-fixtures DIR        # tiny model, shards, tokenizer, and broken
                                            # variants of each, for tests/test_cli.py
     ./test_gpt --compare-models A B RTOL   # relative L2 distance of two model files
+    ./test_gpt --bpe-encode DIR            # llmc/bpe.h on texts from stdin (tests/test_bpe.py)
 */
 #define TESTING
 #include "train_gpt.c"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include "llmc/bpe.h"
 #include "tests/check.h"
 #include "tests/fuzz_corpus.h"
 
@@ -1026,10 +1028,34 @@ static int compare_models(const char* path_a, const char* path_b, double rtol) {
 }
 
 // ----------------------------------------------------------------------------
+// the C encoder of GPT-2's BPE for tests/test_bpe.py
+
+// --bpe-encode DIR: GPT-2's BPE (llmc/bpe.h, files from DIR) on the texts of stdin, each a line
+// with its length in bytes, then that many bytes; prints each one's ids on a line
+static int bpe_encode_stdin(const char* dir) {
+    Bpe bpe;
+    bpe_load(&bpe, dir);
+    size_t len;
+    while (scanf("%zu", &len) == 1 && getchar() == '\n') {
+        char* text = (char*)malloc_check(len + 1);
+        int* ids = (int*)malloc_check((len + 1) * sizeof(int));
+        fread_check(text, 1, len, stdin);
+        size_t n = bpe_encode(&bpe, text, len, ids);
+        for (size_t i = 0; i < n; i++) { printf(i ? " %d" : "%d", ids[i]); }
+        printf("\n");
+        free(text);
+        free(ids);
+    }
+    bpe_free(&bpe);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     if (argc == 3 && strcmp(argv[1], "--write-fixtures") == 0) { write_fixtures(argv[2]); return 0; }
     if (argc == 5 && strcmp(argv[1], "--compare-models") == 0) { return compare_models(argv[2], argv[3], atof(argv[4])); }
+    if (argc == 3 && strcmp(argv[1], "--bpe-encode") == 0) { return bpe_encode_stdin(argv[2]); }
     char dir[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();
