@@ -1122,7 +1122,8 @@ static int compare_models(const char* path_a, const char* path_b, double rtol) {
 // tests/test_cli.py)
 
 // --bpe-encode DIR: GPT-2's BPE (llmc/bpe.h, files from DIR) on the texts of stdin, each a line
-// with its length in bytes, then that many bytes; prints each one's ids on a line
+// with its length in bytes, then that many bytes; prints each one's ids on a line, word by word
+// (the pre-tokenizer's words: "64|127 244|16"), after checking that bpe_encode gives them all
 static int bpe_encode_stdin(const char* dir) {
     Bpe bpe;
     bpe_load(&bpe, dir);
@@ -1130,12 +1131,24 @@ static int bpe_encode_stdin(const char* dir) {
     while (scanf("%zu", &len) == 1 && getchar() == '\n') {
         char* text = (char*)malloc_check(len + 1);
         int* ids = (int*)malloc_check((len + 1) * sizeof(int));
+        int* word_ids = (int*)malloc_check((len + 1) * sizeof(int));
         fread_check(text, 1, len, stdin);
-        size_t n = bpe_encode(&bpe, text, len, ids);
-        for (size_t i = 0; i < n; i++) { printf(i ? " %d" : "%d", ids[i]); }
+        size_t n = bpe_encode(&bpe, text, len, ids), done = 0;
+        const unsigned char* s = (const unsigned char*)text;
+        for (size_t i = 0, end; i < len; i = end) {
+            end = bpe_word_end(s, len, i);
+            size_t k = bpe_encode_word(&bpe, s + i, end - i, word_ids);
+            for (size_t j = 0; j < k; j++) {
+                printf(j ? " %d" : i ? "|%d" : "%d", word_ids[j]);
+                if (done + j >= n || ids[done + j] != word_ids[j]) { fail("--bpe-encode: bpe_encode differs from its words at id %zu", done + j); }
+            }
+            done += k;
+        }
+        if (done != n) { fail("--bpe-encode: bpe_encode gave %zu ids, its words %zu", n, done); }
         printf("\n");
         free(text);
         free(ids);
+        free(word_ids);
     }
     bpe_free(&bpe);
     return 0;

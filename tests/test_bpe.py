@@ -1,6 +1,6 @@
 """test_bpe.py: the C encoder of GPT-2's BPE (llmc/bpe.h, which --sample tokenizes its prompt with)
 against dev/data/gpt2_bpe.py and, when it is installed, tiktoken (CI installs it):
-  - the same ids on all of TinyShakespeare, in well under two seconds (about 0.3 s here);
+  - the same words (the pre-tokenizer's) and ids on all of TinyShakespeare, in well under two seconds (about 0.3 s here);
   - on the tricky strings, the known ids and 5,000 random strings of dev/data/test_gpt2_bpe.py;
   - on both ends of every run of \\p{L} and \\p{N} code points (and the code points just outside),
     each between letters, digits and spaces, so that every entry of the table is looked up;
@@ -10,7 +10,9 @@ against dev/data/gpt2_bpe.py and, when it is installed, tiktoken (CI installs it
     python3 tests/test_bpe.py ./test_gpt
 
 The C encoder runs as `test_gpt --bpe-encode DIR`: texts on stdin, each its length in bytes on a
-line and then its bytes; one line of ids a text on stdout. Prints "ok   name" or "FAIL name: detail"
+line and then its bytes; one line of ids a text on stdout, the words apart ("64|127 244|16"), the
+words against python's split (so a wrong class shows even where BPE would not merge across it),
+the ids also against tiktoken's. Prints "ok   name" or "FAIL name: detail"
 per check and, last, "N passed, N failed" (", N skipped"); exits 1 if any check failed.
 """
 
@@ -36,15 +38,26 @@ SHAKESPEARE_SECONDS = 2.0   # the C encoder on TinyShakespeare (1.1 MB), loading
 
 
 def c_encode(texts):
-    """the C encoder's ids of each text, and the seconds the process took"""
+    """the C encoder's ids of each text, word by word (a list of lists: the pre-tokenizer's words),
+    and the seconds the process took"""
     data = b"".join(b"%d\n" % len(t.encode("utf-8")) + t.encode("utf-8") for t in texts)
     start = time.monotonic()
     p = subprocess.run([TESTER, "--bpe-encode", BPE_DIR], input=data, capture_output=True, timeout=s.run_limit)
     seconds = time.monotonic() - start
-    if p.returncode != 0:
-        raise RuntimeError(f"test_gpt --bpe-encode failed: {p.stderr.decode(errors='replace')[:300]}")
+    if p.returncode != 0:  # a failed check of the words against bpe_encode, say: the suite ends here
+        s.fail("the C encoder runs (test_gpt --bpe-encode)", p.stderr.decode(errors="replace")[:300])
+        s.finish()
     lines = p.stdout.decode().split("\n")[:len(texts)]
-    return [[int(x) for x in line.split()] for line in lines], seconds
+    return [[[int(x) for x in word.split()] for word in line.split("|")] if line else [] for line in lines], seconds
+
+
+def flat(words):
+    return [i for word in words for i in word]
+
+
+def python_words(enc, text):
+    """gpt2_bpe.py's ids of TEXT, word by word"""
+    return [enc.encode_word(w) for w in enc.pretokenizer.findall(text)]
 
 
 def first_difference(name, texts, got, want):
@@ -52,7 +65,7 @@ def first_difference(name, texts, got, want):
     for text, g, w in zip(texts, got, want):
         if g != w:
             i = next((k for k, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
-            return s.fail(name, f"{text[:60]!r}: first difference at id {i}: {g[i:i + 5]} vs {w[i:i + 5]}")
+            return s.fail(name, f"{text[:60]!r}: first difference at item {i}: {g[i:i + 5]} vs {w[i:i + 5]}")
     return s.check(name, len(got) == len(want) == len(texts), f"{len(got)} results for {len(texts)} texts")
 
 
@@ -92,10 +105,10 @@ def main():
     with open(test_gpt2_bpe.TEXT_PATH, encoding="utf-8") as f:
         text = f.read()
     (got,), seconds = c_encode([text])
-    want = enc.encode(text)
-    first_difference(f"TinyShakespeare ({len(want):,} tokens): the C ids are gpt2_bpe.py's", [text], [got], [want])
+    want = python_words(enc, text)
+    first_difference(f"TinyShakespeare ({len(flat(want)):,} tokens): the C words and ids are gpt2_bpe.py's", [text], [got], [want])
     if tk is not None:
-        first_difference("TinyShakespeare: the C ids are tiktoken's", [text], [got], [tk.encode_ordinary(text)])
+        first_difference("TinyShakespeare: the C ids are tiktoken's", [text], [flat(got)], [tk.encode_ordinary(text)])
     s.check(f"TinyShakespeare: the C encoder takes under {SHAKESPEARE_SECONDS:g} s (loading the files included)",
             seconds < SHAKESPEARE_SECONDS, f"{seconds:.2f} s")
     print(f"     {len(text.encode('utf-8')):,} bytes in {seconds:.3f} s")
@@ -105,11 +118,11 @@ def main():
             ("both ends of every \\p{L} and \\p{N} run", run_boundary_texts()))
     for name, texts in sets:
         got, _ = c_encode(texts)
-        first_difference(f"{name}: the C ids are gpt2_bpe.py's", texts, got, [enc.encode(t) for t in texts])
+        first_difference(f"{name}: the C words and ids are gpt2_bpe.py's", texts, got, [python_words(enc, t) for t in texts])
         if tk is not None:
-            first_difference(f"{name}: the C ids are tiktoken's", texts, got, [tk.encode_ordinary(t) for t in texts])
+            first_difference(f"{name}: the C ids are tiktoken's", texts, [flat(g) for g in got], [tk.encode_ordinary(t) for t in texts])
     got, _ = c_encode([t for t, _ in test_gpt2_bpe.KNOWN_IDS])
-    first_difference("known ids (\"Hello world\" is 15496 995, ...)", test_gpt2_bpe.KNOWN_IDS, got,
+    first_difference("known ids (\"Hello world\" is 15496 995, ...)", test_gpt2_bpe.KNOWN_IDS, [flat(g) for g in got],
                      [ids for _, ids in test_gpt2_bpe.KNOWN_IDS])
     s.finish()
 
