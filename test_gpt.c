@@ -1002,6 +1002,35 @@ static void write_model_variant(const char* dir, const char* name, const GPT2Con
     if (truncate_to > 0 && truncate(path, truncate_to) != 0) { fail("truncate %s", path); }
 }
 
+// the fuzzer's small BPE (tests/fuzz_corpus.h): encoder.json with the 256 byte tokens (id = the
+// byte), three merges and <|endoftext|>, each key in vocab.bpe's characters (GPT-2's
+// bytes_to_unicode: bpe.h), those past ASCII as \u escapes; vocab.bpe with the three merges
+static void write_fuzz_bpe(const char* dir) {
+    static const char* const merges[][2] = {{"\xc4\xa0", "t"}, {"h", "e"}, {"\xc4\xa0t", "he"}};  // " t", "he", " the"
+    static const char* const merged[] = {"\\u0120t", "he", "\\u0120the"};                         // as JSON keys
+    int byte_of[BPE_BYTE_CHARS], char_of[BPE_NUM_BYTES];
+    bpe_byte_of_char(byte_of);
+    for (int c = 0; c < BPE_BYTE_CHARS; c++) { if (byte_of[c] >= 0) { char_of[byte_of[c]] = c; } }
+    char path[CHECKPOINT_PATH_LEN];
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_BPE_ENCODER_FILE);
+    FILE* f = fopen_check(path, "wb");
+    fprintf(f, "{");
+    for (int b = 0; b < BPE_NUM_BYTES; b++) {
+        int c = char_of[b];
+        if (c == '"' || c == '\\') { fprintf(f, "\"\\%c\": %d, ", c, b); }
+        else if (c < 0x7f) { fprintf(f, "\"%c\": %d, ", c, b); }
+        else { fprintf(f, "\"\\u%04x\": %d, ", c, b); }
+    }
+    for (int i = 0; i < 3; i++) { fprintf(f, "\"%s\": %d, ", merged[i], BPE_NUM_BYTES + i); }
+    fprintf(f, "\"<|endoftext|>\": %d}", BPE_NUM_BYTES + 3);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_BPE_VOCAB_FILE);
+    f = fopen_check(path, "wb");
+    fprintf(f, "#version: 0.2\n");
+    for (int i = 0; i < 3; i++) { fprintf(f, "%s %s\n", merges[i][0], merges[i][1]); }
+    fclose(f);
+}
+
 // the fuzzer's seed files (tests/fuzz_corpus.h): each one that the fuzzer reads whole is
 // accepted by its reader; the state resumes the model on the shard
 static void write_fuzz_corpus(const char* dir) {
@@ -1024,6 +1053,7 @@ static void write_fuzz_corpus(const char* dir) {
     write_shard(path, toks, FUZZ_SHARD_TOKENS);
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_TOKENIZER_FILE);
     write_tokenizer(path, cfg.vocab_size);
+    write_fuzz_bpe(dir);
     free(params);
     free(state);
 }

@@ -336,9 +336,9 @@ static BpeMerge* bpe_merge_slot(const Bpe* b, uint64_t pair) {
     return &b->merges[k];
 }
 
-// reads vocab.bpe's merges into b: each line "left right" (vocab.bpe's characters), rank = its
-// place among them; the two tokens and their join must be encoder.json's
-static void bpe_read_merges(Bpe* b, const BpeVocab* v, const char* path) {
+// reads vocab.bpe's merges (path) into b: each line "left right" (vocab.bpe's characters), rank
+// = its place among them; the two tokens and their join must be encoder.json's (encoder_path)
+static void bpe_read_merges(Bpe* b, const BpeVocab* v, const char* path, const char* encoder_path) {
     size_t size;
     char* text = bpe_read_file(path, &size);
     int lines = 0;
@@ -363,8 +363,9 @@ static void bpe_read_merges(Bpe* b, const BpeVocab* v, const char* path) {
         int l = bpe_vocab_find(v, left, nl), r = bpe_vocab_find(v, right, nr);
         int merged = nl + nr <= BPE_MAX_TOKEN_BYTES ? bpe_vocab_find(v, joined, nl + nr) : -1;
         if (l < 0 || r < 0 || merged < 0) {
-            fail("'%s' line %d merges '%.*s' into a token that encoder.json does not have\n"
-                 "  hint: use GPT-2's encoder.json and vocab.bpe from one folder; %s", path, number, (int)len, line, BPE_FILES_HINT);
+            fail("'%s' line %d merges '%.*s', but a token of it or their join is not in '%s'\n"
+                 "  hint: use GPT-2's encoder.json and vocab.bpe from one folder; %s", path, number, (int)len, line, encoder_path,
+                 BPE_FILES_HINT);
         }
         BpeMerge* m = bpe_merge_slot(b, ((uint64_t)l << 32) | (uint32_t)r);
         if (m->rank >= 0) { fail("'%s' line %d repeats the merge '%.*s'\n  hint: %s", path, number, (int)len, line, BPE_FILES_HINT); }
@@ -375,24 +376,29 @@ static void bpe_read_merges(Bpe* b, const BpeVocab* v, const char* path) {
     free(text);
 }
 
-// reads dir/encoder.json and dir/vocab.bpe
-static void bpe_load(Bpe* b, const char* dir) {
-    char path[2048];
+// reads the two files: encoder.json at encoder_path, vocab.bpe at vocab_path
+static void bpe_load_files(Bpe* b, const char* encoder_path, const char* vocab_path) {
     BpeVocab v;
     memset(&v, 0, sizeof(v));
     bpe_byte_of_char(v.byte_of);
-    snprintf(path, sizeof(path), "%s/%s", dir, BPE_ENCODER_JSON);
-    b->vocab_size = bpe_read_encoder(&v, path);
+    b->vocab_size = bpe_read_encoder(&v, encoder_path);
     for (int byte = 0; byte < BPE_NUM_BYTES; byte++) {
         unsigned char c = (unsigned char)byte;
         b->byte_id[byte] = bpe_vocab_find(&v, &c, 1);
-        if (b->byte_id[byte] < 0) { fail("'%s' has no token for the byte 0x%02x\n  hint: %s", path, byte, BPE_FILES_HINT); }
+        if (b->byte_id[byte] < 0) { fail("'%s' has no token for the byte 0x%02x\n  hint: %s", encoder_path, byte, BPE_FILES_HINT); }
     }
-    snprintf(path, sizeof(path), "%s/%s", dir, BPE_VOCAB_BPE);
-    bpe_read_merges(b, &v, path);
+    bpe_read_merges(b, &v, vocab_path, encoder_path);
     free(v.bytes);
     free(v.len);
     free(v.slots);
+}
+
+// reads dir/encoder.json and dir/vocab.bpe
+static void bpe_load(Bpe* b, const char* dir) {
+    char encoder_path[2048], vocab_path[2048];
+    snprintf(encoder_path, sizeof(encoder_path), "%s/%s", dir, BPE_ENCODER_JSON);
+    snprintf(vocab_path, sizeof(vocab_path), "%s/%s", dir, BPE_VOCAB_BPE);
+    bpe_load_files(b, encoder_path, vocab_path);
 }
 
 static void bpe_free(Bpe* b) {
