@@ -11,18 +11,23 @@ its main) and checks it against an independent implementation:
   and the CPU's activation layout against its closed forms;
 - every --recompute / --offload policy bitwise equal to plain training;
 - -h against the flag table and the presets; the size and range checks (fail()
-  paths run in a forked child).
+  paths run in a forked child);
+- the sampler (greedy, temperature, top-k) against weights computed here, and a
+  model allocated for sampling (forward only) against one allocated for training.
 
     make test_gpt && ./test_gpt            # prints "N passed, N failed", exit 1 on failure
     ./test_gpt --write-fixtures DIR        # tiny model, shards, tokenizer, and broken
                                            # variants of each, for tests/test_cli.py
     ./test_gpt --compare-models A B RTOL   # relative L2 distance of two model files
+    ./test_gpt --bpe-encode DIR            # llmc/bpe.h on texts from stdin (tests/test_bpe.py)
+    ./test_gpt --probs MODEL               # next-token probabilities after ids from stdin (--sample's tests)
 */
 #define TESTING
 #include "train_gpt.c"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include "llmc/bpe.h"
 #include "tests/check.h"
 #include "tests/fuzz_corpus.h"
 
@@ -890,6 +895,93 @@ static void test_checkpoint_not_finite(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
+// sampling (--sample): the sampler's choices (sampler.h), and a model allocated for forward only
+
+#define SAMPLER_COINS 20000  // coins (i + 1/2) / SAMPLER_COINS: a histogram of what the sampler picks
+
+// the sampler's picks over a sweep of coins against the weights p^(1/temperature) of the top_k
+// largest probabilities (ties: the lower id), computed here in double: each id's count within
+// one of its share
+static void check_sampler_histogram(const char* name, const float* probs, int n, float temperature, int top_k) {
+    int count[8] = {0}, order[8];
+    double weight[8] = {0}, total = 0.0;
+    Sampler s = sampler_create(n, temperature, top_k);
+    for (int i = 0; i < SAMPLER_COINS; i++) { count[sampler_next(&s, probs, (i + 0.5f) / SAMPLER_COINS)]++; }
+    sampler_free(&s);
+    for (int i = 0; i < n; i++) { order[i] = i; }
+    for (int i = 0; i < n; i++) {  // by probability, the lower id first among equals (insertion sort)
+        for (int j = i; j > 0 && probs[order[j]] > probs[order[j - 1]]; j--) { int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t; }
+    }
+    int k = top_k > 0 && top_k < n ? top_k : n;
+    for (int i = 0; i < k; i++) { weight[order[i]] = pow(probs[order[i]], 1.0 / temperature); total += weight[order[i]]; }
+    int ok = 1, worst = 0;
+    for (int i = 0; i < n; i++) {
+        double want = SAMPLER_COINS * weight[i] / total;
+        ok &= fabs(count[i] - want) <= 1.0;
+        if (fabs(count[i] - want) > fabs(count[worst] - SAMPLER_COINS * weight[worst] / total)) { worst = i; }
+    }
+    check(ok, name, "id %d picked %d times of %d, want %.1f", worst, count[worst], SAMPLER_COINS, SAMPLER_COINS * weight[worst] / total);
+}
+
+static void test_sampler(void) {
+    const float probs[5] = {0.1f, 0.4f, 0.05f, 0.4f, 0.05f};  // ties: ids 1 and 3 lead, 2 and 4 trail
+    int greedy = 1, top1 = 1, same = 1;
+    Sampler g = sampler_create(5, 0.0f, 0), plain = sampler_create(5, 1.0f, 0);
+    for (int i = 0; i < SAMPLER_COINS; i++) {
+        float coin = (i + 0.5f) / SAMPLER_COINS;
+        greedy &= sampler_next(&g, probs, coin) == 1;
+        same &= sampler_next(&plain, probs, coin) == sample_index(probs, 5, coin);
+        const float temperatures[3] = {0.5f, 1.0f, 3.0f};
+        for (int t = 0; t < 3; t++) {
+            Sampler one = sampler_create(5, temperatures[t], 1);
+            top1 &= sampler_next(&one, probs, coin) == 1;
+            sampler_free(&one);
+        }
+    }
+    sampler_free(&g);
+    sampler_free(&plain);
+    check(sample_argmax(probs, 5) == 1, "sampler: argmax takes the first of equal largest probabilities", "got %d", sample_argmax(probs, 5));
+    check(greedy, "sampler: temperature 0 is greedy (the first largest, whatever the coin)", "another id picked");
+    check(top1, "sampler: top-k 1 is greedy at temperatures 0.5, 1 and 3", "another id picked");
+    check(same, "sampler: temperature 1 over every token draws as the training samples (sample_index)", "a pick differs");
+    check_sampler_histogram("sampler: temperature 1, every token: picks in proportion to p", probs, 5, 1.0f, 0);
+    check_sampler_histogram("sampler: temperature 0.5: in proportion to p^2", probs, 5, 0.5f, 0);
+    check_sampler_histogram("sampler: temperature 3: in proportion to p^(1/3)", probs, 5, 3.0f, 0);
+    check_sampler_histogram("sampler: top-k 2: the two largest only", probs, 5, 1.0f, 2);
+    check_sampler_histogram("sampler: top-k 4, temperature 2: a tie at the cut keeps the lower id", probs, 5, 2.0f, 4);
+    check_sampler_histogram("sampler: top-k beyond V is every token", probs, 5, 0.7f, 9);
+}
+
+// a model allocated for sampling holds the weights and forward's activations only, and its
+// probabilities are bitwise those of the same model allocated for training
+static void test_sampling_model(void) {
+    GPT2Config cfg = {32, 64, 128, 2, 4, 32};  // maxT, V, Vp, L, NH, C: the fixture's shape
+    int T = 8, tokens[8] = {3, 1, 4, 1, 5, 9, 2, 6};
+    ModelSetup train = test_setup(&cfg, 1, T, OPT_ADAMW, 0, &ACT_KEEP_ALL), sample = train;
+    sample.use = MODEL_FOR_SAMPLING;
+    size_t before[NUM_MEM_CATEGORIES];
+    memcpy(before, g_mem.current, sizeof(before));
+    GPT2* ms = test_model(&sample, NULL, 7);
+    size_t grew[NUM_MEM_CATEGORIES];
+    for (int c = 0; c < NUM_MEM_CATEGORIES; c++) { grew[c] = g_mem.current[c] - before[c]; }
+    check(grew[MEM_PARAMETERS] == gpt2_num_parameters(&cfg) * sizeof(float) && grew[MEM_ACTIVATIONS] > 0 &&
+          grew[MEM_GRADIENTS] == 0 && grew[MEM_OPTIMIZER] == 0 && grew[MEM_ACT_GRADIENTS] == 0 && gpt2_host_view(ms).opt_floats == 0,
+          "sampling model: weights and activations only (no gradients, optimizer state, backward buffers)",
+          "bytes: parameters %zu activations %zu gradients %zu optimizer %zu activation grads %zu", grew[MEM_PARAMETERS],
+          grew[MEM_ACTIVATIONS], grew[MEM_GRADIENTS], grew[MEM_OPTIMIZER], grew[MEM_ACT_GRADIENTS]);
+    GPT2* mt = test_model(&train, NULL, 7);
+    int same = 1;
+    for (int t = 1; t <= T; t++) {  // every context length a sample runs
+        gpt2_forward(ms, tokens, NULL, 1, t);
+        gpt2_forward(mt, tokens, NULL, 1, t);
+        same &= memcmp(gpt2_probs(ms, t - 1), gpt2_probs(mt, t - 1), cfg.vocab_size * sizeof(float)) == 0;
+    }
+    check(same, "sampling model: the probabilities of a training model, bitwise, at every length", "differ");
+    gpt2_destroy(ms);
+    gpt2_destroy(mt);
+}
+
+// ----------------------------------------------------------------------------
 // fixtures for the command-line tests (tests/test_cli.py)
 
 #define FIXTURE_V 64      // vocabulary of the fixture model and shards
@@ -908,6 +1000,35 @@ static void write_model_variant(const char* dir, const char* name, const GPT2Con
         fclose(f);
     }
     if (truncate_to > 0 && truncate(path, truncate_to) != 0) { fail("truncate %s", path); }
+}
+
+// the fuzzer's small BPE (tests/fuzz_corpus.h): encoder.json with the 256 byte tokens (id = the
+// byte), three merges and <|endoftext|>, each key in vocab.bpe's characters (GPT-2's
+// bytes_to_unicode: bpe.h), those past ASCII as \u escapes; vocab.bpe with the three merges
+static void write_fuzz_bpe(const char* dir) {
+    static const char* const merges[][2] = {{"\xc4\xa0", "t"}, {"h", "e"}, {"\xc4\xa0t", "he"}};  // " t", "he", " the"
+    static const char* const merged[] = {"\\u0120t", "he", "\\u0120the"};                         // as JSON keys
+    int byte_of[BPE_BYTE_CHARS], char_of[BPE_NUM_BYTES];
+    bpe_byte_of_char(byte_of);
+    for (int c = 0; c < BPE_BYTE_CHARS; c++) { if (byte_of[c] >= 0) { char_of[byte_of[c]] = c; } }
+    char path[CHECKPOINT_PATH_LEN];
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_BPE_ENCODER_FILE);
+    FILE* f = fopen_check(path, "wb");
+    fprintf(f, "{");
+    for (int b = 0; b < BPE_NUM_BYTES; b++) {
+        int c = char_of[b];
+        if (c == '"' || c == '\\') { fprintf(f, "\"\\%c\": %d, ", c, b); }
+        else if (c < 0x7f) { fprintf(f, "\"%c\": %d, ", c, b); }
+        else { fprintf(f, "\"\\u%04x\": %d, ", c, b); }
+    }
+    for (int i = 0; i < 3; i++) { fprintf(f, "\"%s\": %d, ", merged[i], BPE_NUM_BYTES + i); }
+    fprintf(f, "\"<|endoftext|>\": %d}", BPE_NUM_BYTES + 3);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_BPE_VOCAB_FILE);
+    f = fopen_check(path, "wb");
+    fprintf(f, "#version: 0.2\n");
+    for (int i = 0; i < 3; i++) { fprintf(f, "%s %s\n", merges[i][0], merges[i][1]); }
+    fclose(f);
 }
 
 // the fuzzer's seed files (tests/fuzz_corpus.h): each one that the fuzzer reads whole is
@@ -932,6 +1053,7 @@ static void write_fuzz_corpus(const char* dir) {
     write_shard(path, toks, FUZZ_SHARD_TOKENS);
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_TOKENIZER_FILE);
     write_tokenizer(path, cfg.vocab_size);
+    write_fuzz_bpe(dir);
     free(params);
     free(state);
 }
@@ -1026,10 +1148,78 @@ static int compare_models(const char* path_a, const char* path_b, double rtol) {
 }
 
 // ----------------------------------------------------------------------------
+// the encoder and the probabilities for the end-to-end tests of --sample (tests/test_bpe.py,
+// tests/test_cli.py)
+
+// --bpe-encode DIR: GPT-2's BPE (llmc/bpe.h, files from DIR) on the texts of stdin, each a line
+// with its length in bytes, then that many bytes; prints each one's ids on a line, word by word
+// (the pre-tokenizer's words: "64|127 244|16"), after checking that bpe_encode gives them all
+static int bpe_encode_stdin(const char* dir) {
+    Bpe bpe;
+    bpe_load(&bpe, dir);
+    size_t len;
+    while (scanf("%zu", &len) == 1 && getchar() == '\n') {
+        char* text = (char*)malloc_check(len + 1);
+        int* ids = (int*)malloc_check((len + 1) * sizeof(int));
+        int* word_ids = (int*)malloc_check((len + 1) * sizeof(int));
+        fread_check(text, 1, len, stdin);
+        size_t n = bpe_encode(&bpe, text, len, ids), done = 0;
+        const unsigned char* s = (const unsigned char*)text;
+        for (size_t i = 0, end; i < len; i = end) {
+            end = bpe_word_end(s, len, i);
+            size_t k = bpe_encode_word(&bpe, s + i, end - i, word_ids);
+            for (size_t j = 0; j < k; j++) {
+                printf(j ? " %d" : i ? "|%d" : "%d", word_ids[j]);
+                if (done + j >= n || ids[done + j] != word_ids[j]) { fail("--bpe-encode: bpe_encode differs from its words at id %zu", done + j); }
+            }
+            done += k;
+        }
+        if (done != n) { fail("--bpe-encode: bpe_encode gave %zu ids, its words %zu", n, done); }
+        printf("\n");
+        free(text);
+        free(ids);
+        free(word_ids);
+    }
+    bpe_free(&bpe);
+    return 0;
+}
+
+// --probs MODEL: for each line of token ids on stdin, the next-token probabilities after them
+// (V numbers on a line): a forward of the CPU backend over just those tokens (B = 1)
+static int probs_stdin(const char* path) {
+    GPT2Config cfg;
+    free(read_model_file(path, &cfg));
+    ModelSetup s = test_setup(&cfg, 1, cfg.max_seq_len, OPT_ADAMW, 0, &ACT_KEEP_ALL);
+    s.use = MODEL_FOR_SAMPLING;
+    GPT2* m = test_model(&s, path, 0);
+    int* ids = (int*)malloc_check((size_t)cfg.max_seq_len * sizeof(int));
+    char* line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, stdin) != -1) {
+        int n = 0, used;
+        for (char* p = line; n < cfg.max_seq_len && sscanf(p, "%d%n", &ids[n], &used) == 1; p += used) {
+            if (ids[n] < 0 || ids[n] >= cfg.vocab_size) { fail("--probs: id %d is outside the vocabulary of %d", ids[n], cfg.vocab_size); }
+            n++;
+        }
+        if (n == 0) { fail("--probs: a line without token ids"); }
+        gpt2_forward(m, ids, NULL, 1, n);
+        const float* probs = gpt2_probs(m, n - 1);
+        for (int i = 0; i < cfg.vocab_size; i++) { printf(i ? " %.9g" : "%.9g", probs[i]); }
+        printf("\n");
+    }
+    free(line);
+    free(ids);
+    gpt2_destroy(m);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char** argv) {
     if (argc == 3 && strcmp(argv[1], "--write-fixtures") == 0) { write_fixtures(argv[2]); return 0; }
     if (argc == 5 && strcmp(argv[1], "--compare-models") == 0) { return compare_models(argv[2], argv[3], atof(argv[4])); }
+    if (argc == 3 && strcmp(argv[1], "--bpe-encode") == 0) { return bpe_encode_stdin(argv[2]); }
+    if (argc == 3 && strcmp(argv[1], "--probs") == 0) { return probs_stdin(argv[2]); }
     char dir[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();
@@ -1048,6 +1238,8 @@ int main(int argc, char** argv) {
     test_sizes();
     test_checkpoint_space(dir);
     test_checkpoint_not_finite(dir);
+    test_sampler();
+    test_sampling_model();
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", dir); }

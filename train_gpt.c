@@ -336,8 +336,6 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     const GPT2Config* c = &m->config;
     int C = c->channels, NH = c->num_heads;
     size_t P = m->num_parameters;
-    m->batch_size = B;
-    m->seq_len = T;
     m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, P * sizeof(float));
     point_parameters(&m->grads, m->grads_memory, c);
     m->optimizer = optimizer;
@@ -354,7 +352,8 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { *bptrs[i] = carve(&p, bsizes[i]); }
 }
 
-// every tensor of a model for the setup; the weights are left for the caller to fill
+// every tensor of a model for the setup (for sampling, what forward needs); the weights are
+// left for the caller to fill
 GPT2* gpt2_create(const ModelSetup* s) {
     GPT2* m = (GPT2*)malloc_check(sizeof(GPT2));
     memset(m, 0, sizeof(*m));
@@ -364,7 +363,13 @@ GPT2* gpt2_create(const ModelSetup* s) {
     m->zero = s->zero;
     m->params_memory = (float*)mem_alloc(MEM_PARAMETERS, m->num_parameters * sizeof(float));
     point_parameters(&m->params, m->params_memory, &s->config);
-    gpt2_alloc_training(m, s->B, s->T, s->optimizer, s->use_beta1, &s->act);
+    m->batch_size = s->B;
+    m->seq_len = s->T;
+    if (s->use == MODEL_FOR_TRAINING) {
+        gpt2_alloc_training(m, s->B, s->T, s->optimizer, s->use_beta1, &s->act);
+    } else {
+        gpt2_alloc_activations(m, s->B, s->T, &s->act);  // forward only: no gradients, optimizer state or backward buffers
+    }
     return m;
 }
 

@@ -426,8 +426,9 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     if (pol->offload) { alloc_host_store(m, slots, seg_kept, R); }
 }
 
+// backward's working buffers, one layer's worth (training only)
 template <typename floatX>
-static void alloc_backward_and_scratch(Model<floatX>* m, int B, int T) {
+static void alloc_backward(Model<floatX>* m, int B, int T) {
     const GPT2Config* c = &m->config;
     size_t bs[NUM_BACKWARD_BUFFERS], btotal = 0;
     backward_buffer_bytes(bs, B, T, c->channels, c->num_heads, sizeof(floatX));
@@ -436,9 +437,14 @@ static void alloc_backward_and_scratch(Model<floatX>* m, int B, int T) {
     char* p = m->bwd_memory;
     floatX** bptrs[NUM_BACKWARD_BUFFERS] = {&m->dresidual, &m->dbtc, &m->dqkv, &m->dfch_gelu, &m->dfch, &m->datt};
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { *bptrs[i] = carve<floatX>(&p, bs[i]); }
-    ScratchBytes sb = scratch_bytes(c, B, T, sizeof(floatX));
+}
+
+// device scratch: the batch's ids, a row of probabilities, reductions, the cuBLASLt workspace
+template <typename floatX>
+static void alloc_scratch(Model<floatX>* m, int B, int T) {
+    ScratchBytes sb = scratch_bytes(&m->config, B, T, sizeof(floatX));
     m->scratch_memory = (char*)mem_alloc_from(MEM_SCRATCH, &MEM_DEVICE, scratch_total(&sb));
-    p = m->scratch_memory;
+    char* p = m->scratch_memory;
     m->inputs = carve<int>(&p, sb.batch / 2);
     m->targets = carve<int>(&p, sb.batch / 2);
     m->probs = carve<float>(&p, sb.probs);
@@ -452,20 +458,22 @@ static void alloc_backward_and_scratch(Model<floatX>* m, int B, int T) {
 
 // the fp32 master weights, their gradients and the optimizer state on the GPU, and pinned host
 // copies of the weights and the state for checkpoints
+// copies of the weights and the state for checkpoints; a model for sampling has the weights only
 template <typename floatX>
-static void alloc_optimizer_on_device(Model<floatX>* m) {
+static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
     size_t P = m->num_parameters;
     m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, P * sizeof(float));
     point_params(&m->master, m->master_memory, &m->config);
     m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
                                                         : (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
     point_params(&m->weights, m->weights_memory, &m->config);
+    m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
+    if (!training) { return; }
     m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, P * sizeof(float));
     point_params(&m->grads, m->grads_memory, &m->config);
     CUDA_CHECK(cudaMemset(m->grads_memory, 0, P * sizeof(float)));
     m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
-    m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
     m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
     memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
 }
@@ -537,12 +545,14 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->batch_size = s->B;
     m->seq_len = s->T;
     CUDA_CHECK(cudaStreamCreate(&m->stream));
-    // weights: fp32 master, and for bf16 a working copy; gradients, optimizer state
+    // weights: fp32 master, and for bf16 a working copy; for training gradients, optimizer state
+    int training = s->use == MODEL_FOR_TRAINING;  // else sampling: forward only
     m->offload_opt = s->offload_optimizer;
-    m->opt_floats = optimizer_state_floats(c, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
-    if (m->offload_opt) { alloc_offloaded_optimizer(m); } else { alloc_optimizer_on_device(m); }
+    m->opt_floats = training ? optimizer_state_floats(c, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1) : 0;
+    if (m->offload_opt) { alloc_offloaded_optimizer(m); } else { alloc_optimizer_on_device(m, training); }
     alloc_activations(m, s->B, s->T, &s->act);
-    alloc_backward_and_scratch(m, s->B, s->T);
+    if (training) { alloc_backward(m, s->B, s->T); }
+    alloc_scratch(m, s->B, s->T);
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
     if (m->act.offload) {  // timed waits for copies (gpt2_copy_wait_ms)
@@ -1115,16 +1125,17 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
 template <typename floatX>
 static void model_sync(Model<floatX>* m, SyncDirection dir) {
     size_t P = m->num_parameters;
+    size_t opt_bytes = m->opt_floats * sizeof(float);  // 0: a model for sampling has no optimizer state
     if (m->offload_opt) {  // the host holds the master weights and the state: the GPU's weights follow them
         if (dir == SYNC_FROM_HOST) {
             for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { upload_tensor(m, i); }
         }
     } else if (dir == SYNC_TO_HOST) {
         CUDA_CHECK(cudaMemcpyAsync(m->host_params, m->master_memory, P * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-        CUDA_CHECK(cudaMemcpyAsync(m->host_opt, m->opt_memory, m->opt_floats * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+        if (opt_bytes > 0) { CUDA_CHECK(cudaMemcpyAsync(m->host_opt, m->opt_memory, opt_bytes, cudaMemcpyDeviceToHost, m->stream)); }
     } else {
         CUDA_CHECK(cudaMemcpyAsync(m->master_memory, m->host_params, P * sizeof(float), cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaMemcpyAsync(m->opt_memory, m->host_opt, m->opt_floats * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+        if (opt_bytes > 0) { CUDA_CHECK(cudaMemcpyAsync(m->opt_memory, m->host_opt, opt_bytes, cudaMemcpyHostToDevice, m->stream)); }
         if ((void*)m->weights_memory != (void*)m->master_memory) {
             copy_to_floatX_cuda(m->weights_memory, m->master_memory, P, m->stream);
         }

@@ -25,6 +25,7 @@ with a message naming the flag and pointing at -h.
 #include "utils.h"
 
 #define PATH_MAX_LEN 1024
+#define FLAGS_MAX 64                 // rows the flag table may have (TrainOptions.given)
 
 typedef struct {
     // data and model
@@ -70,6 +71,12 @@ typedef struct {
     int plan_only;                   // 1: print the memory plan and exit
     uint64_t max_memory;             // bytes a rank's device categories may take (CPU: everything); BYTES_NONE, BYTES_FREE
     uint64_t max_host_memory;        // bytes a rank's host categories may take (a GPU's host store and copies)
+    // sampling from a model file (--sample): trains nothing, writes nothing (trainer.h)
+    char sample[PATH_MAX_LEN];       // the prompt
+    float temperature;               // probabilities to the power 1/temperature; 0 = greedy
+    int top_k;                       // draw from the k most likely tokens; 0 = all
+    char bpe_dir[PATH_MAX_LEN];      // GPT-2's encoder.json and vocab.bpe, to tokenize the prompt
+    unsigned char given[FLAGS_MAX];  // given[i]: FLAGS[i] was on the command line (parse_flags)
 } TrainOptions;
 
 // the two sizes a FLAG_BYTES flag takes besides a number of bytes
@@ -119,6 +126,10 @@ static TrainOptions options_default(void) {
     o.plan_only = 0;
     o.max_memory = BYTES_NONE;
     o.max_host_memory = BYTES_NONE;
+    strcpy(o.sample, "");
+    o.temperature = 1.0f;
+    o.top_k = 0;
+    strcpy(o.bpe_dir, "data/gpt2");
     return o;
 }
 
@@ -168,7 +179,7 @@ static const FlagSpec FLAGS[] = {
     {"-v", "--val-every",     FLAG_INT,    OPT(val_every),        "validate every N steps, 0 = never"},
     {"-m", "--val-steps",     FLAG_INT,    OPT(val_steps),        "batches per validation"},
     {"-s", "--sample-every",  FLAG_INT,    OPT(sample_every),     "print a sample every N steps, 0 = never"},
-    {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (at most T)"},
+    {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (training: at most T; --sample: any number)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
     {NULL, "--keep-checkpoints", FLAG_INT, OPT(keep_checkpoints), "keep only the newest K checkpoints in -o, removing older ones; 0 = keep all"},
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
@@ -178,9 +189,14 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit; with a budget, every combination of the memory flags and the fastest that fits"},
     {NULL, "--max-memory",    FLAG_BYTES,  OPT(max_memory),       "memory budget of a rank's device (GPU) memory, on the CPU of everything: 24GiB, 512MiB, bytes, free; --plan searches for it, a run refuses to start above it"},
     {NULL, "--max-host-memory", FLAG_BYTES, OPT(max_host_memory), "GPU builds: budget of a rank's host memory (offload store, optimizer offload, host copies); with --plan omitted = available"},
+    {NULL, "--sample",        FLAG_STRING, OPT(sample),           "continue this prompt by -g tokens with the model file of -e, and exit: trains and writes nothing, refuses training flags; the model sees the last -t tokens"},
+    {NULL, "--temperature",   FLAG_FLOAT,  OPT(temperature),      "--sample: probabilities to the power 1/temperature; 0 = greedy (the most likely token)"},
+    {NULL, "--top-k",         FLAG_INT,    OPT(top_k),            "--sample: draw from the k most likely tokens; 0 = all"},
+    {NULL, "--bpe",           FLAG_STRING, OPT(bpe_dir),          "--sample: folder of GPT-2's encoder.json and vocab.bpe, for the prompt; if the default has none, ../shared/data/gpt2"},
 };
 #undef OPT
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
+typedef char flag_table_fits_given[NUM_FLAGS <= FLAGS_MAX ? 1 : -1];  // else raise FLAGS_MAX
 
 // ----------------------------------------------------------------------------
 // sizes: "24GiB", "1.5TiB", "512MiB", "64KiB", "4096B", "4096" (bytes), "free", "none"
@@ -272,6 +288,13 @@ static const FlagSpec* find_flag(const char* name, size_t len) {
     return NULL;
 }
 
+// whether the flag of this long name was on the command line (parse_flags)
+static int flag_given(const TrainOptions* o, const char* longname) {
+    const FlagSpec* f = find_flag(longname, strlen(longname));
+    if (f == NULL) { fail("flag_given: no flag %s in the table", longname); }
+    return o->given[f - FLAGS];
+}
+
 // 1 if s is a whole integer (what a switch may take after it)
 static int is_integer(const char* s) {
     char* end = NULL;
@@ -337,6 +360,7 @@ static int parse_flags(TrainOptions* o, int argc, char** argv) {
         size_t len = (arg[0] == '-' && arg[1] == '-' && eq) ? (size_t)(eq - arg) : strlen(arg);
         const FlagSpec* f = arg[0] == '-' ? find_flag(arg, len) : NULL;
         if (f == NULL) { fail("unknown flag '%s'\n  hint: %s -h lists the flags", arg, argv[0]); }
+        o->given[f - FLAGS] = 1;
         if (f->type == FLAG_SWITCH) {  // alone, or with 0 or 1 after it or after '='
             if (eq && len == (size_t)(eq - arg)) { set_flag(o, f, eq + 1); }
             else if (i + 1 < argc && is_integer(argv[i + 1])) { set_flag(o, f, argv[++i]); }

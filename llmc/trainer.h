@@ -3,6 +3,9 @@ trainer.h: the training program, written once for every backend: the option chec
 the model from a preset or a file, the memory plan and check, resume, the progress
 lines and the JSON log, validation, sampling, checkpoints, stop signals, and the loop.
 
+With --sample it trains nothing: it loads a model file and continues a prompt (the last
+section: the prompt through GPT-2's BPE, bpe.h; the next token by sampler.h).
+
 A backend is the model's tensors in some memory and the kernels that compute on them:
 train_gpt.c (the CPU, fp32) and train_gpt.cu (CUDA). It defines `struct GPT2` and the
 functions declared under "the backend" below, then includes this file; its main() is
@@ -13,7 +16,7 @@ The loop calls nothing else of the backend, so every program trains, checkpoints
 resumes, logs and plans memory the same way, and a checkpoint of one resumes in the
 other. Reading order: the backend interface, the model from the flags, checkpoints,
 sampling and validation, the checks before anything is allocated, then the run in four
-parts (set-up, one step, what happens between steps, teardown) and train_main.
+parts (set-up, one step, what happens between steps, teardown), --sample, and train_main.
 */
 #ifndef LLMC_TRAINER_H
 #define LLMC_TRAINER_H
@@ -42,6 +45,8 @@ parts (set-up, one step, what happens between steps, teardown) and train_main.
 #include "plan_search.h"
 #include "dataloader.h"
 #include "tokenizer.h"
+#include "bpe.h"
+#include "sampler.h"
 #include "checkpoint.h"
 #include "distributed.h"
 
@@ -56,7 +61,12 @@ typedef struct GPT2 GPT2;  // the backend's model: its tensors, in its memory
 typedef enum { PRECISION_FP32, PRECISION_BF16, NUM_PRECISIONS } Precision;
 static const char* PRECISION_NAMES[NUM_PRECISIONS] = {"fp32", "bf16"};
 
-// everything a backend needs to allocate a model for training
+// what a model is allocated for: training (the weights, their gradients, the optimizer state,
+// what forward keeps for backward, backward's buffers), or sampling (the weights and what one
+// forward computes: no gradients, optimizer state or backward buffers)
+typedef enum { MODEL_FOR_TRAINING, MODEL_FOR_SAMPLING } ModelUse;
+
+// everything a backend needs to allocate a model
 typedef struct {
     GPT2Config config;
     int B, T;                 // the micro-batch the activations are sized for
@@ -67,6 +77,7 @@ typedef struct {
     OptOffload offload_optimizer;  // --offload optimizer[,gradients]: master weights, state, the update (and gradients) on the host
     Dist dist;                // this process among the data-parallel ranks
     ZeroStage zero;           // ZERO_SHARDED: this rank keeps its blocks of the optimizer state only
+    ModelUse use;             // MODEL_FOR_SAMPLING: forward only (--sample)
 } ModelSetup;
 
 // the model's fp32 weights and this rank's optimizer state, in host memory, as the
@@ -105,7 +116,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p);
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
 GPT2* gpt2_create(const ModelSetup* s);
 void gpt2_destroy(GPT2* m);
-// the host copies of the weights and the optimizer state, and bringing them up to date:
+// the host copies of the weights and the optimizer state (none when sampling), and bringing them up to date:
 // SYNC_TO_HOST before they are read (checkpoints), SYNC_FROM_HOST after they are written
 HostView gpt2_host_view(GPT2* m);
 void gpt2_sync(GPT2* m, SyncDirection dir);
@@ -408,14 +419,13 @@ static void install_stop_signals(void) {
 // ----------------------------------------------------------------------------
 // sampling and validation
 
-// draws an index from probs (n) given a uniform coin in [0, 1)
-static int sample_index(const float* probs, int n, float coin) {
-    float cdf = 0.0f;
-    for (int i = 0; i < n; i++) {
-        cdf += probs[i];
-        if (coin < cdf) { return i; }
-    }
-    return n - 1;  // rounding
+// the sampling RNG of a run with this --seed (the training samples' and --sample's)
+static uint64_t sample_rng_seed(uint64_t seed) { return RNG_SEED_MIX ^ (seed + 1); }
+
+// prints one token: its text, or without a tokenizer (-k "" or none there) its id
+static void print_token(const Tokenizer* tok, int id) {
+    if (tok->init_ok) { safe_print(tokenizer_decode(tok, (uint32_t)id)); } else { printf("%d ", id); }
+    fflush(stdout);
 }
 
 // generates tokens[1..n-1] after tokens[0] (EOT), one forward per token, and prints them
@@ -424,8 +434,7 @@ static void sample_tokens(GPT2* m, const GPT2Config* c, int* tokens, int n, cons
     for (int t = 1; t < n; t++) {
         gpt2_forward(m, tokens, NULL, 1, t);
         tokens[t] = sample_index(gpt2_probs(m, t - 1), c->vocab_size, rand_uniform(rng));
-        if (tok->init_ok) { safe_print(tokenizer_decode(tok, tokens[t])); } else { printf("%d ", tokens[t]); }
-        fflush(stdout);
+        print_token(tok, tokens[t]);
     }
     printf("\n");
 }
@@ -904,7 +913,7 @@ static void train_setup(Run* r) {
     r->gen_len = o->gen_tokens < s->T ? o->gen_tokens : s->T;
     r->gen_tokens = sample_buffer_alloc(s->T);
     r->max_steps = steps_to_train(r);
-    r->sample_rng = RNG_SEED_MIX ^ (o->seed + 1);
+    r->sample_rng = sample_rng_seed(o->seed);
     r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
     r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
@@ -1174,6 +1183,176 @@ static int run_training(const TrainOptions* o, const Dist* dist, const char* pro
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// --sample: a model file continues a prompt, and nothing is trained or written (no -o, no log,
+// no checkpoint). The model is allocated for forward only (MODEL_FOR_SAMPLING) at B = 1 and
+// T = -t; once the text is longer than T, the model sees its last T tokens (the window slides)
+
+// the flags --sample reads besides its own; any other flag given with it is a training flag
+static const char* const SAMPLE_READS[] = {"--model", "--tokenizer", "--seq", "--gen-tokens", "--seed", "--precision"};
+// --sample's own flags, --sample first: without --sample they are refused (the training samples
+// draw at temperature 1 from every token, after <|endoftext|>)
+static const char* const SAMPLE_OWN[] = {"--sample", "--temperature", "--top-k", "--bpe"};
+#define SAMPLE_LIST_LEN(list) ((int)(sizeof(list) / sizeof((list)[0])))
+
+static int name_in(const char* name, const char* const* list, int n) {
+    for (int i = 0; i < n; i++) {
+        if (strcmp(name, list[i]) == 0) { return 1; }
+    }
+    return 0;
+}
+
+// appends to buf "-e, -k, ...": the flags named in list, by the short name where there is one
+static void append_flag_names(char* buf, size_t n, const char* const* list, int count) {
+    for (int i = 0; i < count; i++) {
+        const FlagSpec* f = find_flag(list[i], strlen(list[i]));
+        if (f == NULL) { fail("no flag %s in the table (llmc/flags.h)", list[i]); }
+        size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "%s%s", len ? ", " : "", f->shortname ? f->shortname : f->longname);
+    }
+}
+
+// "-x (--steps)", or "--zero" for a flag without a short name
+static void flag_display_name(const FlagSpec* f, char* buf, size_t n) {
+    if (f->shortname) { snprintf(buf, n, "%s (%s)", f->shortname, f->longname); } else { snprintf(buf, n, "%s", f->longname); }
+}
+
+// the flags on the command line against the mode: with --sample only what it reads, and one
+// process; without it none of --sample's own
+static void check_mode_flags(const TrainOptions* o, int world) {
+    int sampling = flag_given(o, "--sample");
+    char reads[256] = "";  // what --sample reads besides the prompt, for the message
+    append_flag_names(reads, sizeof(reads), SAMPLE_READS, SAMPLE_LIST_LEN(SAMPLE_READS));
+    append_flag_names(reads, sizeof(reads), SAMPLE_OWN + 1, SAMPLE_LIST_LEN(SAMPLE_OWN) - 1);
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* f = &FLAGS[i];
+        if (!o->given[i]) { continue; }
+        char name[64];
+        flag_display_name(f, name, sizeof(name));
+        int own = name_in(f->longname, SAMPLE_OWN, SAMPLE_LIST_LEN(SAMPLE_OWN));
+        if (sampling && !own && !name_in(f->longname, SAMPLE_READS, SAMPLE_LIST_LEN(SAMPLE_READS))) {
+            fail("%s is a training flag, and --sample trains nothing\n  hint: drop it; besides the prompt, --sample reads %s", name, reads);
+        }
+        if (!sampling && own) {
+            fail("%s goes with --sample (the training samples draw at temperature 1 from every token)\n"
+                 "  hint: drop it, or sample from a model file: -e out/model_00000200.bin --sample \"PROMPT\"", name);
+        }
+    }
+    if (sampling && world > 1) {
+        fail("--sample runs in one process, but this run has %d ranks\n  hint: run it without mpirun", world);
+    }
+}
+
+// -e and the sampling flags against the model: a model file (a preset would be random weights)
+static void sample_check_options(const TrainOptions* o, GPT2Config* c) {
+    if (model_is_preset(o, c)) {
+        fail("--sample continues the prompt with a trained model, but -e '%s' is a preset (random weights)\n"
+             "  hint: -e out/model_00000200.bin: a model file that a training run wrote to its -o", o->model);
+    }
+    resolve_model_config(o, c);
+    if (o->sample[0] == '\0') { fail("--sample \"\": the prompt is empty\n  hint: give the text to continue, e.g. --sample \"ROMEO:\""); }
+    if (o->seq_len < 1 || o->seq_len > c->max_seq_len) {
+        fail("-t %d: with --sample, the window of tokens the model sees, 1..%d (the model's maxT)\n"
+             "  hint: the -t the model was trained with", o->seq_len, c->max_seq_len);
+    }
+    if (o->gen_tokens < 1 || o->gen_tokens > INT_MAX - PATH_MAX_LEN) {  // the prompt's tokens (< PATH_MAX_LEN: at most its bytes) and -g's in an int
+        fail("-g %d: --sample generates 1..%d tokens", o->gen_tokens, INT_MAX - PATH_MAX_LEN);
+    }
+    check_float_range("--temperature", o->temperature, 0.0, END_CLOSED, INFINITY, END_OPEN, "0 = greedy");
+    if (o->top_k < 0) { fail("--top-k %d: must be >= 0 (0 = every token)", o->top_k); }
+}
+
+// the folder of the BPE files: --bpe as given, or by default data/gpt2 (where
+// dev/data/tinyshakespeare.py downloads them), else ../shared/data/gpt2 (where it looks first)
+#define SAMPLE_SHARED_BPE_DIR "../shared/data/gpt2"
+static const char* sample_bpe_dir(const TrainOptions* o) {
+    const char* dirs[2] = {o->bpe_dir, SAMPLE_SHARED_BPE_DIR};
+    int tries = flag_given(o, "--bpe") ? 1 : 2;
+    for (int i = 0; i < tries; i++) {
+        char path[PATH_MAX_LEN + 32];
+        snprintf(path, sizeof(path), "%s/%s", dirs[i], BPE_ENCODER_JSON);
+        if (access(path, R_OK) == 0) { return dirs[i]; }
+    }
+    if (tries == 1) { fail("--bpe '%s': no %s there\n  hint: %s", o->bpe_dir, BPE_ENCODER_JSON, BPE_FILES_HINT); }
+    fail("--sample: GPT-2's %s and %s are in neither %s/ nor %s/\n  hint: --bpe DIR; %s", BPE_ENCODER_JSON, BPE_VOCAB_BPE,
+         o->bpe_dir, SAMPLE_SHARED_BPE_DIR, BPE_FILES_HINT);
+    return NULL;
+}
+
+// the prompt in GPT-2's tokens, into a buffer with room for the -g tokens that follow; their
+// number into *n
+static int* sample_prompt_tokens(const TrainOptions* o, const GPT2Config* c, int* n) {
+    size_t len = strlen(o->sample), bad = bpe_utf8_error(o->sample, len);
+    if (bad < len) {
+        fail("--sample: the prompt is not UTF-8 text (byte 0x%02x at offset %zu)\n  hint: give the prompt in UTF-8",
+             (unsigned char)o->sample[bad], bad);
+    }
+    Bpe bpe;
+    bpe_load(&bpe, sample_bpe_dir(o));
+    int* tokens = (int*)malloc_check((len + (size_t)o->gen_tokens) * sizeof(int));
+    *n = (int)bpe_encode(&bpe, o->sample, len, tokens);
+    bpe_free(&bpe);
+    for (int i = 0; i < *n; i++) {
+        if (tokens[i] >= c->vocab_size) {
+            fail("--sample: the prompt's token %d is id %d, outside the model's vocabulary of V=%d tokens\n"
+                 "  hint: the prompt is in GPT-2's tokens (V=%d): a model trained on another vocabulary cannot read it",
+                 i, tokens[i], c->vocab_size, GPT2_VOCAB_SIZE);
+        }
+    }
+    return tokens;
+}
+
+// continues tokens[0..p) by n tokens, printing each as it comes: one forward each, over the
+// last T tokens of the text
+static void sample_continue(GPT2* m, int* tokens, int p, int n, int T, Sampler* sampler, uint64_t* rng, const Tokenizer* tok) {
+    for (int t = p; t < p + n; t++) {
+        int start = t > T ? t - T : 0;
+        gpt2_forward(m, tokens + start, NULL, 1, t - start);
+        tokens[t] = sampler_next(sampler, gpt2_probs(m, t - start - 1), rand_uniform(rng));
+        print_token(tok, tokens[t]);
+    }
+}
+
+// the whole program with --sample
+static int run_sampling(const TrainOptions* o, const Dist* dist) {
+    ModelSetup s;
+    memset(&s, 0, sizeof(s));
+    sample_check_options(o, &s.config);
+    s.B = 1;
+    s.T = o->seq_len;
+    s.precision = precision_from_flag(o->precision);
+    s.act = ACT_KEEP_ALL;
+    s.dist = *dist;
+    s.use = MODEL_FOR_SAMPLING;
+    gpt2_check_setup(&s);
+    int p;
+    int* tokens = sample_prompt_tokens(o, &s.config, &p);
+    gpt2_select_device(&s.dist);
+    GPT2* m = gpt2_create(&s);
+    gpt2_init_weights(m, o);
+    Tokenizer tok;
+    tokenizer_init(&tok, o->tokenizer);
+    Sampler sampler = sampler_create(s.config.vocab_size, o->temperature, o->top_k);
+    uint64_t rng = sample_rng_seed(o->seed);
+    const GPT2Config* c = &s.config;
+    printf("sample: %s (L=%d C=%d NH=%d V=%d maxT=%d), %s, %s\n", o->model, c->num_layers, c->channels, c->num_heads,
+           c->vocab_size, c->max_seq_len, gpt2_backend_name(), PRECISION_NAMES[s.precision]);
+    printf("sample: window -t %d, -g %d tokens, temperature %g%s, top-k %d%s, seed %llu\n", s.T, o->gen_tokens, o->temperature,
+           o->temperature == 0.0f ? " (greedy)" : "", o->top_k, sampler.top_k == 0 ? " (every token)" : "", (unsigned long long)o->seed);
+    if (p > s.T) { printf("note: the prompt is %d tokens, more than the window -t %d: the model sees its last %d\n", p, s.T, s.T); }
+    printf("---- the prompt (%d tokens), then %d generated ----\n", p, o->gen_tokens);
+    for (int i = 0; i < p; i++) { print_token(&tok, tokens[i]); }
+    double t0 = now_seconds();
+    sample_continue(m, tokens, p, o->gen_tokens, s.T, &sampler, &rng, &tok);
+    double seconds = now_seconds() - t0;
+    printf("\n----\nsample: %d tokens in %.2f s (%.1f tokens/s)\n", o->gen_tokens, seconds, o->gen_tokens / seconds);
+    sampler_free(&sampler);
+    tokenizer_free(&tok);
+    gpt2_destroy(m);
+    free(tokens);
+    return 0;
+}
+
 // the main() of every backend's program
 static int train_main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1182,7 +1361,11 @@ static int train_main(int argc, char** argv) {
     // rank 0 speaks for the job: the other ranks' stdout is dropped (their errors still reach stderr)
     if (dist.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { fail("cannot silence stdout of rank %d", dist.rank); }
     TrainOptions opt = options_default();
-    int rc = parse_flags(&opt, argc, argv) ? 0 : run_training(&opt, &dist, argv[0]);
+    int rc = 0;
+    if (!parse_flags(&opt, argc, argv)) {
+        check_mode_flags(&opt, dist.world);
+        rc = flag_given(&opt, "--sample") ? run_sampling(&opt, &dist) : run_training(&opt, &dist, argv[0]);
+    }
     dist_finalize();
     return rc;
 }

@@ -28,13 +28,18 @@ import glob
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev", "data"))
+import gpt2_bpe  # noqa: E402  (GPT-2's BPE in python: where its files are, the ids of a prompt)
 
 STEP_LINE_RE = re.compile(r"^step +\d+/\d+ ", re.M)  # "step    3/6 | loss ..."
 FAIL_LOCATION_RE = re.compile(r"\(at [^ ]+:[0-9]+\)")  # what utils.h's fail() appends
@@ -124,6 +129,47 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+# ----------------------------------------------------------------------------
+# --sample's tests: the BPE files, the ids a run printed, and a model whose greedy choice depends on
+# its window: the fixture trained for a moment on text made of COPY_PERIOD random tokens repeated
+# COPY_REPEATS times, which it continues by copying the token COPY_PERIOD back
+
+COPY_PERIOD, COPY_REPEATS, COPY_TOKENS, COPY_STEPS = 4, 8, 8192, 300
+SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256  # llmc/dataloader.h
+
+
+def bpe_dir():
+    """(GPT-2's BPE folder, None) when its files are there, else (None, why not)"""
+    d = gpt2_bpe.DEFAULT_BPE_DIR
+    if all(os.path.isfile(os.path.join(d, f)) for f in (gpt2_bpe.ENCODER_JSON, gpt2_bpe.VOCAB_BPE)):
+        return d, None
+    return None, f"no GPT-2 BPE files in {d} (see dev/data/tinyshakespeare.py)"
+
+
+def sample_ids(r):
+    """the ids a --sample run printed with -k "": the line after '---- the prompt ...'"""
+    lines = r.out.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith("---- the prompt")]
+    return [int(x) for x in lines[at[0] + 1].split()] if at and at[0] + 1 < len(lines) else []
+
+
+def copy_model(suite, train, vocab=64):
+    """trains the copy model with TRAIN (a CPU trainer) from the fixture model; its model file,
+    or None if the run failed"""
+    rng = random.Random(5)
+    tokens = []
+    while len(tokens) < COPY_TOKENS:
+        tokens += [rng.randrange(vocab) for _ in range(COPY_PERIOD)] * COPY_REPEATS
+    shard, out = suite.path("copy.bin"), suite.path("copy")
+    with open(shard, "wb") as f:
+        header = [SHARD_MAGIC, SHARD_VERSION, len(tokens)] + [0] * (HEADER_INTS - 3)
+        f.write(struct.pack(f"<{HEADER_INTS}i", *header) + struct.pack(f"<{len(tokens)}H", *tokens))
+    ok = suite.expect_ok(f"sample: the fixture learns to copy the token {COPY_PERIOD} back",
+                         [train, "-e", f"{suite.fix}/model.bin", "-i", shard, "-j", "", "-k", "", "-b", "4", "-t", "32",
+                          "-x", str(COPY_STEPS), "-l", "1e-2", "-u", "10", "-v", "0", "-s", "0", "-o", out])
+    return ckpt(out, "model", COPY_STEPS, ".bin") if ok else None
+
+
 def mpi_launcher(train):
     """(["mpirun", ..., "-np"], None) when ranks can be launched, else (None, why not)"""
     if shutil.which("mpirun") is None:
@@ -204,12 +250,13 @@ class Suite:
 
     # --- runs
 
-    def run(self, cmd, env=None):
-        """runs CMD under the time limit (the whole process group is killed at the limit)"""
+    def run(self, cmd, env=None, cwd=None):
+        """runs CMD (in the folder CWD, default this one) under the time limit (the whole process
+        group is killed at the limit)"""
         full_env = dict(os.environ, **(env or {}))
         try:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 errors="replace", env=full_env, start_new_session=True)
+                                 errors="replace", env=full_env, start_new_session=True, cwd=cwd)
         except OSError as e:  # no such program: what a shell would report
             return Result(127, "", f"cannot run {cmd[0]}: {e}", False)
         timed_out = False
@@ -262,9 +309,9 @@ class Suite:
             self.ok(name)
         return r
 
-    def expect_ok(self, name, cmd, env=None):
+    def expect_ok(self, name, cmd, env=None, cwd=None):
         """CMD must exit 0 and leave no *.tmp; returns the run, or None if it failed"""
-        r = self.run(cmd, env)
+        r = self.run(cmd, env, cwd)
         leftover = self.tmp_files()
         if r.rc != 0:
             self.fail(name, f"exit code {r.rc}: {r.err[:300]}")

@@ -1,6 +1,7 @@
 /*
 fuzz.c: a mutation fuzzer of everything the trainer reads from outside: the model file, a
-token shard, the training-state file, the tokenizer file and the command line.
+token shard, the training-state file, the tokenizer file, GPT-2's BPE files (encoder.json and
+vocab.bpe, for --sample) and the command line.
 
     make build/fuzz && ./build/fuzz ./test_gpt [CASES [SEED]]   # CASES per target (default 5000)
     ./build/fuzz --replay TARGET FILE                           # one kept case, in this process
@@ -108,6 +109,32 @@ static void fuzz_tokenizer(const char* path) {
     tokenizer_free(&tok);
 }
 
+// GPT-2's BPE files (llmc/bpe.h, --sample's prompt), each beside the corpus's other one, then a text
+// encoded: every id in the vocabulary
+static void fuzz_bpe(const char* encoder_path, const char* vocab_path) {
+    Bpe bpe;
+    bpe_load_files(&bpe, encoder_path, vocab_path);
+    const char* text = FUZZ_BPE_TEXT;
+    int ids[sizeof(FUZZ_BPE_TEXT)];
+    size_t n = bpe_encode(&bpe, text, strlen(text), ids);
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= bpe.vocab_size) { fprintf(stderr, "id %d outside the vocabulary of %d\n", ids[i], bpe.vocab_size); abort(); }
+    }
+    bpe_free(&bpe);
+}
+
+static void fuzz_bpe_encoder(const char* path) {
+    char vocab[CHECKPOINT_PATH_LEN];
+    corpus_path(vocab, sizeof(vocab), FUZZ_BPE_VOCAB_FILE);
+    fuzz_bpe(path, vocab);
+}
+
+static void fuzz_bpe_vocab(const char* path) {
+    char encoder[CHECKPOINT_PATH_LEN];
+    corpus_path(encoder, sizeof(encoder), FUZZ_BPE_ENCODER_FILE);
+    fuzz_bpe(encoder, path);
+}
+
 // ----------------------------------------------------------------------------
 // the command line: parsed, then checked and planned as the trainer does for the tiny preset
 
@@ -116,7 +143,7 @@ static const char* const FLAG_SEEDS[][16] = {
     {"--plan", "-e", "d12", "--zero", "1", "--plan-ranks", "8", "-b", "8", "-t", "1024"},
     {"-l", "1e-3", "--eps", "1e-8", "-q", "0.1", "--beta1", "0.9", "--beta2", "0.95", "-c", "0.1", "--grad-clip", "1"},
     {"--optimizer", "adafactor", "--relative-step", "--adafactor-beta1", "0.9", "--eps1", "1e-30"},
-    {"--recompute", "sqrt,gelu", "--offload", "1", "-b", "2", "-t", "16"},
+    {"--recompute", "1,gelu", "--offload", "1", "-b", "2", "-t", "16"},  // tiny has L=2: sqrt would be one segment, nothing to offload
     {"-y", "-o", "out", "--keep-checkpoints", "3", "-n", "5", "--check-replicas", "0"},
     {"--steps=10", "-v", "0", "-m", "1", "-s", "0", "-g", "8", "--seed=7", "-u", "2"},
     {"-o", "out", "--overwrite", "--optimizer=came", "--recompute=2,attn", "-d", "512"},
@@ -335,6 +362,8 @@ static const FuzzTarget TARGETS[] = {
     {"token shard", fuzz_shard, FUZZ_SHARD_FILE},
     {"training state", fuzz_state, FUZZ_STATE_FILE},
     {"tokenizer", fuzz_tokenizer, FUZZ_TOKENIZER_FILE},
+    {"BPE encoder.json", fuzz_bpe_encoder, FUZZ_BPE_ENCODER_FILE},
+    {"BPE vocab.bpe", fuzz_bpe_vocab, FUZZ_BPE_VOCAB_FILE},
     {"flags", fuzz_flags, NULL},
 };
 #define NUM_TARGETS ((int)(sizeof(TARGETS) / sizeof(TARGETS[0])))
@@ -411,7 +440,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < NUM_TARGETS; i++) {
             if (strcmp(argv[2], TARGETS[i].name) == 0) { TARGETS[i].reader(argv[3]); printf("accepted\n"); return 0; }
         }
-        fail("--replay: no target '%s' (model file, token shard, training state, tokenizer, flags)", argv[2]);
+        fail("--replay: no target '%s' (model file, token shard, training state, tokenizer, BPE encoder.json, BPE vocab.bpe, flags)", argv[2]);
     }
     if (argc < 2 || argc > 4) { fprintf(stderr, "usage: %s ./test_gpt [CASES [SEED]]\n", argv[0]); return 2; }
     int cases = argc > 2 ? atoi(argv[2]) : FUZZ_CASES_DEFAULT;

@@ -2,7 +2,8 @@
 fuzz_corpus.h: the seed files of the fuzzer (tests/fuzz.c), written by
 `test_gpt --write-fixtures DIR` beside the end-to-end suites' fixtures: a model small enough
 that every mutation matters (a few KB), a token shard, a training state of that model that
-resumes cleanly on that shard, and a tokenizer. The fuzzer reads the shapes from here.
+resumes cleanly on that shard, a tokenizer, and a small BPE (encoder.json and vocab.bpe). The
+fuzzer reads the shapes from here.
 */
 #ifndef TESTS_FUZZ_CORPUS_H
 #define TESTS_FUZZ_CORPUS_H
@@ -11,6 +12,9 @@ resumes cleanly on that shard, and a tokenizer. The fuzzer reads the shapes from
 #define FUZZ_SHARD_FILE "fuzz_shard.bin"
 #define FUZZ_STATE_FILE "fuzz_state.bin"
 #define FUZZ_TOKENIZER_FILE "fuzz_tokenizer.bin"
+#define FUZZ_BPE_ENCODER_FILE "fuzz_encoder.json"  // a small BPE (llmc/bpe.h): the 256 bytes, a few merges
+#define FUZZ_BPE_VOCAB_FILE "fuzz_vocab.bpe"
+#define FUZZ_BPE_TEXT " the hello\n\n  'll 42 \xc3\xa9"  // what the fuzzer encodes with a BPE it loaded
 #define FUZZ_CONFIG {8, 16, 16, 1, 2, 8}  // maxT, V, Vp, L, NH, C: 1080 parameters
 #define FUZZ_SHARD_TOKENS 200             // ids < V
 #define FUZZ_B 1                          // the state's run: micro-batches of (1, 4), one rank, AdamW

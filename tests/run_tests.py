@@ -37,6 +37,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     # (the thread-count checks still run 1 and 3 threads)
     ("CPU trainer under ASan+UBSan (test_gpt.c)", ["env", "OMP_NUM_THREADS=1", "./build/test_gpt_asan"], None),
     ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
+    ("GPT-2 BPE in C (llmc/bpe.h) against python and tiktoken", [PY, "tests/test_bpe.py", "./test_gpt"], None),
     ("Hugging Face GPT-2 converter", [PY, "tests/test_convert.py", "./train_gpt", "./test_gpt"], None),
     ("compare flags and plots", [PY, "tests/test_compare_flags.py", "./train_gpt", "./test_gpt"], None),
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),

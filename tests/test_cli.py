@@ -4,7 +4,9 @@ impossible shapes and sizes beyond 32 bits, bad files (model, shards, tokenizer)
 its message says, checkpoints and bitwise resume (the state header checked against the run, the run
 identity, a rewritten checkpoint's DONE marker, log.jsonl after a resume, --keep-checkpoints),
 SIGINT/SIGTERM (a step or a validation cut short, a second signal), the progress output and
-log.jsonl, --plan, the optimizers, --recompute/--offload, and the Makefile's MPI setting.
+log.jsonl, --plan, the optimizers, --recompute/--offload, the Makefile's MPI setting, and
+--sample (greedy against the model's probabilities, seeds, top-k, the sliding window, nothing
+written, its bad input).
 
     python3 tests/test_cli.py ./train_gpt ./test_gpt
 
@@ -683,5 +685,122 @@ if shutil.which("make"):
     s.check("make: ... and is rebuilt for MPI=1", not up_to_date(1), "make -q says it is up to date")
 else:
     s.skip("make: the MPI setting rebuilds train_gpt", "make not found")
+
+# ----------------------------------------------------------------------------
+# 14. --sample: a model file continues a prompt, and nothing is trained or written. The prompts
+# use only characters whose GPT-2 tokens are below the fixture's V=64 ("A1B2" is 32 16 33 17), and
+# -k "" prints ids. The greedy checks use e2e.copy_model, which continues a prompt by copying the
+# token 4 back, so that what it picks depends on what its window holds. Each greedy token is held
+# to test_gpt --probs: the argmax of the probabilities after exactly the last -t tokens before it
+# (a forward, but not the sampling code)
+
+WINDOW = e2e.COPY_PERIOD  # -t of the greedy checks: the token to copy is the window's first
+
+
+def probs_after(model, windows):
+    """test_gpt --probs: the next-token probabilities after each window of ids"""
+    text = "".join(" ".join(map(str, w)) + "\n" for w in windows)
+    p = subprocess.run([TESTER, "--probs", model], input=text, capture_output=True, text=True, timeout=30)
+    return [[float(x) for x in line.split()] for line in p.stdout.splitlines()]
+
+
+def ranked(probs):
+    """ids from the most likely down, the lower id first among equal probabilities"""
+    return sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+
+
+def windows_before(ids, first, T):
+    """for each position from FIRST on: the last T ids before it"""
+    return [ids[max(0, t - T):t] for t in range(first, len(ids))]
+
+
+BPE, why = e2e.bpe_dir()
+if BPE is None:
+    s.skip("--sample", why)
+    s.finish()
+TRAINED = e2e.copy_model(s, TRAIN)
+SAMPLE = [TRAIN, "-e", TRAINED, "-k", "", "--bpe", BPE, "--sample"]
+FIXTURE_SAMPLE = [TRAIN, "-e", f"{FIX}/model.bin", "-k", "", "-t", "8", "--bpe", BPE, "--sample"]
+sample_ids = e2e.sample_ids
+
+# greedy: each token the argmax after the last -t tokens; the prompt (6 tokens) is longer than the
+# window and the 20 tokens after it slide the window 22 times
+prompt = "A1B2C3"
+GREEDY = SAMPLE + [prompt, "-t", str(WINDOW), "-g", "20", "--temperature", "0"]
+r = s.expect_ok("sample: greedy, a prompt longer than -t, 20 tokens", GREEDY) if TRAINED else None
+if r:
+    ids, want_prompt = sample_ids(r), e2e.gpt2_bpe.load_encoder(BPE).encode(prompt)
+    s.check("sample: the prompt's ids are GPT-2's BPE (gpt2_bpe.py)", ids[:len(want_prompt)] == want_prompt, f"{ids[:8]} vs {want_prompt}")
+    s.check("sample: a note says the model sees the prompt's last -t tokens",
+            f"the prompt is {len(want_prompt)} tokens, more than the window -t {WINDOW}" in r.out, r.out[:400])
+    s.check("sample: -g 20 tokens after the prompt", len(ids) == len(want_prompt) + 20, f"{len(ids)} ids: {ids}")
+    probs = probs_after(TRAINED, windows_before(ids, len(want_prompt), WINDOW))
+    picks = [ranked(p)[0] for p in probs]
+    s.check("sample: each greedy token is the argmax after the last -t tokens (test_gpt --probs)",
+            picks == ids[len(want_prompt):], f"sampled {ids[len(want_prompt):]}, argmax {picks}")
+    # the check above sees a window one token too short (one too long cannot run: the model is
+    # allocated for -t tokens, and its forward refuses more)
+    short = [ranked(p)[0] for p in probs_after(TRAINED, windows_before(ids, len(want_prompt), WINDOW - 1))]
+    s.check(f"sample: ... and a window of {WINDOW - 1} would pick otherwise (the check can see it)",
+            short != ids[len(want_prompt):], f"the same tokens: {short}")
+    again = s.expect_ok("sample: greedy again", GREEDY)
+    s.check("sample: greedy is deterministic", again is not None and sample_ids(again) == ids, "differs")
+    one = s.expect_ok("sample: --top-k 1 at temperature 1.5", SAMPLE + [prompt, "-t", str(WINDOW), "-g", "20", "--top-k", "1",
+                                                                      "--temperature", "1.5", "--seed", "3"])
+    s.check("sample: --top-k 1 is greedy", one is not None and sample_ids(one) == ids, f"{sample_ids(one) if one else None} vs {ids}")
+    decoded = s.expect_ok("sample: decoded by -k", GREEDY + ["-k", f"{FIX}/tokenizer.bin"])
+    s.check("sample: with a tokenizer it prints the tokens' text", decoded is not None and
+            "".join(f"<t{i}>" for i in ids) in decoded.out, decoded.out[-300:] if decoded else "")
+
+# a draw: the seed decides it; --top-k 3 keeps every token among the 3 most likely of its window
+# (the random fixture model: nearly uniform, so two seeds draw two texts)
+DRAW = FIXTURE_SAMPLE + ["A1B2", "-g", "30"]
+a, b, c = (s.expect_ok(f"sample: temperature 1, seed {seed}{again}", DRAW + ["--seed", str(seed)]) for seed, again in ((7, ""), (7, " again"), (8, "")))
+if a and b and c:
+    s.check("sample: the same seed draws the same text", sample_ids(a) == sample_ids(b), f"{sample_ids(a)} vs {sample_ids(b)}")
+    s.check("sample: another seed draws another text", sample_ids(a) != sample_ids(c), f"both {sample_ids(a)}")
+r = s.expect_ok("sample: --top-k 3 at temperature 2", DRAW + ["--top-k", "3", "--temperature", "2"])
+if r:
+    ids = sample_ids(r)
+    ranks = [ranked(p).index(t) for p, t in zip(probs_after(f"{FIX}/model.bin", windows_before(ids, 4, 8)), ids[4:])]
+    s.check("sample: --top-k 3 draws only among the 3 most likely tokens", len(ranks) == 30 and max(ranks) < 3, f"ranks {ranks}")
+    s.check("sample: ... and not only the most likely (it draws)", len(set(ranks)) > 1, f"ranks {ranks}")
+
+# nothing is written: in an empty folder, with the default -o (out), the folder stays empty
+empty = f"{W}/sample_cwd"
+os.makedirs(empty)
+before = s.snapshot()
+if s.expect_ok("sample: a run in an empty folder", DRAW, cwd=empty):
+    s.check("sample: writes nothing (no out/, no log, no checkpoint)", os.listdir(empty) == [], f"wrote {os.listdir(empty)}")
+    s.check("sample: changes no file", s.snapshot() == before, "files changed")
+r = s.expect_ok("sample: a long text: -t 32 (maxT), 100 tokens", DRAW + ["-t", "32", "-g", "100"])
+if r:
+    s.check("sample: 100 tokens past the model's maxT", len(sample_ids(r)) == 104, f"{len(sample_ids(r))} ids")
+
+# bad input: each refused with the flag and a fix, before anything runs
+s.expect_fail("sample: no model file (-e is a preset)", "-e 'd6' is a preset (random weights)", [TRAIN, "--bpe", BPE, "--sample", "A1"])
+s.expect_fail("sample: a missing model file", "nor a readable model file", [TRAIN, "-e", f"{W}/none.bin", "--sample", "A1"])
+s.expect_fail("sample: an empty prompt", "--sample \"\": the prompt is empty", FIXTURE_SAMPLE + [""])
+s.expect_fail("sample: --temperature -1", "--temperature -1: must be a finite number in [0, inf)", DRAW + ["--temperature", "-1"])
+s.expect_fail("sample: --temperature inf", "--temperature inf: must be a finite number in [0, inf)", DRAW + ["--temperature", "inf"])
+s.expect_fail("sample: --top-k -1", "--top-k -1: must be >= 0", DRAW + ["--top-k", "-1"])
+s.expect_fail("sample: -t beyond maxT", "-t 33: with --sample, the window of tokens the model sees, 1..32", DRAW + ["-t", "33"])
+s.expect_fail("sample: -g 0", "-g 0: --sample generates 1..", DRAW + ["-g", "0"])
+s.expect_fail("sample: a token outside the model's vocabulary", "the prompt's token 0 is id 15496, outside the model's vocabulary of V=64",
+              FIXTURE_SAMPLE + ["Hello"])
+s.expect_fail("sample: a prompt that is not UTF-8", "the prompt is not UTF-8 text (byte 0xff at offset 1)", FIXTURE_SAMPLE + [b"A\xff"])
+s.expect_fail("sample: --bpe without the files", f"--bpe '{W}': no encoder.json there", DRAW + ["--bpe", W])
+for name, flag in (("-x (--steps)", ["-x", "5"]), ("-y (--resume)", ["-y"]), ("-o (--out)", ["-o", f"{W}/out_sample"]),
+                   ("--zero", ["--zero", "1"]), ("--recompute", ["--recompute", "sqrt"])):
+    s.expect_fail(f"sample: {flag[0]} is refused", f"{name} is a training flag, and --sample trains nothing", DRAW + flag)
+s.expect_fail("sample: the message lists what --sample reads", "--sample reads -e, -k, -t, -g, --seed, --precision, --temperature, --top-k, --bpe",
+              DRAW + ["-b", "2"])
+s.expect_fail("sample: --temperature without --sample", "--temperature goes with --sample", BASE + ["--temperature", "0.5"])
+s.expect_fail("sample: --top-k without --sample", "--top-k goes with --sample", BASE + ["--top-k", "5"])
+launcher, why = e2e.mpi_launcher(TRAIN)
+if launcher:
+    s.expect_fail("sample: under mpirun -np 2", "--sample runs in one process, but this run has 2 ranks", launcher + ["2"] + DRAW)
+else:
+    s.skip("sample: under mpirun -np 2", why)
 
 s.finish()

@@ -16,6 +16,7 @@ compiled for dev/cuda_emu); on a GPU pass ./train_gpt_cu instead.
   - Adafactor (with and without its first moment) and CAME: the same checks (10 steps against the
     CPU, the same run twice, resume, checkpoints across the backends, --recompute, plan = measured,
     bf16); Adafactor's relative step: the 10 steps against the CPU;
+  - --sample: the CPU's greedy tokens (a model allocated for forward only), in fp32 and bf16;
   - ZeRO-1 with Adafactor (with and without its first moment) and CAME on 2 emulated ranks: --zero 1
     equals --zero 0 bit for bit, within DP_RTOL of 1 rank, half the optimizer state per rank, the
     sharded checkpoint resumed by the CPU trainer on 2 ranks within MODEL_RTOL of the GPU's own end;
@@ -371,4 +372,23 @@ else:
     if dp_run("CUDA adafactor --zero 1, late streams", 2, flags, late, env_late=True):
         s.check("CUDA adafactor --zero 1, late streams: the same model as in order", os.path.exists(ckpt(want, "model", 4, ".bin"))
                 and same_bytes(ckpt(late, "model", 4, ".bin"), ckpt(want, "model", 4, ".bin")), "models differ")
+
+# --sample: a model allocated for sampling (forward only) draws the CPU's greedy tokens, on
+# e2e.copy_model (whose choices depend on the window) past the window; in bf16 too, since each of
+# its choices leads the next token by 0.2 or more in probability, far more than bf16's rounding
+BPE, why = e2e.bpe_dir()
+COPY = e2e.copy_model(s, TRAIN) if BPE else None
+if COPY is None:
+    s.skip("CUDA --sample", why or "the copy model did not train")
+else:
+    SAMPLE = ["-e", COPY, "-k", "", "--bpe", BPE, "--sample", "A1B2C3", "-t", str(e2e.COPY_PERIOD), "-g", "20", "--temperature", "0"]
+    rc = s.expect_ok("CPU --sample: greedy, 20 tokens", [TRAIN] + SAMPLE)
+    rg = s.expect_ok("CUDA fp32 --sample: greedy, 20 tokens", [CUDA] + SAMPLE + FP32)
+    if rc and rg:
+        s.check("CUDA fp32 --sample: the CPU's greedy tokens", len(e2e.sample_ids(rc)) == 26 and e2e.sample_ids(rg) == e2e.sample_ids(rc),
+                f"{e2e.sample_ids(rg)} vs {e2e.sample_ids(rc)}")
+    rb = s.expect_ok("CUDA bf16 --sample: greedy, 20 tokens", [CUDA] + SAMPLE)
+    if rc and rb:
+        s.check("CUDA bf16 --sample: the CPU's greedy tokens", len(e2e.sample_ids(rb)) == 26 and e2e.sample_ids(rb) == e2e.sample_ids(rc),
+                f"{e2e.sample_ids(rb)} vs {e2e.sample_ids(rc)}")
 s.finish()

@@ -56,22 +56,20 @@ WHITE_SPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680"
                "\u2028\u2029\u202f\u205f\u3000")
 
 
-def _char_class(codepoints):
-    """body of a `re` character class matching the given sorted codepoints,
-    written as escaped ranges: \\U00000041-\\U0000005a..."""
-    runs = []  # [first, last] of each run of consecutive codepoints
+def codepoint_runs(codepoints):
+    """[first, last] of each run of consecutive codepoints (sorted)"""
+    runs = []
     for cp in codepoints:
         if runs and cp == runs[-1][1] + 1:
             runs[-1][1] = cp
         else:
             runs.append([cp, cp])
-    def esc(cp):
-        return "\\U%08x" % cp
-    return "".join(esc(a) if a == b else esc(a) + "-" + esc(b) for a, b in runs)
+    return runs
 
 
-def build_pretokenizer():
-    """compile GPT-2's split pattern for stdlib `re` (about 0.1 s: scans all of unicode)"""
+def letter_and_number_runs():
+    """the runs of \\p{L} (unicode category L*) and of \\p{N} (N*) codepoints, from this
+    python's unicodedata (dev/data/make_bpe_unicode.py writes the same runs for llmc/bpe.h)"""
     letters, numbers = [], []
     for cp in range(sys.maxunicode + 1):
         major = unicodedata.category(chr(cp))[0]
@@ -79,9 +77,23 @@ def build_pretokenizer():
             letters.append(cp)
         elif major == "N":
             numbers.append(cp)
-    L = _char_class(letters)
-    N = _char_class(numbers)
-    S = _char_class(sorted(ord(c) for c in WHITE_SPACE))
+    return codepoint_runs(letters), codepoint_runs(numbers)
+
+
+def _char_class(runs):
+    """body of a `re` character class matching the given runs of codepoints,
+    written as escaped ranges: \\U00000041-\\U0000005a..."""
+    def esc(cp):
+        return "\\U%08x" % cp
+    return "".join(esc(a) if a == b else esc(a) + "-" + esc(b) for a, b in runs)
+
+
+def build_pretokenizer():
+    """compile GPT-2's split pattern for stdlib `re` (about 0.1 s: scans all of unicode)"""
+    letter_runs, number_runs = letter_and_number_runs()
+    L = _char_class(letter_runs)
+    N = _char_class(number_runs)
+    S = _char_class(codepoint_runs(sorted(ord(c) for c in WHITE_SPACE)))
     pattern = (r"'s|'t|'re|'ve|'m|'ll|'d"
                rf"| ?[{L}]+"            # ' ?\p{L}+'  a word, with its leading space
                rf"| ?[{N}]+"            # ' ?\p{N}+'  a number
