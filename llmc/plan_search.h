@@ -241,7 +241,9 @@ static void plan_print_cost_model(const CostModel* m) {
            "    the working weights up) at %.4g GB/s (%s)\n"
            "  + the CPU's update of --offload optimizer (2 x its host bytes) at %.4g GB/s (%s)\n"
            "  + the gradient exchange (2(N-1)/N x the gradients per step; ZeRO-1 the same bytes) at %.4g GB/s (%s)\n"
-           "  not counted: the GPU's optimizer update, kernels' memory traffic besides recompute's\n",
+           "  not counted: the GPU's optimizer update, kernels' memory traffic besides recompute's\n"
+           "  error: measured on the CPU (README, \"Which flags should I use?\"), within 0.15 of the plain step\n"
+           "  (GELU recompute costs more than its FLOPs, AdamW's update more than Adafactor's); a GPU's: not yet measured\n",
            m->flops / 1e12, m->flops_note, m->memory_bw / 1e9, m->memory_note, m->host_bw / 1e9, m->host_note,
            m->host_memory_bw / 1e9, m->host_memory_note, m->link_bw / 1e9, m->link_note);
 }
