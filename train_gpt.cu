@@ -20,6 +20,9 @@ state layout, so a checkpoint resumes on either backend. Data parallel: `mpirun 
 --zero 0|1`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
 --zero 1 shards every optimizer as the CPU does (Adafactor's and CAME's statistics over a whole slice
 are added across the ranks by NCCL inside the update), so sharded state files move between backends.
+--offload activations moves kept activations to pinned host memory on a copy stream (see "offload");
+--offload optimizer[,gradients] keeps the fp32 master weights and optimizer state in pinned host
+memory and runs the step on the CPU with the CPU reference's code (see "optimizer offload").
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
