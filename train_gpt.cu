@@ -837,7 +837,8 @@ static LayerParams<float> packed_layer_grads(float* p, const GPT2Config* c) {
 }
 
 // layer l's gradient buffer on the GPU, zeroed. The layer that used it last (l + 2) has left it:
-// the CPU took l + 2's gradients (waiting for their copy) before it queued l + 1's backward
+// the CPU took l + 2's gradients (waiting for their copy) right after it queued l + 1's backward,
+// before it queues this
 template <typename floatX>
 static LayerParams<float> layer_grads_on_device(Model<floatX>* m, int l) {
     int b = l % 2;
@@ -856,7 +857,8 @@ static void send_grads_down(Model<floatX>* m, const float* src, size_t n, int b)
 }
 
 // the CPU waits for group l's gradients in opt_staging[b] and takes them into the step's: the
-// step's first micro-batch copies, later ones add (in the order the GPU would have added them)
+// step's first micro-batch copies, later ones add (where plain training adds inside the GPU's
+// kernels, so a sum of micro-batches may round differently: tests/test_cuda_matrix.py, 1e-6)
 template <typename floatX>
 static void take_grads(Model<floatX>* m, int l, int b) {
     CUDA_CHECK(cudaEventSynchronize(m->grads_down[b]));
