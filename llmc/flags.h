@@ -51,7 +51,7 @@ typedef struct {
     float eps1;                      // Adafactor, CAME: added to g^2 before the second moment
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
-    char offload[PATH_MAX_LEN];      // what moves to host memory: activations (or 1), optimizer, both (comma list); 0 = none
+    char offload[PATH_MAX_LEN];      // what moves to host memory, a comma list of activations (or 1), optimizer, gradients; 0 = none
     int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
@@ -70,7 +70,7 @@ typedef struct {
     int overwrite;                   // 1: a fresh run removes an earlier run's checkpoints and log from out_dir
     int plan_only;                   // 1: print the memory plan and exit
     uint64_t max_memory;             // bytes a rank's device categories may take (CPU: everything); BYTES_NONE, BYTES_FREE
-    uint64_t max_host_memory;        // bytes a rank's host categories may take (a GPU's host store and copies)
+    uint64_t max_host_memory;        // bytes a rank's host categories may take (a GPU's offload stores and host copies)
     // sampling from a model file (--sample): trains nothing, writes nothing (trainer.h)
     char sample[PATH_MAX_LEN];       // the prompt
     float temperature;               // probabilities to the power 1/temperature; 0 = greedy

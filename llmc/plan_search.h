@@ -12,7 +12,7 @@ the options (flags.h: options_to_args).
 
 A combination is a set of flag values applied to the given options through set_flag; plan_fn
 checks and plans it as a run would, under a fail() trap (utils.h), so one the ordinary checks
-refuse (--offload 1 with a single segment, --zero 1 with an optimizer a backend cannot shard) is
+refuse (--offload 1 with a single segment, --offload optimizer on the CPU) is
 listed with the checks' own reason. Adding a dimension (a flag and its values) is one line of
 the table; the columns, the command line and the JSON follow from it.
 

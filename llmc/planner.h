@@ -291,7 +291,7 @@ static StepCost plan_step_cost(const MemPlan* p, int accum, const CostModel* m) 
 // what a rank may use, in bytes; SIZE_MAX: no limit
 typedef struct {
     size_t device;   // the device categories (all but the host ones); shared: everything
-    size_t host;     // the host categories (the offload store, a GPU's host copies)
+    size_t host;     // the host categories (the offload store, --offload optimizer's host memory, a GPU's host copies)
     int shared;      // 1: one memory holds both (the CPU backend): device + host must fit in .device
 } MemBudget;
 
