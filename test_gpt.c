@@ -511,8 +511,10 @@ static void test_dataloader(const char* dir) {
 // and together. Segment sizes beyond a model's L are clamped to L; a policy the trainer
 // refuses for a model (offload with one segment) is skipped.
 static const ActPolicy TEST_POLICIES[] = {
-    {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 1, 1, 0},
-    {2, 1, 1, 0}, {0, 0, 0, 1}, {0, 1, 1, 1}, {1, 0, 0, 1}, {2, 0, 1, 1}, {3, 1, 0, 1},
+    {0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}, {2, 0, 0, 0, 0}, {3, 0, 0, 0, 0}, {0, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 1, 1, 0, 0},
+    {2, 1, 1, 0, 0}, {0, 0, 0, 1, 0}, {0, 1, 1, 1, 0}, {1, 0, 0, 1, 0}, {2, 0, 1, 1, 0}, {3, 1, 0, 1, 0},
+    // flash attention (attn is implied): alone, with gelu, checkpointing and offload
+    {0, 0, 1, 0, 1}, {0, 1, 1, 0, 1}, {2, 0, 1, 0, 1}, {0, 0, 1, 1, 1}, {1, 1, 1, 1, 1},
 };
 #define NUM_TEST_POLICIES ((int)(sizeof(TEST_POLICIES) / sizeof(TEST_POLICIES[0])))
 
@@ -524,20 +526,25 @@ static int test_policy(ActPolicy* p, int i, int L) {
 }
 
 static void policy_name(char* out, size_t n, const ActPolicy* p) {
-    snprintf(out, n, "k=%d%s%s%s", p->segment, p->gelu ? " gelu" : "", p->attn ? " attn" : "", p->offload ? " offload" : "");
+    snprintf(out, n, "k=%d%s%s%s", p->segment, p->gelu ? " gelu" : "", p->flash ? " flash" : p->attn ? " attn" : "",
+             p->offload ? " offload" : "");
 }
 
 // the CPU layout that the planner reads against its closed forms (README's memory table):
 // A = 4(16BTC + 4BT + B NH T^2) of which GELU 4(4BTC) and attention 4(B NH T^2), R = 4BTC,
-// head = 4(BTC + 3BT + BT Vp), backward = 4(13BTC + B NH T^2)
-static void check_layout_closed_form(const GPT2Config* c, int B, int T) {
+// head = 4(BTC + 3BT + BT Vp), backward = 4(13BTC + B NH T^2); flash attention: B NH T
+// (the log-sum-exp) in A instead of B NH T^2, which attn recompute does not drop, and no
+// attention weights in backward
+static void check_layout_closed_form(const GPT2Config* c, int B, int T, int flash) {
     size_t F = sizeof(float), BT = (size_t)B * T, BTC = BT * c->channels, att = (size_t)B * c->num_heads * T * T;
-    BackendLayout l = gpt2_layout(c, B, T, PRECISION_FP32);
-    int ok = l.param_bytes == F && l.grad_bytes == F && l.layer == F * (16 * BTC + 4 * BT + att) &&
-             l.layer_gelu == F * 4 * BTC && l.layer_att == F * att && l.residual == F * BTC &&
-             l.head == F * (BTC + 3 * BT + BT * c->padded_vocab_size) && l.backward == F * (13 * BTC + att);
+    size_t lse = (size_t)B * c->num_heads * T;
+    BackendLayout l = gpt2_layout(c, B, T, PRECISION_FP32, flash);
+    int ok = l.param_bytes == F && l.grad_bytes == F && l.layer == F * (16 * BTC + 4 * BT + (flash ? lse : att)) &&
+             l.layer_gelu == F * 4 * BTC && l.layer_att == (flash ? 0 : F * att) && l.residual == F * BTC &&
+             l.head == F * (BTC + 3 * BT + BT * c->padded_vocab_size) && l.backward == F * (13 * BTC + (flash ? 0 : att));
     char name[128];
-    snprintf(name, sizeof(name), "memory: CPU layout equals its closed forms (L=%d C=%d B=%d T=%d)", c->num_layers, c->channels, B, T);
+    snprintf(name, sizeof(name), "memory: CPU layout equals its closed forms (L=%d C=%d B=%d T=%d%s)", c->num_layers, c->channels, B, T,
+             flash ? ", flash attention" : "");
     check(ok, name, "A %zu, gelu %zu, att %zu, R %zu, head %zu, backward %zu", l.layer, l.layer_gelu, l.layer_att, l.residual, l.head, l.backward);
 }
 
@@ -554,7 +561,7 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     DataLoader dl;
     dataloader_init(&dl, shard, B, T, last_rank.rank, world, cfg->vocab_size);
     int* gen = sample_buffer_alloc(T);
-    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32)};
+    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol->flash)};
     MemPlan p = plan_memory(cfg, in);
     int same = 1;
     char detail[256] = "", pn[64];
@@ -590,7 +597,7 @@ static void test_memory_plan(const char* dir) {
     uint16_t toks[PLAN_SHARD_TOKENS];
     for (int i = 0; i < PLAN_SHARD_TOKENS; i++) { toks[i] = (uint16_t)(i % PLAN_SHARD_V); }
     write_shard(shard, toks, PLAN_SHARD_TOKENS);
-    for (int k = 0; k < 3; k++) { check_layout_closed_form(&shapes[k], BTs[k][0], BTs[k][1]); }
+    for (int k = 0; k < 6; k++) { check_layout_closed_form(&shapes[k % 3], BTs[k % 3][0], BTs[k % 3][1], k >= 3); }
     // each shape with each optimizer (Adafactor with and without its first moment), on one
     // process and as one rank of 2 and of 3 with ZeRO-1 (3 cuts V = 101, maxT = 16, C = 8 unevenly) ...
     int opts[4][2] = {{OPT_ADAMW, 0}, {OPT_ADAFACTOR, 0}, {OPT_ADAFACTOR, 1}, {OPT_CAME, 0}};
@@ -651,21 +658,39 @@ static void test_recompute_offload_bitwise(void) {
     float* want_p = (float*)malloc_check(P * sizeof(float));
     float* got_g = (float*)malloc_check(P * sizeof(float));
     float* got_p = (float*)malloc_check(P * sizeof(float));
-    train_with_policy(&ACT_KEEP_ALL, want_losses, want_g, want_p);
-    // TEST_POLICIES after plain, then one segment of all 5 layers, and k=4 (4,1) with gelu and offload
-    const ActPolicy more[2] = {{5, 0, 0, 0}, {4, 1, 0, 1}};
-    for (int i = 1; i < NUM_TEST_POLICIES + 2; i++) {
-        ActPolicy pol;
-        if (i >= NUM_TEST_POLICIES) { pol = more[i - NUM_TEST_POLICIES]; }
-        else if (!test_policy(&pol, i, POLICY_MODEL.num_layers)) { continue; }
-        train_with_policy(&pol, got_losses, got_g, got_p);
-        char pn[64], name[192];
-        policy_name(pn, sizeof(pn), &pol);
-        int same = memcmp(got_losses, want_losses, sizeof(got_losses)) == 0 && memcmp(got_g, want_g, P * sizeof(float)) == 0
-                   && memcmp(got_p, want_p, P * sizeof(float)) == 0;
-        snprintf(name, sizeof(name), "recompute/offload %s: losses, gradients, weights bitwise equal to plain", pn);
-        check(same, name, "loss %.9g vs %.9g", got_losses[POLICY_STEPS - 1], want_losses[POLICY_STEPS - 1]);
+    // plain training with each attention: the stored weights (matmul), then flash
+    const ActPolicy plain[2] = {{0, 0, 0, 0, 0}, {0, 0, 1, 0, 1}};
+    for (int flash = 0; flash < 2; flash++) {
+        train_with_policy(&plain[flash], want_losses, want_g, want_p);
+        // TEST_POLICIES of this attention after plain, then one segment of all 5 layers, and k=4 (4,1)
+        // with gelu and offload
+        const ActPolicy more[2] = {{5, 0, flash, 0, flash}, {4, 1, flash, 1, flash}};
+        for (int i = 1; i < NUM_TEST_POLICIES + 2; i++) {
+            ActPolicy pol;
+            if (i >= NUM_TEST_POLICIES) { pol = more[i - NUM_TEST_POLICIES]; }
+            else if (!test_policy(&pol, i, POLICY_MODEL.num_layers) || pol.flash != flash || memcmp(&pol, &plain[flash], sizeof(pol)) == 0) { continue; }
+            train_with_policy(&pol, got_losses, got_g, got_p);
+            char pn[64], name[192];
+            policy_name(pn, sizeof(pn), &pol);
+            int same = memcmp(got_losses, want_losses, sizeof(got_losses)) == 0 && memcmp(got_g, want_g, P * sizeof(float)) == 0
+                       && memcmp(got_p, want_p, P * sizeof(float)) == 0;
+            snprintf(name, sizeof(name), "recompute/offload %s: losses, gradients, weights bitwise equal to plain%s", pn,
+                     flash ? " with flash attention" : "");
+            check(same, name, "loss %.9g vs %.9g", got_losses[POLICY_STEPS - 1], want_losses[POLICY_STEPS - 1]);
+        }
     }
+    // flash attention against the stored weights: the same mathematics, sums in another order
+    float flash_losses[POLICY_STEPS];
+    float* flash_p = (float*)malloc_check(P * sizeof(float));
+    train_with_policy(&plain[0], want_losses, want_g, want_p);
+    train_with_policy(&plain[1], flash_losses, got_g, flash_p);
+    double loss_err = 0.0, dp = 0.0, np = 0.0;
+    for (int s = 0; s < POLICY_STEPS; s++) { loss_err = fmax(loss_err, fabs(flash_losses[s] - want_losses[s]) / fabs(want_losses[s])); }
+    for (size_t i = 0; i < P; i++) { dp += ((double)flash_p[i] - want_p[i]) * ((double)flash_p[i] - want_p[i]); np += (double)want_p[i] * want_p[i]; }
+    // (AdamW divides by sqrt(v): gradients near zero turn rounding into relative updates, so 1e-5 on the weights)
+    check(loss_err < 1e-6 && sqrt(dp / np) < 1e-5, "flash attention: 3 steps' losses within 1e-6, weights 1e-5 of the stored-weights attention",
+          "losses %.3g, weights %.3g (relative)", loss_err, sqrt(dp / np));
+    free(flash_p);
     free(want_g); free(want_p); free(got_g); free(got_p);
 }
 
@@ -1060,7 +1085,8 @@ static void write_fuzz_corpus(const char* dir) {
 
 static void write_fixtures(const char* dir) {
     mkdir(dir, 0755);
-    GPT2Config cfg = {32, FIXTURE_V, 128, 2, 4, 32};  // maxT, V, Vp, L, NH, C
+    // heads of hs = 16: the GPU's flash attention runs them (model_hs8.bin's it does not)
+    GPT2Config cfg = {32, FIXTURE_V, 128, 2, 2, 32};  // maxT, V, Vp, L, NH, C
     float* params = (float*)malloc_check(gpt2_num_parameters(&cfg) * sizeof(float));
     gpt2_init_params(params, &cfg, 42);
     write_model_variant(dir, "model.bin", &cfg, params, -1, 0, 0);
@@ -1068,6 +1094,7 @@ static void write_fixtures(const char* dir) {
     write_model_variant(dir, "model_badversion.bin", &cfg, params, MODEL_SLOT_VERSION, 4, 0);
     write_model_variant(dir, "model_badheads.bin", &cfg, params, MODEL_SLOT_NUM_HEADS, 5, 0);  // C=32 not divisible by 5
     write_model_variant(dir, "model_truncated.bin", &cfg, params, -1, 0, 5000);
+    write_model_variant(dir, "model_hs8.bin", &cfg, params, MODEL_SLOT_NUM_HEADS, 4, 0);  // 4 heads of 8 channels
     free(params);
     // five layers: offload and checkpointing move blocks and segment inputs both ways (two slots
     // cannot hold them all), in uneven segments (k=2: 2,2,1)

@@ -95,7 +95,8 @@ typedef struct {
     float* ln1_rstd;   // (B,T)
     float* qkv;        // (B,T,3C) query, key, value
     float* atty;       // (B,T,C)  attention output, heads concatenated
-    float* att;        // (B,NH,T,T) attention weights (softmax output); --recompute attn: shared
+    float* att;        // (B,NH,T,T) attention weights (softmax output); --recompute attn: shared;
+                       // --attention flash: (B,NH,T) the rows' log-sum-exp
     float* residual2;  // (B,T,C)  residual stream after attention
     float* ln2;        // (B,T,C)
     float* ln2_mean;   // (B,T)
@@ -128,7 +129,7 @@ typedef struct {
     int* slot_layer;     // [act_num_slots] the layer each slot holds now (offload), -1 none
     size_t layer_floats; // one layer block
     float* gelu_shared;  // (B,T,4C) --recompute gelu: the one GELU output buffer, else NULL
-    float* att_shared;   // (B,NH,T,T) --recompute attn: the one attention-weight buffer, else NULL
+    float* att_shared;   // (B,NH,T,T) --recompute attn (not flash): the one attention-weight buffer, else NULL
     float** seg_inputs;  // [segments] checkpointing: each segment's input; [0] = encoded, the
                          // others in device memory, or in the host store with offload
     float* staging;      // (B,T,C) checkpointing + offload: the segment input back from the host
@@ -223,6 +224,10 @@ void gpt2_reduce_during_backward(GPT2* m) { (void)m; }
 // offload on the CPU is a memcpy inside the step (nothing overlaps, nothing to report apart)
 double gpt2_copy_wait_ms(GPT2* m) { (void)m; return -1.0; }
 Precision gpt2_default_precision(void) { return PRECISION_FP32; }
+// flash attention runs on any head size here; the default stays the stored-weights attention, the
+// reference (and, on two cores, as fast: both compute every score once in forward)
+const char* gpt2_flash_refusal(int head_size) { (void)head_size; return NULL; }
+int gpt2_prefers_flash(void) { return 0; }
 // one memory: the "device" categories are host memory too, so one budget (--max-memory) covers all
 int gpt2_has_device(void) { return 0; }
 
@@ -254,18 +259,20 @@ void gpt2_check_setup(const ModelSetup* s) {
 }
 
 // the CPU's tensors in bytes, for the memory planner: everything fp32
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision) {
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash) {
     (void)precision;  // fp32 only (gpt2_check_setup)
     int C = c->channels, NH = c->num_heads;
-    const ActPolicy gelu = {0, 1, 0, 0}, attn = {0, 0, 1, 0};
-    size_t F = sizeof(float), layer = layer_act_floats(B, T, C, NH, &ACT_KEEP_ALL);
+    // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
+    const ActPolicy all = {0, 0, flash, 0, flash}, gelu = {0, 1, flash, 0, flash}, attn = {0, 0, 1, 0, flash};
+    size_t F = sizeof(float), layer = layer_act_floats(B, T, C, NH, &all);
     size_t bwd[NUM_BACKWARD_BUFFERS], backward = 0;
-    backward_buffer_elems(bwd, B, T, C, NH);
+    backward_buffer_elems(bwd, B, T, C, NH, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bwd[i]; }
     BackendLayout l = {F, F, layer * F, (layer - layer_act_floats(B, T, C, NH, &gelu)) * F,
                        (layer - layer_act_floats(B, T, C, NH, &attn)) * F, (size_t)B * T * C * F,
                        head_act_floats(B, T, C, c->padded_vocab_size) * F, backward * F,
-                       "4(16BTC + 4BT + B NH T^2)", "4(13BTC + B NH T^2)", 0, 0, 0, F};
+                       flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)",
+                       flash ? "4(13BTC)" : "4(13BTC + B NH T^2)", 0, 0, 0, F};
     return l;
 }
 
@@ -290,7 +297,7 @@ static void gpt2_alloc_activations(GPT2* m, int B, int T, const ActPolicy* pol) 
     layer_act_elems(ls, B, T, C, NH, pol);
     a->layer_floats = 0;
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { a->layer_floats += ls[i]; }
-    size_t gelu = pol->gelu ? BTC * 4 : 0, att = pol->attn ? (size_t)B * NH * T * T : 0;
+    size_t gelu = pol->gelu ? BTC * 4 : 0, att = act_shared_att_elems(pol, B, T, NH);
     size_t device_kept = pol->offload ? 0 : seg_kept * BTC, staging = pol->offload && seg_kept ? BTC : 0;
     size_t head = head_act_floats(B, T, C, Vp);
     size_t total = BTC + slots * a->layer_floats + gelu + att + device_kept + staging + head;
@@ -305,10 +312,10 @@ static void gpt2_alloc_activations(GPT2* m, int B, int T, const ActPolicy* pol) 
         a->slot_layer[i] = -1;
     }
     a->gelu_shared = pol->gelu ? carve(&p, gelu) : NULL;
-    a->att_shared = pol->attn ? carve(&p, att) : NULL;
+    a->att_shared = att ? carve(&p, att) : NULL;
     for (int i = 0; i < slots; i++) {
         if (pol->gelu) { a->slots[i].fch_gelu = a->gelu_shared; }
-        if (pol->attn) { a->slots[i].att = a->att_shared; }
+        if (att) { a->slots[i].att = a->att_shared; }
     }
     a->seg_inputs[0] = a->encoded;
     for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : carve(&p, BTC); }
@@ -344,7 +351,7 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     gpt2_alloc_activations(m, B, T, pol);
     size_t bsizes[NUM_BACKWARD_BUFFERS], btotal = 0;
-    backward_buffer_elems(bsizes, B, T, C, NH);
+    backward_buffer_elems(bsizes, B, T, C, NH, pol);
     float** bptrs[NUM_BACKWARD_BUFFERS] = {&m->bwd.dresidual, &m->bwd.dbtc, &m->bwd.dqkv, &m->bwd.dfch_gelu, &m->bwd.dfch, &m->bwd.datt};
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { btotal += bsizes[i]; }
     m->bwd_memory = (float*)mem_calloc(MEM_ACT_GRADIENTS, btotal * sizeof(float));
@@ -398,11 +405,13 @@ void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
 // one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that))
 
 // x (B,T,C) is the block's input; fills a (its residual3 is the block output)
-static void block_forward(LayerActs* a, const float* x, const LayerParams* p, int B, int T, int C, int NH) {
+static void block_forward(LayerActs* a, const float* x, const LayerParams* p, int B, int T, int C, int NH,
+                          const ActPolicy* pol) {
     size_t BTC = (size_t)B * T * C;
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C);
     matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C);
-    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    if (pol->flash) { attention_flash_forward(a->atty, a->att, a->qkv, B, T, C, NH); }  // att: the log-sum-exp
+    else { attention_forward(a->atty, a->att, a->qkv, B, T, C, NH); }
     matmul_forward(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C);
     residual_forward(a->residual2, x, a->residual2, BTC);  // in place: residual2 = x + projection
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C);
@@ -431,8 +440,12 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
     memset(bwd->dbtc, 0, BTC * sizeof(float));
     matmul_backward(bwd->dbtc, g->attprojw, g->attprojb, bwd->dresidual, a->atty, p->attprojw, B, T, C, C);
     memset(bwd->dqkv, 0, BTC * 3 * sizeof(float));
-    if (pol->attn) { attention_weights_forward(a->att, a->qkv, B, T, C, NH); }
-    attention_backward(bwd->dqkv, bwd->datt, bwd->dbtc, a->qkv, a->att, B, T, C, NH);
+    if (pol->flash) {
+        attention_flash_backward(bwd->dqkv, bwd->dbtc, a->qkv, a->atty, a->att, B, T, C, NH);
+    } else {
+        if (pol->attn) { attention_weights_forward(a->att, a->qkv, B, T, C, NH); }
+        attention_backward(bwd->dqkv, bwd->datt, bwd->dbtc, a->qkv, a->att, B, T, C, NH);
+    }
     memset(bwd->dbtc, 0, BTC * sizeof(float));
     matmul_backward(bwd->dbtc, g->qkvw, g->qkvb, bwd->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C);
     layernorm_backward(bwd->dresidual, g->ln1w, g->ln1b, bwd->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C);
@@ -470,7 +483,7 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
     for (int l = first; l <= last; l++) {
         LayerParams lp = layer_params(&m->params, l, C);
         LayerActs* la = act_layer(m, l);
-        block_forward(la, x, &lp, B, T, C, NH);
+        block_forward(la, x, &lp, B, T, C, NH, &m->act);
         if (store) { act_store_after_forward(m, l, (size_t)B * T * C); }
         x = la->residual3;
     }

@@ -40,6 +40,7 @@ memory and runs the step on the CPU with the CPU reference's code (see "optimize
 #include "cuda/layernorm.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/attention.cuh"
+#include "cuda/flash_attention.cuh"
 #include "cuda/gelu.cuh"
 #include "cuda/residual.cuh"
 #include "cuda/classifier.cuh"
@@ -124,7 +125,8 @@ struct LayerActs {
     float* ln1_rstd;   // (B,T)
     floatX* qkv;       // (B,T,3C)
     floatX* atty;      // (B,T,C)
-    floatX* att;       // (B,NH,T,T); --recompute attn: shared
+    floatX* att;       // (B,NH,T,T); --recompute attn: shared; --attention flash: (B,NH,T) fp32, the
+                       // rows' log-sum-exp (layer_lse)
     floatX* residual2; // (B,T,C)
     floatX* ln2;       // (B,T,C)
     float* ln2_mean;   // (B,T)
@@ -141,8 +143,12 @@ static size_t align_up(size_t bytes) { return (bytes + TENSOR_ALIGN - 1) / TENSO
 
 static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
     layer_act_elems(s, B, T, C, NH, pol);
-    for (int i = 0; i < NUM_LAYER_ACTS; i++) { s[i] = align_up(s[i] * (LAYER_ACT_IS_STAT[i] ? sizeof(float) : elem)); }
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { s[i] = align_up(s[i] * (layer_act_is_stat(i, pol) ? sizeof(float) : elem)); }
 }
+
+// flash attention keeps each row's log-sum-exp (fp32) where the attention weights would be
+template <typename floatX>
+static float* layer_lse(const LayerActs<floatX>* a) { return (float*)a->att; }
 
 static size_t layer_block_bytes(int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
@@ -176,20 +182,21 @@ static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int C, int Vp,
 }
 
 // backward's buffers, one layer's worth (act_policy.h's table), floatX
-static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, size_t elem) {
-    backward_buffer_elems(s, B, T, C, NH);
+static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, size_t elem,
+                                  const ActPolicy* pol) {
+    backward_buffer_elems(s, B, T, C, NH, pol);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { s[i] = align_up(s[i] * elem); }
 }
 
 // the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities
 // (sampling), the reduction scratch of the deterministic gradient kernels (fp32), the
-// attention's (floatX), the global norm's (doubles, and the result; ZeRO-1: one per slice),
+// attention's (floatX head copies; flash attention: a float per row), the global norm's (doubles, and the result; ZeRO-1: one per slice),
 // cuBLASLt's workspace, and Adafactor's and CAME's (the largest slice's: factored_model_scratch_bytes).
 // gpt2_layout is not told the optimizer, so every run carves the last one (d12: 1.5 MiB, which AdamW
 // leaves unused)
 typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul, optimizer; } ScratchBytes;
 
-static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem) {
+static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem, int flash) {
     int C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
     size_t BT = (size_t)B * T, F = sizeof(float);
     size_t reduce = layernorm_backward_scratch_floats(B, T, C);
@@ -199,7 +206,8 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
         if (r > reduce) { reduce = r; }
     }
     ScratchBytes s = {align_up(2 * BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
-                      align_up(attention_scratch_floats(B, T, C, NH) * elem),
+                      align_up(flash ? flash_attention_scratch_floats(B, T, NH) * sizeof(float)
+                                     : attention_scratch_floats(B, T, C, NH) * elem),
                       align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
                       align_up((size_t)param_slice_count(c) * sizeof(double)), MATMUL_WORKSPACE_BYTES,
                       align_up(factored_model_scratch_bytes(c))};
@@ -287,7 +295,8 @@ struct Model {
     int *inputs, *targets;        // (B,T) the batch on the GPU
     float* probs;                 // (Vp) one position's probabilities (sampling)
     float* reduce_scratch;        // the deterministic reductions' partial sums
-    floatX* attention_scratch;
+    floatX* attention_scratch;    // --attention matmul: the heads' copies
+    float* flash_scratch;         // --attention flash: a float per row (backward's D)
     double* norm_scratch;         // global norm partial sums; the last double is the result
     void* opt_scratch;            // Adafactor's and CAME's scales and partial sums (adafactor.cuh)
     // host: copies for checkpoints, one row of probabilities, the losses of a forward
@@ -397,7 +406,7 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     int seg_kept = pol->segment > 0 ? segments - 1 : 0;
     size_t layer = layer_block_bytes(B, T, C, NH, elem, pol);
     size_t gelu = pol->gelu ? align_up((size_t)B * T * 4 * C * elem) : 0;
-    size_t att = pol->attn ? align_up((size_t)B * NH * T * T * elem) : 0;
+    size_t att = align_up(act_shared_att_elems(pol, B, T, NH) * elem);
     size_t hs[NUM_HEAD_ACTS], head = 0;
     head_act_bytes(hs, B, T, C, Vp, elem);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
@@ -410,10 +419,10 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     m->encoded = carve<floatX>(&p, R);
     for (int i = 0; i < slots; i++) { p += point_layer_acts(&m->slots[i], p, B, T, C, NH, pol); }
     m->gelu_shared = pol->gelu ? carve<floatX>(&p, gelu) : NULL;
-    m->att_shared = pol->attn ? carve<floatX>(&p, att) : NULL;
+    m->att_shared = att ? carve<floatX>(&p, att) : NULL;
     for (int i = 0; i < slots; i++) {
         if (pol->gelu) { m->slots[i].fch_gelu = m->gelu_shared; }
-        if (pol->attn) { m->slots[i].att = m->att_shared; }
+        if (att) { m->slots[i].att = m->att_shared; }
     }
     m->seg_inputs[0] = m->encoded;
     for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = pol->offload ? NULL : carve<floatX>(&p, R); }
@@ -434,7 +443,7 @@ template <typename floatX>
 static void alloc_backward(Model<floatX>* m, int B, int T) {
     const GPT2Config* c = &m->config;
     size_t bs[NUM_BACKWARD_BUFFERS], btotal = 0;
-    backward_buffer_bytes(bs, B, T, c->channels, c->num_heads, sizeof(floatX));
+    backward_buffer_bytes(bs, B, T, c->channels, c->num_heads, sizeof(floatX), &m->act);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { btotal += bs[i]; }
     m->bwd_memory = (char*)mem_alloc(MEM_ACT_GRADIENTS, btotal);
     char* p = m->bwd_memory;
@@ -445,14 +454,15 @@ static void alloc_backward(Model<floatX>* m, int B, int T) {
 // device scratch: the batch's ids, a row of probabilities, reductions, the cuBLASLt workspace
 template <typename floatX>
 static void alloc_scratch(Model<floatX>* m, int B, int T) {
-    ScratchBytes sb = scratch_bytes(&m->config, B, T, sizeof(floatX));
+    ScratchBytes sb = scratch_bytes(&m->config, B, T, sizeof(floatX), m->act.flash);
     m->scratch_memory = (char*)mem_alloc_from(MEM_SCRATCH, &MEM_DEVICE, scratch_total(&sb));
     char* p = m->scratch_memory;
     m->inputs = carve<int>(&p, sb.batch / 2);
     m->targets = carve<int>(&p, sb.batch / 2);
     m->probs = carve<float>(&p, sb.probs);
     m->reduce_scratch = carve<float>(&p, sb.reduce);
-    m->attention_scratch = carve<floatX>(&p, sb.attention);
+    m->attention_scratch = m->act.flash ? NULL : carve<floatX>(&p, sb.attention);
+    m->flash_scratch = m->act.flash ? carve<float>(&p, sb.attention) : NULL;
     m->norm_scratch = carve<double>(&p, sb.norm);
     m->norm_parts = carve<double>(&p, sb.norm_parts);
     matmul_context_init(&m->matmul, carve<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
@@ -624,7 +634,8 @@ static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* 
     cudaStream_t s = m->stream;
     layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s);
     matmul_forward_cuda(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C, mc, s);
-    attention_forward_cuda(a->atty, a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s);
+    if (m->act.flash) { flash_attention_forward_cuda(a->atty, layer_lse(a), a->qkv, B, T, C, NH, s); }
+    else { attention_forward_cuda(a->atty, a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
     matmul_forward_cuda(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C, mc, s);
     residual_forward_cuda(a->residual2, x, a->residual2, BTC, s);  // in place: residual2 = x + projection
     layernorm_forward_cuda(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C, s);
@@ -657,9 +668,13 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
     // attention branch
     CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
     matmul_backward_cuda(m->dbtc, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc, s);
-    CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BTC * 3 * X, s));
-    if (m->act.attn) { attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
-    attention_backward_cuda(m->dqkv, m->datt, m->dbtc, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
+    if (m->act.flash) {  // writes all of dqkv
+        flash_attention_backward_cuda(m->dqkv, m->dbtc, a->qkv, a->atty, layer_lse(a), B, T, C, NH, m->flash_scratch, s);
+    } else {
+        CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BTC * 3 * X, s));
+        if (m->act.attn) { attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
+        attention_backward_cuda(m->dqkv, m->datt, m->dbtc, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
+    }
     CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
     matmul_backward_cuda(m->dbtc, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s);
     layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, m->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
@@ -1270,23 +1285,30 @@ void gpt2_select_device(const Dist* d) {
     (void)d;
 }
 
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision) {
+// flash attention for heads of hs channels (cuda/flash_attention.cuh), the default where it runs
+const char* gpt2_flash_refusal(int head_size) { return flash_attention_refusal(head_size); }
+int gpt2_prefers_flash(void) { return 1; }
+
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash) {
     int C = c->channels, NH = c->num_heads;
     size_t X = precision_bytes(precision), F = sizeof(float);
-    const ActPolicy gelu = {0, 1, 0, 0}, attn = {0, 0, 1, 0};
-    size_t layer = layer_block_bytes(B, T, C, NH, X, &ACT_KEEP_ALL);
+    // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
+    const ActPolicy all = {0, 0, flash, 0, flash}, gelu = {0, 1, flash, 0, flash}, attn = {0, 0, 1, 0, flash};
+    size_t layer = layer_block_bytes(B, T, C, NH, X, &all);
     size_t hs[NUM_HEAD_ACTS], head = 0, bs[NUM_BACKWARD_BUFFERS], backward = 0;
     head_act_bytes(hs, B, T, C, c->padded_vocab_size, X);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
-    backward_buffer_bytes(bs, B, T, C, NH, X);
+    backward_buffer_bytes(bs, B, T, C, NH, X, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bs[i]; }
-    ScratchBytes sb = scratch_bytes(c, B, T, X);
+    ScratchBytes sb = scratch_bytes(c, B, T, X, flash);
     size_t host_scratch = ((size_t)c->padded_vocab_size + (size_t)B * T) * F;  // host: a row of probabilities, the losses
+    const char* layer_formula = precision == PRECISION_BF16 ? (flash ? "2(13BTC) + 4(4BT + B NH T)" : "2(13BTC + B NH T^2) + 4(4BT)")
+                                                            : (flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)");
+    const char* backward_formula = precision == PRECISION_BF16 ? (flash ? "2(13BTC)" : "2(13BTC + B NH T^2)")
+                                                               : (flash ? "4(13BTC)" : "4(13BTC + B NH T^2)");
     BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
                        layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
-                       precision == PRECISION_BF16 ? "2(13BTC + B NH T^2) + 4(4BT)" : "4(16BTC + 4BT + B NH T^2)",
-                       precision == PRECISION_BF16 ? "2(13BTC + B NH T^2)" : "4(13BTC + B NH T^2)",
-                       scratch_total(&sb) + host_scratch, F, 1, X};
+                       layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X};
     return l;
 }
 

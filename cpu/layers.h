@@ -265,6 +265,80 @@ static void attention_backward(float* dqkv, float* datt, const float* dout, cons
     }
 }
 
+// Flash attention (--attention flash): the same attention without the (B,NH,T,T) weights.
+// Forward keeps each row's log-sum-exp of its scaled scores s_u = q.k_u / sqrt(hs), u <= t:
+// lse = m + log(sum_u exp(s_u - m)), m their maximum, so that a weight is exp(s_u - lse).
+// Backward recomputes a row's weights from q, k and lse, and gets the softmax's gradient from
+// D = dout . out (= sum_u p_u (dout . v_u)) instead of a stored row of datt. The GPU kernels
+// (cuda/flash_attention.cuh) run the same mathematics block by block; this is their reference.
+
+// out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads concatenated; lse (B,NH,T) the
+// rows' log-sum-exp. One row at a time in a buffer of T scores per (b, h).
+static void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            float* s = (float*)malloc_check((size_t)T * sizeof(float));
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float m = -INFINITY, sum = 0.0f;
+                for (int u = 0; u <= t; u++) {
+                    const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+                    float d = 0.0f;
+                    for (int i = 0; i < hs; i++) { d += q[i] * k[i]; }
+                    s[u] = d * scale;
+                    if (s[u] > m) { m = s[u]; }
+                }
+                for (int u = 0; u <= t; u++) { sum += expf(s[u] - m); }
+                float row_lse = m + logf(sum);
+                lse[((size_t)b * NH + h) * T + t] = row_lse;
+                float* o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+                for (int u = 0; u <= t; u++) {
+                    const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+                    float p = expf(s[u] - row_lse);
+                    for (int i = 0; i < hs; i++) { o[i] += p * v[i]; }
+                }
+            }
+            free(s);
+        }
+    }
+}
+
+// dqkv (B,T,3C) += from dout (B,T,C), given qkv, the forward's out (B,T,C) and lse (B,NH,T).
+// Parallel over (b, h): a head owns its slices of dq, dk, dv.
+static void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                     const float* lse, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                const float* dy = dout + ((size_t)b * T + t) * C + h * hs;
+                const float* y = out + ((size_t)b * T + t) * C + h * hs;
+                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                float row_lse = lse[((size_t)b * NH + h) * T + t], D = 0.0f;
+                for (int i = 0; i < hs; i++) { D += dy[i] * y[i]; }
+                for (int u = 0; u <= t; u++) {
+                    const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+                    const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+                    float* dk = dqkv + ((size_t)b * T + u) * C3 + C + h * hs;
+                    float* dv = dqkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+                    float sc = 0.0f, dp = 0.0f;
+                    for (int i = 0; i < hs; i++) { sc += q[i] * k[i]; dp += dy[i] * v[i]; }
+                    float p = expf(sc * scale - row_lse);
+                    float g = p * (dp - D) * scale;  // the gradient of the score q.k_u
+                    for (int i = 0; i < hs; i++) { dv[i] += p * dy[i]; dq[i] += g * k[i]; dk[i] += g * q[i]; }
+                }
+            }
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // (GELU_SCALE and GELU_CUBIC: llmc/model_config.h)

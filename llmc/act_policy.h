@@ -1,7 +1,7 @@
 /*
 act_policy.h: what forward keeps for backward, and where (flags --recompute and --offload).
 
-    ActPolicy p = act_policy_parse("sqrt,attn", 1, L);   // k = ceil(sqrt(L)), offload on
+    ActPolicy p = act_policy_parse("sqrt,attn", 1, L, 0);   // k = ceil(sqrt(L)), offload on, no flash
     int slots = act_num_slots(&p, L);                    // layer buffers in the working set
 
 Activation checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
@@ -22,8 +22,16 @@ two layer buffers (one computing, one moving); with checkpointing, the segment i
 move and the working set is the k layers a segment recomputes into, plus one staging
 buffer for the input being recomputed from.
 
+Flash attention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention
+with IO-Awareness"; --attention flash): attention runs block by block with an online softmax,
+never writing the (B,NH,T,T) weights; forward keeps each row's log-sum-exp (B,NH,T, fp32) and
+backward recomputes the weights from it, q and k. It is selective attention recompute done
+inside one kernel, so it implies attn: a flash policy has attn set, keeps no attention weights
+and needs no shared buffer for them. Its sums run in another order than the stored-weights
+attention (--attention matmul), so the two agree to rounding, not bitwise.
+
 Every policy computes the same numbers in the same order: losses and gradients are
-bitwise identical to keeping everything.
+bitwise identical to keeping everything (with the same --attention).
 
 The schedule is decided here once, for every backend; a backend only moves the bytes:
 
@@ -44,9 +52,10 @@ typedef struct {
     int gelu;      // recompute the GELU output in backward
     int attn;      // recompute the attention weights in backward
     int offload;   // kept activations live in the host store between forward and backward
+    int flash;     // --attention flash: attention keeps each row's log-sum-exp (B,NH,T), not its weights
 } ActPolicy;
 
-static const ActPolicy ACT_KEEP_ALL = {0, 0, 0, 0};  // plain training
+static const ActPolicy ACT_KEEP_ALL = {0, 0, 0, 0, 0};  // plain training, attention weights kept
 
 static int act_min(int a, int b) { return a < b ? a : b; }
 
@@ -67,9 +76,9 @@ static int act_slot_of(const ActPolicy* p, int L, int l) {
 }
 
 // parses --recompute (comma-separated: none | sqrt | K | gelu | attn) and --offload for a
-// model of L layers; stops with a message on anything it cannot honour
-static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
-    ActPolicy p = {0, 0, 0, 0};
+// model of L layers, with flash attention or not; stops with a message on anything it cannot honour
+static ActPolicy act_policy_parse(const char* spec, int offload, int L, int flash) {
+    ActPolicy p = {0, 0, 0, 0, 0};
     char buf[64];
     if (strlen(spec) >= sizeof(buf)) { fail("--recompute '%s': too long", spec); }
     strcpy(buf, spec);
@@ -97,6 +106,8 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
     if (none && tokens > 1) { fail("--recompute '%s': 'none' cannot be combined with other parts", spec); }
     if (offload != 0 && offload != 1) { fail("--offload %d: offload is 0 or 1", offload); }
     p.offload = offload;
+    p.flash = flash;
+    if (flash) { p.attn = 1; }  // flash attention recomputes the weights in backward by design
     if (p.offload && p.segment > 0 && act_num_segments(&p, L) == 1) {
         fail("--offload 1 with --recompute %d: one segment keeps nothing but the embedding, so nothing would move to the host\n"
              "  hint: a segment size below %d, or offload without checkpointing", p.segment, L);
@@ -110,15 +121,29 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L) {
 // A block, in order: ln1 (B,T,C), ln1_mean, ln1_rstd (B,T), qkv (B,T,3C), atty (B,T,C),
 // att (B,NH,T,T), residual2 (B,T,C), ln2 (B,T,C), ln2_mean, ln2_rstd (B,T), fch (B,T,4C),
 // fch_gelu (B,T,4C), residual3 (B,T,C). Selective recompute keeps no attention weights or GELU
-// output in the block (one shared buffer of each serves every layer).
+// output in the block (one shared buffer of each serves every layer); flash attention keeps
+// the rows' log-sum-exp (B,NH,T) in att's place and no shared buffer.
 
 #define NUM_LAYER_ACTS 13
-// the LayerNorm statistics: fp32 on every backend (the others are in the activation precision)
-static const int LAYER_ACT_IS_STAT[NUM_LAYER_ACTS] = {0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0};
+#define LAYER_ACT_ATT 5   // the attention weights' entry (flash: the log-sum-exp)
+
+// fp32 on every backend (the others are in the activation precision): the LayerNorm statistics,
+// and flash attention's log-sum-exp
+static int layer_act_is_stat(int i, const ActPolicy* pol) {
+    static const int STAT[NUM_LAYER_ACTS] = {0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0};
+    return STAT[i] || (i == LAYER_ACT_ATT && pol->flash);
+}
+
+// the one buffer of attention weights that selective recompute shares between layers (elements;
+// 0 when each layer keeps its own, or flash attention keeps none)
+static size_t act_shared_att_elems(const ActPolicy* pol, int B, int T, int NH) {
+    return pol->attn && !pol->flash ? (size_t)B * NH * T * T : 0;
+}
 
 static void layer_act_elems(size_t n[NUM_LAYER_ACTS], int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t BT = (size_t)B * T;
-    size_t att = pol->attn ? 0 : (size_t)B * NH * T * T, gelu = pol->gelu ? 0 : BT * 4 * C;
+    size_t att = pol->flash ? (size_t)B * NH * T : pol->attn ? 0 : (size_t)B * NH * T * T;
+    size_t gelu = pol->gelu ? 0 : BT * 4 * C;
     size_t sizes[NUM_LAYER_ACTS] = {
         BT * C, BT, BT, BT * 3 * C, BT * C, att, BT * C,
         BT * C, BT, BT, BT * 4 * C, gelu, BT * C,
@@ -127,11 +152,12 @@ static void layer_act_elems(size_t n[NUM_LAYER_ACTS], int B, int T, int C, int N
 }
 
 // backward's buffers, one layer's worth, reused by every layer: dresidual, dbtc (B,T,C),
-// dqkv (B,T,3C), dfch_gelu, dfch (B,T,4C), datt (B,NH,T,T)
+// dqkv (B,T,3C), dfch_gelu, dfch (B,T,4C), datt (B,NH,T,T; none with flash attention)
 #define NUM_BACKWARD_BUFFERS 6
-static void backward_buffer_elems(size_t n[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH) {
+static void backward_buffer_elems(size_t n[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t BTC = (size_t)B * T * C;
-    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTC, 4 * BTC, 4 * BTC, (size_t)B * NH * T * T};
+    size_t datt = pol->flash ? 0 : (size_t)B * NH * T * T;
+    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTC, 4 * BTC, 4 * BTC, datt};
     memcpy(n, sizes, sizeof(sizes));
 }
 
@@ -188,7 +214,8 @@ static void act_policy_describe(const ActPolicy* p, int L, char* out, size_t n) 
     out[0] = '\0';
     if (p->segment > 0) { used += snprintf(out + used, n - used, "segments of k=%d layers (%d segments)", p->segment, act_num_segments(p, L)); }
     if (p->gelu) { used += snprintf(out + used, n - used, "%sgelu", used ? ", " : ""); }
-    if (p->attn) { used += snprintf(out + used, n - used, "%sattn", used ? ", " : ""); }
+    if (p->flash) { used += snprintf(out + used, n - used, "%sflash attention", used ? ", " : ""); }
+    else if (p->attn) { used += snprintf(out + used, n - used, "%sattn", used ? ", " : ""); }
     if (p->offload) { used += snprintf(out + used, n - used, "%soffload to host", used ? ", " : ""); }
     if (used == 0) { snprintf(out, n, "none: every layer keeps its activations"); }
 }

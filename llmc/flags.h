@@ -56,6 +56,7 @@ typedef struct {
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
     char precision[PATH_MAX_LEN];    // fp32 | bf16 | "" = the backend's default (CPU: fp32, CUDA: bf16)
+    char attention[PATH_MAX_LEN];    // flash | matmul | "" = the backend's default (CPU: matmul, CUDA: flash)
     float peak_tflops;               // peak TFLOP/s per rank for MFU; 0 = the GPU's, from the backend's table
     int max_steps;                   // -1: one pass over the training data
     uint64_t seed;                   // initialisation and sampling
@@ -112,6 +113,7 @@ static TrainOptions options_default(void) {
     o.check_replicas = 0;
     o.plan_ranks = 0;
     strcpy(o.precision, "");
+    strcpy(o.attention, "");
     o.peak_tflops = 0.0f;
     o.max_steps = 200;
     o.seed = 1337;
@@ -173,6 +175,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--check-replicas", FLAG_SWITCH, OPT(check_replicas),   "check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},
     {NULL, "--plan-ranks",    FLAG_INT,    OPT(plan_ranks),       "--plan for this many ranks (e.g. --zero 1 on a laptop); 0 = this run's"},
     {NULL, "--precision",     FLAG_STRING, OPT(precision),        "fp32 | bf16 (weights and activations; fp32 master weights, optimizer state and sums); \"\" = the backend's default: CPU fp32, CUDA bf16"},
+    {NULL, "--attention",     FLAG_STRING, OPT(attention),        "flash (blockwise, keeps no T x T weights: a row's log-sum-exp) | matmul (GEMMs around a softmax, keeps the weights); \"\" = the backend's default: CUDA flash, CPU matmul"},
     {NULL, "--peak-tflops",   FLAG_FLOAT,  OPT(peak_tflops),      "peak TFLOP/s of one GPU (or CPU) for the MFU of the progress line; 0 = the GPU's from the table of train_gpt.cu"},
     {"-x", "--steps",         FLAG_INT,    OPT(max_steps),        "optimizer steps; -1 = one epoch of the training data"},
     {NULL, "--seed",          FLAG_U64,    OPT(seed),             "random seed (initialisation, sampling)"},

@@ -41,6 +41,7 @@ typedef struct {
     size_t layer;            // one layer's block of kept activations, keeping everything
     size_t layer_gelu;       // of which the GELU output: --recompute gelu keeps one, shared
     size_t layer_att;        // of which the attention weights: --recompute attn keeps one, shared
+                             // (flash attention: 0, its block keeps the rows' log-sum-exp only)
     size_t residual;         // one residual-stream tensor (B,T,C): the embeddings, a kept segment input
     size_t head;             // the final LayerNorm output and statistics, logits, losses
     size_t backward;         // backward's working buffers, one layer's worth
@@ -193,7 +194,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     if (device_kept > 0 && ap->offload) { plan_append(f, " + R staging"); }
     if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu R kept", kept); }
     if (ap->gelu) { plan_append(f, " + gelu"); }
-    if (ap->attn) { plan_append(f, " + attn"); }
+    if (ap->attn && !ap->flash) { plan_append(f, " + attn"); }
     plan_append(f, " + head");
     p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * R : L * A) : 0;
     if (!ap->offload) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "no --offload"); }

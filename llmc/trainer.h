@@ -108,11 +108,15 @@ double gpt2_peak_flops(Precision p);
 // 1 if the backend's "device" categories are a device's memory (CUDA, with a GPU present or
 // not); 0 if they are host memory like the rest (the CPU: one budget covers everything)
 int gpt2_has_device(void);
+// flash attention (--attention flash) for heads of head_size channels: NULL if the backend runs
+// it, else why not (for the message); and whether it is the backend's default (--attention "")
+const char* gpt2_flash_refusal(int head_size);
+int gpt2_prefers_flash(void);
 // the rates of the planner's step-cost model (planner.h: CostModel) in precision p: the GPU's
 // where it is known (by its name), else stated defaults
 CostModel gpt2_cost_model(Precision p);
 // the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p);
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p, int flash);
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
 GPT2* gpt2_create(const ModelSetup* s);
 void gpt2_destroy(GPT2* m);
@@ -779,6 +783,23 @@ static Precision precision_from_flag(const char* name) {
     return PRECISION_FP32;
 }
 
+// --attention: 1 for flash attention, 0 for matmul; "" is the backend's default where it runs
+// this model's heads (flash on a GPU), else matmul
+static int attention_from_flag(const char* name, const GPT2Config* c) {
+    int head_size = c->channels / c->num_heads;
+    const char* refusal = gpt2_flash_refusal(head_size);
+    if (name[0] == '\0') { return gpt2_prefers_flash() && refusal == NULL; }
+    if (strcmp(name, "matmul") == 0) { return 0; }
+    if (strcmp(name, "flash") != 0) {
+        fail("--attention '%s': unknown; choose flash or matmul (or \"\" for %s's default)", name, gpt2_backend_name());
+    }
+    if (refusal != NULL) {
+        fail("--attention flash: %s (heads of C/NH = %d/%d = %d channels)\n  hint: --attention matmul", refusal,
+             c->channels, c->num_heads, head_size);
+    }
+    return 1;
+}
+
 // the shape, optimizer, activation policy and ranks of the run, and its memory plan; for
 // --plan, world is --plan-ranks (a laptop plans for a cluster)
 static void plan_run(Run* r, const Dist* dist, int world) {
@@ -792,7 +813,7 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     s->use_beta1 = s->optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
     int offload_acts;
     offload_parse(o->offload, &offload_acts, &s->offload_optimizer);
-    s->act = act_policy_parse(o->recompute, offload_acts, s->config.num_layers);
+    s->act = act_policy_parse(o->recompute, offload_acts, s->config.num_layers, attention_from_flag(o->attention, &s->config));
     s->precision = precision_from_flag(o->precision);
     s->dist = *dist;
     s->zero = (ZeroStage)o->zero;
@@ -800,7 +821,7 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
     PlanInputs in = {s->B, s->T, 1 + r->has_val, s->optimizer, s->use_beta1, s->act, s->offload_optimizer, world, o->zero,
-                     gpt2_layout(&s->config, s->B, s->T, s->precision)};
+                     gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash)};
     r->plan = plan_memory(&s->config, in);
 }
 
@@ -1189,7 +1210,7 @@ static int run_training(const TrainOptions* o, const Dist* dist, const char* pro
 // T = -t; once the text is longer than T, the model sees its last T tokens (the window slides)
 
 // the flags --sample reads besides its own; any other flag given with it is a training flag
-static const char* const SAMPLE_READS[] = {"--model", "--tokenizer", "--seq", "--gen-tokens", "--seed", "--precision"};
+static const char* const SAMPLE_READS[] = {"--model", "--tokenizer", "--seq", "--gen-tokens", "--seed", "--precision", "--attention"};
 // --sample's own flags, --sample first: without --sample they are refused (the training samples
 // draw at temperature 1 from every token, after <|endoftext|>)
 static const char* const SAMPLE_OWN[] = {"--sample", "--temperature", "--top-k", "--bpe"};
@@ -1322,6 +1343,7 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     s.T = o->seq_len;
     s.precision = precision_from_flag(o->precision);
     s.act = ACT_KEEP_ALL;
+    s.act.flash = attention_from_flag(o->attention, &s.config);
     s.dist = *dist;
     s.use = MODEL_FOR_SAMPLING;
     gpt2_check_setup(&s);

@@ -12,7 +12,7 @@ A suite makes a Suite, runs the trainer through it and ends with finish():
 
 Each check prints "ok   name", "FAIL name: detail" or "skipped: name (reason)". The scratch
 directory (s.root) holds the fixtures (s.fix: test_gpt --write-fixtures, the tiny model L=2 C=32
-NH=4 maxT=32 V=64, its shards and tokenizer, and broken files) and the runs' output, and is removed
+NH=2 maxT=32 V=64, its shards and tokenizer, and broken files) and the runs' output, and is removed
 at exit. Numbers come from the trainer's exit code and its JSON log (OUT/log.jsonl: one object a
 line, training steps, validation, and the memory record after the first step), not from its
 printed tables.

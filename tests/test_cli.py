@@ -10,7 +10,7 @@ written, its bad input).
 
     python3 tests/test_cli.py ./train_gpt ./test_gpt
 
-Every run uses the tiny fixture model that `test_gpt --write-fixtures DIR` writes (L=2 C=32 NH=4
+Every run uses the tiny fixture model that `test_gpt --write-fixtures DIR` writes (L=2 C=32 NH=2
 maxT=32 V=64, its shards and tokenizer), so each takes well under a second. Prints "ok   name" or
 "FAIL name: detail" per check and, last, "N passed, N failed"; exits 1 if any check failed.
 Numbers (losses, memory) are read from the runs' log.jsonl; what a user sees (step lines, a

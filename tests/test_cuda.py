@@ -1,5 +1,5 @@
 """test_cuda.py: the CUDA trainer (train_gpt.cu) end to end, against the CPU trainer, on the tiny
-fixture model (L=2 C=32 NH=4 V=64: a cheap classifier, so the emulated device runs it in seconds).
+fixture model (L=2 C=32 NH=2 V=64: a cheap classifier, so the emulated device runs it in seconds).
 On machines without a GPU it runs the emulated build (build/emu/train_gpt: the same source
 compiled for dev/cuda_emu); on a GPU pass ./train_gpt_cu instead.
   - fp32: 10 steps from the same weights and data as ./train_gpt: every step's loss within

@@ -1,5 +1,5 @@
 """test_plan_budget.py: --plan with a memory budget (--max-memory, --max-host-memory:
-llmc/plan_search.h), on the tiny fixture model (L=2 C=32 NH=4 V=64), so every run takes a second:
+llmc/plan_search.h), on the tiny fixture model (L=2 C=32 NH=2 V=64), so every run takes a second:
   - for budgets from roomy to tight, the recommended command line (read from the search's JSON
     line, {"plan_search": ...}) trains for real, and its memory record in log.jsonl (measured by
     the accounting allocator) fits the budget and equals the recommendation's device and host

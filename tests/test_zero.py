@@ -5,7 +5,7 @@ every rank, and the misuses stop with a clear message.
 
     python3 tests/test_zero.py ./train_gpt ./test_gpt ./build/train_gpt_nompi
 
-Every run uses test_gpt's tiny fixture model (L=2 C=32 NH=4 maxT=32 V=64), 10 steps of 192 tokens
+Every run uses test_gpt's tiny fixture model (L=2 C=32 NH=2 maxT=32 V=64), 10 steps of 192 tokens
 (6 micro-batches of B*T = 32: 6, 3 or 2 per rank on 1, 2 or 3 ranks). Prints "ok   name" or
 "FAIL name: detail" per check and, last, "N passed, N failed"; without mpirun (or with a train_gpt
 built without MPI) the multi-rank part is skipped and counted: "N passed, N failed, 1 skipped".
