@@ -58,7 +58,12 @@ static std::vector<emu_thread> threads;       // (threads per block)
 static std::vector<emu_warp> warps;           // (warps per block)
 static std::vector<int> order;                // the order of a round: a permutation of the threads
 static void* scheduler_sp;
-static std::vector<char> dynamic_shared;
+// the launch's dynamic shared memory, in chunks so that it starts as aligned as the largest
+// alignment a kernel may declare for it and rely on (extern __shared__ __align__(128) ...; wmma
+// needs 32 bytes): rewrite.py drops the declaration's __align__, so the buffer has the most
+enum { DYNAMIC_SHARED_ALIGNMENT = 128 };
+struct alignas(DYNAMIC_SHARED_ALIGNMENT) shared_chunk { unsigned char bytes[DYNAMIC_SHARED_ALIGNMENT]; };
+static std::vector<shared_chunk> dynamic_shared;
 static std::vector<void*> touched_shared;     // __shared__ statics already filled for this block
 static unsigned shuffle_state;
 
@@ -304,7 +309,9 @@ static void run_block() {
     }
     for (emu_warp& w : warps) { w = emu_warp{0, 0}; }
     touched_shared.clear();
-    if (!dynamic_shared.empty()) { memset(dynamic_shared.data(), EMU_UNWRITTEN_BYTE, dynamic_shared.size()); }
+    if (!dynamic_shared.empty()) {
+        memset(dynamic_shared.data(), EMU_UNWRITTEN_BYTE, dynamic_shared.size() * sizeof(shared_chunk));
+    }
 
     for (;;) {
         make_round_order();
@@ -349,7 +356,7 @@ void emu_run_grid(const emu_grid& g) {
         order[i] = emu_config().thread_order == EMU_ORDER_REVERSE ? n - 1 - i : i;
     }
     shuffle_state = emu_config().seed;
-    dynamic_shared.assign(g.dynamic_shared_bytes, (char)EMU_UNWRITTEN_BYTE);
+    dynamic_shared.resize((g.dynamic_shared_bytes + sizeof(shared_chunk) - 1) / sizeof(shared_chunk));  // filled per block
 
     for (unsigned z = 0; z < g.grid.z; z++) {
         for (unsigned y = 0; y < g.grid.y; y++) {
