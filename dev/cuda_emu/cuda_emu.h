@@ -7,7 +7,8 @@ What it provides to kernels, in the order of this file:
     first so that they see the host compiler's own definitions of the CUDA qualifiers;
   - the qualifiers (__global__, __device__, __shared__, ...) as host C++;
   - threadIdx, blockIdx, blockDim, gridDim, warpSize;
-  - barriers (__syncthreads, __syncwarp), warp shuffles, votes, atomics;
+  - barriers (__syncthreads, __syncwarp), warp shuffles, votes, atomics (and the collectives that
+    nvcuda::wmma is made of: include/mma.h, the emulator's <mma.h>);
   - device-only math, load/store and bf16 intrinsics that the headers give no host version of,
     and CUDA's min/max overloads;
   - emu_launch() and EMU_KERNEL(), the target of the rewritten kernel<<<...>>>(...) launches, for
@@ -86,6 +87,8 @@ static const int warpSize = EMU_WARP_SIZE;
 enum emu_collective {
     EMU_SYNCTHREADS, EMU_SYNCWARP, EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR,
     EMU_BALLOT, EMU_ANY, EMU_ALL,
+    // nvcuda::wmma (include/mma.h, emu_wmma.cpp): the same call site for all 32 lanes of the warp
+    EMU_WMMA_LOAD, EMU_WMMA_STORE, EMU_WMMA_MMA,
 };
 // block barrier; returns how many threads of the block passed a non-zero predicate
 int emu_syncthreads(int predicate, const char* file, int line);

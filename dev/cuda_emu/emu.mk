@@ -10,7 +10,7 @@
 #
 # Variables for building another program the same way:
 #   EMU_CXXFLAGS   flags for the rewritten source (force-includes cuda_emu.h)
-#   EMU_OBJS       the emulator's objects (runtime, streams, kernels, cuBLAS(Lt), NCCL)
+#   EMU_OBJS       the emulator's objects (runtime, streams, kernels, wmma, cuBLAS(Lt), NCCL)
 #   EMU_LDLIBS     what they link against (MPI when mpicxx exists)
 
 EMU_DIR := dev/cuda_emu
@@ -28,7 +28,9 @@ ifneq ($(EMU_MPICXX),)
   EMU_MPI_LDLIBS := $(shell mpicxx --showme:link)
 endif
 
-EMU_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wno-unused-function -Wno-unknown-pragmas -I. -I$(CUDA_HOME)/include -I$(EMU_DIR) \
+# include/ first: its mma.h (nvcuda::wmma for the emulator) hides the toolkit's, which g++ cannot use
+EMU_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wno-unused-function -Wno-unknown-pragmas -I. -I$(EMU_DIR)/include \
+                -I$(CUDA_HOME)/include -I$(EMU_DIR) \
                 -include cuda_emu.h $(EMU_MPI_CFLAGS)
 # -ffp-contract=off: the reference GEMM rounds each product before adding it (no fused multiply-add),
 # whatever instructions the compiler may use, so its sums stay bitwise those of the plain loop
@@ -36,9 +38,9 @@ EMU_LIB_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -I$(CUDA_H
 EMU_LDLIBS := -lm $(EMU_MPI_LDLIBS)
 
 EMU_SRCS := $(addprefix $(EMU_DIR)/,emu_fiber.cpp emu_kernel.cpp emu_stream.cpp emu_runtime.cpp \
-                                      emu_blas.cpp emu_lt_rules.cpp emu_nccl.cpp emu_math.cpp)
+                                      emu_blas.cpp emu_lt_rules.cpp emu_nccl.cpp emu_math.cpp emu_wmma.cpp)
 EMU_OBJS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_SRCS))
-EMU_HEADERS := $(wildcard $(EMU_DIR)/*.h)
+EMU_HEADERS := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h)
 
 EMU_TEST_SRCS := $(wildcard $(EMU_DIR)/tests/*.cu)
 EMU_TESTS := $(patsubst %.cu,$(EMU_BUILD)/%,$(EMU_TEST_SRCS))

@@ -5,6 +5,8 @@ emu_internal.h: what the emulator's own source files share; never included by a 
   emu_config      the settings read once from the environment (CUDA_EMU_*), see README.md
   emu_enqueue()   put one piece of device work on a stream (emu_stream.cpp decides when it runs)
   emu_run_grid()  run a kernel launch, block by block (emu_kernel.cpp)
+  emu_kernel_fail() stop with a message that names the running kernel and block
+  emu_wmma_complete() the work of a wmma collective, for the whole warp (emu_wmma.cpp)
   emu_lt_check_*  the cuBLASLt descriptor rules of the real library (emu_lt_rules.cpp)
   device memory lookups for the runtime's argument checks (emu_runtime.cpp)
 
@@ -17,6 +19,7 @@ OS threads of its own.
 #include "cuda_emu.h"
 
 #include <functional>
+#include <string>
 
 [[noreturn]] void emu_fail_at(const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -65,6 +68,20 @@ struct emu_grid {
     std::function<void()> body;   // runs the kernel for the current fiber
 };
 void emu_run_grid(const emu_grid& g);
+// stop: "cuda_emu: error: kernel '...' (launched at file:line), block (x,y,z):" and then detail
+[[noreturn]] void emu_kernel_fail(const std::string& detail);
+
+// ----------------------------------------------------------------------------
+// nvcuda::wmma (emu_wmma.cpp)
+
+// the wmma collectives: on these, every lane must wait at the same call site (as the hardware's
+// .aligned instructions require), not only at the same operation
+static inline bool emu_collective_is_wmma(emu_collective op) {
+    return op == EMU_WMMA_LOAD || op == EMU_WMMA_STORE || op == EMU_WMMA_MMA;
+}
+// every lane of `lanes` has posted a wmma collective (posted[l]: lane l's call, see emu_wmma.cpp):
+// check that all lanes of the warp are there with the same arguments and do the work for all of them
+void emu_wmma_complete(emu_collective op, const uint64_t posted[EMU_WARP_SIZE], unsigned lanes);
 
 // ----------------------------------------------------------------------------
 // cuBLASLt descriptor rules (emu_lt_rules.cpp): CUBLAS_STATUS_SUCCESS, or the status the real library

@@ -4,9 +4,10 @@ fibers (emu_fiber.h) that a scheduler runs in rounds.
 
 A round runs every ready thread, in the order CUDA_EMU_THREAD_ORDER picks, until it blocks:
   - at __syncthreads: it waits until every thread of the block is there;
-  - at a warp collective (__syncwarp, __shfl*_sync, __ballot/__any/__all_sync): it posts its
-    value and waits until every lane of the mask has posted; the last lane to arrive computes
-    all lanes' results and releases them;
+  - at a warp collective (__syncwarp, __shfl*_sync, __ballot/__any/__all_sync, and wmma's load,
+    store and mma, which also require one call site): it posts its value and waits until every
+    lane of the mask has posted; the last lane to arrive computes all lanes' results (for wmma:
+    emu_wmma_complete) and releases them;
   - or it returns from the kernel (exits).
 After a round with nothing left to run, either all threads exited (the block is done), or all
 live threads wait at __syncthreads (released: the next round starts), or the block can never
@@ -58,7 +59,12 @@ static std::vector<emu_thread> threads;       // (threads per block)
 static std::vector<emu_warp> warps;           // (warps per block)
 static std::vector<int> order;                // the order of a round: a permutation of the threads
 static void* scheduler_sp;
-static std::vector<char> dynamic_shared;
+// the launch's dynamic shared memory, in chunks so that it starts as aligned as the largest
+// alignment a kernel may declare for it and rely on (extern __shared__ __align__(128) ...; wmma
+// needs 32 bytes): rewrite.py drops the declaration's __align__, so the buffer has the most
+enum { DYNAMIC_SHARED_ALIGNMENT = 128 };
+struct alignas(DYNAMIC_SHARED_ALIGNMENT) shared_chunk { unsigned char bytes[DYNAMIC_SHARED_ALIGNMENT]; };
+static std::vector<shared_chunk> dynamic_shared;
 static std::vector<void*> touched_shared;     // __shared__ statics already filled for this block
 static unsigned shuffle_state;
 
@@ -74,6 +80,8 @@ static const uint64_t INACTIVE_LANE_BITS = ~(uint64_t)0;  // what reading an ina
     fprintf(stderr, "\n");
     exit(EXIT_FAILURE);
 }
+
+void emu_kernel_fail(const std::string& detail) { kernel_fail("%s", detail); }
 
 void emu_device_trap(const char* what, const char* file, int line) {
     kernel_fail("%s", std::string(what) + " at " + file + ":" + std::to_string(line) + " in thread (" +
@@ -127,6 +135,9 @@ static const char* collective_name(emu_collective op) {
         case EMU_BALLOT: return "__ballot_sync";
         case EMU_ANY: return "__any_sync";
         case EMU_ALL: return "__all_sync";
+        case EMU_WMMA_LOAD: return "wmma::load_matrix_sync";
+        case EMU_WMMA_STORE: return "wmma::store_matrix_sync";
+        case EMU_WMMA_MMA: return "wmma::mma_sync";
     }
     return "?";
 }
@@ -161,9 +172,12 @@ static std::string collective_site(emu_collective op, const char* file, int line
 // stop: lane l of the warp waits at another collective (or the same with another mask) than t
 [[noreturn]] __attribute__((noinline, cold)) static void fail_mismatch(const emu_thread* t, int l) {
     const emu_thread& other = threads[t->warp * EMU_WARP_SIZE + l];
+    bool wmma = emu_collective_is_wmma(t->op) || emu_collective_is_wmma(other.op);
     kernel_fail("%s", collective_site(t->op, t->wait_file, t->wait_line) + " (lane " + std::to_string(t->lane) +
                 "): lane " + std::to_string(l) + " waits at a different collective, " +
-                collective_site(other.op, other.wait_file, other.wait_line) + " (or with a different mask)");
+                collective_site(other.op, other.wait_file, other.wait_line) +
+                (wmma ? " (every lane of the warp must reach the same wmma call: no divergent wmma)"
+                      : " (or with a different mask)"));
 }
 
 [[noreturn]] __attribute__((noinline, cold)) static void fail_width(const emu_thread* t) {
@@ -180,19 +194,28 @@ static std::string collective_site(emu_collective op, const char* file, int line
                                                          std::to_string(t->lane) + "): lane " + std::to_string(l));
 }
 
+// whether two waiting threads wait at the same line of the same file
+static bool same_site(const emu_thread& a, const emu_thread& b) {
+    return a.wait_line == b.wait_line && (a.wait_file == b.wait_file || strcmp(a.wait_file, b.wait_file) == 0);
+}
+
 // all lanes of `expected` have posted a collective: check it is the same one, then compute every
 // lane's result (t is the last lane to arrive). Out of line: its frame stays off the waiting stacks.
 __attribute__((noinline)) static void complete_collective(const emu_thread* t, unsigned expected) {
     emu_thread* lanes = &threads[t->warp * EMU_WARP_SIZE];
     emu_collective op = t->op;
+    bool wmma = emu_collective_is_wmma(op);
     unsigned votes = 0;
     uint64_t posted[EMU_WARP_SIZE];
     for (int l = 0; l < EMU_WARP_SIZE; l++) {
         if (!(expected >> l & 1u)) { continue; }
-        if (lanes[l].op != op || lanes[l].mask != t->mask) { fail_mismatch(t, l); }
+        if (lanes[l].op != op || lanes[l].mask != t->mask || (wmma && !same_site(lanes[l], *t))) {
+            fail_mismatch(t, l);
+        }
         posted[l] = lanes[l].value;
         if (lanes[l].value != 0) { votes |= 1u << l; }
     }
+    if (wmma) { emu_wmma_complete(op, posted, expected); }  // the lanes' fragments, all written now
     for (int l = 0; l < EMU_WARP_SIZE; l++) {
         if (!(expected >> l & 1u)) { continue; }
         emu_thread* lane = &lanes[l];
@@ -200,7 +223,10 @@ __attribute__((noinline)) static void complete_collective(const emu_thread* t, u
             case EMU_BALLOT: lane->result = votes; break;
             case EMU_ANY: lane->result = votes != 0; break;
             case EMU_ALL: lane->result = votes == expected; break;
-            case EMU_SYNCWARP: lane->result = 0; break;
+            case EMU_SYNCWARP:
+            case EMU_WMMA_LOAD:
+            case EMU_WMMA_STORE:
+            case EMU_WMMA_MMA: lane->result = 0; break;
             default: {
                 int src = shuffle_source(op, l, lane->arg, lane->width);
                 lane->result = (expected >> src & 1u) ? posted[src] : INACTIVE_LANE_BITS;
@@ -304,7 +330,9 @@ static void run_block() {
     }
     for (emu_warp& w : warps) { w = emu_warp{0, 0}; }
     touched_shared.clear();
-    if (!dynamic_shared.empty()) { memset(dynamic_shared.data(), EMU_UNWRITTEN_BYTE, dynamic_shared.size()); }
+    if (!dynamic_shared.empty()) {
+        memset(dynamic_shared.data(), EMU_UNWRITTEN_BYTE, dynamic_shared.size() * sizeof(shared_chunk));
+    }
 
     for (;;) {
         make_round_order();
@@ -349,7 +377,7 @@ void emu_run_grid(const emu_grid& g) {
         order[i] = emu_config().thread_order == EMU_ORDER_REVERSE ? n - 1 - i : i;
     }
     shuffle_state = emu_config().seed;
-    dynamic_shared.assign(g.dynamic_shared_bytes, (char)EMU_UNWRITTEN_BYTE);
+    dynamic_shared.resize((g.dynamic_shared_bytes + sizeof(shared_chunk) - 1) / sizeof(shared_chunk));  // filled per block
 
     for (unsigned z = 0; z < g.grid.z; z++) {
         for (unsigned y = 0; y < g.grid.y; y++) {

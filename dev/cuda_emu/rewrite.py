@@ -87,7 +87,8 @@ def kernel_expression_start(masked, end):
 
 LAUNCH_OPEN, LAUNCH_CLOSE = "<<<", ">>>"
 EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+([^;\[\]]*?)\s*\b(\w+)\s*\[\s*\]\s*;")
-STATIC_SHARED = re.compile(r"__shared__\s+([^;{}()=]*?)\b(\w+)\s*((?:\[[^\];]*\]\s*)*);")
+# the type may carry an alignment, __align__(32) or alignas(32): the only parentheses allowed
+STATIC_SHARED = re.compile(r"__shared__\s+((?:[^;{}()=]|(?:__align__|alignas)\s*\([^()]*\))*?)\b(\w+)\s*((?:\[[^\];]*\]\s*)*);")
 ALIGN = re.compile(r"__align__\s*\([^)]*\)")
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
 

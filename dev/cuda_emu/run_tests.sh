@@ -21,6 +21,20 @@ run "launches: plain, templates (arguments written out or deduced), overloads, d
 expect_error "a deduced template launch with more than 48 KiB of dynamic shared memory says to write the arguments out" \
     "write them out at the launch (big_shared_kernel<...><<<...>>>)" $BIN/test_launch deduced-big-shared
 run "gemm: cuBLAS and cuBLASLt against a naive loop" -- $BIN/test_gemm
+run "wmma: bf16 and half tiles, fp32 accumulators, against a triple loop" -- $BIN/test_wmma
+run "wmma, shuffled thread order (another lane completes each collective)" CUDA_EMU_THREAD_ORDER=shuffle -- $BIN/test_wmma
+WMMA_TEST=dev/cuda_emu/tests/test_wmma.cu
+expect_error "a wmma::mma_sync that half of the warp skips stops the program, naming both calls" \
+    "wmma::mma_sync at $WMMA_TEST:[0-9]* (lane 0): lane [0-9]* waits at a different collective, wmma::store_matrix_sync at $WMMA_TEST" \
+    $BIN/test_wmma divergent-mma
+expect_error "the two halves of a warp at mma_sync on two lines stop the program" \
+    "waits at a different collective, wmma::mma_sync at $WMMA_TEST:[0-9]* (every lane of the warp must reach the same wmma call" \
+    $BIN/test_wmma split-mma
+expect_error "lanes that pass different tiles to one load_matrix_sync stop the program" \
+    "every lane of the warp must pass the same tile" $BIN/test_wmma lanes-disagree
+expect_error "a bf16 tile with ldm 12 stops the program" "ldm = 12 is not a multiple of 8" $BIN/test_wmma bad-ldm
+expect_error "a tile pointer off a 32-byte boundary stops the program" "is not 32-byte aligned" $BIN/test_wmma misaligned
+expect_error "wmma in a warp of 16 threads stops the program" "wmma needs all 32 lanes of a warp" $BIN/test_wmma partial-warp
 run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN/test_cublaslt_table
 for mode in inorder early late; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
