@@ -202,11 +202,12 @@ __device__ inline bool flash_visible(int t, int u, int T) { return u <= t && t <
 // out (B,T,C) and lse (B,NH,T) for one query tile of one (b, h): grid (T / FLASH_TILE, B*NH).
 // bytes: qkv read once for q, once per visible query tile for k and v; out written once.
 // FLOPs: about 2 B NH T^2 hs (causal half of 4 B NH T^2 hs), as many exp / 2 B NH T^2 / 2
-template <typename floatX>
+template <typename floatX, int HS>
 __global__ void __launch_bounds__(FLASH_WARPS * WARP_SIZE)
 flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
     extern __shared__ __align__(128) unsigned char flash_shared[];
-    int hs = C / NH, b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x;
+    const int hs = HS;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x;
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     FlashSmem sm = flash_smem(hs);
     int ldo = sm.ld;
@@ -323,10 +324,12 @@ __device__ inline void flash_load_rows(float* lse_s, float* D_s, const float* ls
 }
 
 // writes a warp's accumulated (16, hs) rows, row0.. of the tile, into dst (row r at dst + r*stride)
-template <typename floatX>
-__device__ void flash_store_rows(floatX* dst, size_t stride, WarpTile<floatX>* acc, float* stage, int ld, int row0, int T, int hs) {
+template <int HS, typename floatX>
+__device__ void flash_store_rows(floatX* dst, size_t stride, const WarpTile<floatX>* acc, float* stage, int ld, int row0, int T) {
+    const int hs = HS;
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, w0 = warp * FLASH_MMA;
-    for (int d = 0; d < hs; d += FLASH_MMA) { warp_tile_store(stage + w0 * ld + d, ld, acc[d / FLASH_MMA]); }
+    #pragma unroll
+    for (int d = 0; d < HS; d += FLASH_MMA) { warp_tile_store(stage + w0 * ld + d, ld, acc[d / FLASH_MMA]); }
     __syncwarp();
     for (int rr = w0; rr < w0 + FLASH_MMA && row0 + rr < T; rr++) {
         for (int d = lane; d < hs; d += WARP_SIZE) { dst[(size_t)(row0 + rr) * stride + d] = from_float<floatX>(stage[rr * ld + d]); }
@@ -336,12 +339,13 @@ __device__ void flash_store_rows(floatX* dst, size_t stride, WarpTile<floatX>* a
 // dK, dV of one key tile of one (b, h) into dqkv: grid (T / FLASH_TILE, B*NH); the warp's 16 keys
 // accumulate over the query tiles from this one on. bytes: per visible pair, Q and dO tiles read;
 // FLOPs: about 4 B NH T^2 hs (4 of the 8 tile products of backward, causal half)
-template <typename floatX>
+template <typename floatX, int HS>
 __global__ void __launch_bounds__(FLASH_WARPS * WARP_SIZE)
 flash_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* D, int T,
                            int C, int NH, float scale) {
     extern __shared__ __align__(128) unsigned char flash_shared[];
-    int hs = C / NH, b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x, tiles = gridDim.x;
+    const int hs = HS;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x, tiles = gridDim.x;
     int w0 = threadIdx.x / WARP_SIZE * FLASH_MMA;
     FlashSmem sm = flash_smem(hs);
     floatX *Q = (floatX*)flash_shared, *dO = Q + sm.head, *K = dO + sm.head, *V = K + sm.head, *P = V + sm.head;
@@ -352,8 +356,9 @@ flash_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, 
     const float *lse_bh = lse + (size_t)blockIdx.y * T, *D_bh = D + (size_t)blockIdx.y * T;
     flash_load_tile(K, sm.ld, flash_head(qkv, b, h, 1, T, C, hs), stride, k0, T, hs);
     flash_load_tile(V, sm.ld, flash_head(qkv, b, h, 2, T, C, hs), stride, k0, T, hs);
-    WarpTile<floatX> dK[FLASH_MAX_HEAD / FLASH_MMA], dV[FLASH_MAX_HEAD / FLASH_MMA];
-    for (int d = 0; d < hs / FLASH_MMA; d++) { warp_tile_zero(dK[d]); warp_tile_zero(dV[d]); }
+    WarpTile<floatX> dK[HS / FLASH_MMA], dV[HS / FLASH_MMA];  // registers: HS is known, the loops unroll
+    #pragma unroll
+    for (int d = 0; d < HS / FLASH_MMA; d++) { warp_tile_zero(dK[d]); warp_tile_zero(dV[d]); }
     for (int qt = tile; qt < tiles; qt++) {
         int q0 = qt * FLASH_TILE;
         __syncthreads();  // the previous Q, dO, lse, D are consumed
@@ -364,26 +369,28 @@ flash_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, 
         // the warp's keys: S^T, dP^T, then P^T and dS^T (floatX)
         flash_backward_scores<true>(dS, P, S, dP, Q, dO, K, V, lse_s, D_s, q0, k0, T, hs, scale, sm);
         // dV += P^T dO, dK += dS^T Q over the tile's queries
-        for (int d = 0; d < hs; d += FLASH_MMA) {
+        #pragma unroll
+        for (int d = 0; d < HS; d += FLASH_MMA) {
             warp_tile_mma<false>(dV[d / FLASH_MMA], P + w0 * sm.ldp, sm.ldp, dO + d, sm.ld, FLASH_TILE);
             warp_tile_mma<false>(dK[d / FLASH_MMA], dS + w0 * sm.ldp, sm.ldp, Q + d, sm.ld, FLASH_TILE);
         }
     }
     __syncthreads();  // S and dP, read by every warp above, become the staging of the results
     floatX* dqkv_bh = dqkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-    flash_store_rows(dqkv_bh + C, stride, dK, S, sm.ld, k0, T, hs);
+    flash_store_rows<HS>(dqkv_bh + C, stride, dK, S, sm.ld, k0, T);
     __syncwarp();
-    flash_store_rows(dqkv_bh + 2 * (size_t)C, stride, dV, S, sm.ld, k0, T, hs);
+    flash_store_rows<HS>(dqkv_bh + 2 * (size_t)C, stride, dV, S, sm.ld, k0, T);
 }
 
 // dQ of one query tile of one (b, h) into dqkv: grid (T / FLASH_TILE, B*NH); the warp's 16 queries
 // accumulate over the key tiles up to this one. FLOPs: about 3 B NH T^2 hs (S and dP again, dQ)
-template <typename floatX>
+template <typename floatX, int HS>
 __global__ void __launch_bounds__(FLASH_WARPS * WARP_SIZE)
 flash_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* D, int T,
                          int C, int NH, float scale) {
     extern __shared__ __align__(128) unsigned char flash_shared[];
-    int hs = C / NH, b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x;
+    const int hs = HS;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x;
     int w0 = threadIdx.x / WARP_SIZE * FLASH_MMA;
     FlashSmem sm = flash_smem(hs);
     floatX *Q = (floatX*)flash_shared, *dO = Q + sm.head, *K = dO + sm.head, *V = K + sm.head, *dS = V + sm.head;
@@ -393,8 +400,9 @@ flash_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, co
     flash_load_tile(Q, sm.ld, flash_head(qkv, b, h, 0, T, C, hs), stride, q0, T, hs);
     flash_load_tile(dO, sm.ld, dout + (size_t)b * T * C + (size_t)h * hs, (size_t)C, q0, T, hs);
     flash_load_rows(lse_s, D_s, lse + (size_t)blockIdx.y * T, D + (size_t)blockIdx.y * T, q0, T);
-    WarpTile<floatX> dQ[FLASH_MAX_HEAD / FLASH_MMA];
-    for (int d = 0; d < hs / FLASH_MMA; d++) { warp_tile_zero(dQ[d]); }
+    WarpTile<floatX> dQ[HS / FLASH_MMA];
+    #pragma unroll
+    for (int d = 0; d < HS / FLASH_MMA; d++) { warp_tile_zero(dQ[d]); }
     for (int kt = 0; kt <= tile; kt++) {
         int k0 = kt * FLASH_TILE;
         __syncthreads();  // the previous K, V are consumed
@@ -403,12 +411,13 @@ flash_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, co
         __syncthreads();
         flash_backward_scores<false>(dS, (floatX*)NULL, S, dP, Q, dO, K, V, lse_s, D_s, q0, k0, T, hs, scale, sm);
         // dQ += dS K over the tile's keys
-        for (int d = 0; d < hs; d += FLASH_MMA) {
+        #pragma unroll
+        for (int d = 0; d < HS; d += FLASH_MMA) {
             warp_tile_mma<false>(dQ[d / FLASH_MMA], dS + w0 * sm.ldp, sm.ldp, K + d, sm.ld, FLASH_TILE);
         }
     }
     __syncthreads();  // S and dP, read by every warp above, become the staging of the results
-    flash_store_rows(dqkv + (size_t)b * T * 3 * C + (size_t)h * hs, stride, dQ, S, sm.ld, q0, T, hs);
+    flash_store_rows<HS>(dqkv + (size_t)b * T * 3 * C + (size_t)h * hs, stride, dQ, S, sm.ld, q0, T);
 }
 
 // ----------------------------------------------------------------------------
@@ -422,6 +431,17 @@ static void flash_check(const char* who, int C, int NH, const void* qkv) {
     const char* refusal = flash_attention_refusal(C / NH);
     if (refusal != NULL) { fail("%s: %s (hs = %d)\n  hint: --attention matmul", who, refusal, C / NH); }
     if (!is_aligned16(qkv)) { fail("%s: qkv is not 16-byte aligned\n  hint: carve activations at 16-byte multiples", who); }
+}
+
+// calls f(std::integral_constant<int, HS>()) for the head size HS = hs, a multiple of FLASH_MMA up to
+// FLASH_MAX_HEAD (flash_check): the kernels are compiled for each, so that a warp's accumulator
+// tiles live in registers (arrays indexed by loops of known length)
+template <int HS = FLASH_MMA, typename F>
+static void flash_with_head_size(int hs, F&& f) {
+    if constexpr (HS <= FLASH_MAX_HEAD) {
+        if (hs == HS) { f(std::integral_constant<int, HS>()); return; }
+        flash_with_head_size<HS + FLASH_MMA>(hs, f);
+    }
 }
 
 // sets the kernel's dynamic shared memory (more than the default 48 KiB needs an opt-in), or stops
@@ -445,10 +465,14 @@ void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, in
     if (B * T == 0) { return; }
     int hs = C / NH;
     size_t bytes = flash_smem_bytes<floatX>(hs, false);
-    flash_prepare(flash_forward_kernel<floatX>, bytes, "flash attention forward");
     dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
-    flash_forward_kernel<floatX><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
-    CUDA_CHECK_LAUNCH();
+    flash_with_head_size(hs, [&](auto head) {
+        constexpr int HS = decltype(head)::value;
+        flash_prepare(flash_forward_kernel<floatX, HS>, bytes, "flash attention forward");
+        flash_forward_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH,
+                                                                                          1.0f / sqrtf((float)hs));
+        CUDA_CHECK_LAUNCH();
+    });
 }
 
 // dqkv (B,T,3C) = the gradient of the attention given dout (B,T,C), and the forward's qkv, out and
@@ -465,13 +489,18 @@ void flash_attention_backward_cuda(floatX* dqkv, const floatX* dout, const float
         scratch, dout, out, B, T, C, NH);
     CUDA_CHECK_LAUNCH();
     size_t bytes = flash_smem_bytes<floatX>(hs, true);
-    flash_prepare(flash_backward_dkdv_kernel<floatX>, bytes, "flash attention backward");
-    flash_prepare(flash_backward_dq_kernel<floatX>, bytes, "flash attention backward");
     dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
-    flash_backward_dkdv_kernel<floatX><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, scale);
-    CUDA_CHECK_LAUNCH();
-    flash_backward_dq_kernel<floatX><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, scale);
-    CUDA_CHECK_LAUNCH();
+    flash_with_head_size(hs, [&](auto head) {
+        constexpr int HS = decltype(head)::value;
+        flash_prepare(flash_backward_dkdv_kernel<floatX, HS>, bytes, "flash attention backward");
+        flash_prepare(flash_backward_dq_kernel<floatX, HS>, bytes, "flash attention backward");
+        flash_backward_dkdv_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse, scratch,
+                                                                                                T, C, NH, scale);
+        CUDA_CHECK_LAUNCH();
+        flash_backward_dq_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse, scratch,
+                                                                                              T, C, NH, scale);
+        CUDA_CHECK_LAUNCH();
+    });
 }
 
 #endif // CUDA_FLASH_ATTENTION_CUH

@@ -153,6 +153,43 @@ if s.expect_ok("CUDA bf16 (default precision): 10 steps", [CUDA] + BASE + ["-o",
                 f"worst relative difference {worst(lb, lc):.3g}")
         print(f"     worst relative loss difference {worst(lb, lc):.3g}")
 
+# attention: flash (the GPU's default for these heads of 16 channels) and matmul (the stored
+# weights) on both backends, each against the other backend's run of the same kind, and flash
+# keeping less memory than matmul
+att_runs = {}
+for key, prog, flags in (("gpu matmul", CUDA, FP32 + ["--attention", "matmul"]), ("cpu flash", TRAIN, ["--attention", "flash"]),
+                         ("gpu bf16 matmul", CUDA, ["--attention", "matmul"])):
+    d = f"{W}/{key.replace(' ', '_')}"
+    if s.expect_ok(f"{key} attention: 10 steps", [prog] + BASE + flags + ["-o", d]):
+        att_runs[key] = d
+        s.check_memory(f"{key} attention: measured memory equals the plan", d)
+for key, other, want in (("gpu matmul", ran_cpu and cpu, "the CPU's (matmul)"), ("cpu flash", ran_gpu and gpu, "the GPU's fp32 (flash)")):
+    if key in att_runs and other:
+        la, lo = losses(att_runs[key]), losses(other)
+        s.check(f"{key} attention: the 10 losses within {LOSS_RTOL:g} of {want}", close(la, lo, LOSS_RTOL),
+                f"worst relative difference {worst(la, lo):.3g}")
+        models_close(f"{key} attention: final weights within {MODEL_RTOL:g} of {want}", ckpt(att_runs[key], "model", STEPS, ".bin"),
+                     ckpt(other, "model", STEPS, ".bin"), MODEL_RTOL)
+if "gpu bf16 matmul" in att_runs and ran_cpu:
+    lb, lc = losses(att_runs["gpu bf16 matmul"]), losses(cpu)
+    s.check(f"gpu bf16 matmul attention: the losses within {BF16_LOSS_RTOL:g} of the CPU's fp32", close(lb, lc, BF16_LOSS_RTOL),
+            f"worst relative difference {worst(lb, lc):.3g}")
+if "gpu matmul" in att_runs and ran_gpu:
+    flash_acts = e2e.memory_record(gpu)["measured"]["activations"]
+    matmul_acts = e2e.memory_record(att_runs["gpu matmul"])["measured"]["activations"]
+    s.check("CUDA flash attention keeps less activation memory than matmul (no T x T weights)", flash_acts < matmul_acts,
+            f"flash {flash_acts} bytes, matmul {matmul_acts}")
+    print(f"     activations: flash {flash_acts} bytes, matmul {matmul_acts}")
+HS8 = ["-e", f"{FIX}/model_hs8.bin"] + BASE[2:] + ["-x", "1", "-n", "0"]
+s.expect_fail("CUDA --attention flash with heads of 8 channels: refused, naming the head size and --attention matmul",
+              "multiple of 16", [CUDA] + HS8 + ["--attention", "flash"])
+r = s.expect_fail("CUDA --attention flash, heads of 8: the hint", "hint: --attention matmul", [CUDA] + HS8 + ["--attention", "flash"])
+r = s.expect_ok("CUDA, heads of 8 channels and no --attention: matmul attention, the stored weights", [CUDA] + HS8 + ["-o", f"{W}/hs8"])
+if r:
+    s.check("CUDA, heads of 8: the plan names the attention weights, not flash attention",
+            "activations: none" in r.out and "flash" not in r.out.split("memory plan")[1], r.out[-400:])
+s.expect_fail("--attention with an unknown name: refused, naming both", "choose flash or matmul", [CUDA] + BASE + ["--attention", "sdpa"])
+
 # activation checkpointing and offload: the same arithmetic, bitwise the same model. On the five-layer
 # fixture (two slots cannot hold five blocks, so offload moves blocks both ways, and k=2 makes uneven
 # segments), also with the emulator's late stream order, where a missing wait reads stale memory

@@ -89,6 +89,9 @@ if [ -n "$KERNEL_TESTS" ]; then
             "failed: CUBLAS_STATUS_INVALID_VALUE" $KBIN/test_matmul bad-leading-dimension
         expect_error "cuda/attention.cuh: C not divisible by NH stops with a message" \
             "C=30 is not divisible by NH=4" $KBIN/test_attention indivisible-heads
+        expect_error "cuda/flash_attention.cuh: a head size that is no multiple of 16 stops with a message" \
+            "flash attention needs a head size that is a multiple of 16" $KBIN/test_flash_attention head-size
+        run "test_flash_attention, shuffled thread order" CUDA_EMU_THREAD_ORDER=shuffle -- $KBIN/test_flash_attention
         expect_error "cuda/adafactor.cuh: a slice sharded over 2 processes without a communicator stops with a message" \
             "a slice shared by 2 processes (ZeRO-1) and no NCCL communicator" $KBIN/test_factored sharded
         # ZeRO-1 parts of every slice, the ranks' sums by NCCL against the CPU's by MPI: even parts, and
