@@ -181,10 +181,13 @@ static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int C, int Vp,
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { s[i] = align_up(sizes[i]); }
 }
 
-// backward's buffers, one layer's worth (act_policy.h's table), floatX
+// backward's buffers, one layer's worth (act_policy.h's table, which the CPU shares), floatX; the GPU
+// has no dfch_gelu: the fc projection's dinp GEMM writes dfch directly (DGELU epilogue, cuda/matmul.cuh)
+#define BWD_DFCH_GELU 3  // dfch_gelu's index in act_policy.h's table
 static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, size_t elem,
                                   const ActPolicy* pol) {
     backward_buffer_elems(s, B, T, C, NH, pol);
+    s[BWD_DFCH_GELU] = 0;
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { s[i] = align_up(s[i] * elem); }
 }
 
@@ -289,7 +292,7 @@ struct Model {
     float *losses, *row_max, *row_sum;  // (B,T)
     // backward's buffers
     char* bwd_memory;
-    floatX *dresidual, *dbtc, *dqkv, *dfch_gelu, *dfch, *datt;
+    floatX *dresidual, *dbtc, *dqkv, *dfch, *datt;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) (B,NH,T,T)
     // scratch
     char* scratch_memory;
     int *inputs, *targets;        // (B,T) the batch on the GPU
@@ -447,7 +450,8 @@ static void alloc_backward(Model<floatX>* m, int B, int T) {
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { btotal += bs[i]; }
     m->bwd_memory = (char*)mem_alloc(MEM_ACT_GRADIENTS, btotal);
     char* p = m->bwd_memory;
-    floatX** bptrs[NUM_BACKWARD_BUFFERS] = {&m->dresidual, &m->dbtc, &m->dqkv, &m->dfch_gelu, &m->dfch, &m->datt};
+    floatX* no_dfch_gelu;  // 0 bytes (backward_buffer_bytes)
+    floatX** bptrs[NUM_BACKWARD_BUFFERS] = {&m->dresidual, &m->dbtc, &m->dqkv, &no_dfch_gelu, &m->dfch, &m->datt};
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { *bptrs[i] = carve<floatX>(&p, bs[i]); }
 }
 
@@ -647,7 +651,9 @@ static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* 
 
 // on entry m->dresidual holds d(block output); on exit d(block input) (x). Weight gradients
 // (fp32) accumulate into g. Selective recompute first runs the GELU and the attention softmax
-// again into their shared buffers.
+// again into their shared buffers (flash attention recomputes its weights inside its kernels). A
+// buffer with one contributor is written (MATMUL_DINP_SET), not cleared and added to; dqkv is
+// cleared for the stored-weights attention, whose backward adds into it.
 template <typename floatX>
 static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p,
                            const LayerParams<float>* g, int B, int T) {
@@ -657,26 +663,23 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
     cudaStream_t s = m->stream;
     float* scratch = m->reduce_scratch;
     if (m->act.gelu) { gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s); }
-    // MLP branch; the residual passes dresidual through unchanged, so it stays in place
-    CUDA_CHECK(cudaMemsetAsync(m->dfch_gelu, 0, BTC * 4 * X, s));
-    matmul_backward_cuda(m->dfch_gelu, g->fcprojw, g->fcprojb, m->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C, scratch, mc, s);
-    CUDA_CHECK(cudaMemsetAsync(m->dfch, 0, BTC * 4 * X, s));
-    gelu_backward_cuda(m->dfch, a->fch, m->dfch_gelu, BTC * 4, s);
-    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
-    matmul_backward_cuda(m->dbtc, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s);
+    // MLP branch; the residual passes dresidual through unchanged, so it stays in place. The fc
+    // projection's dinp GEMM also takes the GELU backward: dfch = gelu'(fch) * (dresidual @ fcprojw)
+    matmul_backward_cuda(m->dfch, g->fcprojw, g->fcprojb, m->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C, scratch,
+                         mc, s, MATMUL_DINP_SET_DGELU, a->fch);
+    matmul_backward_cuda(m->dbtc, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s, MATMUL_DINP_SET);
     layernorm_backward_cuda(m->dresidual, g->ln2w, g->ln2b, m->dbtc, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C, scratch, s);
     // attention branch
-    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
-    matmul_backward_cuda(m->dbtc, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc, s);
+    matmul_backward_cuda(m->dbtc, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc,
+                         s, MATMUL_DINP_SET);
     if (m->act.flash) {  // writes all of dqkv
         flash_attention_backward_cuda(m->dqkv, m->dbtc, a->qkv, a->atty, layer_lse(a), B, T, C, NH, m->flash_scratch, s);
-    } else {
+    } else {  // adds into dqkv
         CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BTC * 3 * X, s));
         if (m->act.attn) { attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
         attention_backward_cuda(m->dqkv, m->datt, m->dbtc, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
     }
-    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
-    matmul_backward_cuda(m->dbtc, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s);
+    matmul_backward_cuda(m->dbtc, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s, MATMUL_DINP_SET);
     layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, m->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
 }
 
@@ -978,8 +981,8 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
         CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, rest_weights(c) * sizeof(float), s));
     }
     classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
-    CUDA_CHECK(cudaMemsetAsync(m->dbtc, 0, BTC * X, s));
-    matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch, &m->matmul, s);
+    matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
+                         &m->matmul, s, MATMUL_DINP_SET);
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, BTC * X, s));
     layernorm_backward_cuda(m->dresidual, m->grads.lnfw, m->grads.lnfb, m->dbtc, layer_input(m, L), m->weights.lnfw,
                             m->lnf_mean, m->lnf_rstd, B, T, C, m->reduce_scratch, s);
@@ -1304,8 +1307,9 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     size_t host_scratch = ((size_t)c->padded_vocab_size + (size_t)B * T) * F;  // host: a row of probabilities, the losses
     const char* layer_formula = precision == PRECISION_BF16 ? (flash ? "2(13BTC) + 4(4BT + B NH T)" : "2(13BTC + B NH T^2) + 4(4BT)")
                                                             : (flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)");
-    const char* backward_formula = precision == PRECISION_BF16 ? (flash ? "2(13BTC)" : "2(13BTC + B NH T^2)")
-                                                               : (flash ? "4(13BTC)" : "4(13BTC + B NH T^2)");
+    // (no dfch_gelu: 9BTC where the CPU has 13)
+    const char* backward_formula = precision == PRECISION_BF16 ? (flash ? "2(9BTC)" : "2(9BTC + B NH T^2)")
+                                                               : (flash ? "4(9BTC)" : "4(9BTC + B NH T^2)");
     BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
                        layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
                        layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X};

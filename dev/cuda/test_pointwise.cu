@@ -3,7 +3,8 @@ test_pointwise.cu: the elementwise kernels, cuda/gelu.cuh and cuda/residual.cuh,
 gelu_backward and residual_forward of cpu/layers.h, in fp32 and bf16 (the CPU on the bf16-rounded
 inputs): N a multiple of the vector width, N with a tail (1003), and buffers one element off
 16-byte alignment (the element-by-element path); gelu_backward onto a gradient that already holds
-values (+=); residual in place (out = a).
+values (+=), and in place (gelu_backward_inplace_cuda: dout in, dinp out, against gelu_backward onto
+zeros); residual in place (out = a).
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_pointwise && ./build/emu/dev/cuda/test_pointwise
 */
@@ -42,6 +43,13 @@ static void test_case(const Case& c) {
     gelu_backward_cuda<floatX>(d_out, d_x, d_dout, N, 0);
     snprintf(what, sizeof what, "gelu backward dinp += (N=%zu, offset %d)", N, c.offset);
     check_close<floatX>(max_rel_error(download(d_out, N).data(), dinp.data(), N), tolerance<floatX>(), "pointwise", what);
+
+    std::vector<float> dinp_set(N, 0.0f);
+    gelu_backward(dinp_set.data(), x.data(), dout.data(), N);
+    upload_into(d_out, dout);  // d_out now holds dout, and then dinp
+    gelu_backward_inplace_cuda<floatX>(d_out, d_x, N, 0);
+    snprintf(what, sizeof what, "gelu backward in place dout -> dinp (N=%zu, offset %d)", N, c.offset);
+    check_close<floatX>(max_rel_error(download(d_out, N).data(), dinp_set.data(), N), tolerance<floatX>(), "pointwise", what);
 
     residual_forward(out.data(), x.data(), y.data(), N);
     residual_forward_cuda<floatX>(d_x, d_x, d_y, N, 0);  // in place: out = a
