@@ -101,6 +101,7 @@ __device__ inline void warp_tile_mma(WarpTile<floatX>& c, const floatX* a, int l
     for (int i = 0; i < c.n; i++) {
         int e = lane + WARP_SIZE * i, r = e / FLASH_MMA, col = e % FLASH_MMA;
         float s = c.x[i];
+        #pragma unroll 1  // a loop, not k copies: fp32 is the comparison path, and unrolled it takes nvcc minutes
         for (int j = 0; j < k; j++) {
             s += to_float(a[r * lda + j]) * to_float(B_COL ? b[col * ldb + j] : b[j * ldb + col]);
         }

@@ -3,7 +3,8 @@ emulated device (or a real GPU), against plain CUDA training:
   - each optimizer (adamw, adafactor, adafactor + beta1, came) with each activation policy and
     offload (--recompute 1, gelu,attn, --offload activations, optimizer, optimizer,gradients, and
     them together) trains to the bitwise same model as the same optimizer without it, on 1 rank
-    and on 2 ranks with --zero 0 and 1, and the memory measured after the first step equals the plan;
+    and on 2 ranks with --zero 0 and 1, and the memory measured after the first step equals the plan
+    (flash attention, the GPU's default; and a few with --attention matmul, the stored weights);
   - --offload optimizer (ZeRO-Offload: the master weights and optimizer state in host memory, the
     update on the CPU; with ",gradients" each micro-step's gradients too) also under the
     emulator's late stream order, where a missing wait reads stale data; in bf16; with gradient
@@ -87,6 +88,16 @@ for lname, launcher, flags, policies in LAUNCHES:
             d = f"{W}/run_{slug(lname)}_{slug(opt)}_{slug(pol)}"
             if train(f"{lname}, {opt}, {pol}", d, launcher, ["--optimizer", *opt.split(), *flags, *pol.split()]):
                 same_model(f"{lname}, {opt}, {pol}", ref, d)
+
+# the stored-weights attention (--attention matmul; the runs above take the GPU's default, flash
+# attention): its selective recompute, checkpointing and offload are bitwise the same model too
+MATMUL = ["--attention", "matmul", "-d", "32"]
+if train("--attention matmul", f"{W}/matmul_plain", [], MATMUL):
+    for pol in ("--recompute attn", "--recompute 2,gelu,attn", "--recompute 2,attn --offload activations",
+                "--offload activations,optimizer"):
+        d = f"{W}/matmul_{slug(pol)}"
+        if train(f"--attention matmul {pol}", d, [], MATMUL + pol.split()):
+            same_model(f"--attention matmul {pol}", f"{W}/matmul_plain", d)
 
 # the late stream order: gradients copied before their layer's backward ran, or a staging buffer
 # refilled before its upload ran, give another model
