@@ -206,10 +206,14 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.layer_formula, sizeof(p.layer_formula), "%s", lay->layer_formula);
     act_policy_describe(ap, (int)L, p.act_policy, sizeof(p.act_policy));
     // FLOPs per token: a layer's forward is 24C^2 (matmuls) + 4TC (scores and values); a
-    // recomputed segment runs it again, selective attention runs the scores (2TC) again
+    // recomputed segment runs it again, selective attention runs the scores (2TC) again, and flash
+    // attention's backward on a GPU runs three tile products more than the stored weights' (the
+    // scores twice, dout v^T once: 6TC; cuda/flash_attention.cuh; the CPU's runs the scores once
+    // more, 2TC, which this estimate overstates)
     double layer_forward = 24.0 * C * C + 4.0 * T * C;
     double recomputed_layers = ap->segment > 0 ? (double)(segments - 1) * ap->segment : 0.0;
-    p.recompute_flops = BT * (recomputed_layers * layer_forward + (ap->attn ? L * 2.0 * T * C : 0.0));
+    double attn_again = ap->flash ? 6.0 * T * C : ap->attn ? 2.0 * T * C : 0.0;
+    p.recompute_flops = BT * (recomputed_layers * layer_forward + L * attn_again);
     p.step_flops = BT * (6.0 * P + 12.0 * L * T * C);
     // bytes moved: a recomputed GELU output or attention weights tensor is written and read once
     // more per layer; each offloaded byte goes to the host after forward and back before backward

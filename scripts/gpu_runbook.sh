@@ -3,8 +3,9 @@
 # the device (make gpu-check), the CUDA trainer against the CPU trainer (tests/test_cuda.py and
 # tests/test_cuda_matrix.py), then a benchmark table of tokens/s, MFU and device and host memory
 # for runs of "model B flags" (writes dev/bench_gpu.md, naming the GPU and date): d12 and d24 at
-# B = 8..32, the memory flags on d12 and d48, and the models that only optimizer offload fits
-# (d72, d84: fp32 master weights and Adafactor state in host memory).
+# B = 8..32 (d12 also at 64, as ../shared/GPU.md's figures), flash attention (the default) against
+# --attention matmul on d12 and d48, the memory flags on d12 and d48, and the models that only
+# optimizer offload fits (d72, d84: fp32 master weights and Adafactor state in host memory).
 #
 #   bash scripts/gpu_runbook.sh                 # everything, about half an hour on an H100
 #   RUNS="d12 16 --offload optimizer" bash scripts/gpu_runbook.sh bench   # the benchmark only, one run
@@ -25,11 +26,14 @@ d12 32
 d24 8
 d24 16
 d24 32
+d12 16 --attention matmul
+d12 64
 d12 16 --recompute 1,gelu,attn
 d12 16 --offload activations
 d12 16 --offload optimizer
 d12 16 --offload optimizer,gradients
 d48 8
+d48 8 --attention matmul
 d48 8 --recompute 1 --offload optimizer
 d72 1 --optimizer adafactor --recompute 1,gelu,attn --offload optimizer -d 8192
 d84 1 --optimizer adafactor --recompute 1,gelu,attn --offload optimizer -d 8192
