@@ -194,6 +194,16 @@ __device__ inline const floatX* flash_head(const floatX* qkv, int b, int h, int 
     return qkv + (size_t)b * T * 3 * C + (size_t)part * C + (size_t)h * hs;
 }
 
+// the key tile at k0 of (b, h) into K and V, once every thread is done with the previous one, and
+// ready for all when it returns
+template <typename floatX>
+__device__ void flash_next_keys(floatX* K, floatX* V, int ld, const floatX* qkv, int b, int h, int k0, int T, int C, int hs) {
+    __syncthreads();
+    flash_load_tile(K, ld, flash_head(qkv, b, h, 1, T, C, hs), 3 * (size_t)C, k0, T, hs);
+    flash_load_tile(V, ld, flash_head(qkv, b, h, 2, T, C, hs), 3 * (size_t)C, k0, T, hs);
+    __syncthreads();
+}
+
 // a causal entry: key u is visible from query t (both inside the sequence)
 __device__ inline bool flash_visible(int t, int u, int T) { return u <= t && t < T; }
 
@@ -223,10 +233,7 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, i
     int w0 = warp * FLASH_MMA, r = w0 + lane / 2, half = lane % 2, cols = FLASH_TILE / 2;
     for (int kt = 0; kt <= tile; kt++) {
         int k0 = kt * FLASH_TILE;
-        __syncthreads();  // the previous K, V are consumed
-        flash_load_tile(K, sm.ld, flash_head(qkv, b, h, 1, T, C, hs), stride, k0, T, hs);
-        flash_load_tile(V, sm.ld, flash_head(qkv, b, h, 2, T, C, hs), stride, k0, T, hs);
-        __syncthreads();
+        flash_next_keys(K, V, sm.ld, qkv, b, h, k0, T, C, hs);
         // S (warp's 16 rows, FLASH_TILE keys) = Q K^T
         for (int n = 0; n < FLASH_TILE; n += FLASH_MMA) {
             WarpTile<floatX> s;
@@ -406,10 +413,7 @@ flash_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, co
     for (int d = 0; d < HS / FLASH_MMA; d++) { warp_tile_zero(dQ[d]); }
     for (int kt = 0; kt <= tile; kt++) {
         int k0 = kt * FLASH_TILE;
-        __syncthreads();  // the previous K, V are consumed
-        flash_load_tile(K, sm.ld, flash_head(qkv, b, h, 1, T, C, hs), stride, k0, T, hs);
-        flash_load_tile(V, sm.ld, flash_head(qkv, b, h, 2, T, C, hs), stride, k0, T, hs);
-        __syncthreads();
+        flash_next_keys(K, V, sm.ld, qkv, b, h, k0, T, C, hs);
         flash_backward_scores<false>(dS, (floatX*)NULL, S, dP, Q, dO, K, V, lse_s, D_s, q0, k0, T, hs, scale, sm);
         // dQ += dS K over the tile's keys
         #pragma unroll

@@ -88,6 +88,9 @@ typedef struct {
     size_t need;                     // the bytes against the device budget: device (shared: device + host)
     BudgetFit fit;
     StepCost cost;
+    char policy[128];                // the plan's activation policy in words (planner.h)
+    int repeats;                     // 1: plans as an earlier candidate of the other values (flash attention
+                                     // implies attn: --recompute gelu and gelu,attn are one policy); not listed
 } PlanCandidate;
 
 static int plan_dimension_active(const PlanSearch* s, int d) { return s->world >= PLAN_DIMENSIONS[d].min_ranks; }
@@ -137,6 +140,7 @@ static void plan_candidate(const PlanSearch* s, PlanCandidate* c, FailTrap* trap
     c->fit = plan_fit(&plan, &s->budget);
     c->need = s->budget.shared ? c->fit.device + c->fit.host : c->fit.device;
     c->cost = plan_step_cost(&plan, accum, &s->cost);
+    snprintf(c->policy, sizeof(c->policy), "%s", plan.act_policy);
     c->changes = c->model_changes = 0;
     for (int d = 0; d < PLAN_NUM_DIMENSIONS; d++) {
         const FlagSpec* f = find_flag(PLAN_DIMENSIONS[d].flag, strlen(PLAN_DIMENSIONS[d].flag));
@@ -167,6 +171,22 @@ static int plan_enumerate(const PlanSearch* s, PlanCandidate* out, int max) {
 }
 
 static int plan_fits(const PlanCandidate* c) { return c->planned && c->fit.device_ok && c->fit.host_ok; }
+
+// marks each planned candidate that only repeats an earlier one (in enumeration order): the same
+// values but --recompute's, the same activation policy, memory and cost
+static void plan_mark_repeats(PlanCandidate* c, int n) {
+    int recompute = 0;  // PLAN_DIMENSIONS' --recompute
+    while (strcmp(PLAN_DIMENSIONS[recompute].flag, "--recompute") != 0) { recompute++; }
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < j && c[j].planned && !c[j].repeats; i++) {
+            int same = c[i].planned && !c[i].repeats && strcmp(c[i].policy, c[j].policy) == 0 &&
+                       c[i].fit.device == c[j].fit.device && c[i].fit.host == c[j].fit.host &&
+                       c[i].cost.relative == c[j].cost.relative;
+            for (int d = 0; d < PLAN_NUM_DIMENSIONS && same; d++) { same = d == recompute || c[i].value[d] == c[j].value[d]; }
+            c[j].repeats = same;
+        }
+    }
+}
 
 // fitting first, refused last; then cost (equal within 1e-9); the model the flags given train;
 // fewer changes to the flags given; device memory (shared: the total), host memory
@@ -266,8 +286,10 @@ static void plan_print_table(const PlanSearch* s, const PlanCandidate* c, int n)
         if (plan_dimension_active(s, d)) { printf(" | %-*s", d == last ? 0 : width[d], PLAN_DIMENSIONS[d].flag); }
     }
     printf("\n");
+    int repeats = 0;
     for (int i = 0; i < n; i++) {
-        if (!c[i].planned) { continue; }
+        repeats += c[i].repeats;
+        if (!c[i].planned || c[i].repeats) { continue; }
         char dev[32], host[32], total[32], cost[32];
         format_bytes(dev, sizeof(dev), (double)c[i].fit.device);
         format_bytes(host, sizeof(host), (double)c[i].fit.host);
@@ -279,6 +301,10 @@ static void plan_print_table(const PlanSearch* s, const PlanCandidate* c, int n)
             if (c[i].value[d] >= 0) { printf(" | %-*s", d == last ? 0 : width[d], PLAN_DIMENSIONS[d].values[c[i].value[d]]); }
         }
         printf("\n");
+    }
+    if (repeats > 0) {
+        printf("(%d more plan as a row above with another --recompute: flash attention recomputes the attention\n"
+               " weights anyway, so attn changes nothing; not listed)\n", repeats);
     }
 }
 
@@ -475,6 +501,7 @@ static void plan_search(const PlanSearch* s) {
     FailTrap trap;
     int n = plan_enumerate(s, c, PLAN_MAX_CANDIDATES);
     for (int i = 0; i < n; i++) { plan_candidate(s, &c[i], &trap, &o); }
+    plan_mark_repeats(c, n);
     qsort(c, (size_t)n, sizeof(c[0]), plan_candidate_order);
     plan_print_budgets(s);
     plan_print_cost_model(&s->cost);

@@ -687,10 +687,11 @@ static int num_threads(void) {
 #endif
 }
 
-// training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's
-// score and value products, 12 L T C (PaLM's estimate, as llm.c)
+// training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's score and
+// value products over the causal half of the T x T square, 6 L T C: llm.c's count (gpt2_estimate_mfu),
+// so that an MFU here compares with llm.c's (PaLM and nanoGPT count the whole square, 12 L T C)
 static double flops_per_token(const GPT2Config* c, int T) {
-    return 6.0 * gpt2_num_parameters(c) + 12.0 * c->num_layers * T * c->channels;
+    return 6.0 * gpt2_num_parameters(c) + 6.0 * c->num_layers * T * c->channels;
 }
 
 // what the run knows when its loss or gradient norm turns non-finite, to say what is true:

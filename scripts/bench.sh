@@ -46,7 +46,7 @@ bench_model() {
     echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), OpenMP threads: ${OMP_NUM_THREADS:-all}."
     echo "OpenBLAS sgemm on the largest forward shape of d12 (the classifier) in this run: **$sgemm GFLOP/s**"
     echo "as installed, **$sgemm512 GFLOP/s** with its AVX-512 kernels forced (OPENBLAS_CORETYPE=SkylakeX)."
-    echo "GFLOP/s counts 6 per parameter per token plus attention's 12 L T C (PaLM's estimate, as llm.c);"
+    echo "GFLOP/s counts 6 per parameter per token plus attention's 6 L T C (the causal half, as llm.c's MFU);"
     echo "ms/step, tok/s and GFLOP/s average steps 2..$STEPS. Command: \`make bench\` (STEPS=$STEPS)."
     echo
     echo "| model | B | T | ms/step | tok/s | GFLOP/s | of sgemm | of AVX-512 sgemm | peak RSS MiB |"

@@ -245,17 +245,17 @@ if s.expect_ok("nan: first run writes checkpoints 1 and 2", BASE + ["-x", "2", "
 
 # what the stop message says is true: with -l 1e10 step 1's update makes the weights diverge (max
 # |w| about 1e9) and checkpoint 1 holds them (it was called "intact"); with -l 3 the loss first
-# jumps at step 2 and turns infinite at step 6, after checkpoint 3; weights scaled by 1e30 in a
+# jumps at step 2 and turns infinite at step 7, after checkpoint 4; weights scaled by 1e30 in a
 # model file give a non-finite loss at once, and the file is named as the cause
 r = s.expect_fail("nan: -l 1e10 -n 1", "is not finite at step 2", BASE + ["-x", "4", "-n", "1", "-l", "1e10", "-o", f"{W}/nan_1e10"])
 s.check("nan: -l 1e10: the checkpoint of step 1 holds the diverged weights",
         f"the newest checkpoint in '{W}/nan_1e10', of step 1, holds the weights that give this" in r.err
         and "do not resume from it" in r.err, r.err[:600])
 s.check("nan: -l 1e10: step 1's update is named", "step 1's update made the weights diverge" in r.err, r.err[:600])
-r = s.expect_fail("nan: -l 3 -n 3", "is not finite at step 6",
-                  BASE + ["-x", "40", "-n", "3", "-c", "0", "-l", "3", "-o", f"{W}/nan_3"])
-s.check("nan: -l 3: where the loss first jumped", "the loss or norm first jumped at step 2 (loss 6.319204" in r.err, r.err[:600])
-s.check("nan: -l 3: checkpoint 3 came after the jump", "of step 3, was written after the jump at step 2" in r.err, r.err[:600])
+r = s.expect_fail("nan: -l 3 -n 4", "is not finite at step 7",
+                  BASE + ["-x", "40", "-n", "4", "-c", "0", "-l", "3", "-o", f"{W}/nan_3"])
+s.check("nan: -l 3: where the loss first jumped", "the loss or norm first jumped at step 2 (loss 5.889506" in r.err, r.err[:600])
+s.check("nan: -l 3: checkpoint 4 came after the jump", "of step 4, was written after the jump at step 2" in r.err, r.err[:600])
 with open(f"{FIX}/model.bin", "rb") as f:
     model_bytes = f.read()
 weights = struct.unpack(f"<{(len(model_bytes) - 1024) // 4}f", model_bytes[1024:])
@@ -793,7 +793,7 @@ s.expect_fail("sample: --bpe without the files", f"--bpe '{W}': no encoder.json 
 for name, flag in (("-x (--steps)", ["-x", "5"]), ("-y (--resume)", ["-y"]), ("-o (--out)", ["-o", f"{W}/out_sample"]),
                    ("--zero", ["--zero", "1"]), ("--recompute", ["--recompute", "sqrt"])):
     s.expect_fail(f"sample: {flag[0]} is refused", f"{name} is a training flag, and --sample trains nothing", DRAW + flag)
-s.expect_fail("sample: the message lists what --sample reads", "--sample reads -e, -k, -t, -g, --seed, --precision, --temperature, --top-k, --bpe",
+s.expect_fail("sample: the message lists what --sample reads", "--sample reads -e, -k, -t, -g, --seed, --precision, --attention, --temperature, --top-k, --bpe",
               DRAW + ["-b", "2"])
 s.expect_fail("sample: --temperature without --sample", "--temperature goes with --sample", BASE + ["--temperature", "0.5"])
 s.expect_fail("sample: --top-k without --sample", "--top-k goes with --sample", BASE + ["--top-k", "5"])

@@ -94,6 +94,12 @@ mfu = f"{W}/gpu_mfu"
 if s.expect_ok("CUDA: --peak-tflops gives an MFU", [CUDA] + BASE + FP32 + ["-x", "2", "--peak-tflops", "0.001", "-o", mfu]):
     rows = [r for r in e2e.read_log(mfu) if "loss" in r]
     s.check("CUDA: log.jsonl has the MFU of every step", len(rows) == 2 and all(0 < r.get("mfu", -1) for r in rows), str(rows))
+    # llm.c's count, 6N + 6LTC FLOPs a token (the fixture: N with its padded vocabulary Vp = 128,
+    # L=2, C=32, maxT=32; T=16), over --peak-tflops 0.001; the whole square (12LTC) is 3% more
+    N = 128 * 32 + 32 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
+    per_token = 6 * N + 6 * 2 * 16 * 32
+    s.check("CUDA: the MFU is tokens/s x (6N + 6LTC) / peak (llm.c's count)",
+            rows and all(abs(r["mfu"] - r["tokens_per_s"] * per_token / 1e9) <= 0.005 * r["mfu"] + 1e-4 for r in rows), str(rows))
 if ran_cpu and ran_gpu:
     lc, lg = losses(cpu), losses(gpu)
     s.check(f"CUDA fp32: the 10 losses within {LOSS_RTOL:g} of the CPU's", close(lg, lc, LOSS_RTOL),
