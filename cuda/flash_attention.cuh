@@ -32,7 +32,8 @@ S and dO V^T (7 tile products per pair instead of FlashAttention-2's 5 with an a
 price of determinism.
 
 Head size: a multiple of FLASH_MMA, at most FLASH_MAX_HEAD (flash_attention_refusal); shared
-memory per block: flash_smem_bytes (bf16, hs = 64: about 60 KiB forward, 65 KiB backward).
+memory per block: flash_smem_bytes (bf16, hs = 64: 70.5 KiB forward, 88.5 KiB backward; fp32 with
+hs = 128 needs more than an A100's 163 KiB, and says so).
 */
 #ifndef CUDA_FLASH_ATTENTION_CUH
 #define CUDA_FLASH_ATTENTION_CUH
@@ -48,8 +49,10 @@ memory per block: flash_smem_bytes (bf16, hs = 64: about 60 KiB forward, 65 KiB 
 #define FLASH_WARPS 4                         // warps per block, FLASH_MMA rows each
 #define FLASH_TILE (FLASH_WARPS * FLASH_MMA)  // rows of a block's tile, and keys per step
 #define FLASH_MAX_HEAD 128                    // the largest head size (shared memory)
-#define FLASH_PAD 8                           // extra elements per shared row: spreads rows over banks,
-                                              // keeps 16-row tiles 32-byte aligned for wmma
+#define FLASH_PAD 8                           // extra floatX per shared row (16 bytes): spreads rows over
+                                              // banks, keeps 16-row tiles 32-byte aligned for wmma
+#define FLASH_PAD_F32 4                       // extra floats per fp32 row: the least wmma allows (ldm a
+                                              // multiple of 4), rows r and r + 8 share a bank
 #define FLASH_D_BLOCK 256                     // threads per block of the D = rowsum(dout * out) kernel
 
 // NULL if the kernels run heads of hs channels, else why not
@@ -148,31 +151,37 @@ __device__ inline void warp_tile_mma(WarpTile<__nv_bfloat16>& c, const __nv_bflo
 // shared memory
 
 // a block's shared arrays, in elements of their types (the layout both launcher and kernel use):
-// rows of a head (Q, K, V, dO; floatX, and O fp32) are hs wide, rows of a pair of tiles (S, dP fp32;
-// P, dS floatX) FLASH_TILE wide, each padded by FLASH_PAD
+// rows of a head (Q, K, V, dO floatX; O fp32) are hs wide, rows of a pair of tiles (P, dS floatX;
+// S, dP fp32) FLASH_TILE wide, each padded
 struct FlashSmem {
-    int ld, ldp;          // row lengths: head rows (hs + FLASH_PAD), pair rows (FLASH_TILE + FLASH_PAD)
-    size_t head, pair;    // elements of one (FLASH_TILE, ld) and one (FLASH_TILE, ldp) array
+    int ld, ldp;          // floatX rows: of a head (hs + FLASH_PAD), of a pair (FLASH_TILE + FLASH_PAD)
+    int ldo, lds;         // fp32 rows: of a head (hs + FLASH_PAD_F32), of a pair (FLASH_TILE + FLASH_PAD_F32)
+    size_t head, pair;    // elements of one (FLASH_TILE, ld) and one (FLASH_TILE, ldp) floatX array
+    size_t head32, pair32;  // ... and of one (FLASH_TILE, ldo) and one (FLASH_TILE, lds) fp32 array
 };
 
 __host__ __device__ inline FlashSmem flash_smem(int hs) {
     FlashSmem s;
     s.ld = hs + FLASH_PAD;
     s.ldp = FLASH_TILE + FLASH_PAD;
+    s.ldo = hs + FLASH_PAD_F32;
+    s.lds = FLASH_TILE + FLASH_PAD_F32;
     s.head = (size_t)FLASH_TILE * s.ld;
     s.pair = (size_t)FLASH_TILE * s.ldp;
+    s.head32 = (size_t)FLASH_TILE * s.ldo;
+    s.pair32 = (size_t)FLASH_TILE * s.lds;
     return s;
 }
 
 // bytes per block. forward: Q, K, V, P (floatX), S, O (fp32), and the rows' m and l; backward (both
 // kernels): Q, dO, K, V, P, dS (floatX), S, dP (fp32), and the rows' lse and D. The backward's
-// accumulators go out through S and dP (2 ldp >= hs + FLASH_PAD for hs <= FLASH_MAX_HEAD)
+// accumulators go out through S and dP, contiguous (2 lds >= ldo for hs <= FLASH_MAX_HEAD)
 template <typename floatX>
 static size_t flash_smem_bytes(int hs, bool backward) {
     FlashSmem s = flash_smem(hs);
     size_t X = sizeof(floatX), F = sizeof(float), rows = 2 * FLASH_TILE * F;
-    if (!backward) { return (3 * s.head + s.pair) * X + (s.pair + s.head) * F + rows; }
-    return (4 * s.head + 2 * s.pair) * X + 2 * s.pair * F + rows;
+    if (!backward) { return (3 * s.head + s.pair) * X + (s.pair32 + s.head32) * F + rows; }
+    return (4 * s.head + 2 * s.pair) * X + 2 * s.pair32 * F + rows;
 }
 
 // dst (FLASH_TILE, ld) = rows row0.. of src (row r at src + r * stride, hs elements each), zeros
@@ -221,16 +230,17 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, i
     int b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x;
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     FlashSmem sm = flash_smem(hs);
-    int ldo = sm.ld;
+    int ldo = sm.ldo, lds = sm.lds;
     floatX *Q = (floatX*)flash_shared, *K = Q + sm.head, *V = K + sm.head, *P = V + sm.head;
-    float *S = (float*)(P + sm.pair), *O = S + sm.pair, *row_m = O + sm.head, *row_l = row_m + FLASH_TILE;
+    float *S = (float*)(P + sm.pair), *O = S + sm.pair32, *row_m = O + sm.head32, *row_l = row_m + FLASH_TILE;
     size_t stride = 3 * (size_t)C;
     int q0 = tile * FLASH_TILE;
     flash_load_tile(Q, sm.ld, flash_head(qkv, b, h, 0, T, C, hs), stride, q0, T, hs);
     for (int i = threadIdx.x; i < FLASH_TILE * ldo; i += blockDim.x) { O[i] = 0.0f; }
     for (int i = threadIdx.x; i < FLASH_TILE; i += blockDim.x) { row_m[i] = -INFINITY; row_l[i] = 0.0f; }
-    // the warp's rows; two lanes per row in the softmax, each taking half of the key tile
-    int w0 = warp * FLASH_MMA, r = w0 + lane / 2, half = lane % 2, cols = FLASH_TILE / 2;
+    // the warp's rows; two lanes per row in the softmax, each taking every other key of the tile
+    // (the pair reads adjacent words: another bank)
+    int w0 = warp * FLASH_MMA, r = w0 + lane / 2, half = lane % 2;
     for (int kt = 0; kt <= tile; kt++) {
         int k0 = kt * FLASH_TILE;
         flash_next_keys(K, V, sm.ld, qkv, b, h, k0, T, C, hs);
@@ -239,20 +249,20 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, i
             WarpTile<floatX> s;
             warp_tile_zero(s);
             warp_tile_mma<true>(s, Q + w0 * sm.ld, sm.ld, K + n * sm.ld, sm.ld, hs);
-            warp_tile_store(S + w0 * sm.ldp + n, sm.ldp, s);
+            warp_tile_store(S + w0 * lds + n, lds, s);
         }
         __syncwarp();
         // the online softmax of the row: new maximum, P = exp(S - m), the sum rescaled
         float mx = -INFINITY;
-        for (int c = half * cols; c < (half + 1) * cols; c++) {
-            if (flash_visible(q0 + r, k0 + c, T)) { mx = fmaxf(mx, S[r * sm.ldp + c] * scale); }
+        for (int c = half; c < FLASH_TILE; c += 2) {
+            if (flash_visible(q0 + r, k0 + c, T)) { mx = fmaxf(mx, S[r * lds + c] * scale); }
         }
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
         float m_old = row_m[r], m_new = fmaxf(m_old, mx);
         float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);  // a row with nothing visible yet stays empty
         float sum = 0.0f;
-        for (int c = half * cols; c < (half + 1) * cols; c++) {
-            float p = flash_visible(q0 + r, k0 + c, T) ? expf(S[r * sm.ldp + c] * scale - m_new) : 0.0f;
+        for (int c = half; c < FLASH_TILE; c += 2) {
+            float p = flash_visible(q0 + r, k0 + c, T) ? expf(S[r * lds + c] * scale - m_new) : 0.0f;
             P[r * sm.ldp + c] = from_float<floatX>(p);
             sum += p;
         }
@@ -306,18 +316,18 @@ __device__ void flash_backward_scores(floatX* dS, floatX* P, float* S, float* dP
         WarpTile<floatX> s, dp;
         warp_tile_zero(s);
         warp_tile_mma<true>(s, rowA + w0 * sm.ld, sm.ld, colA + n * sm.ld, sm.ld, hs);
-        warp_tile_store(S + w0 * sm.ldp + n, sm.ldp, s);
+        warp_tile_store(S + w0 * sm.lds + n, sm.lds, s);
         warp_tile_zero(dp);
         warp_tile_mma<true>(dp, rowB + w0 * sm.ld, sm.ld, colB + n * sm.ld, sm.ld, hs);
-        warp_tile_store(dP + w0 * sm.ldp + n, sm.ldp, dp);
+        warp_tile_store(dP + w0 * sm.lds + n, sm.lds, dp);
     }
     __syncwarp();
     for (int i = lane; i < FLASH_MMA * FLASH_TILE; i += WARP_SIZE) {
         int r = w0 + i / FLASH_TILE, c = i % FLASH_TILE;
         int qi = KEY_ROWS ? c : r;  // the query's row in its tile
         int t = q0 + qi, u = k0 + (KEY_ROWS ? r : c);
-        float p = flash_visible(t, u, T) ? expf(S[r * sm.ldp + c] * scale - lse[qi]) : 0.0f;
-        dS[r * sm.ldp + c] = from_float<floatX>(p * (dP[r * sm.ldp + c] - D[qi]) * scale);
+        float p = flash_visible(t, u, T) ? expf(S[r * sm.lds + c] * scale - lse[qi]) : 0.0f;
+        dS[r * sm.ldp + c] = from_float<floatX>(p * (dP[r * sm.lds + c] - D[qi]) * scale);
         if (KEY_ROWS) { P[r * sm.ldp + c] = from_float<floatX>(p); }
     }
     __syncwarp();
@@ -358,7 +368,7 @@ flash_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, 
     FlashSmem sm = flash_smem(hs);
     floatX *Q = (floatX*)flash_shared, *dO = Q + sm.head, *K = dO + sm.head, *V = K + sm.head, *P = V + sm.head;
     floatX* dS = P + sm.pair;
-    float *S = (float*)(dS + sm.pair), *dP = S + sm.pair, *lse_s = dP + sm.pair, *D_s = lse_s + FLASH_TILE;
+    float *S = (float*)(dS + sm.pair), *dP = S + sm.pair32, *lse_s = dP + sm.pair32, *D_s = lse_s + FLASH_TILE;
     size_t stride = 3 * (size_t)C;
     int k0 = tile * FLASH_TILE;
     const float *lse_bh = lse + (size_t)blockIdx.y * T, *D_bh = D + (size_t)blockIdx.y * T;
@@ -385,9 +395,9 @@ flash_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, 
     }
     __syncthreads();  // S and dP, read by every warp above, become the staging of the results
     floatX* dqkv_bh = dqkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-    flash_store_rows<HS>(dqkv_bh + C, stride, dK, S, sm.ld, k0, T);
+    flash_store_rows<HS>(dqkv_bh + C, stride, dK, S, sm.ldo, k0, T);
     __syncwarp();
-    flash_store_rows<HS>(dqkv_bh + 2 * (size_t)C, stride, dV, S, sm.ld, k0, T);
+    flash_store_rows<HS>(dqkv_bh + 2 * (size_t)C, stride, dV, S, sm.ldo, k0, T);
 }
 
 // dQ of one query tile of one (b, h) into dqkv: grid (T / FLASH_TILE, B*NH); the warp's 16 queries
@@ -402,7 +412,7 @@ flash_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, co
     int w0 = threadIdx.x / WARP_SIZE * FLASH_MMA;
     FlashSmem sm = flash_smem(hs);
     floatX *Q = (floatX*)flash_shared, *dO = Q + sm.head, *K = dO + sm.head, *V = K + sm.head, *dS = V + sm.head;
-    float *S = (float*)(dS + sm.pair), *dP = S + sm.pair, *lse_s = dP + sm.pair, *D_s = lse_s + FLASH_TILE;
+    float *S = (float*)(dS + sm.pair), *dP = S + sm.pair32, *lse_s = dP + sm.pair32, *D_s = lse_s + FLASH_TILE;
     size_t stride = 3 * (size_t)C;
     int q0 = tile * FLASH_TILE;
     flash_load_tile(Q, sm.ld, flash_head(qkv, b, h, 0, T, C, hs), stride, q0, T, hs);
@@ -422,7 +432,7 @@ flash_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, co
         }
     }
     __syncthreads();  // S and dP, read by every warp above, become the staging of the results
-    flash_store_rows<HS>(dqkv + (size_t)b * T * 3 * C + (size_t)h * hs, stride, dQ, S, sm.ld, q0, T);
+    flash_store_rows<HS>(dqkv + (size_t)b * T * 3 * C + (size_t)h * hs, stride, dQ, S, sm.ldo, q0, T);
 }
 
 // ----------------------------------------------------------------------------
