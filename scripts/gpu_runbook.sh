@@ -5,7 +5,8 @@
 # for runs of "model B flags" (writes dev/bench_gpu.md, naming the GPU and date): d12 and d24 at
 # B = 8..32 (d12 also at 64, as ../shared/GPU.md's figures), flash attention (the default) against
 # --attention matmul on d12 and d48, the memory flags on d12 and d48, and the models that only
-# optimizer offload fits (d72, d84: fp32 master weights and Adafactor state in host memory).
+# optimizer offload fits (d72, d84: fp32 master weights and Adafactor state in host memory), and
+# the kernel tests' timings from make gpu-check (flash against matmul attention among them).
 #
 #   bash scripts/gpu_runbook.sh                 # everything, about half an hour on an H100
 #   RUNS="d12 16 --offload optimizer" bash scripts/gpu_runbook.sh bench   # the benchmark only, one run
@@ -50,9 +51,11 @@ if [ "$TRAINER" = ./train_gpt_cu ] && ! nvidia-smi -L >/dev/null 2>&1; then
     exit 2
 fi
 
+KERNELS=$(mktemp)  # make gpu-check's output: its "bench" lines time each kernel on the GPU
 if [ "$WHAT" = all ]; then
     make -j"$(nproc)" train_gpt test_gpt train_gpt_cu || exit 1
-    make gpu-check || echo "FAIL make gpu-check"
+    make gpu-check 2>&1 | tee "$KERNELS"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || echo "FAIL make gpu-check"
     python3 tests/test_cuda.py ./train_gpt_cu ./train_gpt ./test_gpt || echo "FAIL tests/test_cuda.py"
     python3 tests/test_cuda_matrix.py ./train_gpt_cu ./train_gpt ./test_gpt || echo "FAIL tests/test_cuda_matrix.py"
 fi
@@ -61,7 +64,7 @@ fi
 GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)
 [ -n "$GPU" ] || GPU="emulated device ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
 DIRS=$(mktemp -d)
-trap 'rm -rf "$DIRS"' EXIT
+trap 'rm -rf "$DIRS" "$KERNELS"' EXIT
 n=0
 while read -r model B flags; do
     [ -n "$model" ] || continue
@@ -76,9 +79,9 @@ while read -r model B flags; do
     grep -E '^step +[0-9]+/' "$dir/stdout" | tail -n 1
 done <<< "$RUNS"
 
-python3 - "$DIRS" "$OUT" "$GPU" "$T" <<'PY'
+python3 - "$DIRS" "$OUT" "$GPU" "$T" "$KERNELS" <<'PY'
 import datetime, glob, json, os, statistics, sys
-dirs, out, gpu, T = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+dirs, out, gpu, T, kernels = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 rows = []
 for d in sorted(glob.glob(os.path.join(dirs, "run*"))):
     model, b, flags = open(os.path.join(d, "spec")).read().split("\n")[:3]
@@ -103,5 +106,8 @@ with open(out, "w") as f:
             continue
         tok, mfu, dev, host = r
         f.write(f"| {m} | {b} | {flags or '-'} | {tok:,.0f} | {'-' if mfu is None else f'{100 * mfu:.1f}%'} | {dev:.2f} | {host:.2f} |\n")
+    bench = [l.rstrip() for l in open(kernels, errors="replace") if l.startswith("bench ")]
+    if bench:  # the kernel tests' timings (dev/cuda/test_*.cu: d12's shapes, e.g. flash against matmul attention)
+        f.write("\n## Kernels (`make gpu-check`: the dev/cuda tests' timings, d12's shapes)\n\n```\n" + "\n".join(bench) + "\n```\n")
 print(open(out).read())
 PY
