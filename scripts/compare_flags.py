@@ -43,6 +43,7 @@ DEFAULT_SETS = [
     "--recompute sqrt",
     "--recompute gelu,attn",
     "--recompute sqrt,gelu,attn",
+    "--attention flash",
     "--offload 1",
     "--optimizer adafactor",
     "--optimizer came",
