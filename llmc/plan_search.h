@@ -495,7 +495,9 @@ static void plan_print_json(const PlanSearch* s, const PlanCandidate* c, int n, 
 // ----------------------------------------------------------------------------
 // the search
 
-static void plan_search(const PlanSearch* s) {
+// every combination planned into c (static: PLAN_MAX_CANDIDATES of them), in the order of the
+// table (fitting first, by cost); returns how many
+static int plan_search_run(const PlanSearch* s, PlanCandidate** out) {
     static PlanCandidate c[PLAN_MAX_CANDIDATES];
     static TrainOptions o;  // a candidate's options while it is planned
     FailTrap trap;
@@ -503,6 +505,33 @@ static void plan_search(const PlanSearch* s) {
     for (int i = 0; i < n; i++) { plan_candidate(s, &c[i], &trap, &o); }
     plan_mark_repeats(c, n);
     qsort(c, (size_t)n, sizeof(c[0]), plan_candidate_order);
+    *out = c;
+    return n;
+}
+
+// for a message: the searched flags that the fastest fitting combination changes, "--optimizer
+// adafactor --recompute sqrt" (or "" when it is the flags given); returns 0, printing nothing, when
+// nothing fits
+static int plan_search_fastest(const PlanSearch* s, char* out, size_t n) {
+    PlanCandidate* c;
+    int count = plan_search_run(s, &c);
+    out[0] = '\0';
+    if (count == 0 || !plan_fits(&c[0])) { return 0; }
+    static TrainOptions o;
+    plan_candidate_options(s, &c[0], &o);
+    size_t used = 0;
+    for (int d = 0; d < PLAN_NUM_DIMENSIONS; d++) {
+        const FlagSpec* f = find_flag(PLAN_DIMENSIONS[d].flag, strlen(PLAN_DIMENSIONS[d].flag));
+        if (c[0].value[d] < 0 || flag_field_equal(f, &o, s->base) || used >= n) { continue; }
+        used += snprintf(out + used, n - used, "%s%s %s", used ? " " : "", PLAN_DIMENSIONS[d].flag,
+                         PLAN_DIMENSIONS[d].values[c[0].value[d]]);
+    }
+    return 1;
+}
+
+static void plan_search(const PlanSearch* s) {
+    PlanCandidate* c;
+    int n = plan_search_run(s, &c);
     plan_print_budgets(s);
     plan_print_cost_model(&s->cost);
     printf("\n");

@@ -580,14 +580,21 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     return accum;
 }
 
+static void fitting_flags_hint(const TrainOptions* o, const Dist* dist, MemBudget budget, char* out, size_t n);
+
 // stops before allocating anything if the plan cannot fit in the memory this machine has
 // available (on the CPU the "device" and the host store share it), for every rank on it; with
-// a GPU, its categories against the GPU's free memory
-static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int local_ranks) {
+// a GPU, its categories against the GPU's free memory, naming the flags that would fit it
+static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int local_ranks, const TrainOptions* o,
+                              const Dist* dist) {
     double gpu_free = (double)gpt2_device_free_bytes(), device = (double)(plan_total(plan) - plan_host_bytes(plan->bytes));
     if (gpu_free > 0.0 && device > gpu_free) {
+        size_t host_avail = mem_available();
+        MemBudget budget = {(size_t)gpu_free, host_avail > 0 ? host_avail / (size_t)local_ranks : SIZE_MAX, 0};
+        char hint[512];
+        fitting_flags_hint(o, dist, budget, hint, sizeof(hint));
         fail("this run needs %.1f MiB of GPU memory (the memory plan's device total) but the GPU has %.1f MiB free\n"
-             "  hint: see --plan; lower -b or -t, --recompute sqrt (or 1, gelu, attn), --precision bf16", device / MIB, gpu_free / MIB);
+             "  hint: %s", device / MIB, gpu_free / MIB, hint);
     }
     double avail = (double)mem_available();
     double host = (double)plan->bytes[MEM_OFFLOADED] * local_ranks;
@@ -920,7 +927,7 @@ static void train_setup(Run* r) {
     const ModelSetup* s = &r->setup;
     gpt2_select_device(&s->dist);
     check_memory_budget(&r->plan, o);
-    check_memory_fits(&r->plan, &s->act, dist_local_ranks());
+    check_memory_fits(&r->plan, &s->act, dist_local_ranks(), o, &s->dist);
     prepare_output_dir(r);
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer
@@ -1162,6 +1169,23 @@ static CostModel cost_model_of(const TrainOptions* o, Precision p) {
         snprintf(m.flops_note, sizeof(m.flops_note), "%.0f%% of --peak-tflops %g", 100.0 * COST_ASSUMED_MFU, o->peak_tflops);
     }
     return m;
+}
+
+// for the message of a run that does not fit: the memory flags of --plan's search that would fit
+// the budget (the fastest combination), or what else to change when none does
+static void fitting_flags_hint(const TrainOptions* o, const Dist* dist, MemBudget budget, char* out, size_t n) {
+    PlanContext ctx = {dist, dist->world};
+    PlanSearch s = {o, dist->world, budget, "the GPU's free memory", "the host's available memory",
+                    cost_model_of(o, precision_from_flag(o->precision)), "", plan_options, &ctx};
+    char flags[256];
+    if (!plan_search_fastest(&s, flags, sizeof(flags))) {
+        int fp32 = precision_from_flag(o->precision) == PRECISION_FP32 && gpt2_default_precision() == PRECISION_BF16;
+        snprintf(out, n, "no combination of --optimizer, --recompute and --offload fits (--plan --max-memory free lists them);\n"
+                 "  lower -b or -t%s", fp32 ? ", or --precision bf16" : "");
+    } else {
+        snprintf(out, n, "these flags fit it (the fastest in --plan's search of the memory flags): %s\n"
+                 "  (--plan --max-memory free lists every combination)", flags);
+    }
 }
 
 // --plan: the memory table of these flags, or with a budget the search of the memory flags

@@ -286,10 +286,11 @@ class Suite:
         found = glob.glob(os.path.join(self.root, "**", "*.tmp"), recursive=True)
         return [p for p in found if not p.startswith(self.logs + os.sep)]
 
-    def expect_fail(self, name, phrase, cmd):
-        """CMD must fail cleanly, saying PHRASE (see the top); returns the run"""
+    def expect_fail(self, name, phrase, cmd, env=None):
+        """CMD (with ENV added to the environment) must fail cleanly, saying PHRASE (see the top);
+        returns the run"""
         before = self.snapshot()
-        r = self.run(cmd)
+        r = self.run(cmd, env=env)
         after = self.snapshot()
         changed = sorted(p for p, s in before.items() if after.get(p) != s)
         leftover = self.tmp_files()

@@ -196,6 +196,24 @@ if r:
             "activations: none" in r.out and "flash" not in r.out.split("memory plan")[1], r.out[-400:])
 s.expect_fail("--attention with an unknown name: refused, naming both", "choose flash or matmul", [CUDA] + BASE + ["--attention", "sdpa"])
 
+# too little GPU memory: the message names what is needed, what is free, and the flags of --plan's
+# search that fit (fp32: 32.71 MiB planned, Adafactor 32.50 MiB; the emulated GPU has 32.6 MiB), or
+# that none does (the cuBLASLt workspace alone is 32 MiB)
+if EMULATED:
+    SMALL = BASE[:BASE.index("-x")] + ["-x", "1", "-v", "0", "-s", "0", "-n", "0", "-o", ""]
+    r = s.expect_fail("CUDA: too little GPU memory stops before allocating, naming the need and the free memory",
+                      "needs 32.7 MiB of GPU memory (the memory plan's device total) but the GPU has 32.6 MiB free",
+                      [CUDA] + SMALL + FP32, env={"CUDA_EMU_MEMORY_BYTES": str(34183987)})
+    s.check("CUDA: ... and names the flags that fit it, from --plan's search", r is not None and
+            "these flags fit it (the fastest in --plan's search of the memory flags): --optimizer adafactor\n" in r.err,
+            r.err[-400:] if r else "")
+    r = s.expect_fail("CUDA: when no memory flag fits, the message says so", "no combination of --optimizer, --recompute and --offload fits",
+                      [CUDA] + SMALL, env={"CUDA_EMU_MEMORY_BYTES": str(20 << 20)})
+    s.check("CUDA: ... and does not suggest the precision it runs in (bf16)", r is not None and "--precision bf16" not in r.err,
+            r.err[-400:] if r else "")
+else:
+    s.skip("CUDA: too little GPU memory (the emulated GPU's size is set; a real one's is not)", "a real GPU")
+
 # activation checkpointing and offload: the same arithmetic, bitwise the same model. On the five-layer
 # fixture (two slots cannot hold five blocks, so offload moves blocks both ways, and k=2 makes uneven
 # segments), also with the emulator's late stream order, where a missing wait reads stale memory
