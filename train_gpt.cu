@@ -23,6 +23,8 @@ are added across the ranks by NCCL inside the update), so sharded state files mo
 --offload activations moves kept activations to pinned host memory on a copy stream (see "offload");
 --offload optimizer[,gradients] keeps the fp32 master weights and optimizer state in pinned host
 memory and runs the step on the CPU with the CPU reference's code (see "optimizer offload").
+Attention: --attention flash, the default where the head size allows (cuda/flash_attention.cuh: no
+T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the weights kept).
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -193,8 +195,9 @@ static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 
 // the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities
 // (sampling), the reduction scratch of the deterministic gradient kernels (fp32), the
-// attention's (floatX head copies; flash attention: a float per row), the global norm's (doubles, and the result; ZeRO-1: one per slice),
-// cuBLASLt's workspace, and Adafactor's and CAME's (the largest slice's: factored_model_scratch_bytes).
+// attention's (floatX head copies; flash attention: a float per row), the global norm's
+// (doubles, and the result; ZeRO-1: one per slice), cuBLASLt's workspace, and Adafactor's and
+// CAME's (the largest slice's: factored_model_scratch_bytes).
 // gpt2_layout is not told the optimizer, so every run carves the last one (d12: 1.5 MiB, which AdamW
 // leaves unused)
 typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul, optimizer; } ScratchBytes;
