@@ -769,7 +769,8 @@ static void print_config(const Run* r) {
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
     printf("| data parallel (MPI)   | %d rank(s), --zero %d%s\n", r->setup.dist.world, (int)r->setup.zero,
            r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
-    printf("| backend               | %s, %s\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision]);
+    printf("| backend               | %s, %s, %s attention\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision],
+           r->setup.act.flash ? "flash" : "matmul");
     printf("| OpenMP threads        | %d\n", num_threads());
     printf("| run id                | 0x%016llx%s\n", (unsigned long long)r->run_id, r->o->resume ? " (the checkpoint's)" : "");
     for (int i = 0; i < NUM_FLAGS; i++) {

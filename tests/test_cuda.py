@@ -194,6 +194,10 @@ r = s.expect_ok("CUDA, heads of 8 channels and no --attention: matmul attention,
 if r:
     s.check("CUDA, heads of 8: the plan names the attention weights, not flash attention",
             "activations: none" in r.out and "flash" not in r.out.split("memory plan")[1], r.out[-400:])
+    s.check("CUDA, heads of 8: the configuration's backend line says matmul attention", "bf16, matmul attention" in r.out, r.out[:1500])
+if ran_gpu:
+    s.check("CUDA, heads of 16: the configuration's backend line says flash attention", "fp32, flash attention" in ran_gpu.out,
+            ran_gpu.out[:1500])
 s.expect_fail("--attention with an unknown name: refused, naming both", "choose flash or matmul", [CUDA] + BASE + ["--attention", "sdpa"])
 
 # too little GPU memory: the message names what is needed, what is free, and the flags of --plan's
