@@ -89,6 +89,8 @@ enum emu_collective {
     EMU_BALLOT, EMU_ANY, EMU_ALL,
     // nvcuda::wmma (include/mma.h, emu_wmma.cpp): the same call site for all 32 lanes of the warp
     EMU_WMMA_LOAD, EMU_WMMA_STORE, EMU_WMMA_MMA,
+    // PTX warp instructions (cuda/ptx.cuh, emu_ptx.cpp): the same call site for all 32 lanes
+    EMU_PTX_MMA, EMU_PTX_LDMATRIX,
 };
 // block barrier; returns how many threads of the block passed a non-zero predicate
 int emu_syncthreads(int predicate, const char* file, int line);
@@ -99,6 +101,13 @@ unsigned emu_active_mask();
 // dynamic shared memory of the running launch; static __shared__ refill (see rewrite.py)
 void* emu_dynamic_shared();
 void emu_shared_touch(void* var, size_t bytes);
+// the PTX instructions of cuda/ptx.cuh (emu_ptx.cpp); file:line: the caller's
+void emu_ptx_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], const char* file,
+                            int line);
+void emu_ptx_ldmatrix(uint32_t* r, int num, bool trans, const void* row, const char* file, int line);
+void emu_ptx_cp_async(void* dst, const void* src, int src_bytes, const char* name, const char* file, int line);
+void emu_ptx_cp_async_commit(const char* file, int line);
+void emu_ptx_cp_async_wait(int n, const char* file, int line);
 // stop the program with a message that names the running kernel
 [[noreturn]] void emu_device_trap(const char* what, const char* file, int line);
 

@@ -7,6 +7,7 @@ emu_internal.h: what the emulator's own source files share; never included by a 
   emu_run_grid()  run a kernel launch, block by block (emu_kernel.cpp)
   emu_kernel_fail() stop with a message that names the running kernel and block
   emu_wmma_complete() the work of a wmma collective, for the whole warp (emu_wmma.cpp)
+  emu_ptx_complete()  the same for mma.sync and ldmatrix; cp.async's queues (emu_ptx.cpp)
   emu_lt_check_*  the cuBLASLt descriptor rules of the real library (emu_lt_rules.cpp)
   device memory lookups for the runtime's argument checks (emu_runtime.cpp)
 
@@ -82,6 +83,20 @@ static inline bool emu_collective_is_wmma(emu_collective op) {
 // every lane of `lanes` has posted a wmma collective (posted[l]: lane l's call, see emu_wmma.cpp):
 // check that all lanes of the warp are there with the same arguments and do the work for all of them
 void emu_wmma_complete(emu_collective op, const uint64_t posted[EMU_WARP_SIZE], unsigned lanes);
+
+// ----------------------------------------------------------------------------
+// PTX instructions (emu_ptx.cpp, for cuda/ptx.cuh)
+
+// mma.sync and ldmatrix: like wmma, every lane must wait at the same call site
+static inline bool emu_collective_is_ptx(emu_collective op) { return op == EMU_PTX_MMA || op == EMU_PTX_LDMATRIX; }
+// every lane of `lanes` has posted (posted[l]: lane l's call): check and do the warp's work
+void emu_ptx_complete(emu_collective op, const uint64_t posted[EMU_WARP_SIZE], unsigned lanes);
+// a block of n threads starts: no cp.async of the previous block is in flight
+void emu_ptx_block_start(int n);
+// whether [p, p+bytes) lies in the running block's shared memory (dynamic or a __shared__ static)
+bool emu_is_shared_range(const void* p, size_t bytes);
+// the running thread's linear index in its block
+int emu_current_thread_index();
 
 // ----------------------------------------------------------------------------
 // cuBLASLt descriptor rules (emu_lt_rules.cpp): CUBLAS_STATUS_SUCCESS, or the status the real library

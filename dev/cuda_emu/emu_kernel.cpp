@@ -65,7 +65,8 @@ static void* scheduler_sp;
 enum { DYNAMIC_SHARED_ALIGNMENT = 128 };
 struct alignas(DYNAMIC_SHARED_ALIGNMENT) shared_chunk { unsigned char bytes[DYNAMIC_SHARED_ALIGNMENT]; };
 static std::vector<shared_chunk> dynamic_shared;
-static std::vector<void*> touched_shared;     // __shared__ statics already filled for this block
+struct shared_var { unsigned char* p; size_t bytes; };
+static std::vector<shared_var> touched_shared;  // __shared__ statics already filled for this block
 static unsigned shuffle_state;
 
 static const unsigned FULL_WARP_MASK = 0xffffffffu;
@@ -138,6 +139,8 @@ static const char* collective_name(emu_collective op) {
         case EMU_WMMA_LOAD: return "wmma::load_matrix_sync";
         case EMU_WMMA_STORE: return "wmma::store_matrix_sync";
         case EMU_WMMA_MMA: return "wmma::mma_sync";
+        case EMU_PTX_MMA: return "mma.sync.m16n8k16 (ptx_mma_bf16_16816)";
+        case EMU_PTX_LDMATRIX: return "ldmatrix (ptx_ldmatrix)";
     }
     return "?";
 }
@@ -173,11 +176,13 @@ static std::string collective_site(emu_collective op, const char* file, int line
 [[noreturn]] __attribute__((noinline, cold)) static void fail_mismatch(const emu_thread* t, int l) {
     const emu_thread& other = threads[t->warp * EMU_WARP_SIZE + l];
     bool wmma = emu_collective_is_wmma(t->op) || emu_collective_is_wmma(other.op);
+    bool ptx = emu_collective_is_ptx(t->op) || emu_collective_is_ptx(other.op);
     kernel_fail("%s", collective_site(t->op, t->wait_file, t->wait_line) + " (lane " + std::to_string(t->lane) +
                 "): lane " + std::to_string(l) + " waits at a different collective, " +
                 collective_site(other.op, other.wait_file, other.wait_line) +
-                (wmma ? " (every lane of the warp must reach the same wmma call: no divergent wmma)"
-                      : " (or with a different mask)"));
+                (wmma  ? " (every lane of the warp must reach the same wmma call: no divergent wmma)"
+                 : ptx ? " (every lane of the warp must reach the same instruction: mma.sync and ldmatrix are .aligned)"
+                       : " (or with a different mask)"));
 }
 
 [[noreturn]] __attribute__((noinline, cold)) static void fail_width(const emu_thread* t) {
@@ -204,18 +209,19 @@ static bool same_site(const emu_thread& a, const emu_thread& b) {
 __attribute__((noinline)) static void complete_collective(const emu_thread* t, unsigned expected) {
     emu_thread* lanes = &threads[t->warp * EMU_WARP_SIZE];
     emu_collective op = t->op;
-    bool wmma = emu_collective_is_wmma(op);
+    bool wmma = emu_collective_is_wmma(op), ptx = emu_collective_is_ptx(op);
     unsigned votes = 0;
     uint64_t posted[EMU_WARP_SIZE];
     for (int l = 0; l < EMU_WARP_SIZE; l++) {
         if (!(expected >> l & 1u)) { continue; }
-        if (lanes[l].op != op || lanes[l].mask != t->mask || (wmma && !same_site(lanes[l], *t))) {
+        if (lanes[l].op != op || lanes[l].mask != t->mask || ((wmma || ptx) && !same_site(lanes[l], *t))) {
             fail_mismatch(t, l);
         }
         posted[l] = lanes[l].value;
         if (lanes[l].value != 0) { votes |= 1u << l; }
     }
     if (wmma) { emu_wmma_complete(op, posted, expected); }  // the lanes' fragments, all written now
+    if (ptx) { emu_ptx_complete(op, posted, expected); }    // the lanes' registers, likewise
     for (int l = 0; l < EMU_WARP_SIZE; l++) {
         if (!(expected >> l & 1u)) { continue; }
         emu_thread* lane = &lanes[l];
@@ -226,7 +232,9 @@ __attribute__((noinline)) static void complete_collective(const emu_thread* t, u
             case EMU_SYNCWARP:
             case EMU_WMMA_LOAD:
             case EMU_WMMA_STORE:
-            case EMU_WMMA_MMA: lane->result = 0; break;
+            case EMU_WMMA_MMA:
+            case EMU_PTX_MMA:
+            case EMU_PTX_LDMATRIX: lane->result = 0; break;
             default: {
                 int src = shuffle_source(op, l, lane->arg, lane->width);
                 lane->result = (expected >> src & 1u) ? posted[src] : INACTIVE_LANE_BITS;
@@ -282,12 +290,24 @@ void* emu_dynamic_shared() {
 }
 
 void emu_shared_touch(void* var, size_t bytes) {
-    for (void* p : touched_shared) {
-        if (p == var) { return; }
+    for (const shared_var& v : touched_shared) {
+        if (v.p == var) { return; }
     }
-    touched_shared.push_back(var);
+    touched_shared.push_back(shared_var{(unsigned char*)var, bytes});
     memset(var, EMU_UNWRITTEN_BYTE, bytes);
 }
+
+bool emu_is_shared_range(const void* p, size_t bytes) {
+    const unsigned char* c = (const unsigned char*)p;
+    const unsigned char* dyn = (const unsigned char*)emu_dynamic_shared();
+    if (dyn != nullptr && c >= dyn && c + bytes <= dyn + running->dynamic_shared_bytes) { return true; }
+    for (const shared_var& v : touched_shared) {
+        if (c >= v.p && c + bytes <= v.p + v.bytes) { return true; }
+    }
+    return false;
+}
+
+int emu_current_thread_index() { return emu_current_thread->warp * EMU_WARP_SIZE + emu_current_thread->lane; }
 
 // ----------------------------------------------------------------------------
 // the scheduler
@@ -330,6 +350,7 @@ static void run_block() {
     }
     for (emu_warp& w : warps) { w = emu_warp{0, 0}; }
     touched_shared.clear();
+    emu_ptx_block_start(n);
     if (!dynamic_shared.empty()) {
         memset(dynamic_shared.data(), EMU_UNWRITTEN_BYTE, dynamic_shared.size() * sizeof(shared_chunk));
     }

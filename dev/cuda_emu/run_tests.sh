@@ -35,6 +35,27 @@ expect_error "lanes that pass different tiles to one load_matrix_sync stop the p
 expect_error "a bf16 tile with ldm 12 stops the program" "ldm = 12 is not a multiple of 8" $BIN/test_wmma bad-ldm
 expect_error "a tile pointer off a 32-byte boundary stops the program" "is not 32-byte aligned" $BIN/test_wmma misaligned
 expect_error "wmma in a warp of 16 threads stops the program" "wmma needs all 32 lanes of a warp" $BIN/test_wmma partial-warp
+run "ptx: mma.sync, ldmatrix, cp.async against the PTX ISA's lane tables" -- $BIN/test_ptx
+run "ptx, shuffled thread order" CUDA_EMU_THREAD_ORDER=shuffle -- $BIN/test_ptx
+PTX_TEST=dev/cuda_emu/tests/test_ptx.cu
+expect_error "ptx: checks against a wrong lane table fail (the tables can tell a wrong mapping)" \
+    "FAIL mma.sync m16n8k16 with A's rows g and g+8 swapped" $BIN/test_ptx wrong-table
+expect_error "ptx: ldmatrix.trans checked against the plain table fails" \
+    "FAIL ldmatrix .x4.trans against the other transpose's table" $BIN/test_ptx wrong-table
+expect_error "ptx: shared memory read after cp.async without wait_group is NaN" \
+    "FAIL cp.async read without wait_group (must fail): 256 of 256" $BIN/test_ptx missing-wait
+expect_error "ptx: ldmatrix from global memory stops the program" \
+    "row address .* is not in shared memory" $BIN/test_ptx ldmatrix-global
+expect_error "ptx: an ldmatrix row off a 16-byte boundary stops the program" \
+    "is not 16-byte aligned: ldmatrix rows" $BIN/test_ptx ldmatrix-misaligned
+expect_error "ptx: the halves of a warp at mma.sync on two lines stop the program" \
+    "waits at a different collective, mma.sync.m16n8k16 (ptx_mma_bf16_16816) at $PTX_TEST" $BIN/test_ptx mma-split
+expect_error "ptx: mma.sync in a warp of 16 threads stops the program" \
+    "needs all 32 lanes of a warp" $BIN/test_ptx mma-partial-warp
+expect_error "ptx: a cp.async into global memory stops the program" \
+    "destination .* is not in shared memory" $BIN/test_ptx cp-async-to-global
+expect_error "ptx: a cp.async from shared memory stops the program" \
+    "source .* is in shared memory" $BIN/test_ptx cp-async-from-shared
 run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN/test_cublaslt_table
 for mode in inorder early late; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
