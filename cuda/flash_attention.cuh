@@ -2,8 +2,7 @@
 flash_attention.cuh: causal self-attention without the (B,NH,T,T) weights (--attention flash),
 after Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
 IO-Awareness", and Dao 2023, "FlashAttention-2". The mathematics is attention_flash_forward and
-attention_flash_backward of cpu/layers.h, their reference; this file runs it tile by tile in
-shared memory.
+attention_flash_backward of cpu/layers.h, their reference; this file runs it tile by tile.
 
     flash_attention_forward_cuda<floatX>(out, lse, qkv, B, T, C, NH, stream);        // out =, lse =
     float* scratch;  // flash_attention_scratch_floats(B, T, NH) floats, contents not kept
@@ -13,18 +12,26 @@ Layout as attention.cuh: qkv (B,T,3C) holds q, k, v side by side, each split int
 C/NH; out (B,T,C); lse (B,NH,T) fp32, each row's log-sum-exp of its scaled scores. The kernels read
 and write these in place (no head-split copies).
 
-Tiles: a block takes FLASH_TILE rows of one (b, h) (queries in forward and in the dq kernel, keys in
-the dk/dv kernel) and walks over the tiles of the other side that causality lets it see; each of
-its FLASH_WARPS warps owns FLASH_MMA of its rows. Products of tiles go through warp_tile_mma: bf16
-on tensor cores (nvcuda::wmma, 16x16x16, fp32 accumulation), fp32 on the CUDA cores (the same
-interface). Everything row-wise (masks, exp, the online softmax's running max and sum) is done on
-shared-memory copies of the tiles, because a wmma fragment's element-to-thread mapping is not
-specified.
+Two forward designs (flash_forward_launch):
+  - bf16: FlashAttention-2 on mma.sync (flash2_forward_kernel, cuda/ptx.cuh): S, P and the O
+    accumulator stay in registers, the online softmax runs on them with quad shuffles, K and V tiles
+    are double-buffered by cp.async; 2 tile products per (query, key) tile pair, shared memory only
+    for K and V (details and the ptxas figures at the kernel).
+  - fp32 (and bf16 for comparison in the dev/cuda test): tiles in shared memory, below; mma.sync
+    has no fp32 inputs and this is the simplest correct kernel for the CPU-comparison precision.
+Tiles in shared memory: a block takes FLASH_TILE rows of one (b, h) (queries in forward and in the
+dq kernel, keys in the dk/dv kernel) and walks over the tiles of the other side that causality lets
+it see; each of its FLASH_WARPS warps owns FLASH_MMA of its rows. Products of tiles go through
+warp_tile_mma: bf16 on tensor cores (nvcuda::wmma, 16x16x16, fp32 accumulation), fp32 on the CUDA
+cores (the same interface). Everything row-wise (masks, exp, the online softmax's running max and
+sum) is done on shared-memory copies of the tiles, because a wmma fragment's element-to-thread
+mapping is not specified.
 
 Forward, per query tile: S = Q K_j^T * scale for each key tile j <= the query tile; the running
 row maximum m and sum l; P = exp(S - m) (floatX); O = O * exp(m_old - m) + P V_j (fp32, in shared
-memory); finally out = O / l and lse = m + log l.
-Backward (no atomics: every output element has one writer, so results are bitwise reproducible):
+memory, or registers); finally out = O / l and lse = m + log l.
+Backward (both precisions on the tiles in shared memory; no atomics: every output element has one
+writer, so results are bitwise reproducible):
 D = rowsum(dout * out) first; then one kernel per key tile accumulates dV = sum_i P_i^T dO_i and
 dK = sum_i dS_i^T Q_i over the query tiles i that see it, and a second per query tile accumulates
 dQ = sum_j dS_j K_j, where P = exp(S - lse) and dS = P (dO V^T - D) * scale. The second recomputes
@@ -32,8 +39,9 @@ S and dO V^T (7 tile products per pair instead of FlashAttention-2's 5 with an a
 price of determinism.
 
 Head size: a multiple of FLASH_MMA, at most FLASH_MAX_HEAD (flash_attention_refusal); shared
-memory per block: flash_smem_bytes (bf16, hs = 64: 70.5 KiB forward, 88.5 KiB backward; fp32 with
-hs = 128 needs more than an A100's 163 KiB, and says so).
+memory per block: flash2_forward_smem_bytes (hs = 64: 36 KiB) and flash_smem_bytes (bf16, hs = 64:
+70.5 KiB forward, 88.5 KiB backward; fp32 with hs = 128 needs more than an A100's 163 KiB, and
+says so).
 */
 #ifndef CUDA_FLASH_ATTENTION_CUH
 #define CUDA_FLASH_ATTENTION_CUH
@@ -41,6 +49,7 @@ hs = 128 needs more than an A100's 163 KiB, and says so).
 #include <math.h>
 #include <type_traits>
 #include "common.cuh"
+#include "ptx.cuh"
 #ifndef FLASH_NO_TENSOR_CORES
 #include <mma.h>
 #endif
@@ -289,6 +298,210 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, i
     }
 }
 
+// ----------------------------------------------------------------------------
+// bf16 forward on mma.sync (FlashAttention-2): everything a row needs lives in its warp's registers
+//
+// A block of FLASH2_WARPS warps takes FLASH2_BR = 64 queries of one (b, h), 16 per warp (mma's M);
+// its key tiles are FLASH2_BC = 64 keys, double-buffered in shared memory by cp.async (the next
+// tile's copy runs while this one is multiplied). Per key tile, per warp, all in registers:
+//   S (16 x 64 fp32, 8 m16n8 accumulators) = Q K^T   Q's A fragments loaded once by ldmatrix.x4,
+//                                                     K's B fragments by ldmatrix.x4 (two n-blocks)
+//   row max, exp2, row sums: a row's 64 scores lie in the 4 lanes of a quad (lanes 4g..4g+3 hold
+//     rows g and g+8): two __shfl_xor_sync (1, 2) give the row maximum; the sums stay per lane
+//     until the end (rescaled like O), then one quad reduction
+//   P (bf16) = the S accumulators packed in place: an m16n8 accumulator pair is exactly an m16n8k16
+//     A fragment (ISA tables in cuda/ptx.cuh), so P never touches shared memory
+//   O (16 x hs fp32, hs/8 accumulators) = O * exp2(m_old - m) + P V   V's B fragments by
+//     ldmatrix.x4.trans
+// The softmax runs in base 2: scores are scaled by scale * log2(e) once (one FMA per score), so p
+// is one ex2.approx; lse = (m + log2 l) ln 2.
+//
+// Per tile pair (64 queries x 64 keys): 2 tile products (S, PV); shared memory moved per key tile:
+// K and V in by cp.async (2 * 64 * hs * 2 bytes) and read once each by ldmatrix per warp.
+// Registers, shared memory and occupancy per head size: FLASH_PTXAS below.
+#define FLASH2_WARPS 4
+#define FLASH2_BR (FLASH2_WARPS * 16)   // queries per block: 16 per warp, mma's M
+#define FLASH2_BC 64                    // keys per tile
+#define FLASH2_MIN_BLOCKS 2            // blocks per SM ptxas must allow (255 registers a thread):
+                                        // without it ptxas caps hs = 64 at 128 registers and spills
+#define FLASH2_PAD 8                    // bf16 per shared row: 16 bytes, so the 8 rows one ldmatrix
+                                        // reads start in 8 different bank quads (no conflicts)
+
+__host__ __device__ constexpr int flash2_ld(int hs) { return hs + FLASH2_PAD; }
+
+// shared memory of the forward: two buffers each of K and V (BC rows, hs + PAD wide); Q passes
+// through K's second buffer on its way into registers (BR = BC rows)
+static size_t flash2_forward_smem_bytes(int hs) {
+    return (size_t)4 * FLASH2_BC * flash2_ld(hs) * sizeof(__nv_bfloat16);
+}
+
+// What ptxas -v reports (nvcc 13.0 V13.0.88, -O3, 2026-11-24) for the bf16 kernels: registers per
+// thread for head sizes 16, 32, ..., 128; none spills or has a stack frame. With 128 threads a block
+// and the shared memory of each (flash2_forward_smem_bytes, flash_smem_bytes), blocks per SM follow
+// (an A100 has 64K registers and 164 KiB of shared memory per SM, an H100 64K and 228 KiB);
+// `test_flash_attention` prints them all. For hs = 64 (GPT-2): the forward in registers, 160 / 168
+// registers and 36 KiB, runs 3 blocks (12 warps) per SM on both (registers bound); the tiles in
+// shared memory, 48 / 32 registers and 70.5 KiB, 2 blocks on an A100 and 3 on an H100 (shared
+// memory bound). hs = 128: 247 / 246 registers, 68 KiB: 2 blocks on both.
+// Remeasure after a change: nvcc -O3 -std=c++17 -arch=sm_80 -I. -Xptxas -v -c dev/cuda/test_flash_attention.cu
+#define FLASH_HEAD_SIZES (FLASH_MAX_HEAD / 16)
+struct FlashPtxas {
+    const char* kernel;
+    short regs_sm80[FLASH_HEAD_SIZES], regs_sm90[FLASH_HEAD_SIZES];
+};
+static const FlashPtxas FLASH_PTXAS[] = {
+    {"flash2_forward_kernel (registers)", {109, 140, 152, 160, 182, 190, 196, 247}, {114, 143, 159, 168, 186, 190, 200, 246}},
+    {"flash_forward_kernel (shared)", {40, 48, 48, 48, 40, 48, 40, 66}, {32, 32, 32, 32, 32, 38, 32, 32}},
+    {"flash_backward_dkdv_kernel", {56, 84, 96, 130, 128, 176, 168, 168}, {64, 79, 80, 100, 134, 176, 168, 255}},
+    {"flash_backward_dq_kernel", {56, 66, 64, 86, 76, 102, 96, 134}, {48, 48, 66, 80, 72, 82, 100, 136}},
+};
+
+// rows row0.. of a (b, h)'s q, k or v (row r at src + r * stride, HS bf16) into dst (rows of
+// flash2_ld(HS)), by cp.async: 16 bytes per thread and step, rows past T zero-filled
+template <int HS, int ROWS>
+__device__ inline void flash2_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, size_t stride, int row0, int T) {
+    const int CHUNKS = HS / 8;  // 16-byte pieces of a row
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += FLASH2_WARPS * WARP_SIZE) {
+        int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+        bool inside = row0 + r < T;
+        const __nv_bfloat16* from = inside ? src + (size_t)(row0 + r) * stride + c : src;
+        ptx_cp_async_cg16(dst + r * flash2_ld(HS) + c, from, inside ? 16 : 0);
+    }
+}
+
+// out (B,T,C) and lse (B,NH,T) for one query tile of one (b, h): grid (ceil(T / FLASH2_BR), B*NH),
+// the tiles with the most keys first. bytes: q once, k and v once per query tile that sees them
+template <int HS>
+__global__ void __launch_bounds__(FLASH2_WARPS * WARP_SIZE, FLASH2_MIN_BLOCKS)
+flash2_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int C, int NH, float scale_log2) {
+    extern __shared__ __align__(128) unsigned char flash_shared[];
+    const int LD = flash2_ld(HS), NB = FLASH2_BC / 8, DB = HS / 8;  // n-blocks of S, of O
+    static_assert(FLASH2_BR == FLASH2_BC, "Q is staged in a K buffer");
+    __nv_bfloat16* K = (__nv_bfloat16*)flash_shared;  // K[buf] at K + buf * BC * LD
+    __nv_bfloat16* V = K + 2 * FLASH2_BC * LD;
+    __nv_bfloat16* Q = K + FLASH2_BC * LD;              // K's buffer 1, until tile 1 is loaded
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, tile = gridDim.x - 1 - blockIdx.x;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    int q0 = tile * FLASH2_BR, w0 = warp * 16;
+    size_t stride = 3 * (size_t)C;
+    const __nv_bfloat16* q_head = flash_head(qkv, b, h, 0, T, C, HS);
+    const __nv_bfloat16* k_head = flash_head(qkv, b, h, 1, T, C, HS);
+    const __nv_bfloat16* v_head = flash_head(qkv, b, h, 2, T, C, HS);
+    int tiles = ceil_div(min(q0 + FLASH2_BR, T), FLASH2_BC);  // key tiles the block's last row sees
+
+    // Q and key tile 0; Q into registers, where it stays: the warp's 16 rows as A fragments, one
+    // per 16 channels (x4: rows 0-7 | 8-15, channels 0-7 | 8-15)
+    flash2_load_tile<HS, FLASH2_BR>(Q, q_head, stride, q0, T);
+    flash2_load_tile<HS, FLASH2_BC>(K, k_head, stride, 0, T);
+    flash2_load_tile<HS, FLASH2_BC>(V, v_head, stride, 0, T);
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<0>();
+    __syncthreads();
+    uint32_t qf[HS / 16][4];
+    #pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        ptx_ldmatrix<4, false>(qf[kk], Q + (w0 + lane % 8 + (lane / 8 % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
+    }
+    __syncthreads();  // every warp has its Q before tile 1 is copied over it
+    float o[DB][4];           // O: rows g, g+8; channels 8 db + 2t, +1
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g+8 (l: this lane's part)
+    #pragma unroll
+    for (int db = 0; db < DB; db++) { o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f; }
+
+    for (int kt = 0; kt < tiles; kt++) {
+        int k0 = kt * FLASH2_BC, buf = kt % 2;
+        if (kt + 1 < tiles) {  // the next key tile into the other buffer (every warp is done with it)
+            flash2_load_tile<HS, FLASH2_BC>(K + (1 - buf) * FLASH2_BC * LD, k_head, stride, k0 + FLASH2_BC, T);
+            flash2_load_tile<HS, FLASH2_BC>(V + (1 - buf) * FLASH2_BC * LD, v_head, stride, k0 + FLASH2_BC, T);
+            ptx_cp_async_commit();
+            ptx_cp_async_wait<1>();  // this thread's copies of tile kt have landed
+        } else {
+            ptx_cp_async_wait<0>();
+        }
+        __syncthreads();  // ... and everyone's
+        const __nv_bfloat16 *Kb = K + buf * FLASH2_BC * LD, *Vb = V + buf * FLASH2_BC * LD;
+        // S = Q K^T: n-blocks of 8 keys, two per ldmatrix.x4 (keys 0-7 | 8-15, channels 0-7 | 8-15)
+        float s[NB][4];
+        #pragma unroll
+        for (int nb = 0; nb < NB; nb++) { s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f; }
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            #pragma unroll
+            for (int nb = 0; nb < NB; nb += 2) {
+                uint32_t kf[4];
+                ptx_ldmatrix<4, false>(kf, Kb + (nb * 8 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + (lane / 8 % 2) * 8);
+                ptx_mma_bf16_16816(s[nb], qf[kk], kf, s[nb]);
+                ptx_mma_bf16_16816(s[nb + 1], qf[kk], kf + 2, s[nb + 1]);
+            }
+        }
+        // scale into base-2 units; keys after the query or past T: -inf (only tiles that reach the
+        // diagonal or the end of the sequence need the test)
+        bool edge = k0 + FLASH2_BC - 1 > q0 + w0 || k0 + FLASH2_BC > T;
+        #pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = q0 + w0 + g + (i / 2) * 8, key = k0 + nb * 8 + 2 * t + i % 2;
+                s[nb][i] = edge && (key > row || key >= T) ? -INFINITY : s[nb][i] * scale_log2;
+            }
+        }
+        // online softmax, rows g (r = 0: accumulator elements 0, 1) and g + 8 (r = 1: 2, 3)
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = m[r];
+            #pragma unroll
+            for (int nb = 0; nb < NB; nb++) { mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1])); }
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));  // the quad: the row's 64 keys
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            // a row that has seen no key yet (mx = -inf) keeps O = 0 and l = 0 (alpha = 1, p = 0)
+            float base = mx == -INFINITY ? 0.0f : mx;
+            float alpha = ptx_exp2(m[r] - base);
+            m[r] = mx;
+            float sum = 0.0f;
+            #pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                s[nb][2 * r] = ptx_exp2(s[nb][2 * r] - base);
+                s[nb][2 * r + 1] = ptx_exp2(s[nb][2 * r + 1] - base);
+                sum += s[nb][2 * r] + s[nb][2 * r + 1];
+            }
+            l[r] = l[r] * alpha + sum;
+            #pragma unroll
+            for (int db = 0; db < DB; db++) { o[db][2 * r] *= alpha; o[db][2 * r + 1] *= alpha; }
+        }
+        // O += P V: P's A fragment for keys 16 kk.. is the accumulators of n-blocks 2 kk and 2 kk + 1
+        #pragma unroll
+        for (int kk = 0; kk < FLASH2_BC / 16; kk++) {
+            uint32_t pf[4] = {ptx_pack_bf16(s[2 * kk][0], s[2 * kk][1]), ptx_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              ptx_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              ptx_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            #pragma unroll
+            for (int db = 0; db < DB; db += 2) {  // .trans x4: keys 0-7 | 8-15, channels 0-7 | 8-15
+                uint32_t vf[4];
+                ptx_ldmatrix<4, true>(vf, Vb + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * LD + db * 8 + (lane / 16) * 8);
+                ptx_mma_bf16_16816(o[db], pf, vf, o[db]);
+                ptx_mma_bf16_16816(o[db + 1], pf, vf + 2, o[db + 1]);
+            }
+        }
+        __syncthreads();  // every warp is done with buffer buf before tile kt + 2 is copied into it
+    }
+    // out = O / l, lse = (m + log2 l) ln 2: each row's sum from its quad
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
+        int row = q0 + w0 + g + r * 8;
+        if (row >= T) { continue; }
+        float inv = 1.0f / l[r];
+        __nv_bfloat16* o_row = out + ((size_t)b * T + row) * C + (size_t)h * HS;
+        #pragma unroll
+        for (int db = 0; db < DB; db++) {
+            __nv_bfloat162 v = __floats2bfloat162_rn(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
+            *(__nv_bfloat162*)(o_row + db * 8 + 2 * t) = v;
+        }
+        if (t == 0) { lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) * (1.0f / PTX_LOG2E); }
+    }
+}
+
 // D (B,NH,T) = rowsum(dout * out) per head: one thread per row. bytes: 2 B T C floatX + B NH T fp32
 template <typename floatX>
 __global__ void flash_backward_dot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH) {
@@ -473,21 +686,56 @@ static void flash_prepare(Kernel kernel, size_t bytes, const char* who) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// out (B,T,C) = causal attention of qkv (B,T,3C); lse (B,NH,T) the rows' log-sum-exp (fp32)
+// The two forward designs, one launcher each (flash_attention_forward_cuda picks; the dev/cuda test
+// times both on a GPU):
+//   FLASH_TILES_IN_SHARED: S, P and O go through shared memory between tile products (warp_tile_mma:
+//     wmma for bf16, CUDA cores for fp32). The fp32 path: mma.sync has no fp32 inputs, and this is
+//     the simplest correct kernel for the precision that is the CPU comparison's.
+//   FLASH_TILES_IN_REGISTERS: FlashAttention-2 on mma.sync (bf16 only): flash2_forward_kernel.
+enum FlashForwardDesign { FLASH_TILES_IN_SHARED, FLASH_TILES_IN_REGISTERS };
+
 template <typename floatX>
-void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
-    flash_check("flash_attention_forward_cuda", C, NH, qkv);
-    if (B * T == 0) { return; }
+static void flash_forward_launch(FlashForwardDesign design, floatX* out, float* lse, const floatX* qkv, int B, int T, int C,
+                                 int NH, cudaStream_t stream) {
     int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+        if (design == FLASH_TILES_IN_REGISTERS) {
+            size_t bytes = flash2_forward_smem_bytes(hs);
+            dim3 grid(ceil_div(T, FLASH2_BR), B * NH);
+            flash_with_head_size(hs, [&](auto head) {
+                constexpr int HS = decltype(head)::value;
+                flash_prepare(flash2_forward_kernel<HS>, bytes, "flash attention forward");
+                flash2_forward_kernel<HS><<<grid, FLASH2_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH,
+                                                                                           scale * PTX_LOG2E);
+                CUDA_CHECK_LAUNCH();
+            });
+            return;
+        }
+    }
+    if (design != FLASH_TILES_IN_SHARED) { fail("flash attention forward: tiles in registers run bf16 only\n  hint: a bug"); }
     size_t bytes = flash_smem_bytes<floatX>(hs, false);
     dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
     flash_with_head_size(hs, [&](auto head) {
         constexpr int HS = decltype(head)::value;
         flash_prepare(flash_forward_kernel<floatX, HS>, bytes, "flash attention forward");
-        flash_forward_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH,
-                                                                                          1.0f / sqrtf((float)hs));
+        flash_forward_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH, scale);
         CUDA_CHECK_LAUNCH();
     });
+}
+
+// the design each precision runs
+template <typename floatX>
+static FlashForwardDesign flash_forward_design() {
+    return std::is_same<floatX, __nv_bfloat16>::value ? FLASH_TILES_IN_REGISTERS : FLASH_TILES_IN_SHARED;
+}
+
+// out (B,T,C) = causal attention of qkv (B,T,3C); lse (B,NH,T) the rows' log-sum-exp (fp32)
+template <typename floatX>
+void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+    flash_check("flash_attention_forward_cuda", C, NH, qkv);
+    if (B * T == 0) { return; }
+    flash_forward_launch(flash_forward_design<floatX>(), out, lse, qkv, B, T, C, NH, stream);
 }
 
 // dqkv (B,T,3C) = the gradient of the attention given dout (B,T,C), and the forward's qkv, out and

@@ -117,17 +117,19 @@ static void check_close(float err, float tol, const char* layer, const char* wha
 
 // ----------------------------------------------------------------------------
 // benchmark: on a GPU, the mean time of BENCH_REPEATS launches after BENCH_WARMUP, as bandwidth
-// (bytes the kernel must move) and arithmetic rate; on the emulated device, one untimed launch
+// (bytes the kernel must move) and arithmetic rate, returned in seconds; on the emulated device,
+// one untimed launch (returns 0)
 
 static const int BENCH_WARMUP = 3, BENCH_REPEATS = 20;
 
 template <typename F>
-static void bench(const char* name, double bytes, double flops, F launch) {
+static double bench(const char* name, double bytes, double flops, F launch) {
 #ifdef CUDA_EMU
     launch();
     CUDA_CHECK(cudaDeviceSynchronize());
     printf("bench %-40s emulated device: ran once, not timed (%.3g MB, %.3g MFLOP)\n", name, bytes / 1e6,
            flops / 1e6);
+    return 0.0;
 #else
     for (int i = 0; i < BENCH_WARMUP; i++) { launch(); }
     cudaEvent_t start, stop;
@@ -143,6 +145,7 @@ static void bench(const char* name, double bytes, double flops, F launch) {
     printf("bench %-40s %9.1f us  %8.1f GB/s  %9.1f GFLOP/s\n", name, s * 1e6, bytes / s / 1e9, flops / s / 1e9);
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
+    return s;
 #endif
 }
 

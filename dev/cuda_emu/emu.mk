@@ -65,8 +65,18 @@ $(EMU_BUILD)/%: %.cu $(EMU_DIR)/rewrite.py $(EMU_OBJS) $(EMU_HEADERS)
 	python3 $(EMU_DIR)/rewrite.py $< $@.emu.cpp -I . -MT $@
 	$(EMU_CXX) $(EMU_CXXFLAGS) -x c++ $@.emu.cpp -x none $(EMU_OBJS) $(EMU_LDLIBS) -o $@
 
+# the same program with the headers under $(EMU_PLANTED)/include found ahead of the repository's:
+# run_tests.sh copies a header there with a bug planted and expects the program's checks to fail.
+# Always rebuilt (FORCE): what is planted changes between runs.
+EMU_PLANTED := $(EMU_BUILD)/planted
+$(EMU_PLANTED)/%: %.cu $(EMU_DIR)/rewrite.py $(EMU_OBJS) $(EMU_HEADERS) FORCE
+	@mkdir -p $(@D)
+	python3 $(EMU_DIR)/rewrite.py $< $@.emu.cpp -I $(EMU_PLANTED)/include -I .
+	$(EMU_CXX) $(EMU_CXXFLAGS) -x c++ $@.emu.cpp -x none $(EMU_OBJS) $(EMU_LDLIBS) -o $@
+FORCE:
+
 # the files each rewritten program was made from (written by rewrite.py)
--include $(shell find $(EMU_BUILD) -name '*.emu.cpp.d' 2>/dev/null)
+-include $(shell find $(EMU_BUILD) -name '*.emu.cpp.d' -not -path '$(EMU_PLANTED)/*' 2>/dev/null)
 
 .PHONY: emu-build-tests emu-test emu-nvcc-check gpu-check gpu-test-list
 emu-build-tests: $(EMU_TESTS)
