@@ -12,11 +12,11 @@ Layout as attention.cuh: qkv (B,T,3C) holds q, k, v side by side, each split int
 C/NH; out (B,T,C); lse (B,NH,T) fp32, each row's log-sum-exp of its scaled scores. The kernels read
 and write these in place (no head-split copies).
 
-Two forward designs (flash_forward_launch):
-  - bf16: FlashAttention-2 on mma.sync (flash2_forward_kernel, cuda/ptx.cuh): S, P and the O
-    accumulator stay in registers, the online softmax runs on them with quad shuffles, K and V tiles
-    are double-buffered by cp.async; 2 tile products per (query, key) tile pair, shared memory only
-    for K and V (details and the ptxas figures at the kernel).
+Two designs (flash_forward_launch, flash_backward_launch):
+  - bf16: FlashAttention-2 on mma.sync (flash2_*_kernel, cuda/ptx.cuh): S, P (and dP, dS) and the
+    accumulators O, dK, dV, dQ stay in registers, the online softmax runs on them with quad
+    shuffles, the walked tiles are double-buffered by cp.async; shared memory only holds the tiles
+    (details, the backward's scheme and the ptxas figures at the kernels).
   - fp32 (and bf16 for comparison in the dev/cuda test): tiles in shared memory, below; mma.sync
     has no fp32 inputs and this is the simplest correct kernel for the CPU-comparison precision.
 Tiles in shared memory: a block takes FLASH_TILE rows of one (b, h) (queries in forward and in the
@@ -30,8 +30,8 @@ mapping is not specified.
 Forward, per query tile: S = Q K_j^T * scale for each key tile j <= the query tile; the running
 row maximum m and sum l; P = exp(S - m) (floatX); O = O * exp(m_old - m) + P V_j (fp32, in shared
 memory, or registers); finally out = O / l and lse = m + log l.
-Backward (both precisions on the tiles in shared memory; no atomics: every output element has one
-writer, so results are bitwise reproducible):
+Backward (both designs; no atomics: every output element has one writer, so results are bitwise
+reproducible; scratch: D, B NH T floats, which the planner counts):
 D = rowsum(dout * out) first; then one kernel per key tile accumulates dV = sum_i P_i^T dO_i and
 dK = sum_i dS_i^T Q_i over the query tiles i that see it, and a second per query tile accumulates
 dQ = sum_j dS_j K_j, where P = exp(S - lse) and dS = P (dO V^T - D) * scale. The second recomputes
@@ -336,13 +336,14 @@ static size_t flash2_forward_smem_bytes(int hs) {
 }
 
 // What ptxas -v reports (nvcc 13.0 V13.0.88, -O3, 2026-11-24) for the bf16 kernels: registers per
-// thread for head sizes 16, 32, ..., 128; none spills or has a stack frame. With 128 threads a block
-// and the shared memory of each (flash2_forward_smem_bytes, flash_smem_bytes), blocks per SM follow
-// (an A100 has 64K registers and 164 KiB of shared memory per SM, an H100 64K and 228 KiB);
-// `test_flash_attention` prints them all. For hs = 64 (GPT-2): the forward in registers, 160 / 168
-// registers and 36 KiB, runs 3 blocks (12 warps) per SM on both (registers bound); the tiles in
-// shared memory, 48 / 32 registers and 70.5 KiB, 2 blocks on an A100 and 3 on an H100 (shared
-// memory bound). hs = 128: 247 / 246 registers, 68 KiB: 2 blocks on both.
+// thread for head sizes 16, 32, ..., 128, sm_80 then sm_90; none spills or has a stack frame. With
+// 128 threads a block and the shared memory of each (flash2_*_smem_bytes, flash_smem_bytes), blocks
+// per SM follow (an A100 has 64K registers and 164 KiB of shared memory per SM, an H100 64K and
+// 228 KiB); `test_flash_attention` prints them all. For hs = 64 (GPT-2), blocks per SM on an A100 /
+// an H100: forward in registers 159 / 168 registers, 36 KiB: 3 / 3 (registers bound); forward in
+// shared memory 48 / 32 registers, 70.5 KiB: 2 / 3 (shared memory bound); backward in registers,
+// dK dV 224 / 228 and dQ 230 / 214 registers, 55 and 36 KiB: 2 / 2; backward in shared memory
+// 88.5 KiB: 1 / 2.
 // Remeasure after a change: nvcc -O3 -std=c++17 -arch=sm_80 -I. -Xptxas -v -c dev/cuda/test_flash_attention.cu
 #define FLASH_HEAD_SIZES (FLASH_MAX_HEAD / 16)
 struct FlashPtxas {
@@ -350,10 +351,12 @@ struct FlashPtxas {
     short regs_sm80[FLASH_HEAD_SIZES], regs_sm90[FLASH_HEAD_SIZES];
 };
 static const FlashPtxas FLASH_PTXAS[] = {
-    {"flash2_forward_kernel (registers)", {109, 140, 152, 160, 182, 190, 196, 247}, {114, 143, 159, 168, 186, 190, 200, 246}},
+    {"flash2_forward_kernel (registers)", {109, 136, 147, 159, 170, 186, 196, 211}, {112, 143, 154, 168, 186, 186, 202, 217}},
     {"flash_forward_kernel (shared)", {40, 48, 48, 48, 40, 48, 40, 66}, {32, 32, 32, 32, 32, 38, 32, 32}},
-    {"flash_backward_dkdv_kernel", {56, 84, 96, 130, 128, 176, 168, 168}, {64, 79, 80, 100, 134, 176, 168, 255}},
-    {"flash_backward_dq_kernel", {56, 66, 64, 86, 76, 102, 96, 134}, {48, 48, 66, 80, 72, 82, 100, 136}},
+    {"flash_backward_dkdv_kernel (shared)", {56, 84, 96, 130, 128, 176, 168, 168}, {64, 79, 80, 100, 134, 176, 168, 255}},
+    {"flash_backward_dq_kernel (shared)", {56, 66, 64, 86, 76, 102, 96, 134}, {48, 48, 66, 80, 72, 82, 100, 136}},
+    {"flash2_backward_dkdv_kernel (registers)", {149, 174, 200, 224, 203, 230, 234, 242}, {147, 177, 195, 228, 216, 230, 243, 244}},
+    {"flash2_backward_dq_kernel (registers)", {119, 158, 186, 230, 190, 214, 226, 242}, {119, 164, 184, 214, 190, 206, 226, 238}},
 };
 
 // rows row0.. of a (b, h)'s q, k or v (row r at src + r * stride, HS bf16) into dst (rows of
@@ -367,6 +370,33 @@ __device__ inline void flash2_load_tile(__nv_bfloat16* dst, const __nv_bfloat16*
         const __nv_bfloat16* from = inside ? src + (size_t)(row0 + r) * stride + c : src;
         ptx_cp_async_cg16(dst + r * flash2_ld(HS) + c, from, inside ? 16 : 0);
     }
+}
+
+// A warp's fragments from a bf16 tile in shared memory (rows of ld elements), by ldmatrix.x4:
+// the A fragment of rows r0..r0+15, columns c0..c0+15 (quarters: rows 0-7 | 8-15, columns 0-7 | 8-15)
+__device__ inline void flash2_a_frag(uint32_t a[4], const __nv_bfloat16* tile, int ld, int r0, int c0) {
+    int lane = threadIdx.x % WARP_SIZE;
+    ptx_ldmatrix<4, false>(a, tile + (r0 + lane % 8 + (lane / 8 % 2) * 8) * ld + c0 + (lane / 16) * 8);
+}
+// B fragments of two n-blocks (n0.., n0+8..) for k = c0..c0+15, the tile's rows being the n index
+// (K for Q K^T): b[0..1] n-block n0, b[2..3] n-block n0+8
+__device__ inline void flash2_b_frags_nk(uint32_t b[4], const __nv_bfloat16* tile, int ld, int n0, int c0) {
+    int lane = threadIdx.x % WARP_SIZE;
+    ptx_ldmatrix<4, false>(b, tile + (n0 + (lane / 16) * 8 + lane % 8) * ld + c0 + (lane / 8 % 2) * 8);
+}
+// B fragments of two n-blocks (columns n0.., n0+8..) for k = rows k0..k0+15, the tile's rows being
+// the k index (V for P V): .trans; b[0..1] n-block n0, b[2..3] n-block n0+8
+__device__ inline void flash2_b_frags_kn(uint32_t b[4], const __nv_bfloat16* tile, int ld, int k0, int n0) {
+    int lane = threadIdx.x % WARP_SIZE;
+    ptx_ldmatrix<4, true>(b, tile + (k0 + lane % 8 + (lane / 8 % 2) * 8) * ld + n0 + (lane / 16) * 8);
+}
+// the A fragment (m16k16) of accumulator n-blocks 2kk and 2kk+1 (m16n8 each), rounded to bf16:
+// an accumulator pair is exactly an A fragment (ISA tables in cuda/ptx.cuh)
+__device__ inline void flash2_acc_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = ptx_pack_bf16(lo[0], lo[1]);
+    a[1] = ptx_pack_bf16(lo[2], lo[3]);
+    a[2] = ptx_pack_bf16(hi[0], hi[1]);
+    a[3] = ptx_pack_bf16(hi[2], hi[3]);
 }
 
 // out (B,T,C) and lse (B,NH,T) for one query tile of one (b, h): grid (ceil(T / FLASH2_BR), B*NH),
@@ -399,9 +429,7 @@ flash2_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, 
     __syncthreads();
     uint32_t qf[HS / 16][4];
     #pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) {
-        ptx_ldmatrix<4, false>(qf[kk], Q + (w0 + lane % 8 + (lane / 8 % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
-    }
+    for (int kk = 0; kk < HS / 16; kk++) { flash2_a_frag(qf[kk], Q, LD, w0, kk * 16); }
     __syncthreads();  // every warp has its Q before tile 1 is copied over it
     float o[DB][4];           // O: rows g, g+8; channels 8 db + 2t, +1
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g+8 (l: this lane's part)
@@ -429,7 +457,7 @@ flash2_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, 
             #pragma unroll
             for (int nb = 0; nb < NB; nb += 2) {
                 uint32_t kf[4];
-                ptx_ldmatrix<4, false>(kf, Kb + (nb * 8 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + (lane / 8 % 2) * 8);
+                flash2_b_frags_nk(kf, Kb, LD, nb * 8, kk * 16);
                 ptx_mma_bf16_16816(s[nb], qf[kk], kf, s[nb]);
                 ptx_mma_bf16_16816(s[nb + 1], qf[kk], kf + 2, s[nb + 1]);
             }
@@ -471,13 +499,12 @@ flash2_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, 
         // O += P V: P's A fragment for keys 16 kk.. is the accumulators of n-blocks 2 kk and 2 kk + 1
         #pragma unroll
         for (int kk = 0; kk < FLASH2_BC / 16; kk++) {
-            uint32_t pf[4] = {ptx_pack_bf16(s[2 * kk][0], s[2 * kk][1]), ptx_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              ptx_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              ptx_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t pf[4];
+            flash2_acc_to_a(pf, s[2 * kk], s[2 * kk + 1]);
             #pragma unroll
             for (int db = 0; db < DB; db += 2) {  // .trans x4: keys 0-7 | 8-15, channels 0-7 | 8-15
                 uint32_t vf[4];
-                ptx_ldmatrix<4, true>(vf, Vb + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * LD + db * 8 + (lane / 16) * 8);
+                flash2_b_frags_kn(vf, Vb, LD, kk * 16, db * 8);
                 ptx_mma_bf16_16816(o[db], pf, vf, o[db]);
                 ptx_mma_bf16_16816(o[db + 1], pf, vf + 2, o[db + 1]);
             }
@@ -649,6 +676,282 @@ flash_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, co
 }
 
 // ----------------------------------------------------------------------------
+// bf16 backward on mma.sync: the two kernels of the tiles in shared memory (dK dV per key tile, dQ
+// per query tile, after the D kernel above), with S, dP, P, dS and the dK, dV, dQ accumulators in
+// registers and the walked tiles double-buffered by cp.async; the fragment helpers of the forward.
+//
+// Still 7 tile products per (query, key) tile pair: both kernels need S and dP. Fewer needs dQ
+// summed across the key-tile blocks, and every way to do that deterministically costs memory the
+// planner would have to count or an ordering this trainer cannot have: FlashAttention-2's 5 add dQ
+// with atomics (order-dependent, so not bitwise reproducible); dS written once for a dQ GEMM keeps
+// B NH T^2 bf16 (384 MiB at d12, B = 16, T = 1024: the weights flash attention exists to avoid);
+// per-key-tile dQ partials summed in order keep B NH (T / 64) T hs fp32 (768 MiB there); an
+// ordered accumulation by semaphores (key tile j adds after j - 1) makes blocks wait on blocks that
+// may not be resident, and the emulator runs blocks one at a time. The dQ kernel's S and dP are the
+// price: 3 of 7 products.
+//
+// Per warp: 16 keys (dK dV) or 16 queries (dQ); the other side walks in steps of FLASH2_STEP(HS)
+// rows: 64 for hs <= 64, 32 above, which keeps the accumulators (dK and dV: hs fp32 a lane; S and
+// dP: STEP / 2 each) within 255 registers without spilling.
+#define FLASH2_STEP(HS) ((HS) <= 64 ? 64 : 32)
+
+// shared memory of the backward kernels. dK dV: K and V (64 rows), two buffers each of Q and dO
+// (STEP rows), and two of the step's lse and D (floats); dQ: two buffers each of K and V (STEP
+// rows), Q and dO passing through them on the way into registers (2 STEP >= 64 rows)
+static size_t flash2_backward_smem_bytes(int hs, bool dkdv) {
+    size_t step = FLASH2_STEP(hs), row = (size_t)flash2_ld(hs) * sizeof(__nv_bfloat16);
+    if (dkdv) { return (2 * FLASH2_BR + 4 * step) * row + 4 * step * sizeof(float); }
+    return 4 * step * row;
+}
+
+// lse and D of queries q0.. (STEP of them, zeros past T) into lse_s, D_s: plain loads (rows of
+// (B,NH,T) floats are not 16-byte aligned for cp.async); ready for all after the next barrier
+template <int STEP>
+__device__ inline void flash2_load_rows(float* lse_s, float* D_s, const float* lse, const float* D, int q0, int T) {
+    for (int i = threadIdx.x; i < STEP; i += FLASH2_WARPS * WARP_SIZE) {
+        lse_s[i] = q0 + i < T ? lse[q0 + i] * PTX_LOG2E : 0.0f;  // base 2, as the scores
+        D_s[i] = q0 + i < T ? D[q0 + i] : 0.0f;
+    }
+}
+
+// dK, dV of one key tile (64 keys) of one (b, h) into dqkv: grid (ceil(T / 64), B*NH); the warp's 16
+// keys accumulate over the queries from the tile on, STEP at a time. Per step, for the warp:
+//   S^T = K Q^T, dP^T = V dO^T (16 x STEP)    A: K, V rows (ldmatrix); B: Q, dO rows (ldmatrix)
+//   P^T = exp2(S^T scale log2 e - lse log2 e), dS^T = P^T (dP^T - D) scale, masked, in place
+//   dV += P^T dO, dK += dS^T Q (16 x hs)       A: the accumulators packed; B: dO, Q (.trans)
+template <int HS>
+__global__ void __launch_bounds__(FLASH2_WARPS * WARP_SIZE, FLASH2_MIN_BLOCKS)
+flash2_backward_dkdv_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const float* lse,
+                            const float* D, int T, int C, int NH, float scale) {
+    extern __shared__ __align__(128) unsigned char flash_shared[];
+    const int LD = flash2_ld(HS), STEP = FLASH2_STEP(HS), NB = STEP / 8, DB = HS / 8;
+    __nv_bfloat16* K = (__nv_bfloat16*)flash_shared;
+    __nv_bfloat16* V = K + FLASH2_BR * LD;
+    __nv_bfloat16* Q = V + FLASH2_BR * LD;  // Q[buf] at Q + buf * STEP * LD
+    __nv_bfloat16* dO = Q + 2 * STEP * LD;
+    float* lse_s = (float*)(dO + 2 * STEP * LD);  // [buf][STEP]
+    float* D_s = lse_s + 2 * STEP;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, tile = blockIdx.x;  // the most queries first
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    int k0 = tile * FLASH2_BR, w0 = warp * 16;
+    size_t stride = 3 * (size_t)C;
+    const __nv_bfloat16* q_head = flash_head(qkv, b, h, 0, T, C, HS);
+    const __nv_bfloat16* do_head = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float *lse_bh = lse + (size_t)blockIdx.y * T, *D_bh = D + (size_t)blockIdx.y * T;
+    int steps = ceil_div(T - k0, STEP);  // query steps from k0 (the first that sees these keys) to T
+    float scale_log2 = scale * PTX_LOG2E;
+
+    flash2_load_tile<HS, FLASH2_BR>(K, flash_head(qkv, b, h, 1, T, C, HS), stride, k0, T);
+    flash2_load_tile<HS, FLASH2_BR>(V, flash_head(qkv, b, h, 2, T, C, HS), stride, k0, T);
+    flash2_load_tile<HS, STEP>(Q, q_head, stride, k0, T);
+    flash2_load_tile<HS, STEP>(dO, do_head, (size_t)C, k0, T);
+    flash2_load_rows<STEP>(lse_s, D_s, lse_bh, D_bh, k0, T);
+    ptx_cp_async_commit();
+
+    float dk[DB][4], dv[DB][4];  // the warp's keys: rows g, g+8; channels 8 db + 2t, +1
+    #pragma unroll
+    for (int db = 0; db < DB; db++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) { dk[db][i] = dv[db][i] = 0.0f; }
+    }
+    for (int st = 0; st < steps; st++) {
+        int q0 = k0 + st * STEP, buf = st % 2;
+        if (st + 1 < steps) {  // the next queries into the other buffers (every warp is done with them)
+            int nb_ = 1 - buf;
+            flash2_load_tile<HS, STEP>(Q + nb_ * STEP * LD, q_head, stride, q0 + STEP, T);
+            flash2_load_tile<HS, STEP>(dO + nb_ * STEP * LD, do_head, (size_t)C, q0 + STEP, T);
+            flash2_load_rows<STEP>(lse_s + nb_ * STEP, D_s + nb_ * STEP, lse_bh, D_bh, q0 + STEP, T);
+            ptx_cp_async_commit();
+            ptx_cp_async_wait<1>();
+        } else {
+            ptx_cp_async_wait<0>();
+        }
+        __syncthreads();
+        const __nv_bfloat16 *Qb = Q + buf * STEP * LD, *dOb = dO + buf * STEP * LD;
+        const float *lse_b = lse_s + buf * STEP, *D_b = D_s + buf * STEP;
+        float sT[NB][4], dpT[NB][4];
+        #pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { sT[nb][i] = dpT[nb][i] = 0.0f; }
+        }
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            uint32_t ka[4], va[4];
+            flash2_a_frag(ka, K, LD, w0, kk * 16);
+            flash2_a_frag(va, V, LD, w0, kk * 16);
+            #pragma unroll
+            for (int nb = 0; nb < NB; nb += 2) {
+                uint32_t qb[4], ob[4];
+                flash2_b_frags_nk(qb, Qb, LD, nb * 8, kk * 16);
+                ptx_mma_bf16_16816(sT[nb], ka, qb, sT[nb]);
+                ptx_mma_bf16_16816(sT[nb + 1], ka, qb + 2, sT[nb + 1]);
+                flash2_b_frags_nk(ob, dOb, LD, nb * 8, kk * 16);
+                ptx_mma_bf16_16816(dpT[nb], va, ob, dpT[nb]);
+                ptx_mma_bf16_16816(dpT[nb + 1], va, ob + 2, dpT[nb + 1]);
+            }
+        }
+        // P^T and dS^T in place; a query before the key, or past T, contributes nothing
+        #pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int key = k0 + w0 + g + (i / 2) * 8, qi = nb * 8 + 2 * t + i % 2, query = q0 + qi;
+                float p = key <= query && query < T ? ptx_exp2(sT[nb][i] * scale_log2 - lse_b[qi]) : 0.0f;
+                sT[nb][i] = p;
+                dpT[nb][i] = p * (dpT[nb][i] - D_b[qi]) * scale;
+            }
+        }
+        // dV += P^T dO, dK += dS^T Q over the step's queries
+        #pragma unroll
+        for (int kk = 0; kk < STEP / 16; kk++) {
+            uint32_t pa[4], dsa[4];
+            flash2_acc_to_a(pa, sT[2 * kk], sT[2 * kk + 1]);
+            flash2_acc_to_a(dsa, dpT[2 * kk], dpT[2 * kk + 1]);
+            #pragma unroll
+            for (int db = 0; db < DB; db += 2) {
+                uint32_t ob[4], qb[4];
+                flash2_b_frags_kn(ob, dOb, LD, kk * 16, db * 8);
+                ptx_mma_bf16_16816(dv[db], pa, ob, dv[db]);
+                ptx_mma_bf16_16816(dv[db + 1], pa, ob + 2, dv[db + 1]);
+                flash2_b_frags_kn(qb, Qb, LD, kk * 16, db * 8);
+                ptx_mma_bf16_16816(dk[db], dsa, qb, dk[db]);
+                ptx_mma_bf16_16816(dk[db + 1], dsa, qb + 2, dk[db + 1]);
+            }
+        }
+        __syncthreads();  // every warp is done with buffer buf before step st + 2 is copied into it
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = k0 + w0 + g + r * 8;
+        if (key >= T) { continue; }
+        __nv_bfloat16* row = dqkv + ((size_t)b * T + key) * stride + (size_t)h * HS + 2 * t;
+        #pragma unroll
+        for (int db = 0; db < DB; db++) {
+            *(__nv_bfloat162*)(row + C + db * 8) = __floats2bfloat162_rn(dk[db][2 * r], dk[db][2 * r + 1]);
+            *(__nv_bfloat162*)(row + 2 * (size_t)C + db * 8) = __floats2bfloat162_rn(dv[db][2 * r], dv[db][2 * r + 1]);
+        }
+    }
+}
+
+// dQ of one query tile (64 queries) of one (b, h) into dqkv: grid (ceil(T / 64), B*NH), the tiles
+// with the most keys first; the warp's 16 queries accumulate over the keys up to the tile's last,
+// STEP at a time. Per step: S = Q K^T, dP = dO V^T (Q, dO as A fragments, kept in registers), P and
+// dS in place (each row's lse and D in the lane), dQ += dS K (K .trans)
+template <int HS>
+__global__ void __launch_bounds__(FLASH2_WARPS * WARP_SIZE, FLASH2_MIN_BLOCKS)
+flash2_backward_dq_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const float* lse,
+                          const float* D, int T, int C, int NH, float scale) {
+    extern __shared__ __align__(128) unsigned char flash_shared[];
+    const int LD = flash2_ld(HS), STEP = FLASH2_STEP(HS), NB = STEP / 8, DB = HS / 8;
+    static_assert(2 * FLASH2_STEP(HS) >= FLASH2_BR, "Q and dO pass through the two K and V buffers");
+    __nv_bfloat16* K = (__nv_bfloat16*)flash_shared;  // K[buf] at K + buf * STEP * LD
+    __nv_bfloat16* V = K + 2 * STEP * LD;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, tile = gridDim.x - 1 - blockIdx.x;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    int q0 = tile * FLASH2_BR, w0 = warp * 16;
+    size_t stride = 3 * (size_t)C;
+    const __nv_bfloat16* k_head = flash_head(qkv, b, h, 1, T, C, HS);
+    const __nv_bfloat16* v_head = flash_head(qkv, b, h, 2, T, C, HS);
+    int steps = ceil_div(min(q0 + FLASH2_BR, T), STEP);  // key steps the tile's last row sees
+    float scale_log2 = scale * PTX_LOG2E;
+
+    // Q and dO into registers, through the K and V buffers
+    flash2_load_tile<HS, FLASH2_BR>(K, flash_head(qkv, b, h, 0, T, C, HS), stride, q0, T);
+    flash2_load_tile<HS, FLASH2_BR>(V, dout + (size_t)b * T * C + (size_t)h * HS, (size_t)C, q0, T);
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<0>();
+    __syncthreads();
+    uint32_t qf[HS / 16][4], of[HS / 16][4];
+    #pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        flash2_a_frag(qf[kk], K, LD, w0, kk * 16);
+        flash2_a_frag(of[kk], V, LD, w0, kk * 16);
+    }
+    float lse2[2], Dr[2];  // rows g, g+8: lse in base 2, and D
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = q0 + w0 + g + r * 8;
+        lse2[r] = row < T ? lse[(size_t)blockIdx.y * T + row] * PTX_LOG2E : 0.0f;
+        Dr[r] = row < T ? D[(size_t)blockIdx.y * T + row] : 0.0f;
+    }
+    __syncthreads();  // every warp has its Q and dO before key step 0 is copied over them
+    flash2_load_tile<HS, STEP>(K, k_head, stride, 0, T);
+    flash2_load_tile<HS, STEP>(V, v_head, stride, 0, T);
+    ptx_cp_async_commit();
+
+    float dq[DB][4];
+    #pragma unroll
+    for (int db = 0; db < DB; db++) { dq[db][0] = dq[db][1] = dq[db][2] = dq[db][3] = 0.0f; }
+    for (int kt = 0; kt < steps; kt++) {
+        int k0 = kt * STEP, buf = kt % 2;
+        if (kt + 1 < steps) {
+            flash2_load_tile<HS, STEP>(K + (1 - buf) * STEP * LD, k_head, stride, k0 + STEP, T);
+            flash2_load_tile<HS, STEP>(V + (1 - buf) * STEP * LD, v_head, stride, k0 + STEP, T);
+            ptx_cp_async_commit();
+            ptx_cp_async_wait<1>();
+        } else {
+            ptx_cp_async_wait<0>();
+        }
+        __syncthreads();
+        const __nv_bfloat16 *Kb = K + buf * STEP * LD, *Vb = V + buf * STEP * LD;
+        float s[NB][4], dp[NB][4];
+        #pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { s[nb][i] = dp[nb][i] = 0.0f; }
+        }
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            #pragma unroll
+            for (int nb = 0; nb < NB; nb += 2) {
+                uint32_t kb[4], vb[4];
+                flash2_b_frags_nk(kb, Kb, LD, nb * 8, kk * 16);
+                ptx_mma_bf16_16816(s[nb], qf[kk], kb, s[nb]);
+                ptx_mma_bf16_16816(s[nb + 1], qf[kk], kb + 2, s[nb + 1]);
+                flash2_b_frags_nk(vb, Vb, LD, nb * 8, kk * 16);
+                ptx_mma_bf16_16816(dp[nb], of[kk], vb, dp[nb]);
+                ptx_mma_bf16_16816(dp[nb + 1], of[kk], vb + 2, dp[nb + 1]);
+            }
+        }
+        // dS in place; a key after the query, or past T, contributes nothing
+        #pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = q0 + w0 + g + (i / 2) * 8, key = k0 + nb * 8 + 2 * t + i % 2;
+                float p = key <= row && key < T ? ptx_exp2(s[nb][i] * scale_log2 - lse2[i / 2]) : 0.0f;
+                s[nb][i] = p * (dp[nb][i] - Dr[i / 2]) * scale;
+            }
+        }
+        // dQ += dS K over the step's keys
+        #pragma unroll
+        for (int kk = 0; kk < STEP / 16; kk++) {
+            uint32_t dsa[4];
+            flash2_acc_to_a(dsa, s[2 * kk], s[2 * kk + 1]);
+            #pragma unroll
+            for (int db = 0; db < DB; db += 2) {
+                uint32_t kb[4];
+                flash2_b_frags_kn(kb, Kb, LD, kk * 16, db * 8);
+                ptx_mma_bf16_16816(dq[db], dsa, kb, dq[db]);
+                ptx_mma_bf16_16816(dq[db + 1], dsa, kb + 2, dq[db + 1]);
+            }
+        }
+        __syncthreads();  // every warp is done with buffer buf before step kt + 2 is copied into it
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = q0 + w0 + g + r * 8;
+        if (row >= T) { continue; }
+        __nv_bfloat16* out = dqkv + ((size_t)b * T + row) * stride + (size_t)h * HS + 2 * t;
+        #pragma unroll
+        for (int db = 0; db < DB; db++) {
+            *(__nv_bfloat162*)(out + db * 8) = __floats2bfloat162_rn(dq[db][2 * r], dq[db][2 * r + 1]);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // kernel launchers
 
 // the scratch flash_attention_backward_cuda needs: D, one float per row of each head
@@ -686,48 +989,90 @@ static void flash_prepare(Kernel kernel, size_t bytes, const char* who) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// The two forward designs, one launcher each (flash_attention_forward_cuda picks; the dev/cuda test
-// times both on a GPU):
-//   FLASH_TILES_IN_SHARED: S, P and O go through shared memory between tile products (warp_tile_mma:
-//     wmma for bf16, CUDA cores for fp32). The fp32 path: mma.sync has no fp32 inputs, and this is
-//     the simplest correct kernel for the precision that is the CPU comparison's.
-//   FLASH_TILES_IN_REGISTERS: FlashAttention-2 on mma.sync (bf16 only): flash2_forward_kernel.
-enum FlashForwardDesign { FLASH_TILES_IN_SHARED, FLASH_TILES_IN_REGISTERS };
-
-template <typename floatX>
-static void flash_forward_launch(FlashForwardDesign design, floatX* out, float* lse, const floatX* qkv, int B, int T, int C,
-                                 int NH, cudaStream_t stream) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-        if (design == FLASH_TILES_IN_REGISTERS) {
-            size_t bytes = flash2_forward_smem_bytes(hs);
-            dim3 grid(ceil_div(T, FLASH2_BR), B * NH);
-            flash_with_head_size(hs, [&](auto head) {
-                constexpr int HS = decltype(head)::value;
-                flash_prepare(flash2_forward_kernel<HS>, bytes, "flash attention forward");
-                flash2_forward_kernel<HS><<<grid, FLASH2_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH,
-                                                                                           scale * PTX_LOG2E);
-                CUDA_CHECK_LAUNCH();
-            });
-            return;
-        }
-    }
-    if (design != FLASH_TILES_IN_SHARED) { fail("flash attention forward: tiles in registers run bf16 only\n  hint: a bug"); }
-    size_t bytes = flash_smem_bytes<floatX>(hs, false);
-    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
-    flash_with_head_size(hs, [&](auto head) {
-        constexpr int HS = decltype(head)::value;
-        flash_prepare(flash_forward_kernel<floatX, HS>, bytes, "flash attention forward");
-        flash_forward_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH, scale);
-        CUDA_CHECK_LAUNCH();
-    });
-}
+// The two designs, a launcher for each pass (flash_attention_*_cuda pick; the dev/cuda test runs
+// and times both, so a template argument: the trainer compiles only the one it runs):
+//   FLASH_TILES_IN_SHARED: S, P (and the forward's O) go through shared memory between tile
+//     products (warp_tile_mma: wmma for bf16, CUDA cores for fp32). The fp32 path: mma.sync has no
+//     fp32 inputs, and this is the simplest correct kernel for the precision that is the CPU
+//     comparison's.
+//   FLASH_TILES_IN_REGISTERS: FlashAttention-2 on mma.sync (bf16 only): flash2_*_kernel.
+enum FlashDesign { FLASH_TILES_IN_SHARED, FLASH_TILES_IN_REGISTERS };
 
 // the design each precision runs
 template <typename floatX>
-static FlashForwardDesign flash_forward_design() {
+constexpr FlashDesign flash_design() {
     return std::is_same<floatX, __nv_bfloat16>::value ? FLASH_TILES_IN_REGISTERS : FLASH_TILES_IN_SHARED;
+}
+
+template <FlashDesign DESIGN, typename floatX>
+static void flash_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+    static_assert(DESIGN == FLASH_TILES_IN_SHARED || std::is_same<floatX, __nv_bfloat16>::value,
+                  "tiles in registers (mma.sync) run bf16 only");
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    if constexpr (DESIGN == FLASH_TILES_IN_REGISTERS) {
+        size_t bytes = flash2_forward_smem_bytes(hs);
+        dim3 grid(ceil_div(T, FLASH2_BR), B * NH);
+        flash_with_head_size(hs, [&](auto head) {
+            constexpr int HS = decltype(head)::value;
+            flash_prepare(flash2_forward_kernel<HS>, bytes, "flash attention forward");
+            flash2_forward_kernel<HS><<<grid, FLASH2_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH,
+                                                                                       scale * PTX_LOG2E);
+            CUDA_CHECK_LAUNCH();
+        });
+    } else {
+        size_t bytes = flash_smem_bytes<floatX>(hs, false);
+        dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
+        flash_with_head_size(hs, [&](auto head) {
+            constexpr int HS = decltype(head)::value;
+            flash_prepare(flash_forward_kernel<floatX, HS>, bytes, "flash attention forward");
+            flash_forward_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(out, lse, qkv, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+        });
+    }
+}
+
+// scratch: D, flash_attention_scratch_floats(B, T, NH) floats
+template <FlashDesign DESIGN, typename floatX>
+static void flash_backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                                  int B, int T, int C, int NH, float* scratch, cudaStream_t stream) {
+    static_assert(DESIGN == FLASH_TILES_IN_SHARED || std::is_same<floatX, __nv_bfloat16>::value,
+                  "tiles in registers (mma.sync) run bf16 only");
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t rows = (size_t)B * NH * T;
+    flash_backward_dot_kernel<floatX><<<(unsigned)ceil_div(rows, (size_t)FLASH_D_BLOCK), FLASH_D_BLOCK, 0, stream>>>(
+        scratch, dout, out, B, T, C, NH);
+    CUDA_CHECK_LAUNCH();
+    if constexpr (DESIGN == FLASH_TILES_IN_REGISTERS) {
+        size_t dkdv_bytes = flash2_backward_smem_bytes(hs, true), dq_bytes = flash2_backward_smem_bytes(hs, false);
+        dim3 grid(ceil_div(T, FLASH2_BR), B * NH);
+        flash_with_head_size(hs, [&](auto head) {
+            constexpr int HS = decltype(head)::value;
+            flash_prepare(flash2_backward_dkdv_kernel<HS>, dkdv_bytes, "flash attention backward");
+            flash_prepare(flash2_backward_dq_kernel<HS>, dq_bytes, "flash attention backward");
+            flash2_backward_dkdv_kernel<HS><<<grid, FLASH2_WARPS * WARP_SIZE, dkdv_bytes, stream>>>(dqkv, dout, qkv, lse,
+                                                                                                  scratch, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+            flash2_backward_dq_kernel<HS><<<grid, FLASH2_WARPS * WARP_SIZE, dq_bytes, stream>>>(dqkv, dout, qkv, lse, scratch,
+                                                                                              T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+        });
+    } else {
+        size_t bytes = flash_smem_bytes<floatX>(hs, true);
+        dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
+        flash_with_head_size(hs, [&](auto head) {
+            constexpr int HS = decltype(head)::value;
+            flash_prepare(flash_backward_dkdv_kernel<floatX, HS>, bytes, "flash attention backward");
+            flash_prepare(flash_backward_dq_kernel<floatX, HS>, bytes, "flash attention backward");
+            flash_backward_dkdv_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse,
+                                                                                                    scratch, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+            flash_backward_dq_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse, scratch,
+                                                                                                  T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+        });
+    }
 }
 
 // out (B,T,C) = causal attention of qkv (B,T,3C); lse (B,NH,T) the rows' log-sum-exp (fp32)
@@ -735,7 +1080,7 @@ template <typename floatX>
 void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
     flash_check("flash_attention_forward_cuda", C, NH, qkv);
     if (B * T == 0) { return; }
-    flash_forward_launch(flash_forward_design<floatX>(), out, lse, qkv, B, T, C, NH, stream);
+    flash_forward_launch<flash_design<floatX>()>(out, lse, qkv, B, T, C, NH, stream);
 }
 
 // dqkv (B,T,3C) = the gradient of the attention given dout (B,T,C), and the forward's qkv, out and
@@ -745,25 +1090,7 @@ void flash_attention_backward_cuda(floatX* dqkv, const floatX* dout, const float
                                    int B, int T, int C, int NH, float* scratch, cudaStream_t stream) {
     flash_check("flash_attention_backward_cuda", C, NH, qkv);
     if (B * T == 0) { return; }
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    size_t rows = (size_t)B * NH * T;
-    flash_backward_dot_kernel<floatX><<<(unsigned)ceil_div(rows, (size_t)FLASH_D_BLOCK), FLASH_D_BLOCK, 0, stream>>>(
-        scratch, dout, out, B, T, C, NH);
-    CUDA_CHECK_LAUNCH();
-    size_t bytes = flash_smem_bytes<floatX>(hs, true);
-    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
-    flash_with_head_size(hs, [&](auto head) {
-        constexpr int HS = decltype(head)::value;
-        flash_prepare(flash_backward_dkdv_kernel<floatX, HS>, bytes, "flash attention backward");
-        flash_prepare(flash_backward_dq_kernel<floatX, HS>, bytes, "flash attention backward");
-        flash_backward_dkdv_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse, scratch,
-                                                                                                T, C, NH, scale);
-        CUDA_CHECK_LAUNCH();
-        flash_backward_dq_kernel<floatX, HS><<<grid, FLASH_WARPS * WARP_SIZE, bytes, stream>>>(dqkv, dout, qkv, lse, scratch,
-                                                                                              T, C, NH, scale);
-        CUDA_CHECK_LAUNCH();
-    });
+    flash_backward_launch<flash_design<floatX>()>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch, stream);
 }
 
 #endif // CUDA_FLASH_ATTENTION_CUH

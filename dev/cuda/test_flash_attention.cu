@@ -43,9 +43,9 @@ static void test_shape(const Shape& s) {
     check_close<floatX>(max_rel_error(download(d_out, nout).data(), out.data(), nout), tolerance<floatX>(), "flash attention", what);
     snprintf(what, sizeof what, "forward log-sum-exp (T=%d hs=%d)", T, C / NH);
     check_close<floatX>(max_rel_error(download(d_lse, nlse).data(), lse.data(), nlse), tolerance<floatX>(), "flash attention", what);
-    if (flash_forward_design<floatX>() != FLASH_TILES_IN_SHARED) {  // the other design, timed beside it
+    if (flash_design<floatX>() != FLASH_TILES_IN_SHARED) {  // the other design, timed beside it
         upload_into(d_out, random_vector(nout, 4));
-        flash_forward_launch<floatX>(FLASH_TILES_IN_SHARED, d_out, d_lse, d_qkv, B, T, C, NH, 0);
+        flash_forward_launch<FLASH_TILES_IN_SHARED>(d_out, d_lse, d_qkv, B, T, C, NH, 0);
         snprintf(what, sizeof what, "forward, tiles in shared memory (T=%d hs=%d)", T, C / NH);
         check_close<floatX>(max_rel_error(download(d_out, nout).data(), out.data(), nout), tolerance<floatX>(), "flash attention", what);
     }
@@ -66,6 +66,13 @@ static void test_shape(const Shape& s) {
                         "flash attention", what);
     snprintf(what, sizeof what, "backward twice: bitwise equal (T=%d)", T);
     check(same_bits(d_dqkv[0], d_dqkv[1], nqkv), test_name<floatX>("flash attention", what), "%s", "the runs differ");
+    if (flash_design<floatX>() != FLASH_TILES_IN_SHARED) {  // the other design, timed beside it
+        upload_into(d_dqkv[1], random_vector(nqkv, 8));
+        flash_backward_launch<FLASH_TILES_IN_SHARED>(d_dqkv[1], d_dout, d_qkv, d_out, d_lse, B, T, C, NH, d_scratch, 0);
+        snprintf(what, sizeof what, "backward, tiles in shared memory (T=%d hs=%d)", T, C / NH);
+        check_close<floatX>(max_rel_error(download(d_dqkv[1], nqkv).data(), dqkv.data(), nqkv), tolerance<floatX>(),
+                            "flash attention", what);
+    }
 
     for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_dout, (void*)d_scratch, (void*)d_dqkv[0],
                     (void*)d_dqkv[1]}) {
@@ -76,34 +83,61 @@ static void test_shape(const Shape& s) {
 // ----------------------------------------------------------------------------
 // the designs side by side: per kernel, for one (query tile, key tile) pair of 64 x 64 and head size
 // hs (bf16), the tile products (64 x 64 x hs or 64 x hs x 64 each), the bytes that pass through
-// shared memory (written and read), and from the header's ptxas figures, registers and blocks per
-// SM. Shared-memory traffic, by design:
+// shared memory (written and read), and from the header's ptxas figures (FLASH_PTXAS, in this
+// order), registers and blocks per SM. Shared-memory traffic per pair, by kernel:
+//   forward, tiles in registers: K, V written by cp.async, each read once per warp by ldmatrix
 //   forward, tiles in shared memory: K, V written (2 * 64 hs * 2 bytes); wmma loads for S = Q K^T
 //     (4 warps x 4 column tiles x (Q and K 16 x hs)); S written, read twice, P written (fp32 S,
 //     bf16 P, 64 x 64); O rescaled (read and written, fp32); P V: per warp and 16 channels, O in and
 //     out (fp32), P and V (bf16 16 x 64)
-//   forward, tiles in registers: K, V written by cp.async, each read once per warp by ldmatrix
-//   backward, dK dV kernel: Q, dO written; S and dP products' wmma loads (2 x 16 tiles x 2
-//     operands); S, dP written and read (fp32), P, dS written (bf16); dV += P^T dO, dK += dS^T Q
-//     (per warp and 16 channels: 2 x (16 x 64 + 64 x 16) bf16)
-//   backward, dQ kernel: K, V written; S and dP loads as above; S, dP written and read; dS written;
-//     dQ += dS K (per warp and 16 channels: 16 x 64 + 64 x 16 bf16)
+//   backward dK dV, tiles in shared memory: Q, dO written; S and dP products' wmma loads; S, dP
+//     written and read (fp32), P, dS written (bf16); dV += P^T dO, dK += dS^T Q (per warp and 16
+//     channels: 2 x (16 x 64 + 64 x 16) bf16)
+//   backward dQ, tiles in shared memory: K, V written; S and dP loads; S, dP written and read; dS
+//     written; dQ += dS K (per warp and 16 channels: 16 x 64 + 64 x 16 bf16)
+//   backward dK dV, tiles in registers: Q, dO written by cp.async; per warp and step of STEP
+//     queries, its K and V rows (A fragments, 16 x hs each) read again; per warp, Q and dO read
+//     twice (once as B for S^T and dP^T, once .trans for dK and dV)
+//   backward dQ, tiles in registers: K, V written; per warp, K and V read for S and dP, K again
+//     (.trans) for dQ
+struct FlashKernelRow {
+    const char* role;
+    int products;  // tile products per tile pair
+};
+static const FlashKernelRow FLASH_ROWS[] = {  // FLASH_PTXAS's rows
+    {"forward bf16, after", 2},               // S, PV
+    {"forward bf16 before, fp32", 2},
+    {"backward dK dV bf16 before, fp32", 4},  // S, dP, dV, dK
+    {"backward dQ bf16 before, fp32", 3},     // S, dP, dQ
+    {"backward dK dV bf16, after", 4},
+    {"backward dQ bf16, after", 3},
+};
+
 static double flash_smem_moved(int row, int hs) {
     const double X = 2, F = 4, tile = 64, warps = 4, pair_f32 = tile * tile * F, pair_x = tile * tile * X;
-    double head_tile = tile * hs * X;                         // one 64 x hs bf16 tile
-    double wmma_operands = warps * 4 * 2 * 16 * hs * X;        // a 64 x 64 product over hs, 16 x 16 tiles
-    double per_channel_tiles = warps * (hs / 16.0);            // (warp, 16 channels) pairs of a 64 x hs result
+    double head_tile = tile * hs * X;                    // one 64 x hs bf16 tile
+    double wmma_operands = warps * 4 * 2 * 16 * hs * X;  // a 64 x 64 product over hs, 16 x 16 tiles
+    double per_channel_tiles = warps * (hs / 16.0);      // (warp, 16 channels) pairs of a 64 x hs result
+    double warp_rows = 16 * hs * X;                      // a warp's 16 rows of a head
     switch (row) {
-        case 0: return 2 * head_tile + 2 * warps * head_tile;  // cp.async in; ldmatrix K and V per warp
+        case 0: return 2 * head_tile + 2 * warps * head_tile;
         case 1: return 2 * head_tile + wmma_operands + pair_f32 * 3 + pair_x + 2 * tile * hs * F +
                        per_channel_tiles * (2 * 16 * 16 * F + 2 * 16 * tile * X);
         case 2: return 2 * head_tile + 2 * wmma_operands + 4 * pair_f32 + 2 * pair_x + per_channel_tiles * 4 * 16 * tile * X;
-        default: return 2 * head_tile + 2 * wmma_operands + 4 * pair_f32 + pair_x + per_channel_tiles * 2 * 16 * tile * X;
+        case 3: return 2 * head_tile + 2 * wmma_operands + 4 * pair_f32 + pair_x + per_channel_tiles * 2 * 16 * tile * X;
+        case 4: return 2 * head_tile + warps * (tile / FLASH2_STEP(hs)) * 2 * warp_rows + warps * 4 * head_tile;
+        default: return 2 * head_tile + warps * 3 * head_tile;
     }
 }
 
 static size_t flash_smem_block(int row, int hs) {
-    return row == 0 ? flash2_forward_smem_bytes(hs) : flash_smem_bytes<__nv_bfloat16>(hs, row >= 2);
+    switch (row) {
+        case 0: return flash2_forward_smem_bytes(hs);
+        case 1: return flash_smem_bytes<__nv_bfloat16>(hs, false);
+        case 2:
+        case 3: return flash_smem_bytes<__nv_bfloat16>(hs, true);
+        default: return flash2_backward_smem_bytes(hs, row == 4);
+    }
 }
 
 // blocks of 128 threads per SM: registers (64K per SM, allocated per warp in multiples of 256, i.e.
@@ -116,24 +150,24 @@ static int flash_blocks_per_sm(int regs, size_t smem, size_t smem_per_sm) {
 }
 
 static void print_designs(void) {
-    static const int PRODUCTS[] = {2, 2, 4, 3};  // S, PV | S, PV | S, dP, dV, dK | S, dP, dQ
-    static const char* ROLE[] = {"forward bf16, after", "forward bf16, before (and fp32)", "backward dK dV", "backward dQ"};
     const size_t A100_SMEM = 164 * 1024, H100_SMEM = 228 * 1024;
+    const int rows = (int)(sizeof FLASH_PTXAS / sizeof FLASH_PTXAS[0]);
+    check(rows == (int)(sizeof FLASH_ROWS / sizeof FLASH_ROWS[0]), "flash attention: a role for every kernel of FLASH_PTXAS",
+          "%d kernels, %d roles", rows, (int)(sizeof FLASH_ROWS / sizeof FLASH_ROWS[0]));
     printf("flash attention kernels per (64 query x 64 key) tile pair, bf16 (registers: ptxas, FLASH_PTXAS):\n");
-    printf("  %-34s %-32s %3s %8s %11s %9s %13s\n", "kernel", "role", "hs", "products", "smem B/pair", "regs 80/90",
+    printf("  %-40s %-33s %3s %8s %11s %10s %19s\n", "kernel", "role", "hs", "products", "smem B/pair", "regs 80/90",
            "blocks/SM A100/H100");
-    for (int row = 0; row < (int)(sizeof FLASH_PTXAS / sizeof FLASH_PTXAS[0]); row++) {
+    for (int row = 0; row < rows; row++) {
         for (int hs : {64, 128}) {
             const FlashPtxas& f = FLASH_PTXAS[row];
             int i = hs / 16 - 1;
             size_t smem = flash_smem_block(row, hs);
-            printf("  %-34s %-32s %3d %8d %11.0f %5d/%-3d %9d/%d   (%zu B shared/block)\n", f.kernel, ROLE[row], hs,
-                   PRODUCTS[row], flash_smem_moved(row, hs), f.regs_sm80[i], f.regs_sm90[i],
+            printf("  %-40s %-33s %3d %8d %11.0f %6d/%-3d %13d/%d   (%zu B shared/block)\n", f.kernel, FLASH_ROWS[row].role,
+                   hs, FLASH_ROWS[row].products, flash_smem_moved(row, hs), f.regs_sm80[i], f.regs_sm90[i],
                    flash_blocks_per_sm(f.regs_sm80[i], smem, A100_SMEM), flash_blocks_per_sm(f.regs_sm90[i], smem, H100_SMEM),
                    smem);
         }
     }
-    printf("  backward: 7 tile products per pair (S and dP in both kernels), unchanged by this design\n");
 }
 
 // cuBLAS's batched GEMMs of the attention's two forward products, full (not causal) T x T: S = Q K^T
@@ -164,9 +198,28 @@ static void bench_cublas_pair(int BNH, int T, int hs) {
     for (void* x : {(void*)q, (void*)k, (void*)p, (void*)o}) { CUDA_CHECK(cudaFree(x)); }
 }
 
-// GPT-2 d12's attention (B=8, T=1024, C=768, NH=12) on a GPU, tiny on the emulated device; FLOPs
-// count the causal half of the tile products (forward 2 of them, backward 7: S and dP twice, dV,
-// dK, dQ), llm.c's count
+// one design's forward and backward, timed; FLOPs count the causal half of the tile products
+// (forward 2 of them, backward 7: S and dP twice, dV, dK, dQ), llm.c's count
+template <FlashDesign DESIGN, typename floatX>
+static void bench_designs(floatX* d_out, floatX* d_dqkv, const floatX* d_qkv, float* d_lse, float* d_scratch, int B, int T,
+                          int C, int NH) {
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    double x = sizeof(floatX), half_square = (double)B * T * T * C;  // (B NH T^2 hs) / 2 per product... x2 FLOPs
+    const char* where = DESIGN == FLASH_TILES_IN_REGISTERS ? "registers" : "shared";
+    char name[96];
+    snprintf(name, sizeof name, "flash_attention_forward %s, tiles in %s", type_name<floatX>(), where);
+    double s = bench(name, (nqkv + nout) * x + nlse * 4.0, 2.0 * half_square,
+                     [&] { flash_forward_launch<DESIGN>(d_out, d_lse, d_qkv, B, T, C, NH, 0); });
+    if (s > 0) { printf("      %.1f TFLOP/s (causal)\n", 2.0 * half_square / s / 1e12); }
+    snprintf(name, sizeof name, "flash_attention_backward %s, tiles in %s", type_name<floatX>(), where);
+    s = bench(name, (2.0 * nqkv + 2.0 * nout) * x + 2.0 * nlse * 4.0, 7.0 * half_square, [&] {
+        flash_backward_launch<DESIGN>(d_dqkv, d_out, d_qkv, d_out, d_lse, B, T, C, NH, d_scratch, 0);
+    });
+    if (s > 0) { printf("      %.1f TFLOP/s (causal, 7 products)\n", 7.0 * half_square / s / 1e12); }
+}
+
+// GPT-2 d12's attention (B=8, T=1024, C=768, NH=12) on a GPU, tiny on the emulated device: each
+// design, then (bf16) cuBLAS's batched GEMMs of the same shapes
 template <typename floatX>
 static void bench_flash(void) {
 #ifdef CUDA_EMU
@@ -178,21 +231,10 @@ static void bench_flash(void) {
     floatX *d_qkv = upload<floatX>(random_vector(nqkv, 1)), *d_out = device_alloc<floatX>(nout);
     floatX* d_dqkv = device_alloc<floatX>(nqkv);
     float *d_lse = device_alloc<float>(nlse), *d_scratch = device_alloc<float>(flash_attention_scratch_floats(B, T, NH));
-    double x = sizeof(floatX), half_square = (double)B * T * T * C;  // (B NH T^2 hs) / 2 per product... x2 FLOPs
-    char name[96];
-    FlashForwardDesign designs[] = {flash_forward_design<floatX>(), FLASH_TILES_IN_SHARED};
-    for (int d = 0; d < (designs[0] == designs[1] ? 1 : 2); d++) {
-        snprintf(name, sizeof name, "flash_attention_forward %s, tiles in %s", type_name<floatX>(),
-                 designs[d] == FLASH_TILES_IN_REGISTERS ? "registers" : "shared");
-        double s = bench(name, (nqkv + nout) * x + nlse * 4.0, 2.0 * half_square,
-                         [&] { flash_forward_launch<floatX>(designs[d], d_out, d_lse, d_qkv, B, T, C, NH, 0); });
-        if (s > 0) { printf("      %.1f TFLOP/s (causal)\n", 2.0 * half_square / s / 1e12); }
+    bench_designs<flash_design<floatX>()>(d_out, d_dqkv, d_qkv, d_lse, d_scratch, B, T, C, NH);
+    if constexpr (flash_design<floatX>() != FLASH_TILES_IN_SHARED) {
+        bench_designs<FLASH_TILES_IN_SHARED>(d_out, d_dqkv, d_qkv, d_lse, d_scratch, B, T, C, NH);
     }
-    snprintf(name, sizeof name, "flash_attention_backward %s", type_name<floatX>());
-    double s = bench(name, (2.0 * nqkv + 2.0 * nout) * x + 2.0 * nlse * 4.0, 7.0 * half_square, [&] {
-        flash_attention_backward_cuda<floatX>(d_dqkv, d_out, d_qkv, d_out, d_lse, B, T, C, NH, d_scratch, 0);
-    });
-    if (s > 0) { printf("      %.1f TFLOP/s (causal, 7 products)\n", 7.0 * half_square / s / 1e12); }
     if (std::is_same<floatX, __nv_bfloat16>::value) { bench_cublas_pair(B * NH, T, C / NH); }
     for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_dqkv, (void*)d_lse, (void*)d_scratch}) { CUDA_CHECK(cudaFree(p)); }
 }

@@ -113,7 +113,7 @@ if [ -n "$KERNEL_TESTS" ]; then
         expect_error "cuda/flash_attention.cuh: a head size that is no multiple of 16 stops with a message" \
             "flash attention needs a head size that is a multiple of 16" $KBIN/test_flash_attention head-size
         run "test_flash_attention, shuffled thread order" CUDA_EMU_THREAD_ORDER=shuffle -- $KBIN/test_flash_attention
-        # planted: the forward's cp.async.wait_group removed; the copies still in flight read as NaN
+        # planted: the kernels' cp.async.wait_group 1 removed; the copies still in flight read as NaN
         PLANT=build/emu/planted/include
         rm -rf "$PLANT" && mkdir -p "$PLANT/cuda" && cp cuda/*.cuh "$PLANT/cuda/" && ln -s "$PWD/llmc" "$PLANT/llmc"  # ../llmc from cuda/
         sed 's|ptx_cp_async_wait<1>();|/* planted: no wait */|' cuda/flash_attention.cuh > "$PLANT/cuda/flash_attention.cuh"
@@ -123,6 +123,8 @@ if [ -n "$KERNEL_TESTS" ]; then
         elif make -s -f dev/cuda_emu/emu.mk build/emu/planted/dev/cuda/test_flash_attention; then
             expect_error "flash attention forward without its cp.async wait fails (planted)" \
                 "FAIL flash attention bf16: forward out" build/emu/planted/dev/cuda/test_flash_attention
+            expect_error "flash attention backward without its cp.async waits fails (planted)" \
+                "FAIL flash attention bf16: backward dqkv" build/emu/planted/dev/cuda/test_flash_attention
         else
             echo "FAIL building test_flash_attention with a planted missing cp.async wait"
             failed=$((failed + 1))
