@@ -68,13 +68,14 @@ CUDA_LIBS = -lcublasLt -lcublas -lgomp $(NVCC_NCCL_LIBS) $(EMU_MPI_LDLIBS)
 train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) $< -o $@ $(CUDA_LIBS)
 
-# nvcc builds the CUDA trainer for Ampere (sm_80) and Hopper (sm_90) without a warning (CI runs it)
+# nvcc builds the CUDA trainer for Ampere (sm_80) and Hopper (sm_90) without a warning (CI runs it);
+# -warn-spills makes a kernel that spills registers to local memory one of them
 CUDA_CHECK_ARCHS = sm_80 sm_90
 cuda-build-check: $(foreach a,$(CUDA_CHECK_ARCHS),build/nvcc/$(a)/train_gpt_cu)
-	@echo "nvcc builds train_gpt.cu for $(CUDA_CHECK_ARCHS) with no warnings"
+	@echo "nvcc builds train_gpt.cu for $(CUDA_CHECK_ARCHS) with no warnings and no register spills"
 build/nvcc/%/train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
 	@mkdir -p $(@D)
-	$(NVCC) $(subst -arch=$(GPU_ARCH),-arch=$*,$(NVCC_FLAGS)) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) --Werror all-warnings $< -o $@ $(CUDA_LIBS)
+	$(NVCC) $(subst -arch=$(GPU_ARCH),-arch=$*,$(NVCC_FLAGS)) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) --Werror all-warnings -Xptxas -warn-spills $< -o $@ $(CUDA_LIBS)
 
 # the tests: test_gpt.c includes train_gpt.c with TESTING defined (no main)
 test_gpt: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
