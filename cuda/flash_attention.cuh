@@ -322,7 +322,7 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, i
 #define FLASH2_WARPS 4
 #define FLASH2_BR (FLASH2_WARPS * 16)   // queries per block: 16 per warp, mma's M
 #define FLASH2_BC 64                    // keys per tile
-#define FLASH2_MIN_BLOCKS 2            // blocks per SM ptxas must allow (255 registers a thread):
+#define FLASH2_MIN_BLOCKS 2             // blocks per SM ptxas must allow (255 registers a thread):
                                         // without it ptxas caps hs = 64 at 128 registers and spills
 #define FLASH2_PAD 8                    // bf16 per shared row: 16 bytes, so the 8 rows one ldmatrix
                                         // reads start in 8 different bank quads (no conflicts)
