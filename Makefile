@@ -27,6 +27,8 @@ endif
 # build/train_gpt_nompi is always the single-process build (its tests: tests/test_zero.py).
 MPI ?= auto
 MPICC ?= mpicc
+# the CUDA trainers' MPI wrapper: dev/cuda_emu/find_mpi.sh asks it for its flags
+MPICXX ?= mpicxx
 ifeq ($(MPI),auto)
   MPI := $(if $(shell command -v $(MPICC) 2>/dev/null),1,0)
 endif
@@ -79,8 +81,9 @@ TRAINER_NCCL_SAYS = $(if $(TRAINER_NCCL),$(shell $(FIND_NCCL) --where 2>/dev/nul
     (NCCL_HOME$(,) $(CUDA_HOME)$(,) /usr/include$(,) the nvidia-nccl Python package)): a one-GPU trainer$(,) \
     several ranks stop with a message; for several GPUs install NCCL (pip install nvidia-nccl-cu13$(,) libnccl-dev$(,) \
     or NCCL_HOME=DIR) and make -B train_gpt_cu)
-TRAINER_MPI_SAYS = $(if $(EMU_MPI_WHERE),$(EMU_MPI_WHERE),no MPI ($(if $(filter 0,$(MPI)),MPI=0,mpicxx not found)): \
-    one process; mpirun or srun with several stops at start-up)
+TRAINER_MPI_SAYS = $(if $(EMU_MPI_WHERE),$(EMU_MPI_WHERE),no MPI ($(if $(filter 0,$(MPI)),MPI=0,$(strip \
+    $(shell $(FIND_MPI) --where 2>&1 >/dev/null | head -n1)))): one process; mpirun or srun with \
+    several stops at start-up)
 , := ,
 # says what the CUDA trainer $$@ is built with (NCCL=1 without NCCL: stops)
 define say_cuda_trainer
@@ -96,7 +99,7 @@ nvcc_trainer = $(NVCC) $(NVCC_FLAGS) -arch=$(1) $(TRAINER_NCCL_CFLAGS) $(NVCC_MP
 # the NCCL and MPI settings the CUDA trainers were built with, rewritten whenever they change, so
 # that a change rebuilds them (as MPI_STAMP does for train_gpt)
 CUDA_STAMP = build/cuda_setting
-CUDA_SETTING = NCCL=$(NCCL) MPI=$(MPI) FIND_NCCL=$(FIND_NCCL)
+CUDA_SETTING = NCCL=$(NCCL) MPI=$(MPI) MPICXX=$(MPICXX) FIND_NCCL=$(FIND_NCCL)
 $(shell mkdir -p build && if [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" != "$(CUDA_SETTING)" ]; then echo "$(CUDA_SETTING)" > $(CUDA_STAMP); fi)
 
 train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS) $(CUDA_STAMP)

@@ -14,7 +14,7 @@
 #   EMU_LDLIBS     what they link against (MPI when mpicxx exists)
 #   MPI_CFLAGS, EMU_MPI_LDLIBS      MPI's flags for g++ (dev/cuda_emu/find_mpi.sh), empty without MPI
 #   NVCC_MPI_CFLAGS, NVCC_MPI_LIBS  the same flags as nvcc takes them (-Xcompiler, -Xlinker)
-#   MPI=0          build without MPI even where mpicxx exists
+#   MPI=0          build without MPI even where mpicxx exists; MPICXX=...: another MPI's C++ wrapper
 
 EMU_DIR := dev/cuda_emu
 EMU_BUILD := build/emu
@@ -25,16 +25,18 @@ EMU_CXX ?= g++
 # NCCL across processes goes through MPI; without mpicxx (or with MPI=0) the emulator supports one
 # rank. find_mpi.sh asks mpicxx (OpenMPI's --showme, MPICH's -show) and rewrites its flags for nvcc,
 # which stops on -pthread and -Wl,... where g++ takes them
-EMU_MPI_WHERE := $(if $(filter 0,$(MPI)),,$(shell bash $(EMU_DIR)/find_mpi.sh --where 2>/dev/null))
+MPICXX ?= mpicxx
+FIND_MPI = MPICXX=$(MPICXX) bash $(EMU_DIR)/find_mpi.sh
+EMU_MPI_WHERE := $(if $(filter 0,$(MPI)),,$(shell $(FIND_MPI) --where 2>/dev/null))
 ifneq ($(EMU_MPI_WHERE),)
   # USE_MPI: the programs use MPI themselves; CUDA_EMU_MPI: the emulator's NCCL uses it; the
   # SKIP_MPICXX: no MPI C++ bindings (OpenMPI's, MPICH's)
   MPI_DEFS := -DUSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
-  MPI_CFLAGS := $(MPI_DEFS) $(shell bash $(EMU_DIR)/find_mpi.sh --cflags)
+  MPI_CFLAGS := $(MPI_DEFS) $(shell $(FIND_MPI) --cflags)
   EMU_MPI_CFLAGS := -DCUDA_EMU_MPI $(MPI_CFLAGS)
-  EMU_MPI_LDLIBS := $(shell bash $(EMU_DIR)/find_mpi.sh --libs)
-  NVCC_MPI_CFLAGS := $(MPI_DEFS) $(shell bash $(EMU_DIR)/find_mpi.sh --nvcc-cflags)
-  NVCC_MPI_LIBS := $(shell bash $(EMU_DIR)/find_mpi.sh --nvcc-libs)
+  EMU_MPI_LDLIBS := $(shell $(FIND_MPI) --libs)
+  NVCC_MPI_CFLAGS := $(MPI_DEFS) $(shell $(FIND_MPI) --nvcc-cflags)
+  NVCC_MPI_LIBS := $(shell $(FIND_MPI) --nvcc-libs)
 endif
 
 # include/ first: its mma.h (nvcuda::wmma for the emulator) hides the toolkit's, which g++ cannot use
