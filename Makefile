@@ -67,7 +67,7 @@ CUDA_HEADERS = $(wildcard cuda/*.cuh)
 GPU_ARCH ?= $(or $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ' | sed 's/^/sm_/'),sm_90)
 NVCC_FLAGS = -O3 -std=c++17 -I. -Xcompiler -fopenmp,-Wall,-Wno-unused-function,-Wno-unknown-pragmas
 
-# NCCL=auto (default): the CUDA trainer links NCCL where dev/cuda_emu/find_nccl.sh finds it ($$NCCL_HOME,
+# NCCL=auto (default): the CUDA trainer links NCCL where dev/cuda_emu/find_nccl.sh finds it (NCCL_HOME,
 # the toolkit, a system package, the nvidia-nccl Python package), and is a one-GPU trainer built with
 # -DNO_NCCL where it finds none (cuda/nccl.cuh: several ranks then stop, naming the rebuild);
 # NCCL=0 builds it without NCCL anyway, NCCL=1 stops the build where there is none.
