@@ -10,6 +10,8 @@
 #   make train_gpt_cu  the CUDA trainer, nvcc for the local GPU (GPU_ARCH=sm_80 ... to choose; default: nvidia-smi's, else sm_90)
 #   make build/emu/train_gpt  the same CUDA trainer for the emulated device (dev/cuda_emu): runs on the CPU
 #   make cuda-build-check  nvcc builds the CUDA trainer for sm_80 and sm_90 with no warnings (CI runs it)
+#   make build-check  the CUDA trainer builds with an mpicxx printing flags nvcc refuses, without NCCL, without MPI (CI runs it)
+#   make NCCL=0 train_gpt_cu  the CUDA trainer for one GPU, without NCCL (default: with it where find_nccl.sh finds it)
 
 CC ?= gcc
 CFLAGS = -std=c11 -O3 -march=native -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function
@@ -25,6 +27,8 @@ endif
 # build/train_gpt_nompi is always the single-process build (its tests: tests/test_zero.py).
 MPI ?= auto
 MPICC ?= mpicc
+# the CUDA trainers' MPI wrapper: dev/cuda_emu/find_mpi.sh asks it for its flags
+MPICXX ?= mpicxx
 ifeq ($(MPI),auto)
   MPI := $(if $(shell command -v $(MPICC) 2>/dev/null),1,0)
 endif
@@ -45,7 +49,7 @@ MPI_STAMP = build/mpi_setting
 MPI_SETTING = MPI=$(MPI) CC=$(TRAIN_CC)
 $(shell mkdir -p build && if [ "$$(cat $(MPI_STAMP) 2>/dev/null)" != "$(MPI_SETTING)" ]; then echo "$(MPI_SETTING)" > $(MPI_STAMP); fi)
 
-.PHONY: all run data test bench bench-flags check-headers cuda-build-check clean help
+.PHONY: all run data test bench bench-flags check-headers cuda-build-check build-check clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
@@ -61,21 +65,68 @@ build/train_gpt_nompi: train_gpt.c $(HEADERS)
 # machine: GPU_ARCH from nvidia-smi when there is one (e.g. sm_90 for an H100), else sm_90
 CUDA_HEADERS = $(wildcard cuda/*.cuh)
 GPU_ARCH ?= $(or $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ' | sed 's/^/sm_/'),sm_90)
-NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -fopenmp,-Wall,-Wno-unused-function,-Wno-unknown-pragmas
-# NCCL from wherever it is (dev/cuda_emu/find_nccl.sh: the toolkit, a system package, the nvidia-nccl
-# Python package), MPI (mpicxx) to launch and bootstrap the ranks when installed
-CUDA_LIBS = -lcublasLt -lcublas -lgomp $(NVCC_NCCL_LIBS) $(EMU_MPI_LDLIBS)
-train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) $< -o $@ $(CUDA_LIBS)
+NVCC_FLAGS = -O3 -std=c++17 -I. -Xcompiler -fopenmp,-Wall,-Wno-unused-function,-Wno-unknown-pragmas
+
+# NCCL=auto (default): the CUDA trainer links NCCL where dev/cuda_emu/find_nccl.sh finds it (NCCL_HOME,
+# the toolkit, a system package, the nvidia-nccl Python package), and is a one-GPU trainer built with
+# -DNO_NCCL where it finds none (cuda/nccl.cuh: several ranks then stop, naming the rebuild);
+# NCCL=0 builds it without NCCL anyway, NCCL=1 stops the build where there is none.
+# FIND_NCCL: the finder (tests/test_build.py hands it one that finds nothing). Asked once per make
+# run, when a CUDA trainer is built.
+NCCL ?= auto
+FIND_NCCL ?= CUDA_HOME=$(CUDA_HOME) bash dev/cuda_emu/find_nccl.sh
+TRAINER_NCCL = $(eval TRAINER_NCCL := $(if $(filter 0,$(NCCL)),,$(shell $(FIND_NCCL) --libs 2>/dev/null)))$(TRAINER_NCCL)
+TRAINER_NCCL_CFLAGS = $(if $(TRAINER_NCCL),$(shell $(FIND_NCCL) --cflags 2>/dev/null),-DNO_NCCL)
+TRAINER_NCCL_SAYS = $(if $(TRAINER_NCCL),$(shell $(FIND_NCCL) --where 2>/dev/null),$(if $(filter 0,$(NCCL)),NCCL=0,no NCCL found \
+    (NCCL_HOME$(,) $(CUDA_HOME)$(,) /usr/include$(,) the nvidia-nccl Python package)): a one-GPU trainer$(,) \
+    several ranks stop with a message; for several GPUs install NCCL (pip install nvidia-nccl-cu13$(,) libnccl-dev$(,) \
+    or NCCL_HOME=DIR) and make -B train_gpt_cu)
+TRAINER_MPI_SAYS = $(if $(EMU_MPI_WHERE),$(EMU_MPI_WHERE),no MPI ($(if $(filter 0,$(MPI)),MPI=0,$(strip \
+    $(shell $(FIND_MPI) --where 2>&1 >/dev/null | head -n1)))): one process; mpirun or srun with \
+    several stops at start-up)
+, := ,
+# says what the CUDA trainer $$@ is built with (NCCL=1 without NCCL: stops)
+define say_cuda_trainer
+	@if [ "$(NCCL)" = 1 ] && [ -z "$(TRAINER_NCCL)" ]; then $(FIND_NCCL) --where; exit 1; fi
+	@echo "$@: $(TRAINER_NCCL_SAYS)"
+	@echo "$@: $(TRAINER_MPI_SAYS)"
+endef
+# the command that builds the CUDA trainer $$@ from $$< for the architecture $(1), with nvcc flags $(2)
+# (MPI's: the mpicxx flags rewritten for nvcc by dev/cuda_emu/find_mpi.sh)
+nvcc_trainer = $(NVCC) $(NVCC_FLAGS) -arch=$(1) $(TRAINER_NCCL_CFLAGS) $(NVCC_MPI_CFLAGS) $(2) $< -o $@ \
+               -lcublasLt -lcublas -lgomp $(TRAINER_NCCL) $(NVCC_MPI_LIBS)
+
+# the NCCL and MPI settings the CUDA trainers were built with, rewritten whenever they change, so
+# that a change rebuilds them (as MPI_STAMP does for train_gpt)
+CUDA_STAMP = build/cuda_setting
+CUDA_SETTING = NCCL=$(NCCL) MPI=$(MPI) MPICXX=$(MPICXX) FIND_NCCL=$(FIND_NCCL)
+$(shell mkdir -p build && if [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" != "$(CUDA_SETTING)" ]; then echo "$(CUDA_SETTING)" > $(CUDA_STAMP); fi)
+
+train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS) $(CUDA_STAMP)
+	$(say_cuda_trainer)
+	$(call nvcc_trainer,$(GPU_ARCH))
+
+# the same trainer in a folder of its own, with no warnings (tests/test_build.py builds it there with
+# other MPI and NCCL settings)
+build/variants/%/train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
+	@mkdir -p $(@D)
+	$(say_cuda_trainer)
+	$(call nvcc_trainer,$(GPU_ARCH),--Werror all-warnings)
 
 # nvcc builds the CUDA trainer for Ampere (sm_80) and Hopper (sm_90) without a warning (CI runs it);
 # -warn-spills makes a kernel that spills registers to local memory one of them
 CUDA_CHECK_ARCHS = sm_80 sm_90
 cuda-build-check: $(foreach a,$(CUDA_CHECK_ARCHS),build/nvcc/$(a)/train_gpt_cu)
 	@echo "nvcc builds train_gpt.cu for $(CUDA_CHECK_ARCHS) with no warnings and no register spills"
-build/nvcc/%/train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS)
+build/nvcc/%/train_gpt_cu: train_gpt.cu $(HEADERS) $(CUDA_HEADERS) $(CUDA_STAMP)
 	@mkdir -p $(@D)
-	$(NVCC) $(subst -arch=$(GPU_ARCH),-arch=$*,$(NVCC_FLAGS)) $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) --Werror all-warnings -Xptxas -warn-spills $< -o $@ $(CUDA_LIBS)
+	$(call nvcc_trainer,$*,--Werror all-warnings -Xptxas -warn-spills)
+
+# the builds users' boxes need, each built for real (nvcc for GPU_ARCH and the emulated device) and
+# run where it can: an mpicxx printing flags nvcc does not take, no NCCL, no MPI (tests/test_build.py;
+# CI runs it; a few minutes)
+build-check: test_gpt
+	$(PYTHON) tests/test_build.py ./test_gpt
 
 # the tests: test_gpt.c includes train_gpt.c with TESTING defined (no main)
 test_gpt: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
@@ -130,7 +181,7 @@ check-headers:
 	done
 	@if [ "$(MPI)" = 1 ]; then \
 	    echo '#include "llmc/distributed.h"' | $(MPICC) -x c -std=c11 -DUSE_MPI $(HEADER_CHECK) - || exit 1; \
-	    echo '#include "llmc/distributed.h"' | mpicxx -x c++ -std=c++17 -DUSE_MPI -DOMPI_SKIP_MPICXX $(HEADER_CHECK) - || exit 1; \
+	    echo '#include "llmc/distributed.h"' | $(CXX) -x c++ -std=c++17 $(MPI_CFLAGS) $(HEADER_CHECK) - || exit 1; \
 	fi
 	@echo "every header compiles alone as C11 and C++17 (distributed.h also with MPI: MPI=$(MPI)): $(SHARED_HEADERS) $(CPU_HEADERS)"
 
@@ -142,3 +193,7 @@ help:
 
 # the emulated CUDA device (dev/cuda_emu/README.md)
 -include dev/cuda_emu/emu.mk
+
+# the emulated trainer follows NCCL=0 too (the emulator's NCCL stands in for the real one otherwise)
+$(EMU_BUILD)/train_gpt: $(CUDA_STAMP)
+$(EMU_BUILD)/train_gpt: EMU_CXXFLAGS += $(if $(filter 0,$(NCCL)),-DNO_NCCL)

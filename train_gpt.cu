@@ -28,7 +28,6 @@ T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the 
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-#include <nccl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -138,10 +137,36 @@ struct LayerActs {
     floatX* residual3; // (B,T,C)
 };
 
-// the bytes of each tensor of one layer's block (act_policy.h's table; 16-byte multiples, so every
-// tensor is aligned for Packed128): floatX of elem bytes, the LayerNorm statistics fp32
-#define TENSOR_ALIGN 16
+// Every device tensor, scratch piece and the cuBLASLt workspace starts at a multiple of TENSOR_ALIGN
+// bytes from its block (cudaMalloc's blocks start at 256): cuBLASLt's heuristic assumes 256-byte
+// operands and workspace unless told less (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*, which matmul.cuh
+// sets from the pointers), and less rules out its fastest kernels; Packed128 needs 16. Each size
+// is rounded up with align_up, the planner adds the rounded sizes (gpt2_layout), and carve_tensor
+// stops where a piece does not start aligned. The weights are one block in the checkpoint's order
+// (llmc/model_config.h), not padded: every matrix of the presets starts at a multiple of 256 there.
+#define TENSOR_ALIGN 256
 static size_t align_up(size_t bytes) { return (bytes + TENSOR_ALIGN - 1) / TENSOR_ALIGN * TENSOR_ALIGN; }
+
+// carves n bytes from *p and returns them as T*
+template <typename T>
+static T* carve(char** p, size_t bytes) {
+    T* t = (T*)*p;
+    *p += bytes;
+    return t;
+}
+
+// the same for a device tensor or scratch piece, which must start at TENSOR_ALIGN (see there)
+template <typename T>
+static T* carve_tensor(char** p, size_t bytes) {
+    if ((uintptr_t)*p % TENSOR_ALIGN != 0) {
+        fail("a device tensor starts at %zu mod %d bytes\n  hint: round every piece carved before it with align_up",
+             (size_t)((uintptr_t)*p % TENSOR_ALIGN), TENSOR_ALIGN);
+    }
+    return carve<T>(p, bytes);
+}
+
+// the bytes of each tensor of one layer's block (act_policy.h's table), each rounded to TENSOR_ALIGN:
+// floatX of elem bytes, the LayerNorm statistics fp32
 
 static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
     layer_act_elems(s, B, T, C, NH, pol);
@@ -169,7 +194,8 @@ static size_t point_layer_acts(LayerActs<floatX>* a, char* memory, int B, int T,
         (void**)&a->att, (void**)&a->residual2, (void**)&a->ln2, (void**)&a->ln2_mean, (void**)&a->ln2_rstd,
         (void**)&a->fch, (void**)&a->fch_gelu, (void**)&a->residual3,
     };
-    for (int i = 0; i < NUM_LAYER_ACTS; i++) { *ptrs[i] = memory + total; total += s[i]; }
+    char* p = memory;
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) { *ptrs[i] = carve_tensor<char>(&p, s[i]); total += s[i]; }
     return total;
 }
 
@@ -211,11 +237,11 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
         size_t r = matmul_backward_scratch_floats(B, T, ocs[i]);
         if (r > reduce) { reduce = r; }
     }
-    ScratchBytes s = {align_up(2 * BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
+    ScratchBytes s = {2 * align_up(BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
                       align_up(flash ? flash_attention_scratch_floats(B, T, NH) * sizeof(float)
                                      : attention_scratch_floats(B, T, C, NH) * elem),
                       align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
-                      align_up((size_t)param_slice_count(c) * sizeof(double)), MATMUL_WORKSPACE_BYTES,
+                      align_up((size_t)param_slice_count(c) * sizeof(double)), align_up(MATMUL_WORKSPACE_BYTES),
                       align_up(factored_model_scratch_bytes(c))};
     return s;
 }
@@ -346,14 +372,6 @@ struct GPT2 {
     Model<__nv_bfloat16>* bf16;
 };
 
-// carves n bytes from *p and returns them as T*
-template <typename T>
-static T* carve(char** p, size_t bytes) {
-    T* t = (T*)*p;
-    *p += bytes;
-    return t;
-}
-
 // the working-set buffer layer l computes into
 template <typename floatX>
 static LayerActs<floatX>* act_layer(Model<floatX>* m, int l) {
@@ -422,24 +440,24 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     m->slots = (LayerActs<floatX>*)malloc_check(slots * sizeof(LayerActs<floatX>));  // pointers only, not counted
     m->seg_inputs = (floatX**)malloc_check(segments * sizeof(floatX*));
     char* p = m->acts_memory;
-    m->encoded = carve<floatX>(&p, R);
+    m->encoded = carve_tensor<floatX>(&p, R);
     for (int i = 0; i < slots; i++) { p += point_layer_acts(&m->slots[i], p, B, T, C, NH, pol); }
-    m->gelu_shared = pol->gelu ? carve<floatX>(&p, gelu) : NULL;
-    m->att_shared = att ? carve<floatX>(&p, att) : NULL;
+    m->gelu_shared = pol->gelu ? carve_tensor<floatX>(&p, gelu) : NULL;
+    m->att_shared = att ? carve_tensor<floatX>(&p, att) : NULL;
     for (int i = 0; i < slots; i++) {
         if (pol->gelu) { m->slots[i].fch_gelu = m->gelu_shared; }
         if (att) { m->slots[i].att = m->att_shared; }
     }
     m->seg_inputs[0] = m->encoded;
-    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = pol->offload ? NULL : carve<floatX>(&p, R); }
-    m->staging = staging ? carve<floatX>(&p, staging) : NULL;
-    m->lnf = carve<floatX>(&p, hs[0]);
-    m->lnf_mean = carve<float>(&p, hs[1]);
-    m->lnf_rstd = carve<float>(&p, hs[2]);
-    m->logits = carve<floatX>(&p, hs[3]);
-    m->losses = carve<float>(&p, hs[4]);
-    m->row_max = carve<float>(&p, hs[5]);
-    m->row_sum = carve<float>(&p, hs[6]);
+    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = pol->offload ? NULL : carve_tensor<floatX>(&p, R); }
+    m->staging = staging ? carve_tensor<floatX>(&p, staging) : NULL;
+    m->lnf = carve_tensor<floatX>(&p, hs[0]);
+    m->lnf_mean = carve_tensor<float>(&p, hs[1]);
+    m->lnf_rstd = carve_tensor<float>(&p, hs[2]);
+    m->logits = carve_tensor<floatX>(&p, hs[3]);
+    m->losses = carve_tensor<float>(&p, hs[4]);
+    m->row_max = carve_tensor<float>(&p, hs[5]);
+    m->row_sum = carve_tensor<float>(&p, hs[6]);
     m->layer_bytes = layer;
     if (pol->offload) { alloc_host_store(m, slots, seg_kept, R); }
 }
@@ -455,7 +473,7 @@ static void alloc_backward(Model<floatX>* m, int B, int T) {
     char* p = m->bwd_memory;
     floatX* no_dfch_gelu;  // 0 bytes (backward_buffer_bytes)
     floatX** bptrs[NUM_BACKWARD_BUFFERS] = {&m->dresidual, &m->dbtc, &m->dqkv, &no_dfch_gelu, &m->dfch, &m->datt};
-    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { *bptrs[i] = carve<floatX>(&p, bs[i]); }
+    for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { *bptrs[i] = carve_tensor<floatX>(&p, bs[i]); }
 }
 
 // device scratch: the batch's ids, a row of probabilities, reductions, the cuBLASLt workspace
@@ -464,16 +482,16 @@ static void alloc_scratch(Model<floatX>* m, int B, int T) {
     ScratchBytes sb = scratch_bytes(&m->config, B, T, sizeof(floatX), m->act.flash);
     m->scratch_memory = (char*)mem_alloc_from(MEM_SCRATCH, &MEM_DEVICE, scratch_total(&sb));
     char* p = m->scratch_memory;
-    m->inputs = carve<int>(&p, sb.batch / 2);
-    m->targets = carve<int>(&p, sb.batch / 2);
-    m->probs = carve<float>(&p, sb.probs);
-    m->reduce_scratch = carve<float>(&p, sb.reduce);
-    m->attention_scratch = m->act.flash ? NULL : carve<floatX>(&p, sb.attention);
-    m->flash_scratch = m->act.flash ? carve<float>(&p, sb.attention) : NULL;
-    m->norm_scratch = carve<double>(&p, sb.norm);
-    m->norm_parts = carve<double>(&p, sb.norm_parts);
-    matmul_context_init(&m->matmul, carve<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
-    m->opt_scratch = carve<char>(&p, sb.optimizer);
+    m->inputs = carve_tensor<int>(&p, sb.batch / 2);
+    m->targets = carve_tensor<int>(&p, sb.batch / 2);
+    m->probs = carve_tensor<float>(&p, sb.probs);
+    m->reduce_scratch = carve_tensor<float>(&p, sb.reduce);
+    m->attention_scratch = m->act.flash ? NULL : carve_tensor<floatX>(&p, sb.attention);
+    m->flash_scratch = m->act.flash ? carve_tensor<float>(&p, sb.attention) : NULL;
+    m->norm_scratch = carve_tensor<double>(&p, sb.norm);
+    m->norm_parts = carve_tensor<double>(&p, sb.norm_parts);
+    matmul_context_init(&m->matmul, carve_tensor<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
+    m->opt_scratch = carve_tensor<char>(&p, sb.optimizer);
 }
 
 // the fp32 master weights, their gradients and the optimizer state on the GPU, and pinned host
@@ -1273,9 +1291,12 @@ CostModel gpt2_cost_model(Precision p) {
 }
 Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 
-// what the GPU does not do stops here, before anything is allocated: today every setup the shared
-// checks let through runs
-void gpt2_check_setup(const ModelSetup* s) { (void)s; }
+// what the GPU does not do stops here, before anything is allocated: several ranks in a build
+// without NCCL (cuda/nccl.cuh), unless the optimizer step runs on the host (--offload optimizer:
+// the ranks add their gradients over MPI there); every other setup the shared checks let through runs
+void gpt2_check_setup(const ModelSetup* s) {
+    if (!s->offload_optimizer) { nccl_check_built(&s->dist); }
+}
 
 // the GPU of this rank: the node-local rank's (mpirun -np N on one machine of N GPUs, or many)
 void gpt2_select_device(const Dist* d) {

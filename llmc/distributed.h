@@ -16,9 +16,12 @@ reduce-scatter and all-gather work in place on buf (rank r's part at the sum of
 counts[0..r-1]). Every rank must make the same calls in the same order, also a rank
 whose part is empty.
 
-Launch: `mpirun -np N ./train_gpt ...`. A plain `./train_gpt` of an MPI build does not
-start MPI at all (OpenMPI's singleton start costs about 0.4 s and a helper daemon):
-MPI starts only when an MPI launcher's environment variable is set (DIST_LAUNCHER_ENV).
+Launch: `mpirun -np N ./train_gpt ...` (or mpiexec, or srun). A plain `./train_gpt` of an
+MPI build does not start MPI at all (OpenMPI's singleton start costs about 0.4 s and a helper
+daemon): MPI starts only when a launcher's environment variable is set (DIST_LAUNCHER_VARS).
+A launcher that started several processes stops every one of them at start-up, naming the
+rebuild, where they could not join: a build without MPI (each would train alone, as rank 0 of
+1), or an MPI that sees fewer ranks than the launcher started (srun without --mpi=pmix).
 
 Failure: every MPI call returns its error code (MPI_ERRORS_RETURN) and a failing one
 stops with the call, the MPI error text and file:line; mpirun then ends the other ranks.
@@ -56,9 +59,47 @@ static int dist_built_with_mpi(void) {
 #endif
 }
 
+// what a launcher tells each process it starts: how many there are, or which one this is (a rank
+// above 0 means several). Not SLURM_NTASKS: sbatch and salloc set it for the job's one shell too
+typedef struct {
+    const char* name;
+    int is_rank;     // 1: the process's rank (0-based), 0: the number of processes
+    int starts_mpi;  // 1: an MPI launcher's, so an MPI build starts MPI even when it says 1
+} DistLauncherVar;
+static const DistLauncherVar DIST_LAUNCHER_VARS[] = {
+    {"OMPI_COMM_WORLD_SIZE", 0, 1}, {"OMPI_COMM_WORLD_RANK", 1, 1},  // OpenMPI's mpirun
+    {"PMI_SIZE", 0, 1}, {"PMI_RANK", 1, 1},                          // MPICH's and Intel MPI's mpiexec, srun --mpi=pmi2
+    {"PMIX_RANK", 1, 1},                                              // PMIx: OpenMPI 5's mpirun, srun --mpi=pmix
+    {"SLURM_STEP_NUM_TASKS", 0, 0}, {"SLURM_PROCID", 1, 0},          // srun, whatever its --mpi
+};
+#define DIST_NUM_LAUNCHER_VARS (sizeof(DIST_LAUNCHER_VARS) / sizeof(DIST_LAUNCHER_VARS[0]))
+
+// how many processes the launcher started (at least: a rank says only that there are more), 1 when
+// none was; *said: the variable that said the most, as NAME=VALUE; *mpi: an MPI launcher's is set
+static int dist_launched_processes(char said[64], int* mpi) {
+    int most = 1;
+    *mpi = 0;
+    said[0] = '\0';
+    for (size_t i = 0; i < DIST_NUM_LAUNCHER_VARS; i++) {
+        const char* v = getenv(DIST_LAUNCHER_VARS[i].name);
+        if (v == NULL) { continue; }
+        *mpi |= DIST_LAUNCHER_VARS[i].starts_mpi;
+        char* end;
+        long n = strtol(v, &end, 10);
+        if (end == v || *end != '\0' || n < 0 || n >= INT_MAX) { continue; }  // not a count: says nothing
+        int processes = DIST_LAUNCHER_VARS[i].is_rank ? (int)n + 1 : (int)n;
+        if (processes > most) {
+            most = processes;
+            snprintf(said, 64, "%s=%s", DIST_LAUNCHER_VARS[i].name, v);
+        }
+    }
+    return most;
+}
+
+#define DIST_REBUILD_HINT "install MPI (Debian/Ubuntu: apt install libopenmpi-dev openmpi-bin) and rebuild: make (train_gpt, " \
+                          "with mpicc) and make train_gpt_cu (with mpicxx) say which MPI they found; or start one process"
+
 #ifdef USE_MPI
-// variables set by mpirun (OpenMPI), or by the process managers of MPICH and PMIx
-static const char* DIST_LAUNCHER_ENV[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
 
 #define mpi_check(call) mpi_check_at((call), #call, __FILE__, __LINE__)
 static void mpi_check_at(int rc, const char* call, const char* file, int line) {
@@ -69,26 +110,32 @@ static void mpi_check_at(int rc, const char* call, const char* file, int line) {
     fail_at(file, line, "MPI call %s failed: %s\n  hint: did every rank start with the same flags?", call, text);
 }
 
-static int dist_mpi_launched(void) {
-    for (size_t i = 0; i < sizeof(DIST_LAUNCHER_ENV) / sizeof(DIST_LAUNCHER_ENV[0]); i++) {
-        if (getenv(DIST_LAUNCHER_ENV[i]) != NULL) { return 1; }
-    }
-    return 0;
-}
 #endif
 
 static void dist_init(Dist* d, int* argc, char*** argv) {
     d->rank = 0;
     d->world = 1;
+    char said[64];
+    int mpi_launcher;
+    int launched = dist_launched_processes(said, &mpi_launcher);
 #ifdef USE_MPI
-    if (dist_mpi_launched()) {
+    if (mpi_launcher || launched > 1) {
         mpi_check(MPI_Init(argc, argv));
         mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
         mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &d->rank));
         mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &d->world));
     }
+    if (launched > d->world) {
+        fail("%s: the launcher started more processes than the %d that MPI joined: they would train apart\n"
+             "  hint: launch with the mpirun of the MPI this program was built with, or srun --mpi=pmix (or pmi2)",
+             said, d->world);
+    }
 #else
     (void)argc; (void)argv;
+    if (launched > 1) {
+        fail("%s: a launcher (mpirun, mpiexec, srun) started several processes, but this program was built "
+             "without MPI: each would train alone, as rank 0 of 1 (on the same GPU)\n  hint: %s", said, DIST_REBUILD_HINT);
+    }
 #endif
     g_dist_world = d->world;
 }

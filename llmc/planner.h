@@ -34,7 +34,9 @@ plan_fit says whether the plan fits a memory budget: what --plan's budget search
 #include "model_config.h"
 #include "act_policy.h"
 
-// what one backend's tensors take, in bytes, for one (B,T); from its own size tables
+// what one backend's tensors take, in bytes, for one (B,T); from its own size tables, each size with
+// the padding of that backend's alignment (the GPU carves every tensor at 256 bytes, train_gpt.cu's
+// TENSOR_ALIGN; the CPU's tensors lie back to back), so that the plan equals what is allocated
 typedef struct {
     size_t param_bytes;      // per weight (CPU: 4, fp32)
     size_t grad_bytes;       // per gradient

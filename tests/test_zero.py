@@ -60,6 +60,18 @@ s.expect_fail("no MPI build: --zero 1 needs mpirun", "built without MPI, so it n
 s.expect_fail("--plan-ranks without --plan is refused", "only goes with --plan",
               [NOMPI] + FLAGS + ["--plan-ranks", "2", "-o", ""])
 s.expect_fail("--zero 2 is refused", "--zero 2: unknown; choose 0", BASE + ["--zero", "2", "-o", ""])
+# started by a launcher of several processes (mpirun, mpiexec, srun: their variables), the build
+# without MPI stops before it trains, naming the rebuild: else each process would train alone
+for var in ("OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=1", "PMI_SIZE=3", "PMI_RANK=2", "PMIX_RANK=1",
+            "SLURM_STEP_NUM_TASKS=2", "SLURM_PROCID=1"):
+    name, value = var.split("=")
+    s.expect_fail(f"no MPI build started with {var}: stops at start-up, naming the rebuild",
+                  "built without MPI: each would train alone", [NOMPI] + FLAGS + ["-o", s.path(f"nompi_{name}")],
+                  env={name: value})
+# one process: the launcher's count of 1, rank 0, or sbatch's/salloc's SLURM_NTASKS for the job's shell
+for env in ({"OMPI_COMM_WORLD_SIZE": "1"}, {"PMIX_RANK": "0"}, {"SLURM_NTASKS": "4"}):
+    s.expect_ok(f"no MPI build started with {' '.join(f'{k}={v}' for k, v in env.items())}: trains (one process)",
+                [NOMPI] + FLAGS + ["-x", "1", "-o", s.path(f"nompi_one_{next(iter(env))}")], env=env)
 r = s.expect_ok("no MPI build: --plan --zero 1 --plan-ranks 2 (planning on a laptop)",
                 [NOMPI, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "1", "--plan-ranks", "2"])
 if r:
@@ -83,6 +95,9 @@ if MPIRUN is None:
     s.finish()
 
 s.expect_fail("--zero 1 with one process (no mpirun)", "but this run has 1 rank", BASE + ["--zero", "1", "-o", ""])
+# srun without a PMI MPI understands: each process would start MPI alone (a world of 1)
+s.expect_fail("the MPI build started as one of 2 processes that MPI does not join: stops", "more processes than the 1 that MPI joined",
+              BASE + ["-o", s.path("mpi_apart")], env={"SLURM_STEP_NUM_TASKS": "2"})
 s.expect_fail("--zero 1 under mpirun -np 1", "but this run has 1 rank",
               MPIRUN + ["1"] + BASE + ["--zero", "1", "-o", ""])
 s.expect_fail("memory check counts every rank on this machine", "2 rank(s) on this machine",

@@ -32,7 +32,9 @@ Invariants:
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
+#ifndef NO_NCCL   // a program built without NCCL declares what it names of it itself (cuda/nccl.cuh)
 #include <nccl.h>
+#endif
 
 #include <math.h>
 #include <stdint.h>

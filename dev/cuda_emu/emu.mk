@@ -12,6 +12,9 @@
 #   EMU_CXXFLAGS   flags for the rewritten source (force-includes cuda_emu.h)
 #   EMU_OBJS       the emulator's objects (runtime, streams, kernels, wmma, cuBLAS(Lt), NCCL)
 #   EMU_LDLIBS     what they link against (MPI when mpicxx exists)
+#   MPI_CFLAGS, EMU_MPI_LDLIBS      MPI's flags for g++ (dev/cuda_emu/find_mpi.sh), empty without MPI
+#   NVCC_MPI_CFLAGS, NVCC_MPI_LIBS  the same flags as nvcc takes them (-Xcompiler, -Xlinker)
+#   MPI=0          build without MPI even where mpicxx exists; MPICXX=...: another MPI's C++ wrapper
 
 EMU_DIR := dev/cuda_emu
 EMU_BUILD := build/emu
@@ -19,13 +22,21 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 EMU_CXX ?= g++
 
-# NCCL across processes goes through MPI; without mpicxx the emulator supports one rank
-EMU_MPICXX := $(shell command -v mpicxx 2>/dev/null)
-ifneq ($(EMU_MPICXX),)
-  # USE_MPI: the test programs use MPI themselves; CUDA_EMU_MPI: the emulator's NCCL uses it
-  MPI_CFLAGS := -DUSE_MPI -DOMPI_SKIP_MPICXX $(shell mpicxx --showme:compile)
+# NCCL across processes goes through MPI; without mpicxx (or with MPI=0) the emulator supports one
+# rank. find_mpi.sh asks mpicxx (OpenMPI's --showme, MPICH's -show) and rewrites its flags for nvcc,
+# which stops on -pthread and -Wl,... where g++ takes them
+MPICXX ?= mpicxx
+FIND_MPI = MPICXX=$(MPICXX) bash $(EMU_DIR)/find_mpi.sh
+EMU_MPI_WHERE := $(if $(filter 0,$(MPI)),,$(shell $(FIND_MPI) --where 2>/dev/null))
+ifneq ($(EMU_MPI_WHERE),)
+  # USE_MPI: the programs use MPI themselves; CUDA_EMU_MPI: the emulator's NCCL uses it; the
+  # SKIP_MPICXX: no MPI C++ bindings (OpenMPI's, MPICH's)
+  MPI_DEFS := -DUSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
+  MPI_CFLAGS := $(MPI_DEFS) $(shell $(FIND_MPI) --cflags)
   EMU_MPI_CFLAGS := -DCUDA_EMU_MPI $(MPI_CFLAGS)
-  EMU_MPI_LDLIBS := $(shell mpicxx --showme:link)
+  EMU_MPI_LDLIBS := $(shell $(FIND_MPI) --libs)
+  NVCC_MPI_CFLAGS := $(MPI_DEFS) $(shell $(FIND_MPI) --nvcc-cflags)
+  NVCC_MPI_LIBS := $(shell $(FIND_MPI) --nvcc-libs)
 endif
 
 # include/ first: its mma.h (nvcuda::wmma for the emulator) hides the toolkit's, which g++ cannot use
@@ -92,8 +103,8 @@ NVCC_NCCL_LIBS = $(eval NVCC_NCCL_LIBS := $(shell CUDA_HOME=$(CUDA_HOME) bash $(
 build/nvcc/$(GPU_ARCH)/%: %.cu
 	@mkdir -p $(@D)
 	@test -n "$(NVCC_NCCL_LIBS)" || { CUDA_HOME=$(CUDA_HOME) bash $(EMU_DIR)/find_nccl.sh --where; exit 1; }
-	$(NVCC) -std=c++17 -O1 -arch=$(GPU_ARCH) -MMD -MP -I. $(NVCC_NCCL_CFLAGS) $(MPI_CFLAGS) $< -o $@ \
-		-lcublas -lcublasLt $(NVCC_NCCL_LIBS) $(EMU_MPI_LDLIBS)
+	$(NVCC) -std=c++17 -O1 -arch=$(GPU_ARCH) -MMD -MP -I. $(NVCC_NCCL_CFLAGS) $(NVCC_MPI_CFLAGS) $< -o $@ \
+		-lcublas -lcublasLt $(NVCC_NCCL_LIBS) $(NVCC_MPI_LIBS)
 
 # the headers each test was built from (nvcc -MMD)
 -include $(wildcard $(addsuffix .d,$(GPU_TESTS)))

@@ -25,6 +25,12 @@ cuBLASLt epilogues, as cublasLt.h documents them (D has m rows and n columns):
 The bias (and bias gradient) and aux types default to D's type, as in cuBLASLt.
 
 Scalars alpha and beta are read when the call is made (host pointer mode semantics).
+
+Alignment, as cublasLt.h states it: the heuristic chooses an algorithm for operands A, B, C and D
+aligned as the preference says (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, default 256), and an
+algorithm "will fail if buffers are not correctly aligned"; so cublasLtMatmul refuses an operand
+below the alignment its algorithm was chosen for (a NULL algorithm: the default preference's 256),
+and a workspace that is not 256-byte aligned (emu_lt_rules.cpp, rules 8 and 9).
 */
 #include "emu_internal.h"
 
@@ -453,14 +459,38 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     }
 }
 
+// what the preference lets the heuristic assume of the operands A, B, C, D (bytes), and the algorithm
+// it returns: the reference GEMM, marked with the alignments it was chosen for
+static const uint32_t LT_DEFAULT_ALIGNMENT = 256;   // cublasLt.h: every MIN_ALIGNMENT preference's default
+struct lt_preference {
+    uint32_t min_alignment[EMU_LT_OPERANDS];
+};
+struct lt_algo {
+    uint64_t magic;   // LT_ALGO_MAGIC: one of ours (a caller's zeroed struct is not)
+    uint32_t min_alignment[EMU_LT_OPERANDS];
+};
+static const uint64_t LT_ALGO_MAGIC = 0x31746c2d756d65ull;  // "emu-lt1"
+static_assert(sizeof(lt_preference) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "preference must fit its opaque struct");
+static_assert(sizeof(lt_algo) <= sizeof(cublasLtMatmulAlgo_t), "algorithm must fit its semi-opaque struct");
+static lt_preference* preference_of(cublasLtMatmulPreference_t p) { return reinterpret_cast<lt_preference*>(p->data); }
+
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
     *pref = new cublasLtMatmulPreferenceOpaque_t{};
+    for (uint32_t& a : preference_of(*pref)->min_alignment) { a = LT_DEFAULT_ALIGNMENT; }
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) { delete pref; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
-                                                    const void* buf, size_t) {
-    return buf == nullptr ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;  // workspace limits: no effect
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                    size_t bytes) {
+    uint32_t* align = preference_of(pref)->min_alignment;
+    switch (attr) {
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return set_attribute(&align[0], buf, bytes);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return set_attribute(&align[1], buf, bytes);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return set_attribute(&align[2], buf, bytes);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return set_attribute(&align[3], buf, bytes);
+        default: return buf == nullptr ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;  // workspace limits: no effect
+    }
 }
 
 // the epilogues the emulator knows (see the top of this file); false for the rest
@@ -527,7 +557,7 @@ static cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
                                               cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
-                                              cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t results[], int* returned) {
     gemm_problem p;
     cublasStatus_t s = lt_problem(desc, Adesc, Bdesc, Cdesc, Ddesc, &p);
@@ -539,6 +569,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     if (s != CUBLAS_STATUS_SUCCESS) { return s; }
     if (requested < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
     memset(&results[0], 0, sizeof(results[0]));  // one algorithm: the reference GEMM
+    lt_algo chosen = {LT_ALGO_MAGIC, {LT_DEFAULT_ALIGNMENT, LT_DEFAULT_ALIGNMENT, LT_DEFAULT_ALIGNMENT, LT_DEFAULT_ALIGNMENT}};
+    if (pref != nullptr) { memcpy(chosen.min_alignment, preference_of(pref)->min_alignment, sizeof chosen.min_alignment); }
+    memcpy(results[0].algo.data, &chosen, sizeof chosen);
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
     *returned = 1;
@@ -550,9 +583,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                               const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
-    (void)algo;
-    (void)workspace;
-    (void)workspace_bytes;
     gemm_problem p;
     cublasStatus_t s = lt_problem(desc, Adesc, Bdesc, Cdesc, Ddesc, &p);
     if (s != CUBLAS_STATUS_SUCCESS) { return s; }
@@ -561,6 +591,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     s = emu_lt_check_algorithm("cublasLtMatmul", d->epilogue, d->transa, d->transb);
     if (s != CUBLAS_STATUS_SUCCESS) { return s; }
     s = emu_lt_check_pointers("cublasLtMatmul", d->epilogue, d->bias, d->aux, d->aux_ld, (uint64_t)p.m);
+    if (s != CUBLAS_STATUS_SUCCESS) { return s; }
+    // the alignments the algorithm was chosen for; without one, cuBLASLt chooses under the default preference
+    lt_algo chosen = {LT_ALGO_MAGIC, {LT_DEFAULT_ALIGNMENT, LT_DEFAULT_ALIGNMENT, LT_DEFAULT_ALIGNMENT, LT_DEFAULT_ALIGNMENT}};
+    if (algo != nullptr && memcmp(algo->data, &LT_ALGO_MAGIC, sizeof LT_ALGO_MAGIC) == 0) { memcpy(&chosen, algo->data, sizeof chosen); }
+    const void* operands[EMU_LT_OPERANDS] = {A, B, C, D};
+    s = emu_lt_check_alignment("cublasLtMatmul", operands, chosen.min_alignment, workspace, workspace_bytes);
     if (s != CUBLAS_STATUS_SUCCESS) { return s; }
     p.alpha = *(const float*)alpha;
     p.beta = *(const float*)beta;

@@ -108,6 +108,12 @@ cublasStatus_t emu_lt_check_algorithm(const char* caller, uint32_t epilogue, int
 // whether the bias and aux pointers fit the epilogue (cublasLtMatmul); rows: D's rows, the least aux_ld
 cublasStatus_t emu_lt_check_pointers(const char* caller, uint32_t epilogue, const void* bias, const void* aux,
                                      int64_t aux_ld, uint64_t rows);
+// whether the operands A, B, C, D are aligned as the algorithm needs (min_alignment: bytes, the
+// preference's when the heuristic chose it) and the workspace (if any) at 256 bytes (cublasLtMatmul)
+enum { EMU_LT_OPERANDS = 4 };
+cublasStatus_t emu_lt_check_alignment(const char* caller, const void* const operands[EMU_LT_OPERANDS],
+                                      const uint32_t min_alignment[EMU_LT_OPERANDS], const void* workspace,
+                                      size_t workspace_bytes);
 
 // ----------------------------------------------------------------------------
 // devices and memory (emu_runtime.cpp)

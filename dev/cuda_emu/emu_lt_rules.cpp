@@ -17,6 +17,12 @@ cublasLtMatmul alone looks at the pointers (the heuristic accepts any), the bias
      the epilogues without an activation (DEFAULT, BIAS, BGRADA, BGRADB) ignore it
   7. (the emulator's own check) aux used with CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD below D's rows:
      INVALID_VALUE
+cublasLtMatmul also looks at the alignment of the pointers (cublasLt.h: a heuristic's algorithm
+"will fail if buffers are not correctly aligned"; the status is the emulator's choice):
+  8. an operand A, B, C or D whose address is not a multiple of the alignment the algorithm was
+     chosen for (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, default 256; no algorithm given: 256):
+     INVALID_VALUE
+  9. a workspace (workspaceSizeInBytes > 0) whose address is not a multiple of 256: INVALID_VALUE
 Measured on the GPU: the epilogues DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU,
 BGRADA and BGRADB with both pointers set or neither, fp32 and bf16, the four transposes, odd and
 multiple-of-8 leading dimensions (type and leading dimension changed no answer). Extrapolated from
@@ -140,6 +146,38 @@ cublasStatus_t emu_lt_check_pointers(const char* caller, uint32_t epilogue, cons
     if (e->aux != AUX_UNUSED && (aux_ld < 0 || (uint64_t)aux_ld < rows)) {
         return refuse(CUBLAS_STATUS_INVALID_VALUE, caller, "epilogue %s: CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD is %lld, "
                       "less than D's %llu rows", e->name, (long long)aux_ld, (unsigned long long)rows);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// the largest power of two up to 256 that divides p's address: how p is aligned, for the notes
+static unsigned alignment_of(const void* p) {
+    unsigned a = 256;
+    while (a > 1 && (uintptr_t)p % a != 0) { a /= 2; }
+    return a;
+}
+
+static const unsigned LT_WORKSPACE_ALIGNMENT = 256;
+
+cublasStatus_t emu_lt_check_alignment(const char* caller, const void* const operands[EMU_LT_OPERANDS],
+                                      const uint32_t min_alignment[EMU_LT_OPERANDS], const void* workspace,
+                                      size_t workspace_bytes) {
+    static const char* const NAMES = "ABCD";
+    // rule 8
+    for (int i = 0; i < EMU_LT_OPERANDS; i++) {
+        uint32_t need = min_alignment[i];
+        if (operands[i] == nullptr || need == 0 || (uintptr_t)operands[i] % need == 0) { continue; }
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, caller,
+                      "matrix %c is %u-byte aligned, below the %u bytes its algorithm was chosen for "
+                      "(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES, default 256): carve it at a multiple of %u "
+                      "bytes, or ask the heuristic with the pointer's own alignment", NAMES[i],
+                      alignment_of(operands[i]), need, NAMES[i], need);
+    }
+    // rule 9
+    if (workspace != nullptr && workspace_bytes > 0 && (uintptr_t)workspace % LT_WORKSPACE_ALIGNMENT != 0) {
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, caller, "the workspace is %u-byte aligned: cuBLASLt needs %u "
+                      "(carve it at a multiple of %u bytes)", alignment_of(workspace), LT_WORKSPACE_ALIGNMENT,
+                      LT_WORKSPACE_ALIGNMENT);
     }
     return CUBLAS_STATUS_SUCCESS;
 }

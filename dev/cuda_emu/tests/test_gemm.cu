@@ -4,7 +4,8 @@ test_gemm.cu: every GEMM entry point against a naive loop written from the cuBLA
 transpose combinations, odd sizes and padded (odd) leading dimensions:
   cublasSgemm, cublasGemmEx (fp32 and bf16), cublasSgemmStridedBatched, cublasGemmStridedBatchedEx,
   and cublasLtMatmul with each epilogue (DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS,
-  DGELU, BGRADA, BGRADB) and with batched layouts.
+  DGELU, BGRADA, BGRADB) and with batched layouts; an operand or workspace below the alignment the
+  algorithm was chosen for is refused (emulated; a GPU prints what it did).
 Then the emulator's own promise (test_bitwise): every output is the in-order fp32 loop, bit for bit
 (products rounded to fp32 and added in order l = 0..k-1, then the epilogue in fp32, one rounding to
 the output type), for fp32, bf16 and fp16, every transpose, every epilogue, batches and odd shapes
@@ -36,6 +37,11 @@ static const float BF16_TOLERANCE = 2e-2f;   // inputs and outputs rounded to 8 
 static const float FP16_TOLERANCE = 5e-3f;   // inputs and outputs rounded to 11 significant bits
 static const int LD_PADDING = 3;             // leading dimensions are rows + 3: odd, never tight
 static const int MATMUL_NOT_CALLED = -1;     // a cublasLtMatmul status when the heuristic found nothing
+#ifdef CUDA_EMU
+static const bool EMULATED = true;
+#else
+static const bool EMULATED = false;
+#endif
 
 // one GEMM problem's shape: op(A) is m x k, op(B) is k x n, C and D are m x n
 struct shape {
@@ -476,6 +482,94 @@ static void test_cublaslt_refusals(cublasLtHandle_t lt) {
     for (device_matrix* m : {&da, &db, &dbias, &daux}) { CUDA_CHECK(cudaFree(m->ptr)); }
 }
 
+// ----------------------------------------------------------------------------
+// alignment: the heuristic chooses for operands aligned as the preference says (default 256 bytes)
+
+static const size_t MISALIGN_FLOATS = 4;   // 16 bytes past a cudaMalloc'd (256-byte aligned) start
+
+// one GEMM of test_cublaslt_alignment: A, B, D (D also as C) each at its own byte offset from a
+// 256-byte start, the preference's MIN_ALIGNMENT_A (0: not set), the workspace at its offset (or
+// none), the algorithm from the heuristic or NULL; returns cublasLtMatmul's status, and in *correct
+// whether D is then the naive GEMM's (and untouched when refused)
+struct align_case {
+    const char* what;
+    size_t a_floats, d_floats;    // offsets, in floats
+    uint32_t pref_align_a;
+    bool workspace;
+    size_t workspace_offset;      // bytes
+    bool pass_algo;
+    cublasStatus_t emulated;      // the emulator's answer (rules 8 and 9 of emu_lt_rules.cpp)
+};
+
+static cublasStatus_t run_align_case(cublasLtHandle_t lt, const align_case& t, bool* correct) {
+    shape s = make_shape(CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, 1);
+    std::vector<float> a = random_vector(s.stride_a, 41), b = random_vector(s.stride_b, 42), d = random_vector(s.stride_c, 43);
+    std::vector<float> pa(t.a_floats, 0.0f), pd(t.d_floats, 0.0f);
+    pa.insert(pa.end(), a.begin(), a.end());
+    pd.insert(pd.end(), d.begin(), d.end());
+    device_matrix da = upload(pa, CUDA_R_32F), db = upload(b, CUDA_R_32F), dd = upload(pd, CUDA_R_32F);
+    float* A = (float*)da.ptr + t.a_floats;
+    float* D = (float*)dd.ptr + t.d_floats;
+    const size_t WORKSPACE_BYTES = 1 << 20;
+    char* workspace = nullptr;
+    if (t.workspace) { CUDA_CHECK(cudaMalloc((void**)&workspace, WORKSPACE_BYTES + t.workspace_offset)); }
+    cublasLtMatmulDesc_t desc = lt_descriptor(CUBLASLT_EPILOGUE_DEFAULT, s.ta, s.tb, nullptr, nullptr, s.ldc);
+    cublasLtMatrixLayout_t la = lt_layout(CUDA_R_32F, s.m, s.k, s.lda, 1, 0);
+    cublasLtMatrixLayout_t lb = lt_layout(CUDA_R_32F, s.k, s.n, s.ldb, 1, 0);
+    cublasLtMatrixLayout_t ld = lt_layout(CUDA_R_32F, s.m, s.n, s.ldc, 1, 0);
+    cublasLtMatmulPreference_t pref = lt_preference();
+    if (t.pref_align_a != 0) {
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &t.pref_align_a,
+                                                          sizeof t.pref_align_a));
+    }
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t status = cublasLtMatmul(lt, desc, &alpha, A, la, db.ptr, lb, &beta, D, ld, D, ld,
+                                           t.pass_algo ? &heuristic.algo : nullptr, workspace ? workspace + t.workspace_offset : nullptr,
+                                           workspace ? WORKSPACE_BYTES : 0, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got = download(dd);
+    got.erase(got.begin(), got.begin() + t.d_floats);
+    std::vector<float> want = status == CUBLAS_STATUS_SUCCESS ? naive_gemm(s, alpha, a, b, beta, d) : d;
+    *correct = found == 1 && max_rel_error(got.data(), want.data(), want.size()) <= FP32_TOLERANCE;
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (cublasLtMatrixLayout_t l : {la, lb, ld}) { cublasLtMatrixLayoutDestroy(l); }
+    cublasLtMatmulDescDestroy(desc);
+    for (device_matrix* m : {&da, &db, &dd}) { CUDA_CHECK(cudaFree(m->ptr)); }
+    if (workspace) { CUDA_CHECK(cudaFree(workspace)); }
+    return status;
+}
+
+// emulated, an operand below the alignment its algorithm was chosen for, or a workspace off 256
+// bytes, is refused and D left as it was; a preference that admits the operand's alignment runs.
+// On a GPU the cases that must run are checked, and what the library did with the others is printed
+static void test_cublaslt_alignment(cublasLtHandle_t lt) {
+    const size_t M = MISALIGN_FLOATS, W = MISALIGN_FLOATS * sizeof(float);
+    const align_case cases[] = {
+        {"A 16 bytes off, the default preference (256)", M, 0, 0, false, 0, true, CUBLAS_STATUS_INVALID_VALUE},
+        {"A 16 bytes off, MIN_ALIGNMENT_A_BYTES = 16", M, 0, 16, false, 0, true, CUBLAS_STATUS_SUCCESS},
+        {"A 16 bytes off, MIN_ALIGNMENT_A_BYTES = 32", M, 0, 32, false, 0, true, CUBLAS_STATUS_INVALID_VALUE},
+        {"D 16 bytes off, no algorithm given (the default preference)", 0, M, 0, false, 0, false, CUBLAS_STATUS_INVALID_VALUE},
+        {"every operand at 256, no algorithm given", 0, 0, 0, false, 0, false, CUBLAS_STATUS_SUCCESS},
+        {"a workspace 16 bytes off 256", 0, 0, 0, true, W, true, CUBLAS_STATUS_INVALID_VALUE},
+        {"a workspace at 256", 0, 0, 0, true, 0, true, CUBLAS_STATUS_SUCCESS},
+    };
+    for (const align_case& t : cases) {
+        bool correct = false;
+        cublasStatus_t status = run_align_case(lt, t, &correct);
+        char name[160];
+        snprintf(name, sizeof name, "cublasLtMatmul alignment, %s: %s", t.what, cublasGetStatusName(t.emulated));
+        if (EMULATED || t.emulated == CUBLAS_STATUS_SUCCESS) {
+            check(status == t.emulated && correct, name, "got status %d, D %s", (int)status,
+                  correct ? "as expected" : "wrong (or written though refused)");
+        } else {
+            printf("note: real cuBLASLt, %s: status %d, D %s\n", t.what, (int)status, correct ? "as the status says" : "wrong");
+        }
+    }
+}
+
 // a strided batch described by the layouts alone, bf16 in and out, with a bias epilogue
 static void test_cublaslt_batched_bf16(cublasLtHandle_t lt) {
     shape s = make_shape(CUBLAS_OP_T, CUBLAS_OP_N, 4, 6, 5, 3);
@@ -523,12 +617,6 @@ static void test_cublaslt_batched_bf16(cublasLtHandle_t lt) {
 
 // ----------------------------------------------------------------------------
 // bitwise: the emulator's GEMM is the in-order fp32 loop
-
-#ifdef CUDA_EMU
-static const bool EMULATED = true;
-#else
-static const bool EMULATED = false;
-#endif
 
 // what cublasLt.h documents each epilogue to do (D has m rows; bias and its gradients per batch)
 struct epilogue_steps {
@@ -759,6 +847,7 @@ int main() {
     CUBLAS_CHECK(cublasLtCreate(&lt));
     test_cublaslt_epilogues(lt);
     test_cublaslt_refusals(lt);
+    test_cublaslt_alignment(lt);
     test_cublaslt_batched_bf16(lt);
     test_bitwise(lt);
     CUBLAS_CHECK(cublasLtDestroy(lt));
