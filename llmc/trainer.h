@@ -28,6 +28,7 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -151,8 +152,25 @@ static int model_is_preset(const TrainOptions* o, GPT2Config* cfg) {
     return gpt2_config_preset(cfg, o->model);
 }
 
+// stops if path, named by flag, is there but is a directory or cannot be read (a missing file
+// is the reader's to report, with its hint)
+static void check_input_file(const char* flag, const char* path, const char* what) {
+    struct stat st;
+    if (stat(path, &st) != 0) { return; }
+    if (S_ISDIR(st.st_mode)) {
+        fail("%s '%s' is a directory, where a %s is expected\n  hint: name the file in it: %s '%s/FILE'", flag, path, what, flag, path);
+    }
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {
+        fail("%s '%s': %s (a %s this run reads)\n  hint: make it readable (chmod a+r '%s') or use a copy you can read",
+             flag, path, errno == EACCES ? "permission denied" : strerror(errno), what, path);
+    }
+    fclose(f);
+}
+
 static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
     if (model_is_preset(o, cfg)) { return; }
+    check_input_file("-e (--model)", o->model, "model file");
     FILE* f = fopen(o->model, "rb");
     if (f == NULL) {
         char names[GPT2_PRESET_LIST_LEN];
@@ -229,6 +247,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     if (!isfinite(max_abs)) { return max_abs; }
     if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
     dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
+    checkpoint_begin(dir, step, s->dist.rank);
     char path[CHECKPOINT_PATH_LEN];
     if (s->dist.rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
@@ -240,6 +259,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     state_file_write(path, &st, h.opt_state);
     dist_barrier();
     if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
+    checkpoint_end();
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
     return max_abs;
 }
@@ -345,11 +365,36 @@ static void state_load(const char* path, TrainState* st, const ModelSetup* s, in
     state_check_data(path, st, dl);
 }
 
-// loads the newest complete checkpoint of dir into the model; returns its step and the run's
-// identity (from the state files)
-static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng, uint64_t* run_id) {
-    int step = checkpoint_latest(dir);
-    if (step < 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
+// the step of the newest complete checkpoint of dir (with its DONE marker) whose files are all
+// there and whole, saying which newer ones it skips and why; stops if there is none
+static int resume_pick_step(const char* dir, const GPT2Config* c) {
+    int n;
+    int* steps = checkpoint_done_steps(dir, &n);
+    if (n == 0) {
+        OutputDirContents contents = output_dir_contents(dir);
+        fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'%s\n  hint: %s", dir,
+             contents.has_log ? ": its log.jsonl is of a run stopped before its first checkpoint, which cannot be resumed" : "",
+             contents.has_log ? "start over there with --overwrite 1 (removes log.jsonl) instead of -y, or choose another -o"
+                              : "check -o, or start without -y");
+    }
+    char why[CHECKPOINT_PATH_LEN + 128];
+    int step = -1;
+    for (int i = 0; i < n && step < 0; i++) {
+        if (checkpoint_files_whole(dir, steps[i], c, why, sizeof(why))) { step = steps[i]; continue; }
+        printf("-y 1: skipped the checkpoint of step %d in %s/: %s\n", steps[i], dir, why);
+        if (i + 1 == n) {
+            fail("-y 1: none of the %d complete checkpoint(s) in '%s' has all its files whole (each skipped above)\n"
+                 "  hint: restore the files from a copy, or start over there with --overwrite 1", n, dir);
+        }
+    }
+    if (step != steps[0]) { printf("-y 1: resuming from the newest whole checkpoint, of step %d\n", step); }
+    free(steps);
+    return step;
+}
+
+// loads checkpoint `step` of dir into the model; returns its step and the run's identity
+// (from the state files)
+static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, DataLoader* dl, uint64_t* rng, uint64_t* run_id) {
     HostView h = gpt2_host_view(m);
     char path[CHECKPOINT_PATH_LEN], model_path[CHECKPOINT_PATH_LEN];
     checkpoint_path(model_path, sizeof(model_path), dir, "model", step, -1);
@@ -754,6 +799,7 @@ typedef struct {
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
     double peak_flops;        // per rank, for MFU: --peak-tflops, or the device's; 0 = unknown
     int log_has_start_val;    // -y 1: the log holds the validation of the resumed step already
+    int complete;             // -y 1: the checkpoint is of the last step (-x): nothing to train
     int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
     size_t rss_at_start;      // the fixed overhead, before any tensor
 } Run;
@@ -861,7 +907,7 @@ static int log_truncate_after(const char* path, int step) {
         int n;
         if (sscanf(line, "{\"step\": %d", &n) == 1 && n > step) { dropped++; continue; }
         if (sscanf(line, "{\"step\": %d", &n) == 1 && n == step && strstr(line, "\"val_loss\"") != NULL) { val_at_step = 1; }
-        fwrite_check(line, 1, strlen(line), out.f);
+        atomic_write(&out, line, 1, strlen(line));
     }
     free(line);
     fclose(in);
@@ -889,28 +935,65 @@ static uint64_t new_run_id(int rank) {
     return hi;
 }
 
-// the output directory before anything is allocated (rank 0; the other ranks wait): created,
-// locked for this run, rid of the temporary files a crash left, for a fresh run free of an
-// earlier run's checkpoints and log (refused, or with --overwrite 1 removed), and with room
-// for one checkpoint
+// stops before `action` removes a file of `set` from -o that this run reads: -e, -k, or a
+// shard of -i or -j
+static void spare_input_files(const TrainOptions* o, DirFileSet set, const char* action) {
+    GPT2Config preset;
+    if (!model_is_preset(o, &preset)) {
+        InputFile f = {"-e", o->model};
+        output_dir_spare_inputs(o->out_dir, set, &f, 1, action);
+    }
+    if (o->tokenizer[0] != '\0') {
+        InputFile f = {"-k", o->tokenizer};
+        output_dir_spare_inputs(o->out_dir, set, &f, 1, action);
+    }
+    const char* shards[2][2] = {{"-i", o->train_data}, {"-j", o->val_data}};
+    for (int k = 0; k < 2; k++) {
+        glob_t g;
+        if (shards[k][1][0] != '\0' && glob(shards[k][1], 0, NULL, &g) == 0) {
+            for (size_t i = 0; i < g.gl_pathc; i++) {
+                InputFile f = {shards[k][0], g.gl_pathv[i]};
+                output_dir_spare_inputs(o->out_dir, set, &f, 1, action);
+            }
+            globfree(&g);
+        }
+    }
+}
+
+// the output directory before anything is allocated (rank 0; the other ranks wait): for -y 1
+// there already, created, locked for this run, rid of the temporary files and incomplete
+// checkpoints a crash left, for a fresh run free of an earlier run's checkpoints and log
+// (refused, or with --overwrite 1 removed), and with room for one checkpoint. No file the run
+// reads is ever removed
 static void prepare_output_dir(Run* r) {
     const TrainOptions* o = r->o;
     r->out_lock = -1;
     if (!r->has_out) { return; }
     if (r->setup.dist.rank == 0) {
+        struct stat st;
+        if (o->resume && stat(o->out_dir, &st) != 0) {
+            fail("-y 1: output directory '%s': %s, so there is no run to resume\n  hint: check -o, or start without -y", o->out_dir,
+                 strerror(errno));
+        }
         ensure_output_dir(o->out_dir);
         r->out_lock = output_dir_lock(o->out_dir);
         output_dir_remove_stale_tmp(o->out_dir);
+        spare_input_files(o, DIR_FILES_INCOMPLETE, "removing an incomplete checkpoint (no DONE marker)");
+        output_dir_remove(o->out_dir, DIR_FILES_INCOMPLETE, 1);
         OutputDirContents c = output_dir_contents(o->out_dir);
         if (!o->resume && (c.files > 0 || c.has_log)) {
-            if (!o->overwrite) {
-                char what[96] = "";
-                if (c.files > 0) { snprintf(what, sizeof(what), "%d checkpoint file(s), the newest of step %d%s", c.files, c.newest_step, c.has_log ? ", and " : ""); }
-                fail("output directory '%s' holds an earlier run (%s%s)\n"
-                     "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
-                     o->out_dir, what, c.has_log ? "log.jsonl" : "");
+            if (!o->overwrite && c.files == 0) {
+                fail("output directory '%s' holds the log.jsonl of a run stopped before its first checkpoint: nothing to resume\n"
+                     "  hint: start over there with --overwrite 1 (removes that log.jsonl), or choose another -o", o->out_dir);
             }
-            printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_clear(o->out_dir), o->out_dir);
+            if (!o->overwrite) {
+                fail("output directory '%s' holds an earlier run (%d checkpoint file(s), the newest of step %d%s)\n"
+                     "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
+                     o->out_dir, c.files, c.newest_step, c.has_log ? ", and log.jsonl" : "");
+            }
+            spare_input_files(o, DIR_FILES_EARLIER_RUN, "--overwrite 1");
+            printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_remove(o->out_dir, DIR_FILES_EARLIER_RUN, 0),
+                   o->out_dir);
         }
         // room for one checkpoint (the model file and every rank's state file), before any training
         const ModelSetup* s = &r->setup;
@@ -920,6 +1003,23 @@ static void prepare_output_dir(Run* r) {
         check_free_space(o->out_dir, checkpoint_bytes(&s->config, opt_floats, s->dist.world), what);
     }
     dist_barrier();  // the other ranks write their state files into it
+}
+
+// -y 1 from the checkpoint of `step` against the steps to train (-x): past them, it stops
+// (training on would never meet the end); at them, the run is complete: it says so, and
+// returns 0 (nothing to train, nothing written); else sets the start step and returns 1
+static int resume_within_steps(Run* r, int step) {
+    if (step > r->max_steps) {
+        fail("-y 1: the checkpoint to resume in '%s' is of step %d, past the %d steps to train (-x %d)\n"
+             "  hint: -x %d or more to train it on", r->o->out_dir, step, r->max_steps, r->o->max_steps, step + 1);
+    }
+    r->start_step = step;
+    r->complete = step == r->max_steps;
+    if (r->complete) {
+        printf("-y 1: the run in %s/ is complete: its checkpoint is of step %d, the last of -x %d; nothing to train\n"
+               "  (-x %d or more trains it on)\n", r->o->out_dir, step, r->max_steps, step + 1);
+    }
+    return !r->complete;
 }
 
 // allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
@@ -945,7 +1045,8 @@ static void train_setup(Run* r) {
     r->max_steps = steps_to_train(r);
     r->sample_rng = sample_rng_seed(o->seed);
     r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
-    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng, &r->run_id) : 0;
+    if (o->resume && !resume_within_steps(r, resume_pick_step(o->out_dir, &s->config))) { return; }
+    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, r->start_step, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
     r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
     r->health.ckpt_step = o->resume ? r->start_step : -1;
@@ -1018,7 +1119,7 @@ static void fail_not_finite(Run* r, int step, const char* what, const char* then
 // RNG is in the checkpoint, so a resumed run draws what an unstopped run would)
 static int between_steps(Run* r, int step, int cut_short) {
     const TrainOptions* o = r->o;
-    int last = step == r->max_steps && !cut_short;
+    int last = step >= r->max_steps && !cut_short;  // (never past it: resume_within_steps)
     if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last) && !dist_any(g_stop_requested)) {
         float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
         if (isnan(vl)) {
@@ -1222,7 +1323,7 @@ static int run_training(const TrainOptions* o, const Dist* dist, const char* pro
     }
     train_setup(&r);
     int step = r.start_step, done = 1;
-    while (!between_steps(&r, step, !done)) {
+    while (!r.complete && !between_steps(&r, step, !done)) {
         done = train_step(&r, step);
         step += done;
     }
