@@ -182,7 +182,7 @@ static const FlagSpec FLAGS[] = {
     {"-v", "--val-every",     FLAG_INT,    OPT(val_every),        "validate every N steps, 0 = never"},
     {"-m", "--val-steps",     FLAG_INT,    OPT(val_steps),        "batches per validation"},
     {"-s", "--sample-every",  FLAG_INT,    OPT(sample_every),     "print a sample every N steps, 0 = never"},
-    {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (training: at most T; --sample: any number)"},
+    {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (the model sees the last -t of the text)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
     {NULL, "--keep-checkpoints", FLAG_INT, OPT(keep_checkpoints), "keep only the newest K checkpoints in -o, removing older ones; 0 = keep all"},
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},

@@ -471,20 +471,27 @@ static void install_stop_signals(void) {
 // the sampling RNG of a run with this --seed (the training samples' and --sample's)
 static uint64_t sample_rng_seed(uint64_t seed) { return RNG_SEED_MIX ^ (seed + 1); }
 
-// prints one token: its text, or without a tokenizer (-k "" or none there) its id
-static void print_token(const Tokenizer* tok, int id) {
-    if (tok->init_ok) { safe_print(tokenizer_decode(tok, (uint32_t)id)); } else { printf("%d ", id); }
+// prints one token: its text (UTF-8, a character split across tokens held for the next: pr),
+// or without a tokenizer (-k "" or none there) its id
+static void print_token(const Tokenizer* tok, Utf8Printer* pr, int id) {
+    if (tok->init_ok) { utf8_print(pr, tokenizer_decode(tok, (uint32_t)id), stdout); } else { printf("%d ", id); }
     fflush(stdout);
 }
 
-// generates tokens[1..n-1] after tokens[0] (EOT), one forward per token, and prints them
-static void sample_tokens(GPT2* m, const GPT2Config* c, int* tokens, int n, const Tokenizer* tok, uint64_t* rng) {
-    tokens[0] = c->vocab_size > GPT2_EOT ? GPT2_EOT : c->vocab_size - 1;  // a smaller vocabulary: its last id, where GPT-2 keeps EOT
-    for (int t = 1; t < n; t++) {
-        gpt2_forward(m, tokens, NULL, 1, t);
-        tokens[t] = sample_index(gpt2_probs(m, t - 1), c->vocab_size, rand_uniform(rng));
-        print_token(tok, tokens[t]);
+// generates n tokens after <|endoftext|> and prints them, one forward each over the window
+// (T): the text so far, its last T tokens once it is longer (the window slides by one)
+static void sample_tokens(GPT2* m, const GPT2Config* c, int* window, int T, int n, const Tokenizer* tok, uint64_t* rng) {
+    window[0] = c->vocab_size > GPT2_EOT ? GPT2_EOT : c->vocab_size - 1;  // a smaller vocabulary: its last id, where GPT-2 keeps EOT
+    int len = 1;
+    Utf8Printer pr = {{0}, 0, 0};
+    for (int i = 0; i < n; i++) {
+        gpt2_forward(m, window, NULL, 1, len);
+        int next = sample_index(gpt2_probs(m, len - 1), c->vocab_size, rand_uniform(rng));
+        print_token(tok, &pr, next);
+        if (len == T) { memmove(window, window + 1, (size_t)(T - 1) * sizeof(int)); len--; }
+        window[len++] = next;
     }
+    utf8_print_end(&pr, stdout);
     printf("\n");
 }
 
@@ -595,6 +602,42 @@ static void check_hyperparameters(const TrainOptions* o) {
     check_float_range("--eps1", o->eps1, 0.0, END_OPEN, INFINITY, END_OPEN, "it keeps the second moment of a zero gradient positive");
 }
 
+// "-x (--steps)", or "--zero" for a flag without a short name
+static void flag_display_name(const FlagSpec* f, char* buf, size_t n) {
+    if (f->shortname) { snprintf(buf, n, "%s (%s)", f->shortname, f->longname); } else { snprintf(buf, n, "%s", f->longname); }
+}
+
+// the flags that only some optimizers read (optimizer_hyper, schedule.h): given with another,
+// each would show as set in the configuration and change nothing
+static const struct { const char* flag; const char* readers; } OPTIMIZER_OWN_FLAGS[] = {
+    {"--beta1", "adamw"}, {"--beta2", "adamw"}, {"--eps", "adamw"},
+    {"--relative-step", "adafactor"}, {"--adafactor-beta1", "adafactor"}, {"--eps1", "adafactor or came"},
+};
+// what Adafactor's relative step replaces: the scheduled learning rate
+static const char* const RELATIVE_STEP_REPLACES[] = {"--lr", "--warmup", "--final-lr-frac"};
+
+// stops on a flag given that the chosen optimizer (or --relative-step) does not read
+static void check_optimizer_flags(const TrainOptions* o) {
+    for (size_t i = 0; i < sizeof(OPTIMIZER_OWN_FLAGS) / sizeof(OPTIMIZER_OWN_FLAGS[0]); i++) {
+        const char* readers = OPTIMIZER_OWN_FLAGS[i].readers;
+        int reads = strstr(readers, o->optimizer) != NULL && o->optimizer[0] != '\0';
+        if (flag_given(o, OPTIMIZER_OWN_FLAGS[i].flag) && !reads) {
+            fail("%s is read by --optimizer %s only; this run's optimizer, %s, does not read it\n"
+                 "  hint: drop %s, or add --optimizer %.*s", OPTIMIZER_OWN_FLAGS[i].flag, readers, o->optimizer,
+                 OPTIMIZER_OWN_FLAGS[i].flag, (int)strcspn(readers, " "), readers);
+        }
+    }
+    for (size_t i = 0; i < sizeof(RELATIVE_STEP_REPLACES) / sizeof(RELATIVE_STEP_REPLACES[0]) && o->relative_step; i++) {
+        const FlagSpec* f = find_flag(RELATIVE_STEP_REPLACES[i], strlen(RELATIVE_STEP_REPLACES[i]));
+        if (o->given[f - FLAGS]) {
+            char name[64];
+            flag_display_name(f, name, sizeof(name));
+            fail("%s: --relative-step steps by min(1e-2, 1/sqrt(t)) x RMS(param), without the learning-rate schedule that %s sets\n"
+                 "  hint: drop %s, or drop --relative-step to train with -l's schedule", name, name, name);
+        }
+    }
+}
+
 // checks the options against each other, the model and the number of ranks (world);
 // returns the gradient accumulation steps of each rank
 static int check_options(const TrainOptions* o, const GPT2Config* c, int world) {
@@ -619,6 +662,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
     if (!(o->peak_tflops >= 0.0f) || isinf(o->peak_tflops)) { fail("--peak-tflops %g: a peak in TFLOP/s, > 0, or 0 for the GPU's own", o->peak_tflops); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
+    check_optimizer_flags(o);
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
     if (o->overwrite && o->resume) { fail("-y 1 continues the run in -o, --overwrite 1 removes it: choose one"); }
     if (o->overwrite && o->out_dir[0] == '\0') { fail("--overwrite 1 starts over in the output directory, but -o is \"\" (none)"); }
@@ -791,8 +835,7 @@ typedef struct {
     GPT2* model;
     DataLoader train, val;
     Tokenizer tok;
-    int* gen_tokens;          // (T) the sample being generated
-    int gen_len;
+    int* gen_tokens;          // (T) the window of the sample being generated
     uint64_t sample_rng;
     TrainingHealth health;    // for the message when the loss or the norm turns non-finite
     uint64_t run_id;          // this run's identity, in every state file it writes (fresh: random; -y 1: the checkpoint's)
@@ -1040,7 +1083,6 @@ static void train_setup(Run* r) {
     gpt2_init_weights(r->model, o);
     dataloader_init(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size);
     if (r->has_val) { dataloader_init(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size); }
-    r->gen_len = o->gen_tokens < s->T ? o->gen_tokens : s->T;
     r->gen_tokens = sample_buffer_alloc(s->T);
     r->max_steps = steps_to_train(r);
     r->sample_rng = sample_rng_seed(o->seed);
@@ -1135,7 +1177,7 @@ static int between_steps(Run* r, int step, int cut_short) {
     }
     if (o->sample_every > 0 && step > r->start_step && !cut_short && (step % o->sample_every == 0 || last)) {
         printf("---- sample at step %d ----\n", step);
-        sample_tokens(r->model, &r->setup.config, r->gen_tokens, r->gen_len, &r->tok, &r->sample_rng);
+        sample_tokens(r->model, &r->setup.config, r->gen_tokens, r->setup.T, r->o->gen_tokens, &r->tok, &r->sample_rng);
         printf("---------------------------\n");
     }
     int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
@@ -1360,11 +1402,6 @@ static void append_flag_names(char* buf, size_t n, const char* const* list, int 
     }
 }
 
-// "-x (--steps)", or "--zero" for a flag without a short name
-static void flag_display_name(const FlagSpec* f, char* buf, size_t n) {
-    if (f->shortname) { snprintf(buf, n, "%s (%s)", f->shortname, f->longname); } else { snprintf(buf, n, "%s", f->longname); }
-}
-
 // the flags on the command line against the mode: with --sample only what it reads, and one
 // process; without it none of --sample's own
 static void check_mode_flags(const TrainOptions* o, int world) {
@@ -1452,12 +1489,13 @@ static int* sample_prompt_tokens(const TrainOptions* o, const GPT2Config* c, int
 
 // continues tokens[0..p) by n tokens, printing each as it comes: one forward each, over the
 // last T tokens of the text
-static void sample_continue(GPT2* m, int* tokens, int p, int n, int T, Sampler* sampler, uint64_t* rng, const Tokenizer* tok) {
+static void sample_continue(GPT2* m, int* tokens, int p, int n, int T, Sampler* sampler, uint64_t* rng, const Tokenizer* tok,
+                            Utf8Printer* pr) {
     for (int t = p; t < p + n; t++) {
         int start = t > T ? t - T : 0;
         gpt2_forward(m, tokens + start, NULL, 1, t - start);
         tokens[t] = sampler_next(sampler, gpt2_probs(m, t - start - 1), rand_uniform(rng));
-        print_token(tok, tokens[t]);
+        print_token(tok, pr, tokens[t]);
     }
 }
 
@@ -1490,9 +1528,11 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
            o->temperature == 0.0f ? " (greedy)" : "", o->top_k, sampler.top_k == 0 ? " (every token)" : "", (unsigned long long)o->seed);
     if (p > s.T) { printf("note: the prompt is %d tokens, more than the window -t %d: the model sees its last %d\n", p, s.T, s.T); }
     printf("---- the prompt (%d tokens), then %d generated ----\n", p, o->gen_tokens);
-    for (int i = 0; i < p; i++) { print_token(&tok, tokens[i]); }
+    Utf8Printer pr = {{0}, 0, 0};  // the prompt and its continuation: one text
+    for (int i = 0; i < p; i++) { print_token(&tok, &pr, tokens[i]); }
     double t0 = now_seconds();
-    sample_continue(m, tokens, p, o->gen_tokens, s.T, &sampler, &rng, &tok);
+    sample_continue(m, tokens, p, o->gen_tokens, s.T, &sampler, &rng, &tok, &pr);
+    utf8_print_end(&pr, stdout);
     double seconds = now_seconds() - t0;
     printf("\n----\nsample: %d tokens in %.2f s (%.1f tokens/s)\n", o->gen_tokens, seconds, o->gen_tokens / seconds);
     sampler_free(&sampler);
