@@ -77,7 +77,11 @@ enum {
 // atomic writes: write to "<path>.tmp", fsync, rename over <path>, fsync the directory
 
 #define CHECKPOINT_PATH_LEN 1100  // an output directory (flags.h: PATH_MAX_LEN) and a file name
-typedef struct { FILE* f; char path[CHECKPOINT_PATH_LEN]; char tmp[CHECKPOINT_PATH_LEN + 4]; } AtomicFile;
+typedef struct {
+    FILE* f;
+    char path[CHECKPOINT_PATH_LEN], tmp[CHECKPOINT_PATH_LEN + 4];
+    int created;  // tmp is this write's own file (removed if the write fails)
+} AtomicFile;
 
 // the checkpoint this process is writing (checkpoint_begin .. checkpoint_mark_done), or step
 // -1: a write that fails removes the files of it this process wrote, so no model file without
@@ -89,22 +93,13 @@ static void checkpoint_path(char* buf, size_t n, const char* dir, const char* ki
     else { snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank); }
 }
 
-static void atomic_open(AtomicFile* a, const char* path) {
-    snprintf(a->path, sizeof(a->path), "%s", path);
-    snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path);
-    a->f = fopen(a->tmp, "wb");
-    if (a->f == NULL) {
-        fail("cannot write '%s': %s\n  hint: check that the output directory (-o) exists and is writable, and has room", a->tmp, strerror(errno));
-    }
-}
-
-// a write, flush or rename of a failed (errno: why; a full disk, most often): removes the
-// temporary file and the files of the checkpoint under way that this process wrote, and
-// stops naming the file
+// a failed write, flush or rename of a (errno: why; a full disk, most often): removes its
+// temporary file and the files of the checkpoint under way that this process wrote, and stops
+// naming the file
 static void atomic_fail(AtomicFile* a, const char* what) {
     int err = errno;
     if (a->f != NULL) { fclose(a->f); }
-    remove(a->tmp);
+    if (a->created) { remove(a->tmp); }
     char also[CHECKPOINT_PATH_LEN + 96] = "";
     if (g_ckpt_writing.step >= 0) {
         char path[CHECKPOINT_PATH_LEN + 64];  // the directory and a checkpoint file's name
@@ -120,8 +115,16 @@ static void atomic_fail(AtomicFile* a, const char* what) {
     snprintf(dir, sizeof(dir), "%s", a->path);
     char* slash = strrchr(dir, '/');
     if (slash != NULL) { *slash = '\0'; } else { strcpy(dir, "."); }
-    fail("cannot %s '%s' (written as '%s'): %s; removed the partial file%s\n"
-         "  hint: free space on the disk of '%s' (df '%s'), or choose another -o", what, a->path, a->tmp, strerror(err), also, dir, dir);
+    fail("cannot %s '%s' (written as '%s'): %s; removed what this write left%s\n"
+         "  hint: free space on the disk of '%s' (df '%s') and check that it is writable, or choose another -o", what, a->path, a->tmp, strerror(err), also, dir, dir);
+}
+
+static void atomic_open(AtomicFile* a, const char* path) {
+    snprintf(a->path, sizeof(a->path), "%s", path);
+    snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path);
+    a->f = fopen(a->tmp, "wb");
+    a->created = a->f != NULL;
+    if (a->f == NULL) { atomic_fail(a, "write"); }
 }
 
 static void atomic_write(AtomicFile* a, const void* ptr, size_t size, size_t n) {
@@ -494,26 +497,40 @@ static int checkpoint_files_whole(const char* dir, int step, const GPT2Config* c
     long header = (long)(FILE_HEADER_INTS * sizeof(int));
     checkpoint_path(path, sizeof(path), dir, "model", step, -1);
     long model_bytes = header + (long)(gpt2_num_parameters(cfg) * sizeof(float));
-    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { snprintf(why, n, "'%s': missing, or not a file", path); return 0; }
+    FILE* f = fopen(path, "rb");
+    int h[FILE_HEADER_INTS];
+    if (f == NULL || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, n, "'%s': %s", path, f == NULL ? strerror(errno) : "not a file");
+        if (f != NULL) { fclose(f); }
+        return 0;
+    }
+    size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
+    fclose(f);
+    if (got == FILE_HEADER_INTS && h[MODEL_SLOT_MAGIC] == MODEL_MAGIC &&
+        (h[MODEL_SLOT_NUM_LAYERS] != cfg->num_layers || h[MODEL_SLOT_CHANNELS] != cfg->channels ||
+         h[MODEL_SLOT_NUM_HEADS] != cfg->num_heads || h[MODEL_SLOT_VOCAB_SIZE] != cfg->vocab_size)) {
+        fail("checkpoint '%s' has another model shape than -e (L=%d C=%d NH=%d V=%d; -e: L=%d C=%d NH=%d V=%d)\n"
+             "  hint: resume with the same -e", path, h[MODEL_SLOT_NUM_LAYERS], h[MODEL_SLOT_CHANNELS], h[MODEL_SLOT_NUM_HEADS],
+             h[MODEL_SLOT_VOCAB_SIZE], cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size);
+    }
     if (st.st_size != model_bytes) {
-        snprintf(why, n, "'%s' is %lld bytes, a model file of this shape %ld", path, (long long)st.st_size, model_bytes);
+        snprintf(why, n, "'%s' is %lld bytes, a model file of this shape %ld: truncated or corrupt", path, (long long)st.st_size, model_bytes);
         return 0;
     }
     int ranks = 1;
     for (int rank = 0; rank < ranks; rank++) {
         checkpoint_path(path, sizeof(path), dir, "state", step, rank);
-        FILE* f = fopen(path, "rb");
-        int h[FILE_HEADER_INTS];
+        f = fopen(path, "rb");
         if (f == NULL || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
             snprintf(why, n, "'%s': %s", path, f == NULL ? strerror(errno) : "not a file");
             if (f != NULL) { fclose(f); }
             return 0;
         }
-        size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
+        got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
         fclose(f);
         long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
         if (got != FILE_HEADER_INTS || h[STATE_SLOT_MAGIC] != STATE_MAGIC || st.st_size != want) {
-            snprintf(why, n, "'%s' is truncated or not a state file (%lld bytes)", path, (long long)st.st_size);
+            snprintf(why, n, "'%s' (%lld bytes) is not a whole state file: truncated or corrupt", path, (long long)st.st_size);
             return 0;
         }
         if (rank == 0) { ranks = h[STATE_SLOT_NUM_PROCESSES] > 0 ? h[STATE_SLOT_NUM_PROCESSES] : 1; }

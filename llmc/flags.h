@@ -15,6 +15,8 @@ with a message naming the flag and pointing at -h.
 #define LLMC_FLAGS_H
 
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -333,8 +335,12 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
         }
         case FLAG_FLOAT: {
             float v = strtof(value, &end);
-            if (*value == '\0' || *end != '\0' || errno != 0 || v != v) {
+            if (*value == '\0' || *end != '\0' || v != v) {
                 fail("flag %s: '%s' is not a number\n  hint: see -h", f->longname, value);
+            }
+            if (errno == ERANGE) {  // beyond a float, or so close to 0 that it is one no longer (below FLT_MIN)
+                fail("flag %s: '%s' is %s a float's range (%g to %g, or 0)\n  hint: see -h", f->longname, value,
+                     fabsf(v) > 1.0f ? "beyond" : "too close to 0 for", (double)FLT_MIN, (double)FLT_MAX);
             }
             *(float*)p = v;
             break;

@@ -369,22 +369,17 @@ static void state_load(const char* path, TrainState* st, const ModelSetup* s, in
 // there and whole, saying which newer ones it skips and why; stops if there is none
 static int resume_pick_step(const char* dir, const GPT2Config* c) {
     int n;
-    int* steps = checkpoint_done_steps(dir, &n);
-    if (n == 0) {
-        OutputDirContents contents = output_dir_contents(dir);
-        fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'%s\n  hint: %s", dir,
-             contents.has_log ? ": its log.jsonl is of a run stopped before its first checkpoint, which cannot be resumed" : "",
-             contents.has_log ? "start over there with --overwrite 1 (removes log.jsonl) instead of -y, or choose another -o"
-                              : "check -o, or start without -y");
-    }
-    char why[CHECKPOINT_PATH_LEN + 128];
+    int* steps = checkpoint_done_steps(dir, &n);  // (at least one: prepare_output_dir)
+    if (n == 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
+    char why[CHECKPOINT_PATH_LEN + 128], newest_why[CHECKPOINT_PATH_LEN + 128];
     int step = -1;
     for (int i = 0; i < n && step < 0; i++) {
         if (checkpoint_files_whole(dir, steps[i], c, why, sizeof(why))) { step = steps[i]; continue; }
         printf("-y 1: skipped the checkpoint of step %d in %s/: %s\n", steps[i], dir, why);
+        if (i == 0) { snprintf(newest_why, sizeof(newest_why), "%s", why); }
         if (i + 1 == n) {
-            fail("-y 1: none of the %d complete checkpoint(s) in '%s' has all its files whole (each skipped above)\n"
-                 "  hint: restore the files from a copy, or start over there with --overwrite 1", n, dir);
+            fail("-y 1: none of the %d complete checkpoint(s) in '%s' has all its files whole; the newest, of step %d: %s\n"
+                 "  hint: restore the files from a copy, or start over there with --overwrite 1", n, dir, steps[0], newest_why);
         }
     }
     if (step != steps[0]) { printf("-y 1: resuming from the newest whole checkpoint, of step %d\n", step); }
@@ -1021,19 +1016,26 @@ static void prepare_output_dir(Run* r) {
         ensure_output_dir(o->out_dir);
         r->out_lock = output_dir_lock(o->out_dir);
         output_dir_remove_stale_tmp(o->out_dir);
+        OutputDirContents c = output_dir_contents(o->out_dir);  // complete checkpoints only
+        if (o->resume && c.files == 0) {
+            fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'%s\n  hint: %s", o->out_dir,
+                 c.has_log ? ": its log.jsonl is of a run stopped before its first checkpoint, which cannot be resumed" : "",
+                 c.has_log ? "start over there with --overwrite 1 (removes log.jsonl) instead of -y, or choose another -o"
+                           : "check -o, or start without -y");
+        }
+        if (!o->resume && !o->overwrite && c.files == 0 && c.has_log) {
+            fail("output directory '%s' holds the log.jsonl of a run stopped before its first checkpoint: nothing to resume\n"
+                 "  hint: start over there with --overwrite 1 (removes that log.jsonl), or choose another -o", o->out_dir);
+        }
+        if (!o->resume && !o->overwrite && c.files > 0) {
+            fail("output directory '%s' holds an earlier run (%d checkpoint file(s), the newest of step %d%s)\n"
+                 "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
+                 o->out_dir, c.files, c.newest_step, c.has_log ? ", and log.jsonl" : "");
+        }
+        // from here the run goes on: what it removes, no run could resume from, or --overwrite asked for
         spare_input_files(o, DIR_FILES_INCOMPLETE, "removing an incomplete checkpoint (no DONE marker)");
         output_dir_remove(o->out_dir, DIR_FILES_INCOMPLETE, 1);
-        OutputDirContents c = output_dir_contents(o->out_dir);
         if (!o->resume && (c.files > 0 || c.has_log)) {
-            if (!o->overwrite && c.files == 0) {
-                fail("output directory '%s' holds the log.jsonl of a run stopped before its first checkpoint: nothing to resume\n"
-                     "  hint: start over there with --overwrite 1 (removes that log.jsonl), or choose another -o", o->out_dir);
-            }
-            if (!o->overwrite) {
-                fail("output directory '%s' holds an earlier run (%d checkpoint file(s), the newest of step %d%s)\n"
-                     "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
-                     o->out_dir, c.files, c.newest_step, c.has_log ? ", and log.jsonl" : "");
-            }
             spare_input_files(o, DIR_FILES_EARLIER_RUN, "--overwrite 1");
             printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_remove(o->out_dir, DIR_FILES_EARLIER_RUN, 0),
                    o->out_dir);
@@ -1065,10 +1067,24 @@ static int resume_within_steps(Run* r, int step) {
     return !r->complete;
 }
 
+// -k and every shard of -i and -j: a directory or an unreadable file stops the run, naming the
+// flag, before -o is touched
+static void check_data_files(const TrainOptions* o) {
+    if (o->tokenizer[0] != '\0') { check_input_file("-k (--tokenizer)", o->tokenizer, "tokenizer file"); }
+    const char* shards[2][2] = {{"-i (--train)", o->train_data}, {"-j (--val)", o->val_data}};
+    for (int k = 0; k < 2; k++) {
+        glob_t g;
+        if (shards[k][1][0] == '\0' || glob(shards[k][1], 0, NULL, &g) != 0) { continue; }  // none: the data loader says so
+        for (size_t i = 0; i < g.gl_pathc; i++) { check_input_file(shards[k][0], g.gl_pathv[i], "token shard"); }
+        globfree(&g);
+    }
+}
+
 // allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
+    check_data_files(o);
     gpt2_select_device(&s->dist);
     check_memory_budget(&r->plan, o);
     check_memory_fits(&r->plan, &s->act, dist_local_ranks(), o, &s->dist);
@@ -1518,6 +1534,7 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     GPT2* m = gpt2_create(&s);
     gpt2_init_weights(m, o);
     Tokenizer tok;
+    if (o->tokenizer[0] != '\0') { check_input_file("-k (--tokenizer)", o->tokenizer, "tokenizer file"); }
     tokenizer_init(&tok, o->tokenizer);
     Sampler sampler = sampler_create(s.config.vocab_size, o->temperature, o->top_k);
     uint64_t rng = sample_rng_seed(o->seed);
