@@ -1463,8 +1463,9 @@ static void sample_check_options(const TrainOptions* o, GPT2Config* c) {
     if (o->top_k < 0) { fail("--top-k %d: must be >= 0 (0 = every token)", o->top_k); }
 }
 
-// the folder of the BPE files: --bpe as given, or by default data/gpt2 (where
-// dev/data/tinyshakespeare.py downloads them), else ../shared/data/gpt2 (where it looks first)
+// the folder of the BPE files: --bpe as given; without it data/gpt2 (where
+// dev/data/tinyshakespeare.py downloads them when ../shared/data/gpt2 lacks them), and if that
+// has none, ../shared/data/gpt2
 #define SAMPLE_SHARED_BPE_DIR "../shared/data/gpt2"
 static const char* sample_bpe_dir(const TrainOptions* o) {
     const char* dirs[2] = {o->bpe_dir, SAMPLE_SHARED_BPE_DIR};
