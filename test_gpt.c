@@ -476,9 +476,11 @@ static void test_utf8_printer(void) {
     check_utf8_print("utf-8: lone invalid bytes print as U+FFFD each", lone, 4, "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c");
     const char* cut[] = {"\xe6\x97", "x", "\xf0\x9f\x99"};  // a sequence cut short by ASCII, and one at the end
     check_utf8_print("utf-8: a sequence cut short prints one U+FFFD, then what follows", cut, 3, "\xef\xbf\xbdx\xef\xbf\xbd");
-    const char* invalid[] = {"\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80"};  // overlong NUL, a surrogate, above U+10FFFF
-    check_utf8_print("utf-8: overlong forms, surrogates and code points past U+10FFFF are not printed raw", invalid, 3,
-                     "\xef\xbf\xbd\xef\xbf\xbd" "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    // overlong NULs (two and three bytes), a surrogate, above U+10FFFF: one U+FFFD a byte
+    const char* invalid[] = {"\xc0\x80", "\xe0\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80"};
+    check_utf8_print("utf-8: overlong forms, surrogates and code points past U+10FFFF are not printed raw", invalid, 4,
+                     "\xef\xbf\xbd\xef\xbf\xbd" "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                     "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
     const char* control[] = {"a\x1b[2J", "\t\n", "\x7f"};  // ESC would steer a terminal
     check_utf8_print("utf-8: control characters print as their pictures, tab and newline as themselves", control, 3,
                      "a\xe2\x90\x9b[2J\t\n\xe2\x90\xa1");
