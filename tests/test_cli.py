@@ -6,7 +6,10 @@ identity, a rewritten checkpoint's DONE marker, log.jsonl after a resume, --keep
 SIGINT/SIGTERM (a step or a validation cut short, a second signal), the progress output and
 log.jsonl, --plan, the optimizers, --recompute/--offload, the Makefile's MPI setting, and
 --sample (greedy against the model's probabilities, seeds, top-k, the sliding window, nothing
-written, its bad input).
+written, its bad input), and (section 15) what must never happen: a resume that runs past -x, an
+input removed by --overwrite, a loop of hints after kill -9, a damaged newest checkpoint that stops a
+resume, a failed write that leaves files behind, a flag the optimizer ignores, a sample that is not
+UTF-8.
 
     python3 tests/test_cli.py ./train_gpt ./test_gpt
 

@@ -11,7 +11,11 @@ step time, "fits" against the budget), the plain run at 1.00x, the refused set a
 why; the two PNGs exist and parse (signature, IHDR with a size, chunk CRCs, IEND). A flag-set
 file (comments, "plain") gives the same sets. plot_log.py writes a PNG that parses from two run
 folders, and a missing log is an error with a hint. Without matplotlib the plots are skipped
-(counted, with a "skipped:" line) and the table is still checked.
+(counted, with a "skipped:" line) and the table is still checked. What a user trips over: a
+one-word --flags value ("--relative-step", not only "--flags=--relative-step"), a decimal --budget
+(12GB: refused as the trainer refuses it), -x 1 (one step timed, not "steps 2..1"), a rerun into
+the same --out (no stale runs/ folders), and -o in a folder that does not exist for plot_log.py and
+dev/convert_hf_gpt2.py (an error, not a traceback).
 """
 
 import os
