@@ -413,8 +413,8 @@ static int dir_file_in_set(const char* name, DirFileSet set, const DirScan* scan
     return step >= 0 && kind != CKPT_FILE_DONE && !step_listed(scan->done, scan->ndone, step);
 }
 
-// a file that the run reads (the flag that names it and its path), never to be removed
-typedef struct { const char* flag; const char* path; } InputFile;
+// a file that the run reads (the flag that names it, what it is, its path), never to be removed
+typedef struct { const char* flag; const char* what; const char* path; } InputFile;
 
 // stops, before anything is removed, if a file of `set` in dir is one of the run's inputs (the
 // same file: device and inode, so a link or another spelling of the path is caught), naming it
@@ -431,9 +431,10 @@ static void output_dir_spare_inputs(const char* dir, DirFileSet set, const Input
         if (stat(path, &in_dir) != 0) { continue; }
         for (int i = 0; i < n; i++) {
             if (stat(inputs[i].path, &input) == 0 && input.st_dev == in_dir.st_dev && input.st_ino == in_dir.st_ino) {
-                fail("%s would remove '%s', which this run reads (%s '%s'); nothing was removed\n"
-                     "  hint: copy it out of '%s' and point %s at the copy (cp '%s' start.bin; %s start.bin), or choose another -o",
-                     action, path, inputs[i].flag, inputs[i].path, dir, inputs[i].flag, path, inputs[i].flag);
+                fail("%s would remove '%s', which this run reads (%s '%s', its %s); nothing was removed\n"
+                     "  hint: copy it out of '%s' and point %s at the copy (cp '%s' %s.copy; %s %s.copy), or choose another -o",
+                     action, path, inputs[i].flag, inputs[i].path, inputs[i].what, dir, inputs[i].flag, path, e->d_name,
+                     inputs[i].flag, e->d_name);
             }
         }
     }

@@ -152,9 +152,16 @@ static int model_is_preset(const TrainOptions* o, GPT2Config* cfg) {
     return gpt2_config_preset(cfg, o->model);
 }
 
+// "-x (--steps)", or "--zero" for a flag without a short name
+static void flag_display_name(const FlagSpec* f, char* buf, size_t n) {
+    if (f->shortname) { snprintf(buf, n, "%s (%s)", f->shortname, f->longname); } else { snprintf(buf, n, "%s", f->longname); }
+}
+
 // stops if path, named by flag, is there but is a directory or cannot be read (a missing file
 // is the reader's to report, with its hint)
-static void check_input_file(const char* flag, const char* path, const char* what) {
+static void check_input_file(const char* short_flag, const char* path, const char* what) {
+    char flag[64];
+    flag_display_name(find_flag(short_flag, strlen(short_flag)), flag, sizeof(flag));
     struct stat st;
     if (stat(path, &st) != 0) { return; }
     if (S_ISDIR(st.st_mode)) {
@@ -170,7 +177,7 @@ static void check_input_file(const char* flag, const char* path, const char* wha
 
 static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
     if (model_is_preset(o, cfg)) { return; }
-    check_input_file("-e (--model)", o->model, "model file");
+    check_input_file("-e", o->model, "model file");
     FILE* f = fopen(o->model, "rb");
     if (f == NULL) {
         char names[GPT2_PRESET_LIST_LEN];
@@ -597,11 +604,6 @@ static void check_hyperparameters(const TrainOptions* o) {
     check_float_range("--eps1", o->eps1, 0.0, END_OPEN, INFINITY, END_OPEN, "it keeps the second moment of a zero gradient positive");
 }
 
-// "-x (--steps)", or "--zero" for a flag without a short name
-static void flag_display_name(const FlagSpec* f, char* buf, size_t n) {
-    if (f->shortname) { snprintf(buf, n, "%s (%s)", f->shortname, f->longname); } else { snprintf(buf, n, "%s", f->longname); }
-}
-
 // the flags that only some optimizers read (optimizer_hyper, schedule.h): given with another,
 // each would show as set in the configuration and change nothing
 static const struct { const char* flag; const char* readers; } OPTIMIZER_OWN_FLAGS[] = {
@@ -973,29 +975,39 @@ static uint64_t new_run_id(int rank) {
     return hi;
 }
 
-// stops before `action` removes a file of `set` from -o that this run reads: -e, -k, or a
-// shard of -i or -j
-static void spare_input_files(const TrainOptions* o, DirFileSet set, const char* action) {
+// the files a training run reads, each with the flag that names it: -e (a model file), -k, and
+// every shard that -i and -j match (the paths point into o and into the globs)
+typedef struct {
+    InputFile* files;
+    int n;
+    glob_t shards[2];  // -i's and -j's matches
+} RunInputs;
+
+static RunInputs run_inputs(const TrainOptions* o) {
+    RunInputs in;
+    memset(&in, 0, sizeof(in));
+    const char* patterns[2] = {o->train_data, o->val_data};
+    size_t max = 2;
+    for (int k = 0; k < 2; k++) {  // none: the data loader says so
+        if (patterns[k][0] != '\0' && glob(patterns[k], 0, NULL, &in.shards[k]) == 0) { max += in.shards[k].gl_pathc; }
+    }
+    in.files = (InputFile*)malloc_check(max * sizeof(InputFile));
     GPT2Config preset;
-    if (!model_is_preset(o, &preset)) {
-        InputFile f = {"-e", o->model};
-        output_dir_spare_inputs(o->out_dir, set, &f, 1, action);
-    }
-    if (o->tokenizer[0] != '\0') {
-        InputFile f = {"-k", o->tokenizer};
-        output_dir_spare_inputs(o->out_dir, set, &f, 1, action);
-    }
-    const char* shards[2][2] = {{"-i", o->train_data}, {"-j", o->val_data}};
+    InputFile model = {"-e", "model file", o->model}, tokenizer = {"-k", "tokenizer file", o->tokenizer};
+    if (!model_is_preset(o, &preset)) { in.files[in.n++] = model; }
+    if (o->tokenizer[0] != '\0') { in.files[in.n++] = tokenizer; }
     for (int k = 0; k < 2; k++) {
-        glob_t g;
-        if (shards[k][1][0] != '\0' && glob(shards[k][1], 0, NULL, &g) == 0) {
-            for (size_t i = 0; i < g.gl_pathc; i++) {
-                InputFile f = {shards[k][0], g.gl_pathv[i]};
-                output_dir_spare_inputs(o->out_dir, set, &f, 1, action);
-            }
-            globfree(&g);
+        for (size_t i = 0; i < in.shards[k].gl_pathc; i++) {
+            InputFile shard = {k == 0 ? "-i" : "-j", "token shard", in.shards[k].gl_pathv[i]};
+            in.files[in.n++] = shard;
         }
     }
+    return in;
+}
+
+static void run_inputs_free(RunInputs* in) {
+    for (int k = 0; k < 2; k++) { globfree(&in->shards[k]); }  // a glob_t zeroed or filled: either frees
+    free(in->files);
 }
 
 // the output directory before anything is allocated (rank 0; the other ranks wait): for -y 1
@@ -1033,13 +1045,15 @@ static void prepare_output_dir(Run* r) {
                  o->out_dir, c.files, c.newest_step, c.has_log ? ", and log.jsonl" : "");
         }
         // from here the run goes on: what it removes, no run could resume from, or --overwrite asked for
-        spare_input_files(o, DIR_FILES_INCOMPLETE, "removing an incomplete checkpoint (no DONE marker)");
+        RunInputs in = run_inputs(o);
+        output_dir_spare_inputs(o->out_dir, DIR_FILES_INCOMPLETE, in.files, in.n, "removing an incomplete checkpoint (no DONE marker)");
         output_dir_remove(o->out_dir, DIR_FILES_INCOMPLETE, 1);
         if (!o->resume && (c.files > 0 || c.has_log)) {
-            spare_input_files(o, DIR_FILES_EARLIER_RUN, "--overwrite 1");
+            output_dir_spare_inputs(o->out_dir, DIR_FILES_EARLIER_RUN, in.files, in.n, "--overwrite 1");
             printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_remove(o->out_dir, DIR_FILES_EARLIER_RUN, 0),
                    o->out_dir);
         }
+        run_inputs_free(&in);
         // room for one checkpoint (the model file and every rank's state file), before any training
         const ModelSetup* s = &r->setup;
         size_t opt_floats = optimizer_state_floats(&s->config, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
@@ -1067,24 +1081,19 @@ static int resume_within_steps(Run* r, int step) {
     return !r->complete;
 }
 
-// -k and every shard of -i and -j: a directory or an unreadable file stops the run, naming the
-// flag, before -o is touched
-static void check_data_files(const TrainOptions* o) {
-    if (o->tokenizer[0] != '\0') { check_input_file("-k (--tokenizer)", o->tokenizer, "tokenizer file"); }
-    const char* shards[2][2] = {{"-i (--train)", o->train_data}, {"-j (--val)", o->val_data}};
-    for (int k = 0; k < 2; k++) {
-        glob_t g;
-        if (shards[k][1][0] == '\0' || glob(shards[k][1], 0, NULL, &g) != 0) { continue; }  // none: the data loader says so
-        for (size_t i = 0; i < g.gl_pathc; i++) { check_input_file(shards[k][0], g.gl_pathv[i], "token shard"); }
-        globfree(&g);
-    }
+// every file the run reads: a directory or an unreadable file stops the run, naming the flag,
+// before -o is touched
+static void check_input_files(const TrainOptions* o) {
+    RunInputs in = run_inputs(o);
+    for (int i = 0; i < in.n; i++) { check_input_file(in.files[i].flag, in.files[i].path, in.files[i].what); }
+    run_inputs_free(&in);
 }
 
 // allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
-    check_data_files(o);
+    check_input_files(o);
     gpt2_select_device(&s->dist);
     check_memory_budget(&r->plan, o);
     check_memory_fits(&r->plan, &s->act, dist_local_ranks(), o, &s->dist);
@@ -1535,7 +1544,7 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     GPT2* m = gpt2_create(&s);
     gpt2_init_weights(m, o);
     Tokenizer tok;
-    if (o->tokenizer[0] != '\0') { check_input_file("-k (--tokenizer)", o->tokenizer, "tokenizer file"); }
+    if (o->tokenizer[0] != '\0') { check_input_file("-k", o->tokenizer, "tokenizer file"); }
     tokenizer_init(&tok, o->tokenizer);
     Sampler sampler = sampler_create(s.config.vocab_size, o->temperature, o->top_k);
     uint64_t rng = sample_rng_seed(o->seed);

@@ -845,7 +845,7 @@ if s.expect_ok("overwrite: a run of 3 steps", BASE + ["-x", "3", "-o", OW]):
     with open(start, "rb") as f:
         start_bytes = f.read()
     s.expect_fail("overwrite: -e a model file in -o is refused before anything is removed",
-                  f"--overwrite 1 would remove '{start}', which this run reads (-e", BASE + ["-e", start, "-o", OW, "--overwrite"])
+                  f"--overwrite 1 would remove '{start}', which this run reads (-e ", BASE + ["-e", start, "-o", OW, "--overwrite"])
     s.check("overwrite: ... the model file's bytes are intact", os.path.isfile(start) and open(start, "rb").read() == start_bytes,
             "changed or removed")
     s.check("overwrite: ... and the folder is as it was", sorted(os.listdir(OW)) ==
@@ -854,7 +854,7 @@ if os.path.isfile(f"{OW}/log.jsonl") and os.path.isfile(ckpt(OW, "model", 3, ".b
     start = ckpt(OW, "model", 3, ".bin")
     link = f"{W}/i21_link.bin"
     os.symlink(start, link)  # another spelling of the same file
-    s.expect_fail("overwrite: -e a link to a model file in -o is refused too", "which this run reads (-e", BASE + ["-e", link, "-o", OW, "--overwrite"])
+    s.expect_fail("overwrite: -e a link to a model file in -o is refused too", "which this run reads (-e ", BASE + ["-e", link, "-o", OW, "--overwrite"])
     shutil.copy(f"{FIX}/tokenizer.bin", f"{OW}/log.jsonl.k")
     os.replace(f"{OW}/log.jsonl", f"{OW}/log.jsonl.bak")
     os.link(f"{FIX}/tokenizer.bin", f"{OW}/log.jsonl")  # a hard link: the tokenizer itself
