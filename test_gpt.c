@@ -444,6 +444,48 @@ static void test_tokenizer(const char* dir) {
     check(!none.init_ok, "tokenizer: empty path turns decoding off", "init_ok set");
 }
 
+// the token pieces printed one after another through one Utf8Printer; the bytes printed
+// against want (want_len bytes)
+static void check_utf8_print(const char* name, const char* const* pieces, int n, const char* want) {
+    char* buf = NULL;
+    size_t len = 0;
+    FILE* out = open_memstream(&buf, &len);
+    if (out == NULL) { fail("open_memstream: %s", strerror(errno)); }
+    Utf8Printer pr = {{0}, 0, 0};
+    for (int i = 0; i < n; i++) { utf8_print(&pr, pieces[i], out); }
+    utf8_print_end(&pr, out);
+    fclose(out);
+    check(len == strlen(want) && memcmp(buf, want, len) == 0, name, "printed %zu bytes '%s', want %zu '%s'", len, buf,
+          strlen(want), want);
+    free(buf);
+}
+
+// samples print as UTF-8: the bytes of consecutive tokens are one stream (GPT-2 splits
+// characters across tokens), every valid character whole, a lone invalid byte or a sequence
+// cut short as one U+FFFD, a control character as its picture
+static void test_utf8_printer(void) {
+    const char* cjk[] = {"\xe6", "\x97\xa5", "\xe6\x9c", "\xac", "\xe8\xaa\x9e"};  // 日 本 語, 日 and 本 split
+    check_utf8_print("utf-8: CJK split across tokens prints whole", cjk, 5, "日本語");
+    const char* emoji[] = {"\xf0", "\x9f", "\x99", "\x82", "!"};  // 🙂 one byte a token
+    check_utf8_print("utf-8: an emoji split into four tokens prints whole", emoji, 5, "🙂!");
+    const char* combining[] = {"e", "\xcc", "\x81", " U\xcc\x88"};  // e + U+0301, U + U+0308
+    check_utf8_print("utf-8: combining marks are printed after their letters", combining, 4, "e\xcc\x81 U\xcc\x88");
+    const char* umlaut[] = {"\xc3", "\x9c", "n"};  // Ü in two tokens (llm.c drops the byte 0xC3 of its own token)
+    check_utf8_print("utf-8: a two-byte letter in two tokens", umlaut, 3, "Ün");
+    const char* lone[] = {"a\xff", "b", "\x80", "c"};
+    check_utf8_print("utf-8: lone invalid bytes print as U+FFFD each", lone, 4, "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c");
+    const char* cut[] = {"\xe6\x97", "x", "\xf0\x9f\x99"};  // a sequence cut short by ASCII, and one at the end
+    check_utf8_print("utf-8: a sequence cut short prints one U+FFFD, then what follows", cut, 3, "\xef\xbf\xbdx\xef\xbf\xbd");
+    // overlong NULs (two and three bytes), a surrogate, above U+10FFFF: one U+FFFD a byte
+    const char* invalid[] = {"\xc0\x80", "\xe0\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80"};
+    check_utf8_print("utf-8: overlong forms, surrogates and code points past U+10FFFF are not printed raw", invalid, 4,
+                     "\xef\xbf\xbd\xef\xbf\xbd" "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                     "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    const char* control[] = {"a\x1b[2J", "\t\n", "\x7f"};  // ESC would steer a terminal
+    check_utf8_print("utf-8: control characters print as their pictures, tab and newline as themselves", control, 3,
+                     "a\xe2\x90\x9b[2J\t\n\xe2\x90\xa1");
+}
+
 // ----------------------------------------------------------------------------
 // data loader
 
@@ -1253,6 +1295,7 @@ int main(int argc, char** argv) {
     test_finite_differences();
     test_model_files(dir);
     test_tokenizer(dir);
+    test_utf8_printer();
     test_dataloader(dir);
     test_memory_plan(dir);
     test_recompute_offload_bitwise();

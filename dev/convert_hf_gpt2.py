@@ -468,6 +468,10 @@ def main(argv=None):
     except ConvertError as e:
         print(f"\nerror: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the output cannot be written: -o in a folder that does not exist, a full disk
+        print(f"\nerror: cannot write '{e.filename or out_path}': {e.strerror}\n"
+              f"  hint: -o a path in a folder that exists and is writable", file=sys.stderr)
+        return 1
     finally:
         if tmp and os.path.exists(tmp):
             os.remove(tmp)

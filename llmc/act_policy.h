@@ -92,9 +92,9 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L, int flas
         else if (strcmp(tok, "sqrt") == 0 || (*end == '\0' && end != tok)) {
             if (p.segment) { fail("--recompute '%s': give one segment size (sqrt or a number), not two", spec); }
             if (strcmp(tok, "sqrt") == 0) { k = (long)ceil(sqrt((double)L)); }
-            if (k < 1 || k > L) {
-                fail("--recompute %ld: the segment size must be 1..%d (the model's layers)\n"
-                     "  hint: 1 keeps every layer's input, %d is plain training, sqrt picks %d", k, L, L, (int)ceil(sqrt((double)L)));
+            if (k < 1 || k > L) {  // the text as given: strtol clamps a number beyond a long
+                fail("--recompute %s: the segment size must be 1..%d (the model's layers)\n"
+                     "  hint: 1 keeps every layer's input, %d is plain training, sqrt picks %d", tok, L, L, (int)ceil(sqrt((double)L)));
             }
             p.segment = (int)k;
         } else {

@@ -77,15 +77,58 @@ enum {
 // atomic writes: write to "<path>.tmp", fsync, rename over <path>, fsync the directory
 
 #define CHECKPOINT_PATH_LEN 1100  // an output directory (flags.h: PATH_MAX_LEN) and a file name
-typedef struct { FILE* f; char path[CHECKPOINT_PATH_LEN]; char tmp[CHECKPOINT_PATH_LEN + 4]; } AtomicFile;
+typedef struct {
+    FILE* f;
+    char path[CHECKPOINT_PATH_LEN], tmp[CHECKPOINT_PATH_LEN + 4];
+    int created;  // tmp is this write's own file (removed if the write fails)
+} AtomicFile;
+
+// the checkpoint this process is writing (checkpoint_begin .. checkpoint_mark_done), or step
+// -1: a write that fails removes the files of it this process wrote, so no model file without
+// its state (and DONE marker) is left to fill the disk
+static struct { char dir[CHECKPOINT_PATH_LEN]; int step, rank; } g_ckpt_writing = {"", -1, -1};
+
+static void checkpoint_path(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
+    if (rank < 0) { snprintf(buf, n, "%s/%s_%08d.bin", dir, kind, step); }
+    else { snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank); }
+}
+
+// a failed write, flush or rename of a (errno: why; a full disk, most often): removes its
+// temporary file and the files of the checkpoint under way that this process wrote, and stops
+// naming the file
+static void atomic_fail(AtomicFile* a, const char* what) {
+    int err = errno;
+    if (a->f != NULL) { fclose(a->f); }
+    if (a->created) { remove(a->tmp); }
+    char also[CHECKPOINT_PATH_LEN + 96] = "";
+    if (g_ckpt_writing.step >= 0) {
+        char path[CHECKPOINT_PATH_LEN + 64];  // the directory and a checkpoint file's name
+        checkpoint_path(path, sizeof(path), g_ckpt_writing.dir, "state", g_ckpt_writing.step, g_ckpt_writing.rank);
+        remove(path);
+        if (g_ckpt_writing.rank == 0) {
+            checkpoint_path(path, sizeof(path), g_ckpt_writing.dir, "model", g_ckpt_writing.step, -1);
+            remove(path);
+        }
+        snprintf(also, sizeof(also), " and this process's files of checkpoint %d (it has no DONE marker: incomplete)", g_ckpt_writing.step);
+    }
+    char dir[CHECKPOINT_PATH_LEN];
+    snprintf(dir, sizeof(dir), "%s", a->path);
+    char* slash = strrchr(dir, '/');
+    if (slash != NULL) { *slash = '\0'; } else { strcpy(dir, "."); }
+    fail("cannot %s '%s' (written as '%s'): %s; removed what this write left%s\n"
+         "  hint: free space on the disk of '%s' (df '%s') and check that it is writable, or choose another -o", what, a->path, a->tmp, strerror(err), also, dir, dir);
+}
 
 static void atomic_open(AtomicFile* a, const char* path) {
     snprintf(a->path, sizeof(a->path), "%s", path);
     snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path);
     a->f = fopen(a->tmp, "wb");
-    if (a->f == NULL) {
-        fail("cannot write '%s': %s\n  hint: check that the output directory (-o) exists and is writable", a->tmp, strerror(errno));
-    }
+    a->created = a->f != NULL;
+    if (a->f == NULL) { atomic_fail(a, "write"); }
+}
+
+static void atomic_write(AtomicFile* a, const void* ptr, size_t size, size_t n) {
+    if (fwrite(ptr, size, n, a->f) != n) { atomic_fail(a, "write"); }
 }
 
 static void fsync_dir_of(const char* path) {
@@ -98,9 +141,11 @@ static void fsync_dir_of(const char* path) {
 }
 
 static void atomic_commit(AtomicFile* a) {
-    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) { fail("cannot flush '%s' to disk: %s", a->tmp, strerror(errno)); }
-    fclose_check(a->f);
-    if (rename(a->tmp, a->path) != 0) { fail("cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno)); }
+    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) { atomic_fail(a, "write"); }
+    int closed = fclose(a->f);
+    a->f = NULL;
+    if (closed != 0) { atomic_fail(a, "write"); }
+    if (rename(a->tmp, a->path) != 0) { atomic_fail(a, "rename into place"); }
     fsync_dir_of(a->path);
 }
 
@@ -195,8 +240,8 @@ static void model_file_write(const char* path, const GPT2Config* cfg, const floa
     h[MODEL_SLOT_PADDED_VOCAB] = cfg->padded_vocab_size;
     AtomicFile a;
     atomic_open(&a, path);
-    fwrite_check(h, sizeof(int), FILE_HEADER_INTS, a.f);
-    fwrite_check(params, sizeof(float), gpt2_num_parameters(cfg), a.f);
+    atomic_write(&a, h, sizeof(int), FILE_HEADER_INTS);
+    atomic_write(&a, params, sizeof(float), gpt2_num_parameters(cfg));
     atomic_commit(&a);
 }
 
@@ -234,8 +279,8 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     header_set64(h, STATE_SLOT_MODEL_HASH, s->model_hash);
     AtomicFile a;
     atomic_open(&a, path);
-    fwrite_check(h, sizeof(int), FILE_HEADER_INTS, a.f);
-    fwrite_check(opt_state, sizeof(float), s->opt_floats, a.f);
+    atomic_write(&a, h, sizeof(int), FILE_HEADER_INTS);
+    atomic_write(&a, opt_state, sizeof(float), s->opt_floats);
     atomic_commit(&a);
 }
 
@@ -286,9 +331,11 @@ static void state_file_read(const char* path, TrainState* s, float* opt_state, s
 // ----------------------------------------------------------------------------
 // checkpoint names and the DONE marker
 
-static void checkpoint_path(char* buf, size_t n, const char* dir, const char* kind, int step, int rank) {
-    if (rank < 0) { snprintf(buf, n, "%s/%s_%08d.bin", dir, kind, step); }
-    else { snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank); }
+// from here until checkpoint_mark_done, a failed write removes this process's files of the step
+static void checkpoint_begin(const char* dir, int step, int rank) {
+    snprintf(g_ckpt_writing.dir, sizeof(g_ckpt_writing.dir), "%s", dir);
+    g_ckpt_writing.step = step;
+    g_ckpt_writing.rank = rank;
 }
 
 static void checkpoint_mark_done(const char* dir, int step) {
@@ -299,23 +346,8 @@ static void checkpoint_mark_done(const char* dir, int step) {
     atomic_commit(&a);
 }
 
-// the step of the newest complete checkpoint in dir, or -1 if there is none
-static int checkpoint_latest(const char* dir) {
-    DIR* d = opendir(dir);
-    if (d == NULL) { return -1; }
-    int latest = -1;
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-        int step;
-        char extra;
-        if (sscanf(e->d_name, "DONE_%8d%c", &step, &extra) == 1 && step > latest) { latest = step; }
-    }
-    closedir(d);
-    return latest;
-}
-
-// ----------------------------------------------------------------------------
-// the output directory: what an earlier run left there, a lock while a run uses it
+// the checkpoint is complete (its DONE marker written) on every rank
+static void checkpoint_end(void) { g_ckpt_writing.step = -1; }
 
 // the step of a checkpoint file's name and which file it is, or -1 for any other name
 typedef enum { CKPT_FILE_MODEL, CKPT_FILE_STATE, CKPT_FILE_DONE } CheckpointFileKind;
@@ -331,26 +363,90 @@ static int checkpoint_file_step(const char* name, CheckpointFileKind* kind) {
     return step >= 0 && strcmp(name, want) == 0 ? step : -1;  // the exact name, nothing before or after
 }
 
-// what an earlier run left in dir: its checkpoint files and whether it has a log.jsonl
-typedef struct { int files, newest_step, has_log; } OutputDirContents;
-static OutputDirContents output_dir_contents(const char* dir) {
-    OutputDirContents c = {0, -1, 0};
+static int compare_steps_descending(const void* a, const void* b) { return *(const int*)b - *(const int*)a; }
+
+// the steps of dir's DONE markers (its complete checkpoints), newest first: a malloc'ed list
+// of *n (NULL when none)
+static int* checkpoint_done_steps(const char* dir, int* n) {
+    int* steps = NULL;
+    int cap = 0;
+    *n = 0;
     DIR* d = opendir(dir);
-    if (d == NULL) { return c; }
+    if (d == NULL) { return NULL; }
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
         CheckpointFileKind kind;
         int step = checkpoint_file_step(e->d_name, &kind);
-        if (step >= 0) { c.files++; if (step > c.newest_step) { c.newest_step = step; } }
-        if (strcmp(e->d_name, "log.jsonl") == 0) { c.has_log = 1; }
+        if (step < 0 || kind != CKPT_FILE_DONE) { continue; }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            steps = (int*)realloc(steps, (size_t)cap * sizeof(int));
+            if (steps == NULL) { fail("out of host memory listing the checkpoints of '%s'", dir); }
+        }
+        steps[(*n)++] = step;
     }
     closedir(d);
-    return c;
+    if (*n > 0) { qsort(steps, (size_t)*n, sizeof(int), compare_steps_descending); }
+    return steps;
 }
 
-// removes every checkpoint file of dir (the DONE markers first, so that no checkpoint looks
-// complete while its files go) and its log.jsonl; returns the number of files removed
-static int output_dir_clear(const char* dir) {
+static int step_listed(const int* steps, int n, int step) {
+    for (int i = 0; i < n; i++) {
+        if (steps[i] == step) { return 1; }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// the output directory: what an earlier run left there, a lock while a run uses it
+
+// the files of dir a run may remove: the model and state files of a checkpoint without its
+// DONE marker (a run killed or out of disk while writing it: never resumed from), or what an
+// earlier run left, every checkpoint file and log.jsonl (--overwrite 1)
+typedef enum { DIR_FILES_INCOMPLETE, DIR_FILES_EARLIER_RUN } DirFileSet;
+typedef struct { int* done; int ndone; } DirScan;  // the DONE markers' steps
+
+static int dir_file_in_set(const char* name, DirFileSet set, const DirScan* scan) {
+    CheckpointFileKind kind;
+    int step = checkpoint_file_step(name, &kind);
+    if (set == DIR_FILES_EARLIER_RUN) { return step >= 0 || strcmp(name, "log.jsonl") == 0; }
+    return step >= 0 && kind != CKPT_FILE_DONE && !step_listed(scan->done, scan->ndone, step);
+}
+
+// a file that the run reads (the flag that names it, what it is, its path), never to be removed
+typedef struct { const char* flag; const char* what; const char* path; } InputFile;
+
+// stops, before anything is removed, if a file of `set` in dir is one of the run's inputs (the
+// same file: device and inode, so a link or another spelling of the path is caught), naming it
+static void output_dir_spare_inputs(const char* dir, DirFileSet set, const InputFile* inputs, int n, const char* action) {
+    DirScan scan;
+    scan.done = checkpoint_done_steps(dir, &scan.ndone);
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (!dir_file_in_set(e->d_name, set, &scan)) { continue; }
+        char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        struct stat in_dir, input;
+        if (stat(path, &in_dir) != 0) { continue; }
+        for (int i = 0; i < n; i++) {
+            if (stat(inputs[i].path, &input) == 0 && input.st_dev == in_dir.st_dev && input.st_ino == in_dir.st_ino) {
+                fail("%s would remove '%s', which this run reads (%s '%s', its %s); nothing was removed\n"
+                     "  hint: copy it out of '%s' and point %s at the copy (cp '%s' %s.copy; %s %s.copy), or choose another -o",
+                     action, path, inputs[i].flag, inputs[i].path, inputs[i].what, dir, inputs[i].flag, path, e->d_name,
+                     inputs[i].flag, e->d_name);
+            }
+        }
+    }
+    if (d != NULL) { closedir(d); }
+    free(scan.done);
+}
+
+// removes the files of `set` from dir (the DONE markers first, so that no checkpoint looks
+// complete while its files go), saying each one when `say`; returns the number removed
+static int output_dir_remove(const char* dir, DirFileSet set, int say) {
+    DirScan scan;
+    scan.done = checkpoint_done_steps(dir, &scan.ndone);
     int removed = 0;
     for (int pass = 0; pass < 2; pass++) {  // 0: DONE markers, 1: the rest
         DIR* d = opendir(dir);
@@ -358,18 +454,89 @@ static int output_dir_clear(const char* dir) {
         struct dirent* e;
         while ((e = readdir(d)) != NULL) {
             CheckpointFileKind kind;
-            int ckpt = checkpoint_file_step(e->d_name, &kind) >= 0;
-            int now = pass == 0 ? ckpt && kind == CKPT_FILE_DONE : ckpt || strcmp(e->d_name, "log.jsonl") == 0;
-            if (!now) { continue; }
+            int done_marker = checkpoint_file_step(e->d_name, &kind) >= 0 && kind == CKPT_FILE_DONE;
+            if (!dir_file_in_set(e->d_name, set, &scan) || (pass == 0) != done_marker) { continue; }
             char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
             snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
             if (remove(path) != 0) { fail("cannot remove '%s': %s", path, strerror(errno)); }
+            if (say) { printf("removed '%s': a file of an incomplete checkpoint (no DONE marker), which no run resumes from\n", path); }
             removed++;
         }
         closedir(d);
         fsync_dir_of(dir);  // the markers' removal reaches the disk before the files'
     }
+    free(scan.done);
     return removed;
+}
+
+// what an earlier run left in dir: its complete checkpoints' files (with a DONE marker) and
+// whether it has a log.jsonl
+typedef struct { int files, newest_step, has_log; } OutputDirContents;
+static OutputDirContents output_dir_contents(const char* dir) {
+    OutputDirContents c = {0, -1, 0};
+    DirScan scan;
+    scan.done = checkpoint_done_steps(dir, &scan.ndone);
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        int step = checkpoint_file_step(e->d_name, &kind);
+        if (step >= 0 && step_listed(scan.done, scan.ndone, step)) { c.files++; if (step > c.newest_step) { c.newest_step = step; } }
+        if (strcmp(e->d_name, "log.jsonl") == 0) { c.has_log = 1; }
+    }
+    if (d != NULL) { closedir(d); }
+    free(scan.done);
+    return c;
+}
+
+// whether checkpoint `step` of dir has all its files, whole: the model file of cfg's size and
+// every rank's state file (as many as rank 0's says), each of the size its header implies.
+// Else 0, and why into `why`. What is inside them is checked as they are read
+static int checkpoint_files_whole(const char* dir, int step, const GPT2Config* cfg, char* why, size_t n) {
+    char path[CHECKPOINT_PATH_LEN];
+    struct stat st;
+    long header = (long)(FILE_HEADER_INTS * sizeof(int));
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    long model_bytes = header + (long)(gpt2_num_parameters(cfg) * sizeof(float));
+    FILE* f = fopen(path, "rb");
+    int h[FILE_HEADER_INTS];
+    if (f == NULL || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, n, "'%s': %s", path, f == NULL ? strerror(errno) : "not a file");
+        if (f != NULL) { fclose(f); }
+        return 0;
+    }
+    size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
+    fclose(f);
+    if (got == FILE_HEADER_INTS && h[MODEL_SLOT_MAGIC] == MODEL_MAGIC &&
+        (h[MODEL_SLOT_NUM_LAYERS] != cfg->num_layers || h[MODEL_SLOT_CHANNELS] != cfg->channels ||
+         h[MODEL_SLOT_NUM_HEADS] != cfg->num_heads || h[MODEL_SLOT_VOCAB_SIZE] != cfg->vocab_size)) {
+        fail("checkpoint '%s' has another model shape than -e (L=%d C=%d NH=%d V=%d; -e: L=%d C=%d NH=%d V=%d)\n"
+             "  hint: resume with the same -e", path, h[MODEL_SLOT_NUM_LAYERS], h[MODEL_SLOT_CHANNELS], h[MODEL_SLOT_NUM_HEADS],
+             h[MODEL_SLOT_VOCAB_SIZE], cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size);
+    }
+    if (st.st_size != model_bytes) {
+        snprintf(why, n, "'%s' is %lld bytes, a model file of this shape %ld: truncated or corrupt", path, (long long)st.st_size, model_bytes);
+        return 0;
+    }
+    int ranks = 1;
+    for (int rank = 0; rank < ranks; rank++) {
+        checkpoint_path(path, sizeof(path), dir, "state", step, rank);
+        f = fopen(path, "rb");
+        if (f == NULL || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+            snprintf(why, n, "'%s': %s", path, f == NULL ? strerror(errno) : "not a file");
+            if (f != NULL) { fclose(f); }
+            return 0;
+        }
+        got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
+        fclose(f);
+        long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
+        if (got != FILE_HEADER_INTS || h[STATE_SLOT_MAGIC] != STATE_MAGIC || st.st_size != want) {
+            snprintf(why, n, "'%s' (%lld bytes) is not a whole state file: truncated or corrupt", path, (long long)st.st_size);
+            return 0;
+        }
+        if (rank == 0) { ranks = h[STATE_SLOT_NUM_PROCESSES] > 0 ? h[STATE_SLOT_NUM_PROCESSES] : 1; }
+    }
+    return 1;
 }
 
 // removes the temporary files of atomic writes (a checkpoint file's or log.jsonl's name and
@@ -420,35 +587,16 @@ static void checkpoint_unmark_done(const char* dir, int step) {
     else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
 }
 
-static int compare_steps_descending(const void* a, const void* b) { return *(const int*)b - *(const int*)a; }
-
 // keeps the newest `keep` complete checkpoints of dir and removes every checkpoint file of an
 // older step (the DONE markers first, so no checkpoint looks complete while its files go);
 // returns the number of complete checkpoints removed
 static int checkpoint_prune(const char* dir, int keep) {
-    int* steps = NULL;
-    int n = 0, cap = 0;
-    DIR* d = opendir(dir);
-    if (d == NULL) { return 0; }
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-        CheckpointFileKind kind;
-        int step = checkpoint_file_step(e->d_name, &kind);
-        if (step < 0 || kind != CKPT_FILE_DONE) { continue; }
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            steps = (int*)realloc(steps, (size_t)cap * sizeof(int));
-            if (steps == NULL) { fail("out of host memory listing the checkpoints of '%s'", dir); }
-        }
-        steps[n++] = step;
-    }
-    closedir(d);
-    int removed = n > keep ? n - keep : 0, oldest_kept = -1;
-    if (removed > 0) {
-        qsort(steps, (size_t)n, sizeof(int), compare_steps_descending);
-        oldest_kept = steps[keep - 1];
-    }
+    int n;
+    int* steps = checkpoint_done_steps(dir, &n);
+    int removed = n > keep ? n - keep : 0, oldest_kept = removed > 0 ? steps[keep - 1] : -1;
     free(steps);
+    DIR* d;
+    struct dirent* e;
     for (int pass = 0; pass < 2 && removed > 0; pass++) {  // 0: DONE markers, 1: model and state files
         d = opendir(dir);
         if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }

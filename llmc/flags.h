@@ -15,6 +15,8 @@ with a message naming the flag and pointing at -h.
 #define LLMC_FLAGS_H
 
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -182,7 +184,7 @@ static const FlagSpec FLAGS[] = {
     {"-v", "--val-every",     FLAG_INT,    OPT(val_every),        "validate every N steps, 0 = never"},
     {"-m", "--val-steps",     FLAG_INT,    OPT(val_steps),        "batches per validation"},
     {"-s", "--sample-every",  FLAG_INT,    OPT(sample_every),     "print a sample every N steps, 0 = never"},
-    {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (training: at most T; --sample: any number)"},
+    {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (the model sees the last -t of the text)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
     {NULL, "--keep-checkpoints", FLAG_INT, OPT(keep_checkpoints), "keep only the newest K checkpoints in -o, removing older ones; 0 = keep all"},
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
@@ -333,8 +335,12 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
         }
         case FLAG_FLOAT: {
             float v = strtof(value, &end);
-            if (*value == '\0' || *end != '\0' || errno != 0 || v != v) {
+            if (*value == '\0' || *end != '\0' || v != v) {
                 fail("flag %s: '%s' is not a number\n  hint: see -h", f->longname, value);
+            }
+            if (errno == ERANGE) {  // beyond a float, or so close to 0 that it is one no longer (below FLT_MIN)
+                fail("flag %s: '%s' is %s a float's range (%g to %g, or 0)\n  hint: see -h", f->longname, value,
+                     fabsf(v) > 1.0f ? "beyond" : "too close to 0 for", (double)FLT_MIN, (double)FLT_MAX);
             }
             *(float*)p = v;
             break;

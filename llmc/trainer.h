@@ -28,6 +28,7 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -151,8 +152,32 @@ static int model_is_preset(const TrainOptions* o, GPT2Config* cfg) {
     return gpt2_config_preset(cfg, o->model);
 }
 
+// "-x (--steps)", or "--zero" for a flag without a short name
+static void flag_display_name(const FlagSpec* f, char* buf, size_t n) {
+    if (f->shortname) { snprintf(buf, n, "%s (%s)", f->shortname, f->longname); } else { snprintf(buf, n, "%s", f->longname); }
+}
+
+// stops if path, named by flag, is there but is a directory or cannot be read (a missing file
+// is the reader's to report, with its hint)
+static void check_input_file(const char* short_flag, const char* path, const char* what) {
+    char flag[64];
+    flag_display_name(find_flag(short_flag, strlen(short_flag)), flag, sizeof(flag));
+    struct stat st;
+    if (stat(path, &st) != 0) { return; }
+    if (S_ISDIR(st.st_mode)) {
+        fail("%s '%s' is a directory, where a %s is expected\n  hint: name the file in it: %s '%s/FILE'", flag, path, what, flag, path);
+    }
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {
+        fail("%s '%s': %s (a %s this run reads)\n  hint: make it readable (chmod a+r '%s') or use a copy you can read",
+             flag, path, errno == EACCES ? "permission denied" : strerror(errno), what, path);
+    }
+    fclose(f);
+}
+
 static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
     if (model_is_preset(o, cfg)) { return; }
+    check_input_file("-e", o->model, "model file");
     FILE* f = fopen(o->model, "rb");
     if (f == NULL) {
         char names[GPT2_PRESET_LIST_LEN];
@@ -229,6 +254,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     if (!isfinite(max_abs)) { return max_abs; }
     if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
     dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
+    checkpoint_begin(dir, step, s->dist.rank);
     char path[CHECKPOINT_PATH_LEN];
     if (s->dist.rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
@@ -240,6 +266,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     state_file_write(path, &st, h.opt_state);
     dist_barrier();
     if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
+    checkpoint_end();
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
     return max_abs;
 }
@@ -345,11 +372,31 @@ static void state_load(const char* path, TrainState* st, const ModelSetup* s, in
     state_check_data(path, st, dl);
 }
 
-// loads the newest complete checkpoint of dir into the model; returns its step and the run's
-// identity (from the state files)
-static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, DataLoader* dl, uint64_t* rng, uint64_t* run_id) {
-    int step = checkpoint_latest(dir);
-    if (step < 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
+// the step of the newest complete checkpoint of dir (with its DONE marker) whose files are all
+// there and whole, saying which newer ones it skips and why; stops if there is none
+static int resume_pick_step(const char* dir, const GPT2Config* c) {
+    int n;
+    int* steps = checkpoint_done_steps(dir, &n);  // (at least one: prepare_output_dir)
+    if (n == 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
+    char why[CHECKPOINT_PATH_LEN + 128], newest_why[CHECKPOINT_PATH_LEN + 128];
+    int step = -1;
+    for (int i = 0; i < n && step < 0; i++) {
+        if (checkpoint_files_whole(dir, steps[i], c, why, sizeof(why))) { step = steps[i]; continue; }
+        printf("-y 1: skipped the checkpoint of step %d in %s/: %s\n", steps[i], dir, why);
+        if (i == 0) { snprintf(newest_why, sizeof(newest_why), "%s", why); }
+        if (i + 1 == n) {
+            fail("-y 1: none of the %d complete checkpoint(s) in '%s' has all its files whole; the newest, of step %d: %s\n"
+                 "  hint: restore the files from a copy, or start over there with --overwrite 1", n, dir, steps[0], newest_why);
+        }
+    }
+    if (step != steps[0]) { printf("-y 1: resuming from the newest whole checkpoint, of step %d\n", step); }
+    free(steps);
+    return step;
+}
+
+// loads checkpoint `step` of dir into the model; returns its step and the run's identity
+// (from the state files)
+static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, DataLoader* dl, uint64_t* rng, uint64_t* run_id) {
     HostView h = gpt2_host_view(m);
     char path[CHECKPOINT_PATH_LEN], model_path[CHECKPOINT_PATH_LEN];
     checkpoint_path(model_path, sizeof(model_path), dir, "model", step, -1);
@@ -426,20 +473,27 @@ static void install_stop_signals(void) {
 // the sampling RNG of a run with this --seed (the training samples' and --sample's)
 static uint64_t sample_rng_seed(uint64_t seed) { return RNG_SEED_MIX ^ (seed + 1); }
 
-// prints one token: its text, or without a tokenizer (-k "" or none there) its id
-static void print_token(const Tokenizer* tok, int id) {
-    if (tok->init_ok) { safe_print(tokenizer_decode(tok, (uint32_t)id)); } else { printf("%d ", id); }
+// prints one token: its text (UTF-8, a character split across tokens held for the next: pr),
+// or without a tokenizer (-k "" or none there) its id
+static void print_token(const Tokenizer* tok, Utf8Printer* pr, int id) {
+    if (tok->init_ok) { utf8_print(pr, tokenizer_decode(tok, (uint32_t)id), stdout); } else { printf("%d ", id); }
     fflush(stdout);
 }
 
-// generates tokens[1..n-1] after tokens[0] (EOT), one forward per token, and prints them
-static void sample_tokens(GPT2* m, const GPT2Config* c, int* tokens, int n, const Tokenizer* tok, uint64_t* rng) {
-    tokens[0] = c->vocab_size > GPT2_EOT ? GPT2_EOT : c->vocab_size - 1;  // a smaller vocabulary: its last id, where GPT-2 keeps EOT
-    for (int t = 1; t < n; t++) {
-        gpt2_forward(m, tokens, NULL, 1, t);
-        tokens[t] = sample_index(gpt2_probs(m, t - 1), c->vocab_size, rand_uniform(rng));
-        print_token(tok, tokens[t]);
+// generates n tokens after <|endoftext|> and prints them, one forward each over the window
+// (T): the text so far, its last T tokens once it is longer (the window slides by one)
+static void sample_tokens(GPT2* m, const GPT2Config* c, int* window, int T, int n, const Tokenizer* tok, uint64_t* rng) {
+    window[0] = c->vocab_size > GPT2_EOT ? GPT2_EOT : c->vocab_size - 1;  // a smaller vocabulary: its last id, where GPT-2 keeps EOT
+    int len = 1;
+    Utf8Printer pr = {{0}, 0, 0};
+    for (int i = 0; i < n; i++) {
+        gpt2_forward(m, window, NULL, 1, len);
+        int next = sample_index(gpt2_probs(m, len - 1), c->vocab_size, rand_uniform(rng));
+        print_token(tok, &pr, next);
+        if (len == T) { memmove(window, window + 1, (size_t)(T - 1) * sizeof(int)); len--; }
+        window[len++] = next;
     }
+    utf8_print_end(&pr, stdout);
     printf("\n");
 }
 
@@ -550,6 +604,37 @@ static void check_hyperparameters(const TrainOptions* o) {
     check_float_range("--eps1", o->eps1, 0.0, END_OPEN, INFINITY, END_OPEN, "it keeps the second moment of a zero gradient positive");
 }
 
+// the flags that only some optimizers read (optimizer_hyper, schedule.h): given with another,
+// each would show as set in the configuration and change nothing
+static const struct { const char* flag; const char* readers; } OPTIMIZER_OWN_FLAGS[] = {
+    {"--beta1", "adamw"}, {"--beta2", "adamw"}, {"--eps", "adamw"},
+    {"--relative-step", "adafactor"}, {"--adafactor-beta1", "adafactor"}, {"--eps1", "adafactor or came"},
+};
+// what Adafactor's relative step replaces: the scheduled learning rate
+static const char* const RELATIVE_STEP_REPLACES[] = {"--lr", "--warmup", "--final-lr-frac"};
+
+// stops on a flag given that the chosen optimizer (or --relative-step) does not read
+static void check_optimizer_flags(const TrainOptions* o) {
+    for (size_t i = 0; i < sizeof(OPTIMIZER_OWN_FLAGS) / sizeof(OPTIMIZER_OWN_FLAGS[0]); i++) {
+        const char* readers = OPTIMIZER_OWN_FLAGS[i].readers;
+        int reads = strstr(readers, o->optimizer) != NULL && o->optimizer[0] != '\0';
+        if (flag_given(o, OPTIMIZER_OWN_FLAGS[i].flag) && !reads) {
+            fail("%s is read by --optimizer %s only; this run's optimizer, %s, does not read it\n"
+                 "  hint: drop %s, or add --optimizer %.*s", OPTIMIZER_OWN_FLAGS[i].flag, readers, o->optimizer,
+                 OPTIMIZER_OWN_FLAGS[i].flag, (int)strcspn(readers, " "), readers);
+        }
+    }
+    for (size_t i = 0; i < sizeof(RELATIVE_STEP_REPLACES) / sizeof(RELATIVE_STEP_REPLACES[0]) && o->relative_step; i++) {
+        const FlagSpec* f = find_flag(RELATIVE_STEP_REPLACES[i], strlen(RELATIVE_STEP_REPLACES[i]));
+        if (o->given[f - FLAGS]) {
+            char name[64];
+            flag_display_name(f, name, sizeof(name));
+            fail("%s: --relative-step steps by min(1e-2, 1/sqrt(t)) x RMS(param), without the learning-rate schedule that %s sets\n"
+                 "  hint: drop %s, or drop --relative-step to train with -l's schedule", name, name, name);
+        }
+    }
+}
+
 // checks the options against each other, the model and the number of ranks (world);
 // returns the gradient accumulation steps of each rank
 static int check_options(const TrainOptions* o, const GPT2Config* c, int world) {
@@ -574,6 +659,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
     if (!(o->peak_tflops >= 0.0f) || isinf(o->peak_tflops)) { fail("--peak-tflops %g: a peak in TFLOP/s, > 0, or 0 for the GPU's own", o->peak_tflops); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
+    check_optimizer_flags(o);
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
     if (o->overwrite && o->resume) { fail("-y 1 continues the run in -o, --overwrite 1 removes it: choose one"); }
     if (o->overwrite && o->out_dir[0] == '\0') { fail("--overwrite 1 starts over in the output directory, but -o is \"\" (none)"); }
@@ -746,14 +832,14 @@ typedef struct {
     GPT2* model;
     DataLoader train, val;
     Tokenizer tok;
-    int* gen_tokens;          // (T) the sample being generated
-    int gen_len;
+    int* gen_tokens;          // (T) the window of the sample being generated
     uint64_t sample_rng;
     TrainingHealth health;    // for the message when the loss or the norm turns non-finite
     uint64_t run_id;          // this run's identity, in every state file it writes (fresh: random; -y 1: the checkpoint's)
     FILE* log;                // OUT/log.jsonl on rank 0, else NULL
     double peak_flops;        // per rank, for MFU: --peak-tflops, or the device's; 0 = unknown
     int log_has_start_val;    // -y 1: the log holds the validation of the resumed step already
+    int complete;             // -y 1: the checkpoint is of the last step (-x): nothing to train
     int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
     size_t rss_at_start;      // the fixed overhead, before any tensor
 } Run;
@@ -861,7 +947,7 @@ static int log_truncate_after(const char* path, int step) {
         int n;
         if (sscanf(line, "{\"step\": %d", &n) == 1 && n > step) { dropped++; continue; }
         if (sscanf(line, "{\"step\": %d", &n) == 1 && n == step && strstr(line, "\"val_loss\"") != NULL) { val_at_step = 1; }
-        fwrite_check(line, 1, strlen(line), out.f);
+        atomic_write(&out, line, 1, strlen(line));
     }
     free(line);
     fclose(in);
@@ -889,29 +975,85 @@ static uint64_t new_run_id(int rank) {
     return hi;
 }
 
-// the output directory before anything is allocated (rank 0; the other ranks wait): created,
-// locked for this run, rid of the temporary files a crash left, for a fresh run free of an
-// earlier run's checkpoints and log (refused, or with --overwrite 1 removed), and with room
-// for one checkpoint
+// the files a training run reads, each with the flag that names it: -e (a model file), -k, and
+// every shard that -i and -j match (the paths point into o and into the globs)
+typedef struct {
+    InputFile* files;
+    int n;
+    glob_t shards[2];  // -i's and -j's matches
+} RunInputs;
+
+static RunInputs run_inputs(const TrainOptions* o) {
+    RunInputs in;
+    memset(&in, 0, sizeof(in));
+    const char* patterns[2] = {o->train_data, o->val_data};
+    size_t max = 2;
+    for (int k = 0; k < 2; k++) {  // none: the data loader says so
+        if (patterns[k][0] != '\0' && glob(patterns[k], 0, NULL, &in.shards[k]) == 0) { max += in.shards[k].gl_pathc; }
+    }
+    in.files = (InputFile*)malloc_check(max * sizeof(InputFile));
+    GPT2Config preset;
+    InputFile model = {"-e", "model file", o->model}, tokenizer = {"-k", "tokenizer file", o->tokenizer};
+    if (!model_is_preset(o, &preset)) { in.files[in.n++] = model; }
+    if (o->tokenizer[0] != '\0') { in.files[in.n++] = tokenizer; }
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < in.shards[k].gl_pathc; i++) {
+            InputFile shard = {k == 0 ? "-i" : "-j", "token shard", in.shards[k].gl_pathv[i]};
+            in.files[in.n++] = shard;
+        }
+    }
+    return in;
+}
+
+static void run_inputs_free(RunInputs* in) {
+    for (int k = 0; k < 2; k++) { globfree(&in->shards[k]); }  // a glob_t zeroed or filled: either frees
+    free(in->files);
+}
+
+// the output directory before anything is allocated (rank 0; the other ranks wait): for -y 1
+// there already, created, locked for this run, rid of the temporary files and incomplete
+// checkpoints a crash left, for a fresh run free of an earlier run's checkpoints and log
+// (refused, or with --overwrite 1 removed), and with room for one checkpoint. No file the run
+// reads is ever removed
 static void prepare_output_dir(Run* r) {
     const TrainOptions* o = r->o;
     r->out_lock = -1;
     if (!r->has_out) { return; }
     if (r->setup.dist.rank == 0) {
+        struct stat st;
+        if (o->resume && stat(o->out_dir, &st) != 0) {
+            fail("-y 1: output directory '%s': %s, so there is no run to resume\n  hint: check -o, or start without -y", o->out_dir,
+                 strerror(errno));
+        }
         ensure_output_dir(o->out_dir);
         r->out_lock = output_dir_lock(o->out_dir);
         output_dir_remove_stale_tmp(o->out_dir);
-        OutputDirContents c = output_dir_contents(o->out_dir);
-        if (!o->resume && (c.files > 0 || c.has_log)) {
-            if (!o->overwrite) {
-                char what[96] = "";
-                if (c.files > 0) { snprintf(what, sizeof(what), "%d checkpoint file(s), the newest of step %d%s", c.files, c.newest_step, c.has_log ? ", and " : ""); }
-                fail("output directory '%s' holds an earlier run (%s%s)\n"
-                     "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
-                     o->out_dir, what, c.has_log ? "log.jsonl" : "");
-            }
-            printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_clear(o->out_dir), o->out_dir);
+        OutputDirContents c = output_dir_contents(o->out_dir);  // complete checkpoints only
+        if (o->resume && c.files == 0) {
+            fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'%s\n  hint: %s", o->out_dir,
+                 c.has_log ? ": its log.jsonl is of a run stopped before its first checkpoint, which cannot be resumed" : "",
+                 c.has_log ? "start over there with --overwrite 1 (removes log.jsonl) instead of -y, or choose another -o"
+                           : "check -o, or start without -y");
         }
+        if (!o->resume && !o->overwrite && c.files == 0 && c.has_log) {
+            fail("output directory '%s' holds the log.jsonl of a run stopped before its first checkpoint: nothing to resume\n"
+                 "  hint: start over there with --overwrite 1 (removes that log.jsonl), or choose another -o", o->out_dir);
+        }
+        if (!o->resume && !o->overwrite && c.files > 0) {
+            fail("output directory '%s' holds an earlier run (%d checkpoint file(s), the newest of step %d%s)\n"
+                 "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
+                 o->out_dir, c.files, c.newest_step, c.has_log ? ", and log.jsonl" : "");
+        }
+        // from here the run goes on: what it removes, no run could resume from, or --overwrite asked for
+        RunInputs in = run_inputs(o);
+        output_dir_spare_inputs(o->out_dir, DIR_FILES_INCOMPLETE, in.files, in.n, "removing an incomplete checkpoint (no DONE marker)");
+        output_dir_remove(o->out_dir, DIR_FILES_INCOMPLETE, 1);
+        if (!o->resume && (c.files > 0 || c.has_log)) {
+            output_dir_spare_inputs(o->out_dir, DIR_FILES_EARLIER_RUN, in.files, in.n, "--overwrite 1");
+            printf("--overwrite 1: removed %d file(s) of an earlier run from %s/\n", output_dir_remove(o->out_dir, DIR_FILES_EARLIER_RUN, 0),
+                   o->out_dir);
+        }
+        run_inputs_free(&in);
         // room for one checkpoint (the model file and every rank's state file), before any training
         const ModelSetup* s = &r->setup;
         size_t opt_floats = optimizer_state_floats(&s->config, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
@@ -922,10 +1064,36 @@ static void prepare_output_dir(Run* r) {
     dist_barrier();  // the other ranks write their state files into it
 }
 
+// -y 1 from the checkpoint of `step` against the steps to train (-x): past them, it stops
+// (training on would never meet the end); at them, the run is complete: it says so, and
+// returns 0 (nothing to train, nothing written); else sets the start step and returns 1
+static int resume_within_steps(Run* r, int step) {
+    if (step > r->max_steps) {
+        fail("-y 1: the checkpoint to resume in '%s' is of step %d, past the %d steps to train (-x %d)\n"
+             "  hint: -x %d or more to train it on", r->o->out_dir, step, r->max_steps, r->o->max_steps, step + 1);
+    }
+    r->start_step = step;
+    r->complete = step == r->max_steps;
+    if (r->complete) {
+        printf("-y 1: the run in %s/ is complete: its checkpoint is of step %d, the last of -x %d; nothing to train\n"
+               "  (-x %d or more trains it on)\n", r->o->out_dir, step, r->max_steps, step + 1);
+    }
+    return !r->complete;
+}
+
+// every file the run reads: a directory or an unreadable file stops the run, naming the flag,
+// before -o is touched
+static void check_input_files(const TrainOptions* o) {
+    RunInputs in = run_inputs(o);
+    for (int i = 0; i < in.n; i++) { check_input_file(in.files[i].flag, in.files[i].path, in.files[i].what); }
+    run_inputs_free(&in);
+}
+
 // allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
+    check_input_files(o);
     gpt2_select_device(&s->dist);
     check_memory_budget(&r->plan, o);
     check_memory_fits(&r->plan, &s->act, dist_local_ranks(), o, &s->dist);
@@ -940,12 +1108,12 @@ static void train_setup(Run* r) {
     gpt2_init_weights(r->model, o);
     dataloader_init(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size);
     if (r->has_val) { dataloader_init(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size); }
-    r->gen_len = o->gen_tokens < s->T ? o->gen_tokens : s->T;
     r->gen_tokens = sample_buffer_alloc(s->T);
     r->max_steps = steps_to_train(r);
     r->sample_rng = sample_rng_seed(o->seed);
     r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
-    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, &r->train, &r->sample_rng, &r->run_id) : 0;
+    if (o->resume && !resume_within_steps(r, resume_pick_step(o->out_dir, &s->config))) { return; }
+    r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, r->start_step, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
     r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
     r->health.ckpt_step = o->resume ? r->start_step : -1;
@@ -1018,7 +1186,7 @@ static void fail_not_finite(Run* r, int step, const char* what, const char* then
 // RNG is in the checkpoint, so a resumed run draws what an unstopped run would)
 static int between_steps(Run* r, int step, int cut_short) {
     const TrainOptions* o = r->o;
-    int last = step == r->max_steps && !cut_short;
+    int last = step >= r->max_steps && !cut_short;  // (never past it: resume_within_steps)
     if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last) && !dist_any(g_stop_requested)) {
         float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
         if (isnan(vl)) {
@@ -1034,7 +1202,7 @@ static int between_steps(Run* r, int step, int cut_short) {
     }
     if (o->sample_every > 0 && step > r->start_step && !cut_short && (step % o->sample_every == 0 || last)) {
         printf("---- sample at step %d ----\n", step);
-        sample_tokens(r->model, &r->setup.config, r->gen_tokens, r->gen_len, &r->tok, &r->sample_rng);
+        sample_tokens(r->model, &r->setup.config, r->gen_tokens, r->setup.T, r->o->gen_tokens, &r->tok, &r->sample_rng);
         printf("---------------------------\n");
     }
     int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
@@ -1222,7 +1390,7 @@ static int run_training(const TrainOptions* o, const Dist* dist, const char* pro
     }
     train_setup(&r);
     int step = r.start_step, done = 1;
-    while (!between_steps(&r, step, !done)) {
+    while (!r.complete && !between_steps(&r, step, !done)) {
         done = train_step(&r, step);
         step += done;
     }
@@ -1257,11 +1425,6 @@ static void append_flag_names(char* buf, size_t n, const char* const* list, int 
         size_t len = strlen(buf);
         snprintf(buf + len, n - len, "%s%s", len ? ", " : "", f->shortname ? f->shortname : f->longname);
     }
-}
-
-// "-x (--steps)", or "--zero" for a flag without a short name
-static void flag_display_name(const FlagSpec* f, char* buf, size_t n) {
-    if (f->shortname) { snprintf(buf, n, "%s (%s)", f->shortname, f->longname); } else { snprintf(buf, n, "%s", f->longname); }
 }
 
 // the flags on the command line against the mode: with --sample only what it reads, and one
@@ -1309,8 +1472,9 @@ static void sample_check_options(const TrainOptions* o, GPT2Config* c) {
     if (o->top_k < 0) { fail("--top-k %d: must be >= 0 (0 = every token)", o->top_k); }
 }
 
-// the folder of the BPE files: --bpe as given, or by default data/gpt2 (where
-// dev/data/tinyshakespeare.py downloads them), else ../shared/data/gpt2 (where it looks first)
+// the folder of the BPE files: --bpe as given; without it data/gpt2 (where
+// dev/data/tinyshakespeare.py downloads them when ../shared/data/gpt2 lacks them), and if that
+// has none, ../shared/data/gpt2
 #define SAMPLE_SHARED_BPE_DIR "../shared/data/gpt2"
 static const char* sample_bpe_dir(const TrainOptions* o) {
     const char* dirs[2] = {o->bpe_dir, SAMPLE_SHARED_BPE_DIR};
@@ -1351,12 +1515,13 @@ static int* sample_prompt_tokens(const TrainOptions* o, const GPT2Config* c, int
 
 // continues tokens[0..p) by n tokens, printing each as it comes: one forward each, over the
 // last T tokens of the text
-static void sample_continue(GPT2* m, int* tokens, int p, int n, int T, Sampler* sampler, uint64_t* rng, const Tokenizer* tok) {
+static void sample_continue(GPT2* m, int* tokens, int p, int n, int T, Sampler* sampler, uint64_t* rng, const Tokenizer* tok,
+                            Utf8Printer* pr) {
     for (int t = p; t < p + n; t++) {
         int start = t > T ? t - T : 0;
         gpt2_forward(m, tokens + start, NULL, 1, t - start);
         tokens[t] = sampler_next(sampler, gpt2_probs(m, t - start - 1), rand_uniform(rng));
-        print_token(tok, tokens[t]);
+        print_token(tok, pr, tokens[t]);
     }
 }
 
@@ -1379,6 +1544,7 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     GPT2* m = gpt2_create(&s);
     gpt2_init_weights(m, o);
     Tokenizer tok;
+    if (o->tokenizer[0] != '\0') { check_input_file("-k", o->tokenizer, "tokenizer file"); }
     tokenizer_init(&tok, o->tokenizer);
     Sampler sampler = sampler_create(s.config.vocab_size, o->temperature, o->top_k);
     uint64_t rng = sample_rng_seed(o->seed);
@@ -1389,9 +1555,11 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
            o->temperature == 0.0f ? " (greedy)" : "", o->top_k, sampler.top_k == 0 ? " (every token)" : "", (unsigned long long)o->seed);
     if (p > s.T) { printf("note: the prompt is %d tokens, more than the window -t %d: the model sees its last %d\n", p, s.T, s.T); }
     printf("---- the prompt (%d tokens), then %d generated ----\n", p, o->gen_tokens);
-    for (int i = 0; i < p; i++) { print_token(&tok, tokens[i]); }
+    Utf8Printer pr = {{0}, 0, 0};  // the prompt and its continuation: one text
+    for (int i = 0; i < p; i++) { print_token(&tok, &pr, tokens[i]); }
     double t0 = now_seconds();
-    sample_continue(m, tokens, p, o->gen_tokens, s.T, &sampler, &rng, &tok);
+    sample_continue(m, tokens, p, o->gen_tokens, s.T, &sampler, &rng, &tok, &pr);
+    utf8_print_end(&pr, stdout);
     double seconds = now_seconds() - t0;
     printf("\n----\nsample: %d tokens in %.2f s (%.1f tokens/s)\n", o->gen_tokens, seconds, o->gen_tokens / seconds);
     sampler_free(&sampler);

@@ -21,6 +21,7 @@ FailTrap (below) it returns to the trap with the message instead.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 // a caller that tries something the ordinary checks may refuse (--plan's budget search plans
 // every combination of the memory flags) points g_fail_trap at a trap and setjmp()s it: fail()
@@ -57,12 +58,19 @@ static void fail_at(const char* file, int line, const char* fmt, ...) {
 }
 #define fail(...) fail_at(__FILE__, __LINE__, __VA_ARGS__)
 
+// opens a file, or stops naming it: missing, unreadable ("permission denied"), or a directory
+// (which fopen opens for reading on Linux, and the first read then fails)
 static FILE* fopen_check_at(const char* path, const char* mode, const char* file, int line) {
     FILE* f = fopen(path, mode);
     if (f == NULL) {
         fail_at(file, line, "cannot open '%s' (mode %s): %s\n"
-                "  hint: check the path; data files are made by the scripts in dev/data/",
-                path, mode, strerror(errno));
+                "  hint: %s", path, mode, errno == EACCES ? "permission denied" : strerror(errno),
+                errno == EACCES ? "make it readable (chmod), or use a copy you can read"
+                                : "check the path; data files are made by the scripts in dev/data/");
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fail_at(file, line, "'%s' is a directory, where a file is expected\n  hint: name the file in it", path);
     }
     return f;
 }

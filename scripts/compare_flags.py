@@ -51,16 +51,18 @@ DEFAULT_SETS = [
 ]
 DEFAULT_DATA = "data/tinyshakespeare/tiny_shakespeare_train.bin"
 STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.naif+-]+) .*\| +([0-9.]+) ms")
-UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-         "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+UNITS = {"": 0, "b": 0, "kib": 10, "mib": 20, "gib": 30, "tib": 40}  # 2^shift bytes: the trainer's (llmc/flags.h)
 
 
 def parse_bytes(text):
-    """'24GiB', '500MB', '1.5e9' -> bytes"""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in UNITS:
-        raise argparse.ArgumentTypeError(f"'{text}': a size like 24GiB, 500MiB or 2e9")
-    return float(m.group(1)) * UNITS[m.group(2).lower()]
+    """'24GiB', '1.5GiB', '4096' -> bytes, as the trainer's --max-memory reads a size (GB and MB are
+    refused there, for they mean powers of 1000 to some and of 1024 to others)"""
+    m = re.fullmatch(r"([0-9]+)(\.[0-9]+)?([a-zA-Z]*)", text)
+    unit = m.group(3).lower() if m else None
+    if not m or unit not in UNITS or (m.group(2) and UNITS[unit] == 0):
+        raise argparse.ArgumentTypeError(f"'{text}': a size as the trainer's --max-memory takes it: bytes (4096), or a "
+                                         "number and B, KiB, MiB, GiB or TiB (24GiB, 1.5GiB); GB and MB are not taken")
+    return int(float(m.group(1) + (m.group(2) or "")) * 2 ** UNITS[unit])
 
 
 def flag_sets(args):
@@ -284,6 +286,20 @@ def plot_memory_by_category(plt, rows, args, path, title):
 
 # ----------------------------------------------------------------------------
 
+def join_values(argv, names):
+    """["--flags", "--relative-step"] -> ["--flags=--relative-step"]: a value of --flags or --extra is
+    trainer flags, which argparse would take for this script's own options"""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in names and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description="train a few steps under each flag set; a markdown table and plots "
                                              "of speed and memory")
@@ -300,7 +316,25 @@ def parse_args(argv):
     ap.add_argument("--budget", type=parse_bytes, help="device memory budget, e.g. 24GiB: marks the sets that fit")
     ap.add_argument("--out", default="out/compare_flags", help="output folder (default out/compare_flags)")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
-    return ap.parse_args(argv)
+    return ap.parse_args(join_values(sys.argv[1:] if argv is None else argv, ("--flags", "--extra")))
+
+
+def remove_earlier_runs(out):
+    """the run folders an earlier comparison left in OUT/runs (NN_name, with its stdout.txt): a
+    rerun's table and plots must not sit beside runs it did not make; returns how many"""
+    removed = 0
+    for d in glob.glob(os.path.join(out, "runs", "[0-9][0-9]_*")):
+        if os.path.isfile(os.path.join(d, "stdout.txt")):
+            shutil.rmtree(d)
+            removed += 1
+    return removed
+
+
+def timed_steps_text(steps):
+    """which steps ms/step and tok/s are of (the first pays for warm-up and is left out when there are more)"""
+    if steps == 1:
+        return "of its one step (with the warm-up: -x 2 or more times the steps after it)"
+    return "medians of step 2" if steps == 2 else f"medians of steps 2..{steps}" if steps > 2 else "medians of the steps after the first"
 
 
 def main(argv=None):
@@ -317,6 +351,9 @@ def main(argv=None):
     base_cmd = trainer + ["-e", args.model, "-b", str(args.batch), "-t", str(args.seq), "-x", str(args.steps),
                           "-i", args.train, "-j", "", "-v", "0", "-s", "0"] + shlex.split(args.extra)
     os.makedirs(args.out, exist_ok=True)
+    earlier = remove_earlier_runs(args.out)
+    if earlier:
+        print(f"removed {earlier} run folder(s) of an earlier comparison from {os.path.join(args.out, 'runs')}")
     progress = Progress(len(sets))
     rows = []
     started = time.monotonic()
@@ -339,8 +376,7 @@ def main(argv=None):
     shape = f"-e {args.model} -b {args.batch} -t {args.seq}, {args.steps} steps"
     header = [f"# Flags compared: {shape}", "",
               f"{time.strftime('%Y-%m-%d')}, {machine()}. Trainer `{args.trainer}`, data `{args.train}`"
-              + (f", `{args.extra}`" if args.extra else "") + ". ms/step and tok/s are medians of steps 2.."
-              f"{args.steps}; memory is the measured high-water mark of each category (log.jsonl's memory "
+              + (f", `{args.extra}`" if args.extra else "") + f". ms/step and tok/s are {timed_steps_text(args.steps)}; memory is the measured high-water mark of each category (log.jsonl's memory "
               "record), with the plan in parentheses where it differs; \"device total\" is every category but the "
               "host ones. Command: `python3 scripts/" + os.path.basename(__file__) + " " +
               " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])) + "`."]

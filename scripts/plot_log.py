@@ -66,7 +66,12 @@ def main(argv=None):
     ax_speed.grid(alpha=0.3)
     fig.tight_layout()
     out = args.out or os.path.join(os.path.dirname(runs[0].path), "loss.png")
-    fig.savefig(out, dpi=110)
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as e:
+        print(f"error: cannot write '{out}': {e.strerror}\n  hint: -o a path in a folder that exists and is writable",
+              file=sys.stderr)
+        return 1
     print(f"wrote {out}")
     return 0
 

@@ -105,7 +105,9 @@ static void fuzz_state(const char* path) {
 static void fuzz_tokenizer(const char* path) {
     Tokenizer tok;
     tokenizer_init(&tok, path);
-    for (uint32_t i = 0; i <= tok.vocab_size; i++) { safe_print(tokenizer_decode(&tok, i)); }
+    Utf8Printer pr = {{0}, 0, 0};
+    for (uint32_t i = 0; i <= tok.vocab_size; i++) { utf8_print(&pr, tokenizer_decode(&tok, i), stdout); }
+    utf8_print_end(&pr, stdout);
     tokenizer_free(&tok);
 }
 

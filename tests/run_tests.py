@@ -40,6 +40,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("GPT-2 BPE in C (llmc/bpe.h) against python and tiktoken", [PY, "tests/test_bpe.py", "./test_gpt"], None),
     ("Hugging Face GPT-2 converter", [PY, "tests/test_convert.py", "./train_gpt", "./test_gpt"], None),
     ("compare flags and plots", [PY, "tests/test_compare_flags.py", "./train_gpt", "./test_gpt"], None),
+    ("README's generated parts against the program", [PY, "scripts/readme_gen.py", "--check"], None),
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
     ("CUDA trainer (emulated device) against the CPU",
      [PY, "tests/test_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),

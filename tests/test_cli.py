@@ -6,7 +6,10 @@ identity, a rewritten checkpoint's DONE marker, log.jsonl after a resume, --keep
 SIGINT/SIGTERM (a step or a validation cut short, a second signal), the progress output and
 log.jsonl, --plan, the optimizers, --recompute/--offload, the Makefile's MPI setting, and
 --sample (greedy against the model's probabilities, seeds, top-k, the sliding window, nothing
-written, its bad input).
+written, its bad input), and (section 15) what must never happen: a resume that runs past -x, an
+input removed by --overwrite, a loop of hints after kill -9, a damaged newest checkpoint that stops a
+resume, a failed write that leaves files behind, a flag the optimizer ignores, a sample that is not
+UTF-8.
 
     python3 tests/test_cli.py ./train_gpt ./test_gpt
 
@@ -29,6 +32,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 import e2e
@@ -52,7 +56,11 @@ s.expect_fail("flags: unknown flag", "unknown flag '--bogus'", BASE + ["--bogus"
 s.expect_fail("flags: flag without a value", "flag -b needs a value", BASE + ["-b"])
 s.expect_fail("flags: malformed integer", "'2x' is not an integer", BASE + ["-b", "2x"])
 s.expect_fail("flags: malformed float", "'abc' is not a number", BASE + ["-l", "abc"])
-s.expect_fail("flags: float out of range", "'1e39' is not a number", BASE + ["-l", "1e39"])
+s.expect_fail("flags: float out of range", "'1e39' is beyond a float's range", BASE + ["-l", "1e39"])
+s.expect_fail("flags: a float too close to 0 says so (not 'not a number')", "'1e-45' is too close to 0 for a float's range",
+              BASE + ["-l", "1e-45"])
+s.expect_fail("flags: --recompute beyond a long is named as given", "--recompute 99999999999999999999: the segment size must be 1..2",
+              BASE + ["--recompute", "99999999999999999999"])
 s.expect_fail("flags: unknown --precision", "--precision 'fp16': unknown; choose fp32 or bf16", BASE + ["--precision", "fp16"])
 s.expect_fail("flags: the CPU trains in fp32 only", "--precision bf16: the CPU backend trains in fp32 only", BASE + ["--precision", "bf16"])
 
@@ -195,7 +203,7 @@ if s.expect_ok("output: a first run into a folder", BASE + ["-x", "2", "-n", "1"
     for f in os.listdir(OLD):
         if f != "log.jsonl":
             os.remove(f"{OLD}/{f}")
-    s.expect_fail("output: a folder with only a log.jsonl is refused too", "holds an earlier run (log.jsonl)", BASE + ["-o", OLD])
+    s.expect_fail("output: a folder with only a log.jsonl is refused too", "holds the log.jsonl of a run stopped before its first checkpoint", BASE + ["-o", OLD])
     r = s.expect_ok("output: --overwrite 1 starts over there", BASE + ["-x", "3", "-o", OLD, "--overwrite", "1"])
     if r:
         s.check("output: --overwrite 1 says what it removed", "--overwrite 1: removed 1 file(s) of an earlier run" in r.out,
@@ -352,6 +360,8 @@ if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
     with open(ckpt(A, "state", 6, "_00000.bin"), "rb") as src, open(ckpt(F, "state", 6, "_00000.bin"), "wb") as dst:
         dst.write(src.read(5000))
 s.expect_fail("resume: truncated state file", "truncated or corrupt", RES + ["-o", F, "-y", "1"])
+# the checks of a state file as it is read: a resume that trains on (-x 7; at -x 6 the run is complete)
+RES7 = RES + ["-x", "7"]
 G = f"{W}/run_g"
 os.makedirs(G)
 if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
@@ -362,7 +372,7 @@ if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
         f.seek(1024 + 4 * 10)
         f.write(struct.pack("<f", float("inf")))
 s.expect_fail("resume: state with an infinity names the slice", "the optimizer state of wte, float 10 of its 4096, is inf",
-              RES + ["-o", G, "-y", "1"])
+              RES7 + ["-o", G, "-y", "1"])
 
 
 def patched_state(name, fmt, slot, value):
@@ -380,19 +390,19 @@ def patched_state(name, fmt, slot, value):
 # the state header against the model and the run (STATE_SLOT_*: rank 3, step 4, data position
 # 8-9, RNG 10-11, parameter count 14-15); each was read and ignored (or not compared) before
 s.expect_fail("resume: state of another rank", "holds rank 1's state of step 6, but is read as rank 0's",
-              RES + ["-o", patched_state("st_rank", "<i", 3, 1), "-y", "1"])
+              RES7 + ["-o", patched_state("st_rank", "<i", 3, 1), "-y", "1"])
 s.expect_fail("resume: state of another step", "holds rank 0's state of step 5, but is read as rank 0's of step 6",
-              RES + ["-o", patched_state("st_step", "<i", 4, 5), "-y", "1"])
+              RES7 + ["-o", patched_state("st_step", "<i", 4, 5), "-y", "1"])
 s.expect_fail("resume: state of another parameter count", "was written for a model of 12345 parameters",
-              RES + ["-o", patched_state("st_params", "<Q", 14, 12345), "-y", "1"])
+              RES7 + ["-o", patched_state("st_params", "<Q", 14, 12345), "-y", "1"])
 s.expect_fail("resume: state with a misaligned data position", "data position 7 in shard 0",
-              RES + ["-o", patched_state("st_pos", "<Q", 8, 7), "-y", "1"])
+              RES7 + ["-o", patched_state("st_pos", "<Q", 8, 7), "-y", "1"])
 s.expect_fail("resume: state with a data position past its shard", "data position 40992 in shard 0",
-              RES + ["-o", patched_state("st_pos_far", "<Q", 8, 32 * 1281), "-y", "1"])
+              RES7 + ["-o", patched_state("st_pos_far", "<Q", 8, 32 * 1281), "-y", "1"])
 s.expect_fail("resume: state with the RNG at 0", "sampling RNG 0x0000000000000000",
-              RES + ["-o", patched_state("st_rng", "<Q", 10, 0), "-y", "1"])
+              RES7 + ["-o", patched_state("st_rng", "<Q", 10, 0), "-y", "1"])
 s.expect_fail("resume: data position in a shard -i lacks", "data position in shard 3, but only 1 shard(s) match -i",
-              RES + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
+              RES7 + ["-o", patched_state("st_shard", "<i", 5, 3), "-y", "1"])
 
 # the temporary files of atomic writes that a crash (kill -9 while writing) left are removed when
 # a run starts in the folder; a file of another name that ends in .tmp is not touched
@@ -461,6 +471,8 @@ if s.expect_ok("resume: run A's flags with another seed", RES + ["--seed", "2", 
 REW = f"{W}/run_rewrite"
 if os.path.isdir(A):
     shutil.copytree(A, REW)
+    with open(ckpt(REW, "state", 6, "_00000.bin"), "r+b") as f:  # damaged: -y resumes from 3 and rewrites 6
+        f.truncate(5000)
     blocker = ckpt(REW, "state", 6, "_00000.bin.tmp")
     os.makedirs(f"{blocker}/x")
     r = s.run(RES + ["-o", REW, "-y", "1"])
@@ -623,7 +635,7 @@ for opt in (["adafactor"], ["adafactor", "--adafactor-beta1", "0.9"], ["came"]):
 s.expect_fail("optimizer: unknown name", "unknown; choose adamw, adafactor or came",
               BASE + ["--optimizer", "sgd", "-o", ""])
 s.expect_fail("optimizer: resume with another optimizer", "optimizer floats",
-              RES + ["--optimizer", "came", "-o", f"{W}/opt_a_adafactor", "-y", "1"])
+              RES7 + ["--optimizer", "came", "-o", f"{W}/opt_a_adafactor", "-y", "1"])
 
 # ----------------------------------------------------------------------------
 # 12. recompute and offload: every policy trains to the bitwise same model as the plain run (the
@@ -802,5 +814,197 @@ if launcher:
     s.expect_fail("sample: under mpirun -np 2", "--sample runs in one process, but this run has 2 ranks", launcher + ["2"] + DRAW)
 else:
     s.skip("sample: under mpirun -np 2", why)
+
+
+# ----------------------------------------------------------------------------
+# 15. nothing runs away, nothing of the user's is deleted, every byte of a sample printed (issue 21)
+
+# a resume at or past -x: said, and nothing trained (before: it trained on forever, "step 300/2").
+# Each run is bounded by the suite's time limit and its step lines are counted
+RUN21 = f"{W}/i21_runaway"
+if s.expect_ok("runaway: a run of 4 steps", BASE + ["-x", "4", "-o", RUN21]):
+    before = sorted(os.listdir(RUN21))
+    r = s.expect_fail("runaway: -y with -x 2 below the checkpoint's step 4 stops", "is of step 4, past the 2 steps to train (-x 2)",
+                      BASE + ["-x", "2", "-y", "-o", RUN21])
+    s.check("runaway: ... without a step", not r.step_lines() and not r.timed_out, f"{len(r.step_lines())} step lines")
+    r = s.expect_ok("runaway: -y at -x 4, the checkpoint's step", BASE + ["-x", "4", "-y", "-o", RUN21])
+    if r:
+        s.check("runaway: ... says the run is complete and trains nothing",
+                "is complete: its checkpoint is of step 4, the last of -x 4; nothing to train" in r.out and not r.step_lines(),
+                r.out[-300:])
+        s.check("runaway: ... and writes nothing", sorted(os.listdir(RUN21)) == before, f"{sorted(os.listdir(RUN21))}")
+    r = s.expect_ok("runaway: -y with -x 6 trains exactly to step 6", BASE + ["-x", "6", "-y", "-o", RUN21])
+    if r:
+        s.check("runaway: ... steps 5 and 6, then stops", [l.split("|")[0].split()[1] for l in r.step_lines()] == ["5/6", "6/6"],
+                f"{r.step_lines()}")
+
+# --overwrite never removes a file the run reads: -e, -k, -i, -j inside -o (the bytes are checked)
+OW = f"{W}/i21_overwrite"
+if s.expect_ok("overwrite: a run of 3 steps", BASE + ["-x", "3", "-o", OW]):
+    start = ckpt(OW, "model", 3, ".bin")
+    with open(start, "rb") as f:
+        start_bytes = f.read()
+    s.expect_fail("overwrite: -e a model file in -o is refused before anything is removed",
+                  f"--overwrite 1 would remove '{start}', which this run reads (-e ", BASE + ["-e", start, "-o", OW, "--overwrite"])
+    s.check("overwrite: ... the model file's bytes are intact", os.path.isfile(start) and open(start, "rb").read() == start_bytes,
+            "changed or removed")
+    s.check("overwrite: ... and the folder is as it was", sorted(os.listdir(OW)) ==
+            ["DONE_00000003", "log.jsonl", "model_00000003.bin", "state_00000003_00000.bin"], f"{sorted(os.listdir(OW))}")
+if os.path.isfile(f"{OW}/log.jsonl") and os.path.isfile(ckpt(OW, "model", 3, ".bin")):
+    start = ckpt(OW, "model", 3, ".bin")
+    link = f"{W}/i21_link.bin"
+    os.symlink(start, link)  # another spelling of the same file
+    s.expect_fail("overwrite: -e a link to a model file in -o is refused too", "which this run reads (-e ", BASE + ["-e", link, "-o", OW, "--overwrite"])
+    shutil.copy(f"{FIX}/tokenizer.bin", f"{OW}/log.jsonl.k")
+    os.replace(f"{OW}/log.jsonl", f"{OW}/log.jsonl.bak")
+    os.link(f"{FIX}/tokenizer.bin", f"{OW}/log.jsonl")  # a hard link: the tokenizer itself
+    s.expect_fail("overwrite: -k hard-linked as -o's log.jsonl is refused", "which this run reads (-k", BASE + ["-o", OW, "--overwrite"])
+    s.check("overwrite: ... the tokenizer's bytes are intact", same_bytes(f"{FIX}/tokenizer.bin", f"{OW}/log.jsonl.k"), "changed")
+    os.replace(f"{OW}/log.jsonl.bak", f"{OW}/log.jsonl")
+    os.remove(f"{OW}/log.jsonl.k")
+
+# an incomplete checkpoint (no DONE marker: killed while writing it) is no run to resume, and a
+# run killed before its first checkpoint (a log.jsonl only) gets one way on, not a loop of hints
+INC = f"{W}/i21_incomplete"
+if os.path.isdir(A):
+    os.makedirs(INC)
+    shutil.copy(ckpt(A, "model", 3, ".bin"), INC)
+    r = s.expect_fail("incomplete: -y with only a checkpoint without DONE marker", "no complete checkpoint (DONE_* marker)",
+                      BASE + ["-o", INC, "-y"])
+    s.check("incomplete: ... does not send back to -y", "resume it with -y" not in r.err.split("hint:")[-1], r.err)
+    r = s.expect_ok("incomplete: a fresh run there starts, removing the incomplete checkpoint", BASE + ["-x", "2", "-o", INC])
+    if r:
+        s.check("incomplete: ... saying which file it removed",
+                f"removed '{ckpt(INC, 'model', 3, '.bin')}': a file of an incomplete checkpoint" in r.out, r.out[:300])
+    shutil.rmtree(INC)
+    os.makedirs(INC)
+    shutil.copy(ckpt(A, "model", 3, ".bin"), INC)
+    with open(f"{INC}/log.jsonl", "w") as f:
+        f.write('{"step": 1, "loss": 4.0}\n')
+    r1 = s.expect_fail("incomplete: a log but no checkpoint, -y: one way on", "start over there with --overwrite 1", BASE + ["-o", INC, "-y"])
+    r2 = s.expect_fail("incomplete: a log but no checkpoint, no -y: the same way on", "start over there with --overwrite 1", BASE + ["-o", INC])
+    hints = r1.err.split("hint:")[-1] + r2.err.split("hint:")[-1]
+    s.check("incomplete: ... neither sends to the other", "resume it with -y" not in hints and "without -y" not in hints, hints)
+    s.expect_ok("incomplete: ... and --overwrite 1 then starts", BASE + ["-x", "2", "-o", INC, "--overwrite"])
+# a real kill -9 while the first checkpoint is written: the same way on
+KILL = f"{W}/i21_kill"
+p = subprocess.Popen(BASE + ["-x", "100000", "-v", "0", "-n", "50000", "-o", KILL], stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+for _ in range(200):  # up to 10 s for its log
+    if os.path.isfile(f"{KILL}/log.jsonl") and os.path.getsize(f"{KILL}/log.jsonl") > 0:
+        break
+    time.sleep(0.05)
+e2e.kill_group(p)
+s.expect_fail("incomplete: after kill -9 before any checkpoint, -y says --overwrite", "start over there with --overwrite 1", BASE + ["-o", KILL, "-y"])
+s.expect_ok("incomplete: ... which starts", BASE + ["-x", "1", "-o", KILL, "--overwrite"])
+
+# the newest checkpoint damaged: -y resumes from the newest whole one, saying which it skipped and why
+DMG = f"{W}/i21_damaged"
+if os.path.isdir(A):
+    shutil.copytree(A, DMG)
+    os.remove(ckpt(DMG, "state", 6, "_00000.bin"))
+    r = s.expect_ok("damaged: the newest checkpoint's state file deleted: -y resumes", RES7 + ["-o", DMG, "-y"])
+    if r:
+        s.check("damaged: ... from checkpoint 3, saying it skipped 6 and why",
+                f"skipped the checkpoint of step 6 in {DMG}/: '{ckpt(DMG, 'state', 6, '_00000.bin')}': No such file" in r.out
+                and re.search(r"^resumed from .* at step 3$", r.out, re.M), r.out[:400])
+    shutil.rmtree(DMG)
+    shutil.copytree(A, DMG)
+    for step in (3, 6):
+        with open(ckpt(DMG, "model", step, ".bin"), "r+b") as f:
+            f.truncate(2000)
+    s.expect_fail("damaged: every checkpoint truncated: stops naming the newest and why",
+                  f"the newest, of step 6: '{ckpt(DMG, 'model', 6, '.bin')}' is 2000 bytes", RES7 + ["-o", DMG, "-y"])
+
+# a full disk (here the file-size limit, the same failed write): the message names the file, and
+# no file of the failed checkpoint is left (before: a model file without its state and DONE)
+FULL = f"{W}/i21_full"
+model_bytes = os.path.getsize(f"{FIX}/model.bin")
+def file_limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    import resource
+    resource.setrlimit(resource.RLIMIT_FSIZE, (model_bytes + 4096, model_bytes + 4096))  # the model file fits, its state not
+pf = subprocess.run(BASE + ["-x", "2", "-o", FULL], capture_output=True, text=True, preexec_fn=file_limit, timeout=30)
+state2 = ckpt(FULL, "state", 2, "_00000.bin")
+s.check("disk full: the failed write names its file", pf.returncode == 1 and f"cannot write '{state2}'" in pf.stderr, pf.stderr[:300])
+s.check("disk full: ... and leaves no file of the checkpoint", sorted(os.listdir(FULL)) == ["log.jsonl"] if os.path.isdir(FULL) else False,
+        f"{sorted(os.listdir(FULL)) if os.path.isdir(FULL) else 'no folder'}")
+shutil.rmtree(FULL, ignore_errors=True)  # what an old binary left must fail no later check
+
+# flags that the chosen optimizer does not read are refused, not shown as set
+for flags, phrase in ((["--relative-step"], "--relative-step is read by --optimizer adafactor only"),
+                      (["--adafactor-beta1", "0.9"], "--adafactor-beta1 is read by --optimizer adafactor only"),
+                      (["--optimizer", "came", "--beta1", "0.8"], "--beta1 is read by --optimizer adamw only"),
+                      (["--optimizer", "came", "--beta2", "0.9"], "--beta2 is read by --optimizer adamw only"),
+                      (["--optimizer", "adafactor", "--eps", "1e-6"], "--eps is read by --optimizer adamw only"),
+                      (["--eps1", "1e-20"], "--eps1 is read by --optimizer adafactor or came only"),
+                      (["--optimizer", "adafactor", "--relative-step", "-l", "0.01"], "-l (--lr): --relative-step steps by")):
+    s.expect_fail(f"optimizer flags: {' '.join(flags)} refused", phrase, BASE + flags + ["-o", ""])
+
+# a directory where a file is expected names the flag and the file; an unreadable one says
+# "permission denied" (as root, the run drops to an unprivileged user to see one)
+for flag in ("-e", "-i", "-j", "-k"):
+    r = s.expect_fail(f"files: {flag} a directory names the flag", f"{flag} (--", BASE + [flag, W, "-o", f"{W}/i21_dir"])
+    s.check(f"files: {flag} a directory ... and says so", f"'{W}' is a directory, where a" in r.err, r.err[:200])
+s.check("files: ... and no -o folder was made", not os.path.exists(f"{W}/i21_dir"), "made")
+if os.path.isdir(A):
+    SDIR = f"{W}/i21_state_dir"
+    copy_checkpoint(A, 3, SDIR)
+    os.remove(ckpt(SDIR, "state", 3, "_00000.bin"))
+    os.makedirs(ckpt(SDIR, "state", 3, "_00000.bin"))
+    s.expect_fail("files: a state file that is a directory is named", f"'{ckpt(SDIR, 'state', 3, '_00000.bin')}': not a file",
+                  RES + ["-o", SDIR, "-y"])
+PERM = tempfile.mkdtemp(prefix="i21_perm_")
+os.chmod(PERM, 0o755)
+for f in ("model.bin", "train.bin", "val.bin", "tokenizer.bin"):
+    shutil.copy(f"{FIX}/{f}", PERM)
+    os.chmod(f"{PERM}/{f}", 0o644)
+as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+PB = [TRAIN, "-e", f"{PERM}/model.bin", "-i", f"{PERM}/train.bin", "-j", f"{PERM}/val.bin", "-k", f"{PERM}/tokenizer.bin",
+      "-b", "2", "-t", "16", "-x", "1", "-o", ""]
+if as_user and shutil.which("setpriv") is None:
+    s.skip("files: an unreadable file says permission denied", "running as root without setpriv")
+else:
+    for flag, f in (("-k", "tokenizer.bin"), ("-e", "model.bin"), ("-i", "train.bin")):
+        os.chmod(f"{PERM}/{f}", 0)
+        r = s.run(as_user + PB)
+        s.check(f"files: an unreadable {flag} says permission denied", r.rc == 1 and
+                f"{flag} (--" in r.err and f"'{PERM}/{f}': permission denied" in r.err, r.err[:300])
+        os.chmod(f"{PERM}/{f}", 0o644)
+shutil.rmtree(PERM, ignore_errors=True)
+
+# a -y that fails leaves no -o folder behind
+s.expect_fail("output: -y into a folder that does not exist", "so there is no run to resume", BASE + ["-y", "-o", f"{W}/i21_none"])
+s.check("output: ... and does not make it", not os.path.exists(f"{W}/i21_none"), "made")
+
+# the training samples: exactly -g tokens, also above T (the window slides) and at -t 1
+for T, g in (("16", "5"), ("16", "40"), ("1", "3")):
+    r = s.expect_ok(f"samples: -t {T} -g {g}", BASE + ["-t", T, "-g", g, "-x", "1", "-s", "1", "-k", "", "-o", ""])
+    if r:
+        ids = (sample_at(r.out, 1) or "").split()
+        s.check(f"samples: -t {T} -g {g} prints {g} tokens", len(ids) == int(g), f"{len(ids)} ids: {ids}")
+
+# every byte of a sample printed as UTF-8: a tokenizer whose tokens are pieces of multi-byte
+# characters (CJK, emoji, a combining mark) and lone invalid bytes; whatever the model draws,
+# the output is valid UTF-8 and holds every character whole or U+FFFD (checked byte for byte
+# in test_gpt.c: test_utf8_printer)
+PIECES = [b"\xe6", b"\x97\xa5", b"\xe6\x9c", b"\xac", b"\xf0\x9f", b"\x99\x82", b"e\xcc", b"\x81", b"\xff", b"\x80",
+          b"\xc3", b"\x9c", "日本語".encode(), "🙂".encode(), b"a", b" "]
+UTOK = f"{W}/i21_utf8_tokenizer.bin"
+with open(UTOK, "wb") as f:
+    f.write(struct.pack("<256i", *([20240328, 2, 64, 63] + [0] * 252)))
+    for i in range(64):
+        piece = PIECES[i % len(PIECES)]
+        f.write(bytes([len(piece)]) + piece)
+p = subprocess.run(BASE + ["-k", UTOK, "-x", "1", "-s", "1", "-g", "300", "-t", "32", "-o", ""], capture_output=True, timeout=30)
+try:
+    text = p.stdout.decode("utf-8")
+    valid = True
+except UnicodeDecodeError as e:
+    text, valid = "", f"{e}"
+s.check("utf-8: a sample of split characters and invalid bytes prints as valid UTF-8", p.returncode == 0 and valid is True,
+        f"exit code {p.returncode}: {valid}")
+s.check("utf-8: ... holding whole characters and U+FFFD", ("日" in text or "本" in text or "🙂" in text) and "\ufffd" in text,
+        text[-300:])
 
 s.finish()

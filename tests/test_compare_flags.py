@@ -11,7 +11,11 @@ step time, "fits" against the budget), the plain run at 1.00x, the refused set a
 why; the two PNGs exist and parse (signature, IHDR with a size, chunk CRCs, IEND). A flag-set
 file (comments, "plain") gives the same sets. plot_log.py writes a PNG that parses from two run
 folders, and a missing log is an error with a hint. Without matplotlib the plots are skipped
-(counted, with a "skipped:" line) and the table is still checked.
+(counted, with a "skipped:" line) and the table is still checked. What a user trips over: a
+one-word --flags value ("--relative-step", not only "--flags=--relative-step"), a decimal --budget
+(12GB: refused as the trainer refuses it), -x 1 (one step timed, not "steps 2..1"), a rerun into
+the same --out (no stale runs/ folders), and -o in a folder that does not exist for plot_log.py and
+dev/convert_hf_gpt2.py (an error, not a traceback).
 """
 
 import os
@@ -103,7 +107,7 @@ def run_compare(name, out, extra):
 
 out = s.path("compare")
 flags_args = [a for f in SETS for a in ("--flags", f)]
-r = run_compare("compare_flags: 4 flag sets, 3 steps each, exits 0", out, flags_args + ["--budget", str(BUDGET)])
+r = run_compare("compare_flags: 4 flag sets, 3 steps each, exits 0", out, flags_args + ["--budget", str(int(BUDGET))])
 if r:
     shown = re.findall(r"^\[(\d)/4\] ", r.out, re.M)
     s.check("compare_flags: shows which run it is at", shown == ["1", "2", "3", "4"], f"progress lines: {r.out[:400]}")
@@ -178,5 +182,49 @@ else:
 r = s.run(PLOT_LOG + [s.path("nowhere")])
 s.check("plot_log: a missing log is an error with a hint", r.rc == 1 and "hint:" in r.err and "nowhere" in r.err,
         f"exit {r.rc}: {r.err[:300]}")
+
+
+# ----------------------------------------------------------------------------
+# what a user trips over (issue 21): a one-word --flags, a decimal --budget, -x 1, a rerun into
+# the same --out, and -o in a folder that does not exist (plot_log.py, dev/convert_hf_gpt2.py)
+
+out3 = s.path("compare_one_word")
+r = s.run(COMPARE + SHAPE[:-2] + ["-x", "2", "--out", out3, "--flags", "", "--flags", "--relative-step", "--flags", "--check-replicas"])
+s.check("compare_flags: --flags with a one-word value (not --flags=...) is read", r.rc == 0 and "usage:" not in r.err,
+        f"exit {r.rc}: {r.err[:300]}")
+if r.rc == 0:
+    _, rows, _ = table_rows(os.path.join(out3, "compare_flags.md"))
+    s.check("compare_flags: ... its rows: the trainer's refusal of --relative-step (AdamW) and --check-replicas run",
+            [row[0] for row in rows] == ["(plain)", "`--relative-step`", "`--check-replicas`"]
+            and "read by --optimizer adafactor only" in rows[1][1] and not rows[2][1].startswith("failed"),
+            f"rows {rows}")
+for size in ("12GB", "500MB", "1.5e9"):
+    r = s.run(COMPARE + SHAPE + ["--out", s.path("compare_budget"), "--budget", size])
+    s.check(f"compare_flags: --budget {size} is refused as the trainer refuses it", r.rc == 2 and "GB and MB are not taken" in r.err,
+            f"exit {r.rc}: {r.err[-300:]}")
+r = s.run(COMPARE + SHAPE + ["--out", s.path("compare_budget"), "--budget", "1.5GiB", "--flags", ""])
+s.check("compare_flags: --budget 1.5GiB is read", r.rc == 0, f"exit {r.rc}: {r.err[-300:]}")
+out4 = s.path("compare_x1")
+r = run_compare("compare_flags: -x 1", out4, ["-x", "1", "--flags", ""])
+if r:
+    with open(os.path.join(out4, "compare_flags.md")) as f:
+        text = f.read()
+    s.check("compare_flags: -x 1 says its one step is timed, not 'steps 2..1'", "2..1" not in text and "of its one step" in text,
+            text[:500])
+if os.path.isdir(out2):
+    r = run_compare("compare_flags: a rerun with fewer sets into the same --out", out2, ["--flags", ""])
+    left = sorted(os.listdir(os.path.join(out2, "runs")))
+    s.check("compare_flags: ... leaves only its own run folders", left == ["01_plain"], f"runs/: {left}")
+if HAVE_MPL and runs:
+    r = s.run(PLOT_LOG + [runs[0], "-o", s.path("no", "such", "dir", "x.png")])
+    s.check("plot_log: -o in a folder that does not exist: an error, not a traceback",
+            r.rc == 1 and "cannot write" in r.err and "Traceback" not in r.err, f"exit {r.rc}: {r.err[-300:]}")
+else:
+    s.skip("plot_log: -o in a folder that does not exist", "matplotlib not installed: python3 -m pip install matplotlib")
+REF = os.path.join(ROOT, "dev", "reference", "tiny_hf_gpt2")
+r = s.run([sys.executable, os.path.join(ROOT, "dev", "convert_hf_gpt2.py"), REF, "--reader", "stdlib",
+           "-o", s.path("no", "such", "dir", "t.bin")])
+s.check("convert_hf_gpt2: -o in a folder that does not exist: an error, not a traceback",
+        r.rc == 1 and "cannot write" in r.err and "Traceback" not in r.err, f"exit {r.rc}: {r.err[-300:]}")
 
 s.finish()

@@ -38,8 +38,14 @@ ACCUM_RTOL = 1e-6  # the issue's bound for fp32 runs whose sums are taken in ano
 # 4 steps; one micro-batch of B*T = 32 a rank (-d 32 on one rank, -d 64 on two), so every
 # gradient is summed as in plain training
 BASE = ["-e", f"{FIX}/model_deep.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k", "", "-b", "2", "-t", "16",
-        "-x", str(STEPS), "-u", "1", "-v", "0", "-s", "0", "-n", "2", "--precision", "fp32", "--eps1", "1e-12"]
+        "-x", str(STEPS), "-u", "1", "-v", "0", "-s", "0", "-n", "2", "--precision", "fp32"]
 OPTIMIZERS = ["adamw", "adafactor", "adafactor --adafactor-beta1 0.9", "came"]
+EPS1 = ["--eps1", "1e-12"]  # Adafactor's and CAME's (AdamW refuses a flag it does not read)
+
+
+def optimizer_flags(opt):
+    """--optimizer OPT, and --eps1 for the factored ones"""
+    return ["--optimizer", *opt.split()] + ([] if opt == "adamw" else EPS1)
 POLICIES = ["--recompute 1", "--recompute gelu,attn", "--offload activations", "--offload optimizer",
             "--offload optimizer,gradients", "--recompute 2,gelu,attn --offload activations,optimizer,gradients"]
 RANK_POLICIES = ["--offload activations", "--offload optimizer", "--offload optimizer,gradients",
@@ -81,12 +87,12 @@ refs = {}
 for lname, launcher, flags, policies in LAUNCHES:
     for opt in OPTIMIZERS:
         ref = f"{W}/ref_{slug(lname)}_{slug(opt)}"
-        if not train(f"{lname}, {opt}", ref, launcher, ["--optimizer", *opt.split(), *flags]):
+        if not train(f"{lname}, {opt}", ref, launcher, [*optimizer_flags(opt), *flags]):
             continue
         refs[(lname, opt)] = ref
         for pol in policies:
             d = f"{W}/run_{slug(lname)}_{slug(opt)}_{slug(pol)}"
-            if train(f"{lname}, {opt}, {pol}", d, launcher, ["--optimizer", *opt.split(), *flags, *pol.split()]):
+            if train(f"{lname}, {opt}, {pol}", d, launcher, [*optimizer_flags(opt), *flags, *pol.split()]):
                 same_model(f"{lname}, {opt}, {pol}", ref, d)
 
 # the stored-weights attention (--attention matmul; the runs above take the GPU's default, flash
@@ -110,7 +116,7 @@ for pol in ("--offload optimizer", "--offload optimizer,gradients", "--recompute
 # bf16: the working weights rounded on the CPU as the GPU rounds them (to nearest-even)
 for opt, what in (("adamw", "optimizer"), ("came", "optimizer,gradients")):
     ref, d = f"{W}/bf16_{opt}", f"{W}/bf16_{opt}_offload"
-    bf16 = ["--precision", "bf16", "--optimizer", opt, "-d", "32"]
+    bf16 = ["--precision", "bf16", *optimizer_flags(opt), "-d", "32"]
     if train(f"bf16 {opt}", ref, [], bf16) and train(f"bf16 {opt}, --offload {what}", d, [], bf16 + ["--offload", what]):
         same_model(f"bf16 {opt}, --offload {what}", ref, d)
 
@@ -118,7 +124,7 @@ for opt, what in (("adamw", "optimizer"), ("came", "optimizer,gradients")):
 # (bitwise), or with ",gradients" on the host (within 1e-6)
 for opt in ("adamw", "came"):
     ref = f"{W}/accum_{opt}"
-    acc = ["--optimizer", opt, "-d", "64"]
+    acc = [*optimizer_flags(opt), "-d", "64"]
     if not train(f"2 micro-steps, {opt}", ref, [], acc):
         continue
     for what in ("optimizer", "optimizer,gradients"):
@@ -141,7 +147,7 @@ for name, trainer, flags in (("--offload optimizer resume", CUDA, ["--offload", 
     os.makedirs(d)
     for f in glob.glob(f"{src}/*_{2:08d}*") + glob.glob(f"{src}/DONE_{2:08d}"):
         shutil.copy(f, d)
-    cmd = [trainer] + BASE + ["--optimizer", "adafactor", "-d", "32", "-y", "1", "-o", d] + flags
+    cmd = [trainer] + BASE + optimizer_flags("adafactor") + ["-d", "32", "-y", "1", "-o", d] + flags
     if s.expect_ok(f"{name}: from step 2", cmd):
         if trainer == CUDA:
             for kind, suffix in (("model", ".bin"), ("state", "_00000.bin")):

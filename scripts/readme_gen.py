@@ -1,0 +1,230 @@
+"""readme_gen.py: the parts of README.md that the program prints (its -h, the presets, --plan's
+answers), made from the program's own output, so README cannot drift from it.
+
+    python3 scripts/readme_gen.py --check    # make test: each part against the program; exit 1 if one differs
+    python3 scripts/readme_gen.py --write    # rewrite those parts of README.md (after a change that moves them)
+
+A generated part sits between two markers in README.md, which the rest of the file keeps:
+
+    <!-- gen:usage -->
+    ...what usage() below makes from `./train_gpt -h`...
+    <!-- /gen -->
+
+Each name is one function of GENERATORS, which runs the CPU trainer (--train, ./train_gpt) or the
+emulated CUDA build (--emu, build/emu/train_gpt: the same source as train_gpt_cu, and its --plan needs
+no GPU) and formats what it prints. Only what the program prints goes in a part: measured figures
+(timings, peak RSS) stay outside, with their machine and date. --check prints "ok" or "FAIL" per
+part and "N passed, N failed" last (a part whose program is not built is skipped, and says so); a
+marker in README without a generator, or a generator without its marker, fails.
+"""
+
+import argparse
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+README = os.path.join(ROOT, "README.md")
+GEN_RE = re.compile(r"(<!-- gen:([a-z0-9_]+) -->\n)(.*?)(<!-- /gen -->)", re.S)
+GPU_NAME = "./train_gpt_cu"  # how README names the CUDA trainer whose plans the emulated build makes
+GIB = 2.0 ** 30
+GPT2_NAMES = {"d12": "GPT-2 124M", "d24": "GPT-2 medium", "d36": "GPT-2 large", "d48": "GPT-2 XL"}
+
+
+class Missing(Exception):
+    """a program a part needs is not built"""
+
+
+def run(prog, args):
+    """PROG's stdout with ARGS (run from the repository root); Missing if PROG is not there"""
+    if not os.path.isfile(os.path.join(ROOT, prog)):
+        raise Missing(f"{prog} is not built (make {prog.lstrip('./')})")
+    p = subprocess.run([prog] + args, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if p.returncode != 0:
+        raise RuntimeError(f"{prog} {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()[:400]}")
+    return p.stdout
+
+
+def plan_json(out):
+    """the {"plan_search": ...} object, the last line of a --plan search"""
+    return json.loads(out.strip().splitlines()[-1])["plan_search"]
+
+
+# ----------------------------------------------------------------------------
+# the parts
+
+def usage(a):
+    """`./train_gpt -h`, but its first line (the program's path)"""
+    lines = run(a.train, ["-h"]).splitlines()[1:]
+    return "```\n" + "\n".join(lines) + "\n```\n"
+
+
+def presets(a):
+    """the -e presets: -h's list, with each one's parameter count from --plan's memory table (4P)"""
+    line = run(a.train, ["-h"]).splitlines()[-1]
+    found = re.findall(r"(\w+) \(L=(\d+) C=(\d+) NH=(\d+)\)", line)
+    rows = ["| preset | L | C | NH | parameters |", "|---|---|---|---|---|"]
+    for name, L, C, NH in found:
+        table = run(a.train, ["--plan", "-e", name, "-b", "1", "-t", "64", "-o", ""])
+        mib = float(re.search(r"^\| parameters +\| +([0-9.]+) MiB", table, re.M).group(1))
+        P = mib * 2 ** 20 / 4
+        count = f"{P / 1e9:.2f}B" if P >= 1e9 else f"{P / 1e6:.1f}M"
+        rows.append(f"| `{name}` | {L} | {C} | {NH} | {count}{' (' + GPT2_NAMES[name] + ')' if name in GPT2_NAMES else ''} |")
+    tail = re.search(r"; (GPT-2's vocabulary and maxT \d+)$", line)
+    return "\n".join(rows) + f"\n\nAll with {tail.group(1) if tail else 'GPT-2 vocabulary'} (from `./train_gpt -h`).\n"
+
+
+D48_ARGS = ["--plan", "-e", "d48", "-b", "8", "-t", "1024", "--max-memory", "40GiB", "--max-host-memory", "64GiB"]
+
+
+def d48_40gib(a):
+    """--plan's answer for d48 on a 40 GiB GPU, condensed: the header, the first rows that fit and
+    the first that do not, and the recommendations"""
+    out = run(a.emu, D48_ARGS).replace(a.emu, GPU_NAME)
+    lines, j = out.splitlines(), plan_json(out)
+    rows = [l for l in lines if re.match(r"^(yes|no: \w+) +\|", l)]
+    head = next(i for i, l in enumerate(lines) if l.startswith("fits "))
+    rec = next(i for i, l in enumerate(lines) if l.startswith("recommended"))
+    fits = [l for l in rows if l.startswith("yes")]
+    not_fit = [l for l in rows if not l.startswith("yes")]
+    body = lines[:2] + ["cost model: ..."] + [lines[head]] + fits[:4] + ["..."] + not_fit[:2] + ["..."] + lines[rec:-1]
+    return (f"The answer for d48 on a 40 GiB GPU (`{GPU_NAME} {' '.join(D48_ARGS)}`; condensed: {j['fitting']} of the "
+            f"{j['combinations']} combinations fit):\n\n```\n" + "\n".join(body) + "\n```\n")
+
+
+RECOMMEND = [  # build, program attribute, model, B, budgets (GiB)
+    ("GPU bf16", "emu", "d12", 8, (24, 40, 80)), ("GPU bf16", "emu", "d24", 8, (24, 40, 80)),
+    ("GPU bf16", "emu", "d48", 8, (24, 40, 80)), ("GPU bf16", "emu", "d12", 32, (24, 40, 80)),
+    ("GPU bf16", "emu", "d24", 32, (24, 40, 80)), ("CPU fp32", "train", "d12", 8, (24,)),
+    ("CPU fp32", "train", "d24", 8, (24,)), ("CPU fp32", "train", "d48", 8, (24,)),
+]
+
+
+def flags_text(flags, keep_optimizer=False):
+    """{"--optimizer": "adamw", "--recompute": "none", ...} -> "`--recompute sqrt`" (what differs from plain)"""
+    plain = {"--optimizer": "adamw", "--recompute": "none", "--offload": "0", "--zero": "0"}
+    parts = [f"{k} {v}" for k, v in flags.items() if plain.get(k) != v and not (keep_optimizer and k == "--optimizer")]
+    return f"`{' '.join(parts)}`" if parts else "(plain)"
+
+
+def recommendations(a):
+    """the recommended flags at T=1024 for each model, batch and budget: --plan's JSON line"""
+    rows = ["| build | model | B | budget | recommended | cost | device | host | fastest keeping AdamW |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for build, prog, model, B, budgets in RECOMMEND:
+        cells_by_budget = []
+        for gib in budgets:
+            args = ["--plan", "-e", model, "-b", str(B), "-t", "1024", "--max-memory", f"{gib}GiB"]
+            if prog == "emu":
+                args += ["--max-host-memory", "64GiB"]
+            j = plan_json(run(getattr(a, prog), args))
+            rec, same = j["recommended"], j["same_model"]
+            if rec is None:
+                cells = ["none fits", "-", "-", "-", "-"]
+            else:
+                host = f"{rec['host'] / GIB:.1f} GiB" if build.startswith("GPU") else "0"
+                keep = "the same" if rec["flags"]["--optimizer"] == "adamw" else "none fits" if same is None else \
+                    f"{flags_text(same['flags'])}: {same['cost']:.2f}x, {same['device'] / GIB:.1f} GiB"
+                cells = [flags_text(rec["flags"]), f"{rec['cost']:.2f}x", f"{rec['device'] / GIB:.1f} GiB", host, keep]
+            if cells_by_budget and cells_by_budget[-1][1] == cells:  # equal answers share a row: "24, 40 GiB"
+                cells_by_budget[-1][0].append(gib)
+            else:
+                cells_by_budget.append(([gib], cells))
+        for gibs, cells in cells_by_budget:
+            rows.append(f"| {build} | {model} | {B} | {', '.join(map(str, gibs))} GiB | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+UNIT_BYTES = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+
+
+def table_bytes(out, row):
+    """the planned bytes of ROW ("device total") in a memory table that --plan printed"""
+    m = re.search(r"^\| " + row + r" +\| +([0-9.]+) (B|KiB|MiB|GiB) ", out, re.M)
+    return float(m.group(1)) * UNIT_BYTES[m.group(2)]
+
+
+GPU80 = [  # model, flags: one 80 GB GPU at B=1, T=1024
+    ("d72", []), ("d84", []), ("d84", ["--offload", "optimizer"]), ("d84", ["--offload", "optimizer,gradients"]),
+]
+GPU80_COMMON = ["-b", "1", "-t", "1024", "--optimizer", "adafactor", "--recompute", "1,gelu,attn"]
+
+
+def gpu80(a):
+    """the largest presets on one 80 GB GPU: --plan's device and host totals (GPU build, bf16, flash)"""
+    rows = ["| model | flags (all: `" + " ".join(GPU80_COMMON) + "`) | GPU memory | host memory (pinned) | fits 80 GB (74.5 GiB) |",
+            "|---|---|---|---|---|"]
+    for model, flags in GPU80:
+        out = run(a.emu, ["--plan", "-e", model] + GPU80_COMMON + flags)
+        dev, host = (table_bytes(out, row) for row in ("device total", "host total"))
+        rows.append(f"| {model} | {'`' + ' '.join(flags) + '`' if flags else '-'} | {dev / GIB:.1f} GiB | {host / GIB:.1f} GiB | "
+                    f"{'yes' if dev <= 80e9 else 'no'} |")
+    return "\n".join(rows) + "\n"
+
+
+def compare_sets(a):
+    """scripts/compare_flags.py's default flag sets"""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compare_flags
+    return "".join(f"{i}. {'`' + f + '`' if f else '(plain)'}\n" for i, f in enumerate(compare_flags.DEFAULT_SETS, 1))
+
+
+GENERATORS = {"compare_sets": compare_sets, "usage": usage, "presets": presets, "d48_40gib": d48_40gib, "recommendations": recommendations, "gpu80": gpu80}
+
+
+# ----------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="README.md's generated parts against the program's output")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="compare; exit 1 if a part differs")
+    mode.add_argument("--write", action="store_true", help="rewrite the parts in README.md")
+    ap.add_argument("--train", default="./train_gpt", help="the CPU trainer (default ./train_gpt)")
+    ap.add_argument("--emu", default="build/emu/train_gpt", help="the emulated CUDA build (default build/emu/train_gpt)")
+    ap.add_argument("--readme", default=README, help="the file (default README.md)")
+    a = ap.parse_args(argv)
+    with open(a.readme) as f:
+        text = f.read()
+    found = [m.group(2) for m in GEN_RE.finditer(text)]
+    npass = nfail = nskip = 0
+    for name in sorted(set(GENERATORS) - set(found)):
+        print(f"FAIL gen:{name}: no <!-- gen:{name} --> ... <!-- /gen --> in {a.readme}")
+        nfail += 1
+    new = {}
+    for name in found:
+        if name not in GENERATORS:
+            print(f"FAIL gen:{name}: README has this marker, but scripts/readme_gen.py no such part")
+            nfail += 1
+            continue
+        try:
+            new[name] = GENERATORS[name](a)
+        except Missing as e:
+            print(f"skipped: gen:{name} ({e})")
+            nskip += 1
+    if a.write:
+        text = GEN_RE.sub(lambda m: m.group(1) + new.get(m.group(2), m.group(3)) + m.group(4), text)
+        with open(a.readme, "w") as f:
+            f.write(text)
+        print(f"wrote {len(new)} part(s) of {a.readme}: {', '.join(new)}" + (f"; {nskip} skipped" if nskip else ""))
+        return 1 if nfail else 0
+    for m in GEN_RE.finditer(text):
+        name, old = m.group(2), m.group(3)
+        if name not in new:
+            continue
+        if old == new[name]:
+            print(f"ok   gen:{name}: README is the program's output")
+            npass += 1
+        else:
+            diff = list(difflib.unified_diff(old.splitlines(), new[name].splitlines(), "README.md", "the program", lineterm="", n=0))
+            print(f"FAIL gen:{name}: README differs from the program's output (python3 scripts/readme_gen.py --write):")
+            print("\n".join("    " + l for l in diff[:12]))
+            nfail += 1
+    print(f"{npass} passed, {nfail} failed" + (f", {nskip} skipped" if nskip else ""))
+    return 1 if nfail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
