@@ -587,23 +587,49 @@ static void checkpoint_unmark_done(const char* dir, int step) {
     else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
 }
 
+// the step of the checkpoint file in dir that is one of the run's inputs (the same file: device and
+// inode, as output_dir_spare_inputs matches), or -1: --keep-checkpoints never removes the model
+// that -e started from, wherever in dir it sits
+static int checkpoint_input_step(const char* dir, const InputFile* inputs, int n) {
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    int found = -1;
+    while (d != NULL && found < 0 && (e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        int step = checkpoint_file_step(e->d_name, &kind);
+        if (step < 0) { continue; }
+        char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        struct stat in_dir, input;
+        if (stat(path, &in_dir) != 0) { continue; }
+        for (int i = 0; i < n && found < 0; i++) {
+            if (stat(inputs[i].path, &input) == 0 && input.st_dev == in_dir.st_dev && input.st_ino == in_dir.st_ino) { found = step; }
+        }
+    }
+    if (d != NULL) { closedir(d); }
+    return found;
+}
+
 // keeps the newest `keep` complete checkpoints of dir and removes every checkpoint file of an
-// older step (the DONE markers first, so no checkpoint looks complete while its files go);
-// returns the number of complete checkpoints removed
-static int checkpoint_prune(const char* dir, int keep) {
+// older step (the DONE markers first, so no checkpoint looks complete while its files go), except
+// the step `spare` (a run input's, or -1; *spared says whether it was one to remove); returns the
+// number of complete checkpoints removed
+static int checkpoint_prune(const char* dir, int keep, int spare, int* spared) {
     int n;
     int* steps = checkpoint_done_steps(dir, &n);
     int removed = n > keep ? n - keep : 0, oldest_kept = removed > 0 ? steps[keep - 1] : -1;
+    *spared = removed > 0 && spare >= 0 && spare < oldest_kept && step_listed(steps, n, spare);
+    removed -= *spared;
     free(steps);
     DIR* d;
     struct dirent* e;
-    for (int pass = 0; pass < 2 && removed > 0; pass++) {  // 0: DONE markers, 1: model and state files
+    for (int pass = 0; pass < 2 && oldest_kept >= 0; pass++) {  // 0: DONE markers, 1: model and state files
         d = opendir(dir);
         if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }
         while ((e = readdir(d)) != NULL) {
             CheckpointFileKind kind;
             int step = checkpoint_file_step(e->d_name, &kind);
-            if (step < 0 || step >= oldest_kept || (pass == 0) != (kind == CKPT_FILE_DONE)) { continue; }
+            if (step < 0 || step >= oldest_kept || step == spare || (pass == 0) != (kind == CKPT_FILE_DONE)) { continue; }
             char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
             snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
             if (remove(path) != 0) { fail("cannot remove old checkpoint file '%s': %s", path, strerror(errno)); }

@@ -1010,6 +1010,21 @@ static void run_inputs_free(RunInputs* in) {
     free(in->files);
 }
 
+// --keep-checkpoints: the newest K complete checkpoints stay, and so does one this run reads (-e)
+static void prune_checkpoints(const TrainOptions* o) {
+    RunInputs in = run_inputs(o);
+    int spare = checkpoint_input_step(o->out_dir, in.files, in.n);
+    run_inputs_free(&in);
+    int spared;
+    int pruned = checkpoint_prune(o->out_dir, o->keep_checkpoints, spare, &spared);
+    if (pruned > 0) { printf("checkpoint: removed %d older checkpoint(s) (--keep-checkpoints %d)\n", pruned, o->keep_checkpoints); }
+    static int said = 0;  // once a run
+    if (spared && !said) {
+        printf("checkpoint: kept step %d beyond --keep-checkpoints %d: this run started from it (-e)\n", spare, o->keep_checkpoints);
+        said = 1;
+    }
+}
+
 // the output directory before anything is allocated (rank 0; the other ranks wait): for -y 1
 // there already, created, locked for this run, rid of the temporary files and incomplete
 // checkpoints a crash left, for a fresh run free of an earlier run's checkpoints and log
@@ -1213,8 +1228,7 @@ static int between_steps(Run* r, int step, int cut_short) {
         r->health.ckpt_step = step;
         r->health.ckpt_max_abs = max_abs;
         set_exit_now_text(o->out_dir, step);
-        int pruned = r->setup.dist.rank == 0 && o->keep_checkpoints > 0 ? checkpoint_prune(o->out_dir, o->keep_checkpoints) : 0;
-        if (pruned > 0) { printf("checkpoint: removed %d older checkpoint(s) (--keep-checkpoints %d)\n", pruned, o->keep_checkpoints); }
+        if (r->setup.dist.rank == 0 && o->keep_checkpoints > 0) { prune_checkpoints(o); }
     }
     if (stop) {
         char during[64] = "";

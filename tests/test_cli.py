@@ -493,6 +493,21 @@ if r:
             "not 4 such lines")
     s.check("checkpoints: ... and the same model as without", same_bytes(ckpt(A, "model", 6, ".bin"), ckpt(KEEP, "model", 6, ".bin")),
             "model_00000006.bin differs from run A's")
+# ... and never the model this run started from: -e names a checkpoint in -o that the pruning would
+# otherwise remove, and repeating the command must still find it
+if r:
+    start = ckpt(KEEP, "model", 5, ".bin")
+    with open(start, "rb") as f:
+        start_bytes = f.read()
+    again = RES + ["-e", start, "-n", "1", "--keep-checkpoints", "2", "-o", KEEP, "-y", "1", "-x", "9"]
+    r2 = s.expect_ok("checkpoints: --keep-checkpoints with -e in -o", again)
+    if r2:
+        s.check("checkpoints: ... keeps the -e checkpoint, byte for byte", os.path.exists(start) and open(start, "rb").read() == start_bytes
+                and os.path.exists(ckpt(KEEP, "DONE", 5)), f"files: {sorted(os.listdir(KEEP))}")
+        s.check("checkpoints: ... says so once", r2.out.count("kept step 5 beyond --keep-checkpoints 2") == 1, r2.out[-600:])
+        s.check("checkpoints: ... and still prunes the others", not os.path.exists(ckpt(KEEP, "model", 7, ".bin"))
+                and os.path.exists(ckpt(KEEP, "model", 9, ".bin")), f"files: {sorted(os.listdir(KEEP))}")
+        s.expect_ok("checkpoints: ... so the same command runs again", again[:-2] + ["-x", "10"])
 s.expect_fail("checkpoints: --keep-checkpoints -1", "--keep-checkpoints -1: must be >= 0", BASE + ["--keep-checkpoints", "-1"])
 
 # ----------------------------------------------------------------------------
