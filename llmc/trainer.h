@@ -131,8 +131,10 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T)
 // backward (the logits' gradient into wte's and the final LayerNorm output's, act_policy.h), which
 // must happen while each chunk's logits exist; the gpt2_backward after it takes the same loss_scale
 float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
-// the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory
+// the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory (with
+// --loss-chunk only its last chunk's, sampling asks for the last position; none after gpt2_forward_train)
 const float* gpt2_probs(GPT2* m, int position);
+// before the step's first gpt2_forward_train (with --loss-chunk the forward adds to wte's gradient)
 void gpt2_zero_grad(GPT2* m);
 // accumulates d(loss_scale * the sum of the position losses of the last forward) into the gradients
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
