@@ -813,7 +813,7 @@ s.expect_fail("sample: --bpe without the files", f"--bpe '{W}': no encoder.json 
 for name, flag in (("-x (--steps)", ["-x", "5"]), ("-y (--resume)", ["-y"]), ("-o (--out)", ["-o", f"{W}/out_sample"]),
                    ("--zero", ["--zero", "1"]), ("--recompute", ["--recompute", "sqrt"])):
     s.expect_fail(f"sample: {flag[0]} is refused", f"{name} is a training flag, and --sample trains nothing", DRAW + flag)
-s.expect_fail("sample: the message lists what --sample reads", "--sample reads -e, -k, -t, -g, --seed, --precision, --attention, --temperature, --top-k, --bpe",
+s.expect_fail("sample: the message lists what --sample reads", "--sample reads -e, -k, -t, -g, --seed, --precision, --attention, --loss-chunk, --temperature, --top-k, --bpe",
               DRAW + ["-b", "2"])
 s.expect_fail("sample: --temperature without --sample", "--temperature goes with --sample", BASE + ["--temperature", "0.5"])
 s.expect_fail("sample: --top-k without --sample", "--top-k goes with --sample", BASE + ["--top-k", "5"])
