@@ -553,10 +553,10 @@ static void test_dataloader(const char* dir) {
 // and together. Segment sizes beyond a model's L are clamped to L; a policy the trainer
 // refuses for a model (offload with one segment) is skipped.
 static const ActPolicy TEST_POLICIES[] = {
-    {0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}, {2, 0, 0, 0, 0}, {3, 0, 0, 0, 0}, {0, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 1, 1, 0, 0},
-    {2, 1, 1, 0, 0}, {0, 0, 0, 1, 0}, {0, 1, 1, 1, 0}, {1, 0, 0, 1, 0}, {2, 0, 1, 1, 0}, {3, 1, 0, 1, 0},
+    {0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0}, {3, 0, 0, 0, 0, 0}, {0, 1, 0, 0, 0, 0}, {0, 0, 1, 0, 0, 0}, {0, 1, 1, 0, 0, 0},
+    {2, 1, 1, 0, 0, 0}, {0, 0, 0, 1, 0, 0}, {0, 1, 1, 1, 0, 0}, {1, 0, 0, 1, 0, 0}, {2, 0, 1, 1, 0, 0}, {3, 1, 0, 1, 0, 0},
     // flash attention (attn is implied): alone, with gelu, checkpointing and offload
-    {0, 0, 1, 0, 1}, {0, 1, 1, 0, 1}, {2, 0, 1, 0, 1}, {0, 0, 1, 1, 1}, {1, 1, 1, 1, 1},
+    {0, 0, 1, 0, 1, 0}, {0, 1, 1, 0, 1, 0}, {2, 0, 1, 0, 1, 0}, {0, 0, 1, 1, 1, 0}, {1, 1, 1, 1, 1, 0},
 };
 #define NUM_TEST_POLICIES ((int)(sizeof(TEST_POLICIES) / sizeof(TEST_POLICIES[0])))
 
@@ -568,25 +568,27 @@ static int test_policy(ActPolicy* p, int i, int L) {
 }
 
 static void policy_name(char* out, size_t n, const ActPolicy* p) {
-    snprintf(out, n, "k=%d%s%s%s", p->segment, p->gelu ? " gelu" : "", p->flash ? " flash" : p->attn ? " attn" : "",
-             p->offload ? " offload" : "");
+    int used = snprintf(out, n, "k=%d%s%s%s", p->segment, p->gelu ? " gelu" : "", p->flash ? " flash" : p->attn ? " attn" : "",
+                        p->offload ? " offload" : "");
+    if (p->loss_chunk > 0) { snprintf(out + used, n - used, " loss-chunk %d", p->loss_chunk); }
 }
 
 // the CPU layout that the planner reads against its closed forms (README's memory table):
 // A = 4(16BTC + 4BT + B NH T^2) of which GELU 4(4BTC) and attention 4(B NH T^2), R = 4BTC,
 // head = 4(BTC + 3BT + BT Vp), backward = 4(13BTC + B NH T^2); flash attention: B NH T
 // (the log-sum-exp) in A instead of B NH T^2, which attn recompute does not drop, and no
-// attention weights in backward
-static void check_layout_closed_form(const GPT2Config* c, int B, int T, int flash) {
+// attention weights in backward; --loss-chunk K < BT: head = 4(3BT + K(C + Vp))
+static void check_layout_closed_form(const GPT2Config* c, int B, int T, int flash, int chunk) {
     size_t F = sizeof(float), BT = (size_t)B * T, BTC = BT * c->channels, att = (size_t)B * c->num_heads * T * T;
-    size_t lse = (size_t)B * c->num_heads * T;
-    BackendLayout l = gpt2_layout(c, B, T, PRECISION_FP32, flash);
+    size_t lse = (size_t)B * c->num_heads * T, K = chunk > 0 && (size_t)chunk < BT ? (size_t)chunk : BT;
+    BackendLayout l = gpt2_layout(c, B, T, PRECISION_FP32, flash, chunk);
     int ok = l.param_bytes == F && l.grad_bytes == F && l.layer == F * (16 * BTC + 4 * BT + (flash ? lse : att)) &&
              l.layer_gelu == F * 4 * BTC && l.layer_att == (flash ? 0 : F * att) && l.residual == F * BTC &&
-             l.head == F * (BTC + 3 * BT + BT * c->padded_vocab_size) && l.backward == F * (13 * BTC + (flash ? 0 : att));
+             l.head == F * (K * c->channels + 3 * BT + K * c->padded_vocab_size) && l.head_rows == (int)K &&
+             l.backward == F * (13 * BTC + (flash ? 0 : att));
     char name[128];
-    snprintf(name, sizeof(name), "memory: CPU layout equals its closed forms (L=%d C=%d B=%d T=%d%s)", c->num_layers, c->channels, B, T,
-             flash ? ", flash attention" : "");
+    snprintf(name, sizeof(name), "memory: CPU layout equals its closed forms (L=%d C=%d B=%d T=%d%s, loss chunk %d)", c->num_layers,
+             c->channels, B, T, flash ? ", flash attention" : "", chunk);
     check(ok, name, "A %zu, gelu %zu, att %zu, R %zu, head %zu, backward %zu", l.layer, l.layer_gelu, l.layer_att, l.residual, l.head, l.backward);
 }
 
@@ -603,7 +605,7 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     DataLoader dl;
     dataloader_init(&dl, shard, B, T, last_rank.rank, world, cfg->vocab_size);
     int* gen = sample_buffer_alloc(T);
-    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol->flash)};
+    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol->flash, pol->loss_chunk)};
     MemPlan p = plan_memory(cfg, in);
     int same = 1;
     char detail[256] = "", pn[64];
@@ -639,7 +641,8 @@ static void test_memory_plan(const char* dir) {
     uint16_t toks[PLAN_SHARD_TOKENS];
     for (int i = 0; i < PLAN_SHARD_TOKENS; i++) { toks[i] = (uint16_t)(i % PLAN_SHARD_V); }
     write_shard(shard, toks, PLAN_SHARD_TOKENS);
-    for (int k = 0; k < 6; k++) { check_layout_closed_form(&shapes[k % 3], BTs[k % 3][0], BTs[k % 3][1], k >= 3); }
+    for (int k = 0; k < 6; k++) { check_layout_closed_form(&shapes[k % 3], BTs[k % 3][0], BTs[k % 3][1], k >= 3, 0); }
+    for (int k = 0; k < 6; k++) { check_layout_closed_form(&shapes[k % 3], BTs[k % 3][0], BTs[k % 3][1], k >= 3, k < 3 ? 7 : 64); }
     // each shape with each optimizer (Adafactor with and without its first moment), on one
     // process and as one rank of 2 and of 3 with ZeRO-1 (3 cuts V = 101, maxT = 16, C = 8 unevenly) ...
     int opts[4][2] = {{OPT_ADAMW, 0}, {OPT_ADAFACTOR, 0}, {OPT_ADAFACTOR, 1}, {OPT_CAME, 0}};
@@ -647,13 +650,17 @@ static void test_memory_plan(const char* dir) {
         int k = run % 3, opt = opts[(run / 3) % 4][0], beta1 = opts[(run / 3) % 4][1], world = 1 + run / 12;
         check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], opt, beta1, &ACT_KEEP_ALL, world, shard);
     }
-    // ... and with every activation policy, alone and with ZeRO-1 over 2 ranks
+    // ... and with every activation policy, alone and with ZeRO-1 over 2 ranks; and each again with
+    // the loss in chunks of 7 tokens (BT = 33, 128, 5: a chunk that does not divide them, one beyond),
+    // each optimizer in turn
     for (int k = 0; k < 3; k++) {
-        for (int i = 1; i < NUM_TEST_POLICIES; i++) {
+        for (int i = 0; i < NUM_TEST_POLICIES; i++) {
             ActPolicy pol;
-            if (test_policy(&pol, i, shapes[k].num_layers)) {
-                check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], OPT_ADAMW, 0, &pol, 1 + i % 2, shard);
-            }
+            if (!test_policy(&pol, i, shapes[k].num_layers)) { continue; }
+            if (i > 0) { check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], OPT_ADAMW, 0, &pol, 1 + i % 2, shard); }
+            pol.loss_chunk = 7;
+            int o = i % 4;
+            check_plan_equals_allocations(&shapes[k], BTs[k][0], BTs[k][1], opts[o][0], opts[o][1], &pol, 1 + (i / 4) % 2, shard);
         }
     }
 }
@@ -701,12 +708,12 @@ static void test_recompute_offload_bitwise(void) {
     float* got_g = (float*)malloc_check(P * sizeof(float));
     float* got_p = (float*)malloc_check(P * sizeof(float));
     // plain training with each attention: the stored weights (matmul), then flash
-    const ActPolicy plain[2] = {{0, 0, 0, 0, 0}, {0, 0, 1, 0, 1}};
+    const ActPolicy plain[2] = {{0, 0, 0, 0, 0, 0}, {0, 0, 1, 0, 1, 0}};
     for (int flash = 0; flash < 2; flash++) {
         train_with_policy(&plain[flash], want_losses, want_g, want_p);
         // TEST_POLICIES of this attention after plain, then one segment of all 5 layers, and k=4 (4,1)
         // with gelu and offload
-        const ActPolicy more[2] = {{5, 0, flash, 0, flash}, {4, 1, flash, 1, flash}};
+        const ActPolicy more[2] = {{5, 0, flash, 0, flash, 0}, {4, 1, flash, 1, flash, 0}};
         for (int i = 1; i < NUM_TEST_POLICIES + 2; i++) {
             ActPolicy pol;
             if (i >= NUM_TEST_POLICIES) { pol = more[i - NUM_TEST_POLICIES]; }
@@ -734,6 +741,165 @@ static void test_recompute_offload_bitwise(void) {
           "losses %.3g, weights %.3g (relative)", loss_err, sqrt(dp / np));
     free(flash_p);
     free(want_g); free(want_p); free(got_g); free(got_p);
+}
+
+// ----------------------------------------------------------------------------
+// --loss-chunk: the head in chunks against the whole head
+
+#define CHUNK_STEPS 10
+#define CHUNK_MICRO 2   // micro-steps per step: wte's gradient adds up over the chunks and the micro-batches
+#ifndef CHUNK_LR
+#define CHUNK_LR 1e-3f
+#endif
+
+typedef struct {
+    float losses[CHUNK_STEPS];   // the training losses
+    float val_loss;              // a forward with targets, no gradients (validation), after the last step
+    float* probs;                // (Vp) of the last position of a forward without targets (sampling)
+    float* params;               // (P) after the last step
+} ChunkRun;
+
+// CHUNK_STEPS steps of optimizer opt (beta1: Adafactor's first moment) of a random POLICY_MODEL
+// under pol, CHUNK_MICRO micro-batches of (B,T) a step, as the trainer runs them (zero_grad,
+// then forward_train and backward per micro-batch); a sampling forward between steps
+static ChunkRun train_chunked(const ActPolicy* pol, int opt, int beta1, int B, int T) {
+    GPT2Config cfg = POLICY_MODEL;
+    int BT = B * T;
+    ModelSetup setup = test_setup(&cfg, B, T, (OptimizerKind)opt, beta1, pol);
+    GPT2* m = test_model(&setup, NULL, 5);
+    int* x = (int*)malloc_check(CHUNK_MICRO * BT * sizeof(int));
+    int* y = (int*)malloc_check(CHUNK_MICRO * BT * sizeof(int));
+    uint64_t rng = 11;
+    for (int i = 0; i < CHUNK_MICRO * BT; i++) { x[i] = rand_u32(&rng) % cfg.vocab_size; y[i] = rand_u32(&rng) % cfg.vocab_size; }
+    TrainOptions o = options_default();
+    o.adafactor_beta1 = beta1 ? 0.9f : 0.0f;
+    o.eps1 = 1e-12f;
+    float scale = 1.0f / (CHUNK_MICRO * BT);
+    ChunkRun r;
+    for (int s = 0; s < CHUNK_STEPS; s++) {
+        gpt2_zero_grad(m);
+        double loss = 0.0;
+        for (int k = 0; k < CHUNK_MICRO; k++) {
+            loss += gpt2_forward_train(m, x + k * BT, y + k * BT, B, T, scale);
+            gpt2_backward(m, x + k * BT, y + k * BT, B, T, scale);
+        }
+        r.losses[s] = (float)(loss / CHUNK_MICRO);
+        StepConfig sc = {optimizer_hyper(&o, (OptimizerKind)opt, CHUNK_LR), 1.0f, s + 1};
+        gpt2_update(m, &sc, gpt2_grad_norm(m));
+        gpt2_forward(m, x, NULL, 1, T);  // a sampling forward between steps must not disturb
+    }
+    r.val_loss = gpt2_forward(m, x, y, B, T);
+    gpt2_forward(m, x, NULL, B, T);
+    r.probs = (float*)malloc_check(cfg.padded_vocab_size * sizeof(float));
+    memcpy(r.probs, gpt2_probs(m, BT - 1), cfg.padded_vocab_size * sizeof(float));
+    r.params = (float*)malloc_check(m->num_parameters * sizeof(float));
+    memcpy(r.params, m->params_memory, m->num_parameters * sizeof(float));
+    gpt2_destroy(m);
+    free(x);
+    free(y);
+    return r;
+}
+
+static void chunk_run_free(ChunkRun* r) { free(r->probs); free(r->params); }
+
+// the largest relative difference of the losses (training and validation), and the relative
+// L2 distance of the weights
+static void chunk_run_distance(const ChunkRun* a, const ChunkRun* b, double* loss_err, double* weight_err) {
+    size_t P = gpt2_num_parameters(&POLICY_MODEL);
+    *loss_err = fabs((double)a->val_loss - b->val_loss) / fabs((double)b->val_loss);
+    for (int s = 0; s < CHUNK_STEPS; s++) { *loss_err = fmax(*loss_err, fabs((double)a->losses[s] - b->losses[s]) / fabs((double)b->losses[s])); }
+    double d2 = 0.0, n2 = 0.0;
+    for (size_t i = 0; i < P; i++) { d2 += ((double)a->params[i] - b->params[i]) * ((double)a->params[i] - b->params[i]); n2 += (double)b->params[i] * b->params[i]; }
+    *weight_err = sqrt(d2 / n2);
+}
+
+static int chunk_run_bitwise(const ChunkRun* a, const ChunkRun* b) {
+    size_t P = gpt2_num_parameters(&POLICY_MODEL);
+    return memcmp(a->losses, b->losses, sizeof(a->losses)) == 0 && a->val_loss == b->val_loss &&
+           memcmp(a->probs, b->probs, POLICY_MODEL.padded_vocab_size * sizeof(float)) == 0 &&
+           memcmp(a->params, b->params, P * sizeof(float)) == 0;
+}
+
+#define CHUNK_RTOL 1e-6  // the bound: wte's gradient is summed chunk by chunk, in another order
+
+// a model whose head runs in chunks of 4 tokens, after a forward of 11 (chunks 0..3, 4..7, 8..10);
+// with targets, a forward without the head's gradients (gpt2_forward, not gpt2_forward_train)
+static GPT2* chunked_model_after_forward(int with_targets) {
+    GPT2Config cfg = POLICY_MODEL;
+    ActPolicy pol = ACT_KEEP_ALL;
+    pol.loss_chunk = 4;
+    ModelSetup setup = test_setup(&cfg, 1, 11, OPT_ADAMW, 0, &pol);
+    GPT2* m = test_model(&setup, NULL, 5);
+    int x[11] = {0};
+    gpt2_forward(m, x, with_targets ? x : NULL, 1, 11);
+    return m;
+}
+
+// the probabilities of a position outside the last chunk (in a child: no OpenMP region before fail)
+static void probs_outside_chunk(void* arg) { gpt2_probs((GPT2*)arg, 0); }
+
+// a backward after a forward that computed no gradients for the head
+static void backward_without_head(void* arg) {
+    int x[11] = {0};
+    gpt2_backward((GPT2*)arg, x, x, 1, 11, 1.0f / 11);
+}
+
+static void test_loss_chunk(void) {
+    const int opts[4][2] = {{OPT_ADAMW, 0}, {OPT_ADAFACTOR, 0}, {OPT_ADAFACTOR, 1}, {OPT_CAME, 0}};
+    int B = 3, T = 11;  // BT = 33: chunks of 7 (4 of 7, then 5), of 33 and more (one chunk)
+    char name[192];
+    for (int o = 0; o < 4; o++) {
+        ActPolicy whole = ACT_KEEP_ALL, chunked = ACT_KEEP_ALL, one = ACT_KEEP_ALL;
+        chunked.loss_chunk = 7;
+        one.loss_chunk = 64;
+        ChunkRun want = train_chunked(&whole, opts[o][0], opts[o][1], B, T), got = train_chunked(&chunked, opts[o][0], opts[o][1], B, T);
+        double le, we;
+        chunk_run_distance(&got, &want, &le, &we);
+        snprintf(name, sizeof(name), "--loss-chunk 7 of BT=33, %s%s: %d steps of %d micro-batches, losses and weights within %.0e of the whole head",
+                 OPTIMIZER_NAMES[opts[o][0]], opts[o][1] ? " + beta1" : "", CHUNK_STEPS, CHUNK_MICRO, CHUNK_RTOL);
+        check(le <= CHUNK_RTOL && we <= CHUNK_RTOL, name, "losses %.3g, weights %.3g (relative)", le, we);
+        printf("     losses differ by %.3g, weights by %.3g (relative)\n", le, we);
+        ChunkRun chunk_one = train_chunked(&one, opts[o][0], opts[o][1], B, T);
+        snprintf(name, sizeof(name), "--loss-chunk 64 (one chunk of BT=33), %s%s: losses, probabilities, weights bitwise the whole head's",
+                 OPTIMIZER_NAMES[opts[o][0]], opts[o][1] ? " + beta1" : "");
+        check(chunk_run_bitwise(&chunk_one, &want), name, "loss %.9g vs %.9g", chunk_one.losses[CHUNK_STEPS - 1], want.losses[CHUNK_STEPS - 1]);
+        chunk_run_free(&want); chunk_run_free(&got); chunk_run_free(&chunk_one);
+    }
+    // the sums are the same additions where every chunk starts at a multiple of the CPU GEMM's K
+    // step (MM_KC = 256, cpu/matmul.h): wte's gradient then adds the same partial sums in the same
+    // order, and every other sum of the head is a row's. BT = 24 x 16 = 384: chunks of 256 and 128
+    {
+        ActPolicy whole = ACT_KEEP_ALL, chunked = ACT_KEEP_ALL;
+        chunked.loss_chunk = MM_KC;
+        ChunkRun want = train_chunked(&whole, OPT_ADAMW, 0, 24, 16), got = train_chunked(&chunked, OPT_ADAMW, 0, 24, 16);
+        snprintf(name, sizeof(name), "--loss-chunk %d (the GEMM's K step) of BT=384: losses, probabilities, weights bitwise the whole head's", MM_KC);
+        check(chunk_run_bitwise(&got, &want), name, "loss %.9g vs %.9g", got.losses[CHUNK_STEPS - 1], want.losses[CHUNK_STEPS - 1]);
+        chunk_run_free(&want); chunk_run_free(&got);
+    }
+    // with every other memory flag: recompute, offload, flash attention change nothing of a chunked run
+    for (int flash = 0; flash < 2; flash++) {
+        ActPolicy base = {0, 0, flash, 0, flash, 7};
+        ChunkRun want = train_chunked(&base, OPT_ADAMW, 0, B, T);
+        const ActPolicy others[3] = {{1, 1, 1, 1, flash, 7}, {2, 0, 1, 0, flash, 7}, {0, 1, flash, 1, flash, 7}};
+        for (int i = 0; i < 3; i++) {
+            ChunkRun got = train_chunked(&others[i], OPT_ADAMW, 0, B, T);
+            char pn[96];
+            policy_name(pn, sizeof(pn), &others[i]);
+            snprintf(name, sizeof(name), "--loss-chunk with %s: bitwise the chunked run without the other flags", pn);
+            check(chunk_run_bitwise(&got, &want), name, "loss %.9g vs %.9g", got.losses[CHUNK_STEPS - 1], want.losses[CHUNK_STEPS - 1]);
+            chunk_run_free(&got);
+        }
+        chunk_run_free(&want);
+    }
+    GPT2* m = chunked_model_after_forward(0);
+    check(gpt2_probs(m, 10) != NULL, "--loss-chunk: the last position's probabilities after a forward in chunks", "none");
+    check_fails("--loss-chunk: the probabilities of a position outside the last chunk are refused", probs_outside_chunk, m,
+                "holds the probabilities of positions 8..10 only");
+    gpt2_destroy(m);
+    m = chunked_model_after_forward(1);
+    check_fails("--loss-chunk: a backward after a forward without the head's gradients is refused", backward_without_head, m,
+                "run the micro-step's forward with gpt2_forward_train");
+    gpt2_destroy(m);
 }
 
 // ----------------------------------------------------------------------------
@@ -1299,6 +1465,7 @@ int main(int argc, char** argv) {
     test_dataloader(dir);
     test_memory_plan(dir);
     test_recompute_offload_bitwise();
+    test_loss_chunk();
     const char* files[] = {"tiny_adafactor.bin", "tiny_adafactor_beta1.bin", "tiny_came.bin", "tiny_came_wd.bin"};
     for (int i = 0; i < (int)(sizeof(files) / sizeof(files[0])); i++) { test_optimizer_reference(files[i]); }
     test_thread_count("tiny_adafactor_beta1.bin");

@@ -134,12 +134,17 @@ typedef struct {
                          // others in device memory, or in the host store with offload
     float* staging;      // (B,T,C) checkpointing + offload: the segment input back from the host
     float* host_layers;  // (L, layer_floats) offload without checkpointing: every layer's block
-    float* lnf;          // (B,T,C) final LayerNorm output
+    // the head, K = head_rows tokens at a time: K = B*T, or with --loss-chunk a chunk (act_policy.h)
+    float* lnf;          // (K,C) final LayerNorm output
     float* lnf_mean;     // (B,T)
     float* lnf_rstd;     // (B,T)
-    float* probs;        // (B,T,Vp) the logits, turned in place into probabilities (what forward
-                         // leaves), which backward turns in place into the logits' gradient
+    float* probs;        // (K,Vp) the logits, turned in place into probabilities (what forward
+                         // leaves), which backward (--loss-chunk: forward) turns in place into the logits' gradient
     float* losses;       // (B,T) per-position cross-entropy
+    int head_rows;       // K
+    int probs_first, probs_end;  // the positions whose probabilities probs holds after the last forward
+                                 // (first..end-1); first = -1: none
+    float head_grad_scale;  // --loss-chunk: the loss_scale of the head's gradients the last forward computed, 0 none
 } ActivationTensors;
 
 // backward's working set: one layer's worth, reused by every layer
@@ -206,11 +211,11 @@ static size_t layer_act_floats(int B, int T, int C, int NH, const ActPolicy* pol
     return total;
 }
 
-// the head: final LayerNorm output (B,T,C) and its statistics (B,T each), the
-// probabilities (B,T,Vp), the losses (B,T)
-static size_t head_act_floats(int B, int T, int C, int Vp) {
+// the head, K tokens at a time (K = B*T, or a --loss-chunk): the final LayerNorm's output (K,C) and
+// its statistics (B,T each), the probabilities (K,Vp), the losses (B,T)
+static size_t head_act_floats(int B, int T, int C, int Vp, int K) {
     size_t BT = (size_t)B * T;
-    return BT * C + 2 * BT + BT * Vp + BT;
+    return (size_t)K * C + 2 * BT + (size_t)K * Vp + BT;
 }
 
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
@@ -260,20 +265,21 @@ void gpt2_check_setup(const ModelSetup* s) {
 }
 
 // the CPU's tensors in bytes, for the memory planner: everything fp32
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash) {
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash, int loss_chunk) {
     (void)precision;  // fp32 only (gpt2_check_setup)
     int C = c->channels, NH = c->num_heads;
     // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
-    const ActPolicy all = {0, 0, flash, 0, flash}, gelu = {0, 1, flash, 0, flash}, attn = {0, 0, 1, 0, flash};
+    const ActPolicy all = {0, 0, flash, 0, flash, loss_chunk}, gelu = {0, 1, flash, 0, flash, 0}, attn = {0, 0, 1, 0, flash, 0};
+    int K = act_head_rows(&all, (size_t)B * T);
     size_t F = sizeof(float), layer = layer_act_floats(B, T, C, NH, &all);
     size_t bwd[NUM_BACKWARD_BUFFERS], backward = 0;
     backward_buffer_elems(bwd, B, T, C, NH, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bwd[i]; }
     BackendLayout l = {F, F, layer * F, (layer - layer_act_floats(B, T, C, NH, &gelu)) * F,
                        (layer - layer_act_floats(B, T, C, NH, &attn)) * F, (size_t)B * T * C * F,
-                       head_act_floats(B, T, C, c->padded_vocab_size) * F, backward * F,
+                       head_act_floats(B, T, C, c->padded_vocab_size, K) * F, backward * F,
                        flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)",
-                       flash ? "4(13BTC)" : "4(13BTC + B NH T^2)", 0, 0, 0, F};
+                       flash ? "4(13BTC)" : "4(13BTC + B NH T^2)", 0, 0, 0, F, "4(3BT + K(C + Vp))", K};
     return l;
 }
 
@@ -300,7 +306,8 @@ static void gpt2_alloc_activations(GPT2* m, int B, int T, const ActPolicy* pol) 
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { a->layer_floats += ls[i]; }
     size_t gelu = pol->gelu ? BTC * 4 : 0, att = act_shared_att_elems(pol, B, T, NH);
     size_t device_kept = pol->offload ? 0 : seg_kept * BTC, staging = pol->offload && seg_kept ? BTC : 0;
-    size_t head = head_act_floats(B, T, C, Vp);
+    int K = act_head_rows(pol, BT);
+    size_t head = head_act_floats(B, T, C, Vp, K);
     size_t total = BTC + slots * a->layer_floats + gelu + att + device_kept + staging + head;
     m->acts_memory = (float*)mem_calloc(MEM_ACTIVATIONS, total * sizeof(float));
     a->slots = (LayerActs*)malloc_check(slots * sizeof(LayerActs));  // pointers only, not counted
@@ -321,11 +328,13 @@ static void gpt2_alloc_activations(GPT2* m, int B, int T, const ActPolicy* pol) 
     a->seg_inputs[0] = a->encoded;
     for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : carve(&p, BTC); }
     a->staging = staging ? carve(&p, staging) : NULL;
-    a->lnf = carve(&p, BTC);
+    a->lnf = carve(&p, (size_t)K * C);
     a->lnf_mean = carve(&p, BT);
     a->lnf_rstd = carve(&p, BT);
-    a->probs = carve(&p, BT * Vp);
+    a->probs = carve(&p, (size_t)K * Vp);
     a->losses = carve(&p, BT);
+    a->head_rows = K;
+    a->probs_first = -1;
     // the host store
     a->host_layers = NULL;
     if (!pol->offload) { return; }
@@ -505,29 +514,74 @@ static void act_prepare_backward(GPT2* m, int l, int B, int T) {
     }
 }
 
-// inputs (B,T) token ids; targets (B,T) or NULL. Leaves the probabilities in acts.probs and,
-// with targets, the per-position losses; returns their mean (-1 without targets)
-float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
+// the head forward of n tokens, from the last block's output x (n,C): the final LayerNorm into
+// lnf (n,C) (statistics into mean, rstd (n)), probabilities into probs (n,Vp), and with targets (n)
+// the losses (n). With loss_scale > 0 (--loss-chunk, training) also the head's backward at once:
+// probs become the logits' gradient, d(lnf output) (n,C) is written into dlnf and wte's gradient +=
+static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float* dlnf, const float* x,
+                         const int* targets, int n, float loss_scale) {
     const GPT2Config* c = &m->config;
-    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    ActivationTensors* a = &m->acts;
+    layernorm_forward(a->lnf, mean, rstd, x, m->params.lnfw, m->params.lnfb, 1, n, C);
+    matmul_forward(a->probs, a->lnf, m->params.wte, NULL, 1, n, C, Vp);  // the logits
+    softmax_forward(a->probs, a->probs, 1, n, V, Vp);  // in place: logits -> probabilities
+    if (targets == NULL) { return; }
+    crossentropy_forward(losses, a->probs, targets, 1, n, Vp);
+    if (loss_scale == 0.0f) { return; }
+    crossentropy_softmax_backward(a->probs, a->probs, targets, loss_scale, 1, n, V, Vp);  // in place: probs -> dlogits
+    memset(dlnf, 0, (size_t)n * C * sizeof(float));
+    matmul_backward(dlnf, m->grads.wte, NULL, a->probs, a->lnf, m->params.wte, 1, n, C, Vp);
+}
+
+// inputs (B,T) token ids; targets (B,T) or NULL. Leaves the probabilities of the head's last
+// K tokens (all of them without --loss-chunk) in acts.probs and, with targets, the per-position
+// losses; returns their mean (-1 without targets). loss_scale > 0: gpt2_forward_train's
+static float forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     ActivationTensors* a = &m->acts;
     encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
     forward_layers(m, 0, L - 1, a->encoded, B, T, 1);
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(m, L), m->params.lnfw, m->params.lnfb, B, T, C);
-    matmul_forward(a->probs, a->lnf, m->params.wte, NULL, B, T, C, Vp);  // the logits
-    softmax_forward(a->probs, a->probs, B, T, V, Vp);  // in place: logits -> probabilities
+    // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
+    int BT = B * T, K = a->head_rows < BT ? a->head_rows : BT;
+    const float* x = layer_input(m, L);
+    for (int first = 0; first < BT; first += K) {
+        int n = BT - first < K ? BT - first : K;
+        size_t row = (size_t)first * C;
+        head_forward(m, a->losses + first, a->lnf_mean + first, a->lnf_rstd + first, loss_scale > 0.0f ? m->bwd.dbtc + row : NULL,
+                     x + row, targets ? targets + first : NULL, n, loss_scale);
+        a->probs_first = first;
+        a->probs_end = first + n;
+    }
+    if (loss_scale > 0.0f) { a->probs_first = -1; }  // the last chunk's probabilities are its gradient now
+    a->head_grad_scale = loss_scale;
     if (targets == NULL) { m->mean_loss = -1.0f; return m->mean_loss; }
-    crossentropy_forward(a->losses, a->probs, targets, B, T, Vp);
     double sum = 0.0;
-    for (int i = 0; i < B * T; i++) { sum += a->losses[i]; }
-    m->mean_loss = (float)(sum / (B * T));
+    for (int i = 0; i < BT; i++) { sum += a->losses[i]; }
+    m->mean_loss = (float)(sum / BT);
     return m->mean_loss;
 }
 
-// the (Vp) probabilities of one position of the last forward
+float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
+    return forward(m, inputs, targets, B, T, 0.0f);
+}
+
+float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    return forward(m, inputs, targets, B, T, m->act.loss_chunk > 0 ? loss_scale : 0.0f);
+}
+
+// the (Vp) probabilities of one position of the last forward: one the head still holds (with
+// --loss-chunk, the last chunk's: sampling asks for the last position)
 const float* gpt2_probs(GPT2* m, int position) {
-    return m->acts.probs + (size_t)position * m->config.padded_vocab_size;
+    const ActivationTensors* a = &m->acts;
+    if (a->probs_first < 0 || position < a->probs_first || position >= a->probs_end) {
+        fail("gpt2_probs(%d): the last forward's head holds the probabilities of positions %d..%d only (-1: none, after a backward)\n"
+             "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
+             position, a->probs_first, a->probs_end - 1);
+    }
+    return a->probs + (size_t)(position - a->probs_first) * m->config.padded_vocab_size;
 }
 
 void gpt2_zero_grad(GPT2* m) {
@@ -542,9 +596,18 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     ActivationTensors* a = &m->acts;
     BackwardBuffers* bwd = &m->bwd;
     size_t BTC = (size_t)B * T * C;
-    crossentropy_softmax_backward(a->probs, a->probs, targets, loss_scale, B, T, V, Vp);  // in place: probs -> dlogits
-    memset(bwd->dbtc, 0, BTC * sizeof(float));
-    matmul_backward(bwd->dbtc, m->grads.wte, NULL, a->probs, a->lnf, m->params.wte, B, T, C, Vp);
+    if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
+        if (a->head_grad_scale != loss_scale) {
+            fail("gpt2_backward with --loss-chunk: the last forward computed the head's gradients for loss_scale %g, not %g\n"
+                 "  hint: run the micro-step's forward with gpt2_forward_train and the same loss_scale", a->head_grad_scale, loss_scale);
+        }
+        a->head_grad_scale = 0.0f;
+    } else {
+        crossentropy_softmax_backward(a->probs, a->probs, targets, loss_scale, B, T, V, Vp);  // in place: probs -> dlogits
+        a->probs_first = -1;
+        memset(bwd->dbtc, 0, BTC * sizeof(float));
+        matmul_backward(bwd->dbtc, m->grads.wte, NULL, a->probs, a->lnf, m->params.wte, B, T, C, Vp);
+    }
     memset(bwd->dresidual, 0, BTC * sizeof(float));
     layernorm_backward(bwd->dresidual, m->grads.lnfw, m->grads.lnfb, bwd->dbtc, layer_input(m, L),
                        m->params.lnfw, a->lnf_mean, a->lnf_rstd, B, T, C);

@@ -199,13 +199,13 @@ static size_t point_layer_acts(LayerActs<floatX>* a, char* memory, int B, int T,
     return total;
 }
 
-// the head: final LayerNorm output (B,T,C) floatX and its statistics (B,T) fp32, the logits
-// (B,T,Vp) floatX (backward turns them into their gradient in place), the losses and the
-// softmax's row maximum and sum (B,T each, fp32)
+// the head, K tokens at a time (K = B*T, or a --loss-chunk: act_policy.h): the final LayerNorm's
+// output (K,C) floatX and its statistics (B,T) fp32, the logits (K,Vp) floatX (turned into their
+// gradient in place), the losses (B,T) and the softmax's row maximum and sum (K each), fp32
 #define NUM_HEAD_ACTS 7
-static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int C, int Vp, size_t elem) {
-    size_t BT = (size_t)B * T, F = sizeof(float);
-    size_t sizes[NUM_HEAD_ACTS] = {BT * C * elem, BT * F, BT * F, BT * Vp * elem, BT * F, BT * F, BT * F};
+static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int K, int C, int Vp, size_t elem) {
+    size_t BT = (size_t)B * T, F = sizeof(float), k = K;
+    size_t sizes[NUM_HEAD_ACTS] = {k * C * elem, BT * F, BT * F, k * Vp * elem, BT * F, k * F, k * F};
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { s[i] = align_up(sizes[i]); }
 }
 
@@ -315,10 +315,15 @@ struct Model {
     cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
     cudaEvent_t* wait_marks;      // [2 * OFFLOAD_MAX_WAITS] compute stream: before and after each wait for a copy
     int waits;                    // waits marked since the step began
-    floatX* lnf;                  // (B,T,C)
+    // the head, K = head_rows tokens at a time: K = B*T, or with --loss-chunk a chunk (act_policy.h)
+    floatX* lnf;                  // (K,C)
     float *lnf_mean, *lnf_rstd;   // (B,T)
-    floatX* logits;               // (B,T,Vp) logits; backward turns them into their gradient in place
-    float *losses, *row_max, *row_sum;  // (B,T)
+    floatX* logits;               // (K,Vp) logits; backward (--loss-chunk: forward) turns them into their gradient in place
+    float* losses;                // (B,T)
+    float *row_max, *row_sum;     // (K)
+    int head_rows;                // K
+    int probs_first, probs_end;   // the positions whose logits and row statistics the head holds (first..end-1); -1: none
+    float head_grad_scale;        // --loss-chunk: the loss_scale of the head's gradients the last forward computed, 0 none
     // backward's buffers
     char* bwd_memory;
     floatX *dresidual, *dbtc, *dqkv, *dfch, *datt;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) (B,NH,T,T)
@@ -432,7 +437,8 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     size_t gelu = pol->gelu ? align_up((size_t)B * T * 4 * C * elem) : 0;
     size_t att = align_up(act_shared_att_elems(pol, B, T, NH) * elem);
     size_t hs[NUM_HEAD_ACTS], head = 0;
-    head_act_bytes(hs, B, T, C, Vp, elem);
+    int K = act_head_rows(pol, (size_t)B * T);
+    head_act_bytes(hs, B, T, K, C, Vp, elem);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
     size_t device_kept = pol->offload ? 0 : seg_kept * R, staging = pol->offload && seg_kept ? R : 0;
     size_t total = R + slots * layer + gelu + att + device_kept + staging + head;
@@ -458,6 +464,8 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     m->losses = carve_tensor<float>(&p, hs[4]);
     m->row_max = carve_tensor<float>(&p, hs[5]);
     m->row_sum = carve_tensor<float>(&p, hs[6]);
+    m->head_rows = K;
+    m->probs_first = -1;
     m->layer_bytes = layer;
     if (pol->offload) { alloc_host_store(m, slots, seg_kept, R); }
 }
@@ -975,10 +983,42 @@ static float mean_loss(Model<floatX>* m, int B, int T) {
     return (float)(sum / BT);
 }
 
+// --offload optimizer,gradients: the rest's gradients (wte, wpe, lnfw, lnfb) hold one micro-batch's
+// only (the host sums the step's): cleared before the micro-step's first contribution to them (the
+// head's: in backward, or with --loss-chunk in forward)
 template <typename floatX>
-static float model_forward(Model<floatX>* m, const int* inputs, const int* targets, int B, int T) {
+static void clear_rest_grads(Model<floatX>* m) {
+    if (m->offload_opt != OPT_OFFLOAD_GRADS) { return; }
+    CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, rest_weights(&m->config) * sizeof(float), m->stream));
+}
+
+// the head forward of n tokens from row `first` of the last block's output x (B*T,C), as
+// train_gpt.c's head_forward: the final LayerNorm (statistics at first), the logits, with targets the
+// losses (at first); loss_scale > 0 (--loss-chunk, training): the logits' gradient at once, its part
+// of d(lnf output) written into dbtc's rows and of wte's gradient += (fp32); else the row statistics
+template <typename floatX>
+static void head_forward(Model<floatX>* m, const floatX* x, int first, int n, int has_targets, float loss_scale) {
     const GPT2Config* c = &m->config;
-    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    size_t row = (size_t)first * C;
+    cudaStream_t s = m->stream;
+    layernorm_forward_cuda(m->lnf, m->lnf_mean + first, m->lnf_rstd + first, x + row, m->weights.lnfw, m->weights.lnfb, 1, n, C, s);
+    matmul_forward_cuda(m->logits, m->lnf, m->weights.wte, (const floatX*)NULL, 1, n, C, Vp, &m->matmul, s);
+    if (loss_scale == 0.0f) {
+        classifier_forward_cuda(m->losses + first, m->row_max, m->row_sum, m->logits, has_targets ? m->targets + first : (const int*)NULL,
+                                1, n, V, Vp, s);
+        return;
+    }
+    classifier_fused_cuda(m->losses + first, m->logits, m->targets + first, loss_scale, 1, n, V, Vp, s);  // in place: dlogits
+    matmul_backward_cuda(m->dbtc + row, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, 1, n, C, Vp, m->reduce_scratch,
+                         &m->matmul, s, MATMUL_DINP_SET);
+}
+
+// loss_scale > 0: gpt2_forward_train's with --loss-chunk (the head's gradients too)
+template <typename floatX>
+static float model_forward(Model<floatX>* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    const GPT2Config* c = &m->config;
+    int L = c->num_layers, C = c->channels;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     size_t BT = (size_t)B * T;
     cudaStream_t s = m->stream;
@@ -986,9 +1026,17 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
     encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
     forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
-    layernorm_forward_cuda(m->lnf, m->lnf_mean, m->lnf_rstd, layer_input(m, L), m->weights.lnfw, m->weights.lnfb, B, T, C, s);
-    matmul_forward_cuda(m->logits, m->lnf, m->weights.wte, (const floatX*)NULL, B, T, C, Vp, &m->matmul, s);
-    classifier_forward_cuda(m->losses, m->row_max, m->row_sum, m->logits, targets ? m->targets : (const int*)NULL, B, T, V, Vp, s);
+    if (loss_scale > 0.0f) { clear_rest_grads(m); }
+    // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
+    int n_all = (int)BT, K = m->head_rows < n_all ? m->head_rows : n_all;
+    for (int first = 0; first < n_all; first += K) {
+        int n = n_all - first < K ? n_all - first : K;
+        head_forward(m, layer_input(m, L), first, n, targets != NULL, loss_scale);
+        m->probs_first = first;
+        m->probs_end = first + n;
+    }
+    if (loss_scale > 0.0f) { m->probs_first = -1; }  // the last chunk's logits are their gradient now
+    m->head_grad_scale = loss_scale;
     return targets != NULL ? mean_loss(m, B, T) : -1.0f;
 }
 
@@ -998,12 +1046,19 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
     int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     size_t BTC = (size_t)B * T * C, X = sizeof(floatX);
     cudaStream_t s = m->stream;
-    if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest's gradients hold this micro-batch's only (the host sums the step's)
-        CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, rest_weights(c) * sizeof(float), s));
+    if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
+        if (m->head_grad_scale != loss_scale) {
+            fail("gpt2_backward with --loss-chunk: the last forward computed the head's gradients for loss_scale %g, not %g\n"
+                 "  hint: run the micro-step's forward with gpt2_forward_train and the same loss_scale", m->head_grad_scale, loss_scale);
+        }
+        m->head_grad_scale = 0.0f;
+    } else {
+        clear_rest_grads(m);
+        classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
+        m->probs_first = -1;
+        matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
+                             &m->matmul, s, MATMUL_DINP_SET);
     }
-    classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
-    matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
-                         &m->matmul, s, MATMUL_DINP_SET);
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, BTC * X, s));
     layernorm_backward_cuda(m->dresidual, m->grads.lnfw, m->grads.lnfb, m->dbtc, layer_input(m, L), m->weights.lnfw,
                             m->lnf_mean, m->lnf_rstd, B, T, C, m->reduce_scratch, s);
@@ -1187,10 +1242,17 @@ static void model_sync(Model<floatX>* m, SyncDirection dir) {
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
+// the (Vp) probabilities of a position the head still holds (with --loss-chunk, the last chunk's)
 template <typename floatX>
 static const float* model_probs(Model<floatX>* m, int position) {
     const GPT2Config* c = &m->config;
-    softmax_row_cuda(m->probs, m->logits, m->row_max, m->row_sum, position, c->vocab_size, c->padded_vocab_size, m->stream);
+    if (m->probs_first < 0 || position < m->probs_first || position >= m->probs_end) {
+        fail("gpt2_probs(%d): the last forward's head holds the probabilities of positions %d..%d only (-1: none, after a backward)\n"
+             "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
+             position, m->probs_first, m->probs_end - 1);
+    }
+    softmax_row_cuda(m->probs, m->logits, m->row_max, m->row_sum, position - m->probs_first, c->vocab_size, c->padded_vocab_size,
+                     m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->host_probs, m->probs, (size_t)c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     return m->host_probs;
@@ -1316,14 +1378,15 @@ void gpt2_select_device(const Dist* d) {
 const char* gpt2_flash_refusal(int head_size) { return flash_attention_refusal(head_size); }
 int gpt2_prefers_flash(void) { return 1; }
 
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash) {
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash, int loss_chunk) {
     int C = c->channels, NH = c->num_heads;
     size_t X = precision_bytes(precision), F = sizeof(float);
     // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
-    const ActPolicy all = {0, 0, flash, 0, flash}, gelu = {0, 1, flash, 0, flash}, attn = {0, 0, 1, 0, flash};
+    const ActPolicy all = {0, 0, flash, 0, flash, loss_chunk}, gelu = {0, 1, flash, 0, flash, 0}, attn = {0, 0, 1, 0, flash, 0};
     size_t layer = layer_block_bytes(B, T, C, NH, X, &all);
     size_t hs[NUM_HEAD_ACTS], head = 0, bs[NUM_BACKWARD_BUFFERS], backward = 0;
-    head_act_bytes(hs, B, T, C, c->padded_vocab_size, X);
+    int K = act_head_rows(&all, (size_t)B * T);
+    head_act_bytes(hs, B, T, K, C, c->padded_vocab_size, X);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
     backward_buffer_bytes(bs, B, T, C, NH, X, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bs[i]; }
@@ -1336,7 +1399,8 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
                                                                : (flash ? "4(9BTC)" : "4(9BTC + B NH T^2)");
     BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
                        layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
-                       layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X};
+                       layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X,
+                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K};
     return l;
 }
 
@@ -1372,7 +1436,12 @@ void gpt2_sync(GPT2* m, SyncDirection dir) {
 }
 
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
-    return m->bf16 ? model_forward(m->bf16, inputs, targets, B, T) : model_forward(m->f32, inputs, targets, B, T);
+    return m->bf16 ? model_forward(m->bf16, inputs, targets, B, T, 0.0f) : model_forward(m->f32, inputs, targets, B, T, 0.0f);
+}
+
+float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    if (m->bf16) { return model_forward(m->bf16, inputs, targets, B, T, m->bf16->act.loss_chunk > 0 ? loss_scale : 0.0f); }
+    return model_forward(m->f32, inputs, targets, B, T, m->f32->act.loss_chunk > 0 ? loss_scale : 0.0f);
 }
 
 const float* gpt2_probs(GPT2* m, int position) {

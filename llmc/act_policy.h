@@ -1,5 +1,5 @@
 /*
-act_policy.h: what forward keeps for backward, and where (flags --recompute and --offload).
+act_policy.h: what forward keeps for backward, and where (flags --recompute, --offload and --loss-chunk).
 
     ActPolicy p = act_policy_parse("sqrt,attn", 1, L, 0);   // k = ceil(sqrt(L)), offload on, no flash
     int slots = act_num_slots(&p, L);                    // layer buffers in the working set
@@ -53,9 +53,10 @@ typedef struct {
     int attn;      // recompute the attention weights in backward
     int offload;   // kept activations live in the host store between forward and backward
     int flash;     // --attention flash: attention keeps each row's log-sum-exp (B,NH,T), not its weights
+    int loss_chunk;  // --loss-chunk: tokens per chunk of the classifier and its loss, 0 = all at once
 } ActPolicy;
 
-static const ActPolicy ACT_KEEP_ALL = {0, 0, 0, 0, 0};  // plain training, attention weights kept
+static const ActPolicy ACT_KEEP_ALL = {0, 0, 0, 0, 0, 0};  // plain training, attention weights kept, logits whole
 
 static int act_min(int a, int b) { return a < b ? a : b; }
 
@@ -78,7 +79,7 @@ static int act_slot_of(const ActPolicy* p, int L, int l) {
 // parses --recompute (comma-separated: none | sqrt | K | gelu | attn) and --offload for a
 // model of L layers, with flash attention or not; stops with a message on anything it cannot honour
 static ActPolicy act_policy_parse(const char* spec, int offload, int L, int flash) {
-    ActPolicy p = {0, 0, 0, 0, 0};
+    ActPolicy p = {0, 0, 0, 0, 0, 0};
     char buf[64];
     if (strlen(spec) >= sizeof(buf)) { fail("--recompute '%s': too long", spec); }
     strcpy(buf, spec);
@@ -162,6 +163,31 @@ static void backward_buffer_elems(size_t n[NUM_BACKWARD_BUFFERS], int B, int T, 
 }
 
 // ----------------------------------------------------------------------------
+// the head in chunks (--loss-chunk K): the classifier is the model's last operation, so its
+// forward and backward can run together, K tokens at a time. For each chunk the forward computes
+// the final LayerNorm's output, the logits (K,Vp), softmax, losses and (training) at once the
+// logits' gradient, its part of d(lnf output) and of wte's gradient (fp32, += over the chunks);
+// what it keeps is the per-token losses and what the final LayerNorm's backward reads (its
+// statistics; d(lnf output) in backward's (B,T,C) buffer). The (B,T,Vp) logits never exist at
+// once: the head holds K rows, not B*T. No FLOP is done twice (the backward's head work moves
+// into the forward). Without the flag K = B*T and the forward keeps the logits for the backward.
+
+// checks --loss-chunk and sets it in p
+static void act_policy_set_loss_chunk(ActPolicy* p, int tokens) {
+    if (tokens < 0) {
+        fail("--loss-chunk %d: a chunk is a number of tokens, 0 for the whole batch at once\n"
+             "  hint: --loss-chunk 4096 (a GPU is kept busy by a few thousand tokens at d12), or 0", tokens);
+    }
+    p->loss_chunk = tokens;
+}
+
+// K: the rows of the head's chunk for micro-batches of BT tokens (BT without --loss-chunk, or when
+// a chunk would hold the whole batch)
+static int act_head_rows(const ActPolicy* p, size_t BT) {
+    return p->loss_chunk > 0 && (size_t)p->loss_chunk < BT ? p->loss_chunk : (int)BT;
+}
+
+// ----------------------------------------------------------------------------
 // the schedule: what moves or runs again around each layer
 
 // after layer l's forward, what the backend stores
@@ -217,6 +243,7 @@ static void act_policy_describe(const ActPolicy* p, int L, char* out, size_t n) 
     if (p->flash) { used += snprintf(out + used, n - used, "%sflash attention", used ? ", " : ""); }
     else if (p->attn) { used += snprintf(out + used, n - used, "%sattn", used ? ", " : ""); }
     if (p->offload) { used += snprintf(out + used, n - used, "%soffload to host", used ? ", " : ""); }
+    if (p->loss_chunk > 0) { used += snprintf(out + used, n - used, "%sloss in chunks of %d tokens", used ? ", " : "", p->loss_chunk); }
     if (used == 0) { snprintf(out, n, "none: every layer keeps its activations"); }
 }
 

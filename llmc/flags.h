@@ -54,6 +54,7 @@ typedef struct {
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
     char offload[PATH_MAX_LEN];      // what moves to host memory, a comma list of activations (or 1), optimizer, gradients; 0 = none
+    int loss_chunk;                  // tokens per chunk of the classifier and its loss (act_policy.h), 0 = all at once
     int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
@@ -111,6 +112,7 @@ static TrainOptions options_default(void) {
     o.eps1 = 1e-30f;                 // Adafactor (Shazeer & Stern) and CAME (eps[0]) both use 1e-30
     strcpy(o.recompute, "none");
     strcpy(o.offload, "0");
+    o.loss_chunk = 0;
     o.zero = 0;
     o.check_replicas = 0;
     o.plan_ranks = 0;
@@ -191,6 +193,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
     {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory, a comma list: activations (or 1); optimizer (GPU: fp32 master weights and state, the update on the CPU); gradients (with optimizer: every micro-step's, not the step's); 0 = none"},
+    {NULL, "--loss-chunk",    FLAG_INT,    OPT(loss_chunk),       "the classifier and its loss N tokens at a time, their gradients already in forward: the (B,T,Vp) logits are never whole (4096 keeps a GPU busy at d12); 0 = all at once"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit; with a budget, every combination of the memory flags and the fastest that fits"},
     {NULL, "--max-memory",    FLAG_BYTES,  OPT(max_memory),       "memory budget of a rank's device (GPU) memory, on the CPU of everything: 24GiB, 512MiB, bytes, free; --plan searches for it, a run refuses to start above it"},
     {NULL, "--max-host-memory", FLAG_BYTES, OPT(max_host_memory), "GPU builds: budget of a rank's host memory (offload store, optimizer offload, host copies); with --plan omitted = available"},

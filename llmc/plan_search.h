@@ -45,14 +45,22 @@ typedef struct {
     const char* values[PLAN_MAX_VALUES];    // as set_flag takes them; the rest NULL
     int min_ranks;                          // searched only with this many ranks or more (else the flag as given)
     int changes_model;                      // 1: another value trains another model; 0: the same one (bitwise,
-                                            // --offload optimizer,gradients with accumulation to rounding)
+                                            // --offload optimizer,gradients with accumulation to rounding,
+                                            // --loss-chunk on a GPU to rounding: wte's gradient summed by chunks)
 } PlanDimension;
+
+// --loss-chunk's value in the search: enough tokens to keep a GPU busy (the (K,C) d(lnf output) GEMM
+// has (K/128)(C/128) output tiles: at d12 192 for an H100's 132 SMs), a multiple of the CPU GEMM's
+// K step (bitwise the whole head's training there: README), and as a cost the same FLOPs as the
+// whole head (the head's backward moves into the forward, nothing runs twice)
+#define PLAN_LOSS_CHUNK "4096"
 
 static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--optimizer", {"adamw", "adafactor", "came"}, 1, 1},
     {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1, 0},
     {"--offload", {"0", "activations", "optimizer", "activations,optimizer", "optimizer,gradients", "activations,optimizer,gradients"}, 1, 0},
     {"--zero", {"0", "1"}, 2, 0},
+    {"--loss-chunk", {"0", PLAN_LOSS_CHUNK}, 1, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
 #define PLAN_MAX_CANDIDATES 1024

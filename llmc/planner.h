@@ -45,7 +45,8 @@ typedef struct {
     size_t layer_att;        // of which the attention weights: --recompute attn keeps one, shared
                              // (flash attention: 0, its block keeps the rows' log-sum-exp only)
     size_t residual;         // one residual-stream tensor (B,T,C): the embeddings, a kept segment input
-    size_t head;             // the final LayerNorm output and statistics, logits, losses
+    size_t head;             // the final LayerNorm output and statistics, logits, losses: for K tokens
+                             // at a time (--loss-chunk; K = B*T without), act_policy.h's "head in chunks"
     size_t backward;         // backward's working buffers, one layer's worth
     const char* layer_formula;     // A in elements, e.g. "16BTC + 4BT + B NH T^2"
     const char* backward_formula;  // the backward buffers in bytes, e.g. "4(13BTC + B NH T^2)"
@@ -53,6 +54,8 @@ typedef struct {
     size_t host_copy_bytes;  // per weight: a GPU's host copy for checkpoints (CPU: 0, its weights are host memory)
     int host_copies_opt;     // 1: the optimizer state has a host copy too
     size_t working_bytes;    // per weight: the copy the kernels read, all a GPU keeps with --offload optimizer
+    const char* head_formula;  // the head in bytes, e.g. "4(3BT + K(C + Vp))"
+    int head_rows;           // K: the head's rows of logits (B*T, or a --loss-chunk's tokens)
 } BackendLayout;
 
 typedef struct {
@@ -78,6 +81,7 @@ typedef struct {
     char layer_formula[PLAN_FORMULA_LEN];  // A in elements
     size_t residual_bytes;   // R: one residual-stream tensor (B,T,C)
     size_t head_bytes;       // the final LayerNorm, logits and losses
+    char head_formula[PLAN_FORMULA_LEN];  // the head in bytes, with K's value
     char act_policy[128];    // the policy, in words
     double recompute_flops;  // extra forward FLOPs per micro-step (checkpointing, selective recompute)
     double step_flops;       // training FLOPs per micro-step without recompute, 6P + 12LTC per token
@@ -197,7 +201,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu R kept", kept); }
     if (ap->gelu) { plan_append(f, " + gelu"); }
     if (ap->attn && !ap->flash) { plan_append(f, " + attn"); }
-    plan_append(f, " + head");
+    plan_append(f, ap->loss_chunk > 0 ? " + head of K=%d tokens" : " + head", lay->head_rows);
     p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * R : L * A) : 0;
     if (!ap->offload) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "no --offload"); }
     else if (kept > 0) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu R: segment inputs", kept); }
@@ -205,6 +209,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     p.layer_bytes = A;
     p.residual_bytes = R;
     p.head_bytes = head;
+    snprintf(p.head_formula, sizeof(p.head_formula), "%s, K = %d", lay->head_formula, lay->head_rows);
     snprintf(p.layer_formula, sizeof(p.layer_formula), "%s", lay->layer_formula);
     act_policy_describe(ap, (int)L, p.act_policy, sizeof(p.act_policy));
     // FLOPs per token: a layer's forward is 24C^2 (matmuls) + 4TC (scores and values); a
@@ -343,8 +348,9 @@ static void print_memory_table(const MemPlan* p, const MemStats* measured) {
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
     print_memory_row("total", plan_total(p), m, "");
     printf("%s", MEM_TABLE_RULE);
-    printf("activations: %s; A (one layer's block: %s) = %.2f MiB, R (BTC) = %.2f MiB, head = %.2f MiB\n",
-           p->act_policy, p->layer_formula, p->layer_bytes / MIB, p->residual_bytes / MIB, p->head_bytes / MIB);
+    printf("activations: %s; A (one layer's block: %s) = %.2f MiB, R (BTC) = %.2f MiB,\n"
+           "  head (the final LayerNorm's statistics, the losses, K tokens' lnf output and logits: %s) = %.2f MiB\n",
+           p->act_policy, p->layer_formula, p->layer_bytes / MIB, p->residual_bytes / MIB, p->head_formula, p->head_bytes / MIB);
     if (p->recompute_flops > 0.0) {
         printf("recompute: +%.3f GFLOP of forward per micro-step, +%.1f%% of the step's %.3f GFLOP\n",
                p->recompute_flops / 1e9, 100.0 * p->recompute_flops / p->step_flops, p->step_flops / 1e9);

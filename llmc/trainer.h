@@ -116,8 +116,9 @@ int gpt2_prefers_flash(void);
 // the rates of the planner's step-cost model (planner.h: CostModel) in precision p: the GPU's
 // where it is known (by its name), else stated defaults
 CostModel gpt2_cost_model(Precision p);
-// the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p, int flash);
+// the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan; the head's
+// for chunks of loss_chunk tokens (--loss-chunk; 0: the whole batch)
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p, int flash, int loss_chunk);
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
 GPT2* gpt2_create(const ModelSetup* s);
 void gpt2_destroy(GPT2* m);
@@ -127,8 +128,14 @@ HostView gpt2_host_view(GPT2* m);
 void gpt2_sync(GPT2* m, SyncDirection dir);
 // inputs, targets (B,T) token ids, targets may be NULL; returns the mean loss (-1 without targets)
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T);
-// the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory
+// a training micro-step's forward: gpt2_forward, and with --loss-chunk also the head's part of the
+// backward (the logits' gradient into wte's and the final LayerNorm output's, act_policy.h), which
+// must happen while each chunk's logits exist; the gpt2_backward after it takes the same loss_scale
+float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
+// the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory (with
+// --loss-chunk only its last chunk's, sampling asks for the last position; none after gpt2_forward_train)
 const float* gpt2_probs(GPT2* m, int position);
+// before the step's first gpt2_forward_train (with --loss-chunk the forward adds to wte's gradient)
 void gpt2_zero_grad(GPT2* m);
 // accumulates d(loss_scale * the sum of the position losses of the last forward) into the gradients
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
@@ -909,6 +916,7 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     int offload_acts;
     offload_parse(o->offload, &offload_acts, &s->offload_optimizer);
     s->act = act_policy_parse(o->recompute, offload_acts, s->config.num_layers, attention_from_flag(o->attention, &s->config));
+    act_policy_set_loss_chunk(&s->act, o->loss_chunk);
     s->precision = precision_from_flag(o->precision);
     s->dist = *dist;
     s->zero = (ZeroStage)o->zero;
@@ -916,7 +924,7 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
     PlanInputs in = {s->B, s->T, 1 + r->has_val, s->optimizer, s->use_beta1, s->act, s->offload_optimizer, world, o->zero,
-                     gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash)};
+                     gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk)};
     r->plan = plan_memory(&s->config, in);
 }
 
@@ -1289,9 +1297,10 @@ static int train_step(Run* r, int step) {
     int epoch = dl->epoch;
     for (int micro = 0; micro < r->accum; micro++) {
         dataloader_next_batch(dl);
-        loss += gpt2_forward(r->model, dl->inputs, dl->targets, B, T);
+        float loss_scale = 1.0f / ((float)B * T * r->accum * world);
+        loss += gpt2_forward_train(r->model, dl->inputs, dl->targets, B, T, loss_scale);
         if (micro == r->accum - 1) { gpt2_reduce_during_backward(r->model); }
-        gpt2_backward(r->model, dl->inputs, dl->targets, B, T, 1.0f / ((float)B * T * r->accum * world));
+        gpt2_backward(r->model, dl->inputs, dl->targets, B, T, loss_scale);
         if (micro + 1 < r->accum && dist_any(g_stop_requested)) {  // all ranks agree
             dataloader_seek(dl, shard, position, epoch);
             return 0;
@@ -1418,7 +1427,8 @@ static int run_training(const TrainOptions* o, const Dist* dist, const char* pro
 // T = -t; once the text is longer than T, the model sees its last T tokens (the window slides)
 
 // the flags --sample reads besides its own; any other flag given with it is a training flag
-static const char* const SAMPLE_READS[] = {"--model", "--tokenizer", "--seq", "--gen-tokens", "--seed", "--precision", "--attention"};
+static const char* const SAMPLE_READS[] = {"--model", "--tokenizer", "--seq", "--gen-tokens", "--seed", "--precision", "--attention",
+                                           "--loss-chunk"};
 // --sample's own flags, --sample first: without --sample they are refused (the training samples
 // draw at temperature 1 from every token, after <|endoftext|>)
 static const char* const SAMPLE_OWN[] = {"--sample", "--temperature", "--top-k", "--bpe"};
@@ -1549,6 +1559,7 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     s.precision = precision_from_flag(o->precision);
     s.act = ACT_KEEP_ALL;
     s.act.flash = attention_from_flag(o->attention, &s.config);
+    act_policy_set_loss_chunk(&s.act, o->loss_chunk);
     s.dist = *dist;
     s.use = MODEL_FOR_SAMPLING;
     gpt2_check_setup(&s);

@@ -45,6 +45,7 @@ DEFAULT_SETS = [
     "--recompute sqrt,gelu,attn",
     "--attention flash",
     "--offload 1",
+    "--loss-chunk 64",
     "--optimizer adafactor",
     "--optimizer came",
     "--optimizer adafactor --recompute 1,gelu,attn --offload 1",

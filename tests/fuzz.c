@@ -175,10 +175,11 @@ static void fuzz_flags_args(int argc, char** argv) {
     OptOffload offload_opt;
     offload_parse(o.offload, &offload_acts, &offload_opt);
     ActPolicy act = act_policy_parse(o.recompute, offload_acts, cfg.num_layers, attention_from_flag(o.attention, &cfg));
+    act_policy_set_loss_chunk(&act, o.loss_chunk);
     OptimizerKind kind = (OptimizerKind)optimizer_from_name(o.optimizer);
     Precision precision = precision_from_flag(o.precision);
     PlanInputs in = {o.batch_size, o.seq_len, 2, kind, kind == OPT_ADAFACTOR && o.adafactor_beta1 > 0.0f, act, offload_opt, world, o.zero,
-                     gpt2_layout(&cfg, o.batch_size, o.seq_len, precision, act.flash)};
+                     gpt2_layout(&cfg, o.batch_size, o.seq_len, precision, act.flash, act.loss_chunk)};
     MemPlan plan = plan_memory(&cfg, in);
     (void)plan;
     // --plan as the trainer runs it: with a budget, the search of every combination of the memory

@@ -676,6 +676,20 @@ if s.expect_ok("activations: plain 6-step run", RES + ["-o", PLAIN]):
     wrong = {pol: b for pol, b in host.items() if (b > 0) != ("--offload 1" in pol)}
     s.check("activations: offload puts bytes in the host row (and only offload)", host and not wrong,
             f"host bytes: {wrong or host}")
+    # --loss-chunk 5 (B*T = 32: six chunks of 5, then 2), with validation every 3 steps (a chunked
+    # forward without gradients): the plan holds, the losses within 1e-6 of the whole head's
+    D = f"{W}/act_loss_chunk"
+    if s.expect_ok("activations --loss-chunk 5: 6 steps", RES + ["--loss-chunk", "5", "-o", D]):
+        s.check_memory("activations --loss-chunk 5: measured memory equals the plan", D)
+        rows, plain_rows = train_rows(D), train_rows(PLAIN)
+        close = len(rows) == len(plain_rows) and all(abs(a[1] - b[1]) <= 1e-6 * abs(b[1]) for a, b in zip(rows, plain_rows))
+        s.check("activations --loss-chunk 5: losses within 1e-6 of the plain run's", close, f"{rows} vs {plain_rows}")
+        vals = [r for r in e2e.read_log(D) if "val_loss" in r]
+        pvals = [r for r in e2e.read_log(PLAIN) if "val_loss" in r]
+        s.check("activations --loss-chunk 5: validation losses within 1e-6 of the plain run's",
+                len(vals) == len(pvals) > 0 and all(abs(a["val_loss"] - b["val_loss"]) <= 1e-6 * abs(b["val_loss"]) for a, b in zip(vals, pvals)),
+                f"{vals} vs {pvals}")
+s.expect_fail("loss chunk: negative", "--loss-chunk -1: a chunk is a number of tokens", BASE + ["--loss-chunk", "-1"])
 s.expect_fail("recompute: unknown part", "unknown part 'all'", BASE + ["--recompute", "all"])
 s.expect_fail("recompute: segment size 0", "the segment size must be 1..2", BASE + ["--recompute", "0"])
 s.expect_fail("recompute: segment size above L", "the segment size must be 1..2", BASE + ["--recompute", "3"])
@@ -793,6 +807,12 @@ if r:
     s.check("sample: --top-k 3 draws only among the 3 most likely tokens", len(ranks) == 30 and max(ranks) < 3, f"ranks {ranks}")
     s.check("sample: ... and not only the most likely (it draws)", len(set(ranks)) > 1, f"ranks {ranks}")
 
+# --loss-chunk: sampling runs the head in chunks (of 3 of the 8-token window: the last chunk holds the
+# position sampled), and draws the same text (the probabilities of a position are its row's)
+r = s.expect_ok("sample: --loss-chunk 3", DRAW + ["--seed", "7", "--loss-chunk", "3"])
+if r and a:
+    s.check("sample: --loss-chunk 3 draws the text of the whole head", sample_ids(r) == sample_ids(a), f"{sample_ids(r)} vs {sample_ids(a)}")
+
 # nothing is written: in an empty folder, with the default -o (out), the folder stays empty
 empty = f"{W}/sample_cwd"
 os.makedirs(empty)
@@ -820,7 +840,7 @@ s.expect_fail("sample: --bpe without the files", f"--bpe '{W}': no encoder.json 
 for name, flag in (("-x (--steps)", ["-x", "5"]), ("-y (--resume)", ["-y"]), ("-o (--out)", ["-o", f"{W}/out_sample"]),
                    ("--zero", ["--zero", "1"]), ("--recompute", ["--recompute", "sqrt"])):
     s.expect_fail(f"sample: {flag[0]} is refused", f"{name} is a training flag, and --sample trains nothing", DRAW + flag)
-s.expect_fail("sample: the message lists what --sample reads", "--sample reads -e, -k, -t, -g, --seed, --precision, --attention, --temperature, --top-k, --bpe",
+s.expect_fail("sample: the message lists what --sample reads", "--sample reads -e, -k, -t, -g, --seed, --precision, --attention, --loss-chunk, --temperature, --top-k, --bpe",
               DRAW + ["-b", "2"])
 s.expect_fail("sample: --temperature without --sample", "--temperature goes with --sample", BASE + ["--temperature", "0.5"])
 s.expect_fail("sample: --top-k without --sample", "--top-k goes with --sample", BASE + ["--top-k", "5"])

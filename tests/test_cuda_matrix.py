@@ -157,6 +157,59 @@ for name, trainer, flags in (("--offload optimizer resume", CUDA, ["--offload", 
             models_close(f"{name}: ends within {ACCUM_RTOL:g} of the run on the GPU",
                          ckpt(d, "model", STEPS, ".bin"), ckpt(src, "model", STEPS, ".bin"), ACCUM_RTOL)
 
+# --loss-chunk 12 (B*T = 32: chunks of 12, 12, 8): the classifier and its loss a chunk at a time, their
+# gradients in the forward (the fused softmax/loss/dlogits kernel, two GEMMs a chunk); wte's gradient
+# is summed chunk by chunk, so within CHUNK_RTOL of the whole head; the other memory flags on top
+# change nothing (bitwise); planned = measured in every run (train() checks it)
+CHUNK_RTOL = 1e-6
+CHUNK = ["--loss-chunk", "12"]
+for lname, launcher, flags, policies in LAUNCHES:
+    for opt in (OPTIMIZERS if lname == "1 rank" else ["adamw", "came"]):
+        ref = refs.get((lname, opt))
+        d = f"{W}/chunk_{slug(lname)}_{slug(opt)}"
+        if not ref or not train(f"{lname}, {opt}, --loss-chunk 12", d, launcher, ["--optimizer", *opt.split(), *flags, *CHUNK]):
+            continue
+        models_close(f"{lname}, {opt}, --loss-chunk 12: within {CHUNK_RTOL:g} of the whole head",
+                     ckpt(d, "model", STEPS, ".bin"), ckpt(ref, "model", STEPS, ".bin"), CHUNK_RTOL)
+        pol = policies[-1]  # every flag together
+        d2 = f"{W}/chunk_{slug(lname)}_{slug(opt)}_{slug(pol)}"
+        if train(f"{lname}, {opt}, --loss-chunk 12 {pol}", d2, launcher, ["--optimizer", *opt.split(), *flags, *CHUNK, *pol.split()]):
+            same_model(f"{lname}, {opt}, --loss-chunk 12 {pol}: as --loss-chunk 12 alone", d, d2)
+for name, extra in (("--attention matmul", ["--attention", "matmul"]), ("bf16", ["--precision", "bf16"]),
+                    ("2 micro-steps, --offload optimizer,gradients", ["-d", "64", "--offload", "optimizer,gradients"])):
+    ref, d = f"{W}/chunk_ref_{slug(name)}", f"{W}/chunk_{slug(name)}"
+    run = (["-d", "32"] if "-d" not in extra else []) + extra
+    if train(f"{name}", ref, [], run) and train(f"{name}, --loss-chunk 12", d, [], run + CHUNK):
+        models_close(f"{name}, --loss-chunk 12: within {CHUNK_RTOL if 'bf16' not in name else 1e-2:g} of the whole head",
+                     ckpt(d, "model", STEPS, ".bin"), ckpt(ref, "model", STEPS, ".bin"), CHUNK_RTOL if "bf16" not in name else 1e-2)
+plain = refs.get(("1 rank", "adamw"))
+d = f"{W}/chunk_late"
+if plain and train("late streams, --loss-chunk 12 --offload optimizer,gradients", d, [], ["-d", "32", *CHUNK, "--offload", "optimizer,gradients"],
+                   env={"CUDA_EMU_STREAMS": "late"}):
+    models_close("late streams, --loss-chunk 12 --offload optimizer,gradients: within 1e-6 of the whole head",
+                 ckpt(d, "model", STEPS, ".bin"), ckpt(plain, "model", STEPS, ".bin"), CHUNK_RTOL)
+
+# GPT-2 124M (d12) at B=16, T=1024 on the GPU, bf16, flash attention, AdamW: the plan with the
+# head whole and with --loss-chunk 4096 (README, "Which flags should I use?", beside llm.c's 7.6 GiB)
+def d12_plan(extra):
+    r = s.run([CUDA, "-e", "d12", "-b", "16", "-t", "1024", "--plan", *extra])
+    dev = re.search(r"\| device total +\| +([0-9.]+) MiB", r.out)
+    act = re.search(r"\| activations +\| +([0-9.]+) MiB", r.out)
+    head = re.search(r"head \(.*\) = ([0-9.]+) MiB", r.out)
+    return r, (float(dev.group(1)) if dev else None), (float(act.group(1)) if act else None), (float(head.group(1)) if head else None)
+
+
+r0, dev0, act0, head0 = d12_plan([])
+r1, dev1, act1, head1 = d12_plan(["--loss-chunk", "4096"])
+ok = None not in (dev0, dev1, head0, head1)
+if ok:
+    print(f"     d12 B=16 T=1024 bf16 GPU plan: device total {dev0:.2f} MiB ({dev0 / 1024:.2f} GiB), head {head0:.2f} MiB; "
+          f"--loss-chunk 4096: device total {dev1:.2f} MiB ({dev1 / 1024:.2f} GiB), head {head1:.2f} MiB")
+s.check("--plan d12 B=16 T=1024: --loss-chunk 4096 holds 4096 of the 16384 tokens' logits (the head a quarter), "
+        "the device total below llm.c's 7.6 GiB",
+        ok and abs(head1 - head0 / 4) < 0.03 * head0 and abs((dev0 - dev1) - (head0 - head1)) < 0.02 and dev1 < 7.6 * 1024,
+        (r0.out + r1.out)[-2500:])
+
 # the plan: GPT-2 XL (d48, P = 1.56e9) at T=1024 with Adafactor; the GPU keeps 2 bytes a weight
 # (2975 MiB), two layers' fp32 gradients and the activations; the host 8 bytes a weight (11900
 # MiB: master weights and gradients), staging and the state (no allocation: --plan)

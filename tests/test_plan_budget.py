@@ -192,13 +192,41 @@ res, r = search("2 ranks 600KiB", TRAIN, ["--max-memory", "600KiB", "--plan-rank
 if res is not None and s.check("2 ranks 600KiB: a recommendation", res["recommended"] is not None, r.out[-300:]):
     rec = res["recommended"]
     s.check("2 ranks 600KiB: AdamW with --zero 1 (ZeRO-1 keeps the model; AdamW --zero 0 needs 679.75 KiB)",
-            rec["flags"] == {"--optimizer": "adamw", "--recompute": "none", "--offload": "0", "--zero": "1"}, rec["flags"])
+            rec["flags"] == {"--optimizer": "adamw", "--recompute": "none", "--offload": "0", "--zero": "1", "--loss-chunk": "0"},
+            rec["flags"])
     s.check("2 ranks 600KiB: the command starts with mpirun -np 2", rec["argv"][:3] == ["mpirun", "-np", "2"], rec["argv"][:4])
     mpirun, why_not = e2e.mpi_launcher(TRAIN)
     if mpirun:
         run_pick("2 ranks 600KiB", rec, res["budget"], f"{W}/ranks2", launcher=mpirun + ["2"])
     else:
         s.skip("2 ranks 600KiB: the recommended command", why_not)
+
+# ----------------------------------------------------------------------------
+# 5b. --loss-chunk joins the search: d12 at B=8, T=1024 on the CPU, where the logits (B*T*Vp fp32,
+# 1.5 GiB) are the largest activation. The budget is the least total with the head in chunks of
+# 4096 tokens (Adafactor, every layer recomputed): no whole head fits it, so every combination that
+# fits has --loss-chunk 4096, and the search recommends one (planned only: nothing runs)
+
+D12 = ["-e", "d12", "-b", "8", "-t", "1024", "-o", ""]
+LEAST = ["--optimizer", "adafactor", "--recompute", "1,gelu,attn"]
+
+
+def plan_total(name, extra):
+    r = s.expect_ok(name, [TRAIN, "--plan", *BASE, *D12, *LEAST, *extra])
+    m = re.search(r"^\| total +\| +([0-9.]+) MiB", r.out, re.M) if r else None
+    return float(m.group(1)) if m else None
+
+
+whole, chunked = plan_total("d12 B=8 T=1024: --plan, the head whole", []), plan_total("d12: --plan --loss-chunk 4096", ["--loss-chunk", "4096"])
+if whole and chunked and s.check("d12 B=8 T=1024: --loss-chunk 4096 plans 4096 tokens' logits and LayerNorm output less (4096(C + Vp) floats)", abs(whole - chunked - 4096 * (768 + 50304) * 4 / 2**20) < 1,
+                                 f"{whole} vs {chunked} MiB"):
+    budget = f"{chunked + 1:.2f}MiB"
+    res, r = search(f"d12 {budget}", TRAIN, ["--max-memory", budget], extra=D12)
+    if res is not None and s.check(f"d12 {budget}: a recommendation", res["recommended"] is not None, r.out[-600:]):
+        s.check(f"d12 {budget}: it has --loss-chunk 4096", res["recommended"]["flags"]["--loss-chunk"] == "4096", res["recommended"]["flags"])
+        fitting = [line for line in r.out.splitlines() if line.startswith("yes ")]
+        s.check(f"d12 {budget}: every combination that fits has --loss-chunk 4096 (the search's last column)",
+                fitting and all(line.rstrip().endswith("| 4096") for line in fitting), "\n".join(fitting[:5]))
 
 # ----------------------------------------------------------------------------
 # 6. the emulated CUDA build: the GPU's layout, its free memory, the host budget

@@ -5,6 +5,7 @@ logits): losses (fp32 in both modes, held to 1e-5), one position's probabilities
 (fp32, 1e-5), and the gradient written (=) into its own buffer and in place, zero past V. V is
 not a multiple of the vector width (100, 97) and one shape has Vp = 101 (rows not 16-byte
 aligned); V = 5000 spreads a row over every warp of a block. The forward without targets must give bitwise the same row statistics.
+The fused kernel (--loss-chunk) must give bitwise the losses of the forward and the gradient of the backward.
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_classifier && ./build/emu/dev/cuda/test_classifier
 */
@@ -69,6 +70,16 @@ static void test_shape(const Shape& s) {
     snprintf(what, sizeof what, "backward in place: bitwise the same as into its own buffer (V=%d)", V);
     check(same_bits(d_logits, d_dlogits, NV), test_name<floatX>("classifier", what), "%s", "they differ");
 
+    // fused: losses and the gradient in place in one kernel, bitwise the two kernels' results
+    floatX* d_fused = upload<floatX>(logits);
+    float* d_fused_losses = device_alloc<float>(N);
+    classifier_fused_cuda<floatX>(d_fused_losses, d_fused, d_targets, DLOSS, B, T, V, Vp, 0);
+    snprintf(what, sizeof what, "fused: losses and dlogits bitwise those of forward + backward (V=%d Vp=%d)", V, Vp);
+    check(same_bits(d_fused_losses, d_losses, N) && same_bits(d_fused, d_dlogits, NV), test_name<floatX>("classifier", what), "%s",
+          "they differ");
+    CUDA_CHECK(cudaFree(d_fused));
+    CUDA_CHECK(cudaFree(d_fused_losses));
+
     for (void* p : {(void*)d_logits, (void*)d_targets, (void*)d_losses, (void*)d_max, (void*)d_sum, (void*)d_max2,
                     (void*)d_sum2, (void*)d_probs, (void*)d_dlogits}) {
         CUDA_CHECK(cudaFree(p));
@@ -96,6 +107,9 @@ static void bench_classifier() {
     bench(name, 2.0 * NV * x + 12.0 * N, 5.0 * N * V, [&] {
         classifier_backward_cuda<floatX>(d_logits, d_logits, d_max, d_sum, d_targets, 1.0f / N, B, T, V, Vp, 0);
     });
+    snprintf(name, sizeof name, "classifier_fused %s (in place)", type_name<floatX>());
+    bench(name, 3.0 * NV * x + 8.0 * N, 10.0 * N * V,
+          [&] { classifier_fused_cuda<floatX>(d_losses, d_logits, d_targets, 1.0f / N, B, T, V, Vp, 0); });
     for (void* p : {(void*)d_logits, (void*)d_targets, (void*)d_losses, (void*)d_max, (void*)d_sum}) { CUDA_CHECK(cudaFree(p)); }
 }
 
