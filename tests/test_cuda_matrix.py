@@ -167,13 +167,13 @@ for lname, launcher, flags, policies in LAUNCHES:
     for opt in (OPTIMIZERS if lname == "1 rank" else ["adamw", "came"]):
         ref = refs.get((lname, opt))
         d = f"{W}/chunk_{slug(lname)}_{slug(opt)}"
-        if not ref or not train(f"{lname}, {opt}, --loss-chunk 12", d, launcher, ["--optimizer", *opt.split(), *flags, *CHUNK]):
+        if not ref or not train(f"{lname}, {opt}, --loss-chunk 12", d, launcher, [*optimizer_flags(opt), *flags, *CHUNK]):
             continue
         models_close(f"{lname}, {opt}, --loss-chunk 12: within {CHUNK_RTOL:g} of the whole head",
                      ckpt(d, "model", STEPS, ".bin"), ckpt(ref, "model", STEPS, ".bin"), CHUNK_RTOL)
         pol = policies[-1]  # every flag together
         d2 = f"{W}/chunk_{slug(lname)}_{slug(opt)}_{slug(pol)}"
-        if train(f"{lname}, {opt}, --loss-chunk 12 {pol}", d2, launcher, ["--optimizer", *opt.split(), *flags, *CHUNK, *pol.split()]):
+        if train(f"{lname}, {opt}, --loss-chunk 12 {pol}", d2, launcher, [*optimizer_flags(opt), *flags, *CHUNK, *pol.split()]):
             same_model(f"{lname}, {opt}, --loss-chunk 12 {pol}: as --loss-chunk 12 alone", d, d2)
 for name, extra in (("--attention matmul", ["--attention", "matmul"]), ("bf16", ["--precision", "bf16"]),
                     ("2 micro-steps, --offload optimizer,gradients", ["-d", "64", "--offload", "optimizer,gradients"])):
