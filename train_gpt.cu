@@ -195,7 +195,8 @@ static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 }
 
 // the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities
-// (sampling), the reduction scratch of the deterministic gradient kernels (fp32), the
+// (sampling), the reduction scratch of the deterministic gradient kernels (fp32; the encoder's
+// backward borrows it for the positions grouped by token), the
 // attention's (floatX head copies; flash attention: a float per row), the global norm's
 // (doubles, and the result; ZeRO-1: one per slice), cuBLASLt's workspace, and Adafactor's and
 // CAME's (the largest slice's: factored_model_scratch_bytes).
@@ -212,6 +213,7 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
         size_t r = matmul_backward_scratch_floats(B, T, ocs[i]);
         if (r > reduce) { reduce = r; }
     }
+    if (encoder_backward_scratch_ints(B, T) > reduce) { reduce = encoder_backward_scratch_ints(B, T); }  // ints, as floats
     ScratchBytes s = {align_up(2 * BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
                       align_up(flash ? flash_attention_scratch_floats(B, T, NH) * sizeof(float)
                                      : attention_scratch_floats(B, T, C, NH) * elem),
@@ -301,7 +303,7 @@ struct Model {
     char* scratch_memory;
     int *inputs, *targets;        // (B,T) the batch on the GPU
     float* probs;                 // (Vp) one position's probabilities (sampling)
-    float* reduce_scratch;        // the deterministic reductions' partial sums
+    float* reduce_scratch;        // the deterministic reductions' partial sums (and the encoder's token buckets)
     floatX* attention_scratch;    // --attention matmul: the heads' copies
     float* flash_scratch;         // --attention flash: a float per row (backward's D)
     double* norm_scratch;         // global norm partial sums; the last double is the result
@@ -1018,7 +1020,7 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
 }
 
 template <typename floatX>
-static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
+static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
@@ -1051,7 +1053,7 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
         }
     }
     prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
-    encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, m->inputs, B, T, C, s);
+    encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
     prof_gpu_close(s, S);
     if (m->reduce_in_backward) { reduce_now_final(m, -1); }  // wte, wpe, lnfw, lnfb
     if (m->send_in_backward) { send_final_grads(m, REST_GROUP); }
@@ -1450,8 +1452,8 @@ void gpt2_zero_grad(GPT2* m) {
 }
 
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
-    (void)inputs; (void)targets;  // on the GPU since the forward
-    if (m->bf16) { model_backward(m->bf16, B, T, loss_scale); } else { model_backward(m->f32, B, T, loss_scale); }
+    (void)targets;  // on the GPU since the forward; the inputs group dwte's positions by token (encoder.cuh)
+    if (m->bf16) { model_backward(m->bf16, inputs, B, T, loss_scale); } else { model_backward(m->f32, inputs, B, T, loss_scale); }
 }
 
 double gpt2_copy_wait_ms(GPT2* m) {
