@@ -652,10 +652,10 @@ static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* 
     else { attention_forward_cuda(a->atty, a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
     prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, C, X), PROF_MATMUL_FORWARD, BT, C, C);
     matmul_forward_cuda(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C, mc, s);
-    prof_gpu_mark(s, S, PROF_RESIDUAL, prof_residual_forward(BTC, X), "forward");
-    residual_forward_cuda(a->residual2, x, a->residual2, BTC, s);  // in place: residual2 = x + projection
-    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_forward(BT, C, X), "forward");
-    layernorm_forward_cuda(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C, s);
+    // in place: residual2 = x + projection, and its LayerNorm, in one pass over the residual stream
+    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_residual_layernorm_forward(BT, C, X), "forward, fused with the residual");
+    residual_layernorm_forward_cuda(a->residual2, a->ln2, a->ln2_mean, a->ln2_rstd, x, a->residual2, p->ln2w, p->ln2b,
+                                    B, T, C, s);
     prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, 4 * C, X), PROF_MATMUL_FORWARD, BT, C, 4 * C);
     matmul_forward_cuda(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C, mc, s);
     prof_gpu_mark(s, S, PROF_GELU, prof_gelu_forward(BTC * 4, X), "forward");

@@ -2,6 +2,7 @@
 layernorm.cuh: LayerNorm on the device, mirroring layernorm_forward/backward of cpu/layers.h.
 
     layernorm_forward_cuda<floatX>(out, mean, rstd, inp, weight, bias, B, T, C, stream);   // out, mean, rstd =
+    residual_layernorm_forward_cuda<floatX>(res, out, mean, rstd, a, b, weight, bias, B, T, C, stream);  // res = a + b, then its LN
     float* scratch;  // layernorm_backward_scratch_floats(B, T, C) floats, contents not kept
     layernorm_backward_cuda<floatX>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, scratch, stream);
                                                           // dinp +=, dweight +=, dbias += (dbias may be NULL)
@@ -29,18 +30,14 @@ holds for one row group (2 C floats, C <= 29,000 on an H100, opting in above 48 
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
-// out (N,C) = (inp - mean) * rstd * weight (C) + bias (C), N = B*T rows; mean, rstd (N) saved (fp32).
-// One warp per row, three passes over the row (sum, squared deviations, output; the second and
-// third hit the cache). bytes: 2 N*C + 2 C floatX + 2 N fp32; FLOPs: about 7 N*C
+// out (C) = (x - mean) * rstd * weight (C) + bias (C) for one row x (C); mean, rstd saved (fp32) by
+// lane 0. One warp, three passes over the row (sum, squared deviations, output; the second and
+// third hit the cache); each lane reads the packs lane, lane + 32, ... of x
 template <typename floatX>
-__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
-                                         const floatX* weight, const floatX* bias, int N, int C, bool vector) {
+__device__ inline void layernorm_row(floatX* out, float* mean, float* rstd, const floatX* x, const floatX* weight,
+                                     const floatX* bias, int C, bool vector) {
     const int VEC = Packed128<floatX>::size;
     int lane = threadIdx.x % WARP_SIZE;
-    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    if (row >= N) { return; }  // the whole warp leaves together: no shuffle misses a lane
-    const floatX* x = inp + (size_t)row * C;
-
     float sum = 0.0f;
     for (int c = lane * VEC; c < C; c += WARP_SIZE * VEC) {
         Packed128<floatX> xp = load_pack(x, c, C, vector);  // zeros past C
@@ -65,12 +62,44 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
         for (int k = 0; k < VEC; k++) {
             o[k] = from_float<floatX>((to_float(xp[k]) - m) * s * to_float(wp[k]) + to_float(bp[k]));
         }
-        store_pack(out + (size_t)row * C, c, C, vector, o);
+        store_pack(out, c, C, vector, o);
     }
     if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = s;
+        *mean = m;
+        *rstd = s;
     }
+}
+
+// out (N,C) = (inp - mean) * rstd * weight (C) + bias (C), N = B*T rows; mean, rstd (N) saved (fp32).
+// One warp per row. bytes: 2 N*C + 2 C floatX + 2 N fp32; FLOPs: about 7 N*C
+template <typename floatX>
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                         const floatX* weight, const floatX* bias, int N, int C, bool vector) {
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) { return; }  // the whole warp leaves together: no shuffle misses a lane
+    size_t at = (size_t)row * C;
+    layernorm_row(out + at, mean + row, rstd + row, inp + at, weight, bias, C, vector);
+}
+
+// residual (N,C) = a + b (rounded to floatX, as residual_forward_cuda), then out, mean, rstd = the
+// LayerNorm of that residual, as layernorm_forward_kernel: bitwise the two kernels' results, but the
+// residual stream is read once (each lane reads back only the packs it wrote, from its cache).
+// residual may be a or b. bytes: 4 N*C + 2 C floatX + 2 N fp32; FLOPs: about 8 N*C
+template <typename floatX>
+__global__ void residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
+                                                  const floatX* a, const floatX* b, const floatX* weight,
+                                                  const floatX* bias, int N, int C, bool vector) {
+    const int VEC = Packed128<floatX>::size;
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) { return; }
+    size_t at = (size_t)row * C;
+    for (int c = lane * VEC; c < C; c += WARP_SIZE * VEC) {
+        Packed128<floatX> ap = load_pack(a + at, c, C, vector), bp = load_pack(b + at, c, C, vector), r;
+        for (int k = 0; k < VEC; k++) { r[k] = from_float<floatX>(to_float(ap[k]) + to_float(bp[k])); }
+        store_pack(residual + at, c, C, vector, r);
+    }
+    layernorm_row(out + at, mean + row, rstd + row, residual + at, weight, bias, C, vector);
 }
 
 // dinp (N,C) += from dout (N,C); the block's column sums of norm * dout and of dout into
@@ -180,6 +209,23 @@ void layernorm_forward_cuda(floatX* out, float* mean, float* rstd, const floatX*
     bool vector = C % VEC == 0 && is_aligned16(out) && is_aligned16(inp) && is_aligned16(weight) && is_aligned16(bias);
     layernorm_forward_kernel<floatX><<<ceil_div(N, LAYERNORM_FORWARD_WARPS), LAYERNORM_FORWARD_WARPS * WARP_SIZE, 0,
                                        stream>>>(out, mean, rstd, inp, weight, bias, N, C, vector);
+    CUDA_CHECK_LAUNCH();
+}
+
+// residual (B,T,C) = a + b; out (B,T,C) = its LayerNorm with w (C), b (C); mean, rstd (B,T) saved.
+// The same results as residual_forward_cuda then layernorm_forward_cuda, bit for bit, in one pass
+// over the residual stream; residual may be a or b
+template <typename floatX>
+void residual_layernorm_forward_cuda(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* a,
+                                     const floatX* b, const floatX* weight, const floatX* bias, int B, int T, int C,
+                                     cudaStream_t stream) {
+    int N = B * T;
+    if (N == 0) { return; }
+    const int VEC = Packed128<floatX>::size;
+    bool vector = C % VEC == 0 && is_aligned16(residual) && is_aligned16(out) && is_aligned16(a) && is_aligned16(b) &&
+                  is_aligned16(weight) && is_aligned16(bias);
+    residual_layernorm_forward_kernel<floatX><<<ceil_div(N, LAYERNORM_FORWARD_WARPS), LAYERNORM_FORWARD_WARPS * WARP_SIZE,
+                                                0, stream>>>(residual, out, mean, rstd, a, b, weight, bias, N, C, vector);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -108,6 +108,11 @@ static ProfCost prof_layernorm_forward(size_t N, int C, size_t elem) {
     ProfCost c = {(2.0 * N * C + 2.0 * C) * elem + 8.0 * N, 7.0 * N * C};
     return c;
 }
+// residual (N,C) = a + b and its LayerNorm out (N,C) in one pass: a, b read, residual, out written
+static ProfCost prof_residual_layernorm_forward(size_t N, int C, size_t elem) {
+    ProfCost c = {(4.0 * N * C + 2.0 * C) * elem + 8.0 * N, 8.0 * N * C};
+    return c;
+}
 // dinp (N,C) += from dout, inp (N,C), w (C), mean, rstd; dw, db (C) += fp32
 static ProfCost prof_layernorm_backward(size_t N, int C, size_t elem) {
     ProfCost c = {(4.0 * N * C + C) * elem + 8.0 * N + 16.0 * C, 14.0 * N * C};

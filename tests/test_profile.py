@@ -107,8 +107,9 @@ def entry(js, kind, name, stream="compute"):
     return found[0] if found else None
 
 
-def check_counts(name, js, X, gelu_dgelu):
-    """calls, FLOPs and bytes of every matmul shape and of LayerNorm forward, from the shapes"""
+def check_counts(name, js, X, gelu_dgelu, fused_ln):
+    """calls, FLOPs and bytes of every matmul shape, of LayerNorm forward (fused_ln: the GPU's block
+    fuses its second with the residual before it) and of the residual, from the shapes"""
     shapes = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)] * L + [(C, VP)]  # the blocks', the classifier's
     want = {}  # name: (calls, flops, bytes); the classifier's (C -> Vp) shares a name with fc's here (Vp = 4C)
     for k, n in shapes:
@@ -128,9 +129,16 @@ def check_counts(name, js, X, gelu_dgelu):
     extra = [e["name"] for e in js["entries"] if e["kind"] == "matmul" and e["name"] not in want]
     if extra:
         bad.append(f"unexpected matmuls: {extra}")
-    ln = entry(js, "layernorm", "forward")
-    if ln is None or ln["calls"] != 2 * L + 1 or ln["flops"] != 7 * BT * C * (2 * L + 1):
+    ln, fused = entry(js, "layernorm", "forward"), entry(js, "layernorm", "forward, fused with the residual")
+    plain = L + 1 if fused_ln else 2 * L + 1  # the GPU fuses the block's second LayerNorm with its residual
+    if ln is None or ln["calls"] != plain or ln["flops"] != 7 * BT * C * plain:
         bad.append(f"layernorm forward: {ln}")
+    if fused_ln and (fused is None or fused["calls"] != L or fused["flops"] != 8 * BT * C * L
+                     or fused["bytes"] != ((4 * BT * C + 2 * C) * X + 8 * BT) * L):
+        bad.append(f"layernorm forward fused with the residual: {fused}")
+    res = entry(js, "residual", "forward")
+    if res is None or res["calls"] != (L if fused_ln else 2 * L):
+        bad.append(f"residual forward: {res}")
     s.check(f"{name}: every matmul shape and layernorm forward: calls, FLOPs and bytes", not bad, "; ".join(bad))
 
 
@@ -151,7 +159,7 @@ res = profile_run("cpu", TRAIN, [], "cpu")
 if res:
     r, rows, js = res
     check_structure("cpu", rows, js, ALWAYS)
-    check_counts("cpu", js, 4, gelu_dgelu=False)
+    check_counts("cpu", js, 4, gelu_dgelu=False, fused_ln=False)
     check_same_run("cpu", TRAIN, [], "cpu")
 res = profile_run("cpu --offload 1 --recompute gelu", TRAIN, ["--offload", "1", "--recompute", "gelu"], "cpu_off")
 if res:
@@ -171,7 +179,7 @@ res = profile_run("gpu", CUDA, [], "gpu")
 if res:
     r, rows, js = res
     check_structure("gpu", rows, js, ALWAYS, emulated="build/emu/" in CUDA)
-    check_counts("gpu", js, 2, gelu_dgelu=True)
+    check_counts("gpu", js, 2, gelu_dgelu=True, fused_ln=True)
     s.check("gpu: the printed table says the times are the emulator's", "EMULATED" in r.out, r.out[-500:])
     check_same_run("gpu", CUDA, [], "gpu")
 flags = ["--offload", "1", "--recompute", "1"] + FP32

@@ -7,6 +7,8 @@ the minimum (B*T = 4500: 9 rows a block), with a row spread over 16 warps whose 
 the default 48 KiB of shared memory (C = 6200: the opt-in), and over 14 warps in two groups (C = 3456,
 d84's width). The backward runs on gradients that already hold values (+=), twice (bitwise equal;
 the second time with dbias NULL). mean, rstd, dweight and dbias are fp32 in both modes and held to 1e-5.
+The forward fused with the residual before it (residual_layernorm_forward_cuda) must give bitwise
+the residual and LayerNorm kernels' results, in place as the block runs it.
 It prints the backward's launch (blocks, warps, rows a block, shared memory) and the bytes it moves
 at d12 (B=16, T=1024, C=768) and d84 (B=1, T=1024, C=3456), before this design and now.
 
@@ -15,6 +17,7 @@ at d12 (B=16, T=1024, C=768) and d84 (B=1, T=1024, C=3456), before this design a
 #include "dev/cuda/kernel_test.h"
 #include "cpu/layers.h"
 #include "cuda/layernorm.cuh"
+#include "cuda/residual.cuh"
 
 struct Shape { int B, T, C; };
 static const int SUM_ROWS_AT_TOLERANCE = 512;  // rows whose fp32 column sums FP32_TOLERANCE covers
@@ -45,6 +48,27 @@ static void test_shape(const Shape& s) {
                             max_rel_error(download(d_rstd, N).data(), rstd.data(), N));
     snprintf(what, sizeof what, "forward mean, rstd (C=%d)", C);
     check_close<floatX>(err_stats, FP32_TOLERANCE, "layernorm", what);
+
+    // the residual fused in: res = x + y (in place into y, as the block does), then its LayerNorm,
+    // against the CPU's two functions and bitwise against the two kernels
+    std::vector<float> y = rounded<floatX>(random_vector(NC, 9)), res(NC), res_out(NC), res_mean(N), res_rstd(N);
+    residual_forward(res.data(), inp.data(), y.data(), NC);
+    res = rounded<floatX>(res);  // the device stores the sum in floatX
+    layernorm_forward(res_out.data(), res_mean.data(), res_rstd.data(), res.data(), w.data(), b.data(), B, T, C);
+    floatX *d_y = upload<floatX>(y), *d_y2 = upload<floatX>(y), *d_out2 = device_alloc<floatX>(NC);
+    float *d_mean2 = device_alloc<float>(N), *d_rstd2 = device_alloc<float>(N);
+    residual_layernorm_forward_cuda<floatX>(d_y, d_out, d_mean, d_rstd, d_inp, d_y, d_w, d_b, B, T, C, 0);
+    residual_forward_cuda<floatX>(d_y2, d_inp, d_y2, NC, 0);
+    layernorm_forward_cuda<floatX>(d_out2, d_mean2, d_rstd2, d_y2, d_w, d_b, B, T, C, 0);
+    float err_res = fmaxf(max_rel_error(download(d_y, NC).data(), res.data(), NC),
+                          max_rel_error(download(d_out, NC).data(), res_out.data(), NC));
+    snprintf(what, sizeof what, "residual + layernorm forward fused, residual and out (C=%d)", C);
+    check_close<floatX>(err_res, tolerance<floatX>(), "layernorm", what);
+    bool fused_same = same_bits(d_y, d_y2, NC) && same_bits(d_out, d_out2, NC) && same_bits(d_mean, d_mean2, N) &&
+                      same_bits(d_rstd, d_rstd2, N);
+    snprintf(what, sizeof what, "residual + layernorm fused: bitwise the two kernels (C=%d)", C);
+    check(fused_same, test_name<floatX>("layernorm", what), "%s", "the fused kernel differs");
+    for (void* p : {(void*)d_y, (void*)d_y2, (void*)d_out2, (void*)d_mean2, (void*)d_rstd2}) { CUDA_CHECK(cudaFree(p)); }
 
     // backward, from the CPU's mean and rstd on both sides, twice
     std::vector<float> dinp = dinp0, dw = dw0, db = db0;
@@ -152,6 +176,15 @@ static void print_launches() {
             print_launch("before", z.model, z.N, z.C, elem, launch_before(z.N, z.C, vec));
             print_launch("now", z.model, z.N, z.C, elem, launch_now(z.N, z.C, vec));
         }
+    }
+    // the residual and the LayerNorm after it: two kernels before, one now (the same launch as the LayerNorm's)
+    for (const auto& z : sizes) {
+        double NC = (double)z.N * z.C, X = 2.0;  // bf16
+        int res_blocks = (int)ceil_div((size_t)NC / 8, (size_t)RESIDUAL_BLOCK), ln_blocks = ceil_div(z.N, LAYERNORM_FORWARD_WARPS);
+        printf("residual + layernorm_forward bf16 before %s: %5d + %5d blocks (%d + %d warps each), %7.2f MB moved\n", z.model,
+               res_blocks, ln_blocks, RESIDUAL_BLOCK / WARP_SIZE, LAYERNORM_FORWARD_WARPS, (5.0 * NC + 2.0 * z.C) * X / 1e6 + 8e-6 * z.N);
+        printf("residual + layernorm_forward bf16 now    %s: %5d blocks (%d warps each), %7.2f MB moved\n", z.model, ln_blocks,
+               LAYERNORM_FORWARD_WARPS, (4.0 * NC + 2.0 * z.C) * X / 1e6 + 8e-6 * z.N);
     }
     // what the issue asked for: d84's rows spread over many warps, not 32 warps in all
     Launch d84 = launch_now(1024, 3456, 8);
