@@ -15,7 +15,9 @@ What is checked is the structure and the sums, not the times (the emulated devic
   - profiling changes nothing the run computes: the losses and the final model are bitwise those of
     the same run without --profile;
   - a step the run does not train is refused (past -x, not after a resumed step, negative), and
-    -h lists the flag.
+    -h lists the flag;
+  - scripts/gpu_runbook.sh passes bash -n, and its --dry-run lists every step (the smoke test
+    first, under a minute; about 20 minutes in all) with the commands the issue asks for.
 
     python3 tests/test_profile.py ./train_gpt ./build/emu/train_gpt ./test_gpt
 """
@@ -226,5 +228,29 @@ if s.expect_ok("a run to resume", [TRAIN, *BASE, "-n", "2", "-o", resumed]):
                   [TRAIN, *BASE, "-x", "5", "-y", "1", "--profile", "2", "-o", resumed])
 r = s.run([TRAIN, "-h"])
 s.check("-h lists --profile", "--profile" in r.out + r.err, (r.out + r.err)[-300:])
+
+# ----------------------------------------------------------------------------
+# scripts/gpu_runbook.sh: its syntax, and its steps as --dry-run lists them (no GPU here)
+
+RUNBOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "gpu_runbook.sh")
+r = s.run(["bash", "-n", RUNBOOK])
+s.check("gpu_runbook.sh: bash -n", r.rc == 0, r.err[-300:])
+r = s.run(["bash", RUNBOOK, "--dry-run"])
+steps = re.findall(r"^== step (\S+): expected about (\d+) min", r.out, re.M)
+names = [n for n, _ in steps]
+want = ["smoke", "determinism", "sass", "profile", "sanitizer", "gpu-check", "trainer", "bench"]
+s.check("gpu_runbook.sh --dry-run: every step, smoke first, each with its expected time, about 20 minutes in all",
+        r.rc == 0 and names == want and sum(int(m) for _, m in steps) <= 20 and int(steps[0][1]) <= 1,
+        f"rc {r.rc}, steps {steps}, {r.err[-200:]}")
+cmds = [line for line in r.out.splitlines() if line.startswith("   $ ")]
+san = [c for c in cmds if "compute-sanitizer" in c]
+tools_ok = all(any(f"--tool {t}" in c and f"--precision {p}" in c and "-t 100 " in c for c in san)
+               for t in ("memcheck", "racecheck", "synccheck", "initcheck") for p in ("bf16", "fp32"))
+s.check("gpu_runbook.sh: the sanitizer's four tools over d6 in bf16 and fp32 at T = 100 (not a multiple of 64), "
+        "and over the kernel tests", tools_ok and any("dev/cuda/test_" in c for c in san), "\n".join(san))
+s.check("gpu_runbook.sh: the profile of d12 B=16 T=1024", any("--profile" in c and "-e d12 -b 16 -t 1024" in c for c in cmds),
+        "\n".join(cmds))
+r = s.run(["bash", RUNBOOK, "no-such-step"])
+s.check("gpu_runbook.sh: an unknown step is refused, naming the steps", r.rc == 2 and "smoke" in r.out, r.out[-300:])
 
 s.finish()
