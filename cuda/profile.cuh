@@ -69,7 +69,7 @@ static void prof_gpu_close(cudaStream_t s, int id) {
 }
 
 // a range of `kind` named by fmt starts here on stream id (s) and runs to its next mark or close
-static void prof_gpu_mark(cudaStream_t s, int id, ProfKind kind, ProfCost cost, const char* fmt, ...) {
+PROF_PRINTF(5, 6) static void prof_gpu_mark(cudaStream_t s, int id, ProfKind kind, ProfCost cost, const char* fmt, ...) {
     if (!g_prof.active) { return; }
     ProfGpu* p = &g_prof_gpu;
     p->ranges = (ProfGpuRange*)prof_grow(p->ranges, p->n, &p->cap, sizeof(ProfGpuRange));

@@ -47,6 +47,13 @@ static const char* const PROF_STREAM_NAMES[PROF_MAX_STREAMS] = {"compute", "copy
 
 typedef struct { double bytes, flops; } ProfCost;
 
+// a mark's name is a printf format and its arguments: the compiler checks them where it can
+#if defined(__GNUC__)
+#define PROF_PRINTF(fmt_at, args_at) __attribute__((format(printf, fmt_at, args_at)))
+#else
+#define PROF_PRINTF(fmt_at, args_at)
+#endif
+
 // the names of a matmul's rows, by shape: (BT, C) in, OC out (the arguments, in that order)
 #define PROF_MATMUL_FORWARD "forward (%zu x %d) -> %d"
 #define PROF_MATMUL_BACKWARD "backward (%zu x %d) -> %d"
@@ -203,7 +210,7 @@ static void prof_close(void) {
 }
 
 // the CPU clock: a range of `kind` named by fmt starts here and runs to the next mark or prof_close
-static void prof_mark(ProfKind kind, ProfCost cost, const char* fmt, ...) {
+PROF_PRINTF(3, 4) static void prof_mark(ProfKind kind, ProfCost cost, const char* fmt, ...) {
     if (!g_prof.active) { return; }
     prof_close();
     va_list ap;

@@ -1152,6 +1152,7 @@ static int train_step(Run* r, int step) {
         if (micro == r->accum - 1) { gpt2_reduce_during_backward(r->model); }
         gpt2_backward(r->model, dl->inputs, dl->targets, B, T, 1.0f / ((float)B * T * r->accum * world));
         if (micro + 1 < r->accum && dist_any(g_stop_requested)) {  // all ranks agree
+            if (profiling) { prof_end(0.0); }  // the step is dropped, and its profile with it
             dataloader_seek(dl, shard, position, epoch);
             return 0;
         }
