@@ -932,7 +932,6 @@ static void prepare_output_dir(Run* r) {
     dist_barrier();  // the other ranks write their state files into it
 }
 
-// allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 // --profile N: step N must be one this run trains
 static void check_profile_step(const Run* r) {
     int n = r->o->profile;
@@ -958,6 +957,7 @@ static void profile_report(const Run* r) {
     printf("  (written to %s)\n", path);
 }
 
+// allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
