@@ -634,17 +634,23 @@ static void model_destroy(Model<floatX>* m) {
 }
 
 // ----------------------------------------------------------------------------
-// one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that)), as train_gpt.c's
+// one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that)), as train_gpt.c's.
+// ln1_done: a's ln1, ln1_mean and ln1_rstd hold ln1(x) already (the block before computed them with
+// its last residual). next, np: the next block's activations and weights, whose ln1 this block's
+// last residual computes in the same pass (NULL: none; the results are bitwise the same either way)
 
 template <typename floatX>
-static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p, int B, int T) {
+static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p, int B, int T,
+                          int ln1_done = 0, LayerActs<floatX>* next = NULL, const LayerParams<floatX>* np = NULL) {
     int C = m->config.channels, NH = m->config.num_heads;
     size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
     const int S = PROF_STREAM_COMPUTE;
-    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_forward(BT, C, X), "forward");
-    layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s);
+    if (!ln1_done) {
+        prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_forward(BT, C, X), "forward");
+        layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s);
+    }
     prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, 3 * C, X), PROF_MATMUL_FORWARD, BT, C, 3 * C);
     matmul_forward_cuda(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C, mc, s);
     prof_gpu_mark(s, S, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, X), m->act.flash ? "flash" : "matmul");
@@ -662,6 +668,12 @@ static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* 
     gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s);
     prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, 4 * C, C, X), PROF_MATMUL_FORWARD, BT, 4 * C, C);
     matmul_forward_cuda(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C, mc, s);
+    if (next != NULL) {  // residual3 = residual2 + projection, and the next block's ln1 of it
+        prof_gpu_mark(s, S, PROF_LAYERNORM, prof_residual_layernorm_forward(BT, C, X), "forward, fused with the residual");
+        residual_layernorm_forward_cuda(a->residual3, next->ln1, next->ln1_mean, next->ln1_rstd, a->residual2, a->residual3,
+                                        np->ln1w, np->ln1b, B, T, C, s);
+        return;
+    }
     prof_gpu_mark(s, S, PROF_RESIDUAL, prof_residual_forward(BTC, X), "forward");
     residual_forward_cuda(a->residual3, a->residual2, a->residual3, BTC, s);
 }
@@ -783,15 +795,22 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
     CUDA_CHECK(cudaEventRecord(m->slot_saved[slot], m->copy_stream));
 }
 
-// layers first..last forward from x into the working set; with store, what the schedule keeps
+// layers first..last forward from x into the working set; with store, what the schedule keeps.
+// Each block but the last computes the next one's ln1 with its last residual (one pass over the
+// residual stream), except under offload, where the next block's slot may still be on its way to
+// the host until the compute stream waits for it
 template <typename floatX>
 static void forward_layers(Model<floatX>* m, int first, int last, const floatX* x, int B, int T, int store) {
     int C = m->config.channels, L = m->config.num_layers;
+    int ln1_done = 0;
     for (int l = first; l <= last; l++) {
-        LayerParams<floatX> lp = layer_params(&m->weights, l, C);
+        LayerParams<floatX> lp = layer_params(&m->weights, l, C), np;
         LayerActs<floatX>* la = act_layer(m, l);
+        LayerActs<floatX>* next = l < last && !m->act.offload ? act_layer(m, l + 1) : NULL;
+        if (next != NULL) { np = layer_params(&m->weights, l + 1, C); }
         if (m->act.offload) { compute_waits_for_copy(m, m->slot_saved[act_slot_of(&m->act, L, l)]); }
-        block_forward(m, la, x, &lp, B, T);
+        block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
+        ln1_done = next != NULL;
         if (store) { store_after_forward(m, l, (size_t)B * T * C); }
         x = la->residual3;
     }

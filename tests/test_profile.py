@@ -110,8 +110,8 @@ def entry(js, kind, name, stream="compute"):
 
 
 def check_counts(name, js, X, gelu_dgelu, fused_ln):
-    """calls, FLOPs and bytes of every matmul shape, of LayerNorm forward (fused_ln: the GPU's block
-    fuses its second with the residual before it) and of the residual, from the shapes"""
+    """calls, FLOPs and bytes of every matmul shape, of LayerNorm forward (fused_ln: the GPU fuses each
+    with the residual before it, but the first block's first and lnf) and of the residual, from the shapes"""
     shapes = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)] * L + [(C, VP)]  # the blocks', the classifier's
     want = {}  # name: (calls, flops, bytes); the classifier's (C -> Vp) shares a name with fc's here (Vp = 4C)
     for k, n in shapes:
@@ -132,14 +132,16 @@ def check_counts(name, js, X, gelu_dgelu, fused_ln):
     if extra:
         bad.append(f"unexpected matmuls: {extra}")
     ln, fused = entry(js, "layernorm", "forward"), entry(js, "layernorm", "forward, fused with the residual")
-    plain = L + 1 if fused_ln else 2 * L + 1  # the GPU fuses the block's second LayerNorm with its residual
+    # the GPU fuses each LayerNorm with the residual before it, but the first block's first and lnf
+    n_fused = 2 * L - 1 if fused_ln else 0
+    plain = 2 * L + 1 - n_fused
     if ln is None or ln["calls"] != plain or ln["flops"] != 7 * BT * C * plain:
         bad.append(f"layernorm forward: {ln}")
-    if fused_ln and (fused is None or fused["calls"] != L or fused["flops"] != 8 * BT * C * L
-                     or fused["bytes"] != ((4 * BT * C + 2 * C) * X + 8 * BT) * L):
+    if fused_ln and (fused is None or fused["calls"] != n_fused or fused["flops"] != 8 * BT * C * n_fused
+                     or fused["bytes"] != ((4 * BT * C + 2 * C) * X + 8 * BT) * n_fused):
         bad.append(f"layernorm forward fused with the residual: {fused}")
     res = entry(js, "residual", "forward")
-    if res is None or res["calls"] != (L if fused_ln else 2 * L):
+    if res is None or res["calls"] != 2 * L - n_fused:
         bad.append(f"residual forward: {res}")
     s.check(f"{name}: every matmul shape and layernorm forward: calls, FLOPs and bytes", not bad, "; ".join(bad))
 
