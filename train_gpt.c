@@ -417,17 +417,27 @@ void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
 // x (B,T,C) is the block's input; fills a (its residual3 is the block output)
 static void block_forward(LayerActs* a, const float* x, const LayerParams* p, int B, int T, int C, int NH,
                           const ActPolicy* pol) {
-    size_t BTC = (size_t)B * T * C;
+    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(float);
+    prof_mark(PROF_LAYERNORM, prof_layernorm_forward(BT, C, X), "forward");
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C);
+    prof_mark(PROF_MATMUL, prof_matmul_forward(BT, C, 3 * C, X), PROF_MATMUL_FORWARD, BT, C, 3 * C);
     matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C);
+    prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, X), pol->flash ? "flash" : "matmul");
     if (pol->flash) { attention_flash_forward(a->atty, a->att, a->qkv, B, T, C, NH); }  // att: the log-sum-exp
     else { attention_forward(a->atty, a->att, a->qkv, B, T, C, NH); }
+    prof_mark(PROF_MATMUL, prof_matmul_forward(BT, C, C, X), PROF_MATMUL_FORWARD, BT, C, C);
     matmul_forward(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C);
+    prof_mark(PROF_RESIDUAL, prof_residual_forward(BTC, X), "forward");
     residual_forward(a->residual2, x, a->residual2, BTC);  // in place: residual2 = x + projection
+    prof_mark(PROF_LAYERNORM, prof_layernorm_forward(BT, C, X), "forward");
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C);
+    prof_mark(PROF_MATMUL, prof_matmul_forward(BT, C, 4 * C, X), PROF_MATMUL_FORWARD, BT, C, 4 * C);
     matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C);
+    prof_mark(PROF_GELU, prof_gelu_forward(BTC * 4, X), "forward");
     gelu_forward(a->fch_gelu, a->fch, BTC * 4);
+    prof_mark(PROF_MATMUL, prof_matmul_forward(BT, 4 * C, C, X), PROF_MATMUL_FORWARD, BT, 4 * C, C);
     matmul_forward(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C);
+    prof_mark(PROF_RESIDUAL, prof_residual_forward(BTC, X), "forward");
     residual_forward(a->residual3, a->residual2, a->residual3, BTC);
 }
 
@@ -436,19 +446,28 @@ static void block_forward(LayerActs* a, const float* x, const LayerParams* p, in
 // and the attention softmax again into their shared buffers.
 static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float* x, const LayerParams* p,
                            const LayerGrads* g, int B, int T, int C, int NH, const ActPolicy* pol) {
-    size_t BTC = (size_t)B * T * C;
-    if (pol->gelu) { gelu_forward(a->fch_gelu, a->fch, BTC * 4); }
+    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(float);
+    if (pol->gelu) {
+        prof_mark(PROF_GELU, prof_gelu_forward(BTC * 4, X), "forward (recompute)");
+        gelu_forward(a->fch_gelu, a->fch, BTC * 4);
+    }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place
+    prof_mark(PROF_MATMUL, prof_matmul_backward(BT, 4 * C, C, X), PROF_MATMUL_BACKWARD, BT, 4 * C, C);
     memset(bwd->dfch_gelu, 0, BTC * 4 * sizeof(float));
     matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, bwd->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C);
+    prof_mark(PROF_GELU, prof_gelu_backward(BTC * 4, X), "backward");
     memset(bwd->dfch, 0, BTC * 4 * sizeof(float));
     gelu_backward(bwd->dfch, a->fch, bwd->dfch_gelu, BTC * 4);
+    prof_mark(PROF_MATMUL, prof_matmul_backward(BT, C, 4 * C, X), PROF_MATMUL_BACKWARD, BT, C, 4 * C);
     memset(bwd->dbtc, 0, BTC * sizeof(float));
     matmul_backward(bwd->dbtc, g->fcw, g->fcb, bwd->dfch, a->ln2, p->fcw, B, T, C, 4 * C);
+    prof_mark(PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     layernorm_backward(bwd->dresidual, g->ln2w, g->ln2b, bwd->dbtc, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C);
     // attention branch
+    prof_mark(PROF_MATMUL, prof_matmul_backward(BT, C, C, X), PROF_MATMUL_BACKWARD, BT, C, C);
     memset(bwd->dbtc, 0, BTC * sizeof(float));
     matmul_backward(bwd->dbtc, g->attprojw, g->attprojb, bwd->dresidual, a->atty, p->attprojw, B, T, C, C);
+    prof_mark(PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, X), pol->flash ? "flash" : "matmul");
     memset(bwd->dqkv, 0, BTC * 3 * sizeof(float));
     if (pol->flash) {
         attention_flash_backward(bwd->dqkv, bwd->dbtc, a->qkv, a->atty, a->att, B, T, C, NH);
@@ -456,8 +475,10 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
         if (pol->attn) { attention_weights_forward(a->att, a->qkv, B, T, C, NH); }
         attention_backward(bwd->dqkv, bwd->datt, bwd->dbtc, a->qkv, a->att, B, T, C, NH);
     }
+    prof_mark(PROF_MATMUL, prof_matmul_backward(BT, C, 3 * C, X), PROF_MATMUL_BACKWARD, BT, C, 3 * C);
     memset(bwd->dbtc, 0, BTC * sizeof(float));
     matmul_backward(bwd->dbtc, g->qkvw, g->qkvb, bwd->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C);
+    prof_mark(PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     layernorm_backward(bwd->dresidual, g->ln1w, g->ln1b, bwd->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C);
 }
 
@@ -471,6 +492,9 @@ static void act_store_after_forward(GPT2* m, int l, size_t BTC) {
     int L = m->config.num_layers;
     ActStore st = act_after_forward(&m->act, L, l);
     LayerActs* la = act_layer(m, l);
+    if (st.segment_input >= 0 || st.offload_layer >= 0) {
+        prof_mark(PROF_OFFLOAD_COPY, prof_bytes(2.0 * (st.segment_input >= 0 ? BTC : a->layer_floats) * sizeof(float)), "after forward");
+    }
     if (st.segment_input >= 0) { memcpy(a->seg_inputs[st.segment_input], la->residual3, BTC * sizeof(float)); }
     if (st.offload_layer >= 0) {
         memcpy(a->host_layers + (size_t)l * a->layer_floats, la->ln1, a->layer_floats * sizeof(float));
@@ -483,6 +507,7 @@ static void act_fetch_layer(GPT2* m, int l) {
     ActivationTensors* a = &m->acts;
     int slot = act_slot_of(&m->act, m->config.num_layers, l);
     if (a->slot_layer[slot] == l) { return; }
+    prof_mark(PROF_OFFLOAD_COPY, prof_bytes(2.0 * a->layer_floats * sizeof(float)), "before backward");
     memcpy(a->slots[slot].ln1, a->host_layers + (size_t)l * a->layer_floats, a->layer_floats * sizeof(float));
     a->slot_layer[slot] = l;
 }
@@ -504,6 +529,7 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
 static void act_prepare_backward(GPT2* m, int l, int B, int T) {
     ActBackwardPlan bp = act_before_backward(&m->act, m->config.num_layers, l);
     if (bp.restore_segment >= 0) {
+        prof_mark(PROF_OFFLOAD_COPY, prof_bytes(2.0 * B * T * m->config.channels * sizeof(float)), "before backward");
         memcpy(m->acts.staging, m->acts.seg_inputs[bp.restore_segment], (size_t)B * T * m->config.channels * sizeof(float));
     }
     if (bp.recompute_segment >= 0) {
@@ -523,13 +549,19 @@ static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float
     const GPT2Config* c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
     ActivationTensors* a = &m->acts;
+    size_t N = (size_t)n, X = sizeof(float);
+    prof_mark(PROF_LAYERNORM, prof_layernorm_forward(N, C, X), "forward");
     layernorm_forward(a->lnf, mean, rstd, x, m->params.lnfw, m->params.lnfb, 1, n, C);
+    prof_mark(PROF_MATMUL, prof_matmul_forward(N, C, Vp, X), PROF_MATMUL_FORWARD, N, C, Vp);
     matmul_forward(a->probs, a->lnf, m->params.wte, NULL, 1, n, C, Vp);  // the logits
+    prof_mark(PROF_CLASSIFIER, prof_classifier(N, V, Vp, X), "forward (softmax, cross-entropy)");
     softmax_forward(a->probs, a->probs, 1, n, V, Vp);  // in place: logits -> probabilities
     if (targets == NULL) { return; }
     crossentropy_forward(losses, a->probs, targets, 1, n, Vp);
     if (loss_scale == 0.0f) { return; }
+    prof_mark(PROF_CLASSIFIER, prof_classifier(N, V, Vp, X), "backward");
     crossentropy_softmax_backward(a->probs, a->probs, targets, loss_scale, 1, n, V, Vp);  // in place: probs -> dlogits
+    prof_mark(PROF_MATMUL, prof_matmul_backward(N, C, Vp, X), PROF_MATMUL_BACKWARD, N, C, Vp);
     memset(dlnf, 0, (size_t)n * C * sizeof(float));
     matmul_backward(dlnf, m->grads.wte, NULL, a->probs, a->lnf, m->params.wte, 1, n, C, Vp);
 }
@@ -542,24 +574,27 @@ static float forward(GPT2* m, const int* inputs, const int* targets, int B, int 
     int L = c->num_layers, C = c->channels;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     ActivationTensors* a = &m->acts;
+    size_t BT = (size_t)B * T, X = sizeof(float);
+    prof_mark(PROF_ENCODER, prof_encoder_forward(BT, C, X), "forward");
     encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
     forward_layers(m, 0, L - 1, a->encoded, B, T, 1);
     // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
-    int BT = B * T, K = a->head_rows < BT ? a->head_rows : BT;
+    int K = a->head_rows < (int)BT ? a->head_rows : (int)BT;
     const float* x = layer_input(m, L);
-    for (int first = 0; first < BT; first += K) {
-        int n = BT - first < K ? BT - first : K;
+    for (int first = 0; first < (int)BT; first += K) {
+        int n = (int)BT - first < K ? (int)BT - first : K;
         size_t row = (size_t)first * C;
         head_forward(m, a->losses + first, a->lnf_mean + first, a->lnf_rstd + first, loss_scale > 0.0f ? m->bwd.dbtc + row : NULL,
                      x + row, targets ? targets + first : NULL, n, loss_scale);
         a->probs_first = first;
         a->probs_end = first + n;
     }
+    prof_close();
     if (loss_scale > 0.0f) { a->probs_first = -1; }  // the last chunk's probabilities are its gradient now
     a->head_grad_scale = loss_scale;
     if (targets == NULL) { m->mean_loss = -1.0f; return m->mean_loss; }
     double sum = 0.0;
-    for (int i = 0; i < BT; i++) { sum += a->losses[i]; }
+    for (size_t i = 0; i < BT; i++) { sum += a->losses[i]; }
     m->mean_loss = (float)(sum / BT);
     return m->mean_loss;
 }
@@ -585,7 +620,9 @@ const float* gpt2_probs(GPT2* m, int position) {
 }
 
 void gpt2_zero_grad(GPT2* m) {
+    prof_mark(PROF_ZEROING, prof_bytes(m->num_parameters * sizeof(float)), "gradients");
     memset(m->grads_memory, 0, m->num_parameters * sizeof(float));
+    prof_close();
 }
 
 // accumulates into the gradients d(loss_scale * sum of position losses) for the batch
@@ -595,7 +632,7 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
     ActivationTensors* a = &m->acts;
     BackwardBuffers* bwd = &m->bwd;
-    size_t BTC = (size_t)B * T * C;
+    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(float);
     if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
         if (a->head_grad_scale != loss_scale) {
             fail("gpt2_backward with --loss-chunk: the last forward computed the head's gradients for loss_scale %g, not %g\n"
@@ -603,11 +640,14 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         }
         a->head_grad_scale = 0.0f;
     } else {
+        prof_mark(PROF_CLASSIFIER, prof_classifier(BT, V, Vp, X), "backward");
         crossentropy_softmax_backward(a->probs, a->probs, targets, loss_scale, B, T, V, Vp);  // in place: probs -> dlogits
         a->probs_first = -1;
+        prof_mark(PROF_MATMUL, prof_matmul_backward(BT, C, Vp, X), PROF_MATMUL_BACKWARD, BT, C, Vp);
         memset(bwd->dbtc, 0, BTC * sizeof(float));
         matmul_backward(bwd->dbtc, m->grads.wte, NULL, a->probs, a->lnf, m->params.wte, B, T, C, Vp);
     }
+    prof_mark(PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     memset(bwd->dresidual, 0, BTC * sizeof(float));
     layernorm_backward(bwd->dresidual, m->grads.lnfw, m->grads.lnfb, bwd->dbtc, layer_input(m, L),
                        m->params.lnfw, a->lnf_mean, a->lnf_rstd, B, T, C);
@@ -617,7 +657,9 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         LayerGrads lg = layer_grads(&m->grads, l, C);
         block_backward(bwd, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T, C, NH, &m->act);
     }
+    prof_mark(PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
     encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C);
+    prof_close();
 }
 
 // ----------------------------------------------------------------------------
@@ -631,12 +673,30 @@ static HostStep gpt2_host_step(GPT2* m) {
     return h;
 }
 
-void gpt2_reduce_grads(GPT2* m) { HostStep h = gpt2_host_step(m); host_reduce_grads(&h); }
-float gpt2_grad_norm(GPT2* m) { HostStep h = gpt2_host_step(m); return host_grad_norm(&h); }
+void gpt2_reduce_grads(GPT2* m) {
+    HostStep h = gpt2_host_step(m);
+    if (m->dist.world > 1) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums"); }
+    host_reduce_grads(&h);
+    prof_close();
+}
+float gpt2_grad_norm(GPT2* m) {
+    HostStep h = gpt2_host_step(m);
+    prof_mark(PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
+    float norm = host_grad_norm(&h);
+    prof_close();
+    return norm;
+}
 void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     HostStep h = gpt2_host_step(m);
+    prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, sizeof(float)), "%s", OPTIMIZER_NAMES[m->optimizer]);
     host_update(&h, s, grad_norm, NULL, NULL);
+    prof_close();
 }
+
+// --profile: the CPU's ranges are timed by the wall clock as they close; nothing to wait for
+void gpt2_profile_begin(GPT2* m) { (void)m; }
+void gpt2_profile_end(GPT2* m) { (void)m; }
+const char* gpt2_profile_timing(void) { return "the wall clock of each range (OpenMP threads inside it)"; }
 
 #ifndef TESTING
 int main(int argc, char** argv) {

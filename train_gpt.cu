@@ -50,6 +50,7 @@ T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the 
 #include "cuda/came.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/scale.cuh"
+#include "cuda/profile.cuh"
 #include "cpu/host_step.h"
 
 // ----------------------------------------------------------------------------
@@ -220,7 +221,8 @@ static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 }
 
 // the backend's scratch on the GPU: the batch (inputs, targets), one row of probabilities
-// (sampling), the reduction scratch of the deterministic gradient kernels (fp32), the
+// (sampling), the reduction scratch of the deterministic gradient kernels (fp32; the encoder's
+// backward borrows it for the positions grouped by token), the
 // attention's (floatX head copies; flash attention: a float per row), the global norm's
 // (doubles, and the result; ZeRO-1: one per slice), cuBLASLt's workspace, and Adafactor's and
 // CAME's (the largest slice's: factored_model_scratch_bytes).
@@ -237,6 +239,7 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
         size_t r = matmul_backward_scratch_floats(B, T, ocs[i]);
         if (r > reduce) { reduce = r; }
     }
+    if (encoder_backward_scratch_ints(B, T) > reduce) { reduce = encoder_backward_scratch_ints(B, T); }  // ints, as floats
     ScratchBytes s = {2 * align_up(BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
                       align_up(flash ? flash_attention_scratch_floats(B, T, NH) * sizeof(float)
                                      : attention_scratch_floats(B, T, C, NH) * elem),
@@ -331,7 +334,7 @@ struct Model {
     char* scratch_memory;
     int *inputs, *targets;        // (B,T) the batch on the GPU
     float* probs;                 // (Vp) one position's probabilities (sampling)
-    float* reduce_scratch;        // the deterministic reductions' partial sums
+    float* reduce_scratch;        // the deterministic reductions' partial sums (and the encoder's token buckets)
     floatX* attention_scratch;    // --attention matmul: the heads' copies
     float* flash_scratch;         // --attention flash: a float per row (backward's D)
     double* norm_scratch;         // global norm partial sums; the last double is the result
@@ -657,24 +660,47 @@ static void model_destroy(Model<floatX>* m) {
 }
 
 // ----------------------------------------------------------------------------
-// one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that)), as train_gpt.c's
+// one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that)), as train_gpt.c's.
+// ln1_done: a's ln1, ln1_mean and ln1_rstd hold ln1(x) already (the block before computed them with
+// its last residual). next, np: the next block's activations and weights, whose ln1 this block's
+// last residual computes in the same pass (NULL: none; the results are bitwise the same either way)
 
 template <typename floatX>
-static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p, int B, int T) {
+static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p, int B, int T,
+                          int ln1_done = 0, LayerActs<floatX>* next = NULL, const LayerParams<floatX>* np = NULL) {
     int C = m->config.channels, NH = m->config.num_heads;
-    size_t BTC = (size_t)B * T * C;
+    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
-    layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s);
+    const int S = PROF_STREAM_COMPUTE;
+    if (!ln1_done) {
+        prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_forward(BT, C, X), "forward");
+        layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s);
+    }
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, 3 * C, X), PROF_MATMUL_FORWARD, BT, C, 3 * C);
     matmul_forward_cuda(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C, mc, s);
+    prof_gpu_mark(s, S, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, X), m->act.flash ? "flash" : "matmul");
     if (m->act.flash) { flash_attention_forward_cuda(a->atty, layer_lse(a), a->qkv, B, T, C, NH, s); }
     else { attention_forward_cuda(a->atty, a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, C, X), PROF_MATMUL_FORWARD, BT, C, C);
     matmul_forward_cuda(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C, mc, s);
-    residual_forward_cuda(a->residual2, x, a->residual2, BTC, s);  // in place: residual2 = x + projection
-    layernorm_forward_cuda(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C, s);
+    // in place: residual2 = x + projection, and its LayerNorm, in one pass over the residual stream
+    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_residual_layernorm_forward(BT, C, X), "forward, fused with the residual");
+    residual_layernorm_forward_cuda(a->residual2, a->ln2, a->ln2_mean, a->ln2_rstd, x, a->residual2, p->ln2w, p->ln2b,
+                                    B, T, C, s);
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, 4 * C, X), PROF_MATMUL_FORWARD, BT, C, 4 * C);
     matmul_forward_cuda(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C, mc, s);
+    prof_gpu_mark(s, S, PROF_GELU, prof_gelu_forward(BTC * 4, X), "forward");
     gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s);
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, 4 * C, C, X), PROF_MATMUL_FORWARD, BT, 4 * C, C);
     matmul_forward_cuda(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C, mc, s);
+    if (next != NULL) {  // residual3 = residual2 + projection, and the next block's ln1 of it
+        prof_gpu_mark(s, S, PROF_LAYERNORM, prof_residual_layernorm_forward(BT, C, X), "forward, fused with the residual");
+        residual_layernorm_forward_cuda(a->residual3, next->ln1, next->ln1_mean, next->ln1_rstd, a->residual2, a->residual3,
+                                        np->ln1w, np->ln1b, B, T, C, s);
+        return;
+    }
+    prof_gpu_mark(s, S, PROF_RESIDUAL, prof_residual_forward(BTC, X), "forward");
     residual_forward_cuda(a->residual3, a->residual2, a->residual3, BTC, s);
 }
 
@@ -687,20 +713,29 @@ template <typename floatX>
 static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p,
                            const LayerParams<float>* g, int B, int T) {
     int C = m->config.channels, NH = m->config.num_heads;
-    size_t BTC = (size_t)B * T * C, X = sizeof(floatX);
+    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
     float* scratch = m->reduce_scratch;
-    if (m->act.gelu) { gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s); }
+    const int S = PROF_STREAM_COMPUTE;
+    if (m->act.gelu) {
+        prof_gpu_mark(s, S, PROF_GELU, prof_gelu_forward(BTC * 4, X), "forward (recompute)");
+        gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s);
+    }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place. The fc
     // projection's dinp GEMM also takes the GELU backward: dfch = gelu'(fch) * (dresidual @ fcprojw)
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, 4 * C, C, X), PROF_MATMUL_BACKWARD " (with gelu backward)", BT, 4 * C, C);
     matmul_backward_cuda(m->dfch, g->fcprojw, g->fcprojb, m->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C, scratch,
                          mc, s, MATMUL_DINP_SET_DGELU, a->fch);
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, 4 * C, X), PROF_MATMUL_BACKWARD, BT, C, 4 * C);
     matmul_backward_cuda(m->dbtc, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s, MATMUL_DINP_SET);
+    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     layernorm_backward_cuda(m->dresidual, g->ln2w, g->ln2b, m->dbtc, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C, scratch, s);
     // attention branch
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, C, X), PROF_MATMUL_BACKWARD, BT, C, C);
     matmul_backward_cuda(m->dbtc, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc,
                          s, MATMUL_DINP_SET);
+    prof_gpu_mark(s, S, PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, X), m->act.flash ? "flash" : "matmul");
     if (m->act.flash) {  // writes all of dqkv
         flash_attention_backward_cuda(m->dqkv, m->dbtc, a->qkv, a->atty, layer_lse(a), B, T, C, NH, m->flash_scratch, s);
     } else {  // adds into dqkv
@@ -708,7 +743,9 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
         if (m->act.attn) { attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
         attention_backward_cuda(m->dqkv, m->datt, m->dbtc, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
     }
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, 3 * C, X), PROF_MATMUL_BACKWARD, BT, C, 3 * C);
     matmul_backward_cuda(m->dbtc, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s, MATMUL_DINP_SET);
+    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, m->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
 }
 
@@ -729,6 +766,7 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 template <typename floatX>
 static void compute_waits_for_copy(Model<floatX>* m, cudaEvent_t e) {
     int w = m->waits < OFFLOAD_MAX_WAITS ? m->waits++ : -1;
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COPY_WAIT, prof_bytes(0.0), "compute waits for the copy stream");
     if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->wait_marks[2 * w], m->stream)); }
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, e, 0));
     if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->wait_marks[2 * w + 1], m->stream)); }
@@ -764,11 +802,14 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
     LayerActs<floatX>* la = act_layer(m, l);
     size_t bytes = BTC * sizeof(floatX);
     if (st.segment_input >= 0 && !m->act.offload) {
+        prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(2.0 * bytes), "segment input, on the GPU");
         CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToDevice, m->stream));
         return;
     }
     if (st.segment_input < 0 && st.offload_layer < 0) { return; }
     copy_after_compute(m);
+    prof_gpu_mark(m->copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY,
+                  prof_bytes(st.segment_input >= 0 ? (double)bytes : (double)m->layer_bytes), "to the host");
     if (st.segment_input >= 0) {
         CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToHost, m->copy_stream));
     } else {
@@ -776,18 +817,26 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
                                    m->copy_stream));
         m->slot_layer[slot] = l;
     }
+    prof_gpu_close(m->copy_stream, PROF_STREAM_COPY);
     CUDA_CHECK(cudaEventRecord(m->slot_saved[slot], m->copy_stream));
 }
 
-// layers first..last forward from x into the working set; with store, what the schedule keeps
+// layers first..last forward from x into the working set; with store, what the schedule keeps.
+// Each block but the last computes the next one's ln1 with its last residual (one pass over the
+// residual stream), except under offload, where the next block's slot may still be on its way to
+// the host until the compute stream waits for it
 template <typename floatX>
 static void forward_layers(Model<floatX>* m, int first, int last, const floatX* x, int B, int T, int store) {
     int C = m->config.channels, L = m->config.num_layers;
+    int ln1_done = 0;
     for (int l = first; l <= last; l++) {
-        LayerParams<floatX> lp = layer_params(&m->weights, l, C);
+        LayerParams<floatX> lp = layer_params(&m->weights, l, C), np;
         LayerActs<floatX>* la = act_layer(m, l);
+        LayerActs<floatX>* next = l < last && !m->act.offload ? act_layer(m, l + 1) : NULL;
+        if (next != NULL) { np = layer_params(&m->weights, l + 1, C); }
         if (m->act.offload) { compute_waits_for_copy(m, m->slot_saved[act_slot_of(&m->act, L, l)]); }
-        block_forward(m, la, x, &lp, B, T);
+        block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
+        ln1_done = next != NULL;
         if (store) { store_after_forward(m, l, (size_t)B * T * C); }
         x = la->residual3;
     }
@@ -800,8 +849,10 @@ static void fetch_layer(Model<floatX>* m, int l) {
     int slot = act_slot_of(&m->act, m->config.num_layers, l);
     if (m->slot_layer[slot] != l) {
         copy_after_compute(m);  // the slot's last reader (a later layer's backward) is done
+        prof_gpu_mark(m->copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)m->layer_bytes), "from the host");
         CUDA_CHECK(cudaMemcpyAsync(m->slots[slot].ln1, m->host_store + (size_t)l * m->layer_bytes, m->layer_bytes,
                                    cudaMemcpyHostToDevice, m->copy_stream));
+        prof_gpu_close(m->copy_stream, PROF_STREAM_COPY);
         CUDA_CHECK(cudaEventRecord(m->slot_loaded[slot], m->copy_stream));
         m->slot_layer[slot] = l;
     }
@@ -815,8 +866,10 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
     ActBackwardPlan bp = act_before_backward(&m->act, L, l);
     if (bp.restore_segment >= 0) {
         copy_after_compute(m);  // the staging buffer's last reader is done
-        CUDA_CHECK(cudaMemcpyAsync(m->staging, m->seg_inputs[bp.restore_segment], (size_t)B * T * m->config.channels * sizeof(floatX),
-                                   cudaMemcpyHostToDevice, m->copy_stream));
+        size_t bytes = (size_t)B * T * m->config.channels * sizeof(floatX);
+        prof_gpu_mark(m->copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)bytes), "from the host");
+        CUDA_CHECK(cudaMemcpyAsync(m->staging, m->seg_inputs[bp.restore_segment], bytes, cudaMemcpyHostToDevice, m->copy_stream));
+        prof_gpu_close(m->copy_stream, PROF_STREAM_COPY);
         CUDA_CHECK(cudaEventRecord(m->staging_loaded, m->copy_stream));
         compute_waits_for_copy(m, m->staging_loaded);
     }
@@ -899,7 +952,9 @@ template <typename floatX>
 static void send_grads_down(Model<floatX>* m, const float* src, size_t n, int b) {
     CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->grad_stream, m->grads_ready, 0));
+    prof_gpu_mark(m->grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(float)), "gradients to the host");
     CUDA_CHECK(cudaMemcpyAsync(m->opt_staging[b], src, n * sizeof(float), cudaMemcpyDeviceToHost, m->grad_stream));
+    prof_gpu_close(m->grad_stream, PROF_STREAM_GRADS);
     CUDA_CHECK(cudaEventRecord(m->grads_down[b], m->grad_stream));
 }
 
@@ -960,9 +1015,11 @@ static void send_final_grads(Model<floatX>* m, int l) {
     int n = grad_group_pieces(&m->config, l, pieces);
     for (int i = 0; i < n; i++) {
         size_t off = pieces[i].host_offset;
+        prof_gpu_mark(m->grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(pieces[i].n * sizeof(float)), "gradients to the host");
         CUDA_CHECK(cudaMemcpyAsync(m->host_grads + off, m->grads_memory + off, pieces[i].n * sizeof(float),
                                    cudaMemcpyDeviceToHost, m->grad_stream));
     }
+    prof_gpu_close(m->grad_stream, PROF_STREAM_GRADS);
 }
 
 // the host arrays of the step (cpu/host_step.h)
@@ -989,6 +1046,7 @@ static float mean_loss(Model<floatX>* m, int B, int T) {
 template <typename floatX>
 static void clear_rest_grads(Model<floatX>* m) {
     if (m->offload_opt != OPT_OFFLOAD_GRADS) { return; }
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(rest_weights(&m->config) * sizeof(float)), "gradients of wte, wpe, lnf");
     CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, rest_weights(&m->config) * sizeof(float), m->stream));
 }
 
@@ -1000,16 +1058,22 @@ template <typename floatX>
 static void head_forward(Model<floatX>* m, const floatX* x, int first, int n, int has_targets, float loss_scale) {
     const GPT2Config* c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
-    size_t row = (size_t)first * C;
+    size_t row = (size_t)first * C, N = (size_t)n, X = sizeof(floatX);
     cudaStream_t s = m->stream;
+    const int S = PROF_STREAM_COMPUTE;
+    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_forward(N, C, X), "forward");
     layernorm_forward_cuda(m->lnf, m->lnf_mean + first, m->lnf_rstd + first, x + row, m->weights.lnfw, m->weights.lnfb, 1, n, C, s);
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(N, C, Vp, X), PROF_MATMUL_FORWARD, N, C, Vp);
     matmul_forward_cuda(m->logits, m->lnf, m->weights.wte, (const floatX*)NULL, 1, n, C, Vp, &m->matmul, s);
     if (loss_scale == 0.0f) {
+        prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(N, V, Vp, X), "forward (softmax, cross-entropy)");
         classifier_forward_cuda(m->losses + first, m->row_max, m->row_sum, m->logits, has_targets ? m->targets + first : (const int*)NULL,
                                 1, n, V, Vp, s);
         return;
     }
+    prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(N, V, Vp, X), "forward and backward, fused (--loss-chunk)");
     classifier_fused_cuda(m->losses + first, m->logits, m->targets + first, loss_scale, 1, n, V, Vp, s);  // in place: dlogits
+    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(N, C, Vp, X), PROF_MATMUL_BACKWARD, N, C, Vp);
     matmul_backward_cuda(m->dbtc + row, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, 1, n, C, Vp, m->reduce_scratch,
                          &m->matmul, s, MATMUL_DINP_SET);
 }
@@ -1022,6 +1086,9 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     size_t BT = (size_t)B * T;
     cudaStream_t s = m->stream;
+    size_t X = sizeof(floatX);
+    const int S = PROF_STREAM_COMPUTE;
+    prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_forward(BT, C, X), "forward (with the tokens' upload)");
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
     encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
@@ -1035,17 +1102,19 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
         m->probs_first = first;
         m->probs_end = first + n;
     }
+    prof_gpu_close(s, S);
     if (loss_scale > 0.0f) { m->probs_first = -1; }  // the last chunk's logits are their gradient now
     m->head_grad_scale = loss_scale;
     return targets != NULL ? mean_loss(m, B, T) : -1.0f;
 }
 
 template <typename floatX>
-static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
+static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
-    size_t BTC = (size_t)B * T * C, X = sizeof(floatX);
+    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
     cudaStream_t s = m->stream;
+    const int S = PROF_STREAM_COMPUTE;
     if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
         if (m->head_grad_scale != loss_scale) {
             fail("gpt2_backward with --loss-chunk: the last forward computed the head's gradients for loss_scale %g, not %g\n"
@@ -1054,11 +1123,14 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
         m->head_grad_scale = 0.0f;
     } else {
         clear_rest_grads(m);
+        prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(BT, V, Vp, X), "backward");
         classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
         m->probs_first = -1;
+        prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, Vp, X), PROF_MATMUL_BACKWARD, BT, C, Vp);
         matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
                              &m->matmul, s, MATMUL_DINP_SET);
     }
+    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, BTC * X, s));
     layernorm_backward_cuda(m->dresidual, m->grads.lnfw, m->grads.lnfb, m->dbtc, layer_input(m, L), m->weights.lnfw,
                             m->lnf_mean, m->lnf_rstd, B, T, C, m->reduce_scratch, s);
@@ -1075,7 +1147,9 @@ static void model_backward(Model<floatX>* m, int B, int T, float loss_scale) {
             if (l + 1 < L) { take_grads(m, l + 1, (l + 1) % 2); }
         }
     }
-    encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, m->inputs, B, T, C, s);
+    prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
+    encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
+    prof_gpu_close(s, S);
     if (m->reduce_in_backward) { reduce_now_final(m, -1); }  // wte, wpe, lnfw, lnfb
     if (m->send_in_backward) { send_final_grads(m, REST_GROUP); }
     if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
@@ -1112,7 +1186,10 @@ template <typename floatX>
 static void reduce_now_final(Model<floatX>* m, int layer) {
     CUDA_CHECK(cudaEventRecord(m->grads_final, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->grads_final, 0));
+    size_t n = layer == REST_GROUP ? rest_weights(&m->config) : layer_weights(&m->config);
+    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "NCCL gradient sums, during backward");
     reduce_slices(m, layer, m->comm_stream);
+    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
 }
 
 // the gradients of all ranks' micro-batches, summed (the loss scale already divides by the
@@ -1123,29 +1200,43 @@ static void model_reduce_grads(Model<floatX>* m) {
         if (m->send_in_backward) { CUDA_CHECK(cudaStreamSynchronize(m->grad_stream)); }
         m->send_in_backward = 0;
         HostStep h = host_step_of(m);
+        if (m->dist.world > 1) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums, on the host"); }
         host_reduce_grads(&h);
+        prof_close();
         return;
     }
     if (m->comm == NULL) { return; }
     if (m->reduce_in_backward) {
         CUDA_CHECK(cudaEventRecord(m->reduced, m->comm_stream));
+        prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the NCCL stream");
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
+        prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
         m->reduce_in_backward = 0;
         return;
     }
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "NCCL gradient sums");
     reduce_slices(m, ALL_SLICES, m->stream);
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
 // global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1: each rank sums the
 // squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add
 template <typename floatX>
 static float model_grad_norm(Model<floatX>* m) {
-    if (m->offload_opt) { HostStep h = host_step_of(m); return host_grad_norm(&h); }
+    if (m->offload_opt) {
+        HostStep h = host_step_of(m);
+        prof_mark(PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "on the host");
+        float norm = host_grad_norm(&h);
+        prof_close();
+        return norm;
+    }
     double sum = 0.0;
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
     if (m->zero != ZERO_SHARDED || m->comm == NULL) {
         double* result = m->norm_scratch;
         global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
         CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+        prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
         return (float)sqrt(sum);
     }
@@ -1160,6 +1251,7 @@ static float model_grad_norm(Model<floatX>* m) {
     }
     double* parts = (double*)malloc_check((size_t)nslices * sizeof(double));
     CUDA_CHECK(cudaMemcpyAsync(parts, m->norm_parts, (size_t)nslices * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     for (int k = 0; k < nslices; k++) { sum += parts[k]; }
     free(parts);
@@ -1175,11 +1267,17 @@ static float model_grad_norm(Model<floatX>* m) {
 // weights follow the master
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
+    size_t X = sizeof(floatX);
     if (m->offload_opt) {  // the CPU's step; each tensor goes up as soon as it is updated
         HostStep h = host_step_of(m);
+        prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s on the host, uploads",
+                  OPTIMIZER_NAMES[m->optimizer]);
         host_update(&h, s, grad_norm, upload_tensor_done<floatX>, m);
+        prof_close();
         return;
     }
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s",
+                  OPTIMIZER_NAMES[m->optimizer]);
     float clip = s->grad_clip > 0.0f && grad_norm > s->grad_clip ? s->grad_clip / grad_norm : 1.0f;
     if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->num_parameters, m->stream); }
     const OptimizerHyper* h = &s->hyper;
@@ -1210,6 +1308,8 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     }
     free(slices);
     if (m->zero == ZERO_SHARDED && m->comm != NULL) {
+        prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
+                      "NCCL broadcast of the updated blocks");
         NCCL_CHECK(ncclGroupStart());
         for_each_rank_block(&m->config, m->dist.world, ALL_SLICES, [m](size_t off, size_t n, int owner) {
             NCCL_CHECK(ncclBroadcast(m->master_memory + off, m->master_memory + off, n, ncclFloat, owner, m->comm, m->stream));
@@ -1217,8 +1317,10 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         NCCL_CHECK(ncclGroupEnd());
     }
     if ((void*)m->weights_memory != (void*)m->master_memory) {
+        prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_bytes(m->num_parameters * (4.0 + X)), "working weights from the master");
         copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->num_parameters, m->stream);
     }
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
 template <typename floatX>
@@ -1452,7 +1554,9 @@ const float* gpt2_probs(GPT2* m, int position) {
 template <typename floatX>
 static void model_zero_grad(Model<floatX>* m) {
     if (m->offload_opt == OPT_OFFLOAD_GRADS) { m->first_micro_step = 1; return; }
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(m->num_parameters * sizeof(float)), "gradients");
     CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, m->num_parameters * sizeof(float), m->stream));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
 void gpt2_zero_grad(GPT2* m) {
@@ -1460,8 +1564,8 @@ void gpt2_zero_grad(GPT2* m) {
 }
 
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
-    (void)inputs; (void)targets;  // on the GPU since the forward
-    if (m->bf16) { model_backward(m->bf16, B, T, loss_scale); } else { model_backward(m->f32, B, T, loss_scale); }
+    (void)targets;  // on the GPU since the forward; the inputs group dwte's positions by token (encoder.cuh)
+    if (m->bf16) { model_backward(m->bf16, inputs, B, T, loss_scale); } else { model_backward(m->f32, inputs, B, T, loss_scale); }
 }
 
 double gpt2_copy_wait_ms(GPT2* m) {
@@ -1483,6 +1587,19 @@ float gpt2_grad_norm(GPT2* m) { return m->bf16 ? model_grad_norm(m->bf16) : mode
 void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     if (m->bf16) { model_update(m->bf16, s, grad_norm); } else { model_update(m->f32, s, grad_norm); }
 }
+
+// --profile: the device idle before the step, so that its time is its own; after it, every
+// stream's ranges closed and their events' times into the table (cuda/profile.cuh)
+void gpt2_profile_begin(GPT2* m) {
+    (void)m;
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+void gpt2_profile_end(GPT2* m) {
+    (void)m;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    prof_gpu_collect();
+}
+const char* gpt2_profile_timing(void) { return prof_gpu_timing(); }
 
 int main(int argc, char** argv) {
     return train_main(argc, argv);

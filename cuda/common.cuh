@@ -220,24 +220,58 @@ __device__ inline void store_pack(T* x, size_t i, size_t n, bool vector, const P
 }
 
 // ----------------------------------------------------------------------------
-// the second pass of a deterministic column sum: out (n) += sum over p of partials (parts, stride)[p, :n],
-// added in increasing p; one thread per column. bytes: parts*n + 2n fp32; FLOPs: parts*n adds
+// the second pass of a deterministic column sum: out (n) += sum over p of partials (parts, stride)[p, :n].
+// The parts of a column are cut into PARTIAL_SUMS_SPLITS strided runs (run s: parts s, s + SPLITS,
+// ... in increasing order), one thread each, and the runs' sums are added in a fixed binary tree
+// in shared memory (s with s + 8, then s + 4, ...), so the result depends on `parts` alone. A block
+// takes `cols` consecutive columns (a warp reads 32 / cols parts' rows of cols floats); the
+// launcher narrows cols until the blocks fill the GPU's SMs: that changes where a sum runs, not
+// its order. bytes: parts*n + 2n fp32; FLOPs: parts*n adds
 
-#define PARTIAL_SUMS_BLOCK 256
+#define PARTIAL_SUMS_SPLITS 16     // runs per column: the shape of the tree (fixed: the order of the sums)
+#define PARTIAL_SUMS_MAX_COLS 32   // columns per block at most (a warp reads 128 contiguous bytes)
+#define PARTIAL_SUMS_MIN_COLS 4    // at least (a warp reads 16-byte pieces of 8 parts)
+#define PARTIAL_SUMS_BLOCKS_PER_SM 2
 
 static __global__ void add_partial_sums_kernel(float* out, const float* partials, int parts, int n, size_t stride) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) { return; }
+    __shared__ float runs[PARTIAL_SUMS_SPLITS * PARTIAL_SUMS_MAX_COLS];  // (split, col)
+    int cols = blockDim.x / PARTIAL_SUMS_SPLITS;
+    int col = threadIdx.x % cols, split = threadIdx.x / cols;
+    int i = blockIdx.x * cols + col;
     float s = 0.0f;
-    for (int p = 0; p < parts; p++) { s += partials[(size_t)p * stride + i]; }
-    out[i] += s;
+    for (int p = split; i < n && p < parts; p += PARTIAL_SUMS_SPLITS) { s += partials[(size_t)p * stride + i]; }
+    runs[split * cols + col] = s;
+    for (int half = PARTIAL_SUMS_SPLITS / 2; half > 0; half /= 2) {
+        __syncthreads();
+        if (split < half) { runs[split * cols + col] += runs[(split + half) * cols + col]; }
+    }
+    if (split == 0 && i < n) { out[i] += runs[col]; }
+}
+
+// the columns per block of add_partial_sums_kernel for n columns on a GPU of `sms` SMs: the widest
+// (coalesced) tile whose blocks still fill PARTIAL_SUMS_BLOCKS_PER_SM per SM
+static int partial_sums_cols(int n, int sms) {
+    int cols = PARTIAL_SUMS_MAX_COLS;
+    while (cols > PARTIAL_SUMS_MIN_COLS && ceil_div(n, cols) < PARTIAL_SUMS_BLOCKS_PER_SM * sms) { cols /= 2; }
+    return cols;
+}
+
+// the SMs of the current GPU (asked once: every GPU of a run is the same kind)
+static int device_sm_count(void) {
+    static int sms = 0;
+    if (sms == 0) {
+        int device;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    }
+    return sms;
 }
 
 static void add_partial_sums_cuda(float* out, const float* partials, int parts, int n, size_t stride,
                                   cudaStream_t stream) {
     if (n == 0) { return; }
-    add_partial_sums_kernel<<<ceil_div(n, PARTIAL_SUMS_BLOCK), PARTIAL_SUMS_BLOCK, 0, stream>>>(out, partials, parts,
-                                                                                               n, stride);
+    int cols = partial_sums_cols(n, device_sm_count());
+    add_partial_sums_kernel<<<ceil_div(n, cols), cols * PARTIAL_SUMS_SPLITS, 0, stream>>>(out, partials, parts, n, stride);
     CUDA_CHECK_LAUNCH();
 }
 

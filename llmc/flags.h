@@ -61,6 +61,7 @@ typedef struct {
     char precision[PATH_MAX_LEN];    // fp32 | bf16 | "" = the backend's default (CPU: fp32, CUDA: bf16)
     char attention[PATH_MAX_LEN];    // flash | matmul | "" = the backend's default (CPU: matmul, CUDA: flash)
     float peak_tflops;               // peak TFLOP/s per rank for MFU; 0 = the GPU's, from the backend's table
+    int profile;                     // step whose time is broken down by kind of work (llmc/profile.h); 0 = none
     int max_steps;                   // -1: one pass over the training data
     uint64_t seed;                   // initialisation and sampling
     // evaluation, sampling, checkpoints
@@ -119,6 +120,7 @@ static TrainOptions options_default(void) {
     strcpy(o.precision, "");
     strcpy(o.attention, "");
     o.peak_tflops = 0.0f;
+    o.profile = 0;
     o.max_steps = 200;
     o.seed = 1337;
     o.val_every = 25;
@@ -181,6 +183,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--precision",     FLAG_STRING, OPT(precision),        "fp32 | bf16 (weights and activations; fp32 master weights, optimizer state and sums); \"\" = the backend's default: CPU fp32, CUDA bf16"},
     {NULL, "--attention",     FLAG_STRING, OPT(attention),        "flash (blockwise, keeps no T x T weights: a row's log-sum-exp) | matmul (GEMMs around a softmax, keeps the weights); \"\" = the backend's default: CUDA flash, CPU matmul"},
     {NULL, "--peak-tflops",   FLAG_FLOAT,  OPT(peak_tflops),      "peak TFLOP/s of one GPU (or CPU) for the MFU of the progress line; 0 = the GPU's from the table of train_gpt.cu"},
+    {NULL, "--profile",       FLAG_INT,    OPT(profile),          "time step N by kind of work (matmuls by shape, attention, LayerNorm, ..., copies, NCCL): a table and OUT/profile.json; 0 = none"},
     {"-x", "--steps",         FLAG_INT,    OPT(max_steps),        "optimizer steps; -1 = one epoch of the training data"},
     {NULL, "--seed",          FLAG_U64,    OPT(seed),             "random seed (initialisation, sampling)"},
     {"-v", "--val-every",     FLAG_INT,    OPT(val_every),        "validate every N steps, 0 = never"},

@@ -50,6 +50,7 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 #include "sampler.h"
 #include "checkpoint.h"
 #include "distributed.h"
+#include "profile.h"
 
 // ----------------------------------------------------------------------------
 // the backend: the only functions of the program with external linkage, one definition
@@ -151,6 +152,11 @@ float gpt2_grad_norm(GPT2* m);
 double gpt2_copy_wait_ms(GPT2* m);
 // clips the gradients to s->grad_clip given their global norm and takes one optimizer step
 void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm);
+// --profile (profile.h): begin waits for the device, so that the profiled step's time is its own;
+// end waits for it and adds every range's time into the table; timing says how ranges are timed
+void gpt2_profile_begin(GPT2* m);
+void gpt2_profile_end(GPT2* m);
+const char* gpt2_profile_timing(void);
 
 // ----------------------------------------------------------------------------
 // the model from -e: a preset initialised randomly, or a model file
@@ -657,12 +663,16 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     const struct { const char* flag; int value; } counts[] = {
         {"-u (--warmup)", o->warmup_steps}, {"-v (--val-every)", o->val_every}, {"-m (--val-steps)", o->val_steps},
         {"-s (--sample-every)", o->sample_every}, {"-n (--checkpoint-every)", o->checkpoint_every},
-        {"--keep-checkpoints", o->keep_checkpoints},
+        {"--keep-checkpoints", o->keep_checkpoints}, {"--profile", o->profile},
     };
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
         if (counts[i].value < 0) { fail("%s %d: must be >= 0", counts[i].flag, counts[i].value); }
     }
     if (o->max_steps < -1 || o->max_steps == 0) { fail("-x %d: the number of steps must be >= 1, or -1 for one epoch", o->max_steps); }
+    if (o->max_steps > 0 && o->profile > o->max_steps) {
+        fail("--profile %d: past the run's last step (-x %d)\n  hint: name a step from 2 to %d (the first holds the warm-up)",
+             o->profile, o->max_steps, o->max_steps);
+    }
     if (o->gen_tokens < 1) { fail("-g %d: a sample needs at least one token", o->gen_tokens); }
     if (!(o->peak_tflops >= 0.0f) || isinf(o->peak_tflops)) { fail("--peak-tflops %g: a peak in TFLOP/s, > 0, or 0 for the GPU's own", o->peak_tflops); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
@@ -1112,6 +1122,31 @@ static void check_input_files(const TrainOptions* o) {
     run_inputs_free(&in);
 }
 
+// --profile N: step N must be one this run trains
+static void check_profile_step(const Run* r) {
+    int n = r->o->profile;
+    if (n < 0 || (n > 0 && (n <= r->start_step || n > r->max_steps))) {
+        fail("--profile %d: this run trains steps %d to %d, so it would profile nothing\n"
+             "  hint: name a step in that range (after the first: its time holds the warm-up), or 0 for none",
+             n, r->start_step + 1, r->max_steps);
+    }
+}
+
+// --profile: after the profiled step, its table on stdout and, beside log.jsonl, OUT/profile.json (rank 0)
+static void profile_report(const Run* r) {
+    if (r->setup.dist.rank != 0) { return; }
+    prof_print(stdout);
+    if (r->o->profile == r->start_step + 1) { printf("  (the run's first step: its time holds the warm-up)\n"); }
+    if (!r->has_out) { printf("  (no -o: profile.json not written)\n"); return; }
+    char path[CHECKPOINT_PATH_LEN];
+    snprintf(path, sizeof(path), "%s/profile.json", r->o->out_dir);
+    AtomicFile f;
+    atomic_open(&f, path);
+    prof_write_json(f.f);
+    atomic_commit(&f);
+    printf("  (written to %s)\n", path);
+}
+
 // allocates and loads everything; the model's weights from -e or, with -y 1, the checkpoint
 static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
@@ -1138,6 +1173,7 @@ static void train_setup(Run* r) {
     if (o->resume && !resume_within_steps(r, resume_pick_step(o->out_dir, &s->config))) { return; }
     r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, r->start_step, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
+    check_profile_step(r);
     r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
     r->health.ckpt_step = o->resume ? r->start_step : -1;
     r->health.ckpt_max_abs = r->health.start_max_abs;
@@ -1289,6 +1325,11 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
 static int train_step(Run* r, int step) {
     const ModelSetup* s = &r->setup;
     int B = s->B, T = s->T, world = s->dist.world;
+    int profiling = r->o->profile == step + 1;
+    if (profiling) {
+        gpt2_profile_begin(r->model);
+        prof_begin(step + 1, gpt2_backend_name(), gpt2_profile_timing());
+    }
     double t0 = now_seconds();
     gpt2_zero_grad(r->model);
     double loss = 0.0;
@@ -1302,6 +1343,7 @@ static int train_step(Run* r, int step) {
         if (micro == r->accum - 1) { gpt2_reduce_during_backward(r->model); }
         gpt2_backward(r->model, dl->inputs, dl->targets, B, T, loss_scale);
         if (micro + 1 < r->accum && dist_any(g_stop_requested)) {  // all ranks agree
+            if (profiling) { prof_end(0.0); }  // the step is dropped, and its profile with it
             dataloader_seek(dl, shard, position, epoch);
             return 0;
         }
@@ -1319,8 +1361,13 @@ static int train_step(Run* r, int step) {
     health_record(&r->health, step + 1, (float)loss, norm, lr);
     StepConfig sc = {optimizer_hyper(r->o, s->optimizer, lr), r->o->grad_clip, step + 1};
     gpt2_update(r->model, &sc, norm);
+    if (profiling) {
+        gpt2_profile_end(r->model);
+        prof_end(now_seconds() - t0);
+    }
     if (r->o->check_replicas && world > 1) { check_replicas(r->model, &s->config, s->dist, step + 1); }
     log_step(r, step, loss, norm, lr, now_seconds() - t0);
+    if (profiling) { profile_report(r); }
     return 1;
 }
 

@@ -44,6 +44,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
     ("CUDA trainer (emulated device) against the CPU",
      [PY, "tests/test_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
+    ("--profile: the step's time by kind of work (CPU and emulated device)",
+     [PY, "tests/test_profile.py", "./train_gpt", "./build/emu/train_gpt", "./test_gpt"], None),
     ("CUDA memory flags, every combination (emulated device)",
      [PY, "tests/test_cuda_matrix.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
 ]

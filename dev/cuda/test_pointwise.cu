@@ -4,7 +4,12 @@ gelu_backward and residual_forward of cpu/layers.h, in fp32 and bf16 (the CPU on
 inputs): N a multiple of the vector width, N with a tail (1003), and buffers one element off
 16-byte alignment (the element-by-element path); gelu_backward onto a gradient that already holds
 values (+=), and in place (gelu_backward_inplace_cuda: dout in, dinp out, against gelu_backward onto
-zeros); residual in place (out = a).
+zeros); residual in place (out = a). And add_partial_sums (cuda/common.cuh), the second pass of every
+deterministic column sum: against the same fixed tree computed here on the host (bitwise), for
+1 to 600 parts and n with a partial last block, whatever the columns per block (bitwise the same
+for every width the launcher may pick), adding into values already there; it prints the launch
+(blocks, warps, the longest chain of dependent adds) before and now for the column sums of
+LayerNorm and the matmul bias at d12 (B=16, T=1024) and d84 (B=1, T=1024) on a 132-SM H100.
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_pointwise && ./build/emu/dev/cuda/test_pointwise
 */
@@ -80,7 +85,77 @@ static void bench_pointwise() {
     for (void* p : {(void*)d_x, (void*)d_y, (void*)d_out}) { CUDA_CHECK(cudaFree(p)); }
 }
 
+// ----------------------------------------------------------------------------
+// add_partial_sums
+
+// out[i] + the sum of partials[p][i] in the kernel's order: PARTIAL_SUMS_SPLITS strided runs, then
+// the binary tree over the runs (the one order the kernel must keep, whatever its grid)
+static float partial_sums_reference(float out, const std::vector<float>& partials, int parts, int n, int i) {
+    float runs[PARTIAL_SUMS_SPLITS];
+    for (int r = 0; r < PARTIAL_SUMS_SPLITS; r++) {
+        runs[r] = 0.0f;
+        for (int p = r; p < parts; p += PARTIAL_SUMS_SPLITS) { runs[r] += partials[(size_t)p * n + i]; }
+    }
+    for (int half = PARTIAL_SUMS_SPLITS / 2; half > 0; half /= 2) {
+        for (int r = 0; r < half; r++) { runs[r] += runs[r + half]; }
+    }
+    return out + runs[0];
+}
+
+static void test_partial_sums() {
+    const int PARTS[] = {1, 3, 16, 17, 600}, NS[] = {5, 1003};
+    for (int parts : PARTS) {
+        for (int n : NS) {
+            std::vector<float> partials = random_vector((size_t)parts * n, 7), out0 = random_vector(n, 8);
+            float* d_partials = upload<float>(partials);
+            std::vector<float> want(n);
+            for (int i = 0; i < n; i++) { want[i] = partial_sums_reference(out0[i], partials, parts, n, i); }
+            char what[160];
+            float* d_out = upload<float>(out0);
+            add_partial_sums_cuda(d_out, d_partials, parts, n, n, 0);
+            std::vector<float> got = download(d_out, n);
+            snprintf(what, sizeof what, "add_partial_sums += (parts=%d, n=%d): bitwise the fixed tree", parts, n);
+            check(memcmp(got.data(), want.data(), n * sizeof(float)) == 0, what, "differs from the host's tree");
+            bool same = true;
+            for (int cols = PARTIAL_SUMS_MIN_COLS; cols <= PARTIAL_SUMS_MAX_COLS; cols *= 2) {
+                upload_into(d_out, out0);
+                add_partial_sums_kernel<<<ceil_div(n, cols), cols * PARTIAL_SUMS_SPLITS>>>(d_out, d_partials, parts, n, n);
+                CUDA_CHECK_LAUNCH();
+                same = same && download(d_out, n) == got;
+            }
+            snprintf(what, sizeof what, "add_partial_sums (parts=%d, n=%d): the same bits at %d to %d columns a block",
+                     parts, n, PARTIAL_SUMS_MIN_COLS, PARTIAL_SUMS_MAX_COLS);
+            check(same, what, "the grid changed the result");
+            CUDA_CHECK(cudaFree(d_out));
+            CUDA_CHECK(cudaFree(d_partials));
+        }
+    }
+}
+
+// before (commit 78312d3: one thread a column, the parts added in a serial loop, 256 threads a
+// block) and now, on an H100's 132 SMs
+static void print_partial_sums_launches() {
+    const int H100_SMS = 132;
+    const struct { const char* what; int parts_before, parts_now, n; } sums[] = {
+        {"layernorm dweight, d12 B=16 T=1024", 512, 512, 768},
+        {"matmul fc bias,    d12 B=16 T=1024", 128, 128, 3072},
+        {"layernorm dweight, d84 B=1 T=1024", 32, 128, 3456},
+        {"matmul qkv bias,   d84 B=1 T=1024", 8, 8, 3 * 3456},
+    };
+    for (const auto& z : sums) {
+        int blocks = ceil_div(z.n, 256);
+        printf("add_partial_sums before %s: %4d blocks x %2d warps = %5d warps, %3d dependent adds, %.2f MB\n", z.what,
+               blocks, 256 / WARP_SIZE, blocks * 256 / WARP_SIZE, z.parts_before, (z.parts_before + 2.0) * z.n * 4 / 1e6);
+        int cols = partial_sums_cols(z.n, H100_SMS), warps = cols * PARTIAL_SUMS_SPLITS / WARP_SIZE;
+        int chain = ceil_div(z.parts_now, PARTIAL_SUMS_SPLITS) + 4;  // a run, then log2(16) tree levels
+        printf("add_partial_sums now    %s: %4d blocks x %2d warps = %5d warps, %3d dependent adds, %.2f MB\n", z.what,
+               ceil_div(z.n, cols), warps, ceil_div(z.n, cols) * warps, chain, (z.parts_now + 2.0) * z.n * 4 / 1e6);
+    }
+}
+
 int main() {
+    print_partial_sums_launches();
+    test_partial_sums();
     for (const Case& c : CASES) {
         test_case<float>(c);
         test_case<__nv_bfloat16>(c);
