@@ -6,6 +6,8 @@
 #   make bench-flags  each memory flag's step time and memory on d12 (scripts/bench_flags.sh)
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
+#   make build/prepare_tokens  text, folders of .txt/.jsonl, or stdin into token shards (dev/data/prepare_tokens.c)
+#   make bench-tokenize  prepare_tokens' MB/s (1 thread and all) against tiktoken's, one thread, on the same text
 #   make check-headers  compile every header alone as C11 and as C++17 (CI runs it)
 #   make train_gpt_cu  the CUDA trainer, nvcc for the local GPU (GPU_ARCH=sm_80 ... to choose; default: nvidia-smi's, else sm_90)
 #   make build/emu/train_gpt  the same CUDA trainer for the emulated device (dev/cuda_emu): runs on the CPU
@@ -99,8 +101,14 @@ build/bench_matmul: dev/bench_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS) -lopenblas
 
-# TinyShakespeare token shards and the tokenizer file (GPT-2 BPE, from ../shared/data when present)
-$(DATA):
+# text into token shards with GPT-2's BPE on every core (llmc/bpe.h; dev/data/prepare_tokens.c says how)
+build/prepare_tokens: dev/data/prepare_tokens.c dev/data/text_input.h $(HEADERS)
+	@mkdir -p build
+	$(CC) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
+
+# TinyShakespeare token shards and the tokenizer file (GPT-2 BPE, from ../shared/data when present),
+# made by build/prepare_tokens (built first; order-only: a newer tool does not remake the data)
+$(DATA): | build/prepare_tokens
 	$(PYTHON) dev/data/tinyshakespeare.py
 data: $(DATA)
 
