@@ -38,6 +38,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("CPU trainer under ASan+UBSan (test_gpt.c)", ["env", "OMP_NUM_THREADS=1", "./build/test_gpt_asan"], None),
     ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
     ("GPT-2 BPE in C (llmc/bpe.h) against python and tiktoken", [PY, "tests/test_bpe.py", "./test_gpt"], None),
+    ("text into token shards (build/prepare_tokens)",
+     [PY, "tests/test_prepare.py", "./build/prepare_tokens", "./test_gpt", "./train_gpt"], None),
     ("Hugging Face GPT-2 converter", [PY, "tests/test_convert.py", "./train_gpt", "./test_gpt"], None),
     ("compare flags and plots", [PY, "tests/test_compare_flags.py", "./train_gpt", "./test_gpt"], None),
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
