@@ -41,6 +41,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("text into token shards (build/prepare_tokens)",
      [PY, "tests/test_prepare.py", "./build/prepare_tokens", "./test_gpt", "./train_gpt"], None),
     ("Hugging Face GPT-2 converter", [PY, "tests/test_convert.py", "./train_gpt", "./test_gpt"], None),
+    ("Hugging Face GPT-2 export", [PY, "tests/test_export.py", "./train_gpt", "./test_gpt"], None),
     ("compare flags and plots", [PY, "tests/test_compare_flags.py", "./train_gpt", "./test_gpt"], None),
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
     ("CUDA trainer (emulated device) against the CPU",
