@@ -47,7 +47,7 @@ MPI_STAMP = build/mpi_setting
 MPI_SETTING = MPI=$(MPI) CC=$(TRAIN_CC)
 $(shell mkdir -p build && if [ "$$(cat $(MPI_STAMP) 2>/dev/null)" != "$(MPI_SETTING)" ]; then echo "$(MPI_SETTING)" > $(MPI_STAMP); fi)
 
-.PHONY: all run data test bench bench-flags check-headers cuda-build-check clean help
+.PHONY: all run data test bench bench-flags bench-tokenize check-headers cuda-build-check clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
@@ -125,6 +125,11 @@ bench: train_gpt build/bench_matmul $(DATA)
 
 bench-flags: train_gpt $(DATA)
 	bash scripts/bench_flags.sh
+
+# prepare_tokens' MB/s on 1 thread and all, beside tiktoken's on one thread, same text (100 MB of
+# TinyShakespeare; ARGS="--mb 20" or "--input FILE"): dev/data/bench_tokenize.py
+bench-tokenize: build/prepare_tokens
+	$(PYTHON) dev/data/bench_tokenize.py $(ARGS)
 
 # every header alone, as C11 and as C++17 (the CUDA program includes the shared ones)
 SHARED_HEADERS = $(wildcard llmc/*.h)
