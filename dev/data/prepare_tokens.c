@@ -747,6 +747,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%zu input file(s) -> %lld tokens (eot %d): val %zu, train %zu, in %d shard(s) %s_{val,train}_*.bin\n",
             inputs.n, b.tokens, b.eot, w->val_written, w->train_written, w->num_written, o.out);
     if (w->train_written == 0) { fprintf(stderr, "warning: no training tokens: the corpus is all validation split\n  hint: a smaller --val-tokens or --val-fraction\n"); }
+    for (int t = 0; t < b.num_threads; t++) { free(b.caches[t]); }
+    free(b.caches); free(b.text.data); free(b.blocks); free(b.ids); free(b.ids_off); free(b.ids_len);
+    for (size_t k = 0; k < inputs.n; k++) { free(inputs.items[k].path); }
+    free(inputs.items); free(w->buf); free(w->written);
     bpe_free(&bpe);
     return 0;
 }

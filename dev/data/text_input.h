@@ -3,10 +3,10 @@ text_input.h: the text that dev/data/prepare_tokens.c reads, made into UTF-8 the
 a byte stream checked (or repaired) as UTF-8, and one line of JSON Lines reduced to the string of
 one field.
 
-    Utf8Out out = {0};                     // a growing buffer
+    Utf8Out out = {0}, key = {0};          // growing buffers
     size_t used = utf8_clean(&out, raw, n, at_end, UTF8_REPLACE, &bad);  // bytes of raw taken
-    JsonLine j = {line, len};
-    const char* err = json_field(&j, "text", UTF8_ERROR, &out);         // NULL: out holds the string
+    JsonLine j = {line, len, 0, "", UTF8_ERROR};
+    if (json_field(&j, "text", &out, &key) != JSON_FIELD_OK) { ... j.error says what and where }
 
 Invalid UTF-8 (a byte that starts no character, a cut or overlong sequence, a surrogate, a value
 past U+10FFFF; in JSON also a lone \uD800-\uDFFF escape) is, by the mode:
@@ -43,6 +43,7 @@ static void out_reserve(Utf8Out* o, size_t more) {
 }
 
 static void out_append(Utf8Out* o, const void* s, size_t n) {
+    if (n == 0) { return; }  // (o->data may still be NULL: memcpy must not see it)
     out_reserve(o, n);
     memcpy(o->data + o->len, s, n);
     o->len += n;
