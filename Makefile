@@ -83,10 +83,14 @@ test_gpt: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # sanitizer builds (AddressSanitizer + UndefinedBehaviorSanitizer, any report aborts): the fuzzer
-# of the readers and the flag parser (./build/fuzz ./test_gpt [CASES]) and the C unit tests
+# of the readers and the flag parser (./build/fuzz ./test_gpt [CASES]), the C unit tests, and
+# build/prepare_tokens (tests/test_prepare.py feeds it mutated text and JSON Lines)
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 SAN_CFLAGS = -std=c11 -I. -march=native -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function $(SANITIZE)
 build/fuzz: tests/fuzz.c tests/check.h tests/fuzz_corpus.h train_gpt.c $(HEADERS)
+	@mkdir -p build
+	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
+build/prepare_tokens_asan: dev/data/prepare_tokens.c dev/data/text_input.h $(HEADERS)
 	@mkdir -p build
 	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
 build/test_gpt_asan: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
@@ -117,7 +121,7 @@ run: train_gpt $(DATA)
 	./train_gpt $(ARGS)
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/prepare_tokens
+test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/prepare_tokens build/prepare_tokens_asan
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)

@@ -39,7 +39,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("GPT-2 BPE data prep", [PY, "dev/data/test_gpt2_bpe.py"], None),
     ("GPT-2 BPE in C (llmc/bpe.h) against python and tiktoken", [PY, "tests/test_bpe.py", "./test_gpt"], None),
     ("text into token shards (build/prepare_tokens)",
-     [PY, "tests/test_prepare.py", "./build/prepare_tokens", "./test_gpt", "./train_gpt"], None),
+     [PY, "tests/test_prepare.py", "./build/prepare_tokens", "./test_gpt", "./train_gpt", "./build/prepare_tokens_asan"], None),
     ("Hugging Face GPT-2 converter", [PY, "tests/test_convert.py", "./train_gpt", "./test_gpt"], None),
     ("Hugging Face GPT-2 export", [PY, "tests/test_export.py", "./train_gpt", "./test_gpt"], None),
     ("compare flags and plots", [PY, "tests/test_compare_flags.py", "./train_gpt", "./test_gpt"], None),

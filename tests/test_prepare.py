@@ -15,7 +15,12 @@ dev/data/gpt2_bpe.py and, when it is installed, tiktoken:
   - bad input (a missing file, a line that is not JSON, a field absent or not a string, shards of
     an earlier run, bad flags) stops naming file and line, and leaves no shard and no .tmp.
 
-    python3 tests/test_prepare.py ./build/prepare_tokens ./test_gpt ./train_gpt
+  - mutated text and JSON Lines (bytes changed, inserted, deleted) through the AddressSanitizer and
+    UBSan build (when given): no report, and either the ids of python's reading of the same bytes
+    (decode(errors="replace"), json.loads, tiktoken's U+FFFD for a lone surrogate) or, where python's
+    json refuses the line, an error naming it.
+
+    python3 tests/test_prepare.py ./build/prepare_tokens ./test_gpt ./train_gpt [./build/prepare_tokens_asan]
 """
 
 import glob
@@ -33,7 +38,7 @@ sys.path.insert(0, os.path.join(REPO, "dev", "data"))
 import gpt2_bpe  # noqa: E402
 import test_gpt2_bpe  # noqa: E402  (its strings and its tiktoken built from the local files)
 
-PREP, TESTER, TRAIN = e2e.usage(sys.argv, ["./build/prepare_tokens", "./test_gpt", "./train_gpt"])
+PREP, TESTER, TRAIN, PREP_ASAN = e2e.usage(sys.argv, ["./build/prepare_tokens", "./test_gpt", "./train_gpt", "[./build/prepare_tokens_asan]"], optional=1)
 s = e2e.Suite("test_prepare", tester=TESTER, run_limit=120)
 EOT = gpt2_bpe.EOT_TOKEN
 SHAKESPEARE_VAL, SHAKESPEARE_TRAIN = 32768, 305260  # llm.c's split of TinyShakespeare
@@ -307,4 +312,109 @@ if prepare("--overwrite: a first run of several shards", stale, ["--shard-tokens
         s.check(f"--overwrite: the {before} shards of the first run are gone, the new one holds the new corpus",
                 before > 1 and [os.path.basename(p) for p in glob.glob(stale + "_*.bin")] == ["x_train_000000.bin"]
                 and got[1] == reference(["one", "two"]), f"{glob.glob(stale + '_*.bin')}")
+
+# ----------------------------------------------------------------------------
+# mutated inputs through the sanitizer build: no report, python's ids or a clean refusal
+
+MUTATIONS = 120
+SEEDS = [b'{"text": "hello \\u00e9 w\\n\\"orld", "a": [1, 2, {"b": null}], "c": -1.5e3, "d": true}\n',
+         b'{"id": 7, "text": "x\\ud83d\\ude00y \\t", "text2": "z"}\n\n',
+         "caf\u00e9 \u3000 na\u00efve 'll 're\n\n\n  x\n\u00a0\u2028q\n\n".encode(), b"\xe2\x82\xac \xf0\x9f\x98\x80 \xff\xc0\xaf\n\n"]
+
+
+def python_docs(data, jsonl, blank_lines):
+    """python's documents of DATA (bytes), or None where python's json refuses a line"""
+    if not jsonl:
+        text = data.decode("utf-8", errors="replace")
+        if not blank_lines:
+            return [text]
+        parts = text.split("\n\n")
+        return [p + "\n\n" for p in parts[:-1]] + [parts[-1]]
+    docs = []
+    for line in data.split(b"\n"):
+        line = line.decode("utf-8", errors="replace")
+        if not line.strip(" \t\r"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            return None
+        docs.append(obj["text"].encode("utf-16", "surrogatepass").decode("utf-16", "replace"))  # tiktoken's U+FFFD
+    return docs
+
+
+FRAGMENTS = [b"]", b"}", b"[", b"{", b",", b":", b'"', b"\\", b"\\u", b"\\ud800", b"\\udc00", b"\\u00", b"1e", b"-0.",
+             b"tru", b"null", b" ", b"\n", b"\n\n", b"\x00", b"\x1f", b"\xed\xa0\x80", b"\xc0", b"\xf0\x9f", b"\xe3\x80\x80"]
+
+
+def mutate(rng):
+    """a seed, a few times over, with bytes changed, fragments of JSON and UTF-8 put in, bytes cut out"""
+    data = bytearray(rng.choice(SEEDS) * rng.randint(1, 4))
+    for _ in range(rng.randint(0, 6)):
+        pos = rng.randrange(len(data) + 1)
+        op = rng.randrange(4) if pos < len(data) else 1
+        if op == 0:
+            data[pos] = rng.randrange(256)
+        elif op == 1:
+            data[pos:pos] = rng.choice(FRAGMENTS)
+        elif op == 2:
+            del data[pos]
+        else:
+            del data[pos:pos + rng.randint(1, 20)]
+    return bytes(data)
+
+
+# lines at the edges of JSON, each alone: python's json reads them (the ids must be python's) or not
+# (an error naming the line)
+JSON_EDGES = [
+    '{"text": "a"]', '{"text": "a",}', '{"text" "a"}', "{'text': 'a'}", '{"text": "a"} x', '{"text": "a\x01"}',
+    '{"text": "\\x"}', '{"text": "\\u12"}', '{"a": 01, "text": "b"}', '{"a": 1., "text": "b"}', '{"a": .5, "text": "b"}',
+    '{"a": [1,], "text": "b"}', '{"a": {"b"}, "text": "c"}', '{"text": "a"', '{"text": tru}', '{"a": -, "text": "b"}',
+    '{"a": 1e, "text": "b"}', '[{"text": "a"}]', '"text"', '{"text": null}', '{"text": ["a"]}', '{"text": "a", "text": "b"}',
+    ' \t{"x": {"text": 1}, "text": "t"} \r', '{"text": "\\/\\b\\f\\n\\r\\t\\"\\\\"}', '{"a": -0.0e+5, "b": 1E-2, "text": ""}',
+    '{"a": [[], {}, [{}]], "text": "\\u00e9\\u4e2d\\ud83d\\ude00"}', '{"text": "\\uD83D\\uDE00 upper"}', '{}', '{"TEXT": "a"}',
+]
+
+
+edge_bad = []
+for k, line in enumerate(JSON_EDGES):
+    path = write(s.path("edges", f"e{k}.jsonl"), line + "\n")
+    prefix = s.path("edges", f"out{k}", "e")
+    r = s.run([PREP, "-o", prefix, "--bpe", BPE, "--val-tokens", "0", path])
+    want = python_docs((line + "\n").encode(), True, False)
+    if want is None and (r.rc != 1 or f"{path}:1: " not in r.err or glob.glob(prefix + "*")):
+        edge_bad.append(f"{line!r}: python refuses it; exit {r.rc}: {r.err[:150]!r}")
+    elif want is not None and (r.rc != 0 or sum(tokens_of(prefix), []) != reference(want)):
+        edge_bad.append(f"{line!r}: python reads {want!r}; exit {r.rc}: {r.err[:150]!r}")
+s.check(f"{len(JSON_EDGES)} JSON lines at the edges of the grammar: read as python's json reads them, or refused naming the line",
+        not edge_bad, " | ".join(edge_bad[:4]))
+
+if PREP_ASAN is None:
+    s.skip("mutated inputs under ASan and UBSan", "no build/prepare_tokens_asan given")
+else:
+    rng, bad = random.Random(11), []
+    for case in range(MUTATIONS):
+        data, jsonl, blank = mutate(rng), case % 2 == 0, case % 4 == 1
+        path = write(s.path("mutated", f"case{'.jsonl' if jsonl else '.txt'}"), data)
+        prefix = s.path("mutated", "out", "m")
+        cmd = [PREP_ASAN, "-o", prefix, "--bpe", BPE, "--overwrite", "--invalid-utf8", "replace", "--val-tokens", "0",
+               "--block-size", str(rng.choice([1, 7, 64])), "--docs", "blank-lines" if blank else "file", path]
+        r = s.run(cmd, env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "3"})
+        want = python_docs(data, jsonl, blank)
+        if r.crashed() or "Sanitizer" in r.err or "runtime error" in r.err:
+            bad.append(f"case {case} {data[:60]!r}: exit {r.rc}: {r.err[-200:]}")
+        elif want is None:
+            if r.rc != 1 or not e2e.FAIL_LOCATION_RE.search(r.err) or f"{path}:" not in r.err or glob.glob(prefix + "*"):
+                bad.append(f"case {case} {data[:60]!r}: python refuses it; exit {r.rc}: {r.err[-200:]}")
+        elif r.rc != 0:
+            bad.append(f"case {case} {data[:60]!r}: python reads it; exit {r.rc}: {r.err[-200:]}")
+        elif sum(tokens_of(prefix), []) != reference(want):
+            bad.append(f"case {case} {data[:60]!r}: {first_difference(sum(tokens_of(prefix), []), reference(want))}")
+    s.check(f"{MUTATIONS} mutated texts and JSON Lines under ASan and UBSan: no report; python's ids, or refused as python refuses",
+            not bad, f"{len(bad)} cases: " + " | ".join(bad[:3]))
+    r = s.run([PREP_ASAN, "-o", s.path("asan_ts", "t"), "--bpe", BPE, "--docs", "blank-lines", "--block-size", "100", test_gpt2_bpe.TEXT_PATH])
+    s.check("TinyShakespeare under ASan (leaks included): exit 0, no report", r.rc == 0 and "Sanitizer" not in r.err, r.err[-300:])
+
 s.finish()
