@@ -295,8 +295,8 @@ s.expect_fail("error: a bad line after shards were written: they are removed", f
               [PREP, "-o", out, "--bpe", BPE, "--shard-tokens", "1000", "--block-size", "64", cut])
 s.check("error: no shard left by the failed run", not glob.glob(out + "*"), f"{glob.glob(out + '*')}")
 for flag, value, phrase in (("--val-fraction", "1.5", "want a fraction from 0 to 1"), ("--shard-tokens", "3G", "want a whole number from 1"),
-                            ("--docs", "lines", "--docs 'lines': want file or blank-lines"), ("--threads", "x", "--threads 'x' is not a number"),
-                            ("--format", "csv", "want auto or text"), ("--bogus", "1", "unknown flag '--bogus'")):
+                            ("--docs", "lines", "--docs 'lines': want file | blank-lines"), ("--threads", "x", "--threads 'x' is not a number"),
+                            ("--format", "csv", "--format 'csv': want auto | text | jsonl"), ("--bogus", "1", "unknown flag '--bogus'")):
     s.expect_fail(f"error: {flag} {value}", phrase, [PREP, "-o", out, "--bpe", BPE, flag, value, jl])
 s.expect_fail("error: --val-tokens with --val-fraction", "both given", [PREP, "-o", out, "--bpe", BPE, "--val-tokens", "5", "--val-fraction", "0.5", jl])
 s.expect_fail("error: no -o", "no output given", [PREP, "--bpe", BPE, jl])

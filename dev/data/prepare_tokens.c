@@ -136,7 +136,7 @@ static Options options_default(void) {
     o.shard_tokens = 1e8;
     o.val_tokens = -1;
     o.val_fraction = 0.1;
-    o.block_size = 1 << 20;
+    o.block_size = 1e6;
     return o;
 }
 
@@ -172,10 +172,12 @@ static void parse_options(Options* o, int argc, char** argv) {
 }
 
 static int choice(const char* flag, const char* value, const char* const* names, int n) {
+    char want[128] = "";
     for (int k = 0; k < n; k++) {
         if (strcmp(value, names[k]) == 0) { return k; }
+        snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%s", k ? " | " : "", names[k]);
     }
-    fail("%s '%s': want %s%s%s\n  hint: prepare_tokens -h", flag, value, names[0], n > 1 ? " or " : "", n > 1 ? names[1] : "");
+    fail("%s '%s': want %s\n  hint: prepare_tokens -h", flag, value, want);
     return -1;
 }
 
