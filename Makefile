@@ -6,6 +6,8 @@
 #   make bench-flags  each memory flag's step time and memory on d12 (scripts/bench_flags.sh)
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
+#   make build/prepare_tokens  text, folders of .txt/.jsonl, or stdin into token shards (dev/data/prepare_tokens.c)
+#   make bench-tokenize  prepare_tokens' MB/s (1 thread and all) against tiktoken's, one thread, on the same text
 #   make check-headers  compile every header alone as C11 and as C++17 (CI runs it)
 #   make train_gpt_cu  the CUDA trainer, nvcc for the local GPU (GPU_ARCH=sm_80 ... to choose; default: nvidia-smi's, else sm_90)
 #   make build/emu/train_gpt  the same CUDA trainer for the emulated device (dev/cuda_emu): runs on the CPU
@@ -49,7 +51,7 @@ MPI_STAMP = build/mpi_setting
 MPI_SETTING = MPI=$(MPI) CC=$(TRAIN_CC)
 $(shell mkdir -p build && if [ "$$(cat $(MPI_STAMP) 2>/dev/null)" != "$(MPI_SETTING)" ]; then echo "$(MPI_SETTING)" > $(MPI_STAMP); fi)
 
-.PHONY: all run data test bench bench-flags check-headers cuda-build-check build-check clean help
+.PHONY: all run data test bench bench-flags bench-tokenize check-headers cuda-build-check build-check clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
@@ -133,10 +135,14 @@ test_gpt: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # sanitizer builds (AddressSanitizer + UndefinedBehaviorSanitizer, any report aborts): the fuzzer
-# of the readers and the flag parser (./build/fuzz ./test_gpt [CASES]) and the C unit tests
+# of the readers and the flag parser (./build/fuzz ./test_gpt [CASES]), the C unit tests, and
+# build/prepare_tokens (tests/test_prepare.py feeds it mutated text and JSON Lines)
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 SAN_CFLAGS = -std=c11 -I. -march=native -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function $(SANITIZE)
 build/fuzz: tests/fuzz.c tests/check.h tests/fuzz_corpus.h train_gpt.c $(HEADERS)
+	@mkdir -p build
+	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
+build/prepare_tokens_asan: dev/data/prepare_tokens.c dev/data/text_input.h $(HEADERS)
 	@mkdir -p build
 	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
 build/test_gpt_asan: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
@@ -151,8 +157,14 @@ build/bench_matmul: dev/bench_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS) -lopenblas
 
-# TinyShakespeare token shards and the tokenizer file (GPT-2 BPE, from ../shared/data when present)
-$(DATA):
+# text into token shards with GPT-2's BPE on every core (llmc/bpe.h; dev/data/prepare_tokens.c says how)
+build/prepare_tokens: dev/data/prepare_tokens.c dev/data/text_input.h $(HEADERS)
+	@mkdir -p build
+	$(CC) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
+
+# TinyShakespeare token shards and the tokenizer file (GPT-2 BPE, from ../shared/data when present),
+# made by build/prepare_tokens (built first; order-only: a newer tool does not remake the data)
+$(DATA): | build/prepare_tokens
 	$(PYTHON) dev/data/tinyshakespeare.py
 data: $(DATA)
 
@@ -161,7 +173,7 @@ run: train_gpt $(DATA)
 	./train_gpt $(ARGS)
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt
+test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/prepare_tokens build/prepare_tokens_asan
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)
@@ -169,6 +181,11 @@ bench: train_gpt build/bench_matmul $(DATA)
 
 bench-flags: train_gpt $(DATA)
 	bash scripts/bench_flags.sh
+
+# prepare_tokens' MB/s on 1 thread and all, beside tiktoken's on one thread, same text (100 MB of
+# TinyShakespeare; ARGS="--mb 20" or "--input FILE"): dev/data/bench_tokenize.py
+bench-tokenize: build/prepare_tokens
+	$(PYTHON) dev/data/bench_tokenize.py $(ARGS)
 
 # every header alone, as C11 and as C++17 (the CUDA program includes the shared ones)
 SHARED_HEADERS = $(wildcard llmc/*.h)

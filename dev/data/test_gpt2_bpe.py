@@ -1,5 +1,6 @@
 """
-test_gpt2_bpe.py: checks dev/data/gpt2_bpe.py and the files tinyshakespeare.py writes.
+test_gpt2_bpe.py: checks dev/data/gpt2_bpe.py and the files tinyshakespeare.py writes (through
+build/prepare_tokens, which make builds first; tests/test_prepare.py tests the tool itself).
 
     python3 dev/data/test_gpt2_bpe.py
 
@@ -163,29 +164,26 @@ def test_token_bytes(enc):
     expect_equal(singles, [bytes([b]) for b in range(256)], "ids 0..255 are the 256 bytes")
 
 
+def tokenize_documents(enc, text):
+    """llm.c's tokenization, the reference: '<|endoftext|>' + text, with every '\\n\\n' followed by
+    '<|endoftext|>'; each section between two EOTs encoded on its own (as tiktoken splits at
+    special tokens)"""
+    sections = text.split("\n\n")
+    tokens = []
+    for i, section in enumerate(sections):
+        tokens.append(gpt2_bpe.EOT_TOKEN)
+        tokens.extend(enc.encode(section if i == len(sections) - 1 else section + "\n\n"))
+    return tokens
+
+
 def test_documents(enc):
     # llm.c: "<|endoftext|>" + text, and after every "\n\n" another "<|endoftext|>"
     eot = gpt2_bpe.EOT_TOKEN
-    got = tinyshakespeare.tokenize_documents(enc, "A:\nhi\n\nB:\nyo\n")
+    got = tokenize_documents(enc, "A:\nhi\n\nB:\nyo\n")
     want = [eot] + enc.encode("A:\nhi\n\n") + [eot] + enc.encode("B:\nyo\n")
     expect_equal(got, want, "two sections")
-    expect_equal(tinyshakespeare.tokenize_documents(enc, "x\n\n"),
+    expect_equal(tokenize_documents(enc, "x\n\n"),
                  [eot] + enc.encode("x\n\n") + [eot], "trailing blank line")
-
-
-def test_shard_format(enc):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "shard.bin")
-        with contextlib.redirect_stdout(io.StringIO()):
-            tinyshakespeare.write_shard(path, [0, 1, 50256, 65535])
-        with open(path, "rb") as f:
-            data = f.read()
-        expect_equal(len(data), 1024 + 4 * 2, "file size")
-        expect_equal(data[:12], struct.pack("<3i", 20240520, 1, 4), "header bytes")
-        expect_equal(data[12:1024], bytes(1012), "rest of header is zero")
-        expect_equal(data[1024:], bytes([0, 0, 1, 0, 0x50, 0xc4, 0xff, 0xff]), "uint16 LE body")
-        if os.listdir(tmp) != ["shard.bin"]:
-            raise AssertionError(f"temp files left behind: {os.listdir(tmp)}")
 
 
 def test_script_outputs(enc):
@@ -196,19 +194,22 @@ def test_script_outputs(enc):
         with open(text_path, "w", encoding="utf-8") as f:
             f.write(text)
         tok_path = os.path.join(tmp, "tok.bin")
-        argv = ["--input", text_path, "--out-dir", tmp, "--tokenizer-out", tok_path]
+        argv = ["--input", text_path, "--out-dir", tmp, "--tokenizer-out", tok_path, "--val-tokens", "8"]
         with contextlib.redirect_stdout(io.StringIO()) as out:
             tinyshakespeare.main(argv)
             tinyshakespeare.main(argv)  # second run: outputs present, must skip
         if "already present" not in out.getvalue():
             raise AssertionError("second run did not skip the present outputs")
 
+        want = tokenize_documents(enc, text)
         header, val = read_shard(os.path.join(tmp, "tiny_shakespeare_val.bin"))
-        expect_equal(header[:3], (20240520, 1, len(val)), "val header")
+        expect_equal(header[:3], (20240520, 1, 8), "val header")
         expect_equal(set(header[3:]), {0}, "val header padding")
-        expect_equal(val, tinyshakespeare.tokenize_documents(enc, text), "val tokens")
+        expect_equal(val, want[:8], "val tokens: the first 8")
         header, train = read_shard(os.path.join(tmp, "tiny_shakespeare_train.bin"))
-        expect_equal((header[:3], train), ((20240520, 1, 0), []), "train is empty (text < 32768 tokens)")
+        expect_equal((header[:3], train), ((20240520, 1, len(want) - 8), want[8:]), "train: the rest")
+        if sorted(os.listdir(tmp)) != ["small.txt", "tiny_shakespeare_train.bin", "tiny_shakespeare_val.bin", "tok.bin"]:
+            raise AssertionError(f"other files left: {sorted(os.listdir(tmp))}")
 
         header, table = read_tokenizer(tok_path)
         expect_equal(header[:4], (20240328, 2, 50257, 50256), "tokenizer header")
@@ -292,7 +293,7 @@ def test_tiktoken_documents(enc, tk):
     eot = gpt2_bpe.EOT_TEXT
     llmc_text = (eot + text).replace("\n\n", "\n\n" + eot)
     want = tk.encode(llmc_text, allowed_special={eot})
-    got = tinyshakespeare.tokenize_documents(enc, text)
+    got = tokenize_documents(enc, text)
     expect_equal(got, want, "documents")
     expect_equal(len(got), 338028, "token count (llm.c: 32,768 val + 305,260 train)")
 
@@ -308,7 +309,6 @@ def main():
     check("module_functions", test_module_functions)
     check("token_bytes", lambda: test_token_bytes(enc))
     check("documents", lambda: test_documents(enc))
-    check("shard_format", lambda: test_shard_format(enc))
     check("script_outputs", lambda: test_script_outputs(enc))
     check("missing_input_message", test_missing_input_message)
 

@@ -1,5 +1,6 @@
 """
-tinyshakespeare.py: tokenize TinyShakespeare with GPT-2's BPE into llm.c's file formats.
+tinyshakespeare.py: TinyShakespeare into llm.c's token shards (by build/prepare_tokens, GPT-2's BPE in
+C) and GPT-2's tokenizer file.
 
     python3 dev/data/tinyshakespeare.py            # writes the three files below
     python3 dev/data/tinyshakespeare.py --force    # rewrite them even if present
@@ -11,9 +12,13 @@ Writes (paths are defaults, see --help):
 
 Like llm.c's dev/data/tinyshakespeare.py, every blank-line separated block of the
 play (mostly one speaker's lines) is a document: it starts with <|endoftext|> and
-keeps its trailing "\\n\\n". Stdlib only: the BPE is dev/data/gpt2_bpe.py. The
-input files are read from <repo>/../shared/data/; only if they are absent there
-are they downloaded (into data/) from the usual URLs.
+keeps its trailing "\\n\\n". The tokens are build/prepare_tokens's (`make` builds it
+first; this script builds it with make when it is missing):
+    build/prepare_tokens --docs blank-lines --val-tokens 32768 -o .../tiny_shakespeare TEXT
+its shards tiny_shakespeare_val_000000.bin and _train_000001.bin renamed to the names
+above; the tokenizer file is written here from dev/data/gpt2_bpe.py. The input files
+are read from <repo>/../shared/data/; only if they are absent there are they
+downloaded (into data/) from the usual URLs. Python's standard library only.
 
 File formats (all integers little-endian):
     token shard:  256 x int32 header [magic 20240520, version 1, n_tokens, 0...]
@@ -25,10 +30,10 @@ File formats (all integers little-endian):
 import argparse
 import os
 import struct
+import subprocess
 import sys
 import time
 import urllib.request
-from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_bpe  # noqa: E402  (lives next to this file)
@@ -41,11 +46,11 @@ TEXT_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tiny
 BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # + file name
 
 VAL_TOKENS = 32768  # llm.c's split: the first 32,768 tokens are val (~10%)
+PREPARE_TOKENS = os.path.join(REPO_DIR, "build", "prepare_tokens")  # make build/prepare_tokens
 
-# header slots, shared by both file kinds
+# the tokenizer file's header slots
 HEADER_INTS = 256
 HEADER_MAGIC, HEADER_VERSION, HEADER_COUNT, HEADER_EOT = 0, 1, 2, 3
-SHARD_MAGIC, SHARD_VERSION = 20240520, 1          # count = number of uint16 tokens
 TOKENIZER_MAGIC, TOKENIZER_VERSION = 20240328, 2  # count = vocab size; v2 adds the eot slot
 
 # -----------------------------------------------------------------------------
@@ -61,6 +66,9 @@ FLAGS = [
      "where the .bin token shards go (default: <repo>/data/tinyshakespeare)"),
     ("--tokenizer-out", os.path.join(DATA_DIR, "gpt2_tokenizer.bin"),
      "tokenizer file to write (default: <repo>/data/gpt2_tokenizer.bin)"),
+    ("--prepare-tokens", PREPARE_TOKENS, "the tool that writes the shards (default: <repo>/build/prepare_tokens, "
+                                         "built with make when missing)"),
+    ("--val-tokens", str(VAL_TOKENS), f"tokens of the validation split (default: llm.c's {VAL_TOKENS})"),
 ]
 
 
@@ -131,20 +139,34 @@ def find_bpe_dir(given):
     return cache_dir
 
 # -----------------------------------------------------------------------------
-# tokenize
+# tokenize: build/prepare_tokens
 
 
-def tokenize_documents(enc, text):
-    """llm.c's tokenization: '<|endoftext|>' + text, with every '\\n\\n' followed by
-    '<|endoftext|>', encoded with EOT as a special token. Each section between two
-    EOTs is encoded on its own (tiktoken splits at special tokens the same way)."""
-    sections = text.split("\n\n")
-    tokens = []
-    for i, section in enumerate(sections):
-        is_last = i == len(sections) - 1
-        tokens.append(gpt2_bpe.EOT_TOKEN)
-        tokens.extend(enc.encode(section if is_last else section + "\n\n"))
-    return tokens
+def find_tool(path):
+    """the prepare_tokens binary: PATH, built with make if it is the default and missing"""
+    if not os.path.exists(path) and path == PREPARE_TOKENS:
+        print(f"{path} is missing: make build/prepare_tokens")
+        subprocess.run(["make", "-C", REPO_DIR, "build/prepare_tokens"], check=False)
+    if not os.path.exists(path):
+        sys.exit(f"error: no {path}\n  hint: make build/prepare_tokens (needs gcc with OpenMP)")
+    return path
+
+
+def tokenize_to_shards(tool, text_path, bpe_dir, val_tokens, val_path, train_path):
+    """the tool's two shards of TEXT_PATH (llm.c's documents), renamed to val_path and train_path"""
+    prefix = os.path.join(os.path.dirname(os.path.abspath(val_path)), "tiny_shakespeare")
+    made = [f"{prefix}_val_000000.bin", f"{prefix}_train_000001.bin"]
+    cmd = [tool, "--docs", "blank-lines", "--val-tokens", str(val_tokens), "--bpe", bpe_dir, "-o", prefix,
+           "--overwrite", text_path]
+    print(" ".join(cmd), flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        sys.exit(f"error: {tool} failed (its message is above)")
+    if not os.path.exists(made[1]):
+        sys.exit(f"error: {text_path} has no more than {val_tokens} tokens, all of them validation\n"
+                 f"  hint: a smaller --val-tokens")
+    for src, dst in zip(made, (val_path, train_path)):
+        os.replace(src, dst)
+        print(f"{src} -> {dst}")
 
 # -----------------------------------------------------------------------------
 # writers
@@ -166,17 +188,6 @@ def header_bytes(magic, version, count, eot=0):
     header[HEADER_COUNT] = count
     header[HEADER_EOT] = eot
     return struct.pack(f"<{HEADER_INTS}i", *header)
-
-
-def write_shard(path, tokens):
-    """token shard: header, then the tokens as little-endian uint16"""
-    assert len(tokens) < 2**31, "token count does not fit the int32 header slot"
-    body = array("H", tokens)  # raises OverflowError for ids >= 65536
-    if sys.byteorder != "little":
-        body.byteswap()
-    data = header_bytes(SHARD_MAGIC, SHARD_VERSION, len(tokens)) + body.tobytes()
-    write_atomic(path, data)
-    print(f"wrote {len(tokens):,} tokens to {path} ({len(data):,} bytes)")
 
 
 def write_tokenizer(path, enc):
@@ -207,17 +218,12 @@ def main(argv=None):
     t0 = time.time()
     text_path = find_text(args.input)
     bpe_dir = find_bpe_dir(args.bpe_dir)
+    tool = find_tool(args.prepare_tokens)
     print(f"text: {text_path}\nbpe:  {bpe_dir}")
-    enc = gpt2_bpe.load_encoder(bpe_dir)
-    with open(text_path, "r", encoding="utf-8") as f:
-        text = f.read()
-    tokens = tokenize_documents(enc, text)
-    print(f"tokenized {len(text):,} chars into {len(tokens):,} tokens in {time.time() - t0:.1f}s")
-
     os.makedirs(args.out_dir, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.tokenizer_out)), exist_ok=True)
-    write_shard(val_path, tokens[:VAL_TOKENS])
-    write_shard(train_path, tokens[VAL_TOKENS:])
+    tokenize_to_shards(tool, text_path, bpe_dir, int(args.val_tokens), val_path, train_path)
+    enc = gpt2_bpe.load_encoder(bpe_dir)
     write_tokenizer(args.tokenizer_out, enc)
     print(f"done in {time.time() - t0:.1f}s")
 

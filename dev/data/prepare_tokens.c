@@ -1,0 +1,758 @@
+/*
+prepare_tokens.c: any text into llm.c's token shards, with GPT-2's BPE (llmc/bpe.h) on every core.
+
+    make build/prepare_tokens
+    ./build/prepare_tokens -o data/mine/mine my_texts/            # a folder: its .txt and .jsonl files
+    ./build/prepare_tokens -o data/web/web --field text web.jsonl # one document a JSON line
+    cat notes.txt | ./build/prepare_tokens -o data/notes/notes -  # standard input
+    ./train_gpt -i 'data/mine/mine_train_*.bin' -j 'data/mine/mine_val_*.bin'
+
+Inputs, in the order given (a folder: every .txt and .jsonl file under it, recursively, sorted by
+path byte by byte): a .jsonl file holds one JSON object a line (blank lines are skipped), and the
+string of its --field is a document; any other file, or "-" (standard input), is text: one
+document, or with --docs blank-lines one for every block that ends in a blank line ("\n\n", kept
+with its block: llm.c's TinyShakespeare). As in llm.c's scripts every document starts with
+<|endoftext|> (50256) and "<|endoftext|>" inside a text is plain text (tiktoken's encode_ordinary).
+
+Output: the token stream cut into shards of --shard-tokens (default 100M, llm.c's), the first
+--val-tokens N tokens (or --val-fraction F of the first shard's tokens: of the whole corpus when it
+fits one shard; the default is 0.1) into OUT_val_000000.bin..., the rest into OUT_train_NNNNNN.bin,
+numbered on (llm.c's fineweb names). A document runs on into the next shard where one is full.
+Each shard is written to NAME.tmp and renamed when whole; a run that stops on an error removes
+the shards it wrote, and shards of an earlier run under the same name are replaced only with
+--overwrite.
+
+Speed: the text is cut into blocks (--block-size) at places where a word of GPT-2's pre-tokenizer
+must end (after a character that is not white space, before one that is), so each block encodes
+to the same ids alone as within its document; blocks are encoded by OpenMP threads, each with a
+cache of the words it has seen, and their ids are written in input order: the shards are the same
+bytes for any number of threads and any block size. Memory: a shard of uint16 tokens, plus about
+5 bytes a byte of text in flight (2 blocks a thread), plus the longest JSON line.
+
+Invalid UTF-8 (--invalid-utf8): "error" (default) stops naming the file, line and byte offset;
+"replace" puts U+FFFD for it as python's bytes.decode("utf-8", errors="replace") does, so the ids
+are tiktoken's of the text python reads that way (dev/data/text_input.h).
+*/
+#include <dirent.h>
+#include <glob.h>
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "llmc/bpe.h"
+#include "llmc/checkpoint.h"
+#include "llmc/dataloader.h"
+#include "text_input.h"
+
+#define SHARED_BPE_DIR "../shared/data/gpt2"    // where the repository's tests keep GPT-2's files
+#define PREP_PATH_LEN 1024                       // a path: a prefix, an input, a folder
+#define MAX_LOOKAHEAD 4                          // bytes of one UTF-8 character
+#define READ_BYTES (1 << 20)                     // one fread of a text file
+#define SHARD_NAME_LEN (PREP_PATH_LEN + 32)
+
+// ----------------------------------------------------------------------------
+// options: one table gives the parser and the usage text
+
+typedef enum { DOCS_FILE, DOCS_BLANK_LINES } DocSplit;
+typedef enum { FORMAT_AUTO, FORMAT_TEXT, FORMAT_JSONL } InputFormat;
+
+typedef struct {
+    char out[PREP_PATH_LEN];         // shards are OUT_val_NNNNNN.bin and OUT_train_NNNNNN.bin
+    char bpe_dir[PREP_PATH_LEN];     // encoder.json and vocab.bpe
+    char format[16];                // auto | text | jsonl
+    char field[256];                // the JSON key of the text
+    char docs[16];                  // file | blank-lines
+    char invalid_utf8[16];          // error | replace
+    double shard_tokens;            // tokens a shard
+    double val_tokens;              // -1: by --val-fraction
+    double val_fraction;
+    double block_size;              // bytes of text a thread encodes at a time
+    double threads;                 // 0: all cores
+    double overwrite;               // a switch
+    double help;
+    const char* inputs[4096];
+    int num_inputs;
+} Options;
+
+typedef enum { OPT_STRING, OPT_NUMBER, OPT_SWITCH } OptKind;
+typedef struct { const char* name; const char* arg; OptKind kind; size_t offset; size_t size; const char* help; } OptSpec;
+#define STR_OPT(field) OPT_STRING, offsetof(Options, field), sizeof(((Options*)0)->field)
+#define NUM_OPT(field) OPT_NUMBER, offsetof(Options, field), 0
+#define SWITCH_OPT(field) OPT_SWITCH, offsetof(Options, field), 0
+
+static const OptSpec OPTS[] = {
+    {"-o", "PREFIX", STR_OPT(out), "shards are PREFIX_val_000000.bin, PREFIX_train_000001.bin, ... (folders made as needed; required)"},
+    {"--bpe", "DIR", STR_OPT(bpe_dir), "folder of GPT-2's encoder.json and vocab.bpe (default data/gpt2, else " SHARED_BPE_DIR ")"},
+    {"--format", "KIND", STR_OPT(format), "auto (.jsonl files are JSON Lines, the rest text) | text | jsonl (default auto)"},
+    {"--field", "NAME", STR_OPT(field), "JSON Lines: the key whose string is the document (default text)"},
+    {"--docs", "HOW", STR_OPT(docs), "text: file (a file is a document) | blank-lines (each block ending in \"\\n\\n\") (default file)"},
+    {"--shard-tokens", "N", NUM_OPT(shard_tokens), "tokens a shard; K, M, G = 1e3, 1e6, 1e9 (default 100M)"},
+    {"--val-tokens", "N", NUM_OPT(val_tokens), "the first N tokens are the validation split (0: none)"},
+    {"--val-fraction", "F", NUM_OPT(val_fraction), "or this fraction of the first shard's tokens (default 0.1)"},
+    {"--invalid-utf8", "WHAT", STR_OPT(invalid_utf8), "error (stop, naming file, line and byte) | replace (by U+FFFD, as python's decode) (default error)"},
+    {"--block-size", "BYTES", NUM_OPT(block_size), "text one thread encodes at a time; the shards do not depend on it (default 1M)"},
+    {"--threads", "N", NUM_OPT(threads), "OpenMP threads, 0 = all cores (default 0)"},
+    {"--overwrite", NULL, SWITCH_OPT(overwrite), "replace shards of an earlier run under PREFIX (they are removed first)"},
+    {"-h", NULL, SWITCH_OPT(help), "this text"},
+};
+#define NUM_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
+
+static void print_usage(FILE* f) {
+    fprintf(f, "usage: prepare_tokens -o PREFIX [options] INPUT...   (INPUT: a file, a folder, or - for standard input)\n");
+    for (size_t k = 0; k < NUM_OPTS; k++) {
+        char left[40];
+        snprintf(left, sizeof(left), "%s%s%s", OPTS[k].name, OPTS[k].arg ? " " : "", OPTS[k].arg ? OPTS[k].arg : "");
+        fprintf(f, "  %-22s %s\n", left, OPTS[k].help);
+    }
+}
+
+// "100M", "32768", "1e8", "0.25": a number with an optional K/M/G (powers of 1000)
+static double parse_number(const char* flag, const char* s) {
+    char* end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double scale = *end == 'K' || *end == 'k' ? 1e3 : *end == 'M' ? 1e6 : *end == 'G' ? 1e9 : 1;
+    if (scale != 1) { end++; }
+    if (end == s || *end != '\0' || errno != 0 || !isfinite(v)) {
+        fail("%s '%s' is not a number\n  hint: e.g. %s 100M (K, M, G: 1e3, 1e6, 1e9); prepare_tokens -h lists the flags", flag, s, flag);
+    }
+    return v * scale;
+}
+
+static Options options_default(void) {
+    Options o;
+    memset(&o, 0, sizeof(o));
+    snprintf(o.bpe_dir, sizeof(o.bpe_dir), "data/gpt2");
+    snprintf(o.format, sizeof(o.format), "auto");
+    snprintf(o.field, sizeof(o.field), "text");
+    snprintf(o.docs, sizeof(o.docs), "file");
+    snprintf(o.invalid_utf8, sizeof(o.invalid_utf8), "error");
+    o.shard_tokens = 1e8;
+    o.val_tokens = -1;
+    o.val_fraction = 0.1;
+    o.block_size = 1e6;
+    return o;
+}
+
+static int given_val_fraction = 0, given_bpe = 0;
+
+static void parse_options(Options* o, int argc, char** argv) {
+    for (int a = 1; a < argc; a++) {
+        const char* arg = argv[a];
+        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
+            if (o->num_inputs == (int)(sizeof(o->inputs) / sizeof(o->inputs[0]))) { fail("more than %d inputs\n  hint: put them in a folder", o->num_inputs); }
+            o->inputs[o->num_inputs++] = arg;
+            continue;
+        }
+        const char* eq = strchr(arg, '=');
+        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
+        const OptSpec* spec = NULL;
+        for (size_t k = 0; k < NUM_OPTS; k++) {
+            if (strlen(OPTS[k].name) == name_len && strncmp(OPTS[k].name, arg, name_len) == 0) { spec = &OPTS[k]; }
+        }
+        if (spec == NULL) { fail("unknown flag '%s'\n  hint: prepare_tokens -h lists the flags", arg); }
+        char* field = (char*)o + spec->offset;
+        if (spec->kind == OPT_SWITCH) { *(double*)field = 1; continue; }
+        const char* value = eq ? eq + 1 : (a + 1 < argc ? argv[++a] : NULL);
+        if (value == NULL) { fail("flag %s needs a value (%s)\n  hint: prepare_tokens -h", spec->name, spec->arg); }
+        if (spec->kind == OPT_NUMBER) { *(double*)field = parse_number(spec->name, value); }
+        else {
+            if (strlen(value) >= spec->size) { fail("%s '%s' is longer than %zu characters", spec->name, value, spec->size - 1); }
+            snprintf(field, spec->size, "%s", value);
+        }
+        given_val_fraction |= strcmp(spec->name, "--val-fraction") == 0;
+        given_bpe |= strcmp(spec->name, "--bpe") == 0;
+    }
+}
+
+static int choice(const char* flag, const char* value, const char* const* names, int n) {
+    char want[128] = "";
+    for (int k = 0; k < n; k++) {
+        if (strcmp(value, names[k]) == 0) { return k; }
+        snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%s", k ? " | " : "", names[k]);
+    }
+    fail("%s '%s': want %s\n  hint: prepare_tokens -h", flag, value, want);
+    return -1;
+}
+
+static int is_whole(double v) { return v >= 0 && v == floor(v); }
+
+// ----------------------------------------------------------------------------
+// inputs: the files to read, in order
+
+typedef struct { char* path; InputFormat format; long long bytes; } Input;  // path "-": stdin, bytes -1
+typedef struct { Input* items; size_t n, cap; } InputList;
+
+static int has_suffix(const char* s, const char* suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static void input_add(InputList* l, const char* path, InputFormat forced, long long bytes) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->items = (Input*)realloc(l->items, l->cap * sizeof(Input));
+        if (l->items == NULL) { fail("out of host memory listing inputs"); }
+    }
+    Input* in = &l->items[l->n++];
+    in->path = strdup(path);
+    in->format = forced != FORMAT_AUTO ? forced : has_suffix(path, ".jsonl") ? FORMAT_JSONL : FORMAT_TEXT;
+    in->bytes = bytes;
+}
+
+static int compare_inputs(const void* a, const void* b) { return strcmp(((const Input*)a)->path, ((const Input*)b)->path); }
+
+// every .txt and .jsonl file under dir (not following links to folders), unsorted
+static void input_add_folder(InputList* l, const char* dir, InputFormat forced) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { fail("cannot read the folder '%s': %s", dir, strerror(errno)); }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') { continue; }  // ., .., hidden files
+        char path[PREP_PATH_LEN];
+        if (snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) >= (int)sizeof(path)) { fail("path too long: '%s/%s'", dir, e->d_name); }
+        struct stat st;
+        if (lstat(path, &st) != 0) { continue; }
+        if (S_ISDIR(st.st_mode)) { input_add_folder(l, path, forced); continue; }
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
+        if (has_suffix(path, ".txt") || has_suffix(path, ".jsonl")) { input_add(l, path, forced, (long long)st.st_size); }
+    }
+    closedir(d);
+}
+
+// the inputs as given: files, folders (expanded, sorted), "-"; stops on one that is not there
+static InputList inputs_list(const Options* o, InputFormat forced) {
+    InputList l = {0};
+    for (int k = 0; k < o->num_inputs; k++) {
+        const char* p = o->inputs[k];
+        struct stat st;
+        if (strcmp(p, "-") == 0) { input_add(&l, "-", forced, -1); continue; }
+        if (stat(p, &st) != 0) { fail("input '%s' not found: %s\n  hint: give text files, folders of .txt/.jsonl files, or - for standard input", p, strerror(errno)); }
+        if (S_ISDIR(st.st_mode)) {
+            size_t first = l.n;
+            input_add_folder(&l, p, forced);
+            if (l.n == first) { fail("the folder '%s' holds no .txt or .jsonl file\n  hint: name the files, or give them the extension .txt (text) or .jsonl (JSON Lines)", p); }
+            qsort(l.items + first, l.n - first, sizeof(Input), compare_inputs);
+        } else {
+            input_add(&l, p, forced, (long long)st.st_size);
+        }
+    }
+    return l;
+}
+
+// ----------------------------------------------------------------------------
+// the shard writer: tokens in, val shards then train shards out
+
+typedef struct {
+    char prefix[PREP_PATH_LEN];
+    size_t shard_tokens;
+    size_t val_target;         // tokens of the val split, once known
+    int val_known;             // 0: --val-fraction, until the first shard is full or the input ends
+    double val_fraction;
+    uint16_t* buf;             // (shard_tokens) the shard being filled
+    size_t n;
+    int in_train;              // the val split is done
+    int index;                 // the next shard's number
+    size_t val_written, train_written;
+    char (*written)[SHARD_NAME_LEN];  // the shards of this run, removed if it fails
+    int num_written, cap_written;
+    char tmp[CHECKPOINT_PATH_LEN + 4];  // the file being written (AtomicFile.tmp), "" when none
+} Writer;
+
+static Writer g_writer;        // the atexit clean-up reads it
+static int g_finished = 0;
+
+static void shard_name(char* buf, size_t n, const char* prefix, const char* split, int index) {
+    snprintf(buf, n, "%s_%s_%06d.bin", prefix, split, index);
+}
+
+static void writer_write(Writer* w, const uint16_t* tokens, size_t n, const char* split) {
+    if (w->num_written == w->cap_written) {
+        w->cap_written = w->cap_written ? 2 * w->cap_written : 16;
+        w->written = realloc(w->written, (size_t)w->cap_written * SHARD_NAME_LEN);
+        if (w->written == NULL) { fail("out of host memory"); }
+    }
+    char* path = w->written[w->num_written];
+    shard_name(path, SHARD_NAME_LEN, w->prefix, split, w->index++);
+    int header[FILE_HEADER_INTS] = {0};
+    header[FILE_SLOT_MAGIC] = SHARD_MAGIC;
+    header[FILE_SLOT_VERSION] = SHARD_VERSION;
+    header[SHARD_SLOT_NUM_TOKENS] = (int)n;
+    AtomicFile a;
+    atomic_open(&a, path);
+    snprintf(w->tmp, sizeof(w->tmp), "%s", a.tmp);
+    fwrite_check(header, sizeof(int), FILE_HEADER_INTS, a.f);  // little-endian hosts: the format's order
+    fwrite_check(tokens, sizeof(uint16_t), n, a.f);
+    atomic_commit(&a);
+    w->tmp[0] = '\0';
+    w->num_written++;
+    if (w->in_train) { w->train_written += n; } else { w->val_written += n; }
+    printf("wrote %zu tokens to %s\n", n, path);
+    fflush(stdout);
+}
+
+// the tokens the current shard holds when it is written
+static size_t writer_capacity(const Writer* w) {
+    if (!w->val_known || w->in_train) { return w->shard_tokens; }
+    size_t left = w->val_target - w->val_written;
+    return left < w->shard_tokens ? left : w->shard_tokens;
+}
+
+// --val-fraction: the split is F of the first shard's tokens (the buffer, full or at the end)
+static void writer_decide_val(Writer* w) {
+    w->val_target = (size_t)floor(w->val_fraction * (double)w->n + 0.5);
+    w->val_known = 1;
+    if (w->val_target > 0) {
+        writer_write(w, w->buf, w->val_target, "val");
+        memmove(w->buf, w->buf + w->val_target, (w->n - w->val_target) * sizeof(uint16_t));
+        w->n -= w->val_target;
+    }
+    w->in_train = 1;
+}
+
+// the buffer is full: write it out as the split it belongs to
+static void writer_flush(Writer* w) {
+    if (!w->val_known) { writer_decide_val(w); if (w->n < w->shard_tokens) { return; } }
+    writer_write(w, w->buf, w->n, w->in_train ? "train" : "val");
+    w->n = 0;
+    if (!w->in_train && w->val_written == w->val_target) { w->in_train = 1; }
+}
+
+static void writer_push(Writer* w, const int* ids, size_t n) {
+    for (size_t k = 0; k < n;) {
+        if (w->val_known && !w->in_train && w->val_written == w->val_target) { w->in_train = 1; }
+        size_t cap = writer_capacity(w), take = n - k < cap - w->n ? n - k : cap - w->n;
+        for (size_t t = 0; t < take; t++) { w->buf[w->n + t] = (uint16_t)ids[k + t]; }
+        w->n += take;
+        k += take;
+        if (w->n == cap) { writer_flush(w); }
+    }
+}
+
+static void writer_finish(Writer* w) {
+    if (!w->val_known) { writer_decide_val(w); }
+    if (w->n > 0) { writer_write(w, w->buf, w->n, w->in_train ? "train" : "val"); w->n = 0; }
+}
+
+// at exit after an error: no half-written file, and none of this run's shards
+static void writer_cleanup(void) {
+    Writer* w = &g_writer;
+    if (g_finished) { return; }
+    if (w->tmp[0] != '\0') { remove(w->tmp); }
+    for (int k = 0; k < w->num_written; k++) { remove(w->written[k]); }
+    if (w->num_written > 0) { fprintf(stderr, "removed the %d shard(s) this run had written: the corpus was not read to its end\n", w->num_written); }
+}
+
+static glob_t shards_present(const char* prefix) {
+    glob_t g;
+    memset(&g, 0, sizeof(g));
+    char pattern[SHARD_NAME_LEN];
+    const char* kinds[] = {"_val_*.bin", "_train_*.bin", "_val_*.bin.tmp", "_train_*.bin.tmp"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(pattern, sizeof(pattern), "%s%s", prefix, kinds[k]);
+        glob(pattern, k ? GLOB_APPEND : 0, NULL, &g);
+    }
+    return g;
+}
+
+// makes the folders of prefix, refuses (or with --overwrite removes) shards already there
+static void writer_prepare_output(const char* prefix, int overwrite) {
+    char dir[PREP_PATH_LEN];
+    snprintf(dir, sizeof(dir), "%s", prefix);
+    for (char* p = dir + 1; *p; p++) {
+        if (*p != '/') { continue; }
+        *p = '\0';
+        if (mkdir(dir, 0777) != 0 && errno != EEXIST) { fail("cannot make the folder '%s' for -o '%s': %s", dir, prefix, strerror(errno)); }
+        *p = '/';
+    }
+    glob_t g = shards_present(prefix);
+    if (g.gl_pathc > 0 && !overwrite) {
+        fail("'%s' already has %zu shard(s) under this name (%s ...)\n  hint: --overwrite replaces them; or choose another -o",
+             prefix, g.gl_pathc, g.gl_pathv[0]);
+    }
+    for (size_t k = 0; k < g.gl_pathc; k++) {
+        if (remove(g.gl_pathv[k]) != 0) { fail("--overwrite: cannot remove '%s': %s", g.gl_pathv[k], strerror(errno)); }
+    }
+    globfree(&g);
+}
+
+// ----------------------------------------------------------------------------
+// encoding: a block of one document, scanned against the bytes after it
+
+#define CACHE_SLOTS (1 << 16)   // words a thread remembers (direct mapped)
+#define CACHE_WORD_MAX 15       // words up to this many bytes are cached (nearly all of them)
+typedef struct {
+    unsigned char len;          // 0: empty
+    unsigned char num_ids;
+    unsigned char bytes[CACHE_WORD_MAX];
+    uint16_t ids[CACHE_WORD_MAX];
+} CachedWord;
+
+static uint32_t word_hash(const unsigned char* s, size_t n) {
+    uint32_t h = 2166136261u;  // FNV-1a
+    for (size_t i = 0; i < n; i++) { h = (h ^ s[i]) * 16777619u; }
+    return h;
+}
+
+// one word's ids (room for n): from the thread's cache, else by BPE (and then cached)
+static size_t encode_word_cached(const Bpe* bpe, CachedWord* cache, const unsigned char* w, size_t n, int* ids) {
+    if (n == 1) { ids[0] = bpe->byte_id[w[0]]; return 1; }
+    if (n > CACHE_WORD_MAX) { return bpe_encode_word(bpe, w, n, ids); }
+    CachedWord* c = &cache[word_hash(w, n) & (CACHE_SLOTS - 1)];
+    if (c->len == n && memcmp(c->bytes, w, n) == 0) {
+        for (int k = 0; k < c->num_ids; k++) { ids[k] = c->ids[k]; }
+        return c->num_ids;
+    }
+    size_t m = bpe_encode_word(bpe, w, n, ids);
+    c->len = (unsigned char)n;
+    c->num_ids = (unsigned char)m;
+    memcpy(c->bytes, w, n);
+    for (size_t k = 0; k < m; k++) { c->ids[k] = (uint16_t)ids[k]; }
+    return m;
+}
+
+// the ids of the words that start in s[0..len), which ends where a word ends; the scan may look at
+// s[len..len+ctx) (the document's next character) to see where words end, as it would in the
+// whole document
+static size_t encode_block(const Bpe* bpe, CachedWord* cache, const unsigned char* s, size_t len, size_t ctx, int* ids) {
+    size_t n = 0;
+    for (size_t i = 0, end; i < len; i = end) {
+        end = bpe_word_end(s, len + ctx, i);
+        n += encode_word_cached(bpe, cache, s + i, end - i, ids + n);
+    }
+    return n;
+}
+
+// ----------------------------------------------------------------------------
+// blocks: the text cut where a word must end, gathered for the threads
+
+typedef struct { size_t off, len, ctx; int starts_doc; } Block;
+
+typedef struct {
+    const Bpe* bpe;
+    int eot;
+    size_t block_size, batch_bytes;
+    Utf8Out text;               // the blocks' bytes (each followed by its ctx bytes)
+    Block* blocks;
+    size_t num_blocks, cap_blocks;
+    int* ids;                   // the blocks' ids, block k's at ids_off[k]
+    size_t* ids_off;
+    size_t* ids_len;
+    size_t ids_cap;
+    CachedWord** caches;        // one a thread
+    int num_threads;
+    Writer* writer;
+    // progress
+    long long bytes_in, bytes_total, documents, tokens;
+    double start, last_print;
+    int tty;
+} Batch;
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+static void progress(Batch* b, int final) {
+    double t = now_seconds(), elapsed = t - b->start;
+    if (!final && t - b->last_print < (b->tty ? 0.25 : 10.0)) { return; }
+    b->last_print = t;
+    double mbs = elapsed > 0 ? b->bytes_in / 1e6 / elapsed : 0;
+    char eta[32] = "";
+    if (!final && b->bytes_total > 0 && mbs > 0) {
+        double left = (b->bytes_total - b->bytes_in) / 1e6 / mbs;
+        snprintf(eta, sizeof(eta), ", ETA %d:%02d", (int)(left / 60), (int)fmod(left, 60));
+    }
+    char total[32] = "";
+    if (b->bytes_total > 0) { snprintf(total, sizeof(total), " of %.1f", b->bytes_total / 1e6); }
+    fprintf(stderr, "%s%.1f%s MB, %lld documents, %lld tokens, %.1f MB/s (%d threads)%s%s", b->tty && !final ? "\r" : "",
+            b->bytes_in / 1e6, total, b->documents, b->tokens, mbs, b->num_threads, eta, b->tty && !final ? "   " : "\n");
+}
+
+// encodes the gathered blocks on all threads, then hands their ids to the writer in order
+static void batch_run(Batch* b) {
+    size_t need = 0;
+    for (size_t k = 0; k < b->num_blocks; k++) { b->ids_off[k] = need; need += b->blocks[k].len + 1; }
+    if (need > b->ids_cap) {
+        free(b->ids);
+        b->ids_cap = need;
+        b->ids = (int*)malloc_check(need * sizeof(int));
+    }
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (long k = 0; k < (long)b->num_blocks; k++) {
+        const Block* bl = &b->blocks[k];
+        int* out = b->ids + b->ids_off[k];
+        size_t n = 0;
+        if (bl->starts_doc) { out[n++] = b->eot; }
+        n += encode_block(b->bpe, b->caches[omp_get_thread_num()], b->text.data + bl->off, bl->len, bl->ctx, out + n);
+        b->ids_len[k] = n;
+    }
+    for (size_t k = 0; k < b->num_blocks; k++) {
+        writer_push(b->writer, b->ids + b->ids_off[k], b->ids_len[k]);
+        b->tokens += (long long)b->ids_len[k];
+    }
+    b->num_blocks = 0;
+    b->text.len = 0;
+    progress(b, 0);
+}
+
+static void batch_add(Batch* b, const unsigned char* s, size_t len, size_t ctx, int starts_doc) {
+    if (b->num_blocks == b->cap_blocks) {
+        b->cap_blocks = b->cap_blocks ? 2 * b->cap_blocks : 1024;
+        b->blocks = realloc(b->blocks, b->cap_blocks * sizeof(Block));
+        b->ids_off = realloc(b->ids_off, b->cap_blocks * sizeof(size_t));
+        b->ids_len = realloc(b->ids_len, b->cap_blocks * sizeof(size_t));
+        if (!b->blocks || !b->ids_off || !b->ids_len) { fail("out of host memory"); }
+    }
+    Block* bl = &b->blocks[b->num_blocks++];
+    bl->off = b->text.len;
+    bl->len = len;
+    bl->ctx = ctx;
+    bl->starts_doc = starts_doc;
+    out_append(&b->text, s, len + ctx);
+    if (b->text.len >= b->batch_bytes) { batch_run(b); }
+}
+
+// the length of the character that ends just before s[i] (valid UTF-8)
+static size_t char_before(const unsigned char* s, size_t i) {
+    size_t k = 1;
+    while (k < i && k < MAX_LOOKAHEAD && (s[i - k] & 0xC0) == 0x80) { k++; }
+    return k;
+}
+
+// a word of GPT-2's pre-tokenizer ends at i (0 < i < n, s valid UTF-8 whole to n): the character
+// before i is not white space and the one at i is. No alternative of the regex runs from a
+// character that is not white space into one that is (the optional space only leads a word), so
+// every scan has a word end there, and the scan from i on is the whole document's
+static int word_must_end(const unsigned char* s, size_t n, size_t i) {
+    size_t len;
+    if (s[i] < 0x80 ? !(s[i] == ' ' || (s[i] >= '\t' && s[i] <= '\r')) : bpe_class_at(s, n, i, &len) != BPE_SPACE) { return 0; }
+    size_t back = char_before(s, i);
+    return bpe_class_at(s, i, i - back, &len) != BPE_SPACE;
+}
+
+// where to end the next block of s[pos..n): the last word end in (pos, pos + block], else the first
+// after it that has its next character whole before n; 0 if there is none
+static size_t next_cut(const unsigned char* s, size_t pos, size_t n, size_t block) {
+    size_t limit = pos + block < n ? pos + block : n;
+    for (size_t i = limit; i > pos; i--) {
+        if ((s[i] & 0xC0) != 0x80 && i + MAX_LOOKAHEAD <= n && word_must_end(s, n, i)) { return i; }
+    }
+    for (size_t i = limit + 1; i + MAX_LOOKAHEAD <= n; i++) {
+        if ((s[i] & 0xC0) != 0x80 && word_must_end(s, n, i)) { return i; }
+    }
+    return 0;
+}
+
+// hands the document text s[0..n) to the batch in blocks; *doc_open: the document's EOT is not
+// yet out. With ends, all of it (the document ends at n); else only up to the last cut that
+// leaves less than a block, returning how much it took (the caller keeps the rest)
+static size_t batch_document(Batch* b, const unsigned char* s, size_t n, int ends, int* doc_open) {
+    size_t pos = 0;
+    while (n - pos > b->block_size + MAX_LOOKAHEAD) {
+        size_t cut = next_cut(s, pos, n, b->block_size);
+        if (cut == 0) { break; }  // no place to cut: one block to the end (or more text first)
+        batch_add(b, s + pos, cut - pos, MAX_LOOKAHEAD, *doc_open);
+        *doc_open = 0;
+        pos = cut;
+    }
+    if (!ends) { return pos; }
+    batch_add(b, s + pos, n - pos, 0, *doc_open);
+    *doc_open = 0;
+    b->documents++;
+    return n;
+}
+
+// ----------------------------------------------------------------------------
+// readers: text files (one document, or blank-line blocks) and JSON Lines
+
+typedef struct { const char* path; Utf8Mode mode; DocSplit docs; const char* field; } ReadSpec;
+
+// the line of byte offset `at` in path (re-read; 0 for standard input)
+static long long line_of_offset(const char* path, size_t at) {
+    if (strcmp(path, "-") == 0) { return 0; }
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { return 0; }
+    long long line = 1;
+    for (size_t i = 0; i < at; i++) {
+        int c = fgetc(f);
+        if (c == EOF) { break; }
+        line += c == '\n';
+    }
+    fclose(f);
+    return line;
+}
+
+static void fail_utf8(const char* path, size_t at) {
+    long long line = line_of_offset(path, at);
+    char where[48] = "";
+    if (line > 0) { snprintf(where, sizeof(where), ":%lld", line); }
+    fail("%s%s: invalid UTF-8 at byte offset %zu\n  hint: --invalid-utf8 replace puts U+FFFD there (as python's "
+         "decode(errors=\"replace\") does); or fix the file's encoding (iconv -f latin1 -t utf-8, say)",
+         strcmp(path, "-") == 0 ? "standard input" : path, where, at);
+}
+
+static void read_text(Batch* b, const ReadSpec* r) {
+    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
+    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
+    unsigned char* raw = (unsigned char*)malloc_check(READ_BYTES + MAX_LOOKAHEAD);
+    Utf8Out doc = {0};
+    size_t kept = 0, offset = 0, searched = 0;  // raw[0..kept): a cut character from the last read
+    int doc_open = 1, at_end = 0;
+    while (!at_end) {
+        size_t got = fread(raw + kept, 1, READ_BYTES, f);
+        if (got < READ_BYTES) {
+            if (ferror(f)) { fail("cannot read '%s': %s", r->path, strerror(errno)); }
+            at_end = 1;
+        }
+        b->bytes_in += (long long)got;
+        size_t have = kept + got, bad;
+        size_t used = utf8_clean(&doc, raw, have, at_end, r->mode, &bad);
+        if (bad != SIZE_MAX) { fail_utf8(r->path, offset + bad); }
+        offset += used;
+        kept = have - used;
+        memmove(raw, raw + used, kept);
+        size_t start = 0;
+        if (r->docs == DOCS_BLANK_LINES) {  // every "\n\n" ends a document (python's split, left to right)
+            for (;;) {
+                const unsigned char* nn = memmem(doc.data + searched, doc.len - searched, "\n\n", 2);
+                if (nn == NULL) { searched = doc.len > start + 1 ? doc.len - 1 : start; break; }
+                size_t end = (size_t)(nn - doc.data) + 2;
+                batch_document(b, doc.data + start, end - start, 1, &doc_open);
+                doc_open = 1;
+                start = searched = end;
+            }
+        }
+        start += batch_document(b, doc.data + start, doc.len - start, 0, &doc_open);
+        memmove(doc.data, doc.data + start, doc.len - start);
+        doc.len -= start;
+        searched -= searched >= start ? start : searched;
+    }
+    batch_document(b, doc.data, doc.len, 1, &doc_open);  // the last document (empty after a final "\n\n": an EOT, as in llm.c)
+    if (f != stdin) { fclose(f); }
+    free(raw);
+    free(doc.data);
+}
+
+static void read_jsonl(Batch* b, const ReadSpec* r) {
+    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
+    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
+    char* line = NULL;
+    size_t cap = 0;
+    Utf8Out text = {0}, key = {0};
+    const char* name = strcmp(r->path, "-") == 0 ? "standard input" : r->path;
+    long long number = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) != -1) {
+        number++;
+        b->bytes_in += n;
+        JsonLine j = {(const unsigned char*)line, (size_t)n, 0, "", r->mode};
+        json_space(&j);
+        if (j.i == j.n) { continue; }  // a blank line
+        JsonFieldResult res = json_field(&j, r->field, &text, &key);
+        if (res == JSON_NOT_JSON) { fail("%s:%lld: not JSON: %s\n  hint: a .jsonl file holds one JSON object a line", name, number, j.error); }
+        if (res == JSON_NOT_OBJECT) { fail("%s:%lld: a JSON value that is not an object\n  hint: a .jsonl file holds one JSON object a line, e.g. {\"%s\": \"...\"}", name, number, r->field); }
+        if (res == JSON_FIELD_ABSENT) { fail("%s:%lld: no field \"%s\" in this object\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
+        if (res == JSON_FIELD_NOT_STRING) { fail("%s:%lld: the field \"%s\" is not a string\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
+        int doc_open = 1;
+        batch_document(b, text.data, text.len, 1, &doc_open);
+    }
+    if (ferror(f)) { fail("cannot read '%s': %s", name, strerror(errno)); }
+    if (f != stdin) { fclose(f); }
+    free(line);
+    free(text.data);
+    free(key.data);
+}
+
+// ----------------------------------------------------------------------------
+
+static const char* bpe_dir_found(const Options* o) {
+    char path[PREP_PATH_LEN + 32];
+    snprintf(path, sizeof(path), "%s/%s", o->bpe_dir, BPE_ENCODER_JSON);
+    if (given_bpe || access(path, R_OK) == 0) { return o->bpe_dir; }
+    return SHARED_BPE_DIR;
+}
+
+static void check_options(const Options* o) {
+    if (o->out[0] == '\0') { fail("no output given\n  hint: -o data/mine/mine writes data/mine/mine_val_000000.bin, data/mine/mine_train_000001.bin, ..."); }
+    if (o->num_inputs == 0) { fail("no input given\n  hint: name files, folders or - (standard input) after the flags; prepare_tokens -h"); }
+    if (!is_whole(o->shard_tokens) || o->shard_tokens < 1 || o->shard_tokens > INT_MAX) {
+        fail("--shard-tokens %.0f: want a whole number from 1 to %d (the shard header's token count is an int32)", o->shard_tokens, INT_MAX);
+    }
+    if (o->val_tokens != -1 && (!is_whole(o->val_tokens) || o->val_tokens > 1e18)) { fail("--val-tokens %g: want a whole number of tokens, 0 or more", o->val_tokens); }
+    if (o->val_tokens != -1 && given_val_fraction) { fail("--val-tokens and --val-fraction both given\n  hint: the split is one or the other"); }
+    if (!(o->val_fraction >= 0 && o->val_fraction <= 1)) { fail("--val-fraction %g: want a fraction from 0 to 1", o->val_fraction); }
+    if (!is_whole(o->block_size) || o->block_size < 1 || o->block_size > 1e9) { fail("--block-size %g: want a whole number of bytes from 1 to 1G", o->block_size); }
+    if (!is_whole(o->threads) || o->threads > 4096) { fail("--threads %g: want 0 (all cores) or a number of threads", o->threads); }
+    int stdin_count = 0;
+    for (int k = 0; k < o->num_inputs; k++) { stdin_count += strcmp(o->inputs[k], "-") == 0; }
+    if (stdin_count > 1) { fail("standard input (-) given %d times\n  hint: it can be read once", stdin_count); }
+}
+
+int main(int argc, char** argv) {
+    (void)MEM_CATEGORY_KEYS;  // memory.h's table, which dataloader.h brings and this program does not use
+    Options o = options_default();
+    parse_options(&o, argc, argv);
+    if (o.help) { print_usage(stdout); return 0; }
+    check_options(&o);
+    static const char* const FORMATS[] = {"auto", "text", "jsonl"}, *const DOCS[] = {"file", "blank-lines"}, *const UTF8[] = {"error", "replace"};
+    InputFormat format = (InputFormat)choice("--format", o.format, FORMATS, 3);
+    DocSplit docs = (DocSplit)choice("--docs", o.docs, DOCS, 2);
+    Utf8Mode mode = (Utf8Mode)choice("--invalid-utf8", o.invalid_utf8, UTF8, 2);
+    if (o.threads > 0) { omp_set_num_threads((int)o.threads); }
+
+    InputList inputs = inputs_list(&o, format);  // every input there before anything is written
+    Bpe bpe;
+    bpe_load(&bpe, bpe_dir_found(&o));
+    if (bpe.vocab_size > UINT16_MAX + 1) { fail("the vocabulary has %d tokens; a shard's uint16 holds 65536", bpe.vocab_size); }
+
+    Writer* w = &g_writer;
+    snprintf(w->prefix, sizeof(w->prefix), "%s", o.out);
+    w->shard_tokens = (size_t)o.shard_tokens;
+    w->val_known = o.val_tokens != -1;
+    w->val_target = w->val_known ? (size_t)o.val_tokens : 0;
+    w->in_train = w->val_known && w->val_target == 0;
+    w->val_fraction = o.val_fraction;
+    writer_prepare_output(o.out, (int)o.overwrite);
+    w->buf = (uint16_t*)malloc_check(w->shard_tokens * sizeof(uint16_t));
+    atexit(writer_cleanup);
+
+    Batch b;
+    memset(&b, 0, sizeof(b));
+    b.bpe = &bpe;
+    b.eot = bpe.vocab_size - 1;  // GPT-2's <|endoftext|> is its last id, 50256
+    b.writer = w;
+    b.block_size = (size_t)o.block_size;
+    b.num_threads = omp_get_max_threads();
+    b.batch_bytes = 2 * (size_t)b.num_threads * b.block_size;
+    b.caches = (CachedWord**)malloc_check((size_t)b.num_threads * sizeof(CachedWord*));
+    for (int t = 0; t < b.num_threads; t++) { b.caches[t] = (CachedWord*)calloc_check(CACHE_SLOTS, sizeof(CachedWord)); }
+    for (size_t k = 0; k < inputs.n; k++) { b.bytes_total += inputs.items[k].bytes > 0 ? inputs.items[k].bytes : 0; }
+    b.tty = isatty(fileno(stderr));
+    b.start = b.last_print = now_seconds();
+
+    for (size_t k = 0; k < inputs.n; k++) {
+        ReadSpec r = {inputs.items[k].path, mode, docs, o.field};
+        if (inputs.items[k].format == FORMAT_JSONL) { read_jsonl(&b, &r); } else { read_text(&b, &r); }
+    }
+    batch_run(&b);
+    writer_finish(w);
+    g_finished = 1;
+    progress(&b, 1);
+    fprintf(stderr, "%zu input file(s) -> %lld tokens (eot %d): val %zu, train %zu, in %d shard(s) %s_{val,train}_*.bin\n",
+            inputs.n, b.tokens, b.eot, w->val_written, w->train_written, w->num_written, o.out);
+    if (w->train_written == 0) { fprintf(stderr, "warning: no training tokens: the corpus is all validation split\n  hint: a smaller --val-tokens or --val-fraction\n"); }
+    for (int t = 0; t < b.num_threads; t++) { free(b.caches[t]); }
+    free(b.caches); free(b.text.data); free(b.blocks); free(b.ids); free(b.ids_off); free(b.ids_len);
+    for (size_t k = 0; k < inputs.n; k++) { free(inputs.items[k].path); }
+    free(inputs.items); free(w->buf); free(w->written);
+    bpe_free(&bpe);
+    return 0;
+}
