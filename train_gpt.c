@@ -634,11 +634,7 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     BackwardBuffers* bwd = &m->bwd;
     size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(float);
     if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
-        if (a->head_grad_scale != loss_scale) {
-            fail("gpt2_backward with --loss-chunk: the last forward computed the head's gradients for loss_scale %g, not %g\n"
-                 "  hint: run the micro-step's forward with gpt2_forward_train and the same loss_scale", a->head_grad_scale, loss_scale);
-        }
-        a->head_grad_scale = 0.0f;
+        act_take_head_grads(&a->head_grad_scale, loss_scale);
     } else {
         prof_mark(PROF_CLASSIFIER, prof_classifier(BT, V, Vp, X), "backward");
         crossentropy_softmax_backward(a->probs, a->probs, targets, loss_scale, B, T, V, Vp);  // in place: probs -> dlogits

@@ -1116,11 +1116,7 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
     cudaStream_t s = m->stream;
     const int S = PROF_STREAM_COMPUTE;
     if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
-        if (m->head_grad_scale != loss_scale) {
-            fail("gpt2_backward with --loss-chunk: the last forward computed the head's gradients for loss_scale %g, not %g\n"
-                 "  hint: run the micro-step's forward with gpt2_forward_train and the same loss_scale", m->head_grad_scale, loss_scale);
-        }
-        m->head_grad_scale = 0.0f;
+        act_take_head_grads(&m->head_grad_scale, loss_scale);
     } else {
         clear_rest_grads(m);
         prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(BT, V, Vp, X), "backward");

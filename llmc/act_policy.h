@@ -283,4 +283,14 @@ static void offload_parse(const char* spec, int* activations, OptOffload* optimi
     *optimizer = !opt ? OPT_OFFLOAD_NONE : grads ? OPT_OFFLOAD_GRADS : OPT_OFFLOAD_STATE;
 }
 
+// --loss-chunk: the backward takes the head's gradients that the micro-step's forward computed
+// (gpt2_forward_train, which leaves its loss_scale in *computed) for the same loss_scale, once
+static void act_take_head_grads(float* computed, float loss_scale) {
+    if (*computed != loss_scale) {
+        fail("gpt2_backward with --loss-chunk: the last forward computed the head's gradients for loss_scale %g, not %g\n"
+             "  hint: run the micro-step's forward with gpt2_forward_train and the same loss_scale", *computed, loss_scale);
+    }
+    *computed = 0.0f;
+}
+
 #endif // LLMC_ACT_POLICY_H
