@@ -1298,6 +1298,9 @@ void gpt2_check_setup(const ModelSetup* s) {
     if (!s->offload_optimizer) { nccl_check_built(&s->dist); }
 }
 
+// srun or torchrun-style variables without MPI: NCCL carries the host's collectives too (cuda/nccl.cuh)
+void gpt2_dist_start(Dist* d, const char* method) { nccl_start_by_env(d, method); }
+
 // the GPU of this rank: the node-local rank's (mpirun -np N on one machine of N GPUs, or many)
 void gpt2_select_device(const Dist* d) {
     int devices = 0;
