@@ -43,6 +43,9 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("emulated CUDA device", ["bash", EMU_TESTS], EMU_TESTS),
     ("CUDA trainer (emulated device) against the CPU",
      [PY, "tests/test_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
+    ("launching without MPI: srun, torchrun-style, --dist-init (emulated device)",
+     [PY, "tests/test_launch.py", "./build/emu/train_gpt", "./build/emu_nompi/train_gpt", "./train_gpt",
+      "./build/train_gpt_nompi", "./test_gpt"], None),
     ("CUDA memory flags, every combination (emulated device)",
      [PY, "tests/test_cuda_matrix.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
 ]
