@@ -639,6 +639,7 @@ static void model_destroy(Model<floatX>* m) {
     }
     matmul_context_free(&m->matmul);
     if (m->comm != NULL) {
+        nccl_unwatch(m->comm);
         NCCL_CHECK(ncclCommDestroy(m->comm));
         CUDA_CHECK(cudaEventDestroy(m->grads_final));
         CUDA_CHECK(cudaEventDestroy(m->reduced));

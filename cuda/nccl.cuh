@@ -20,6 +20,7 @@ Failure: a failing NCCL call stops with the call, NCCL's error text, file:line a
 #include "../llmc/utils.h"
 #include "../llmc/distributed.h"
 #include "../llmc/rendezvous.h"
+#include <pthread.h>
 
 // what a build without NCCL says when several ranks would need it
 #define NCCL_REBUILD_HINT "install NCCL (pip install nvidia-nccl-cu13, the libnccl-dev package, or NCCL_HOME=DIR) and rebuild: " \
@@ -86,6 +87,60 @@ static void nccl_check_built(const Dist* d) {
 
 #define NCCL_HOST_STAGING_BYTES (1 << 20)   // host collectives go through the GPU in pieces of this size
 #define NCCL_HOST_POLL_US 1000
+#define NCCL_WATCH_POLL_US 200000             // the watchdog's look at every communicator's error
+#define NCCL_WATCH_MAX 4
+
+// the watchdog of a run that MPI does not join (no mpirun to end the others when one dies): a thread
+// that asks NCCL every NCCL_WATCH_POLL_US whether a communicator failed (a peer that died: NCCL's
+// sockets see it closed, InfiniBand after NCCL_IB_TIMEOUT) and then stops this process, whatever the
+// main thread waits for (a gradient all-reduce on the model's stream, a cudaStreamSynchronize)
+static struct {
+    pthread_mutex_t lock;
+    ncclComm_t comms[NCCL_WATCH_MAX];
+    int n, started;
+    pthread_t thread;
+} g_nccl_watch = {PTHREAD_MUTEX_INITIALIZER, {NULL}, 0, 0, pthread_t()};
+
+static void* nccl_watch_loop(void*) {
+    for (;;) {
+        usleep(NCCL_WATCH_POLL_US);
+        pthread_mutex_lock(&g_nccl_watch.lock);
+        for (int i = 0; i < g_nccl_watch.n; i++) {
+            ncclResult_t async = ncclSuccess;
+            if (ncclCommGetAsyncError(g_nccl_watch.comms[i], &async) != ncclSuccess || async == ncclSuccess || async == ncclInProgress) { continue; }
+            // not fail(): the main thread is inside a CUDA or NCCL call, and exit()'s teardown would wait for it
+            fflush(stdout);
+            fprintf(stderr, "error: NCCL reports %s: a rank died or its network failed, so this rank stops rather than wait\n"
+                    "  hint: the first rank that stopped says why (NCCL_DEBUG=WARN names the peer NCCL lost); the last complete "
+                    "checkpoint resumes the run (-y 1)\n  (at %s:%d)\n", ncclGetErrorString(async), __FILE__, __LINE__);
+            _exit(EXIT_FAILURE);
+        }
+        pthread_mutex_unlock(&g_nccl_watch.lock);
+    }
+    return NULL;
+}
+
+// comm joins the watch, if the watchdog runs (nccl_start_by_env starts it)
+static void nccl_watch(ncclComm_t comm) {
+    pthread_mutex_lock(&g_nccl_watch.lock);
+    if (g_nccl_watch.started && g_nccl_watch.n < NCCL_WATCH_MAX) { g_nccl_watch.comms[g_nccl_watch.n++] = comm; }
+    pthread_mutex_unlock(&g_nccl_watch.lock);
+}
+
+// before comm is destroyed
+static void nccl_unwatch(ncclComm_t comm) {
+    pthread_mutex_lock(&g_nccl_watch.lock);
+    for (int i = 0; i < g_nccl_watch.n; i++) {
+        if (g_nccl_watch.comms[i] == comm) { g_nccl_watch.comms[i--] = g_nccl_watch.comms[--g_nccl_watch.n]; }
+    }
+    pthread_mutex_unlock(&g_nccl_watch.lock);
+}
+
+static void nccl_watch_start(void) {
+    g_nccl_watch.started = 1;
+    if (pthread_create(&g_nccl_watch.thread, NULL, nccl_watch_loop, NULL) != 0) { fail("cannot start the NCCL watchdog thread"); }
+    pthread_detach(g_nccl_watch.thread);
+}
 
 static struct {
     ncclComm_t comm;
@@ -163,6 +218,7 @@ static void nccl_host_allgather(float* buf, const int* counts, int rank, int wor
 
 static void nccl_stop_by_env(void) {
     if (g_nccl_host.comm == NULL) { return; }
+    nccl_unwatch(g_nccl_host.comm);
     CUDA_CHECK(cudaFree(g_nccl_host.staging));
     CUDA_CHECK(cudaStreamDestroy(g_nccl_host.stream));
     NCCL_CHECK(ncclCommDestroy(g_nccl_host.comm));
@@ -195,6 +251,10 @@ static void nccl_start_by_env(Dist* d, const char* method) {
     rendezvous_share(method, d->rank, d->world, &id, sizeof(id));
     g_nccl_host.timeout_s = rendezvous_timeout_s();
     NCCL_CHECK(ncclCommInitRank(&g_nccl_host.comm, d->world, id, d->rank));
+    if (nccl_built_with()) {
+        nccl_watch_start();
+        nccl_watch(g_nccl_host.comm);
+    }
     CUDA_CHECK(cudaStreamCreateWithFlags(&g_nccl_host.stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc((void**)&g_nccl_host.staging, NCCL_HOST_STAGING_BYTES));
     DistCarrier c = {nccl_host_allreduce, nccl_host_broadcast, nccl_host_reduce_scatter, nccl_host_allgather, nccl_stop_by_env,
@@ -229,6 +289,7 @@ static ncclComm_t nccl_init(const Dist* d) {
     dist_broadcast_bytes(&id, sizeof(id), 0);
     ncclComm_t comm;
     NCCL_CHECK(ncclCommInitRank(&comm, d->world, id, d->rank));
+    nccl_watch(comm);
     return comm;
 }
 

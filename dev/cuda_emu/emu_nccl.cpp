@@ -29,9 +29,11 @@ Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId 
 the ranks are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.
 
 A rank lost (over sockets): a rank that dies closes its connections (the kernel does, even after
-kill -9). Rank 0 then tells the others which rank it lost and every rank stops, naming it; a rank that
-does not answer within CUDA_EMU_NCCL_TIMEOUT seconds (600 unless set) counts as lost. Real NCCL
-reports such a loss through ncclCommGetAsyncError instead, which the program polls.
+kill -9); a rank that does not answer within CUDA_EMU_NCCL_TIMEOUT seconds (600 unless set) counts as
+lost too. Rank 0 tells the others which rank it lost, and on every rank the collective then does what
+real NCCL's does: it never completes, and ncclCommGetAsyncError answers ncclRemoteError, which the
+program polls (a note names the lost rank, as NCCL_DEBUG=WARN does). A program that does not poll is
+stopped after SOCK_LOST_GRACE_S seconds, naming the rank, rather than left waiting forever.
 
 Devices: a communicator belongs to the device that was current (cudaSetDevice) when it was made. As
 real NCCL does, ncclCommInitRank returns ncclInvalidUsage on every rank when two ranks of one host
@@ -40,6 +42,7 @@ real NCCL does, ncclCommInitRank returns ncclInvalidUsage on every rank when two
 #include "emu_internal.h"
 
 #include <arpa/inet.h>
+#include <atomic>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -58,6 +61,7 @@ struct ncclComm {
     MPI_Comm mpi;
 #endif
     std::vector<int> fds;   // sockets: rank 0 holds one per rank (fds[r], r > 0), the others fds[0] to rank 0
+    std::atomic<int> async_error{ncclSuccess};   // what ncclCommGetAsyncError answers (a rank lost)
 };
 
 // ----------------------------------------------------------------------------
@@ -88,10 +92,19 @@ static int sock_io(int fd, void* buf, size_t n, bool sending) {
     return 0;
 }
 
+// as real NCCL: the collective never completes, and ncclCommGetAsyncError answers ncclRemoteError (the
+// note names the rank, as NCCL_DEBUG=WARN does); a program that polls it stops itself. One that does
+// not is stopped here after SOCK_LOST_GRACE_S rather than left waiting forever
+static const int SOCK_LOST_GRACE_S = 10;
 [[noreturn]] static void sock_lost(ncclComm_t c, int lost, int why, const char* during) {
-    emu_fail("NCCL emulation: rank %d lost rank %d of %d during %s: %s\n  (a rank that died, or stopped: the "
-             "others stop too rather than wait forever; CUDA_EMU_NCCL_TIMEOUT sets the wait)", c->rank, lost, c->nranks, during,
-             why == -2 ? "it did not answer in time" : "its connection closed (the process ended)");
+    const char* what = why == -2 ? "it did not answer in time" : "its connection closed (the process ended)";
+    fflush(stdout);
+    fprintf(stderr, "cuda_emu: note: NCCL emulation: rank %d lost rank %d of %d during %s: %s; ncclCommGetAsyncError "
+            "now answers ncclRemoteError\n", c->rank, lost, c->nranks, during, what);
+    c->async_error = ncclRemoteError;
+    sleep(SOCK_LOST_GRACE_S);
+    emu_fail("NCCL emulation: rank %d lost rank %d of %d during %s: %s, and the program did not stop in %d s (it does not "
+             "poll ncclCommGetAsyncError)", c->rank, lost, c->nranks, during, what, SOCK_LOST_GRACE_S);
 }
 
 // rank 0's message before the bytes it sends back: a lost rank, or none (-1)
@@ -325,7 +338,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { *count = comm->nranks; return ncclSuccess; }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) { *rank = comm->rank; return ncclSuccess; }
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) { *device = comm->device; return ncclSuccess; }
-ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* error) { *error = ncclSuccess; return ncclSuccess; }
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) { *error = (ncclResult_t)comm->async_error.load(); return ncclSuccess; }
 ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
