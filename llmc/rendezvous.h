@@ -14,8 +14,9 @@ removes every file it answered with, and the ranks their own.
 tcp:HOST:PORT. Rank 0 listens on HOST:PORT (HOST as the others reach it; it binds every address),
 each other rank connects (retrying while rank 0 starts) and sends its rank; rank 0 sends the bytes.
 
-Timeout: a rank that waits longer than rendezvous_timeout_s() (LLMC_DIST_TIMEOUT seconds, 300 unless
-set) stops, saying which rank(s) it waited for.
+Timeout: a rank that waits longer than rendezvous_timeout_s() (LLMC_DIST_TIMEOUT seconds, 600 unless
+set) stops, saying which rank(s) it waited for. The CUDA trainer's collectives of the host wait as long
+(cuda/nccl.cuh): long enough for rank 0 to write a checkpoint while the others wait at the barrier.
 */
 #ifndef LLMC_RENDEZVOUS_H
 #define LLMC_RENDEZVOUS_H
@@ -33,7 +34,7 @@ set) stops, saying which rank(s) it waited for.
 #include <unistd.h>
 #include "utils.h"
 
-#define RENDEZVOUS_DEFAULT_TIMEOUT_S 300
+#define RENDEZVOUS_DEFAULT_TIMEOUT_S 600
 #define RENDEZVOUS_POLL_US 20000   // between looks at the folder or connection attempts
 #define RENDEZVOUS_MAGIC 0x6c6c6d63u   // "llmc": a connection that is not one of ours is refused
 #define RENDEZVOUS_PATH_MAX 4200   // a folder name (PATH_MAX) and a file name in it
