@@ -1,8 +1,11 @@
 /*
 nccl.cuh: NCCL for the CUDA backend, one process per GPU: the error check every NCCL call goes through,
-and the communicator of the MPI world, bootstrapped over MPI (llmc/distributed.h).
+and the communicator of the ranks, bootstrapped over MPI (llmc/distributed.h), or without MPI (srun,
+torchrun-style variables) over a communicator of the host's collectives that nccl_start_by_env makes
+with the id that --dist-init carries (llmc/rendezvous.h), watched by a thread for a rank that died.
 
-    Dist d;  dist_init(&d, &argc, &argv);         // MPI ranks
+    Dist d;  dist_init(&d, &argc, &argv);         // MPI ranks, or the launcher's variables
+    if (dist_by_env()) { nccl_start_by_env(&d, "file:/shared/dir"); }   // gpt2_dist_start
     ncclComm_t comm = nccl_init(&d);              // every rank; d.world > 1
     NCCL_CHECK(ncclAllReduce(x, x, n, ncclDouble, ncclSum, comm, stream));
 

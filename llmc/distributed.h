@@ -250,7 +250,9 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
 #else
     (void)argc; (void)argv;
     by_env = dist_env_place(&env) && env.world > 1;
-    if (by_env && mpi_launcher && launched > 1 && launched != env.world) {
+    // fewer than an MPI launcher started: two would take one place (more: torchrun's processes under
+    // srun with a PMI, whose variables count srun's tasks, one per machine)
+    if (by_env && mpi_launcher && launched > env.world) {
         fail("%s, but %s says %d processes: the launchers' variables disagree\n  hint: start the program with one launcher", said, env.source, env.world);
     }
     if (!by_env && launched > 1) {

@@ -81,6 +81,9 @@ for env, phrase, what in (
         (dict(TORCH, OMPI_COMM_WORLD_SIZE="3"), "the launchers' variables disagree", "WORLD_SIZE=2 under mpirun -np 3"),
         (TORCH, "--dist-init is needed", "torchrun-style variables without --dist-init")):
     s.expect_fail(f"without MPI, {what}: stops, naming the variables", phrase, [EMU_NOMPI] + ONE, env=env)
+# torchrun started by srun with a PMI (one per machine): srun's PMIX_RANK counts machines, not ranks
+s.expect_fail("torchrun-style WORLD_SIZE=4 under srun's PMIX_RANK=1: taken (it stops only for want of --dist-init)",
+              "--dist-init is needed", [EMU_NOMPI] + ONE, env=dict(TORCH, WORLD_SIZE="4", PMIX_RANK="1"))
 s.expect_fail("--dist-init with one process: refused (it would do nothing)", "which needs no meeting",
               [EMU_NOMPI] + ONE + ["--dist-init", "tcp:127.0.0.1:1"])
 s.expect_fail("--dist-init of an unknown kind: refused, naming the two", "unknown; choose file:DIR",
