@@ -172,8 +172,17 @@ data: $(DATA)
 run: train_gpt $(DATA)
 	./train_gpt $(ARGS)
 
+# the emulated CUDA trainer without MPI (its own emulator objects: those of build/emu use MPI), which
+# tests/test_launch.py starts as srun and torchrun do: a make of its own, always asked (its pattern
+# rule there knows what the program depends on)
+ifneq ($(EMU_BUILD),build/emu_nompi)
+.PHONY: build/emu_nompi/train_gpt
+build/emu_nompi/train_gpt:
+	$(MAKE) MPI=0 EMU_BUILD=build/emu_nompi $@
+endif
+
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/prepare_tokens build/prepare_tokens_asan
+test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)

@@ -221,6 +221,15 @@ static size_t head_act_floats(int B, int T, int C, int Vp, int K) {
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
 // no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
 void gpt2_select_device(const Dist* d) { (void)d; }
+// the CPU trainer's collectives go over MPI only (it has no NCCL)
+void gpt2_dist_start(Dist* d, const char* method) {
+    (void)method;
+    fail("%s says %d processes, which MPI does not join, but the CPU trainer exchanges between processes over MPI only%s\n"
+         "  hint: %s", dist_source(), d->world,
+         dist_built_with_mpi() ? ": the launcher started more processes than the 1 that MPI joined"
+                               : ", and this program was built without MPI: each would train alone",
+         dist_built_with_mpi() ? "launch with mpirun, or srun --mpi=pmix (or pmi2)" : DIST_REBUILD_HINT);
+}
 size_t gpt2_device_free_bytes(void) { return 0; }
 size_t gpt2_device_bytes_used(size_t* accounted) { *accounted = 0; return 0; }
 double gpt2_peak_flops(Precision p) { (void)p; return 0.0; }

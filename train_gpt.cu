@@ -650,6 +650,7 @@ static void model_destroy(Model<floatX>* m) {
     }
     matmul_context_free(&m->matmul);
     if (m->comm != NULL) {
+        nccl_unwatch(m->comm);
         NCCL_CHECK(ncclCommDestroy(m->comm));
         CUDA_CHECK(cudaEventDestroy(m->grads_final));
         CUDA_CHECK(cudaEventDestroy(m->reduced));
@@ -1457,6 +1458,9 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 void gpt2_check_setup(const ModelSetup* s) {
     if (!s->offload_optimizer) { nccl_check_built(&s->dist); }
 }
+
+// srun or torchrun-style variables without MPI: NCCL carries the host's collectives too (cuda/nccl.cuh)
+void gpt2_dist_start(Dist* d, const char* method) { nccl_start_by_env(d, method); }
 
 // the GPU of this rank: the node-local rank's (mpirun -np N on one machine of N GPUs, or many)
 void gpt2_select_device(const Dist* d) {

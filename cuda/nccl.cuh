@@ -1,8 +1,11 @@
 /*
 nccl.cuh: NCCL for the CUDA backend, one process per GPU: the error check every NCCL call goes through,
-and the communicator of the MPI world, bootstrapped over MPI (llmc/distributed.h).
+and the communicator of the ranks, bootstrapped over MPI (llmc/distributed.h), or without MPI (srun,
+torchrun-style variables) over a communicator of the host's collectives that nccl_start_by_env makes
+with the id that --dist-init carries (llmc/rendezvous.h), watched by a thread for a rank that died.
 
-    Dist d;  dist_init(&d, &argc, &argv);         // MPI ranks
+    Dist d;  dist_init(&d, &argc, &argv);         // MPI ranks, or the launcher's variables
+    if (dist_by_env()) { nccl_start_by_env(&d, "file:/shared/dir"); }   // gpt2_dist_start
     ncclComm_t comm = nccl_init(&d);              // every rank; d.world > 1
     NCCL_CHECK(ncclAllReduce(x, x, n, ncclDouble, ncclSum, comm, stream));
 
@@ -19,6 +22,8 @@ Failure: a failing NCCL call stops with the call, NCCL's error text, file:line a
 
 #include "../llmc/utils.h"
 #include "../llmc/distributed.h"
+#include "../llmc/rendezvous.h"
+#include <pthread.h>
 
 // what a build without NCCL says when several ranks would need it
 #define NCCL_REBUILD_HINT "install NCCL (pip install nvidia-nccl-cu13, the libnccl-dev package, or NCCL_HOME=DIR) and rebuild: " \
@@ -32,9 +37,9 @@ static int nccl_built_with(void) { return 0; }
 
 // the part of nccl.h the backend uses, each call stopping (see the top of this file)
 typedef struct ncclComm* ncclComm_t;
-typedef enum { ncclSuccess = 0, ncclInvalidUsage = 5 } ncclResult_t;
-typedef enum { ncclFloat = 7, ncclDouble = 8 } ncclDataType_t;
-typedef enum { ncclSum = 0 } ncclRedOp_t;
+typedef enum { ncclSuccess = 0, ncclInvalidUsage = 5, ncclInProgress = 7 } ncclResult_t;
+typedef enum { ncclInt8 = 0, ncclInt32 = 2, ncclUint64 = 5, ncclFloat = 7, ncclDouble = 8 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 static ncclResult_t nccl_missing(const char* call) {
     fail("%s: this program was built without NCCL, which exchanging gradients between GPUs needs\n  hint: %s",
@@ -45,6 +50,8 @@ static const char* ncclGetErrorString(ncclResult_t) { return "NCCL is not built 
 static ncclResult_t ncclGetUniqueId(ncclUniqueId*) { return nccl_missing("ncclGetUniqueId"); }
 static ncclResult_t ncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int) { return nccl_missing("ncclCommInitRank"); }
 static ncclResult_t ncclCommDestroy(ncclComm_t) { return nccl_missing("ncclCommDestroy"); }
+static ncclResult_t ncclCommAbort(ncclComm_t) { return nccl_missing("ncclCommAbort"); }
+static ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t*) { return nccl_missing("ncclCommGetAsyncError"); }
 static ncclResult_t ncclGroupStart(void) { return nccl_missing("ncclGroupStart"); }
 static ncclResult_t ncclGroupEnd(void) { return nccl_missing("ncclGroupEnd"); }
 static ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
@@ -76,7 +83,208 @@ static void nccl_check_built(const Dist* d) {
     }
 }
 
-// rank 0 makes NCCL's unique id, MPI carries it to the others, and every rank joins
+// ----------------------------------------------------------------------------
+// processes that MPI does not join (srun, torchrun-style variables: dist_by_env()): a communicator of
+// their own carries the host's collectives (llmc/distributed.h's DistCarrier), each through a small
+// device buffer, waited for with a timeout that notices a rank that died
+
+#define NCCL_HOST_STAGING_BYTES (1 << 20)   // host collectives go through the GPU in pieces of this size
+#define NCCL_HOST_POLL_US 1000
+#define NCCL_WATCH_POLL_US 200000             // the watchdog's look at every communicator's error
+#define NCCL_WATCH_MAX 4
+
+// the watchdog of a run that MPI does not join (no mpirun to end the others when one dies): a thread
+// that asks NCCL every NCCL_WATCH_POLL_US whether a communicator failed (a peer that died: NCCL's
+// sockets see it closed, InfiniBand after NCCL_IB_TIMEOUT) and then stops this process, whatever the
+// main thread waits for (a gradient all-reduce on the model's stream, a cudaStreamSynchronize)
+static struct {
+    pthread_mutex_t lock;
+    ncclComm_t comms[NCCL_WATCH_MAX];
+    int n, started;
+    pthread_t thread;
+} g_nccl_watch = {PTHREAD_MUTEX_INITIALIZER, {NULL}, 0, 0, pthread_t()};
+
+static void* nccl_watch_loop(void*) {
+    for (;;) {
+        usleep(NCCL_WATCH_POLL_US);
+        pthread_mutex_lock(&g_nccl_watch.lock);
+        for (int i = 0; i < g_nccl_watch.n; i++) {
+            ncclResult_t async = ncclSuccess;
+            if (ncclCommGetAsyncError(g_nccl_watch.comms[i], &async) != ncclSuccess || async == ncclSuccess || async == ncclInProgress) { continue; }
+            // not fail(): the main thread is inside a CUDA or NCCL call, and exit()'s teardown would wait for it
+            fflush(stdout);
+            fprintf(stderr, "error: NCCL reports %s: a rank died or its network failed, so this rank stops rather than wait\n"
+                    "  hint: the first rank that stopped says why (NCCL_DEBUG=WARN names the peer NCCL lost); the last complete "
+                    "checkpoint resumes the run (-y 1)\n  (at %s:%d)\n", ncclGetErrorString(async), __FILE__, __LINE__);
+            _exit(EXIT_FAILURE);
+        }
+        pthread_mutex_unlock(&g_nccl_watch.lock);
+    }
+    return NULL;
+}
+
+// comm joins the watch, if the watchdog runs (nccl_start_by_env starts it)
+static void nccl_watch(ncclComm_t comm) {
+    pthread_mutex_lock(&g_nccl_watch.lock);
+    if (g_nccl_watch.started && g_nccl_watch.n < NCCL_WATCH_MAX) { g_nccl_watch.comms[g_nccl_watch.n++] = comm; }
+    pthread_mutex_unlock(&g_nccl_watch.lock);
+}
+
+// before comm is destroyed
+static void nccl_unwatch(ncclComm_t comm) {
+    pthread_mutex_lock(&g_nccl_watch.lock);
+    for (int i = 0; i < g_nccl_watch.n; i++) {
+        if (g_nccl_watch.comms[i] == comm) { g_nccl_watch.comms[i--] = g_nccl_watch.comms[--g_nccl_watch.n]; }
+    }
+    pthread_mutex_unlock(&g_nccl_watch.lock);
+}
+
+static void nccl_watch_start(void) {
+    g_nccl_watch.started = 1;
+    if (pthread_create(&g_nccl_watch.thread, NULL, nccl_watch_loop, NULL) != 0) { fail("cannot start the NCCL watchdog thread"); }
+    pthread_detach(g_nccl_watch.thread);
+}
+
+static struct {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    char* staging;   // NCCL_HOST_STAGING_BYTES on the device
+    double timeout_s;
+    const char* what;   // the collective being waited for, for the message
+} g_nccl_host;
+
+// waits for the host comm's collective; a rank that died or stopped makes NCCL report an error
+// (ncclCommGetAsyncError) or the wait run past the timeout: either aborts the communicator and stops
+static void nccl_host_wait(void) {
+    double t0 = rendezvous_now();
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(g_nccl_host.stream);
+        if (e == cudaSuccess) { return; }
+        if (e != cudaErrorNotReady) { CUDA_CHECK(e); }
+        ncclResult_t async = ncclSuccess;
+        NCCL_CHECK(ncclCommGetAsyncError(g_nccl_host.comm, &async));
+        double waited = rendezvous_now() - t0;
+        if ((async != ncclSuccess && async != ncclInProgress) || waited > g_nccl_host.timeout_s) {
+            ncclCommAbort(g_nccl_host.comm);
+            fail("%s between the ranks: %s after %.0f s: a rank died or stopped\n  hint: the first rank that stopped says why "
+                 "(NCCL_DEBUG=WARN names the peer NCCL lost); the last complete checkpoint resumes the run (-y 1); "
+                 "LLMC_DIST_TIMEOUT sets the wait", g_nccl_host.what, async != ncclSuccess ? ncclGetErrorString(async) : "no answer", waited);
+        }
+        usleep(NCCL_HOST_POLL_US);
+    }
+}
+
+static ncclDataType_t nccl_host_type(char type, size_t* bytes) {
+    switch (type) {
+        case 'f': *bytes = sizeof(float); return ncclFloat;
+        case 'd': *bytes = sizeof(double); return ncclDouble;
+        case 'u': *bytes = sizeof(uint64_t); return ncclUint64;
+        case 'i': *bytes = sizeof(int); return ncclInt32;
+        default: *bytes = 1; return ncclInt8;
+    }
+}
+
+// one collective on host memory, in pieces through the staging buffer: kind 'a' all-reduce, 'b'
+// broadcast from root, 'r' reduce to root (only root's buf changes)
+static void nccl_host_collective(void* buf, size_t n, char type, char op, char kind, int root, const char* what) {
+    size_t eb;
+    ncclDataType_t t = nccl_host_type(type, &eb);
+    ncclRedOp_t o = op == 'n' ? ncclMin : op == 'x' ? ncclMax : ncclSum;
+    size_t per = NCCL_HOST_STAGING_BYTES / eb;
+    g_nccl_host.what = what;
+    for (size_t done = 0; done < n; done += per) {
+        size_t k = n - done < per ? n - done : per;
+        char* piece = (char*)buf + done * eb;
+        CUDA_CHECK(cudaMemcpyAsync(g_nccl_host.staging, piece, k * eb, cudaMemcpyHostToDevice, g_nccl_host.stream));
+        if (kind == 'a') { NCCL_CHECK(ncclAllReduce(g_nccl_host.staging, g_nccl_host.staging, k, t, o, g_nccl_host.comm, g_nccl_host.stream)); }
+        else if (kind == 'b') { NCCL_CHECK(ncclBroadcast(g_nccl_host.staging, g_nccl_host.staging, k, t, root, g_nccl_host.comm, g_nccl_host.stream)); }
+        else { NCCL_CHECK(ncclReduce(g_nccl_host.staging, g_nccl_host.staging, k, t, o, root, g_nccl_host.comm, g_nccl_host.stream)); }
+        CUDA_CHECK(cudaMemcpyAsync(piece, g_nccl_host.staging, k * eb, cudaMemcpyDeviceToHost, g_nccl_host.stream));
+        nccl_host_wait();
+    }
+}
+
+static void nccl_host_allreduce(void* buf, size_t n, char type, char op) { nccl_host_collective(buf, n, type, op, 'a', 0, "an all-reduce"); }
+static void nccl_host_broadcast(void* buf, size_t bytes, int root) { nccl_host_collective(buf, bytes, 'b', 's', 'b', root, "a broadcast"); }
+
+// rank r's part := the sum of that part over the ranks: a reduce to each part's owner (a reduce
+// leaves the others' buffers as they were: this rank's own values, as MPI's in-place reduce-scatter)
+static void nccl_host_reduce_scatter(float* buf, const int* counts, int rank, int world) {
+    (void)rank;
+    for (int r = 0; r < world; r++) { nccl_host_collective(buf + dist_part_offset(counts, r), (size_t)counts[r], 'f', 's', 'r', r, "a reduce-scatter"); }
+}
+
+static void nccl_host_allgather(float* buf, const int* counts, int rank, int world) {
+    (void)rank;
+    for (int r = 0; r < world; r++) { nccl_host_collective(buf + dist_part_offset(counts, r), (size_t)counts[r], 'f', 's', 'b', r, "an all-gather"); }
+}
+
+static void nccl_stop_by_env(void) {
+    if (g_nccl_host.comm == NULL) { return; }
+    nccl_unwatch(g_nccl_host.comm);
+    CUDA_CHECK(cudaFree(g_nccl_host.staging));
+    CUDA_CHECK(cudaStreamDestroy(g_nccl_host.stream));
+    NCCL_CHECK(ncclCommDestroy(g_nccl_host.comm));
+    g_nccl_host.comm = NULL;
+}
+
+// srun or torchrun-style variables started d's processes: each takes the GPU of its local rank, rank 0's
+// NCCL id reaches the others as method (--dist-init) says, and their communicator carries the host's
+// collectives (distributed.h); the machine's ranks are counted by host name
+static void nccl_start_by_env(Dist* d, const char* method) {
+    if (!nccl_built_with()) {
+        fail("%s says %d processes, but this program was built without NCCL, which joins them without MPI\n  hint: %s",
+             dist_source(), d->world, NCCL_REBUILD_HINT);
+    }
+    if (method[0] == '\0') {
+        fail("%s says %d processes (rank %d): --dist-init is needed, for rank 0 to hand NCCL's id to the others\n"
+             "  hint: --dist-init file:DIR (a folder every rank sees) or tcp:HOST:PORT (rank 0's machine, a free port; "
+             "not torchrun's MASTER_PORT); or launch with mpirun", dist_source(), d->world, d->rank);
+    }
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) { fail("%s: rank %d finds no GPU", dist_source(), d->rank); }
+    if (g_dist_env_local_rank >= devices) {
+        fail("%s: rank %d is local rank %d, but this machine has %d GPU(s): each rank needs a GPU of its own\n"
+             "  hint: start at most %d processes per machine", dist_source(), d->rank, g_dist_env_local_rank, devices, devices);
+    }
+    CUDA_CHECK(cudaSetDevice(g_dist_env_local_rank));
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (d->rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
+    rendezvous_share(method, d->rank, d->world, &id, sizeof(id));
+    g_nccl_host.timeout_s = rendezvous_timeout_s();
+    NCCL_CHECK(ncclCommInitRank(&g_nccl_host.comm, d->world, id, d->rank));
+    if (nccl_built_with()) {
+        nccl_watch_start();
+        nccl_watch(g_nccl_host.comm);
+    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g_nccl_host.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaMalloc((void**)&g_nccl_host.staging, NCCL_HOST_STAGING_BYTES));
+    DistCarrier c = {nccl_host_allreduce, nccl_host_broadcast, nccl_host_reduce_scatter, nccl_host_allgather, nccl_stop_by_env,
+                     g_dist_env_local_rank, 1};
+    dist_set_carrier(&c);
+    // the ranks on this machine (they share its memory): host names hashed into one slot per rank
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    uint64_t h = 1469598103934665603ull;
+    for (const char* p = host; *p; p++) { h = (h ^ (unsigned char)*p) * 1099511628211ull; }
+    uint64_t* hosts = (uint64_t*)calloc((size_t)d->world, sizeof(uint64_t));
+    if (hosts == NULL) { fail("out of memory"); }
+    hosts[d->rank] = h;
+    dist_carrier("nccl_start_by_env")->allreduce(hosts, (size_t)d->world, 'u', 'x');
+    int here = 0, before = 0;
+    for (int r = 0; r < d->world; r++) { here += hosts[r] == h; before += r < d->rank && hosts[r] == h; }
+    free(hosts);
+    if (before != g_dist_env_local_rank) {
+        fail("%s: rank %d says local rank %d, but it is rank %d of the %d on host %s\n  hint: the launcher's local ranks "
+             "must count the ranks of each machine in rank order (torchrun's and srun's do)", dist_source(), d->rank, g_dist_env_local_rank, before, here, host);
+    }
+    c.local_ranks = here;
+    dist_set_carrier(&c);
+}
+
+// rank 0 makes NCCL's unique id, MPI (or the carrier of the host's collectives) takes it to the
+// others, and every rank joins
 static ncclComm_t nccl_init(const Dist* d) {
     nccl_check_built(d);
     ncclUniqueId id;
@@ -84,6 +292,7 @@ static ncclComm_t nccl_init(const Dist* d) {
     dist_broadcast_bytes(&id, sizeof(id), 0);
     ncclComm_t comm;
     NCCL_CHECK(ncclCommInitRank(&comm, d->world, id, d->rank));
+    nccl_watch(comm);
     return comm;
 }
 

@@ -1,11 +1,12 @@
 /*
-distributed.h: data parallelism over MPI ranks, as a handful of collective calls.
-Built with -DUSE_MPI (`make` does when mpicc exists) they are MPI collectives on
-MPI_COMM_WORLD; built without, one process is the whole world and every call is a
-no-op, so the trainer has a single code path.
+distributed.h: data parallelism over ranks, as a handful of collective calls. Built with -DUSE_MPI
+(`make` does when mpicc exists) and started by an MPI launcher they are MPI collectives on
+MPI_COMM_WORLD; started by srun or torchrun-style variables without MPI, the backend carries them
+(the CUDA trainer over NCCL: DistCarrier); one process is the whole world and every call is a no-op,
+so the trainer has a single code path.
 
     Dist d;
-    dist_init(&d, &argc, &argv);                 // d.rank, d.world (1 without mpirun)
+    dist_init(&d, &argc, &argv);                 // d.rank, d.world (1 for one process)
     dist_allreduce_sum_floats(grads, n);         // every rank ends with the sum
     dist_reduce_scatter_floats(buf, counts, d);  // rank r ends with the sum of its part
     dist_allgather_floats(buf, counts, d);       // every rank ends with every part
@@ -16,12 +17,19 @@ reduce-scatter and all-gather work in place on buf (rank r's part at the sum of
 counts[0..r-1]). Every rank must make the same calls in the same order, also a rank
 whose part is empty.
 
-Launch: `mpirun -np N ./train_gpt ...` (or mpiexec, or srun). A plain `./train_gpt` of an
-MPI build does not start MPI at all (OpenMPI's singleton start costs about 0.4 s and a helper
-daemon): MPI starts only when a launcher's environment variable is set (DIST_LAUNCHER_VARS).
-A launcher that started several processes stops every one of them at start-up, naming the
-rebuild, where they could not join: a build without MPI (each would train alone, as rank 0 of
-1), or an MPI that sees fewer ranks than the launcher started (srun without --mpi=pmix).
+Launch, and where each process learns its place (dist_source(), printed in the configuration table):
+  - MPI: `mpirun -np N ./train_gpt ...` (or mpiexec, or srun --mpi=pmix) of an MPI build. A plain
+    `./train_gpt` does not start MPI at all (OpenMPI's singleton start costs about 0.4 s and a helper
+    daemon): MPI starts only when a launcher's variable is set (DIST_LAUNCHER_VARS).
+  - slurm: srun's SLURM_PROCID, SLURM_STEP_NUM_TASKS and SLURM_LOCALID (sbatch's one shell, which
+    has SLURM_NTASKS but no step count, is one process), when no MPI launcher's variable is set.
+  - torchrun-style: RANK, WORLD_SIZE and LOCAL_RANK (torchrun, or a script of one's own); under srun
+    too (one torchrun per machine), unless the two disagree.
+Partly set or contradicting variables stop, naming them. The last two are dist_by_env(): the backend's
+gpt2_dist_start must start a carrier (dist_set_carrier) before the first collective; the CPU
+trainer has none and stops. A launcher that started several processes that cannot join stops every
+one of them at start-up, naming the rebuild: mpirun of a build without MPI, or an MPI that sees
+fewer ranks than the launcher started.
 
 Failure: every MPI call returns its error code (MPI_ERRORS_RETURN) and a failing one
 stops with the call, the MPI error text and file:line; mpirun then ends the other ranks.
@@ -38,10 +46,45 @@ stops with the call, the MPI error text and file:line; mpirun then ends the othe
 #include <mpi.h>
 #endif
 
+static int g_dist_world = 1;  // the world of the last dist_init; collectives are no-ops at 1
+static int g_dist_world_of(void) { return g_dist_world; }
+
 typedef struct {
     int rank;   // this process, 0..world-1
-    int world;  // number of processes (MPI ranks)
+    int world;  // number of processes
 } Dist;
+
+// what the last dist_init found besides rank and world
+static const char* g_dist_source = "one process";  // who said so: "MPI", "slurm (...)", "torchrun-style (...)"
+static int g_dist_env_local_rank = 0;   // without MPI: the launcher's local rank (the GPU this process takes)
+static int g_dist_by_env = 0;           // 1: several processes that MPI does not join (slurm's or torchrun-style
+                                        // variables): the backend carries the collectives (dist_set_carrier)
+static const char* dist_source(void) { return g_dist_source; }
+static int dist_by_env(void) { return g_dist_by_env; }
+
+// the collectives of processes that MPI does not join, as a backend carries them (the CUDA trainer
+// over NCCL: cuda/nccl.cuh); type is 'f' float, 'd' double, 'u' uint64_t, 'i' int. Every call is
+// made by every rank in the same order. reduce: 's' sum, 'n' min, 'x' max
+typedef struct {
+    void (*allreduce)(void* buf, size_t n, char type, char op);
+    void (*broadcast)(void* buf, size_t bytes, int root);
+    void (*reduce_scatter)(float* buf, const int* counts, int rank, int world);  // as dist_reduce_scatter_floats
+    void (*allgather)(float* buf, const int* counts, int rank, int world);       // as dist_allgather_floats
+    void (*finish)(void);                                                        // at dist_finalize
+    int local_rank, local_ranks;   // this process's machine, as the carrier found it
+} DistCarrier;
+static DistCarrier g_dist_carrier;   // set by the backend (dist_set_carrier) before the first collective
+
+static void dist_set_carrier(const DistCarrier* c) { g_dist_carrier = *c; }
+
+// a collective of several processes without MPI, and no carrier: the backend did not start one
+static const DistCarrier* dist_carrier(const char* call) {
+    if (g_dist_carrier.allreduce == NULL) {
+        fail("%s: %d processes that MPI does not join, and no carrier of their collectives was started\n"
+             "  hint: this is a bug: the backend's gpt2_dist_start starts one (the CUDA trainer: NCCL)", call, g_dist_world_of());
+    }
+    return &g_dist_carrier;
+}
 
 // --zero: how the data-parallel ranks hold the optimizer
 typedef enum {
@@ -49,7 +92,6 @@ typedef enum {
     ZERO_SHARDED = 1,      // ZeRO-1: each rank keeps and updates 1/world of the state and weights
 } ZeroStage;
 
-static int g_dist_world = 1;  // the world of the last dist_init; collectives are no-ops at 1
 
 static int dist_built_with_mpi(void) {
 #ifdef USE_MPI
@@ -112,35 +154,127 @@ static void mpi_check_at(int rc, const char* call, const char* file, int line) {
 
 #endif
 
+// a launcher variable as a count or rank (0 or more), -1 when unset; set but not a number stops
+static int dist_env_int(const char* name) {
+    const char* v = getenv(name);
+    if (v == NULL) { return -1; }
+    char* end;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < 0 || n >= INT_MAX) {
+        fail("%s=%s: not a number of processes or a rank\n  hint: unset it, or start the program with the launcher that sets it", name, v);
+    }
+    return (int)n;
+}
+
+// where a launcher that is not MPI put this process: rank, world, local_rank and which variables said so
+typedef struct { int rank, world, local_rank; const char* source; } DistPlace;
+
+// the three variables of one kind of launcher, all set or none (partly set stops, naming them)
+static int dist_env_triple(const char* const names[3], int values[3], const char* launcher) {
+    int set = 0;
+    for (int i = 0; i < 3; i++) { values[i] = dist_env_int(names[i]); set += values[i] >= 0; }
+    if (set == 0) { return 0; }
+    if (set < 3) {
+        char missing[96] = "";
+        for (int i = 0; i < 3; i++) {
+            if (values[i] < 0) { snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing), "%s%s", missing[0] ? ", " : "", names[i]); }
+        }
+        fail("%s sets %s, %s and %s together, but %s is not set: this process cannot know its place\n"
+             "  hint: set all three (rank, number of processes, rank on this machine) or none", launcher, names[0], names[1], names[2], missing);
+    }
+    if (values[0] >= values[1] || values[2] > values[0]) {
+        fail("%s=%d, %s=%d, %s=%d: the rank must be below the number of processes, the local rank at most the rank\n"
+             "  hint: check the launcher's variables", names[0], values[0], names[1], values[1], names[2], values[2]);
+    }
+    return 1;
+}
+
+// torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK: torchrun, accelerate, a script of one's own) or
+// slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID). Not SLURM_NTASKS: sbatch and
+// salloc set it, and SLURM_PROCID=0, for the job's one shell, which is one process; srun sets the
+// step's count. Both kinds set (torchrun started by srun, one per machine): torchrun's place wins,
+// unless it contradicts srun's (as many processes but another rank, or fewer processes). 0: neither
+static int dist_env_place(DistPlace* p) {
+    static const char* const TORCH[3] = {"RANK", "WORLD_SIZE", "LOCAL_RANK"};
+    static const char* const SLURM[3] = {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"};
+    int t[3], sl[3];
+    int torch = dist_env_triple(TORCH, t, "torchrun-style launching");
+    int procid = dist_env_int("SLURM_PROCID");
+    int slurm = 0;
+    if (getenv("SLURM_STEP_NUM_TASKS") != NULL) { slurm = dist_env_triple(SLURM, sl, "slurm's srun"); }
+    else if (procid > 0) {
+        fail("SLURM_PROCID=%d without SLURM_STEP_NUM_TASKS: slurm set this process's rank but not how many there are\n"
+             "  hint: start it with srun (which sets both), or unset SLURM_PROCID", procid);
+    }
+    if (torch && slurm && ((t[1] == sl[1] && t[0] != sl[0]) || t[1] < sl[1])) {
+        fail("the launchers' variables disagree: RANK=%d WORLD_SIZE=%d but SLURM_PROCID=%d SLURM_STEP_NUM_TASKS=%d\n"
+             "  hint: unset the torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK) under srun, or start one torchrun per machine (srun --ntasks-per-node=1)",
+             t[0], t[1], sl[0], sl[1]);
+    }
+    if (!torch && !slurm) { return 0; }
+    const int* v = torch ? t : sl;
+    p->rank = v[0];
+    p->world = v[1];
+    p->local_rank = v[2];
+    p->source = torch ? "torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK)" : "slurm (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID)";
+    return 1;
+}
+
+// MPI (an MPI build started by mpirun, mpiexec or srun --mpi=pmix: MPI's ranks), else the launcher's
+// variables (slurm's or torchrun-style: by_env, the backend carries the collectives), else one process
 static void dist_init(Dist* d, int* argc, char*** argv) {
     d->rank = 0;
     d->world = 1;
+    g_dist_source = "one process";
+    g_dist_env_local_rank = 0;
     char said[64];
     int mpi_launcher;
     int launched = dist_launched_processes(said, &mpi_launcher);
+    DistPlace env;
+    int by_env = 0;
 #ifdef USE_MPI
-    if (mpi_launcher || launched > 1) {
+    // under an MPI launcher, MPI says (mpirun's daemons started by srun leave srun's variables to its ranks)
+    if (!mpi_launcher) { by_env = dist_env_place(&env) && env.world > 1; }
+    if (!by_env && (mpi_launcher || launched > 1)) {
         mpi_check(MPI_Init(argc, argv));
         mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
         mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &d->rank));
         mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &d->world));
-    }
-    if (launched > d->world) {
-        fail("%s: the launcher started more processes than the %d that MPI joined: they would train apart\n"
-             "  hint: launch with the mpirun of the MPI this program was built with, or srun --mpi=pmix (or pmi2)",
-             said, d->world);
+        g_dist_source = "MPI";
+        if (launched > d->world) {
+            fail("%s: the launcher started more processes than the %d that MPI joined: they would train apart\n"
+                 "  hint: launch with the mpirun of the MPI this program was built with, or srun --mpi=pmix (or pmi2)",
+                 said, d->world);
+        }
     }
 #else
     (void)argc; (void)argv;
-    if (launched > 1) {
+    by_env = dist_env_place(&env) && env.world > 1;
+    // fewer than an MPI launcher started: two would take one place (more: torchrun's processes under
+    // srun with a PMI, whose variables count srun's tasks, one per machine)
+    if (by_env && mpi_launcher && launched > env.world) {
+        fail("%s, but %s says %d processes: the launchers' variables disagree\n  hint: start the program with one launcher", said, env.source, env.world);
+    }
+    if (!by_env && launched > 1) {
         fail("%s: a launcher (mpirun, mpiexec, srun) started several processes, but this program was built "
-             "without MPI: each would train alone, as rank 0 of 1 (on the same GPU)\n  hint: %s", said, DIST_REBUILD_HINT);
+             "without MPI: each would train alone, as rank 0 of 1 (on the same GPU)\n  hint: %s; or start them with srun "
+             "(slurm's variables) or torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK), which the CUDA trainer "
+             "joins over NCCL (--dist-init)", said, DIST_REBUILD_HINT);
     }
 #endif
+    if (by_env) {
+        d->rank = env.rank;
+        d->world = env.world;
+        g_dist_env_local_rank = env.local_rank;
+        g_dist_source = env.source;
+    }
     g_dist_world = d->world;
+    g_dist_by_env = by_env;
 }
 
 static void dist_finalize(void) {
+    if (g_dist_carrier.finish != NULL) { g_dist_carrier.finish(); }
+    memset(&g_dist_carrier, 0, sizeof(g_dist_carrier));
 #ifdef USE_MPI
     int started = 0;
     MPI_Initialized(&started);
@@ -148,7 +282,11 @@ static void dist_finalize(void) {
 #endif
 }
 
+// several processes that MPI does not join: the backend's carrier makes each collective
+static int dist_carried(void) { return g_dist_world > 1 && g_dist_by_env; }
+
 static void dist_barrier(void) {
+    if (dist_carried()) { int x = 0; dist_carrier("dist_barrier")->allreduce(&x, 1, 'i', 's'); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { mpi_check(MPI_Barrier(MPI_COMM_WORLD)); }
 #endif
@@ -167,6 +305,7 @@ static void dist_allreduce_sum(void* buf, size_t n, MPI_Datatype type, size_t el
 
 // buf (n) := the sum of every rank's buf
 static void dist_allreduce_sum_floats(float* buf, size_t n) {
+    if (dist_carried()) { dist_carrier("dist_allreduce_sum_floats")->allreduce(buf, n, 'f', 's'); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float)); }
 #else
@@ -175,6 +314,7 @@ static void dist_allreduce_sum_floats(float* buf, size_t n) {
 }
 
 static void dist_allreduce_sum_doubles(double* buf, size_t n) {
+    if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, 'd', 's'); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double)); }
 #else
@@ -184,6 +324,7 @@ static void dist_allreduce_sum_doubles(double* buf, size_t n) {
 
 // 1 if flag is nonzero on any rank (a signal may reach one rank before the others)
 static int dist_any(int flag) {
+    if (dist_carried()) { flag = flag != 0; dist_carrier("dist_any")->allreduce(&flag, 1, 'i', 'x'); return flag != 0; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { mpi_check(MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD)); }
 #endif
@@ -193,6 +334,11 @@ static int dist_any(int flag) {
 // the smallest and largest of v over the ranks
 static void dist_min_max_u64(uint64_t v, uint64_t* min, uint64_t* max) {
     *min = *max = v;
+    if (dist_carried()) {
+        dist_carrier("dist_min_max_u64")->allreduce(min, 1, 'u', 'n');
+        dist_carrier("dist_min_max_u64")->allreduce(max, 1, 'u', 'x');
+        return;
+    }
 #ifdef USE_MPI
     if (g_dist_world > 1) {
         mpi_check(MPI_Allreduce(&v, min, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD));
@@ -211,6 +357,7 @@ static size_t dist_part_offset(const int* counts, int rank) {
 // rank d.rank's part of buf := the sum over the ranks of that part (the rest of buf is left
 // holding this rank's own, unreduced values)
 static void dist_reduce_scatter_floats(float* buf, const int* counts, Dist d) {
+    if (d.world > 1 && dist_carried()) { dist_carrier("dist_reduce_scatter_floats")->reduce_scatter(buf, counts, d.rank, d.world); return; }
 #ifdef USE_MPI
     if (d.world > 1) {
         // in place, MPI leaves the result at the start of buf: move it to this rank's part
@@ -224,6 +371,7 @@ static void dist_reduce_scatter_floats(float* buf, const int* counts, Dist d) {
 
 // every rank's buf := the parts of all ranks, each from its owner
 static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
+    if (d.world > 1 && dist_carried()) { dist_carrier("dist_allgather_floats")->allgather(buf, counts, d.rank, d.world); return; }
 #ifdef USE_MPI
     if (d.world > 1) {
         int* displs = (int*)malloc_check((size_t)d.world * sizeof(int));
@@ -238,10 +386,16 @@ static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
 
 // this process on its machine: its rank among the ranks there (the GPU it takes, so that one
 // command works on one machine or many) and how many ranks share the machine's memory; 0 and 1
-// without MPI
+// for one process; without MPI as the carrier found them (the launcher's local rank before it starts)
 static void dist_local(int* rank, int* ranks) {
     *rank = 0;
     *ranks = 1;
+    if (dist_carried()) {
+        if (g_dist_carrier.allreduce == NULL) { fail("dist_local: called before the carrier of the collectives started (a bug)"); }
+        *rank = g_dist_carrier.local_rank;
+        *ranks = g_dist_carrier.local_ranks;
+        return;
+    }
 #ifdef USE_MPI
     if (g_dist_world > 1) {
         MPI_Comm local;
@@ -257,6 +411,7 @@ static int dist_local_rank(void) { int r, n; dist_local(&r, &n); return r; }
 
 // buf (bytes) := root's buf, on every rank (e.g. NCCL's unique id from rank 0)
 static void dist_broadcast_bytes(void* buf, size_t bytes, int root) {
+    if (dist_carried()) { dist_carrier("dist_broadcast_bytes")->broadcast(buf, bytes, root); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) {
         if (bytes > (size_t)INT_MAX) { fail("dist_broadcast_bytes: %zu bytes is beyond MPI's int counts", bytes); }

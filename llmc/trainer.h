@@ -100,6 +100,9 @@ void gpt2_check_setup(const ModelSetup* s);
 // the GPU this rank trains on (the node-local rank's), before anything touches a device; a
 // backend without a device does nothing
 void gpt2_select_device(const Dist* d);
+// several processes that MPI does not join (dist_by_env()): start the carrier of their collectives
+// (dist_set_carrier) with method (--dist-init), or stop saying why this backend cannot
+void gpt2_dist_start(Dist* d, const char* method);
 // the device: memory free for this process's tensors, memory this process has taken since it
 // started (cudaMemGetInfo) with *accounted the part the accounting allocator handed out, and
 // the peak FLOP/s of precision p (0: unknown); a backend without a device answers 0 to all
@@ -870,8 +873,8 @@ static void print_config(const Run* r) {
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
     printf("| parameters            | %zu (%.1fM)\n", P, P / 1e6);
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
-    printf("| data parallel (MPI)   | %d rank(s), --zero %d%s\n", r->setup.dist.world, (int)r->setup.zero,
-           r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
+    printf("| data parallel         | %d rank(s) from %s, --zero %d%s\n", r->setup.dist.world, dist_source(),
+           (int)r->setup.zero, r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
     printf("| backend               | %s, %s, %s attention\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision],
            r->setup.act.flash ? "flash" : "matmul");
     printf("| OpenMP threads        | %d\n", num_threads());
@@ -1652,6 +1655,11 @@ static int train_main(int argc, char** argv) {
     int rc = 0;
     if (!parse_flags(&opt, argc, argv)) {
         check_mode_flags(&opt, dist.world);
+        if (dist_by_env() && !opt.plan_only) { gpt2_dist_start(&dist, opt.dist_init); }
+        else if (opt.dist_init[0] != '\0' && !opt.plan_only) {
+            fail("--dist-init %s: this run is %s, which needs no meeting\n  hint: --dist-init goes with srun or torchrun-style "
+                 "variables (RANK, WORLD_SIZE, LOCAL_RANK) in a build of the CUDA trainer; drop it", opt.dist_init, dist_source());
+        }
         rc = flag_given(&opt, "--sample") ? run_sampling(&opt, &dist) : run_training(&opt, &dist, argv[0]);
     }
     dist_finalize();

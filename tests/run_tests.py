@@ -49,6 +49,9 @@ SUITES = [  # name, command, and for an optional suite the file without which it
      [PY, "tests/test_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
     ("--profile: the step's time by kind of work (CPU and emulated device)",
      [PY, "tests/test_profile.py", "./train_gpt", "./build/emu/train_gpt", "./test_gpt"], None),
+    ("launching without MPI: srun, torchrun-style, --dist-init (emulated device)",
+     [PY, "tests/test_launch.py", "./build/emu/train_gpt", "./build/emu_nompi/train_gpt", "./train_gpt",
+      "./build/train_gpt_nompi", "./test_gpt"], None),
     ("CUDA memory flags, every combination (emulated device)",
      [PY, "tests/test_cuda_matrix.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
 ]

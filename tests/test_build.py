@@ -9,8 +9,8 @@ GPU_ARCH, and the emulated device) into build/variants/ and run where it can (`m
     trainer, the Makefile says so, and NCCL=1 stops the build instead;
   - the emulated trainer without NCCL (NCCL=0): one rank trains, 2 ranks stop naming the rebuild
     (--zero 0 and --zero 1), 2 ranks with --offload optimizer (MPI on the host) train;
-  - the emulated trainer without MPI (MPI=0), started as one of several processes (a launcher's
-    variables, and mpirun itself): stops at start-up naming the rebuild.
+  - the emulated trainer without MPI (MPI=0), started as one of several processes by an MPI
+    launcher (its variables, and mpirun itself): stops at start-up naming the rebuild.
 
     python3 tests/test_build.py ./test_gpt
 """
@@ -148,7 +148,8 @@ emu = f"{VARIANTS}/nompi/emu/train_gpt"
 NOMPI = "was built without MPI"
 if make("the emulated trainer builds without MPI (MPI=0)", emu, None, ["MPI=0", f"EMU_BUILD={VARIANTS}/nompi/emu"]).rc == 0:
     s.expect_ok("without MPI: a plain run trains", [emu] + TRAIN + ["-o", s.path("nompi1")])
-    for var in ("OMPI_COMM_WORLD_SIZE=2", "PMI_SIZE=4", "SLURM_STEP_NUM_TASKS=2", "PMIX_RANK=1"):
+    # (srun's and torchrun-style variables it joins over NCCL: tests/test_launch.py)
+    for var in ("OMPI_COMM_WORLD_SIZE=2", "PMI_SIZE=4", "PMIX_RANK=1"):
         name, value = var.split("=")
         s.expect_fail(f"without MPI, started with {var}: stops at start-up, naming the rebuild", NOMPI,
                       [emu] + TRAIN + ["-o", s.path(f"nompi_{name}")], env={name: value})

@@ -63,12 +63,13 @@ s.expect_fail("--plan-ranks without --plan is refused", "only goes with --plan",
 s.expect_fail("--zero 2 is refused", "--zero 2: unknown; choose 0", BASE + ["--zero", "2", "-o", ""])
 # started by a launcher of several processes (mpirun, mpiexec, srun: their variables), the build
 # without MPI stops before it trains, naming the rebuild: else each process would train alone
+# (srun's variables come as a set: the CPU trainer, which has no NCCL, cannot join them without MPI)
 for var in ("OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=1", "PMI_SIZE=3", "PMI_RANK=2", "PMIX_RANK=1",
-            "SLURM_STEP_NUM_TASKS=2", "SLURM_PROCID=1"):
-    name, value = var.split("=")
+            "SLURM_STEP_NUM_TASKS=2,SLURM_PROCID=1,SLURM_LOCALID=1"):
+    env = dict(v.split("=") for v in var.split(","))
     s.expect_fail(f"no MPI build started with {var}: stops at start-up, naming the rebuild",
-                  "built without MPI: each would train alone", [NOMPI] + FLAGS + ["-o", s.path(f"nompi_{name}")],
-                  env={name: value})
+                  "built without MPI: each would train alone", [NOMPI] + FLAGS + ["-o", s.path(f"nompi_{next(iter(env))}")],
+                  env=env)
 # one process: the launcher's count of 1, rank 0, or sbatch's/salloc's SLURM_NTASKS for the job's shell
 for env in ({"OMPI_COMM_WORLD_SIZE": "1"}, {"PMIX_RANK": "0"}, {"SLURM_NTASKS": "4"}):
     s.expect_ok(f"no MPI build started with {' '.join(f'{k}={v}' for k, v in env.items())}: trains (one process)",
@@ -96,9 +97,9 @@ if MPIRUN is None:
     s.finish()
 
 s.expect_fail("--zero 1 with one process (no mpirun)", "but this run has 1 rank", BASE + ["--zero", "1", "-o", ""])
-# srun without a PMI MPI understands: each process would start MPI alone (a world of 1)
+# srun without a PMI that MPI understands: the CPU trainer (no NCCL) cannot join its processes without MPI
 s.expect_fail("the MPI build started as one of 2 processes that MPI does not join: stops", "more processes than the 1 that MPI joined",
-              BASE + ["-o", s.path("mpi_apart")], env={"SLURM_STEP_NUM_TASKS": "2"})
+              BASE + ["-o", s.path("mpi_apart")], env={"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
 s.expect_fail("--zero 1 under mpirun -np 1", "but this run has 1 rank",
               MPIRUN + ["1"] + BASE + ["--zero", "1", "-o", ""])
 s.expect_fail("memory check counts every rank on this machine", "2 rank(s) on this machine",

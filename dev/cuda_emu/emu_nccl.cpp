@@ -3,8 +3,13 @@ emu_nccl.cpp: NCCL for emulated devices, one per process, launched like the real
 
     mpirun -np 2 ./build/emu/train_gpt ...     (a single process needs no MPI at all)
 
-Every collective is an all-gather of each rank's bytes (MPI_Allgather on a private duplicate of
-MPI_COMM_WORLD, built with -DCUDA_EMU_MPI), after which each rank computes its own result:
+Every collective is an all-gather of each rank's bytes, after which each rank computes its own result.
+The bytes travel over MPI (MPI_Allgather on a private duplicate of MPI_COMM_WORLD) where the program
+started MPI (built with -DCUDA_EMU_MPI), else over loopback TCP sockets, as real NCCL's bootstrap does:
+ncclGetUniqueId listens on a port of 127.0.0.1 and writes it into the id, rank 0 accepts the other
+ranks there, and each collective goes through rank 0 (it gathers every rank's bytes and sends them all
+back). So processes started without MPI (srun, torchrun-style variables; the id handed over by the
+program) join too, on one machine. Results:
     all-reduce       out[i] = reduce over ranks r = 0, 1, ... of in_r[i]
     reduce-scatter   out[i] = reduce over ranks of in_r[rank * count + i]
     all-gather       out[r * count + i] = in_r[i]
@@ -20,8 +25,15 @@ returns at once); in CUDA_EMU_STREAMS=late mode this keeps ranks from waiting on
 the emulator while the program waits in its own MPI calls. ncclGroupStart/End need nothing: the
 collectives of a group run in the order they were issued, the same on every rank.
 
-Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId and that the ranks
-are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.
+Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId and (over MPI) that
+the ranks are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.
+
+A rank lost (over sockets): a rank that dies closes its connections (the kernel does, even after
+kill -9); a rank that does not answer within CUDA_EMU_NCCL_TIMEOUT seconds (600 unless set) counts as
+lost too. Rank 0 tells the others which rank it lost, and on every rank the collective then does what
+real NCCL's does: it never completes, and ncclCommGetAsyncError answers ncclRemoteError, which the
+program polls (a note names the lost rank, as NCCL_DEBUG=WARN does). A program that does not poll is
+stopped after SOCK_LOST_GRACE_S seconds, naming the rank, rather than left waiting forever.
 
 Devices: a communicator belongs to the device that was current (cudaSetDevice) when it was made. As
 real NCCL does, ncclCommInitRank returns ncclInvalidUsage on every rank when two ranks of one host
@@ -29,6 +41,11 @@ real NCCL does, ncclCommInitRank returns ncclInvalidUsage on every rank when two
 */
 #include "emu_internal.h"
 
+#include <arpa/inet.h>
+#include <atomic>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <vector>
@@ -39,10 +56,146 @@ real NCCL does, ncclCommInitRank returns ncclInvalidUsage on every rank when two
 struct ncclComm {
     int rank, nranks;
     int device;   // the current device at ncclCommInitRank
+    bool over_mpi;   // the bytes travel over MPI; else over sockets through rank 0
 #ifdef CUDA_EMU_MPI
     MPI_Comm mpi;
 #endif
+    std::vector<int> fds;   // sockets: rank 0 holds one per rank (fds[r], r > 0), the others fds[0] to rank 0
+    std::atomic<int> async_error{ncclSuccess};   // what ncclCommGetAsyncError answers (a rank lost)
 };
+
+// ----------------------------------------------------------------------------
+// loopback sockets
+
+// the listening sockets of this process's ncclGetUniqueId, by port (rank 0 accepts the others there)
+static std::vector<std::pair<int, int>> g_listening;
+static const unsigned SOCK_MAGIC = 0x656d756eu;   // a connection that is not one of ours is refused
+
+static double sock_timeout_s() {
+    const char* v = getenv("CUDA_EMU_NCCL_TIMEOUT");
+    double t = v ? atof(v) : 600.0;
+    return t > 0 ? t : 600.0;
+}
+
+// 0 when all n bytes moved; -1 when the other side closed or failed; -2 when it stayed silent past the timeout
+static int sock_io(int fd, void* buf, size_t n, bool sending) {
+    double limit_ms = sock_timeout_s() * 1000.0;
+    for (size_t done = 0; done < n;) {
+        struct pollfd p = {fd, (short)(sending ? POLLOUT : POLLIN), 0};
+        int ready = poll(&p, 1, (int)limit_ms);
+        if (ready == 0) { return -2; }
+        if (ready < 0) { if (errno == EINTR) { continue; } return -1; }
+        ssize_t k = sending ? send(fd, (char*)buf + done, n - done, MSG_NOSIGNAL) : recv(fd, (char*)buf + done, n - done, 0);
+        if (k <= 0) { if (k < 0 && errno == EINTR) { continue; } return -1; }
+        done += (size_t)k;
+    }
+    return 0;
+}
+
+// as real NCCL: the collective never completes, and ncclCommGetAsyncError answers ncclRemoteError (the
+// note names the rank, as NCCL_DEBUG=WARN does); a program that polls it stops itself. One that does
+// not is stopped here after SOCK_LOST_GRACE_S rather than left waiting forever
+static const int SOCK_LOST_GRACE_S = 10;
+[[noreturn]] static void sock_lost(ncclComm_t c, int lost, int why, const char* during) {
+    const char* what = why == -2 ? "it did not answer in time" : "its connection closed (the process ended)";
+    fflush(stdout);
+    fprintf(stderr, "cuda_emu: note: NCCL emulation: rank %d lost rank %d of %d during %s: %s; ncclCommGetAsyncError "
+            "now answers ncclRemoteError\n", c->rank, lost, c->nranks, during, what);
+    c->async_error = ncclRemoteError;
+    sleep(SOCK_LOST_GRACE_S);
+    emu_fail("NCCL emulation: rank %d lost rank %d of %d during %s: %s, and the program did not stop in %d s (it does not "
+             "poll ncclCommGetAsyncError)", c->rank, lost, c->nranks, during, what, SOCK_LOST_GRACE_S);
+}
+
+// rank 0's message before the bytes it sends back: a lost rank, or none (-1)
+struct sock_header { int lost; int why; };
+
+// every rank's `bytes` bytes, in rank order, through rank 0; a rank lost stops every rank, naming it
+static void sock_exchange(ncclComm_t c, const void* mine, size_t bytes, char* all, const char* during) {
+    if (c->rank != 0) {
+        int rc = sock_io(c->fds[0], (void*)mine, bytes, true);
+        sock_header h = {-1, 0};
+        if (rc == 0) { rc = sock_io(c->fds[0], &h, sizeof(h), false); }
+        if (rc != 0) { sock_lost(c, 0, rc, during); }
+        if (h.lost >= 0) { sock_lost(c, h.lost, h.why, during); }
+        rc = sock_io(c->fds[0], all, bytes * c->nranks, false);
+        if (rc != 0) { sock_lost(c, 0, rc, during); }
+        return;
+    }
+    memcpy(all, mine, bytes);
+    sock_header h = {-1, 0};
+    for (int r = 1; r < c->nranks && h.lost < 0; r++) {
+        int rc = sock_io(c->fds[r], all + r * bytes, bytes, false);
+        if (rc != 0) { h = {r, rc}; }
+    }
+    for (int r = 1; r < c->nranks; r++) {
+        if (r == h.lost) { continue; }
+        if (sock_io(c->fds[r], &h, sizeof(h), true) == 0 && h.lost < 0) { sock_io(c->fds[r], all, bytes * c->nranks, true); }
+    }
+    if (h.lost >= 0) { sock_lost(c, h.lost, h.why, during); }
+}
+
+// the port in an id that ncclGetUniqueId made (0: none)
+static int id_port(const ncclUniqueId& id) {
+    const char* p = strstr(id.internal, " port ");
+    return p ? atoi(p + 6) : 0;
+}
+
+// rank 0 accepts the others on its id's port, each rank else connects there; every rank sends
+// {magic, rank} and rank 0 answers each when all have come
+static void sock_join(ncclComm_t c, const ncclUniqueId& id) {
+    int port = id_port(id);
+    c->fds.assign(c->nranks, -1);
+    double limit = sock_timeout_s();
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    auto waited = [&] { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9; };
+    if (c->rank == 0) {
+        int srv = -1;
+        for (auto& l : g_listening) { if (l.first == port) { srv = l.second; } }
+        if (srv < 0) { emu_fail("ncclCommInitRank: rank 0 must use the ncclUniqueId it made with ncclGetUniqueId (port %d is not its)", port); }
+        for (int joined = 1; joined < c->nranks;) {
+            struct pollfd p = {srv, POLLIN, 0};
+            if (poll(&p, 1, 100) > 0) {
+                int fd = accept(srv, nullptr, nullptr);
+                unsigned hello[2] = {0, 0};
+                if (fd >= 0 && sock_io(fd, hello, sizeof(hello), false) == 0 && hello[0] == SOCK_MAGIC && hello[1] > 0 &&
+                    (int)hello[1] < c->nranks && c->fds[hello[1]] < 0) {
+                    c->fds[hello[1]] = fd;
+                    joined++;
+                } else if (fd >= 0) {
+                    close(fd);
+                }
+            }
+            if (joined < c->nranks && waited() > limit) {
+                int missing = 1;
+                while (c->fds[missing] >= 0) { missing++; }
+                emu_fail("ncclCommInitRank: rank 0 waited %.0f s for rank %d of %d to join (CUDA_EMU_NCCL_TIMEOUT sets the wait)",
+                         limit, missing, c->nranks);
+            }
+        }
+        char go = 1;
+        for (int r = 1; r < c->nranks; r++) { sock_io(c->fds[r], &go, 1, true); }
+        return;
+    }
+    struct sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((unsigned short)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = -1;
+    while (fd < 0) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0) { break; }
+        close(fd);
+        fd = -1;
+        if (waited() > limit) { emu_fail("ncclCommInitRank: rank %d waited %.0f s for rank 0 at 127.0.0.1:%d", c->rank, limit, port); }
+        usleep(20000);
+    }
+    unsigned hello[2] = {SOCK_MAGIC, (unsigned)c->rank};
+    char go = 0;
+    if (sock_io(fd, hello, sizeof(hello), true) != 0 || sock_io(fd, &go, 1, false) != 0) { sock_lost(c, 0, -1, "ncclCommInitRank"); }
+    c->fds[0] = fd;
+}
 
 static const char UNIQUE_ID_MAGIC[] = "cuda_emu nccl id";
 
@@ -68,23 +221,36 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
     memset(id, 0, sizeof(*id));
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(id->internal, sizeof(id->internal), "%s pid %d t %ld.%09ld", UNIQUE_ID_MAGIC, (int)getpid(),
-             (long)ts.tv_sec, ts.tv_nsec);
+    // rank 0 listens here for the ranks that MPI does not carry (see the top of this file)
+    int srv = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (srv < 0 || bind(srv, (struct sockaddr*)&a, sizeof(a)) != 0 || listen(srv, 64) != 0 ||
+        getsockname(srv, (struct sockaddr*)&a, &len) != 0) {
+        return ncclSystemError;
+    }
+    g_listening.push_back({ntohs(a.sin_port), srv});
+    snprintf(id->internal, sizeof(id->internal), "%s pid %d t %ld.%09ld port %d", UNIQUE_ID_MAGIC, (int)getpid(),
+             (long)ts.tv_sec, ts.tv_nsec, (int)ntohs(a.sin_port));
     return ncclSuccess;
 }
 
 // every rank's `bytes` bytes, in rank order
-static void exchange(ncclComm_t comm, const void* mine, size_t bytes, std::vector<char>* all) {
+static void exchange(ncclComm_t comm, const void* mine, size_t bytes, std::vector<char>* all, const char* during = "a collective") {
     all->resize(bytes * comm->nranks);
     if (comm->nranks == 1) {
         memcpy(all->data(), mine, bytes);
         return;
     }
+    if (!comm->over_mpi) {
+        sock_exchange(comm, mine, bytes, all->data(), during);
+        return;
+    }
 #ifdef CUDA_EMU_MPI
     if (bytes > (size_t)INT32_MAX) { emu_fail("NCCL emulation: %zu bytes in one collective is too many for MPI", bytes); }
     MPI_Allgather(mine, (int)bytes, MPI_BYTE, all->data(), (int)bytes, MPI_BYTE, comm->mpi);
-#else
-    emu_fail("NCCL emulation with %d ranks needs MPI: rebuild with mpicxx (CUDA_EMU_MPI)", comm->nranks);
 #endif
 }
 
@@ -124,17 +290,23 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
     c->nranks = nranks;
     c->device = emu_current_device();
     if (nranks > 1) {
+        int initialized = 0;
 #ifdef CUDA_EMU_MPI
-        int initialized = 0, world = 0, world_rank = 0;
-        MPI_Initialized(&initialized);
-        if (!initialized) { MPI_Init(nullptr, nullptr); }
-        MPI_Comm_size(MPI_COMM_WORLD, &world);
-        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-        if (world != nranks || world_rank != rank) {
-            emu_fail("ncclCommInitRank(nranks=%d, rank=%d) in MPI process %d of %d: the emulator runs one "
-                     "rank per MPI process", nranks, rank, world_rank, world);
+        MPI_Initialized(&initialized);  // the program started MPI: its processes are the ranks
+#endif
+        c->over_mpi = initialized != 0;
+        if (!c->over_mpi) { sock_join(c, id); }
+#ifdef CUDA_EMU_MPI
+        int world = 0, world_rank = 0;
+        if (c->over_mpi) {
+            MPI_Comm_size(MPI_COMM_WORLD, &world);
+            MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+            if (world != nranks || world_rank != rank) {
+                emu_fail("ncclCommInitRank(nranks=%d, rank=%d) in MPI process %d of %d: the emulator runs one "
+                         "rank per MPI process", nranks, rank, world_rank, world);
+            }
+            MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
         }
-        MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
 #endif
         std::vector<char> ids;
         exchange(c, id.internal, sizeof(id.internal), &ids);
@@ -155,16 +327,18 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 #ifdef CUDA_EMU_MPI
-    if (comm->nranks > 1) { MPI_Comm_free(&comm->mpi); }
+    if (comm->nranks > 1 && comm->over_mpi) { MPI_Comm_free(&comm->mpi); }
 #endif
+    for (int fd : comm->fds) { if (fd >= 0) { close(fd); } }
     delete comm;
     return ncclSuccess;
 }
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { *count = comm->nranks; return ncclSuccess; }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) { *rank = comm->rank; return ncclSuccess; }
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) { *device = comm->device; return ncclSuccess; }
-ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* error) { *error = ncclSuccess; return ncclSuccess; }
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) { *error = (ncclResult_t)comm->async_error.load(); return ncclSuccess; }
 ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
@@ -177,6 +351,9 @@ static size_t element_bytes(ncclDataType_t t) {
         case ncclFloat64: return sizeof(double);
         case ncclBfloat16: return sizeof(__nv_bfloat16);
         case ncclFloat16: return sizeof(__half);
+        case ncclInt8: case ncclUint8: return 1;
+        case ncclInt32: case ncclUint32: return 4;
+        case ncclInt64: case ncclUint64: return 8;
         default: return 0;  // not emulated
     }
 }
@@ -223,8 +400,38 @@ static void reduce_ranks_in(const std::vector<char>& all, size_t rank_stride, si
     }
 }
 
+// integers: exact, wrapping as NCCL's do (T the element type itself)
+template <typename T>
+static void reduce_ints(const std::vector<char>& all, size_t rank_stride, size_t offset, size_t count,
+                        ncclRedOp_t op, int nranks, void* out) {
+    const T* in = (const T*)all.data();
+    for (size_t i = 0; i < count; i++) {
+        T acc = in[offset + i];
+        for (int r = 1; r < nranks; r++) {
+            T v = in[r * rank_stride + offset + i];
+            switch (op) {
+                case ncclMax: acc = v > acc ? v : acc; break;
+                case ncclMin: acc = v < acc ? v : acc; break;
+                case ncclProd: acc = (T)(acc * v); break;
+                default: acc = (T)(acc + v); break;
+            }
+        }
+        if (op == ncclAvg) { acc = (T)(acc / nranks); }
+        ((T*)out)[i] = acc;
+    }
+}
+
 static void reduce_ranks(const std::vector<char>& all, size_t rank_stride, size_t offset, size_t count,
                          ncclDataType_t type, ncclRedOp_t op, int nranks, void* out) {
+    switch (type) {
+        case ncclInt8: reduce_ints<int8_t>(all, rank_stride, offset, count, op, nranks, out); return;
+        case ncclUint8: reduce_ints<uint8_t>(all, rank_stride, offset, count, op, nranks, out); return;
+        case ncclInt32: reduce_ints<int32_t>(all, rank_stride, offset, count, op, nranks, out); return;
+        case ncclUint32: reduce_ints<uint32_t>(all, rank_stride, offset, count, op, nranks, out); return;
+        case ncclInt64: reduce_ints<int64_t>(all, rank_stride, offset, count, op, nranks, out); return;
+        case ncclUint64: reduce_ints<uint64_t>(all, rank_stride, offset, count, op, nranks, out); return;
+        default: break;
+    }
     if (type == ncclFloat64) {
         reduce_ranks_in<double>(all, rank_stride, offset, count, type, op, nranks, out);
     } else {
@@ -251,7 +458,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
     if (element_bytes(type) == 0 || !known_op(op)) { return ncclInvalidArgument; }
     return run_collective(stream, "ncclAllReduce", [=] {
         std::vector<char> all;
-        exchange(comm, sendbuff, count * element_bytes(type), &all);
+        exchange(comm, sendbuff, count * element_bytes(type), &all, "ncclAllReduce");
         reduce_ranks(all, count, 0, count, type, op, comm->nranks, recvbuff);
     });
 }
@@ -262,7 +469,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     return run_collective(stream, "ncclReduceScatter", [=] {
         std::vector<char> all;
         size_t n = recvcount * comm->nranks;
-        exchange(comm, sendbuff, n * element_bytes(type), &all);
+        exchange(comm, sendbuff, n * element_bytes(type), &all, "ncclReduceScatter");
         reduce_ranks(all, n, comm->rank * recvcount, recvcount, type, op, comm->nranks, recvbuff);
     });
 }
@@ -272,7 +479,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     if (element_bytes(type) == 0) { return ncclInvalidArgument; }
     return run_collective(stream, "ncclAllGather", [=] {
         std::vector<char> all;  // a copy first: in place, sendbuff lies inside recvbuff
-        exchange(comm, sendbuff, sendcount * element_bytes(type), &all);
+        exchange(comm, sendbuff, sendcount * element_bytes(type), &all, "ncclAllGather");
         memcpy(recvbuff, all.data(), all.size());
     });
 }
@@ -283,7 +490,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
     return run_collective(stream, "ncclBroadcast", [=] {
         size_t bytes = count * element_bytes(type);
         std::vector<char> all;  // only the root's sendbuff is valid; the others send their recvbuff
-        exchange(comm, comm->rank == root ? sendbuff : recvbuff, bytes, &all);
+        exchange(comm, comm->rank == root ? sendbuff : recvbuff, bytes, &all, "ncclBroadcast");
         memcpy(recvbuff, all.data() + root * bytes, bytes);
     });
 }
@@ -297,7 +504,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
     if (element_bytes(type) == 0 || !known_op(op) || root < 0 || root >= comm->nranks) { return ncclInvalidArgument; }
     return run_collective(stream, "ncclReduce", [=] {
         std::vector<char> all;
-        exchange(comm, sendbuff, count * element_bytes(type), &all);
+        exchange(comm, sendbuff, count * element_bytes(type), &all, "ncclReduce");
         if (comm->rank == root) { reduce_ranks(all, count, 0, count, type, op, comm->nranks, recvbuff); }
     });
 }
