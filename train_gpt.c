@@ -179,6 +179,12 @@ struct GPT2 {
     // data parallelism (llmc/distributed.h)
     Dist dist;                // this process among the ranks
     ZeroStage zero;           // ZERO_SHARDED: this rank keeps the optimizer state of its blocks only
+    // ZeRO-2 (opt_layout.h): grads_memory is the gradient shard; m->grads point into the working
+    // buffer, a one-layer model's layout (every layer's backward uses layer 0's place)
+    float* grad_working;
+    float* grad_pack;         // one layer rank by rank, for its reduce-scatter
+    size_t grad_floats;       // floats of grads_memory
+    long zero2_reduces;       // the gradients' collectives since the last update (printed for step 1)
 };
 
 // the working-set buffer layer l computes into
@@ -219,6 +225,7 @@ static size_t head_act_floats(int B, int T, int C, int Vp, int K) {
 }
 
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
+int gpt2_supports_zero2(void) { return 1; }
 // no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
 void gpt2_select_device(const Dist* d) { (void)d; }
 // the CPU trainer's collectives go over MPI only (it has no NCCL)
@@ -362,11 +369,23 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     const GPT2Config* c = &m->config;
     int C = c->channels, NH = c->num_heads;
     size_t P = m->num_parameters;
-    m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, P * sizeof(float));
-    point_parameters(&m->grads, m->grads_memory, c);
+    if (m->zero == ZERO_GRADS) {
+        Zero2Grads z = zero2_grad_floats(c, m->dist.world);
+        m->grad_floats = z.shard;
+        m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, z.shard * sizeof(float));
+        m->grad_working = (float*)mem_calloc(MEM_GRADIENTS, z.working * sizeof(float));
+        m->grad_pack = (float*)mem_calloc(MEM_GRADIENTS, z.pack * sizeof(float));
+        GPT2Config one = *c;
+        one.num_layers = 1;
+        point_parameters(&m->grads, m->grad_working, &one);
+    } else {
+        m->grad_floats = P;
+        m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, P * sizeof(float));
+        point_parameters(&m->grads, m->grads_memory, c);
+    }
     m->optimizer = optimizer;
     m->use_beta1 = use_beta1;
-    m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1, m->zero == ZERO_SHARDED ? m->dist.world : 1);
+    m->opt_floats = optimizer_state_floats(c, optimizer, use_beta1, zero_shards_state(m->zero) ? m->dist.world : 1);
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     gpt2_alloc_activations(m, B, T, pol);
     size_t bsizes[NUM_BACKWARD_BUFFERS], btotal = 0;
@@ -402,6 +421,8 @@ GPT2* gpt2_create(const ModelSetup* s) {
 void gpt2_destroy(GPT2* m) {
     mem_free(m->params_memory);
     mem_free(m->grads_memory);
+    mem_free(m->grad_working);
+    mem_free(m->grad_pack);
     mem_free(m->opt_memory);
     mem_free(m->acts_memory);
     mem_free(m->host_memory);
@@ -628,9 +649,41 @@ const float* gpt2_probs(GPT2* m, int position) {
     return a->probs + (size_t)(position - a->probs_first) * m->config.padded_vocab_size;
 }
 
+static HostStep gpt2_host_step(GPT2* m) {
+    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->params_memory, m->grads_memory, m->opt_memory};
+    return h;
+}
+
+// ZeRO-2, every micro-step, after layer l's backward: its gradients reduce-scattered into the
+// shard (one MPI_Reduce_scatter_block), the working layer cleared for the next layer. It waits
+// for the collective: the CPU has no second stream to overlap it with the next layer's backward
+static void zero2_reduce_layer(GPT2* m, int l) {
+    HostStep h = gpt2_host_step(m);
+    Zero2Grads z = zero2_grad_floats(&m->config, m->dist.world);
+    float* layer = m->grads.ln1w;  // the working buffer's one layer: its 12 tensors, ln1w first
+    prof_mark(PROF_COLLECTIVE, prof_bytes(z.pack * sizeof(float)), "ZeRO-2: layer %d reduce-scatter", l);
+    host_zero2_reduce_layer(&h, layer, l, m->grad_pack);
+    m->zero2_reduces++;
+    memset(layer, 0, (size_t)(m->grads.lnfw - layer) * sizeof(float));
+    prof_close();
+}
+
+// ZeRO-2, after the encoder: wte's, wpe's and the final LayerNorm's gradients reduce-scattered
+// into the shard, then the working buffer cleared (with --loss-chunk the next forward adds the
+// classifier's wte gradient into it)
+static void zero2_reduce_head(GPT2* m) {
+    HostStep h = gpt2_host_step(m);
+    Zero2Grads z = zero2_grad_floats(&m->config, m->dist.world);
+    prof_mark(PROF_COLLECTIVE, prof_bytes(z.working * sizeof(float)), "ZeRO-2: wte, wpe, lnf reduce-scatter");
+    host_zero2_reduce_head(&h, m->grad_working);
+    m->zero2_reduces += 4;  // wte, wpe, lnfw, lnfb
+    memset(m->grad_working, 0, z.working * sizeof(float));
+    prof_close();
+}
+
 void gpt2_zero_grad(GPT2* m) {
-    prof_mark(PROF_ZEROING, prof_bytes(m->num_parameters * sizeof(float)), "gradients");
-    memset(m->grads_memory, 0, m->num_parameters * sizeof(float));
+    prof_mark(PROF_ZEROING, prof_bytes(m->grad_floats * sizeof(float)), "gradients");
+    memset(m->grads_memory, 0, m->grad_floats * sizeof(float));  // ZeRO-2: the working buffer is zero already
     prof_close();
 }
 
@@ -659,28 +712,27 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     for (int l = L - 1; l >= 0; l--) {
         act_prepare_backward(m, l, B, T);
         LayerParams lp = layer_params(&m->params, l, C);
-        LayerGrads lg = layer_grads(&m->grads, l, C);
+        LayerGrads lg = layer_grads(&m->grads, m->zero == ZERO_GRADS ? 0 : l, C);
         block_backward(bwd, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T, C, NH, &m->act);
+        if (m->zero == ZERO_GRADS) { zero2_reduce_layer(m, l); }
     }
     prof_mark(PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
     encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C);
     prof_close();
+    if (m->zero == ZERO_GRADS) { zero2_reduce_head(m); }
 }
 
 // ----------------------------------------------------------------------------
 // data parallelism and the optimizer step: cpu/host_step.h, on the model's own arrays. Each
 // rank's gradient is of its own part of the batch; before the step ZERO_REPLICATED sums them
 // whole on every rank (all-reduce), ZERO_SHARDED sums each block only on the rank that owns it
-// (reduce-scatter), which updates it and sends it to the others (all-gather).
-
-static HostStep gpt2_host_step(GPT2* m) {
-    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->params_memory, m->grads_memory, m->opt_memory};
-    return h;
-}
+// (reduce-scatter), which updates it and sends it to the others (all-gather). ZERO_GRADS
+// reduce-scatters during the backward (zero2_reduce_layer, zero2_reduce_head) and keeps the
+// reduced blocks only; its step is ZeRO-1's on them.
 
 void gpt2_reduce_grads(GPT2* m) {
     HostStep h = gpt2_host_step(m);
-    if (m->dist.world > 1) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums"); }
+    if (m->dist.world > 1 && m->zero != ZERO_GRADS) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums"); }
     host_reduce_grads(&h);
     prof_close();
 }
@@ -696,6 +748,17 @@ void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, sizeof(float)), "%s", OPTIMIZER_NAMES[m->optimizer]);
     host_update(&h, s, grad_norm, NULL, NULL);
     prof_close();
+    // ZeRO-2: the collectives of the first step, counted (tests/test_zero.py bounds them): the
+    // gradients' (micro-steps x (L + 4)), the norm's, the optimizer's sums and the weights' gathers
+    static long before = 0;
+    if (m->zero == ZERO_GRADS && s->t == 1 && m->dist.rank == 0) {
+        Zero2Grads z = zero2_grad_floats(&m->config, m->dist.world);
+        printf("ZeRO-2: step 1: %ld gradient reduce-scatters, %ld collectives in all (L = %d); gradients per rank: "
+               "shard %zu of %zu floats, working buffer %zu, pack %zu\n", m->zero2_reduces, g_dist_collectives - before,
+               m->config.num_layers, z.shard, m->num_parameters, z.working, z.pack);
+    }
+    before = g_dist_collectives;
+    m->zero2_reduces = 0;
 }
 
 // --profile: the CPU's ranges are timed by the wall clock as they close; nothing to wait for

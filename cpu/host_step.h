@@ -32,14 +32,15 @@ typedef struct {
     OptimizerKind optimizer;
     size_t num_parameters;    // P
     float* params;            // (P) fp32 weights, model_config.h's order
-    float* grads;             // (P) fp32 gradients of this rank's micro-batches, summed by host_reduce_grads
+    float* grads;             // (P) fp32 gradients of this rank's micro-batches, summed by host_reduce_grads;
+                              // ZeRO-2: this rank's reduced blocks only (opt_layout.h's gradient shard)
     float* state;             // this rank's optimizer state (opt_layout.h)
 } HostStep;
 
 // how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1
 static OptSharding host_sharding(const HostStep* h) {
-    if (h->zero != ZERO_SHARDED) { return OPT_UNSHARDED; }
-    OptSharding z = {h->dist.rank, h->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world};
+    if (!zero_shards_state(h->zero)) { return OPT_UNSHARDED; }
+    OptSharding z = {h->dist.rank, h->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world, h->zero == ZERO_GRADS};
     return z;
 }
 
@@ -58,7 +59,7 @@ static void host_for_each_slice_block(const HostStep* h, float* memory, void (*p
 // the gradients of all ranks' micro-batches, summed: whole, or this rank's blocks (ZeRO-1).
 // The loss scale already divides by the number of ranks.
 static void host_reduce_grads(const HostStep* h) {
-    if (h->dist.world == 1) { return; }
+    if (h->dist.world == 1 || h->zero == ZERO_GRADS) { return; }  // ZeRO-2: reduced during the backward (host_zero2_*)
     if (h->zero == ZERO_SHARDED) { host_for_each_slice_block(h, h->grads, dist_reduce_scatter_floats); }
     else { dist_allreduce_sum_floats(h->grads, h->num_parameters); }
 }
@@ -68,15 +69,19 @@ static void host_reduce_grads(const HostStep* h) {
 // global L2 norm of all gradients, summed in double over a fixed partition. ZeRO-1: each
 // rank sums the squares of its blocks (the only reduced gradients it has), then the ranks add.
 static float host_grad_norm(const HostStep* h) {
-    if (h->zero == ZERO_SHARDED) {
+    if (zero_shards_state(h->zero)) {  // ZeRO-2: the same blocks, in the gradient shard: the same sum
         OptSharding z = host_sharding(h);
         ParamSlice* s = param_slices_alloc(h->config);
+        size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));
+        grad_shard_offsets(h->config, h->dist.world, goff);
         double total = 0.0;
         for (int k = 0; k < param_slice_count(h->config); k++) {
             size_t offset;
             OptShard sh = slice_shard(&s[k], &z, &offset);
-            total += opt_sum_squares(h->grads + s[k].offset + offset, (size_t)sh.rows * sh.cols);
+            const float* g = z.grads_compact ? h->grads + goff[k] : h->grads + s[k].offset + offset;
+            total += opt_sum_squares(g, (size_t)sh.rows * sh.cols);
         }
+        free(goff);
         free(s);
         dist_allreduce_sum_doubles(&total, 1);
         return (float)sqrt(total);
@@ -100,19 +105,88 @@ static float host_grad_norm(const HostStep* h) {
 // when given, is called as soon as parameter tensor i holds its new values (a GPU backend
 // sends each tensor up while the CPU updates the next)
 static void host_update(const HostStep* h, const StepConfig* s, float grad_norm, void (*tensor_done)(void*, int), void* ctx) {
+    size_t n = h->zero == ZERO_GRADS ? zero2_grad_floats(h->config, h->dist.world).shard : h->num_parameters;
     if (s->grad_clip > 0.0f && grad_norm > s->grad_clip) {
         float scale = s->grad_clip / grad_norm;
         #pragma omp parallel for
-        for (size_t i = 0; i < h->num_parameters; i++) { h->grads[i] *= scale; }
+        for (size_t i = 0; i < n; i++) { h->grads[i] *= scale; }
     }
     OptSharding z = host_sharding(h);
-    int sharded = h->zero == ZERO_SHARDED;
+    int sharded = zero_shards_state(h->zero);
     optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z,
                    sharded ? NULL : tensor_done, ctx);
     if (sharded) { host_for_each_slice_block(h, h->params, dist_allgather_floats); }
     if (sharded && tensor_done != NULL) {
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { tensor_done(ctx, i); }
     }
+}
+
+// ----------------------------------------------------------------------------
+// ZeRO-2 on the host (the CPU backend): the backward's working gradients (opt_layout.h) are
+// reduce-scattered into the gradient shard as they are finished, every micro-step: one
+// MPI_Reduce_scatter_block per layer (its 12 slices packed rank by rank), then one
+// MPI_Reduce_scatter per head slice (wte, wpe, lnfw, lnfb: each already in rank order) after the
+// encoder. Each result is added to the shard, so the micro-steps accumulate there. The caller
+// clears what it hands over (the working buffer must be zero before the next backward adds).
+
+// layer l's gradients (layer: the working buffer's 12 layer tensors, model_config.h's order)
+// summed over the ranks; this rank's blocks added to the shard
+static void host_zero2_reduce_layer(const HostStep* h, const float* layer, int l, float* pack) {
+    const GPT2Config* c = h->config;
+    int world = h->dist.world, L = c->num_layers;
+    ParamSlice* s = param_slices_alloc(c);
+    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+    grad_shard_offsets(c, world, goff);
+    Zero2Grads z = zero2_grad_floats(c, world);
+    // pack: rank r's blocks of the 12 slices (tensor order), each padded to its block size
+    for (int r = 0; r < world; r++) {
+        float* dst = pack + (size_t)r * z.layer_part;
+        const float* src = layer;
+        for (int i = 2; i <= 13; i++) {
+            const ParamSlice* sl = &s[2 + (i - 2) * L + l];
+            int begin, end, width = slice_unit_width(sl);
+            shard_range(slice_units(sl), r, world, &begin, &end);
+            size_t have = (size_t)(end - begin) * width, block = slice_block_floats(sl, world);
+            memcpy(dst, src + (size_t)begin * width, have * sizeof(float));
+            memset(dst + have, 0, (block - have) * sizeof(float));
+            dst += block;
+            src += (size_t)sl->rows * sl->cols;
+        }
+    }
+    dist_reduce_scatter_block_floats(pack, (int)z.layer_part, h->dist);
+    float* shard = h->grads + goff[2 + l];  // the layer's first slice, ln1w: the layer's blocks follow it
+    #pragma omp parallel for
+    for (size_t i = 0; i < z.layer_part; i++) { shard[i] += pack[i]; }
+    free(goff);
+    free(s);
+}
+
+// the head slices' gradients (working: the working buffer, a one-layer model's layout) summed
+// over the ranks, in place; this rank's blocks added to the shard
+static void host_zero2_reduce_head(const HostStep* h, float* working) {
+    const GPT2Config* c = h->config;
+    int world = h->dist.world;
+    GPT2Config one = *c;
+    one.num_layers = 1;
+    ParamSlice* s = param_slices_alloc(c);
+    ParamSlice* w = param_slices_alloc(&one);  // the same head slices, at the working buffer's offsets
+    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+    grad_shard_offsets(c, world, goff);
+    int* counts = (int*)malloc_check((size_t)world * sizeof(int));
+    int heads[4] = {0, 1, param_slice_count(c) - 2, param_slice_count(c) - 1};
+    int wheads[4] = {0, 1, param_slice_count(&one) - 2, param_slice_count(&one) - 1};
+    for (int j = 0; j < 4; j++) {
+        slice_part_counts(&s[heads[j]], world, counts);
+        float* buf = working + w[wheads[j]].offset;
+        dist_reduce_scatter_floats(buf, counts, h->dist);
+        const float* mine = buf + dist_part_offset(counts, h->dist.rank);
+        float* shard = h->grads + goff[heads[j]];
+        for (int i = 0; i < counts[h->dist.rank]; i++) { shard[i] += mine[i]; }
+    }
+    free(counts);
+    free(goff);
+    free(w);
+    free(s);
 }
 
 #endif // CPU_HOST_STEP_H

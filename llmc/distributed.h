@@ -90,7 +90,14 @@ static const DistCarrier* dist_carrier(const char* call) {
 typedef enum {
     ZERO_REPLICATED = 0,   // gradients all-reduced, every rank keeps the whole optimizer state
     ZERO_SHARDED = 1,      // ZeRO-1: each rank keeps and updates 1/world of the state and weights
+    ZERO_GRADS = 2,        // ZeRO-2: ZeRO-1, and each rank keeps only its blocks of the reduced fp32 gradients
 } ZeroStage;
+
+// the optimizer state (and its files) is sharded: ZeRO-1 and ZeRO-2 keep the same state, laid out alike
+static int zero_shards_state(int zero) { return zero == ZERO_SHARDED || zero == ZERO_GRADS; }
+
+// collectives started by this process (ZeRO-2 prints its count per step); counted where they start
+static long g_dist_collectives = 0;
 
 
 static int dist_built_with_mpi(void) {
@@ -305,6 +312,7 @@ static void dist_allreduce_sum(void* buf, size_t n, MPI_Datatype type, size_t el
 
 // buf (n) := the sum of every rank's buf
 static void dist_allreduce_sum_floats(float* buf, size_t n) {
+    if (g_dist_world > 1) { g_dist_collectives++; }
     if (dist_carried()) { dist_carrier("dist_allreduce_sum_floats")->allreduce(buf, n, 'f', 's'); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float)); }
@@ -314,6 +322,7 @@ static void dist_allreduce_sum_floats(float* buf, size_t n) {
 }
 
 static void dist_allreduce_sum_doubles(double* buf, size_t n) {
+    if (g_dist_world > 1) { g_dist_collectives++; }
     if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, 'd', 's'); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double)); }
@@ -357,6 +366,7 @@ static size_t dist_part_offset(const int* counts, int rank) {
 // rank d.rank's part of buf := the sum over the ranks of that part (the rest of buf is left
 // holding this rank's own, unreduced values)
 static void dist_reduce_scatter_floats(float* buf, const int* counts, Dist d) {
+    if (d.world > 1) { g_dist_collectives++; }
     if (d.world > 1 && dist_carried()) { dist_carrier("dist_reduce_scatter_floats")->reduce_scatter(buf, counts, d.rank, d.world); return; }
 #ifdef USE_MPI
     if (d.world > 1) {
@@ -369,8 +379,24 @@ static void dist_reduce_scatter_floats(float* buf, const int* counts, Dist d) {
 #endif
 }
 
+// ZeRO-2: buf holds world parts of `count` floats each, rank by rank; on return the first
+// `count` floats hold the sum over the ranks of this rank's part (MPI_Reduce_scatter_block in
+// place). The host's NCCL carrier (launches without MPI) has no such call: the CUDA trainer,
+// the one that uses it, refuses --zero 2 (llmc/trainer.h)
+static void dist_reduce_scatter_block_floats(float* buf, int count, Dist d) {
+    if (d.world < 2) { return; }
+    g_dist_collectives++;
+    if (dist_carried()) { fail("dist_reduce_scatter_block_floats: ZeRO-2 runs under MPI only\n  hint: launch with mpirun, or use --zero 1"); }
+#ifdef USE_MPI
+    mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+#else
+    (void)buf; (void)count;
+#endif
+}
+
 // every rank's buf := the parts of all ranks, each from its owner
 static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
+    if (d.world > 1) { g_dist_collectives++; }
     if (d.world > 1 && dist_carried()) { dist_carrier("dist_allgather_floats")->allgather(buf, counts, d.rank, d.world); return; }
 #ifdef USE_MPI
     if (d.world > 1) {

@@ -55,7 +55,7 @@ typedef struct {
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
     char offload[PATH_MAX_LEN];      // what moves to host memory, a comma list of activations (or 1), optimizer, gradients; 0 = none
     int loss_chunk;                  // tokens per chunk of the classifier and its loss (act_policy.h), 0 = all at once
-    int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded
+    int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded, 2 = ZeRO-2 (gradients too)
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
     char precision[PATH_MAX_LEN];    // fp32 | bf16 | "" = the backend's default (CPU: fp32, CUDA: bf16)
@@ -178,7 +178,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--relative-step", FLAG_SWITCH, OPT(relative_step),    "Adafactor: step min(1e-2, 1/sqrt(t)) x RMS(param) instead of -l"},
     {NULL, "--adafactor-beta1", FLAG_FLOAT, OPT(adafactor_beta1), "Adafactor: first-moment decay, 0 = none"},
     {NULL, "--eps1",          FLAG_FLOAT,  OPT(eps1),             "Adafactor, CAME: added to g^2 (the papers' 1e-30)"},
-    {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding"},
+    {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding; 2 = ZeRO-2: and gradients (CPU)"},
     {NULL, "--check-replicas", FLAG_SWITCH, OPT(check_replicas),   "check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},
     {NULL, "--plan-ranks",    FLAG_INT,    OPT(plan_ranks),       "--plan for this many ranks (e.g. --zero 1 on a laptop); 0 = this run's"},
     {NULL, "--precision",     FLAG_STRING, OPT(precision),        "fp32 | bf16 (weights and activations; fp32 master weights, optimizer state and sums); \"\" = the backend's default: CPU fp32, CUDA bf16"},

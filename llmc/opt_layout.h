@@ -241,9 +241,10 @@ typedef struct {
     int rank, world;     // world 1: one process holds every slice whole
     OptSumFn sum;        // adds statistics across the ranks; NULL when world is 1
     OptGatherFn gather;  // gathers the column statistics' shards; NULL when world is 1
+    int grads_compact;   // ZeRO-2: the gradients hold this rank's blocks only, at grad_shard_offsets
 } OptSharding;
 
-static const OptSharding OPT_UNSHARDED = {0, 1, NULL, NULL};
+static const OptSharding OPT_UNSHARDED = {0, 1, NULL, NULL, 0};
 
 static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
 static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
@@ -290,7 +291,7 @@ static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use
 // floats of optimizer state of one rank out of `world` (1: unsharded); use_beta1 matters to Adafactor only
 static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
     ParamSlice* s = param_slices_alloc(c);
-    OptSharding z = {0, world, NULL, NULL};  // every rank's state has rank 0's size
+    OptSharding z = {0, world, NULL, NULL, 0};  // every rank's state has rank 0's size
     size_t total = 0, offset;
     for (int k = 0; k < param_slice_count(c); k++) {
         OptShard sh = slice_shard(&s[k], &z, &offset);
@@ -299,5 +300,70 @@ static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, in
     free(s);
     return total;
 }
+
+// ----------------------------------------------------------------------------
+// ZeRO-2: a rank keeps only its blocks of the reduced fp32 gradients ("the gradient shard"),
+// each slice's block padded to ceil(units / world) units as the state is, in the order
+// wte, wpe, lnfw, lnfb, then layer by layer that layer's 12 slices (so that one layer's blocks
+// are contiguous: one reduce-scatter a layer). Gradients are not in checkpoints: this order is
+// the CPU trainer's own. While the backward runs, the rank also holds a working buffer shaped as
+// a one-layer model's parameters (wte's Vp rows, wpe, one layer's 12 tensors, lnfw, lnfb): the
+// classifier and the encoder add into wte's part across the whole backward, each layer's
+// backward into the layer part, which is reduce-scattered (packed rank by rank into `pack`)
+// and cleared before the next layer.
+
+// floats of rank's padded block of slice s
+static size_t slice_block_floats(const ParamSlice* s, int world) {
+    return (size_t)shard_units_per_rank(slice_units(s), world) * slice_unit_width(s);
+}
+
+// the slices that are no layer's: wte, wpe, lnfw, lnfb (indices in checkpoint order)
+static int slice_is_head(const ParamSlice* s) { return s->layer < 0; }
+
+// off[k] = floats from the gradient shard's start to slice k's block, k in checkpoint order;
+// returns the shard's floats
+static size_t grad_shard_offsets(const GPT2Config* c, int world, size_t* off) {
+    ParamSlice* s = param_slices_alloc(c);
+    int n = param_slice_count(c);
+    size_t at = 0;
+    for (int k = 0; k < n; k++) {
+        if (slice_is_head(&s[k])) { off[k] = at; at += slice_block_floats(&s[k], world); }
+    }
+    for (int l = 0; l < c->num_layers; l++) {
+        for (int k = 0; k < n; k++) {
+            if (s[k].layer == l) { off[k] = at; at += slice_block_floats(&s[k], world); }
+        }
+    }
+    free(s);
+    return at;
+}
+
+typedef struct {
+    size_t shard;       // this rank's blocks of every slice, reduced (what the optimizer reads)
+    size_t working;     // a one-layer model's parameters: the backward's own gradients, not reduced
+    size_t layer_part;  // this rank's padded blocks of one layer's 12 slices
+    size_t pack;        // world * layer_part: one layer's gradients rank by rank for its reduce-scatter
+} Zero2Grads;
+
+// the gradient floats a rank of `world` keeps under ZeRO-2 (the planner counts the same)
+static Zero2Grads zero2_grad_floats(const GPT2Config* c, int world) {
+    Zero2Grads z;
+    size_t* off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+    z.shard = grad_shard_offsets(c, world, off);
+    free(off);
+    GPT2Config one = *c;
+    one.num_layers = 1;
+    z.working = gpt2_num_parameters(&one);
+    ParamSlice* s = param_slices_alloc(&one);
+    z.layer_part = 0;
+    for (int k = 0; k < param_slice_count(&one); k++) {
+        if (!slice_is_head(&s[k])) { z.layer_part += slice_block_floats(&s[k], world); }
+    }
+    free(s);
+    z.pack = (size_t)world * z.layer_part;
+    return z;
+}
+
+static size_t zero2_total_floats(const Zero2Grads* z) { return z->shard + z->working + z->pack; }
 
 #endif // LLMC_OPT_LAYOUT_H

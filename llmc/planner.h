@@ -14,7 +14,8 @@ and kept tensors each activation policy keeps, and where.
 Notation: L layers, C channels, NH heads, Vp padded vocabulary, maxT positions,
 B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 Under data parallelism every number is per rank: gradients are all-reduced or
-reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state.
+reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state, ZeRO-2
+the gradients too (plan_zero2_gradients: its buffers).
 
 The plan also counts what a policy costs in time: the FLOPs it recomputes and the
 bytes it moves (selective recompute through device memory, offload between device
@@ -66,7 +67,7 @@ typedef struct {
     ActPolicy act;         // --recompute, --offload activations
     OptOffload offload_optimizer;  // --offload optimizer[,gradients] (act_policy.h)
     int world;             // data-parallel ranks (0 or 1: one process)
-    int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks
+    int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks, 2 = and the gradients
     BackendLayout layout;  // the backend's bytes (train_gpt.c: gpt2_layout)
 } PlanInputs;
 
@@ -113,7 +114,7 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     //   E        = elements of a rank's blocks     (= Pu = P - (Vp - V)C, the unpadded weights, for N = 1)
     //   factored = sum of [rows] + [cols], matrices (= V + maxT + 2C + 16LC for N = 1)
     //   vectors  = sum of [n], vectors            (= 13LC + 2C for N = 1)
-    size_t N = (in->zero == 1 && in->world > 1) ? (size_t)in->world : 1;
+    size_t N = ((in->zero == 1 || in->zero == 2) && in->world > 1) ? (size_t)in->world : 1;
     size_t V = cfg->vocab_size;
     size_t cV = (V + N - 1) / N, cT = (maxT + N - 1) / N, c1 = (C + N - 1) / N;
     size_t c3 = (3 * C + N - 1) / N, c4 = (4 * C + N - 1) / N;
@@ -169,6 +170,23 @@ static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, co
     p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
 }
 
+// ZeRO-2 (opt_layout.h's zero2_grad_floats, the CPU backend): a rank keeps its padded blocks of
+// the reduced gradients (E floats, as the ZeRO-1 state counts them, [x] = ceil(x / N)), a working
+// buffer shaped as a one-layer model (the backward's own gradients: Vp C + maxT C + 12C^2 + 15C)
+// and one layer's gradients packed rank by rank for its reduce-scatter (N Eℓ, Eℓ = a rank's
+// blocks of one layer's 12 slices)
+static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
+    size_t L = cfg->num_layers, C = cfg->channels, maxT = cfg->max_seq_len, F = sizeof(float);
+    size_t N = in->world, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    size_t cV = (V + N - 1) / N, cT = (maxT + N - 1) / N, c1 = (C + N - 1) / N;
+    size_t c3 = (3 * C + N - 1) / N, c4 = (4 * C + N - 1) / N;
+    size_t El = c3 * C + c1 * C + c4 * C + c1 * 4 * C + 6 * c1 + c3 + c4;
+    size_t E = (cV + cT) * C + 2 * c1 + L * El;
+    size_t working = Vp * C + maxT * C + 12 * C * C + 15 * C;
+    p->bytes[MEM_GRADIENTS] = (E + working + N * El) * F;
+    snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %zu layer blocks)", N);
+}
+
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t L = cfg->num_layers, C = cfg->channels;
     size_t Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
@@ -180,6 +198,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
     p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
+    if (in.zero == 2 && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
     plan_optimizer_state(&p, cfg, &in);
     // A, one layer's block (the backend's layout); selective recompute drops the GELU output
     // and the attention weights from it and keeps one shared buffer of each instead. The

@@ -95,6 +95,8 @@ typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
 // the backend's name for messages ("the CPU backend"), its default precision, and whether it
 // trains in p; a setup it cannot train (a flag it does not implement) stops here with a message
 const char* gpt2_backend_name(void);
+// 1 if the backend builds --zero 2 (ZeRO-2: the gradients sharded); the trainer refuses it otherwise
+int gpt2_supports_zero2(void);
 Precision gpt2_default_precision(void);
 void gpt2_check_setup(const ModelSetup* s);
 // the GPU this rank trains on (the node-local rank's), before anything touches a device; a
@@ -293,7 +295,7 @@ static void state_check_finite(const char* path, const ModelSetup* s, const floa
     size_t bad = first_non_finite(state, n);
     if (bad == n) { return; }
     ParamSlice* slices = param_slices_alloc(&s->config);
-    OptSharding z = {s->dist.rank, s->zero == ZERO_SHARDED ? s->dist.world : 1, NULL, NULL};
+    OptSharding z = {s->dist.rank, zero_shards_state(s->zero) ? s->dist.world : 1, NULL, NULL, 0};
     size_t begin = 0, offset, floats = 0;
     int k = 0;
     for (; k < param_slice_count(&s->config); k++) {
@@ -325,7 +327,8 @@ static void state_check_run(const char* path, const TrainState* st, const ModelS
         fail("state file '%s' was written for a model of %llu parameters; this model has %zu\n"
              "  hint: resume with the -e that wrote it", path, (unsigned long long)st->num_params, P);
     }
-    if (st->num_processes != s->dist.world || st->zero != (int)s->zero) {
+    // --zero 1 and 2 keep the same state in the same layout: either resumes the other's files
+    if (st->num_processes != s->dist.world || zero_shards_state(st->zero) != zero_shards_state(s->zero)) {
         fail("state file '%s' was written by %d rank(s) with --zero %d; this run has %d with --zero %d\n"
              "  hint: resume with mpirun -np %d and --zero %d", path, st->num_processes, st->zero, s->dist.world,
              (int)s->zero, st->num_processes, st->zero);
@@ -430,7 +433,7 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
              "  hint: resume with mpirun -np %d (each rank reads its own state file)",
              dir, step, st.num_processes, s->dist.world, st.num_processes);
     }
-    if (st.zero != (int)s->zero) {
+    if (zero_shards_state(st.zero) != zero_shards_state(s->zero)) {  // 1 and 2: the same state files
         fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
              "  hint: resume with --zero %d", dir, step, st.zero, (int)s->zero, st.zero);
     }
@@ -533,16 +536,21 @@ static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
 
 // --zero against the build and the number of ranks (world: this run's, or --plan-ranks)
 static void check_zero_option(const TrainOptions* o, int world) {
-    if (o->zero != ZERO_REPLICATED && o->zero != ZERO_SHARDED) {
-        fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: the state is sharded over the ranks)", o->zero);
+    if (o->zero != ZERO_REPLICATED && o->zero != ZERO_SHARDED && o->zero != ZERO_GRADS) {
+        fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: the state is sharded over the ranks)\n"
+             "  or 2 (ZeRO-2: the state and the gradients are sharded)", o->zero);
     }
-    if (o->zero == ZERO_SHARDED && world < 2) {
+    if (o->zero == ZERO_GRADS && !gpt2_supports_zero2()) {
+        fail("--zero 2: %s does not shard the gradients yet (ZeRO-2 is built on the CPU backend only)\n"
+             "  hint: use --zero 1 (the optimizer state sharded), or the CPU trainer ./train_gpt for --zero 2", gpt2_backend_name());
+    }
+    if (zero_shards_state(o->zero) && world < 2) {
         if (!dist_built_with_mpi() && !o->plan_only) {
-            fail("--zero 1 shards the optimizer state across MPI ranks, but this train_gpt was built without MPI, so it needs mpirun\n"
-                 "  hint: build with MPI (make, with mpicc installed) and launch with mpirun -np 2 ./train_gpt --zero 1 ...");
+            fail("--zero %d shards the optimizer state across MPI ranks, but this train_gpt was built without MPI, so it needs mpirun\n"
+                 "  hint: build with MPI (make, with mpicc installed) and launch with mpirun -np 2 ./train_gpt --zero %d ...", o->zero, o->zero);
         }
-        fail("--zero 1 shards the optimizer state across ranks, but this run has %d rank\n"
-             "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", world);
+        fail("--zero %d shards the optimizer state across ranks, but this run has %d rank\n"
+             "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", o->zero, world);
     }
     if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
     if (o->plan_ranks != 0 && !o->plan_only) {
@@ -874,7 +882,8 @@ static void print_config(const Run* r) {
     printf("| parameters            | %zu (%.1fM)\n", P, P / 1e6);
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
     printf("| data parallel         | %d rank(s) from %s, --zero %d%s\n", r->setup.dist.world, dist_source(),
-           (int)r->setup.zero, r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state" : "");
+           (int)r->setup.zero, r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state"
+                               : r->setup.zero == ZERO_GRADS ? ": each rank keeps its blocks of the optimizer state and of the gradients" : "");
     printf("| backend               | %s, %s, %s attention\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision],
            r->setup.act.flash ? "flash" : "matmul");
     printf("| OpenMP threads        | %d\n", num_threads());
@@ -1092,7 +1101,7 @@ static void prepare_output_dir(Run* r) {
         run_inputs_free(&in);
         // room for one checkpoint (the model file and every rank's state file), before any training
         const ModelSetup* s = &r->setup;
-        size_t opt_floats = optimizer_state_floats(&s->config, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1);
+        size_t opt_floats = optimizer_state_floats(&s->config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1);
         char what[128];
         snprintf(what, sizeof(what), "one checkpoint (the model file and %d state file(s))", s->dist.world);
         check_free_space(o->out_dir, checkpoint_bytes(&s->config, opt_floats, s->dist.world), what);

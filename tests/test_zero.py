@@ -1,7 +1,9 @@
-"""test_zero.py: data parallelism over MPI (--zero 0 and --zero 1) end to end: N ranks train like
+"""test_zero.py: data parallelism over MPI (--zero 0, 1 and 2) end to end: N ranks train like
 one rank with the same global batch, ZeRO-1 like --zero 0, the ranks hold the same weights, each
 rank keeps 1/N of the optimizer state, checkpoints resume bitwise, a stop by SIGUSR1 checkpoints
-every rank, and the misuses stop with a clear message.
+every rank, and the misuses stop with a clear message. --zero 2 (ZeRO-2, section 2c) keeps a shard
+of the gradients: it trains as --zero 0 (bit for bit where the additions are the same), its memory
+is the plan, its collectives are counted, and its state files are ZeRO-1's.
 
     python3 tests/test_zero.py ./train_gpt ./test_gpt ./build/train_gpt_nompi
 
@@ -60,7 +62,9 @@ s.expect_fail("no MPI build: --zero 1 needs mpirun", "built without MPI, so it n
               [NOMPI] + FLAGS + ["--zero", "1", "-o", ""])
 s.expect_fail("--plan-ranks without --plan is refused", "only goes with --plan",
               [NOMPI] + FLAGS + ["--plan-ranks", "2", "-o", ""])
-s.expect_fail("--zero 2 is refused", "--zero 2: unknown; choose 0", BASE + ["--zero", "2", "-o", ""])
+s.expect_fail("--zero 3 is refused", "--zero 3: unknown; choose 0", BASE + ["--zero", "3", "-o", ""])
+s.expect_fail("no MPI build: --zero 2 needs mpirun", "--zero 2 shards the optimizer state across MPI ranks, but this train_gpt was built without MPI",
+              [NOMPI] + FLAGS + ["--zero", "2", "-o", ""])
 # started by a launcher of several processes (mpirun, mpiexec, srun: their variables), the build
 # without MPI stops before it trains, naming the rebuild: else each process would train alone
 # (srun's variables come as a set: the CPU trainer, which has no NCCL, cannot join them without MPI)
@@ -100,6 +104,8 @@ s.expect_fail("--zero 1 with one process (no mpirun)", "but this run has 1 rank"
 # srun without a PMI that MPI understands: the CPU trainer (no NCCL) cannot join its processes without MPI
 s.expect_fail("the MPI build started as one of 2 processes that MPI does not join: stops", "more processes than the 1 that MPI joined",
               BASE + ["-o", s.path("mpi_apart")], env={"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+s.expect_fail("--zero 2 with one process (no mpirun)", "--zero 2 shards the optimizer state across ranks, but this run has 1 rank",
+              BASE + ["--zero", "2", "-o", ""])
 s.expect_fail("--zero 1 under mpirun -np 1", "but this run has 1 rank",
               MPIRUN + ["1"] + BASE + ["--zero", "1", "-o", ""])
 s.expect_fail("memory check counts every rank on this machine", "2 rank(s) on this machine",
@@ -198,6 +204,86 @@ for opt in ("adafactor", "came"):
     models_close(f"{opt} eps1 1e-30: 2 ranks --zero 1 vs 1 rank", D1, DZ, FACTORED_MODEL_RTOL)
 
 # ----------------------------------------------------------------------------
+# 2c. ZeRO-2 (--zero 2): each rank keeps its blocks of the reduced gradients only (a shard of
+# about P/N floats), reduce-scattered during the backward, every micro-step: one collective a
+# layer and one per head slice (wte, wpe, lnfw, lnfb). With accumulation (3 micro-steps a rank
+# here) the micro-steps' sums are added to the shard in another order than --zero 0 adds them
+# (each rank's micro-steps first): MODEL_RTOL. With one micro-step a rank on 2 ranks the additions
+# are the same (a + b): bit for bit.
+
+ZERO2_LINE = re.compile(r"^ZeRO-2: step 1: (\d+) gradient reduce-scatters, (\d+) collectives in all \(L = (\d+)\); "
+                        r"gradients per rank: shard (\d+) of (\d+) floats, working buffer (\d+), pack (\d+)$", re.M)
+FIX_LAYERS, MICRO_BATCHES = 2, 6   # the fixture's L; -d 192 / (B*T = 32)
+
+
+def zero2_counts(name, r, ranks, micro_batches=MICRO_BATCHES):
+    """the step-1 line: the gradients' collectives exactly micro-steps x (L + 4), all of them
+    bounded (the norm, the optimizer's sums and the weights' gathers: a few per slice), and the
+    shard at most 1/N of the gradients plus the blocks' padding"""
+    m = ZERO2_LINE.search(r.out)
+    if not m:
+        return s.fail(f"{name}: the ZeRO-2 line", "no 'ZeRO-2: step 1:' line")
+    rs, total, L, shard, P, working, pack = map(int, m.groups())
+    micro = micro_batches // ranks
+    slices = 4 + 12 * L
+    s.check(f"{name}: {rs} gradient reduce-scatters in step 1 = {micro} micro-steps x (L + 4)", rs == micro * (L + 4), "not")
+    s.check(f"{name}: {total} collectives in step 1 <= reduce-scatters + 2 + 5 per slice ({rs} + 2 + 5 x {slices})",
+            total <= rs + 2 + 5 * slices, "more")
+    gone = 1 - shard / P
+    s.check(f"{name}: the reduced gradients kept: {shard} of {P} floats ({gone:.1%} gone, >= (N-1)/N less padding; "
+            f"besides the backward's working buffer {working} and pack {pack})",
+            shard * ranks <= P and gone >= (ranks - 1) / ranks - 0.02, "more than 1/N")
+
+
+for name, opt in OPTIMIZERS.items():
+    D2, DZ2 = f"{W}/{name}_n2z0", f"{W}/{name}_n2z2"
+    rz = s.expect_ok(f"{name}: mpirun -np 2 --zero 2", MPIRUN + ["2"] + BASE + ["--optimizer", *opt, "--zero", "2", "-o", DZ2])
+    if not rz or not os.path.isdir(D2):
+        continue
+    losses_close(f"{name}: 2 ranks --zero 2 vs --zero 0", D2, DZ2)
+    models_close(f"{name}: --zero 2 vs --zero 0 on 2 ranks (3 micro-steps: summed in another order)", D2, DZ2, MODEL_RTOL)
+    s.check(f"{name}: --zero 2 replica check passes",
+            re.search(r"^replicas: parameters identical on 2 ranks after step 10 ", rz.out, re.M), "no 'replicas: parameters identical'")
+    s.check_memory(f"{name}: --zero 2 memory (gradients and optimizer) measured = planned", DZ2)
+    zero2_counts(f"{name} --zero 2", rz, 2)
+    p0, p2 = planned(D2, "gradients"), planned(DZ2, "gradients")
+    s.check(f"{name}: --zero 2 plans its gradient buffers ({p2} bytes; --zero 0: {p0})", p0 and p2 and p2 != p0, "the same as --zero 0")
+
+# one micro-step a rank on 2 ranks: the same additions as --zero 0, bit for bit
+ONE = ["-d", "64"]
+for z in ("0", "2"):
+    s.expect_ok(f"adamw: mpirun -np 2 --zero {z}, one micro-step a rank", MPIRUN + ["2"] + BASE + ONE + ["--zero", z, "-o", f"{W}/one_z{z}"])
+s.check("adamw: --zero 2 = --zero 0 bit for bit on 2 ranks with one micro-step a rank (model at step 10)",
+        same_bytes(ckpt(f"{W}/one_z0", "model", 10, ".bin"), ckpt(f"{W}/one_z2", "model", 10, ".bin")), "cmp differs")
+
+# 3 ranks: uneven blocks (padding), MPI's order of three sums: MODEL_RTOL
+D1, D3 = f"{W}/came_n1", f"{W}/came_n3z2"
+r3 = s.expect_ok("came: mpirun -np 3 --zero 2 (uneven blocks)",
+                 MPIRUN + ["3"] + BASE + ["--optimizer", *OPTIMIZERS["came"], "--zero", "2", "-o", D3])
+if r3:
+    losses_close("came: 3 ranks --zero 2 vs 1 rank", D1, D3)
+    models_close("came: 3 ranks --zero 2 vs 1 rank", D1, D3, MODEL_RTOL)
+    models_close("came: 3 ranks --zero 2 vs --zero 1", f"{W}/came_n3z1", D3, MODEL_RTOL)
+    s.check_memory("came: 3 ranks --zero 2: measured memory equals the plan (padding counted)", D3)
+    zero2_counts("came 3 ranks --zero 2", r3, 3)
+
+# the activation flags on top: recompute, activation offload, flash attention, the chunked loss
+ACT = ["--recompute", "1,attn", "--offload", "activations", "--attention", "flash", "--loss-chunk", "8"]
+for z in ("0", "2"):
+    s.expect_ok(f"adafactor: mpirun -np 2 --zero {z} with {' '.join(ACT)}",
+                MPIRUN + ["2"] + BASE + ["--optimizer", *OPTIMIZERS["adafactor"], *ACT, "--zero", z, "-o", f"{W}/act_z{z}"])
+models_close("adafactor with the activation flags: --zero 2 vs --zero 0", f"{W}/act_z0", f"{W}/act_z2", MODEL_RTOL)
+s.check_memory("adafactor with the activation flags, --zero 2: measured = planned", f"{W}/act_z2")
+
+# --plan: a rank's gradients at d12 on 8 ranks
+r0 = s.expect_ok("--plan -e d12, 1 rank", [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "64"])
+r = s.expect_ok("--plan -e d12 --zero 2 --plan-ranks 8", [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "2", "--plan-ranks", "8"])
+if r and r0:
+    g0, g2 = planned_mib(r0.out, "gradients"), planned_mib(r.out, "gradients")
+    s.check(f"d12 gradients per rank: {g2} MiB on 8 ranks with --zero 2 vs {g0} MiB on 1 (the working buffer: wte, wpe, a layer)",
+            g0 and g2 and g2 < 0.6 * g0, "not below 0.6x")
+
+# ----------------------------------------------------------------------------
 # 3. resume: from the step-5 checkpoint of a 2-rank --zero 1 run to step 10, bitwise equal to the
 # straight run (model and every rank's state file); other rank counts are refused
 
@@ -235,6 +321,25 @@ s.expect_fail("resume a 2-rank checkpoint with 3 ranks", "was written by 2 rank(
               MPIRUN + ["3"] + BASE + ["-x", "12", "--zero", "1", "-o", A, "-y", "1"])
 s.expect_fail("resume a --zero 1 checkpoint with --zero 0", "was written with --zero 1; this run has --zero 0",
               MPIRUN + ["2"] + BASE + ["-x", "12", "--zero", "0", "-o", A, "-y", "1"])
+# ZeRO-2 keeps ZeRO-1's state files: each resumes the other's; --zero 2 resumes itself bit for bit
+A2 = f"{W}/adamw_n2z2"
+for src, z in ((A, "2"), (A2, "1"), (A2, "2")):
+    R = f"{W}/resume_{os.path.basename(src)}_as_z{z}"
+    if not os.path.isfile(ckpt(src, "DONE", 5)):
+        s.fail(f"resume {src} with --zero {z}", "no checkpoint 5")
+        continue
+    os.makedirs(R)
+    for f in [ckpt(src, "model", 5, ".bin"), ckpt(src, "DONE", 5)] + glob.glob(f"{src}/state_00000005_0000[01].bin"):
+        shutil.copy(f, R)
+    if s.expect_ok(f"adamw: a {os.path.basename(src)} checkpoint resumed with mpirun -np 2 --zero {z}",
+                   MPIRUN + ["2"] + BASE + ["--zero", z, "-o", R, "-y", "1"]):
+        if src == A2 and z == "2":
+            s.check("adamw: --zero 2 resumed from step 5: model at step 10 bitwise equal",
+                    same_bytes(ckpt(A2, "model", 10, ".bin"), ckpt(R, "model", 10, ".bin")), "cmp differs")
+        else:
+            models_close(f"adamw: {os.path.basename(src)} resumed with --zero {z} vs straight", src, R, MODEL_RTOL)
+s.expect_fail("resume a --zero 2 checkpoint with --zero 0", "was written with --zero 2; this run has --zero 0",
+              MPIRUN + ["2"] + BASE + ["-x", "12", "--zero", "0", "-o", A2, "-y", "1"])
 
 # ----------------------------------------------------------------------------
 # 3b. stopping a multi-rank run: SIGINT or SIGTERM to mpirun makes it kill the ranks, so the

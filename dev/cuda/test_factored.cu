@@ -75,7 +75,7 @@ static const Case CASES[] = {
 // NCCL); *offset: floats from the slice's start to the part's
 static OptShard slice_part(int rows, int cols, const Dist& d, size_t* offset) {
     ParamSlice s = {0, -1, rows, cols, 0};
-    OptSharding z = {d.rank, d.world, dist_allreduce_sum_doubles, dist_allgather_floats_world};
+    OptSharding z = {d.rank, d.world, dist_allreduce_sum_doubles, dist_allgather_floats_world, 0};
     return slice_shard(&s, d.world > 1 ? &z : &OPT_UNSHARDED, offset);
 }
 
@@ -175,7 +175,7 @@ static void test_model_scratch() {
     bool covers = true;
     for (int world = 1; world <= 8; world++) {
         for (int rank = 0; rank < world; rank++) {
-            OptSharding z = {rank, world, NULL, NULL};
+            OptSharding z = {rank, world, NULL, NULL, 0};
             for (int k = 0; k < param_slice_count(&c); k++) {
                 OptShard sh = slice_shard(&s[k], &z, &offset);
                 covers = covers && factored_scratch_bytes(&sh) <= most;
@@ -213,7 +213,7 @@ static void bench_factored() {
 int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "sharded") == 0) {  // run_tests.sh: the message
         ParamSlice s = {0, -1, 8, 4, 0};
-        OptSharding z = {0, 2, NULL, NULL};
+        OptSharding z = {0, 2, NULL, NULL, 0};
         size_t offset;
         OptShard sh = slice_shard(&s, &z, &offset);
         adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, NULL, 0);
