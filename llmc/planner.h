@@ -91,6 +91,7 @@ typedef struct {
     double step_offload_bytes;  // and per optimizer step (--offload optimizer: gradients down, weights up)
     double host_update_bytes;   // host memory the CPU's update reads and writes per step (--offload optimizer)
     double exchange_bytes;   // bytes a rank sends in the gradient exchange per optimizer step (ranks > 1)
+    double exchange_micro_bytes;  // ... and per micro-step (--zero 2 reduce-scatters every micro-step's gradients)
 } MemPlan;
 
 // appends printf-style text to a formula
@@ -264,6 +265,11 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     // same bytes (a reduce-scatter and an all-gather)
     double N = in.world > 1 ? in.world : 1;
     p.exchange_bytes = 2.0 * (N - 1.0) / N * (double)(P * lay->grad_bytes);
+    p.exchange_micro_bytes = 0.0;
+    if (in.zero == 2 && N > 1) {  // ZeRO-2: a reduce-scatter each micro-step, the weights' all-gather once
+        p.exchange_micro_bytes = p.exchange_bytes / 2.0;
+        p.exchange_bytes /= 2.0;
+    }
     return p;
 }
 
@@ -313,7 +319,7 @@ static StepCost plan_step_cost(const MemPlan* p, int accum, const CostModel* m) 
     c.memory = accum * p->recompute_bytes / m->memory_bw;
     c.offload = (accum * p->offload_bytes + p->step_offload_bytes) / m->host_bw;
     c.host_update = p->host_update_bytes / m->host_memory_bw;
-    c.exchange = p->exchange_bytes / m->link_bw;
+    c.exchange = (p->exchange_bytes + accum * p->exchange_micro_bytes) / m->link_bw;
     c.total = c.compute + c.recompute + c.memory + c.offload + c.host_update + c.exchange;
     c.relative = c.total / c.compute;
     return c;
