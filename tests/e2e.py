@@ -310,6 +310,23 @@ class Suite:
             self.ok(name)
         return r
 
+    def expect_script_error(self, name, phrases, cmd, leftovers):
+        """a script's run CMD must fail with every one of PHRASES on stderr, no Python traceback,
+        and leftovers() (what it must not leave behind, a list) empty after it"""
+        r = self.run(cmd)
+        left = leftovers()
+        missing = [p for p in phrases if p not in r.err]
+        if r.rc == 0:
+            self.fail(name, "exit code 0, expected an error")
+        elif r.crashed() or "Traceback" in r.err:
+            self.fail(name, f"exit code {r.rc}, crashed: {r.err[-300:]}")
+        elif missing:
+            self.fail(name, f"stderr lacks {missing}: {r.err[:400]}")
+        elif left:
+            self.fail(name, f"left {left}")
+        else:
+            self.ok(name)
+
     def expect_ok(self, name, cmd, env=None, cwd=None):
         """CMD must exit 0 and leave no *.tmp; returns the run, or None if it failed"""
         r = self.run(cmd, env, cwd)

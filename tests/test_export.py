@@ -229,19 +229,7 @@ if os.path.isfile(conv):
 
 def expect_error(name, phrases, args):
     out = os.path.join(W, "error_out")
-    r = s.run(EXPORT + args + ["-o", out])
-    left = os.listdir(out) if os.path.isdir(out) else []
-    missing = [p for p in phrases if p not in r.err]
-    if r.rc == 0:
-        s.fail(name, "exit code 0, expected an error")
-    elif r.crashed() or "Traceback" in r.err:
-        s.fail(name, f"exit code {r.rc}, crashed: {r.err[-300:]}")
-    elif missing:
-        s.fail(name, f"stderr lacks {missing}: {r.err[:400]}")
-    elif left:
-        s.fail(name, f"left {left}")
-    else:
-        s.ok(name)
+    s.expect_script_error(name, phrases, EXPORT + args + ["-o", out], lambda: os.listdir(out) if os.path.isdir(out) else [])
 
 
 expect_error("error: not a model file", ["model.safetensors", "is not a model file (magic"], [os.path.join(REF, "model.safetensors")])
