@@ -182,9 +182,17 @@ struct GPT2 {
     // ZeRO-2 (opt_layout.h): grads_memory is the gradient shard; m->grads point into the working
     // buffer, a one-layer model's layout (every layer's backward uses layer 0's place)
     float* grad_working;
-    float* grad_pack;         // one layer rank by rank, for its reduce-scatter
+    float* grad_pack;         // one layer rank by rank, for its reduce-scatter (ZeRO-3: and its gather)
     size_t grad_floats;       // floats of grads_memory
     long zero2_reduces;       // the gradients' collectives since the last update (printed for step 1)
+    // ZeRO-3 (opt_layout.h): params_memory is the weight shard; m->params point into the working
+    // copy, a one-layer model's layout: wte, wpe, lnfw, lnfb gathered whole once a step, and the
+    // layer that computes gathered into layer 0's place before its forward and its backward
+    float* weight_working;
+    int gathered_layer;       // the layer the working copy holds, -1 none
+    int head_gathered;        // the working copy holds this step's wte, wpe, lnfw, lnfb
+    long zero3_gathers;       // the weights' collectives since the last update (printed for step 1)
+    float* host_params;       // (P) the whole model gathered for checkpoints (gpt2_host_view), NULL between
 };
 
 // the working-set buffer layer l computes into
@@ -225,7 +233,7 @@ static size_t head_act_floats(int B, int T, int C, int Vp, int K) {
 }
 
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
-int gpt2_supports_zero2(void) { return 1; }
+int gpt2_zero_max_stage(void) { return ZERO_WEIGHTS; }
 // no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
 void gpt2_select_device(const Dist* d) { (void)d; }
 // the CPU trainer's collectives go over MPI only (it has no NCCL)
@@ -369,7 +377,7 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
     const GPT2Config* c = &m->config;
     int C = c->channels, NH = c->num_heads;
     size_t P = m->num_parameters;
-    if (m->zero == ZERO_GRADS) {
+    if (zero_shards_grads(m->zero)) {
         Zero2Grads z = zero2_grad_floats(c, m->dist.world);
         m->grad_floats = z.shard;
         m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, z.shard * sizeof(float));
@@ -406,8 +414,17 @@ GPT2* gpt2_create(const ModelSetup* s) {
     m->num_parameters = gpt2_num_parameters(&s->config);
     m->dist = s->dist;
     m->zero = s->zero;
-    m->params_memory = (float*)mem_alloc(MEM_PARAMETERS, m->num_parameters * sizeof(float));
-    point_parameters(&m->params, m->params_memory, &s->config);
+    if (s->zero == ZERO_WEIGHTS) {  // the weight shard, and the working copy the kernels read
+        GPT2Config one = s->config;
+        one.num_layers = 1;
+        m->params_memory = (float*)mem_calloc(MEM_PARAMETERS, zero2_grad_floats(&s->config, s->dist.world).shard * sizeof(float));
+        m->weight_working = (float*)mem_calloc(MEM_PARAMETERS, gpt2_num_parameters(&one) * sizeof(float));
+        point_parameters(&m->params, m->weight_working, &one);
+        m->gathered_layer = -1;
+    } else {
+        m->params_memory = (float*)mem_alloc(MEM_PARAMETERS, m->num_parameters * sizeof(float));
+        point_parameters(&m->params, m->params_memory, &s->config);
+    }
     m->batch_size = s->B;
     m->seq_len = s->T;
     if (s->use == MODEL_FOR_TRAINING) {
@@ -420,6 +437,8 @@ GPT2* gpt2_create(const ModelSetup* s) {
 
 void gpt2_destroy(GPT2* m) {
     mem_free(m->params_memory);
+    mem_free(m->weight_working);
+    mem_free(m->host_params);
     mem_free(m->grads_memory);
     mem_free(m->grad_working);
     mem_free(m->grad_pack);
@@ -433,13 +452,65 @@ void gpt2_destroy(GPT2* m) {
     free(m);
 }
 
-// the CPU's weights and optimizer state are host memory already: checkpoints read and
-// write them in place, and there is nothing to bring up to date
-HostView gpt2_host_view(GPT2* m) {
-    HostView h = {m->params_memory, m->opt_memory, m->opt_floats};
+static HostStep gpt2_host_step(GPT2* m) {
+    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->params_memory, m->grads_memory, m->opt_memory};
     return h;
 }
-void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
+
+// the CPU's weights and optimizer state are host memory already: checkpoints read and
+// write them in place, and there is nothing to bring up to date. ZeRO-3: the whole model
+// exists only while a checkpoint is loaded or written (host copies: gathered from every rank's
+// blocks, and its blocks taken back; released after)
+HostView gpt2_host_view(GPT2* m) {
+    if (m->zero == ZERO_WEIGHTS && m->host_params == NULL) {
+        m->host_params = (float*)mem_calloc(MEM_HOST_COPIES, m->num_parameters * sizeof(float));
+    }
+    HostView h = {m->zero == ZERO_WEIGHTS ? m->host_params : m->params_memory, m->opt_memory, m->opt_floats};
+    return h;
+}
+void gpt2_sync(GPT2* m, SyncDirection dir) {
+    if (m->zero != ZERO_WEIGHTS) { return; }
+    HostStep h = gpt2_host_step(m);
+    if (dir == SYNC_RELEASE) {
+        mem_free(m->host_params);
+        m->host_params = NULL;
+        return;
+    }
+    float* full = gpt2_host_view(m).params;
+    prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "ZeRO-3: the whole model %s", dir == SYNC_TO_HOST ? "gathered" : "scattered");
+    if (dir == SYNC_TO_HOST) { host_zero3_gather(&h, full, 0); }
+    else { host_zero3_scatter(&h, full); m->head_gathered = 0; m->gathered_layer = -1; }
+    prof_close();
+}
+
+// ZeRO-3: wte, wpe, lnfw, lnfb into the working copy, once a step (the encoder and the head read them)
+static void zero3_gather_head(GPT2* m) {
+    if (m->zero != ZERO_WEIGHTS || m->head_gathered) { return; }
+    HostStep h = gpt2_host_step(m);
+    prof_mark(PROF_COLLECTIVE, prof_bytes((double)(m->params.ln1w - m->weight_working) * sizeof(float)), "ZeRO-3: wte, wpe, lnf all-gather");
+    host_zero3_gather(&h, m->weight_working, 1);
+    m->zero3_gathers += 4;
+    m->head_gathered = 1;
+    prof_close();
+}
+
+// layer l's weights for its forward or backward: ZeRO-3 gathers them into the working copy's
+// one layer (unless it holds l already: a recomputed segment's last layer runs its backward next).
+// It waits for the gather: the CPU has no second stream to prefetch the next layer on
+static LayerParams weights_of_layer(GPT2* m, int l) {
+    int C = m->config.channels;
+    if (m->zero != ZERO_WEIGHTS) { return layer_params(&m->params, l, C); }
+    if (m->gathered_layer != l) {
+        HostStep h = gpt2_host_step(m);
+        Zero2Grads z = zero2_grad_floats(&m->config, m->dist.world);
+        prof_mark(PROF_COLLECTIVE, prof_bytes(z.pack * sizeof(float)), "ZeRO-3: layer %d all-gather", l);
+        host_zero3_gather_layer(&h, m->params.ln1w, l, m->grad_pack);
+        m->zero3_gathers++;
+        m->gathered_layer = l;
+        prof_close();
+    }
+    return layer_params(&m->params, 0, C);
+}
 
 // ----------------------------------------------------------------------------
 // one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that))
@@ -546,7 +617,7 @@ static void act_fetch_layer(GPT2* m, int l) {
 static void forward_layers(GPT2* m, int first, int last, const float* x, int B, int T, int store) {
     int C = m->config.channels, NH = m->config.num_heads;
     for (int l = first; l <= last; l++) {
-        LayerParams lp = layer_params(&m->params, l, C);
+        LayerParams lp = weights_of_layer(m, l);
         LayerActs* la = act_layer(m, l);
         block_forward(la, x, &lp, B, T, C, NH, &m->act);
         if (store) { act_store_after_forward(m, l, (size_t)B * T * C); }
@@ -605,6 +676,7 @@ static float forward(GPT2* m, const int* inputs, const int* targets, int B, int 
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     ActivationTensors* a = &m->acts;
     size_t BT = (size_t)B * T, X = sizeof(float);
+    zero3_gather_head(m);
     prof_mark(PROF_ENCODER, prof_encoder_forward(BT, C, X), "forward");
     encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
     forward_layers(m, 0, L - 1, a->encoded, B, T, 1);
@@ -647,11 +719,6 @@ const float* gpt2_probs(GPT2* m, int position) {
              position, a->probs_first, a->probs_end - 1);
     }
     return a->probs + (size_t)(position - a->probs_first) * m->config.padded_vocab_size;
-}
-
-static HostStep gpt2_host_step(GPT2* m) {
-    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->params_memory, m->grads_memory, m->opt_memory};
-    return h;
 }
 
 // ZeRO-2, every micro-step, after layer l's backward: its gradients reduce-scattered into the
@@ -711,15 +778,15 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
                        m->params.lnfw, a->lnf_mean, a->lnf_rstd, B, T, C);
     for (int l = L - 1; l >= 0; l--) {
         act_prepare_backward(m, l, B, T);
-        LayerParams lp = layer_params(&m->params, l, C);
-        LayerGrads lg = layer_grads(&m->grads, m->zero == ZERO_GRADS ? 0 : l, C);
+        LayerParams lp = weights_of_layer(m, l);
+        LayerGrads lg = layer_grads(&m->grads, zero_shards_grads(m->zero) ? 0 : l, C);
         block_backward(bwd, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T, C, NH, &m->act);
-        if (m->zero == ZERO_GRADS) { zero2_reduce_layer(m, l); }
+        if (zero_shards_grads(m->zero)) { zero2_reduce_layer(m, l); }
     }
     prof_mark(PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
     encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C);
     prof_close();
-    if (m->zero == ZERO_GRADS) { zero2_reduce_head(m); }
+    if (zero_shards_grads(m->zero)) { zero2_reduce_head(m); }
 }
 
 // ----------------------------------------------------------------------------
@@ -728,11 +795,12 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 // whole on every rank (all-reduce), ZERO_SHARDED sums each block only on the rank that owns it
 // (reduce-scatter), which updates it and sends it to the others (all-gather). ZERO_GRADS
 // reduce-scatters during the backward (zero2_reduce_layer, zero2_reduce_head) and keeps the
-// reduced blocks only; its step is ZeRO-1's on them.
+// reduced blocks only; its step is ZeRO-1's on them. ZERO_WEIGHTS does the same, and its step
+// updates the rank's weight shard, which no one else needs until it is gathered again.
 
 void gpt2_reduce_grads(GPT2* m) {
     HostStep h = gpt2_host_step(m);
-    if (m->dist.world > 1 && m->zero != ZERO_GRADS) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums"); }
+    if (m->dist.world > 1 && !zero_shards_grads(m->zero)) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums"); }
     host_reduce_grads(&h);
     prof_close();
 }
@@ -748,16 +816,22 @@ void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, sizeof(float)), "%s", OPTIMIZER_NAMES[m->optimizer]);
     host_update(&h, s, grad_norm, NULL, NULL);
     prof_close();
-    // ZeRO-2: the collectives of the first step, counted (tests/test_zero.py bounds them): the
-    // gradients' (micro-steps x (L + 4)), the norm's, the optimizer's sums and the weights' gathers
+    // ZeRO-2 and 3: the collectives of the first step, counted (tests/test_zero.py bounds them): the
+    // gradients' (micro-steps x (L + 4)), ZeRO-3's weight gathers (4 + L a forward, L a backward, more
+    // with recompute), the norm's, the optimizer's sums and ZeRO-2's weight gathers
     static long before = 0;
-    if (m->zero == ZERO_GRADS && s->t == 1 && m->dist.rank == 0) {
+    if (zero_shards_grads(m->zero) && s->t == 1 && m->dist.rank == 0) {
         Zero2Grads z = zero2_grad_floats(&m->config, m->dist.world);
-        printf("ZeRO-2: step 1: %ld gradient reduce-scatters, %ld collectives in all (L = %d); gradients per rank: "
-               "shard %zu of %zu floats, working buffer %zu, pack %zu\n", m->zero2_reduces, g_dist_collectives - before,
-               m->config.num_layers, z.shard, m->num_parameters, z.working, z.pack);
+        printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers, %ld collectives in all (L = %d); "
+               "gradients per rank: shard %zu of %zu floats, working buffer %zu, pack %zu", (int)m->zero, m->zero2_reduces,
+               m->zero3_gathers, g_dist_collectives - before, m->config.num_layers, z.shard, m->num_parameters, z.working, z.pack);
+        if (m->zero == ZERO_WEIGHTS) { printf("; weights per rank: shard %zu, working copy %zu", z.shard, z.working); }
+        printf("\n");
     }
     before = g_dist_collectives;
+    m->zero3_gathers = 0;
+    m->head_gathered = 0;  // ZeRO-3: the shard moved on; the next forward gathers again
+    m->gathered_layer = -1;
     m->zero2_reduces = 0;
 }
 

@@ -1239,7 +1239,7 @@ static float model_grad_norm(Model<floatX>* m) {
     }
     ParamSlice* slices = param_slices_alloc(&m->config);
     int nslices = param_slice_count(&m->config);
-    OptSharding z = {m->dist.rank, m->dist.world, NULL, NULL, 0};
+    OptSharding z = {m->dist.rank, m->dist.world, NULL, NULL, 0, 0};
     for (int k = 0; k < nslices; k++) {
         size_t offset;
         OptShard sh = slice_shard(&slices[k], &z, &offset);
@@ -1279,7 +1279,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->num_parameters, m->stream); }
     const OptimizerHyper* h = &s->hyper;
     int use_beta1 = h->adafactor.beta1 > 0.0;
-    OptSharding z = {0, 1, NULL, NULL, 0};
+    OptSharding z = {0, 1, NULL, NULL, 0, 0};
     if (m->zero == ZERO_SHARDED) { z.rank = m->dist.rank; z.world = m->dist.world; }
     ParamSlice* slices = param_slices_alloc(&m->config);
     float* st = m->opt_memory;
@@ -1361,8 +1361,9 @@ static const float* model_probs(Model<floatX>* m, int position) {
 // the backend interface (llmc/trainer.h): each call goes to the model of the run's precision
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
-// ZeRO-2 (ncclReduceScatter of the gradients into a shard) is not built here yet: the trainer refuses --zero 2
-int gpt2_supports_zero2(void) { return 0; }
+// ZeRO-2 and 3 (ncclReduceScatter of the gradients into a shard, weights gathered layer by layer)
+// are not built here yet: the trainer refuses --zero 2 and 3
+int gpt2_zero_max_stage(void) { return ZERO_SHARDED; }
 
 // free GPU memory at the first call, before any tensor: what gpt2_device_bytes_used counts from
 static size_t g_free_at_start = 0;
@@ -1536,6 +1537,7 @@ HostView gpt2_host_view(GPT2* m) {
 }
 
 void gpt2_sync(GPT2* m, SyncDirection dir) {
+    if (dir == SYNC_RELEASE) { return; }  // the host copies stay: they are this backend's checkpoint buffers
     if (m->bf16) { model_sync(m->bf16, dir); } else { model_sync(m->f32, dir); }
 }
 

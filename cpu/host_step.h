@@ -31,7 +31,7 @@ typedef struct {
     ZeroStage zero;           // ZERO_SHARDED: this rank updates (and keeps state for) its blocks only
     OptimizerKind optimizer;
     size_t num_parameters;    // P
-    float* params;            // (P) fp32 weights, model_config.h's order
+    float* params;            // (P) fp32 weights, model_config.h's order; ZeRO-3: this rank's blocks only (the weight shard)
     float* grads;             // (P) fp32 gradients of this rank's micro-batches, summed by host_reduce_grads;
                               // ZeRO-2: this rank's reduced blocks only (opt_layout.h's gradient shard)
     float* state;             // this rank's optimizer state (opt_layout.h)
@@ -40,7 +40,8 @@ typedef struct {
 // how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1
 static OptSharding host_sharding(const HostStep* h) {
     if (!zero_shards_state(h->zero)) { return OPT_UNSHARDED; }
-    OptSharding z = {h->dist.rank, h->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world, h->zero == ZERO_GRADS};
+    OptSharding z = {h->dist.rank, h->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world,
+                     zero_shards_grads(h->zero), h->zero == ZERO_WEIGHTS};
     return z;
 }
 
@@ -59,7 +60,7 @@ static void host_for_each_slice_block(const HostStep* h, float* memory, void (*p
 // the gradients of all ranks' micro-batches, summed: whole, or this rank's blocks (ZeRO-1).
 // The loss scale already divides by the number of ranks.
 static void host_reduce_grads(const HostStep* h) {
-    if (h->dist.world == 1 || h->zero == ZERO_GRADS) { return; }  // ZeRO-2: reduced during the backward (host_zero2_*)
+    if (h->dist.world == 1 || zero_shards_grads(h->zero)) { return; }  // ZeRO-2 and 3: reduced during the backward (host_zero2_*)
     if (h->zero == ZERO_SHARDED) { host_for_each_slice_block(h, h->grads, dist_reduce_scatter_floats); }
     else { dist_allreduce_sum_floats(h->grads, h->num_parameters); }
 }
@@ -105,7 +106,7 @@ static float host_grad_norm(const HostStep* h) {
 // when given, is called as soon as parameter tensor i holds its new values (a GPU backend
 // sends each tensor up while the CPU updates the next)
 static void host_update(const HostStep* h, const StepConfig* s, float grad_norm, void (*tensor_done)(void*, int), void* ctx) {
-    size_t n = h->zero == ZERO_GRADS ? zero2_grad_floats(h->config, h->dist.world).shard : h->num_parameters;
+    size_t n = zero_shards_grads(h->zero) ? zero2_grad_floats(h->config, h->dist.world).shard : h->num_parameters;
     if (s->grad_clip > 0.0f && grad_norm > s->grad_clip) {
         float scale = s->grad_clip / grad_norm;
         #pragma omp parallel for
@@ -115,7 +116,8 @@ static void host_update(const HostStep* h, const StepConfig* s, float grad_norm,
     int sharded = zero_shards_state(h->zero);
     optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z,
                    sharded ? NULL : tensor_done, ctx);
-    if (sharded) { host_for_each_slice_block(h, h->params, dist_allgather_floats); }
+    // ZeRO-1 and 2: every rank's updated blocks to every rank; ZeRO-3 keeps its own blocks only
+    if (sharded && h->zero != ZERO_WEIGHTS) { host_for_each_slice_block(h, h->params, dist_allgather_floats); }
     if (sharded && tensor_done != NULL) {
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { tensor_done(ctx, i); }
     }
@@ -129,30 +131,38 @@ static void host_update(const HostStep* h, const StepConfig* s, float grad_norm,
 // encoder. Each result is added to the shard, so the micro-steps accumulate there. The caller
 // clears what it hands over (the working buffer must be zero before the next backward adds).
 
-// layer l's gradients (layer: the working buffer's 12 layer tensors, model_config.h's order)
-// summed over the ranks; this rank's blocks added to the shard
-static void host_zero2_reduce_layer(const HostStep* h, const float* layer, int l, float* pack) {
+// layer l's 12 slices (layer: a one-layer model's 12 layer tensors, model_config.h's order) and
+// rank r's blocks of them side by side in part (each padded to its block size, as the shards are):
+// to_part 1 copies from layer into part (the padding zeroed), 0 from part back into layer
+static void zero_layer_blocks(const GPT2Config* c, const ParamSlice* s, int l, int r, int world, float* layer, float* part, int to_part) {
+    int L = c->num_layers;
+    for (int i = 2; i <= 13; i++) {
+        const ParamSlice* sl = &s[2 + (i - 2) * L + l];
+        int begin, end, width = slice_unit_width(sl);
+        shard_range(slice_units(sl), r, world, &begin, &end);
+        size_t have = (size_t)(end - begin) * width, block = slice_block_floats(sl, world);
+        float* mine = layer + (size_t)begin * width;
+        if (to_part) {
+            memcpy(part, mine, have * sizeof(float));
+            memset(part + have, 0, (block - have) * sizeof(float));
+        } else {
+            memcpy(mine, part, have * sizeof(float));
+        }
+        part += block;
+        layer += (size_t)sl->rows * sl->cols;
+    }
+}
+
+// layer l's gradients (layer: the working buffer's 12 layer tensors) summed over the ranks; this
+// rank's blocks added to the shard
+static void host_zero2_reduce_layer(const HostStep* h, float* layer, int l, float* pack) {
     const GPT2Config* c = h->config;
-    int world = h->dist.world, L = c->num_layers;
+    int world = h->dist.world;
     ParamSlice* s = param_slices_alloc(c);
     size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
     grad_shard_offsets(c, world, goff);
     Zero2Grads z = zero2_grad_floats(c, world);
-    // pack: rank r's blocks of the 12 slices (tensor order), each padded to its block size
-    for (int r = 0; r < world; r++) {
-        float* dst = pack + (size_t)r * z.layer_part;
-        const float* src = layer;
-        for (int i = 2; i <= 13; i++) {
-            const ParamSlice* sl = &s[2 + (i - 2) * L + l];
-            int begin, end, width = slice_unit_width(sl);
-            shard_range(slice_units(sl), r, world, &begin, &end);
-            size_t have = (size_t)(end - begin) * width, block = slice_block_floats(sl, world);
-            memcpy(dst, src + (size_t)begin * width, have * sizeof(float));
-            memset(dst + have, 0, (block - have) * sizeof(float));
-            dst += block;
-            src += (size_t)sl->rows * sl->cols;
-        }
-    }
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, s, l, r, world, layer, pack + (size_t)r * z.layer_part, 1); }
     dist_reduce_scatter_block_floats(pack, (int)z.layer_part, h->dist);
     float* shard = h->grads + goff[2 + l];  // the layer's first slice, ln1w: the layer's blocks follow it
     #pragma omp parallel for
@@ -186,6 +196,75 @@ static void host_zero2_reduce_head(const HostStep* h, float* working) {
     free(counts);
     free(goff);
     free(w);
+    free(s);
+}
+
+// ----------------------------------------------------------------------------
+// ZeRO-3 on the host (the CPU backend): the weights are a shard in the gradient shard's layout
+// (h->params); what the kernels read is gathered into a working copy shaped as a one-layer model:
+// one layer at a time (one MPI_Allgather of the layer's blocks through the pack), and wte, wpe,
+// lnfw, lnfb whole (an MPI_Allgatherv each). Checkpoints gather the whole model (a collective per
+// slice) and load scatter it back: every rank keeps its own blocks.
+
+// layer l's weights into layer (a one-layer model's 12 layer tensors) from every rank's blocks
+static void host_zero3_gather_layer(const HostStep* h, float* layer, int l, float* pack) {
+    const GPT2Config* c = h->config;
+    int world = h->dist.world;
+    ParamSlice* s = param_slices_alloc(c);
+    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+    grad_shard_offsets(c, world, goff);
+    Zero2Grads z = zero2_grad_floats(c, world);
+    memcpy(pack + (size_t)h->dist.rank * z.layer_part, h->params + goff[2 + l], z.layer_part * sizeof(float));
+    dist_allgather_block_floats(pack, (int)z.layer_part, h->dist);
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, s, l, r, world, layer, pack + (size_t)r * z.layer_part, 0); }
+    free(goff);
+    free(s);
+}
+
+// slice sl's weights, whole, into dst from every rank's block (this rank's: block, in the shard)
+static void zero3_gather_slice(const HostStep* h, const ParamSlice* sl, const float* block, float* dst, int* counts) {
+    slice_part_counts(sl, h->dist.world, counts);
+    memcpy(dst + dist_part_offset(counts, h->dist.rank), block, (size_t)counts[h->dist.rank] * sizeof(float));
+    dist_allgather_floats(dst, counts, h->dist);
+}
+
+// the weight shard's slices, the head's only (into a one-layer model's layout: the working copy)
+// or every one (into the whole model's: full), gathered
+static void host_zero3_gather(const HostStep* h, float* into, int head_only) {
+    const GPT2Config* c = h->config;
+    GPT2Config one = *c;
+    one.num_layers = 1;
+    int n = param_slice_count(c), n1 = param_slice_count(&one);
+    ParamSlice* s = param_slices_alloc(c);
+    ParamSlice* w = param_slices_alloc(&one);  // the head slices at the working copy's offsets
+    size_t* goff = (size_t*)malloc_check((size_t)n * sizeof(size_t));
+    grad_shard_offsets(c, h->dist.world, goff);
+    int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
+    for (int k = 0; k < n; k++) {
+        if (head_only && !slice_is_head(&s[k])) { continue; }
+        size_t at = !head_only ? s[k].offset : w[k < 2 ? k : n1 - (n - k)].offset;  // wte, wpe first; lnfw, lnfb last
+        zero3_gather_slice(h, &s[k], h->params + goff[k], into + at, counts);
+    }
+    free(counts);
+    free(goff);
+    free(w);
+    free(s);
+}
+
+// the whole model's weights (full) into this rank's weight shard: its blocks of every slice
+static void host_zero3_scatter(const HostStep* h, const float* full) {
+    const GPT2Config* c = h->config;
+    int n = param_slice_count(c);
+    ParamSlice* s = param_slices_alloc(c);
+    size_t* goff = (size_t*)malloc_check((size_t)n * sizeof(size_t));
+    grad_shard_offsets(c, h->dist.world, goff);
+    int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
+    for (int k = 0; k < n; k++) {
+        slice_part_counts(&s[k], h->dist.world, counts);
+        memcpy(h->params + goff[k], full + s[k].offset + dist_part_offset(counts, h->dist.rank), (size_t)counts[h->dist.rank] * sizeof(float));
+    }
+    free(counts);
+    free(goff);
     free(s);
 }
 

@@ -380,16 +380,16 @@ static void optimizer_step(OptimizerKind kind, float* params, const float* grads
     ParamSlice* s = param_slices_alloc(c);
     int use_beta1 = h->adafactor.beta1 > 0.0;
     float* st = state;
-    size_t* goff = NULL;  // ZeRO-2: each slice's block in the gradient shard (opt_layout.h)
-    if (z->grads_compact) {
+    size_t* goff = NULL;  // ZeRO-2 and 3: each slice's block in the gradient (ZeRO-3: and weight) shard (opt_layout.h)
+    if (z->grads_compact || z->params_compact) {
         goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
         grad_shard_offsets(c, z->world, goff);
     }
     for (int k = 0; k < param_slice_count(c); k++) {
         size_t offset;
         OptShard sh = slice_shard(&s[k], z, &offset);
-        float* p = params + s[k].offset + offset;
-        const float* g = goff != NULL ? grads + goff[k] : grads + s[k].offset + offset;
+        float* p = z->params_compact ? params + goff[k] : params + s[k].offset + offset;
+        const float* g = z->grads_compact ? grads + goff[k] : grads + s[k].offset + offset;
         if (kind == OPT_ADAMW) {
             adamw_update_part(p, g, st, &sh, &h->adamw, PARAMETER_IS_MATRIX[s[k].tensor], t);
         } else if (kind == OPT_ADAFACTOR) {

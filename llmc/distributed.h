@@ -91,10 +91,13 @@ typedef enum {
     ZERO_REPLICATED = 0,   // gradients all-reduced, every rank keeps the whole optimizer state
     ZERO_SHARDED = 1,      // ZeRO-1: each rank keeps and updates 1/world of the state and weights
     ZERO_GRADS = 2,        // ZeRO-2: ZeRO-1, and each rank keeps only its blocks of the reduced fp32 gradients
+    ZERO_WEIGHTS = 3,      // ZeRO-3: ZeRO-2, and each rank keeps only its blocks of the weights (gathered layer by layer)
 } ZeroStage;
 
-// the optimizer state (and its files) is sharded: ZeRO-1 and ZeRO-2 keep the same state, laid out alike
-static int zero_shards_state(int zero) { return zero == ZERO_SHARDED || zero == ZERO_GRADS; }
+// the optimizer state (and its files) is sharded: ZeRO-1, 2 and 3 keep the same state, laid out alike
+static int zero_shards_state(int zero) { return zero == ZERO_SHARDED || zero == ZERO_GRADS || zero == ZERO_WEIGHTS; }
+// the gradients are sharded (ZeRO-2 and 3): reduce-scattered layer by layer during every backward
+static int zero_shards_grads(int zero) { return zero == ZERO_GRADS || zero == ZERO_WEIGHTS; }
 
 // collectives started by this process (ZeRO-2 prints its count per step); counted where they start
 static long g_dist_collectives = 0;
@@ -389,6 +392,19 @@ static void dist_reduce_scatter_block_floats(float* buf, int count, Dist d) {
     if (dist_carried()) { fail("dist_reduce_scatter_block_floats: ZeRO-2 runs under MPI only\n  hint: launch with mpirun, or use --zero 1"); }
 #ifdef USE_MPI
     mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+#else
+    (void)buf; (void)count;
+#endif
+}
+
+// ZeRO-3: buf holds world parts of `count` floats each, rank by rank; this rank's part is filled, and
+// on return every part holds its owner's (MPI_Allgather in place). MPI only, as its reduce-scatter twin
+static void dist_allgather_block_floats(float* buf, int count, Dist d) {
+    if (d.world < 2) { return; }
+    g_dist_collectives++;
+    if (dist_carried()) { fail("dist_allgather_block_floats: ZeRO-3 runs under MPI only\n  hint: launch with mpirun, or use --zero 1"); }
+#ifdef USE_MPI
+    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, MPI_FLOAT, MPI_COMM_WORLD));
 #else
     (void)buf; (void)count;
 #endif

@@ -241,10 +241,11 @@ typedef struct {
     int rank, world;     // world 1: one process holds every slice whole
     OptSumFn sum;        // adds statistics across the ranks; NULL when world is 1
     OptGatherFn gather;  // gathers the column statistics' shards; NULL when world is 1
-    int grads_compact;   // ZeRO-2: the gradients hold this rank's blocks only, at grad_shard_offsets
+    int grads_compact;   // ZeRO-2 and 3: the gradients hold this rank's blocks only, at grad_shard_offsets
+    int params_compact;  // ZeRO-3: the weights too, in the same layout
 } OptSharding;
 
-static const OptSharding OPT_UNSHARDED = {0, 1, NULL, NULL, 0};
+static const OptSharding OPT_UNSHARDED = {0, 1, NULL, NULL, 0, 0};
 
 static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
 static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
@@ -291,7 +292,7 @@ static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use
 // floats of optimizer state of one rank out of `world` (1: unsharded); use_beta1 matters to Adafactor only
 static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
     ParamSlice* s = param_slices_alloc(c);
-    OptSharding z = {0, world, NULL, NULL, 0};  // every rank's state has rank 0's size
+    OptSharding z = {0, world, NULL, NULL, 0, 0};  // every rank's state has rank 0's size
     size_t total = 0, offset;
     for (int k = 0; k < param_slice_count(c); k++) {
         OptShard sh = slice_shard(&s[k], &z, &offset);
@@ -311,6 +312,12 @@ static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, in
 // classifier and the encoder add into wte's part across the whole backward, each layer's
 // backward into the layer part, which is reduce-scattered (packed rank by rank into `pack`)
 // and cleared before the next layer.
+//
+// ZeRO-3: the fp32 weights are sharded the same way, in the same layout (a rank's weight shard
+// is its blocks of every slice, at grad_shard_offsets), and a working copy shaped as a one-layer
+// model holds what the kernels read: wte, wpe, lnfw, lnfb gathered whole for the step, and one
+// layer at a time, gathered from every rank's blocks through the same `pack` before the layer's
+// forward (and again before its backward).
 
 // floats of rank's padded block of slice s
 static size_t slice_block_floats(const ParamSlice* s, int world) {

@@ -67,7 +67,7 @@ typedef struct {
     ActPolicy act;         // --recompute, --offload activations
     OptOffload offload_optimizer;  // --offload optimizer[,gradients] (act_policy.h)
     int world;             // data-parallel ranks (0 or 1: one process)
-    int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks, 2 = and the gradients
+    int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks, 2 = and the gradients, 3 = and the weights
     BackendLayout layout;  // the backend's bytes (train_gpt.c: gpt2_layout)
 } PlanInputs;
 
@@ -91,7 +91,8 @@ typedef struct {
     double step_offload_bytes;  // and per optimizer step (--offload optimizer: gradients down, weights up)
     double host_update_bytes;   // host memory the CPU's update reads and writes per step (--offload optimizer)
     double exchange_bytes;   // bytes a rank sends in the gradient exchange per optimizer step (ranks > 1)
-    double exchange_micro_bytes;  // ... and per micro-step (--zero 2 reduce-scatters every micro-step's gradients)
+    double exchange_micro_bytes;  // ... and per micro-step (--zero 2 and 3 reduce-scatter every micro-step's gradients,
+                                  // --zero 3 gathers every layer's weights for its forward and its backward)
 } MemPlan;
 
 // appends printf-style text to a formula
@@ -115,7 +116,7 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     //   E        = elements of a rank's blocks     (= Pu = P - (Vp - V)C, the unpadded weights, for N = 1)
     //   factored = sum of [rows] + [cols], matrices (= V + maxT + 2C + 16LC for N = 1)
     //   vectors  = sum of [n], vectors            (= 13LC + 2C for N = 1)
-    size_t N = ((in->zero == 1 || in->zero == 2) && in->world > 1) ? (size_t)in->world : 1;
+    size_t N = (in->zero >= 1 && in->world > 1) ? (size_t)in->world : 1;
     size_t V = cfg->vocab_size;
     size_t cV = (V + N - 1) / N, cT = (maxT + N - 1) / N, c1 = (C + N - 1) / N;
     size_t c3 = (3 * C + N - 1) / N, c4 = (4 * C + N - 1) / N;
@@ -171,21 +172,42 @@ static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, co
     p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
 }
 
-// ZeRO-2 (opt_layout.h's zero2_grad_floats, the CPU backend): a rank keeps its padded blocks of
-// the reduced gradients (E floats, as the ZeRO-1 state counts them, [x] = ceil(x / N)), a working
-// buffer shaped as a one-layer model (the backward's own gradients: Vp C + maxT C + 12C^2 + 15C)
-// and one layer's gradients packed rank by rank for its reduce-scatter (N Eℓ, Eℓ = a rank's
-// blocks of one layer's 12 slices)
-static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
-    size_t L = cfg->num_layers, C = cfg->channels, maxT = cfg->max_seq_len, F = sizeof(float);
-    size_t N = in->world, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+// A rank's shard under ZeRO-2 and 3 (opt_layout.h's grad_shard_offsets, zero2_grad_floats): its padded
+// blocks of every slice, E floats, as the ZeRO-1 state counts them ([x] = ceil(x / N)); Eℓ of them
+// one layer's 12 slices; and the working buffer shaped as a one-layer model, Vp C + maxT C + 12C^2 + 15C
+typedef struct { size_t E, El, working; } PlanShard;
+
+static PlanShard plan_shard(const GPT2Config* cfg, size_t N) {
+    size_t L = cfg->num_layers, C = cfg->channels, maxT = cfg->max_seq_len;
+    size_t V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     size_t cV = (V + N - 1) / N, cT = (maxT + N - 1) / N, c1 = (C + N - 1) / N;
     size_t c3 = (3 * C + N - 1) / N, c4 = (4 * C + N - 1) / N;
-    size_t El = c3 * C + c1 * C + c4 * C + c1 * 4 * C + 6 * c1 + c3 + c4;
-    size_t E = (cV + cT) * C + 2 * c1 + L * El;
-    size_t working = Vp * C + maxT * C + 12 * C * C + 15 * C;
-    p->bytes[MEM_GRADIENTS] = (E + working + N * El) * F;
-    snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %zu layer blocks)", N);
+    PlanShard s;
+    s.El = c3 * C + c1 * C + c4 * C + c1 * 4 * C + 6 * c1 + c3 + c4;
+    s.E = (cV + cT) * C + 2 * c1 + L * s.El;
+    s.working = Vp * C + maxT * C + 12 * C * C + 15 * C;
+    return s;
+}
+
+// ZeRO-2 (the CPU backend): a rank keeps its shard of the reduced gradients, the backward's own
+// gradients in the working buffer, and one layer's gradients packed rank by rank for its
+// reduce-scatter (N Eℓ)
+static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
+    PlanShard z = plan_shard(cfg, in->world);
+    p->bytes[MEM_GRADIENTS] = (z.E + z.working + in->world * z.El) * sizeof(float);
+    snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %d layer blocks)", in->world);
+}
+
+// ZeRO-3 (the CPU backend): ZeRO-2's gradients, and of the fp32 weights a rank keeps its shard (E)
+// and the working copy the kernels read, shaped as a one-layer model (wte, wpe, lnf whole, one
+// layer at a time); a layer's gather goes through the gradients' pack. The whole model exists in
+// host copies only while a checkpoint is loaded or written (gathered, then released)
+static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in, size_t P) {
+    PlanShard z = plan_shard(cfg, in->world);
+    p->bytes[MEM_PARAMETERS] = (z.E + z.working) * sizeof(float);
+    snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: 4(E + one-layer model)");
+    p->bytes[MEM_HOST_COPIES] = P * sizeof(float);
+    snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "4P: the model gathered at checkpoints, then freed");
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
@@ -199,7 +221,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
     p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
-    if (in.zero == 2 && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
+    if (in.zero >= 2 && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
     plan_optimizer_state(&p, cfg, &in);
     // A, one layer's block (the backend's layout); selective recompute drops the GELU output
     // and the attention weights from it and keeps one shared buffer of each instead. The
@@ -256,6 +278,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
              lay->backend_scratch ? " + backend scratch" : "");
     p.bytes[MEM_HOST_COPIES] = P * lay->host_copy_bytes + (lay->host_copies_opt ? p.bytes[MEM_OPTIMIZER] : 0);
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
+    if (in.zero == 3 && in.world > 1) { plan_zero3_weights(&p, cfg, &in, P); }
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
     p.step_offload_bytes = p.host_update_bytes = 0.0;
@@ -266,9 +289,15 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     double N = in.world > 1 ? in.world : 1;
     p.exchange_bytes = 2.0 * (N - 1.0) / N * (double)(P * lay->grad_bytes);
     p.exchange_micro_bytes = 0.0;
-    if (in.zero == 2 && N > 1) {  // ZeRO-2: a reduce-scatter each micro-step, the weights' all-gather once
+    if (in.zero >= 2 && N > 1) {  // ZeRO-2: a reduce-scatter each micro-step, the weights' all-gather once
         p.exchange_micro_bytes = p.exchange_bytes / 2.0;
         p.exchange_bytes /= 2.0;
+    }
+    if (in.zero == 3 && N > 1) {  // ZeRO-3: no all-gather after the update; wte, wpe, lnf once a step, each
+        // layer for its forward, its backward and each recompute of it, every micro-step
+        double share = (N - 1.0) / N * lay->param_bytes;
+        p.exchange_bytes = share * (double)plan_rest_weights(cfg);
+        p.exchange_micro_bytes += share * (double)plan_layer_weights(cfg) * (2.0 * L + recomputed_layers);
     }
     return p;
 }

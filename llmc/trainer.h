@@ -90,13 +90,15 @@ typedef struct {
     size_t opt_floats;
 } HostView;
 
-typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
+// SYNC_RELEASE: the host copy has been read; a backend that makes it only when asked (the CPU
+// under --zero 3, whose weights are sharded) frees it until the next gpt2_host_view
+typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST, SYNC_RELEASE } SyncDirection;
 
 // the backend's name for messages ("the CPU backend"), its default precision, and whether it
 // trains in p; a setup it cannot train (a flag it does not implement) stops here with a message
 const char* gpt2_backend_name(void);
-// 1 if the backend builds --zero 2 (ZeRO-2: the gradients sharded); the trainer refuses it otherwise
-int gpt2_supports_zero2(void);
+// the highest --zero stage the backend builds (ZeroStage); the trainer refuses the ones above
+int gpt2_zero_max_stage(void);
 Precision gpt2_default_precision(void);
 void gpt2_check_setup(const ModelSetup* s);
 // the GPU this rank trains on (the node-local rank's), before anything touches a device; a
@@ -256,6 +258,7 @@ static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
              step, (unsigned long long)lo, (unsigned long long)hi);
     }
     printf("replicas: parameters identical on %d ranks after step %d (hash 0x%016llx)\n", dist.world, step, (unsigned long long)lo);
+    gpt2_sync(m, SYNC_RELEASE);
 }
 
 // rank 0 writes the model file, every rank its own state file (its data position and, under
@@ -264,12 +267,13 @@ static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
 // weights' max |w|; if they are not finite (every rank has the same), nothing is written
 static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
                              uint64_t run_id) {
-    if (s->dist.world > 1) { check_replicas(m, &s->config, s->dist, step); }
+    // ZeRO-3's ranks hold no replicas: the model is gathered from their blocks (the same on every rank)
+    if (s->dist.world > 1 && s->zero != ZERO_WEIGHTS) { check_replicas(m, &s->config, s->dist, step); }
     gpt2_sync(m, SYNC_TO_HOST);
     HostView h = gpt2_host_view(m);
     size_t P = gpt2_num_parameters(&s->config);
     float max_abs = params_max_abs(h.params, P);
-    if (!isfinite(max_abs)) { return max_abs; }
+    if (!isfinite(max_abs)) { gpt2_sync(m, SYNC_RELEASE); return max_abs; }
     if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
     dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
     checkpoint_begin(dir, step, s->dist.rank);
@@ -285,6 +289,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     dist_barrier();
     if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
     checkpoint_end();
+    gpt2_sync(m, SYNC_RELEASE);
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
     return max_abs;
 }
@@ -295,7 +300,7 @@ static void state_check_finite(const char* path, const ModelSetup* s, const floa
     size_t bad = first_non_finite(state, n);
     if (bad == n) { return; }
     ParamSlice* slices = param_slices_alloc(&s->config);
-    OptSharding z = {s->dist.rank, zero_shards_state(s->zero) ? s->dist.world : 1, NULL, NULL, 0};
+    OptSharding z = {s->dist.rank, zero_shards_state(s->zero) ? s->dist.world : 1, NULL, NULL, 0, 0};
     size_t begin = 0, offset, floats = 0;
     int k = 0;
     for (; k < param_slice_count(&s->config); k++) {
@@ -327,7 +332,7 @@ static void state_check_run(const char* path, const TrainState* st, const ModelS
         fail("state file '%s' was written for a model of %llu parameters; this model has %zu\n"
              "  hint: resume with the -e that wrote it", path, (unsigned long long)st->num_params, P);
     }
-    // --zero 1 and 2 keep the same state in the same layout: either resumes the other's files
+    // --zero 1, 2 and 3 keep the same state in the same layout: each resumes the others' files
     if (st->num_processes != s->dist.world || zero_shards_state(st->zero) != zero_shards_state(s->zero)) {
         fail("state file '%s' was written by %d rank(s) with --zero %d; this run has %d with --zero %d\n"
              "  hint: resume with mpirun -np %d and --zero %d", path, st->num_processes, st->zero, s->dist.world,
@@ -433,7 +438,7 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
              "  hint: resume with mpirun -np %d (each rank reads its own state file)",
              dir, step, st.num_processes, s->dist.world, st.num_processes);
     }
-    if (zero_shards_state(st.zero) != zero_shards_state(s->zero)) {  // 1 and 2: the same state files
+    if (zero_shards_state(st.zero) != zero_shards_state(s->zero)) {  // 1, 2 and 3: the same state files
         fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
              "  hint: resume with --zero %d", dir, step, st.zero, (int)s->zero, st.zero);
     }
@@ -536,13 +541,14 @@ static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
 
 // --zero against the build and the number of ranks (world: this run's, or --plan-ranks)
 static void check_zero_option(const TrainOptions* o, int world) {
-    if (o->zero != ZERO_REPLICATED && o->zero != ZERO_SHARDED && o->zero != ZERO_GRADS) {
-        fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: the state is sharded over the ranks)\n"
-             "  or 2 (ZeRO-2: the state and the gradients are sharded)", o->zero);
+    if (o->zero < ZERO_REPLICATED || o->zero > ZERO_WEIGHTS) {
+        fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: the state is sharded over the ranks),\n"
+             "  2 (ZeRO-2: the state and the gradients are sharded) or 3 (ZeRO-3: the weights too)", o->zero);
     }
-    if (o->zero == ZERO_GRADS && !gpt2_supports_zero2()) {
-        fail("--zero 2: %s does not shard the gradients yet (ZeRO-2 is built on the CPU backend only)\n"
-             "  hint: use --zero 1 (the optimizer state sharded), or the CPU trainer ./train_gpt for --zero 2", gpt2_backend_name());
+    if (o->zero > gpt2_zero_max_stage()) {
+        fail("--zero %d: %s builds ZeRO stages up to %d, not %d yet\n"
+             "  hint: use --zero %d, or the CPU trainer ./train_gpt, which has every stage", o->zero, gpt2_backend_name(),
+             gpt2_zero_max_stage(), o->zero, gpt2_zero_max_stage());
     }
     if (zero_shards_state(o->zero) && world < 2) {
         if (!dist_built_with_mpi() && !o->plan_only) {
@@ -551,6 +557,10 @@ static void check_zero_option(const TrainOptions* o, int world) {
         }
         fail("--zero %d shards the optimizer state across ranks, but this run has %d rank\n"
              "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", o->zero, world);
+    }
+    if (o->zero == ZERO_WEIGHTS && o->check_replicas) {
+        fail("--check-replicas with --zero 3: the ranks hold no replicas of the weights to compare, each keeps its own blocks\n"
+             "  hint: drop --check-replicas (--zero 0, 1 and 2 keep whole replicas and can check them)");
     }
     if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
     if (o->plan_ranks != 0 && !o->plan_only) {
@@ -883,7 +893,8 @@ static void print_config(const Run* r) {
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
     printf("| data parallel         | %d rank(s) from %s, --zero %d%s\n", r->setup.dist.world, dist_source(),
            (int)r->setup.zero, r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state"
-                               : r->setup.zero == ZERO_GRADS ? ": each rank keeps its blocks of the optimizer state and of the gradients" : "");
+                               : r->setup.zero == ZERO_GRADS ? ": each rank keeps its blocks of the optimizer state and of the gradients"
+                               : r->setup.zero == ZERO_WEIGHTS ? ": each rank keeps its blocks of the optimizer state, the gradients and the weights" : "");
     printf("| backend               | %s, %s, %s attention\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision],
            r->setup.act.flash ? "flash" : "matmul");
     printf("| OpenMP threads        | %d\n", num_threads());
@@ -1187,6 +1198,7 @@ static void train_setup(Run* r) {
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
     check_profile_step(r);
     r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
+    gpt2_sync(r->model, SYNC_RELEASE);
     r->health.ckpt_step = o->resume ? r->start_step : -1;
     r->health.ckpt_max_abs = r->health.start_max_abs;
     set_exit_now_text(r->has_out ? o->out_dir : NULL, r->health.ckpt_step);
@@ -1385,7 +1397,7 @@ static int train_step(Run* r, int step) {
 
 // the end-of-run replica check, the memory summary, and everything freed
 static void train_teardown(Run* r, int step) {
-    if (r->setup.dist.world > 1 && !r->has_out) { check_replicas(r->model, &r->setup.config, r->setup.dist, step); }  // with -o, the last checkpoint checked
+    if (r->setup.dist.world > 1 && !r->has_out && r->setup.zero != ZERO_WEIGHTS) { check_replicas(r->model, &r->setup.config, r->setup.dist, step); }  // with -o, the last checkpoint checked
     size_t peak = mem_rss_peak();
     printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
            "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",
