@@ -1,9 +1,11 @@
-"""test_zero.py: data parallelism over MPI (--zero 0, 1 and 2) end to end: N ranks train like
+"""test_zero.py: data parallelism over MPI (--zero 0, 1, 2 and 3) end to end: N ranks train like
 one rank with the same global batch, ZeRO-1 like --zero 0, the ranks hold the same weights, each
 rank keeps 1/N of the optimizer state, checkpoints resume bitwise, a stop by SIGUSR1 checkpoints
 every rank, and the misuses stop with a clear message. --zero 2 (ZeRO-2, section 2c) keeps a shard
 of the gradients: it trains as --zero 0 (bit for bit where the additions are the same), its memory
-is the plan, its collectives are counted, and its state files are ZeRO-1's.
+is the plan, its collectives are counted, and its state files are ZeRO-1's. --zero 3 (ZeRO-3,
+section 2d) keeps a shard of the weights too, gathered layer by layer: the same checks, its weight
+gathers bounded per layer, recompute on top, and resume across the stages.
 
     python3 tests/test_zero.py ./train_gpt ./test_gpt ./build/train_gpt_nompi
 
@@ -62,7 +64,7 @@ s.expect_fail("no MPI build: --zero 1 needs mpirun", "built without MPI, so it n
               [NOMPI] + FLAGS + ["--zero", "1", "-o", ""])
 s.expect_fail("--plan-ranks without --plan is refused", "only goes with --plan",
               [NOMPI] + FLAGS + ["--plan-ranks", "2", "-o", ""])
-s.expect_fail("--zero 3 is refused", "--zero 3: unknown; choose 0", BASE + ["--zero", "3", "-o", ""])
+s.expect_fail("--zero 4 is refused", "--zero 4: unknown; choose 0", BASE + ["--zero", "4", "-o", ""])
 s.expect_fail("no MPI build: --zero 2 needs mpirun", "--zero 2 shards the optimizer state across MPI ranks, but this train_gpt was built without MPI",
               [NOMPI] + FLAGS + ["--zero", "2", "-o", ""])
 # started by a launcher of several processes (mpirun, mpiexec, srun: their variables), the build
@@ -211,8 +213,9 @@ for opt in ("adafactor", "came"):
 # (each rank's micro-steps first): MODEL_RTOL. With one micro-step a rank on 2 ranks the additions
 # are the same (a + b): bit for bit.
 
-ZERO2_LINE = re.compile(r"^ZeRO-2: step 1: (\d+) gradient reduce-scatters, (\d+) collectives in all \(L = (\d+)\); "
-                        r"gradients per rank: shard (\d+) of (\d+) floats, working buffer (\d+), pack (\d+)$", re.M)
+ZERO_LINE = re.compile(r"^ZeRO-([23]): step 1: (\d+) gradient reduce-scatters, (\d+) weight all-gathers, (\d+) collectives in all "
+                       r"\(L = (\d+)\); gradients per rank: shard (\d+) of (\d+) floats, working buffer (\d+), pack (\d+)"
+                       r"(?:; weights per rank: shard (\d+), working copy (\d+))?$", re.M)
 FIX_LAYERS, MICRO_BATCHES = 2, 6   # the fixture's L; -d 192 / (B*T = 32)
 
 
@@ -220,10 +223,11 @@ def zero2_counts(name, r, ranks, micro_batches=MICRO_BATCHES):
     """the step-1 line: the gradients' collectives exactly micro-steps x (L + 4), all of them
     bounded (the norm, the optimizer's sums and the weights' gathers: a few per slice), and the
     shard at most 1/N of the gradients plus the blocks' padding"""
-    m = ZERO2_LINE.search(r.out)
-    if not m:
+    m = ZERO_LINE.search(r.out)
+    if not m or m.group(1) != "2":
         return s.fail(f"{name}: the ZeRO-2 line", "no 'ZeRO-2: step 1:' line")
-    rs, total, L, shard, P, working, pack = map(int, m.groups())
+    rs, gathers, total, L, shard, P, working, pack = map(int, m.groups()[1:9])
+    s.check(f"{name}: no weight all-gathers during the step (ZeRO-2 gathers after the update)", gathers == 0, f"{gathers}")
     micro = micro_batches // ranks
     slices = 4 + 12 * L
     s.check(f"{name}: {rs} gradient reduce-scatters in step 1 = {micro} micro-steps x (L + 4)", rs == micro * (L + 4), "not")
@@ -284,6 +288,86 @@ if r and r0:
             g0 and g2 and g2 < 0.6 * g0, "not below 0.6x")
 
 # ----------------------------------------------------------------------------
+# 2d. ZeRO-3 (--zero 3): the weights sharded too, in the gradient shard's layout; wte, wpe, lnf are
+# gathered once a step and each layer before its forward and its backward (and each recompute).
+# The gradients travel as ZeRO-2's and the update is ZeRO-1's on compact blocks, so the sums are
+# ZeRO-2's: MODEL_RTOL against --zero 0 with accumulation, bit for bit with one micro-step on 2 ranks.
+
+
+def zero3_counts(name, r, ranks, micro_batches=MICRO_BATCHES, recomputed=0):
+    """the step-1 line: gradients' collectives exactly as ZeRO-2's; the weights' all-gathers between
+    one a layer per micro-step and two (its forward and its backward, plus each recompute), plus the
+    head's four once; the weight shard at most 1/N of the weights plus the blocks' padding"""
+    m = ZERO_LINE.search(r.out)
+    if not m or m.group(1) != "3" or m.group(10) is None:
+        return s.fail(f"{name}: the ZeRO-3 line", "no 'ZeRO-3: step 1: ... weights per rank' line")
+    rs, gathers, total, L, shard, P, working, pack, wshard, wworking = map(int, m.groups()[1:11])
+    micro = micro_batches // ranks
+    slices = 4 + 12 * L
+    s.check(f"{name}: {rs} gradient reduce-scatters in step 1 = {micro} micro-steps x (L + 4)", rs == micro * (L + 4), "not")
+    lo, hi = 4 + micro * L, 4 + micro * (2 * L + recomputed)
+    s.check(f"{name}: {gathers} weight all-gathers in step 1, within 4 + micro-steps x L = {lo} and "
+            f"4 + micro-steps x (2L + recomputed layers) = {hi}", lo <= gathers <= hi, "outside")
+    s.check(f"{name}: {total} collectives in step 1 <= reduce-scatters + all-gathers + 2 + 5 per slice "
+            f"({rs} + {gathers} + 2 + 5 x {slices})", total <= rs + gathers + 2 + 5 * slices, "more")
+    gone = 1 - wshard / P
+    s.check(f"{name}: the weights kept: a shard of {wshard} of {P} floats ({gone:.1%} gone, >= (N-1)/N less padding; "
+            f"besides the working copy of {wworking}: wte, wpe, lnf and one layer)",
+            wshard == shard and wshard * ranks <= P + 64 * ranks and gone >= (ranks - 1) / ranks - 0.02, "more than 1/N")
+
+
+for name, opt in OPTIMIZERS.items():
+    D2, DZ3 = f"{W}/{name}_n2z0", f"{W}/{name}_n2z3"
+    rz = s.expect_ok(f"{name}: mpirun -np 2 --zero 3", MPIRUN + ["2"] + BASE + ["--optimizer", *opt, "--zero", "3", "-o", DZ3])
+    if not rz or not os.path.isdir(D2):
+        continue
+    losses_close(f"{name}: 2 ranks --zero 3 vs --zero 0", D2, DZ3)
+    models_close(f"{name}: --zero 3 vs --zero 0 on 2 ranks (3 micro-steps: summed in another order)", D2, DZ3, MODEL_RTOL)
+    models_close(f"{name}: --zero 3 vs --zero 2 on 2 ranks (the same sums)", f"{W}/{name}_n2z2", DZ3, MODEL_RTOL)
+    s.check_memory(f"{name}: --zero 3 memory (weights, gradients, optimizer, host copies) measured = planned", DZ3)
+    zero3_counts(f"{name} --zero 3", rz, 2)
+    p0, p3 = planned(D2, "parameters"), planned(DZ3, "parameters")
+    s.check(f"{name}: --zero 3 plans its weight buffers ({p3} bytes; --zero 0: {p0})", p0 and p3 and p3 != p0, "the same as --zero 0")
+
+s.expect_ok("adamw: mpirun -np 2 --zero 3, one micro-step a rank", MPIRUN + ["2"] + BASE + ONE + ["--zero", "3", "-o", f"{W}/one_z3"])
+s.check("adamw: --zero 3 = --zero 0 bit for bit on 2 ranks with one micro-step a rank (model at step 10)",
+        same_bytes(ckpt(f"{W}/one_z0", "model", 10, ".bin"), ckpt(f"{W}/one_z3", "model", 10, ".bin")), "cmp differs")
+
+D1, D3 = f"{W}/came_n1", f"{W}/came_n3z3"
+r3 = s.expect_ok("came: mpirun -np 3 --zero 3 (uneven blocks)",
+                 MPIRUN + ["3"] + BASE + ["--optimizer", *OPTIMIZERS["came"], "--zero", "3", "-o", D3])
+if r3:
+    losses_close("came: 3 ranks --zero 3 vs 1 rank", D1, D3)
+    models_close("came: 3 ranks --zero 3 vs 1 rank", D1, D3, MODEL_RTOL)
+    models_close("came: 3 ranks --zero 3 vs --zero 2", f"{W}/came_n3z2", D3, MODEL_RTOL)
+    s.check_memory("came: 3 ranks --zero 3: measured memory equals the plan (padding counted)", D3)
+    zero3_counts("came 3 ranks --zero 3", r3, 3)
+
+# recompute (segments of one layer: every layer's forward again in the backward), activation offload,
+# flash attention and the chunked loss on top: each layer gathered for its recompute
+r = s.expect_ok(f"adafactor: mpirun -np 2 --zero 3 with {' '.join(ACT)}",
+                MPIRUN + ["2"] + BASE + ["--optimizer", *OPTIMIZERS["adafactor"], *ACT, "--zero", "3", "-o", f"{W}/act_z3"])
+models_close("adafactor with the activation flags: --zero 3 vs --zero 0", f"{W}/act_z0", f"{W}/act_z3", MODEL_RTOL)
+s.check_memory("adafactor with the activation flags, --zero 3: measured = planned", f"{W}/act_z3")
+if r:
+    zero3_counts("adafactor --zero 3 with recompute", r, 2, recomputed=FIX_LAYERS)
+SQRT = ["--recompute", "sqrt"]
+for z in ("0", "3"):
+    s.expect_ok(f"adamw: mpirun -np 2 --zero {z} --recompute sqrt", MPIRUN + ["2"] + BASE + SQRT + ["--zero", z, "-o", f"{W}/sqrt_z{z}"])
+models_close("adamw --recompute sqrt: --zero 3 vs --zero 0", f"{W}/sqrt_z0", f"{W}/sqrt_z3", MODEL_RTOL)
+s.check_memory("adamw --recompute sqrt, --zero 3: measured = planned", f"{W}/sqrt_z3")
+
+s.expect_fail("--zero 3 refuses --check-replicas (no replicas to compare)", "the ranks hold no replicas",
+              MPIRUN + ["2"] + BASE + ["--zero", "3", "--check-replicas", "-o", ""])
+
+# --plan: a rank's weights at d12 on 8 ranks
+r3 = s.expect_ok("--plan -e d12 --zero 3 --plan-ranks 8", [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "3", "--plan-ranks", "8"])
+if r3 and r0:
+    w0, w3 = planned_mib(r0.out, "parameters"), planned_mib(r3.out, "parameters")
+    s.check(f"d12 weights per rank: {w3} MiB on 8 ranks with --zero 3 vs {w0} MiB on 1 (the working copy: wte, wpe, a layer)",
+            w0 and w3 and w3 < 0.6 * w0, "not below 0.6x")
+
+# ----------------------------------------------------------------------------
 # 3. resume: from the step-5 checkpoint of a 2-rank --zero 1 run to step 10, bitwise equal to the
 # straight run (model and every rank's state file); other rank counts are refused
 
@@ -321,9 +405,9 @@ s.expect_fail("resume a 2-rank checkpoint with 3 ranks", "was written by 2 rank(
               MPIRUN + ["3"] + BASE + ["-x", "12", "--zero", "1", "-o", A, "-y", "1"])
 s.expect_fail("resume a --zero 1 checkpoint with --zero 0", "was written with --zero 1; this run has --zero 0",
               MPIRUN + ["2"] + BASE + ["-x", "12", "--zero", "0", "-o", A, "-y", "1"])
-# ZeRO-2 keeps ZeRO-1's state files: each resumes the other's; --zero 2 resumes itself bit for bit
-A2 = f"{W}/adamw_n2z2"
-for src, z in ((A, "2"), (A2, "1"), (A2, "2")):
+# ZeRO-2 and 3 keep ZeRO-1's state files: each resumes the others'; --zero 2 and 3 resume themselves bit for bit
+A2, A3 = f"{W}/adamw_n2z2", f"{W}/adamw_n2z3"
+for src, z in ((A, "2"), (A2, "1"), (A2, "2"), (A, "3"), (A3, "1"), (A3, "3")):
     R = f"{W}/resume_{os.path.basename(src)}_as_z{z}"
     if not os.path.isfile(ckpt(src, "DONE", 5)):
         s.fail(f"resume {src} with --zero {z}", "no checkpoint 5")
@@ -333,9 +417,9 @@ for src, z in ((A, "2"), (A2, "1"), (A2, "2")):
         shutil.copy(f, R)
     if s.expect_ok(f"adamw: a {os.path.basename(src)} checkpoint resumed with mpirun -np 2 --zero {z}",
                    MPIRUN + ["2"] + BASE + ["--zero", z, "-o", R, "-y", "1"]):
-        if src == A2 and z == "2":
-            s.check("adamw: --zero 2 resumed from step 5: model at step 10 bitwise equal",
-                    same_bytes(ckpt(A2, "model", 10, ".bin"), ckpt(R, "model", 10, ".bin")), "cmp differs")
+        if (src, z) in ((A2, "2"), (A3, "3")):
+            s.check(f"adamw: --zero {z} resumed from step 5: model at step 10 bitwise equal",
+                    same_bytes(ckpt(src, "model", 10, ".bin"), ckpt(R, "model", 10, ".bin")), "cmp differs")
         else:
             models_close(f"adamw: {os.path.basename(src)} resumed with --zero {z} vs straight", src, R, MODEL_RTOL)
 s.expect_fail("resume a --zero 2 checkpoint with --zero 0", "was written with --zero 2; this run has --zero 0",
