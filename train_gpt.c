@@ -192,7 +192,6 @@ struct GPT2 {
     int gathered_layer;       // the layer the working copy holds, -1 none
     int head_gathered;        // the working copy holds this step's wte, wpe, lnfw, lnfb
     long zero3_gathers;       // the weights' collectives since the last update (printed for step 1)
-    float* host_params;       // (P) the whole model gathered for checkpoints (gpt2_host_view), NULL between
 };
 
 // the working-set buffer layer l computes into
@@ -438,7 +437,6 @@ GPT2* gpt2_create(const ModelSetup* s) {
 void gpt2_destroy(GPT2* m) {
     mem_free(m->params_memory);
     mem_free(m->weight_working);
-    mem_free(m->host_params);
     mem_free(m->grads_memory);
     mem_free(m->grad_working);
     mem_free(m->grad_pack);
@@ -458,28 +456,24 @@ static HostStep gpt2_host_step(GPT2* m) {
 }
 
 // the CPU's weights and optimizer state are host memory already: checkpoints read and
-// write them in place, and there is nothing to bring up to date. ZeRO-3: the whole model
-// exists only while a checkpoint is loaded or written (host copies: gathered from every rank's
-// blocks, and its blocks taken back; released after)
+// write them in place, and there is nothing to bring up to date
 HostView gpt2_host_view(GPT2* m) {
-    if (m->zero == ZERO_WEIGHTS && m->host_params == NULL) {
-        m->host_params = (float*)mem_calloc(MEM_HOST_COPIES, m->num_parameters * sizeof(float));
-    }
-    HostView h = {m->zero == ZERO_WEIGHTS ? m->host_params : m->params_memory, m->opt_memory, m->opt_floats};
+    HostView h = {m->opt_memory, m->opt_floats};
     return h;
 }
-void gpt2_sync(GPT2* m, SyncDirection dir) {
-    if (m->zero != ZERO_WEIGHTS) { return; }
+void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
+
+// the weights for checkpoints: in place, one chunk. ZeRO-3 has no whole copy: a slice at a time
+// through the working copy (which the next forward gathers anew), gathered from every rank's
+// blocks for a read; for a write every rank keeps its blocks (each reads the whole file)
+void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    if (m->zero != ZERO_WEIGHTS) { fn(ctx, 0, m->params_memory, m->num_parameters); return; }
     HostStep h = gpt2_host_step(m);
-    if (dir == SYNC_RELEASE) {
-        mem_free(m->host_params);
-        m->host_params = NULL;
-        return;
-    }
-    float* full = gpt2_host_view(m).params;
-    prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "ZeRO-3: the whole model %s", dir == SYNC_TO_HOST ? "gathered" : "scattered");
-    if (dir == SYNC_TO_HOST) { host_zero3_gather(&h, full, 0); }
-    else { host_zero3_scatter(&h, full); m->head_gathered = 0; m->gathered_layer = -1; }
+    prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "ZeRO-3: the weights slice by slice, %s",
+              how == PARAMS_WRITE ? "each rank's blocks kept" : "gathered");
+    host_zero3_stream(&h, how == PARAMS_WRITE, m->weight_working, fn, ctx);
+    m->head_gathered = 0;
+    m->gathered_layer = -1;
     prof_close();
 }
 
@@ -488,7 +482,7 @@ static void zero3_gather_head(GPT2* m) {
     if (m->zero != ZERO_WEIGHTS || m->head_gathered) { return; }
     HostStep h = gpt2_host_step(m);
     prof_mark(PROF_COLLECTIVE, prof_bytes((double)(m->params.ln1w - m->weight_working) * sizeof(float)), "ZeRO-3: wte, wpe, lnf all-gather");
-    host_zero3_gather(&h, m->weight_working, 1);
+    host_zero3_gather_head(&h, m->weight_working);
     m->zero3_gathers += 4;
     m->head_gathered = 1;
     prof_close();

@@ -1531,13 +1531,21 @@ void gpt2_destroy(GPT2* m) {
 
 HostView gpt2_host_view(GPT2* m) {
     HostView h;
-    if (m->bf16) { HostView v = {m->bf16->host_params, m->bf16->host_opt, m->bf16->opt_floats}; h = v; }
-    else { HostView v = {m->f32->host_params, m->f32->host_opt, m->f32->opt_floats}; h = v; }
+    if (m->bf16) { HostView v = {m->bf16->host_opt, m->bf16->opt_floats}; h = v; }
+    else { HostView v = {m->f32->host_opt, m->f32->opt_floats}; h = v; }
     return h;
 }
 
+// the weights through their whole host copy (host_params): one chunk, brought up to date before a
+// read, sent up after a write (with the optimizer state's host copy, as gpt2_sync does)
+void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    if (how == PARAMS_READ) { gpt2_sync(m, SYNC_TO_HOST); }
+    float* host = m->bf16 ? m->bf16->host_params : m->f32->host_params;
+    fn(ctx, 0, host, m->bf16 ? m->bf16->num_parameters : m->f32->num_parameters);
+    if (how == PARAMS_WRITE) { gpt2_sync(m, SYNC_FROM_HOST); }
+}
+
 void gpt2_sync(GPT2* m, SyncDirection dir) {
-    if (dir == SYNC_RELEASE) { return; }  // the host copies stay: they are this backend's checkpoint buffers
     if (m->bf16) { model_sync(m->bf16, dir); } else { model_sync(m->f32, dir); }
 }
 

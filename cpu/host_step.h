@@ -228,9 +228,8 @@ static void zero3_gather_slice(const HostStep* h, const ParamSlice* sl, const fl
     dist_allgather_floats(dst, counts, h->dist);
 }
 
-// the weight shard's slices, the head's only (into a one-layer model's layout: the working copy)
-// or every one (into the whole model's: full), gathered
-static void host_zero3_gather(const HostStep* h, float* into, int head_only) {
+// wte, wpe, lnfw, lnfb gathered into the working copy (a one-layer model's layout)
+static void host_zero3_gather_head(const HostStep* h, float* working) {
     const GPT2Config* c = h->config;
     GPT2Config one = *c;
     one.num_layers = 1;
@@ -241,9 +240,9 @@ static void host_zero3_gather(const HostStep* h, float* into, int head_only) {
     grad_shard_offsets(c, h->dist.world, goff);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
     for (int k = 0; k < n; k++) {
-        if (head_only && !slice_is_head(&s[k])) { continue; }
-        size_t at = !head_only ? s[k].offset : w[k < 2 ? k : n1 - (n - k)].offset;  // wte, wpe first; lnfw, lnfb last
-        zero3_gather_slice(h, &s[k], h->params + goff[k], into + at, counts);
+        if (!slice_is_head(&s[k])) { continue; }
+        size_t at = w[k < 2 ? k : n1 - (n - k)].offset;  // wte, wpe first; lnfw, lnfb last
+        zero3_gather_slice(h, &s[k], h->params + goff[k], working + at, counts);
     }
     free(counts);
     free(goff);
@@ -251,17 +250,36 @@ static void host_zero3_gather(const HostStep* h, float* into, int head_only) {
     free(s);
 }
 
-// the whole model's weights (full) into this rank's weight shard: its blocks of every slice
-static void host_zero3_scatter(const HostStep* h, const float* full) {
+// the whole model's weights a slice at a time through staging (room for the largest slice), in
+// model_config.h's order, as fn(ctx, offset, chunk, n) sees them: each slice gathered from every
+// rank's blocks for fn to read, or (write) filled by fn and this rank's block kept. wte's padded
+// rows, which no slice holds, go by as zeros
+static void host_zero3_stream(const HostStep* h, int write, float* staging, void (*fn)(void*, size_t, float*, size_t), void* ctx) {
     const GPT2Config* c = h->config;
     int n = param_slice_count(c);
     ParamSlice* s = param_slices_alloc(c);
     size_t* goff = (size_t*)malloc_check((size_t)n * sizeof(size_t));
     grad_shard_offsets(c, h->dist.world, goff);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
-    for (int k = 0; k < n; k++) {
-        slice_part_counts(&s[k], h->dist.world, counts);
-        memcpy(h->params + goff[k], full + s[k].offset + dist_part_offset(counts, h->dist.rank), (size_t)counts[h->dist.rank] * sizeof(float));
+    size_t at = 0;
+    for (int k = 0; k <= n; k++) {
+        size_t next = k < n ? s[k].offset : h->num_parameters;
+        if (next > at) {  // a gap: wte's padded rows
+            memset(staging, 0, (next - at) * sizeof(float));
+            fn(ctx, at, staging, next - at);
+        }
+        if (k == n) { break; }
+        size_t len = (size_t)s[k].rows * s[k].cols;
+        float* mine = h->params + goff[k];
+        if (write) {
+            fn(ctx, s[k].offset, staging, len);
+            slice_part_counts(&s[k], h->dist.world, counts);
+            memcpy(mine, staging + dist_part_offset(counts, h->dist.rank), (size_t)counts[h->dist.rank] * sizeof(float));
+        } else {
+            zero3_gather_slice(h, &s[k], mine, staging, counts);
+            fn(ctx, s[k].offset, staging, len);
+        }
+        at = s[k].offset + len;
     }
     free(counts);
     free(goff);

@@ -188,10 +188,12 @@ static size_t first_non_finite(const float* x, size_t n) {
     return n;
 }
 
-// stops if a weight read from path is NaN or infinite, naming its tensor, layer and element
-static void params_check_finite(const char* path, const GPT2Config* cfg, const float* params) {
-    size_t n = gpt2_num_parameters(cfg), bad = first_non_finite(params, n);
-    if (bad == n) { return; }
+// stops if a weight read from path is NaN or infinite, naming its tensor, layer and element; chunk
+// holds the n weights from `offset` on (of the model's gpt2_num_parameters, in its order)
+static void params_check_finite(const char* path, const GPT2Config* cfg, const float* chunk, size_t offset, size_t n) {
+    size_t in_chunk = first_non_finite(chunk, n);
+    if (in_chunk == n) { return; }
+    size_t bad = offset + in_chunk;
     size_t sizes[NUM_PARAMETER_TENSORS], begin = 0;
     gpt2_parameter_sizes(sizes, cfg);
     int t = 0;
@@ -201,15 +203,15 @@ static void params_check_finite(const char* path, const GPT2Config* cfg, const f
     if (tensor_is_per_layer(t)) { snprintf(layer, sizeof(layer), " of layer %zu", i / per_layer); }
     fail("model file '%s': %s%s, element %zu of %zu, is %g: a model with non-finite weights cannot train\n"
          "  hint: it was written after its run diverged; start from an earlier checkpoint",
-         path, PARAMETER_NAMES[t], layer, i % per_layer, per_layer, params[bad]);
+         path, PARAMETER_NAMES[t], layer, i % per_layer, per_layer, chunk[in_chunk]);
 }
 
 #define BF16_READ_CHUNK 65536  // bf16 values converted per read
 
-// reads all parameters (fp32, or bf16 widened to fp32 exactly) and closes f; stops on a
-// non-finite weight
-static void model_file_read_params(FILE* f, const char* path, const GPT2Config* cfg, int version, float* params) {
-    size_t n = gpt2_num_parameters(cfg);
+// reads the next n parameters of f (fp32, or bf16 widened to fp32 exactly), the ones from `offset`
+// on, and stops on a non-finite one; model_file_read_params reads them all and closes f
+static void model_file_read_chunk(FILE* f, const char* path, const GPT2Config* cfg, int version, float* params, size_t offset,
+                                  size_t n) {
     if (version == MODEL_VERSION_FP32) {
         fread_check(params, sizeof(float), n, f);
     } else {
@@ -224,11 +226,17 @@ static void model_file_read_params(FILE* f, const char* path, const GPT2Config* 
             done += k;
         }
     }
-    fclose(f);
-    params_check_finite(path, cfg, params);
+    params_check_finite(path, cfg, params, offset, n);
 }
 
-static void model_file_write(const char* path, const GPT2Config* cfg, const float* params) {
+static void model_file_read_params(FILE* f, const char* path, const GPT2Config* cfg, int version, float* params) {
+    model_file_read_chunk(f, path, cfg, version, params, 0, gpt2_num_parameters(cfg));
+    fclose(f);
+}
+
+// a model file written a chunk at a time: the header, then the parameters in order (model_file_write
+// writes them from one array)
+static void model_file_write_header(AtomicFile* a, const char* path, const GPT2Config* cfg) {
     int h[FILE_HEADER_INTS] = {0};
     h[MODEL_SLOT_MAGIC] = MODEL_MAGIC;
     h[MODEL_SLOT_VERSION] = MODEL_VERSION_FP32;
@@ -238,9 +246,13 @@ static void model_file_write(const char* path, const GPT2Config* cfg, const floa
     h[MODEL_SLOT_NUM_HEADS] = cfg->num_heads;
     h[MODEL_SLOT_CHANNELS] = cfg->channels;
     h[MODEL_SLOT_PADDED_VOCAB] = cfg->padded_vocab_size;
+    atomic_open(a, path);
+    atomic_write(a, h, sizeof(int), FILE_HEADER_INTS);
+}
+
+static void model_file_write(const char* path, const GPT2Config* cfg, const float* params) {
     AtomicFile a;
-    atomic_open(&a, path);
-    atomic_write(&a, h, sizeof(int), FILE_HEADER_INTS);
+    model_file_write_header(&a, path, cfg);
     atomic_write(&a, params, sizeof(float), gpt2_num_parameters(cfg));
     atomic_commit(&a);
 }

@@ -160,26 +160,47 @@ static size_t gpt2_num_parameters(const GPT2Config* cfg) {
 
 // GPT-2 initialisation of params (gpt2_num_parameters floats): weights normal(0, 0.02),
 // residual projections 0.02/sqrt(2L), biases 0, LayerNorm weights 1; padded vocabulary
-// rows 0. Deterministic in the seed.
-static void gpt2_init_params(float* params, const GPT2Config* cfg, uint64_t seed) {
+// rows 0. Deterministic in the seed. It can be made a chunk at a time (a rank of --zero 3 keeps
+// its blocks of each slice only): ParamInit walks the parameters in order, one random draw per
+// matrix element, so any chunking gives the same numbers.
+typedef struct {
+    GPT2Config cfg;
+    uint64_t rng;
+    int tensor;       // the tensor the next value belongs to
+    size_t at;        // its index there
+} ParamInit;
+
+static ParamInit gpt2_param_init(const GPT2Config* cfg, uint64_t seed) {
+    ParamInit it = {*cfg, RNG_SEED_MIX ^ seed, 0, 0};
+    return it;
+}
+
+// the next n values of the initialisation into p
+static void gpt2_init_params_next(ParamInit* it, float* p, size_t n) {
     size_t sizes[NUM_PARAMETER_TENSORS];
-    gpt2_parameter_sizes(sizes, cfg);
-    float residual_std = INIT_STD / sqrtf(2.0f * cfg->num_layers);
-    uint64_t rng = RNG_SEED_MIX ^ seed;
-    float* p = params;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+    gpt2_parameter_sizes(sizes, &it->cfg);
+    float residual_std = INIT_STD / sqrtf(2.0f * it->cfg.num_layers);
+    while (n > 0) {
+        while (it->at == sizes[it->tensor]) { it->tensor++; it->at = 0; }
+        int i = it->tensor;
         const char* name = PARAMETER_NAMES[i];
         int is_ln_weight = strcmp(name, "ln1w") == 0 || strcmp(name, "ln2w") == 0 || strcmp(name, "lnfw") == 0;
         float std = (strcmp(name, "attprojw") == 0 || strcmp(name, "fcprojw") == 0) ? residual_std : INIT_STD;
-        size_t n = sizes[i];
-        if (i == 0) { n = (size_t)cfg->vocab_size * cfg->channels; }  // wte: real rows only
-        for (size_t j = 0; j < sizes[i]; j++) {
-            if (j >= n) { p[j] = 0.0f; }
-            else if (PARAMETER_IS_MATRIX[i]) { p[j] = std * rand_normal(&rng); }
-            else { p[j] = is_ln_weight ? 1.0f : 0.0f; }
+        size_t real = i == 0 ? (size_t)it->cfg.vocab_size * it->cfg.channels : sizes[i];  // wte: real rows only
+        size_t run = sizes[i] - it->at < n ? sizes[i] - it->at : n;  // this chunk's part of tensor i
+        for (size_t k = 0; k < run; k++, it->at++) {
+            if (it->at >= real) { p[k] = 0.0f; }
+            else if (PARAMETER_IS_MATRIX[i]) { p[k] = std * rand_normal(&it->rng); }
+            else { p[k] = is_ln_weight ? 1.0f : 0.0f; }
         }
-        p += sizes[i];
+        p += run;
+        n -= run;
     }
+}
+
+static void gpt2_init_params(float* params, const GPT2Config* cfg, uint64_t seed) {
+    ParamInit it = gpt2_param_init(cfg, seed);
+    gpt2_init_params_next(&it, params, gpt2_num_parameters(cfg));
 }
 
 #endif // LLMC_MODEL_CONFIG_H

@@ -200,14 +200,12 @@ static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanIn
 
 // ZeRO-3 (the CPU backend): ZeRO-2's gradients, and of the fp32 weights a rank keeps its shard (E)
 // and the working copy the kernels read, shaped as a one-layer model (wte, wpe, lnf whole, one
-// layer at a time); a layer's gather goes through the gradients' pack. The whole model exists in
-// host copies only while a checkpoint is loaded or written (gathered, then released)
-static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in, size_t P) {
+// layer at a time); a layer's gather goes through the gradients' pack, and checkpoints move the
+// weights a slice at a time through the working copy: the whole model is never in one place
+static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
     PlanShard z = plan_shard(cfg, in->world);
     p->bytes[MEM_PARAMETERS] = (z.E + z.working) * sizeof(float);
     snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: 4(E + one-layer model)");
-    p->bytes[MEM_HOST_COPIES] = P * sizeof(float);
-    snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "4P: the model gathered at checkpoints, then freed");
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
@@ -278,7 +276,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
              lay->backend_scratch ? " + backend scratch" : "");
     p.bytes[MEM_HOST_COPIES] = P * lay->host_copy_bytes + (lay->host_copies_opt ? p.bytes[MEM_OPTIMIZER] : 0);
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
-    if (in.zero == 3 && in.world > 1) { plan_zero3_weights(&p, cfg, &in, P); }
+    if (in.zero == 3 && in.world > 1) { plan_zero3_weights(&p, cfg, &in); }
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
     p.step_offload_bytes = p.host_update_bytes = 0.0;

@@ -82,17 +82,23 @@ typedef struct {
     ModelUse use;             // MODEL_FOR_SAMPLING: forward only (--sample)
 } ModelSetup;
 
-// the model's fp32 weights and this rank's optimizer state, in host memory, as the
-// checkpoint files hold them (the CPU backend's own tensors; a GPU's copies)
+// this rank's optimizer state, in host memory, as the state files hold it (the CPU backend's
+// own tensor; a GPU's copy). The weights go through gpt2_params_stream
 typedef struct {
-    float* params;            // (P) in model_config.h's order
     float* opt_state;         // (opt_floats) in opt_layout.h's layout
     size_t opt_floats;
 } HostView;
 
-// SYNC_RELEASE: the host copy has been read; a backend that makes it only when asked (the CPU
-// under --zero 3, whose weights are sharded) frees it until the next gpt2_host_view
-typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST, SYNC_RELEASE } SyncDirection;
+typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
+
+// the fp32 weights a chunk at a time, in model_config.h's order: fn(ctx, offset, chunk, n) for
+// consecutive chunks that cover the P weights (chunk holds the n from `offset` on). PARAMS_READ:
+// fn reads them, brought up to date first; PARAMS_READ_AGAIN: nothing changed since the last
+// PARAMS_READ or gpt2_sync(SYNC_TO_HOST) (a backend that keeps a whole host copy hands it over as
+// it is); PARAMS_WRITE: fn fills each chunk and the backend takes it. Every rank calls it alike: under
+// --zero 3 each chunk is gathered from the ranks' blocks (read) or each rank keeps its blocks (write)
+typedef enum { PARAMS_READ, PARAMS_READ_AGAIN, PARAMS_WRITE } ParamsAccess;
+typedef void (*ParamChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);
 
 // the backend's name for messages ("the CPU backend"), its default precision, and whether it
 // trains in p; a setup it cannot train (a flag it does not implement) stops here with a message
@@ -134,6 +140,7 @@ void gpt2_destroy(GPT2* m);
 // SYNC_TO_HOST before they are read (checkpoints), SYNC_FROM_HOST after they are written
 HostView gpt2_host_view(GPT2* m);
 void gpt2_sync(GPT2* m, SyncDirection dir);
+void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx);
 // inputs, targets (B,T) token ids, targets may be NULL; returns the mean loss (-1 without targets)
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T);
 // a training micro-step's forward: gpt2_forward, and with --loss-chunk also the head's part of the
@@ -209,32 +216,20 @@ static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
     fclose(model_file_open(o->model, cfg, &version));
 }
 
-// fills the allocated model's weights from -e (seeded initialisation or the file)
-static void gpt2_init_weights(GPT2* m, const TrainOptions* o) {
-    GPT2Config cfg;
-    float* params = gpt2_host_view(m).params;
-    if (model_is_preset(o, &cfg)) {
-        gpt2_init_params(params, &cfg, o->seed);
-    } else {
-        int version;
-        FILE* f = model_file_open(o->model, &cfg, &version);
-        model_file_read_params(f, o->model, &cfg, version, params);
-    }
-    gpt2_sync(m, SYNC_FROM_HOST);
-}
-
 // ----------------------------------------------------------------------------
-// checkpoints: model file + training state + DONE marker (checkpoint.h)
+// the weights in and out, a chunk at a time (gpt2_params_stream): from the seeded initialisation
+// or a model file, to a model file, and their hash and largest |w|
 
-// a 64-bit hash of the weights' bits (FNV-1a over 32-bit words): equal weights, equal hash
+// a 64-bit hash of the weights' bits (FNV-1a over 32-bit words): equal weights, equal hash;
+// params_hash_more goes on from h over the next n weights
 #define FNV64_OFFSET 0xcbf29ce484222325ULL
 #define FNV64_PRIME 0x100000001b3ULL
-static uint64_t params_hash(const float* params, size_t n) {
-    uint64_t h = FNV64_OFFSET;
+static uint64_t params_hash_more(uint64_t h, const float* params, size_t n) {
     const uint32_t* w = (const uint32_t*)params;
     for (size_t i = 0; i < n; i++) { h = (h ^ w[i]) * FNV64_PRIME; }
     return h;
 }
+static uint64_t params_hash(const float* params, size_t n) { return params_hash_more(FNV64_OFFSET, params, n); }
 
 // the largest |w| of the weights, NaN or infinity if one is not finite
 static float params_max_abs(const float* params, size_t n) {
@@ -247,18 +242,82 @@ static float params_max_abs(const float* params, size_t n) {
     return m;
 }
 
+// the weights' hash and largest |w| (NaN sticks), taken chunk by chunk
+typedef struct { uint64_t hash; float max_abs; } ParamsDigest;
+
+static void params_digest_more(ParamsDigest* d, const float* chunk, size_t n) {
+    d->hash = params_hash_more(d->hash, chunk, n);
+    float m = params_max_abs(chunk, n);
+    if (!isnan(d->max_abs) && !(m <= d->max_abs)) { d->max_abs = m; }
+}
+static void digest_chunk(void* ctx, size_t offset, float* chunk, size_t n) { (void)offset; params_digest_more((ParamsDigest*)ctx, chunk, n); }
+
+// the model's weights now (a collective under --zero 3: every rank calls it)
+static ParamsDigest params_digest(GPT2* m, ParamsAccess how) {
+    ParamsDigest d = {FNV64_OFFSET, 0.0f};
+    gpt2_params_stream(m, how, digest_chunk, &d);
+    return d;
+}
+
+// where the weights come from: the seeded initialisation, or an open model file (each chunk
+// checked finite, and hashed as it is read)
+typedef struct {
+    ParamInit init;
+    FILE* f;                  // NULL: the initialisation
+    const char* path;
+    GPT2Config cfg;
+    int version;
+    uint64_t hash;            // of what the file held
+} WeightSource;
+
+static void weights_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
+    WeightSource* w = (WeightSource*)ctx;
+    if (w->f == NULL) { gpt2_init_params_next(&w->init, chunk, n); return; }
+    model_file_read_chunk(w->f, w->path, &w->cfg, w->version, chunk, offset, n);
+    w->hash = params_hash_more(w->hash, chunk, n);
+}
+
+// the model's weights from the model file at path (its header read: f at the first tensor, cfg its
+// shape); closes f and returns the weights' hash
+static uint64_t load_model_file(GPT2* m, FILE* f, const char* path, const GPT2Config* cfg, int version) {
+    WeightSource w = {gpt2_param_init(cfg, 0), f, path, *cfg, version, FNV64_OFFSET};
+    gpt2_params_stream(m, PARAMS_WRITE, weights_chunk, &w);
+    fclose(f);
+    return w.hash;
+}
+
+// fills the allocated model's weights from -e (seeded initialisation or the file)
+static void gpt2_init_weights(GPT2* m, const TrainOptions* o) {
+    GPT2Config cfg;
+    if (model_is_preset(o, &cfg)) {
+        WeightSource w = {gpt2_param_init(&cfg, o->seed), NULL, NULL, cfg, 0, 0};
+        gpt2_params_stream(m, PARAMS_WRITE, weights_chunk, &w);
+    } else {
+        int version;
+        FILE* f = model_file_open(o->model, &cfg, &version);
+        load_model_file(m, f, o->model, &cfg, version);
+    }
+}
+
+// rank 0 writes what it is handed into the model file (the other ranks take part in the gathers)
+static void model_file_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
+    (void)offset;
+    if (ctx != NULL) { atomic_write((AtomicFile*)ctx, chunk, sizeof(float), n); }
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: model file + training state + DONE marker (checkpoint.h)
+
 // stops the run unless every rank holds the same weights (costs one pass over them)
-static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
-    gpt2_sync(m, SYNC_TO_HOST);
+static void check_replicas(GPT2* m, Dist dist, int step) {
     uint64_t lo, hi;
-    dist_min_max_u64(params_hash(gpt2_host_view(m).params, gpt2_num_parameters(c)), &lo, &hi);
+    dist_min_max_u64(params_digest(m, PARAMS_READ).hash, &lo, &hi);
     if (lo != hi) {
         fail("replicas: the parameters differ between ranks after step %d (hashes 0x%016llx .. 0x%016llx)\n"
              "  hint: a bug in the data-parallel step; rerun with --check-replicas 1 to find the first bad step",
              step, (unsigned long long)lo, (unsigned long long)hi);
     }
     printf("replicas: parameters identical on %d ranks after step %d (hash 0x%016llx)\n", dist.world, step, (unsigned long long)lo);
-    gpt2_sync(m, SYNC_RELEASE);
 }
 
 // rank 0 writes the model file, every rank its own state file (its data position and, under
@@ -268,30 +327,32 @@ static void check_replicas(GPT2* m, const GPT2Config* c, Dist dist, int step) {
 static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
                              uint64_t run_id) {
     // ZeRO-3's ranks hold no replicas: the model is gathered from their blocks (the same on every rank)
-    if (s->dist.world > 1 && s->zero != ZERO_WEIGHTS) { check_replicas(m, &s->config, s->dist, step); }
-    gpt2_sync(m, SYNC_TO_HOST);
+    if (s->dist.world > 1 && s->zero != ZERO_WEIGHTS) { check_replicas(m, s->dist, step); }
+    gpt2_sync(m, SYNC_TO_HOST);  // the weights' and the optimizer state's host copies (a GPU's)
+    ParamsDigest d = params_digest(m, PARAMS_READ_AGAIN);
     HostView h = gpt2_host_view(m);
     size_t P = gpt2_num_parameters(&s->config);
-    float max_abs = params_max_abs(h.params, P);
-    if (!isfinite(max_abs)) { gpt2_sync(m, SYNC_RELEASE); return max_abs; }
+    if (!isfinite(d.max_abs)) { return d.max_abs; }
     if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
     dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
     checkpoint_begin(dir, step, s->dist.rank);
     char path[CHECKPOINT_PATH_LEN];
+    AtomicFile model;
     if (s->dist.rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-        model_file_write(path, &s->config, h.params);
+        model_file_write_header(&model, path, &s->config);
     }
+    gpt2_params_stream(m, PARAMS_READ_AGAIN, model_file_chunk, s->dist.rank == 0 ? &model : NULL);
+    if (s->dist.rank == 0) { atomic_commit(&model); }
     TrainState st = {s->dist.world, s->dist.rank, step, (int)dl->shard, dl->epoch, dl->position, rng,
-                     P, h.opt_floats, s->zero, run_id, params_hash(h.params, P)};
+                     P, h.opt_floats, s->zero, run_id, d.hash};
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_write(path, &st, h.opt_state);
     dist_barrier();
     if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
     checkpoint_end();
-    gpt2_sync(m, SYNC_RELEASE);
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
-    return max_abs;
+    return d.max_abs;
 }
 
 // stops if the optimizer state read from path holds a NaN or infinity, naming the slice
@@ -360,7 +421,7 @@ static void state_check_data(const char* path, const TrainState* st, const DataL
 // its run is rank 0's (run_id), and the weights read from the model file (params) hash to
 // what the state recorded. A version 2 state has neither (a note says it is not checked)
 static void state_check_identity(const char* path, const TrainState* st, uint64_t run_id, const char* model_path,
-                                 const float* params, size_t P) {
+                                 uint64_t hash) {
     if (st->run_id == 0) {
         printf("note: '%s' is a version %d state file, without a run identity: not checked against '%s'\n",
                path, STATE_VERSION_NO_IDENTITY, model_path);
@@ -371,7 +432,6 @@ static void state_check_identity(const char* path, const TrainState* st, uint64_
              "  hint: files of two runs were combined in one folder; use one run's files (each run writes its own -o)",
              path, (unsigned long long)st->run_id, (unsigned long long)run_id);
     }
-    uint64_t hash = params_hash(params, P);
     if (hash != st->model_hash) {
         fail("model file '%s' is not of the checkpoint of state file '%s' (its weights hash to 0x%016llx, the state recorded 0x%016llx)\n"
              "  hint: files of two runs or of two steps were combined; use one checkpoint's own files",
@@ -380,13 +440,13 @@ static void state_check_identity(const char* path, const TrainState* st, uint64_
 }
 
 // reads this rank's state file of checkpoint `step` (path) into st and h.opt_state, whose
-// weights h.params already holds (read from model_path), checks it against the run (run_id:
-// rank 0's) and moves the data loader to its position
+// weights (read from model_path) hash to model_hash, checks it against the run (run_id: rank 0's)
+// and moves the data loader to its position
 static void state_load(const char* path, TrainState* st, const ModelSetup* s, int step, uint64_t run_id,
-                       const char* model_path, HostView h, DataLoader* dl) {
+                       const char* model_path, uint64_t model_hash, HostView h, DataLoader* dl) {
     state_file_read(path, st, h.opt_state, h.opt_floats);
     state_check_run(path, st, s, step);
-    state_check_identity(path, st, run_id, model_path, h.params, gpt2_num_parameters(&s->config));
+    state_check_identity(path, st, run_id, model_path, model_hash);
     state_check_finite(path, s, h.opt_state, h.opt_floats);
     if ((size_t)st->data_shard >= dl->num_shards) {
         fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
@@ -428,7 +488,7 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     int version;
     FILE* f = model_file_open(model_path, &cfg, &version);
     if (memcmp(&cfg, &s->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", model_path); }
-    model_file_read_params(f, model_path, &cfg, version, h.params);
+    uint64_t model_hash = load_model_file(m, f, model_path, &cfg, version);
     // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
     TrainState st;
     checkpoint_path(path, sizeof(path), dir, "state", step, 0);
@@ -444,7 +504,7 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     }
     *run_id = st.run_id;
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
-    state_load(path, &st, s, step, *run_id, model_path, h, dl);
+    state_load(path, &st, s, step, *run_id, model_path, model_hash, h, dl);
     gpt2_sync(m, SYNC_FROM_HOST);
     *rng = st.rng;
     printf("resumed from %s/ at step %d\n", dir, step);
@@ -1197,8 +1257,7 @@ static void train_setup(Run* r) {
     r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, r->start_step, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
     check_profile_step(r);
-    r->health.start_max_abs = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&s->config));
-    gpt2_sync(r->model, SYNC_RELEASE);
+    r->health.start_max_abs = params_digest(r->model, PARAMS_READ).max_abs;
     r->health.ckpt_step = o->resume ? r->start_step : -1;
     r->health.ckpt_max_abs = r->health.start_max_abs;
     set_exit_now_text(r->has_out ? o->out_dir : NULL, r->health.ckpt_step);
@@ -1222,8 +1281,7 @@ static void train_setup(Run* r) {
 // started from is the cause
 static void fail_not_finite(Run* r, int step, const char* what, const char* then) {
     const TrainingHealth* h = &r->health;
-    gpt2_sync(r->model, SYNC_TO_HOST);
-    float now = params_max_abs(gpt2_host_view(r->model).params, gpt2_num_parameters(&r->setup.config));
+    float now = params_digest(r->model, PARAMS_READ).max_abs;
     char history[320], ckpt[PATH_MAX_LEN + 256], hint[PATH_MAX_LEN + 192];
     if (h->last_step == 0) {
         snprintf(history, sizeof(history), "it is the first step of this run, from weights with max |w| = %.3g", h->start_max_abs);
@@ -1389,7 +1447,7 @@ static int train_step(Run* r, int step) {
         gpt2_profile_end(r->model);
         prof_end(now_seconds() - t0);
     }
-    if (r->o->check_replicas && world > 1) { check_replicas(r->model, &s->config, s->dist, step + 1); }
+    if (r->o->check_replicas && world > 1) { check_replicas(r->model, s->dist, step + 1); }
     log_step(r, step, loss, norm, lr, now_seconds() - t0);
     if (profiling) { profile_report(r); }
     return 1;
@@ -1397,7 +1455,7 @@ static int train_step(Run* r, int step) {
 
 // the end-of-run replica check, the memory summary, and everything freed
 static void train_teardown(Run* r, int step) {
-    if (r->setup.dist.world > 1 && !r->has_out && r->setup.zero != ZERO_WEIGHTS) { check_replicas(r->model, &r->setup.config, r->setup.dist, step); }  // with -o, the last checkpoint checked
+    if (r->setup.dist.world > 1 && !r->has_out && r->setup.zero != ZERO_WEIGHTS) { check_replicas(r->model, r->setup.dist, step); }  // with -o, the last checkpoint checked
     size_t peak = mem_rss_peak();
     printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
            "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",

@@ -87,18 +87,19 @@ static void fuzz_state(const char* path) {
     s.optimizer = OPT_ADAMW;
     Dist one = {0, 1};
     s.dist = one;
-    HostView h = {(float*)malloc_check(P * sizeof(float)), NULL, optimizer_state_floats(&cfg, OPT_ADAMW, 0, 1)};
+    float* params = (float*)malloc_check(P * sizeof(float));
+    HostView h = {NULL, optimizer_state_floats(&cfg, OPT_ADAMW, 0, 1)};
     h.opt_state = (float*)malloc_check(h.opt_floats * sizeof(float));
-    model_file_read_params(f, model_path, &cfg, version, h.params);
+    model_file_read_params(f, model_path, &cfg, version, params);
     DataLoader dl;
     dataloader_init(&dl, shard_path, FUZZ_B, FUZZ_T, 0, 1, cfg.vocab_size);
     TrainState st;
     state_file_read_header(path, &st);  // as rank 0's: the ranks and the run identity
     if (st.num_processes != 1 || st.zero != 0) { fail("state file '%s' is not of one rank with --zero 0", path); }
-    state_load(path, &st, &s, FUZZ_STEP, st.run_id, model_path, h, &dl);
+    state_load(path, &st, &s, FUZZ_STEP, st.run_id, model_path, params_hash(params, P), h, &dl);
     dataloader_next_batch(&dl);
     dataloader_free(&dl);
-    free(h.params);
+    free(params);
     free(h.opt_state);
 }
 
