@@ -199,8 +199,10 @@ if ran_gpu:
     s.check("CUDA, heads of 16: the configuration's backend line says flash attention", "fp32, flash attention" in ran_gpu.out,
             ran_gpu.out[:1500])
 s.expect_fail("--attention with an unknown name: refused, naming both", "choose flash or matmul", [CUDA] + BASE + ["--attention", "sdpa"])
-# ZeRO-2 is the CPU trainer's only: the CUDA trainer refuses --zero 2 before anything else about it (ranks, MPI)
-s.expect_fail("CUDA --zero 2: refused, naming the backend and --zero 1", "--zero 2: the CUDA backend (train_gpt_cu) does not shard the gradients yet",
+# ZeRO-3 is the CPU trainer's only: the CUDA trainer refuses --zero 3 before anything else about it (ranks, MPI)
+s.expect_fail("CUDA --zero 3: refused, naming the backend and its highest stage", "--zero 3: the CUDA backend (train_gpt_cu) builds ZeRO stages up to",
+              [CUDA] + BASE + ["--zero", "3"])
+s.expect_fail("CUDA --zero 2: refused (not built yet), naming the backend", "--zero 2: the CUDA backend (train_gpt_cu) builds ZeRO stages up to 1",
               [CUDA] + BASE + ["--zero", "2"])
 s.expect_fail("CUDA --plan --zero 2 --plan-ranks 2: refused too", "hint: use --zero 1", [CUDA, "--plan", "-e", "d12", "--zero", "2", "--plan-ranks", "2"])
 
