@@ -46,7 +46,8 @@ typedef struct {
     int min_ranks;                          // searched only with this many ranks or more (else the flag as given)
     int changes_model;                      // 1: another value trains another model; 0: the same one (bitwise,
                                             // --offload optimizer,gradients with accumulation to rounding,
-                                            // --loss-chunk on a GPU to rounding: wte's gradient summed by chunks)
+                                            // --loss-chunk on a GPU to rounding: wte's gradient summed by chunks,
+                                            // --zero 2 and 3 with accumulation to rounding: each micro-step reduced)
 } PlanDimension;
 
 // --loss-chunk's value in the search: enough tokens to keep a GPU busy (the (K,C) d(lnf output) GEMM
@@ -59,11 +60,11 @@ static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--optimizer", {"adamw", "adafactor", "came"}, 1, 1},
     {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1, 0},
     {"--offload", {"0", "activations", "optimizer", "activations,optimizer", "optimizer,gradients", "activations,optimizer,gradients"}, 1, 0},
-    {"--zero", {"0", "1"}, 2, 0},
+    {"--zero", {"0", "1", "2", "3"}, 2, 0},
     {"--loss-chunk", {"0", PLAN_LOSS_CHUNK}, 1, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
-#define PLAN_MAX_CANDIDATES 1024
+#define PLAN_MAX_CANDIDATES 2048
 
 static int plan_dimension_size(const PlanDimension* d) {
     int n = 0;
@@ -442,7 +443,7 @@ static void plan_print_nothing_fits(const PlanSearch* s, const PlanCandidate* c,
                need, budget);
     }
     printf("  or shrink what every combination needs: a smaller -b or -t (activations grow with B*T), more ranks\n"
-           "  with --zero 1 (the optimizer state divides by them: --plan-ranks N)\n");
+           "  with --zero 1, 2 or 3 (the optimizer state, the gradients, the weights divide by them: --plan-ranks N)\n");
 }
 
 // one recommendation: its flags, cost and memory, and the command that runs it
