@@ -38,11 +38,14 @@ class Missing(Exception):
     """a program a part needs is not built"""
 
 
-def run(prog, args):
-    """PROG's stdout with ARGS (run from the repository root); Missing if PROG is not there"""
+def run(prog, args, refusal=None):
+    """PROG's stdout with ARGS (run from the repository root); Missing if PROG is not there; None if
+    it stops with a message containing REFUSAL (a flag the backend does not build)"""
     if not os.path.isfile(os.path.join(ROOT, prog)):
         raise Missing(f"{prog} is not built (make {prog.lstrip('./')})")
     p = subprocess.run([prog] + args, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if p.returncode != 0 and refusal is not None and refusal in p.stderr:
+        return None
     if p.returncode != 0:
         raise RuntimeError(f"{prog} {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()[:400]}")
     return p.stdout
@@ -165,6 +168,39 @@ def gpu80(a):
     return "\n".join(rows) + "\n"
 
 
+ZERO8_PRESETS = ["d12", "d24", "d36", "d48", "d60", "d72", "d84"]
+ZERO8_COMMON = ["-b", "1", "-t", "1024", "--recompute", "sqrt", "--plan-ranks", "8"]
+ZERO8_BUDGET = 80e9  # bytes a rank has: an 80 GB GPU, or 80 GB of host memory per CPU rank
+
+
+def zero8x80(a):
+    """per ZeRO stage, the largest preset whose plan fits 80 GB a rank on 8 ranks, and d84's plan: the
+    CPU trainer's total (fp32, AdamW) and the CUDA trainer's GPU memory (bf16, flash); a stage a
+    backend refuses says so"""
+    rows = ["| `--zero` | CPU trainer: largest preset in 80 GB a rank | its memory a rank | d84 a rank | "
+            "CUDA trainer: largest preset in 80 GB of GPU | its GPU memory | d84 a rank |",
+            "|---|---|---|---|---|---|---|"]
+    for stage in range(4):
+        cells = [f"{stage}"]
+        for prog, row in ((a.train, "total"), (a.emu, "device total")):
+            fits, d84 = None, None
+            for model in ZERO8_PRESETS:
+                out = run(prog, ["--plan", "-e", model, "--zero", str(stage)] + ZERO8_COMMON, refusal="builds ZeRO stages up to")
+                if out is None:
+                    break
+                b = table_bytes(out, row)
+                if b <= ZERO8_BUDGET:
+                    fits = (model, b)
+                if model == "d84":
+                    d84 = b
+            if d84 is None:
+                cells += ["not built (refused)", "-", "-"]
+            else:
+                cells += [f"{fits[0]}" if fits else "none", f"{fits[1] / GIB:.1f} GiB" if fits else "-", f"{d84 / GIB:.1f} GiB"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def compare_sets(a):
     """scripts/compare_flags.py's default flag sets"""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -172,7 +208,8 @@ def compare_sets(a):
     return "".join(f"{i}. {'`' + f + '`' if f else '(plain)'}\n" for i, f in enumerate(compare_flags.DEFAULT_SETS, 1))
 
 
-GENERATORS = {"compare_sets": compare_sets, "usage": usage, "presets": presets, "d48_40gib": d48_40gib, "recommendations": recommendations, "gpu80": gpu80}
+GENERATORS = {"compare_sets": compare_sets, "usage": usage, "presets": presets, "d48_40gib": d48_40gib, "recommendations": recommendations, "gpu80": gpu80,
+              "zero8x80": zero8x80}
 
 
 # ----------------------------------------------------------------------------
