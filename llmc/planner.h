@@ -57,6 +57,7 @@ typedef struct {
     size_t working_bytes;    // per weight: the copy the kernels read, all a GPU keeps with --offload optimizer
     const char* head_formula;  // the head in bytes, e.g. "4(3BT + K(C + Vp))"
     int head_rows;           // K: the head's rows of logits (B*T, or a --loss-chunk's tokens)
+    int zero1_pack;          // 1: ZeRO-1 reduce-scatters through ZeRO-2's pack too (the GPU; the CPU's MPI needs none)
 } BackendLayout;
 
 typedef struct {
@@ -171,11 +172,11 @@ static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, co
     p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
 }
 
-// ZeRO-2 (opt_layout.h's zero2_grad_floats, the CPU backend): a rank keeps its padded blocks of
+// ZeRO-2 (opt_layout.h's zero2_grad_floats, both backends): a rank keeps its padded blocks of
 // the reduced gradients (E floats, as the ZeRO-1 state counts them, [x] = ceil(x / N)), a working
 // buffer shaped as a one-layer model (the backward's own gradients: Vp C + maxT C + 12C^2 + 15C)
 // and one layer's gradients packed rank by rank for its reduce-scatter (N Eℓ, Eℓ = a rank's
-// blocks of one layer's 12 slices)
+// blocks of one layer's 12 slices). The GPU's ZeRO-1 (zero1_pack): the model's gradients and the pack
 static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
     size_t L = cfg->num_layers, C = cfg->channels, maxT = cfg->max_seq_len, F = sizeof(float);
     size_t N = in->world, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
@@ -184,6 +185,11 @@ static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanIn
     size_t El = c3 * C + c1 * C + c4 * C + c1 * 4 * C + 6 * c1 + c3 + c4;
     size_t E = (cV + cT) * C + 2 * c1 + L * El;
     size_t working = Vp * C + maxT * C + 12 * C * C + 15 * C;
+    if (in->zero == 1) {
+        p->bytes[MEM_GRADIENTS] += N * El * F;
+        snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-1: %zuP + 4(%zu layer blocks: the pack)", in->layout.grad_bytes, N);
+        return;
+    }
     p->bytes[MEM_GRADIENTS] = (E + working + N * El) * F;
     snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %zu layer blocks)", N);
 }
@@ -199,7 +205,8 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
     p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
-    if (in.zero == 2 && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
+    int zero_pack = in.zero == 2 || (in.zero == 1 && lay->zero1_pack && in.offload_optimizer == OPT_OFFLOAD_NONE);
+    if (zero_pack && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
     plan_optimizer_state(&p, cfg, &in);
     // A, one layer's block (the backend's layout); selective recompute drops the GELU output
     // and the attention weights from it and keeps one shared buffer of each instead. The
