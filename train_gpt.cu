@@ -17,9 +17,10 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
 
 Optimizers: AdamW, Adafactor and CAME (cuda/adamw.cuh, adafactor.cuh, came.cuh), in the CPU's
 state layout, so a checkpoint resumes on either backend. Data parallel: `mpirun -np N ./train_gpt_cu
---zero 0|1`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
+--zero 0|1|2`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
 --zero 1 shards every optimizer as the CPU does (Adafactor's and CAME's statistics over a whole slice
-are added across the ranks by NCCL inside the update), so sharded state files move between backends.
+are added across the ranks by NCCL inside the update), so sharded state files move between backends;
+--zero 2 shards the gradients too; both exchange one collective per layer (see "ZeRO", cuda/zero.cuh).
 --offload activations moves kept activations to pinned host memory on a copy stream (see "offload");
 --offload optimizer[,gradients] keeps the fp32 master weights and optimizer state in pinned host
 memory and runs the step on the CPU with the CPU reference's code (see "optimizer offload").
@@ -271,23 +272,14 @@ static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof
 
 #define ALL_SLICES (-2)  // a layer filter that takes every slice (-1: wte, wpe, lnfw, lnfb; l: layer l's)
 
-// for every slice of the model of layer `layer` (or ALL_SLICES): each rank's block
-// (slice_part_counts), in rank order, through call(offset in floats, floats, rank that owns it):
-// ZeRO-1's per-block reduce and broadcast; with world 1 the slice whole
+// every slice of the model of layer `layer` (or ALL_SLICES) through call(offset in floats, floats):
+// --zero 0's all-reduce per slice (ZeRO's exchanges go a layer at a time: cuda/zero.cuh)
 template <typename F>
-static void for_each_rank_block(const GPT2Config* c, int world, int layer, F call) {
+static void for_each_slice(const GPT2Config* c, int layer, F call) {
     ParamSlice* slices = param_slices_alloc(c);
-    int* counts = (int*)malloc_check((size_t)world * sizeof(int));
     for (int k = 0; k < param_slice_count(c); k++) {
-        if (layer != ALL_SLICES && slices[k].layer != layer) { continue; }
-        slice_part_counts(&slices[k], world, counts);
-        size_t off = slices[k].offset;
-        for (int r = 0; r < world; r++) {
-            if (counts[r] > 0) { call(off, (size_t)counts[r], r); }
-            off += (size_t)counts[r];
-        }
+        if (layer == ALL_SLICES || slices[k].layer == layer) { call(slices[k].offset, (size_t)slices[k].rows * slices[k].cols); }
     }
-    free(counts);
     free(slices);
 }
 
@@ -1245,8 +1237,7 @@ static void reduce_slices(Model<floatX>* m, int layer, cudaStream_t stream) {
         return;
     }
     NCCL_CHECK(ncclGroupStart());
-    for_each_rank_block(&m->config, 1, layer, [m, stream](size_t off, size_t n, int owner) {
-        (void)owner;
+    for_each_slice(&m->config, layer, [m, stream](size_t off, size_t n) {
         NCCL_CHECK(ncclAllReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, m->comm, stream));
     });
     NCCL_CHECK(ncclGroupEnd());
