@@ -14,10 +14,12 @@ layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed r
   - a model whose head blocks are larger than a layer's: the head goes in two rounds;
   - the CPU trainer's --zero 2 agrees with the GPU's; checkpoints resume across --zero 1 and 2 and
     across the backends;
+  - --zero 2 started without MPI (torchrun-style variables, scripts/launch_local.sh; the emulated
+    build without MPI, when given): the model of mpirun's --zero 0, bit for bit;
   - --zero 2 with --offload optimizer is refused, saying why; --plan prices ZeRO-1's pack and
     ZeRO-2's buffers.
 
-    python3 tests/test_zero_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt
+    python3 tests/test_zero_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt [./build/emu_nompi/train_gpt]
 
 Tolerances: where the additions are the same the check is bit for bit. The emulated NCCL adds the
 ranks in rank order in every collective, so 3 ranks are exact here too; a real NCCL ring may add
@@ -38,12 +40,14 @@ import sys
 import e2e
 from e2e import ckpt, same_bytes
 
-CUDA, TRAIN, TESTER = e2e.usage(sys.argv, ["./build/emu/train_gpt", "./train_gpt", "./test_gpt"])
+CUDA, TRAIN, TESTER, NOMPI = e2e.usage(sys.argv, ["./build/emu/train_gpt", "./train_gpt", "./test_gpt", "./build/emu_nompi/train_gpt"],
+                                       optional=1)
 s = e2e.Suite("test_zero_cuda", tester=TESTER, run_limit=300)
 FIX, W = s.fix, s.root
 STEPS = 4
 RTOL = 1e-6
 MODEL_RTOL = 1e-4
+LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "launch_local.sh")
 HEADER_BYTES = 1024  # a state file's 256-int header (the run identity, the stage): the floats follow
 
 DEEP = dict(L=5, C=32, V=64, maxT=32)  # test_gpt's model_deep.bin
@@ -262,8 +266,21 @@ else:
             models_close(f"{name}: ends within {MODEL_RTOL:g} of the other backend's straight run",
                          ckpt(r, "model", STEPS, ".bin"), ckpt(want, "model", STEPS, ".bin"), MODEL_RTOL)
 
+    # ------------------------------------------------------------------------
+    # 7. without MPI: torchrun-style variables, NCCL's id through a folder, the host's sums over NCCL
+    if NOMPI is None:
+        s.skip("--zero 2 started without MPI", "no emulated build without MPI given")
+    else:
+        meet, d = f"{W}/meet", f"{W}/nompi_z2"
+        os.makedirs(meet)
+        r = s.expect_ok("--zero 2 on 2 processes started by scripts/launch_local.sh (no MPI)",
+                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet}", "-e", f"{FIX}/model_deep.bin"]
+                        + FLAGS + ["-d", "64", "--zero", "2", "-o", d], env={"CUDA_EMU_DEVICES": "2"})
+        if r:
+            same_model("--zero 2 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
+
 # ----------------------------------------------------------------------------
-# 7. without ranks: what is refused, and what --plan prices
+# 8. without ranks: what is refused, and what --plan prices
 
 s.expect_fail("--zero 2 with --offload optimizer: refused, saying why and naming --zero 1",
               "the offloaded step sums whole gradients on the host",
