@@ -1267,10 +1267,12 @@ static void zero2_reduce(Model<floatX>* m, int layer) {
         m->grad_collectives++;
     }
     prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->working_taken, 0));
     float* first = layer == REST_GROUP ? m->grad_working : m->grads.ln1w;  // the layer: its 12 tensors, ln1w first
     size_t floats = layer == REST_GROUP ? zero2_grad_floats(&m->config, m->dist.world).working : layer_weights(&m->config);
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(floats * sizeof(float)), "ZeRO-2 working gradients, once packed");
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->working_taken, 0));
     CUDA_CHECK(cudaMemsetAsync(first, 0, floats * sizeof(float), m->stream));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
 // the last micro-step's backward hands each layer's gradients to the communication stream as
