@@ -199,6 +199,15 @@ else:
         models_close(f"adamw, 2 micro-steps: --zero 2 within {RTOL:g} of --zero 0 (the micro-steps' sums added in another order)",
                      ckpt(d[2], "model", STEPS, ".bin"), ckpt(d[0], "model", STEPS, ".bin"), RTOL)
         zero_counts("adamw, 2 micro-steps --zero 2", runs[2], 2, 2, 2, DEEP)
+    # with the chunked loss (the next micro-step's forward adds wte's gradient into the working buffer the
+    # last one's head exchange read), recompute and activation offload, in the late stream order
+    ACCUM_FLAGS = ["-d", "128", "--loss-chunk", "12", "--recompute", "2,gelu", "--offload", "activations"] + OPTIMIZERS["came"]
+    d = {z: f"{W}/accum_flags_z{z}" for z in (0, 2)}
+    runs = {z: run(f"came, 2 micro-steps, --loss-chunk, recompute, offload: mpirun -np 2 --zero {z}, late streams", 2, d[z],
+                   ACCUM_FLAGS + ["--zero", str(z)], late=True) for z in (0, 2)}
+    if runs[0] and runs[2]:
+        models_close(f"came, 2 micro-steps with the memory flags, late streams: --zero 2 within {RTOL:g} of --zero 0",
+                     ckpt(d[2], "model", STEPS, ".bin"), ckpt(d[0], "model", STEPS, ".bin"), RTOL)
 
     # ------------------------------------------------------------------------
     # 4. the memory flags, and the late stream order: the comm stream packs what the compute stream
