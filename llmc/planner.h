@@ -14,8 +14,9 @@ and kept tensors each activation policy keeps, and where.
 Notation: L layers, C channels, NH heads, Vp padded vocabulary, maxT positions,
 B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 Under data parallelism every number is per rank: gradients are all-reduced or
-reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state, ZeRO-2
-the gradients too (plan_zero2_gradients: its buffers).
+reduce-scattered in place (no extra buffer; a GPU's ZeRO-1 packs a layer at a time: its
+pack is counted); ZeRO-1 cuts the optimizer state, ZeRO-2 the gradients too
+(plan_zero2_gradients: its buffers).
 
 The plan also counts what a policy costs in time: the FLOPs it recomputes and the
 bytes it moves (selective recompute through device memory, offload between device
