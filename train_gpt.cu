@@ -17,9 +17,10 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
 
 Optimizers: AdamW, Adafactor and CAME (cuda/adamw.cuh, adafactor.cuh, came.cuh), in the CPU's
 state layout, so a checkpoint resumes on either backend. Data parallel: `mpirun -np N ./train_gpt_cu
---zero 0|1`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
+--zero 0|1|2`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
 --zero 1 shards every optimizer as the CPU does (Adafactor's and CAME's statistics over a whole slice
-are added across the ranks by NCCL inside the update), so sharded state files move between backends.
+are added across the ranks by NCCL inside the update), so sharded state files move between backends;
+--zero 2 shards the gradients too; both exchange one collective per layer (see "ZeRO", cuda/zero.cuh).
 --offload activations moves kept activations to pinned host memory on a copy stream (see "offload");
 --offload optimizer[,gradients] keeps the fp32 master weights and optimizer state in pinned host
 memory and runs the step on the CPU with the CPU reference's code (see "optimizer offload").
@@ -37,6 +38,7 @@ T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the 
 #include "llmc/trainer.h"
 #include "cuda/common.cuh"
 #include "cuda/nccl.cuh"
+#include "cuda/zero.cuh"
 #include "cuda/encoder.cuh"
 #include "cuda/layernorm.cuh"
 #include "cuda/matmul.cuh"
@@ -98,6 +100,16 @@ static void point_params(Params<T>* p, T* memory, const GPT2Config* cfg) {
         &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
     };
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { *ptrs[i] = memory; memory += sizes[i]; }
+}
+
+// parameter tensor i (checkpoint order) of p
+template <typename T>
+static T* param_tensor(const Params<T>* p, int i) {
+    T* const ptrs[NUM_PARAMETER_TENSORS] = {
+        p->wte, p->wpe, p->ln1w, p->ln1b, p->qkvw, p->qkvb, p->attprojw, p->attprojb,
+        p->ln2w, p->ln2b, p->fcw, p->fcb, p->fcprojw, p->fcprojb, p->lnfw, p->lnfb,
+    };
+    return ptrs[i];
 }
 
 // one layer's slice of the per-layer tensors
@@ -260,23 +272,14 @@ static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof
 
 #define ALL_SLICES (-2)  // a layer filter that takes every slice (-1: wte, wpe, lnfw, lnfb; l: layer l's)
 
-// for every slice of the model of layer `layer` (or ALL_SLICES): each rank's block
-// (slice_part_counts), in rank order, through call(offset in floats, floats, rank that owns it):
-// ZeRO-1's per-block reduce and broadcast; with world 1 the slice whole
+// every slice of the model of layer `layer` (or ALL_SLICES) through call(offset in floats, floats):
+// --zero 0's all-reduce per slice (ZeRO's exchanges go a layer at a time: cuda/zero.cuh)
 template <typename F>
-static void for_each_rank_block(const GPT2Config* c, int world, int layer, F call) {
+static void for_each_slice(const GPT2Config* c, int layer, F call) {
     ParamSlice* slices = param_slices_alloc(c);
-    int* counts = (int*)malloc_check((size_t)world * sizeof(int));
     for (int k = 0; k < param_slice_count(c); k++) {
-        if (layer != ALL_SLICES && slices[k].layer != layer) { continue; }
-        slice_part_counts(&slices[k], world, counts);
-        size_t off = slices[k].offset;
-        for (int r = 0; r < world; r++) {
-            if (counts[r] > 0) { call(off, (size_t)counts[r], r); }
-            off += (size_t)counts[r];
-        }
+        if (layer == ALL_SLICES || slices[k].layer == layer) { call(slices[k].offset, (size_t)slices[k].rows * slices[k].cols); }
     }
-    free(counts);
     free(slices);
 }
 
@@ -356,6 +359,18 @@ struct Model {
     cudaEvent_t reduced;          // comm stream: every gradient is reduced
     int reduce_in_backward;       // the next backward is the step's last: reduce as it goes
     double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
+    // ZeRO-1 and 2 (cuda/zero.cuh, see "ZeRO" below): one collective per layer through the pack; ZeRO-2:
+    // grads_memory is this rank's gradient shard and grads point into a one-layer working buffer
+    ParamSlice* slices;           // [param_slice_count] the optimizer's slices (opt_layout.h)
+    ZeroGroup* zero_groups;       // [num_zero_groups] the layers', then the head's rounds
+    int num_zero_groups;
+    float* zero_pack;             // (world * a layer's part) one group rank by rank
+    float* grad_working;          // ZeRO-2: a one-layer model's gradients (opt_layout.h's working buffer)
+    size_t* grad_shard_off;       // [slices] ZeRO-2: each slice's block in the shard (grad_shard_offsets)
+    size_t grad_floats;           // floats of grads_memory: P, or ZeRO-2's shard
+    cudaEvent_t working_taken;    // comm stream: the working gradients are packed (the compute stream may clear them)
+    long grad_collectives;        // the gradients' and the weights' collectives since the last update (printed for step 1)
+    long weight_collectives;
     // --offload optimizer (see "optimizer offload"): master_memory, opt_memory and these are pinned
     // host memory; with ",gradients" grads_memory on the GPU holds the rest's gradients (wte, wpe,
     // lnfw, lnfb) and two layers' (grad_layers), else all of them
@@ -505,8 +520,36 @@ static void alloc_scratch(Model<floatX>* m, int B, int T) {
     m->opt_scratch = carve_tensor<char>(&p, sb.optimizer);
 }
 
+// the fp32 gradients, zeroed: the model's (P), and under ZeRO-1 the pack (cuda/zero.cuh); under ZeRO-2
+// the gradient shard, the working buffer (a one-layer model's gradients: every use leaves it zero)
+// and the pack: opt_layout.h's Zero2Grads, as the CPU's, each its own allocation (what the planner counts)
+template <typename floatX>
+static void alloc_gradients(Model<floatX>* m) {
+    const GPT2Config* c = &m->config;
+    int world = m->dist.world, zero2 = m->zero == ZERO_GRADS;
+    Zero2Grads z = zero2_grad_floats(c, world);
+    m->grad_floats = zero2 ? z.shard : m->num_parameters;
+    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, m->grad_floats * sizeof(float));
+    CUDA_CHECK(cudaMemset(m->grads_memory, 0, m->grad_floats * sizeof(float)));
+    m->slices = param_slices_alloc(c);
+    if (zero2) {
+        GPT2Config one = *c;
+        one.num_layers = 1;
+        m->grad_working = (float*)mem_alloc(MEM_GRADIENTS, z.working * sizeof(float));
+        CUDA_CHECK(cudaMemset(m->grad_working, 0, z.working * sizeof(float)));
+        point_params(&m->grads, m->grad_working, &one);  // every layer's backward uses layer 0's place
+        m->grad_shard_off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+        grad_shard_offsets(c, world, m->grad_shard_off);
+    } else {
+        point_params(&m->grads, m->grads_memory, c);
+    }
+    if (zero_shards_state(m->zero)) {
+        m->zero_pack = (float*)mem_alloc(MEM_GRADIENTS, z.pack * sizeof(float));
+        m->zero_groups = zero_groups(c, world, &m->num_zero_groups);
+    }
+}
+
 // the fp32 master weights, their gradients and the optimizer state on the GPU, and pinned host
-// copies of the weights and the state for checkpoints
 // copies of the weights and the state for checkpoints; a model for sampling has the weights only
 template <typename floatX>
 static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
@@ -518,9 +561,7 @@ static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
     point_params(&m->weights, m->weights_memory, &m->config);
     m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
     if (!training) { return; }
-    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, P * sizeof(float));
-    point_params(&m->grads, m->grads_memory, &m->config);
-    CUDA_CHECK(cudaMemset(m->grads_memory, 0, P * sizeof(float)));
+    alloc_gradients(m);
     m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
     m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
@@ -597,7 +638,7 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     // weights: fp32 master, and for bf16 a working copy; for training gradients, optimizer state
     int training = s->use == MODEL_FOR_TRAINING;  // else sampling: forward only
     m->offload_opt = s->offload_optimizer;
-    m->opt_floats = training ? optimizer_state_floats(c, s->optimizer, s->use_beta1, s->zero == ZERO_SHARDED ? s->dist.world : 1) : 0;
+    m->opt_floats = training ? optimizer_state_floats(c, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1) : 0;
     if (m->offload_opt) { alloc_offloaded_optimizer(m); } else { alloc_optimizer_on_device(m, training); }
     alloc_activations(m, s->B, s->T, &s->act);
     if (training) { alloc_backward(m, s->B, s->T); }
@@ -614,6 +655,7 @@ static Model<floatX>* model_create(const ModelSetup* s) {
         CUDA_CHECK(cudaStreamCreate(&m->comm_stream));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_final, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->reduced, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->working_taken, cudaEventDisableTiming));
     }
     return m;
 }
@@ -628,8 +670,9 @@ static void model_destroy(Model<floatX>* m) {
         CUDA_CHECK(cudaStreamDestroy(m->grad_stream));
     } else {
         if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
-        void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->host_params, m->host_opt};
+        void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->host_params, m->host_opt, m->grad_working, m->zero_pack};
         for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
+        free(m->slices); free(m->zero_groups); free(m->grad_shard_off);
     }
     void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->host_probs, m->host_losses};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
@@ -654,6 +697,7 @@ static void model_destroy(Model<floatX>* m) {
         NCCL_CHECK(ncclCommDestroy(m->comm));
         CUDA_CHECK(cudaEventDestroy(m->grads_final));
         CUDA_CHECK(cudaEventDestroy(m->reduced));
+        CUDA_CHECK(cudaEventDestroy(m->working_taken));
         CUDA_CHECK(cudaStreamDestroy(m->comm_stream));
     }
     CUDA_CHECK(cudaStreamDestroy(m->stream));
@@ -1135,9 +1179,11 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
         prepare_backward(m, l, B, T);
         LayerParams<floatX> lp = layer_params(&m->weights, l, C);
         int offload_grads = m->offload_opt == OPT_OFFLOAD_GRADS;
-        LayerParams<float> lg = offload_grads ? layer_grads_on_device(m, l) : layer_params(&m->grads, l, C);
+        int zero2 = m->zero == ZERO_GRADS;  // the working buffer's one layer
+        LayerParams<float> lg = offload_grads ? layer_grads_on_device(m, l) : layer_params(&m->grads, zero2 ? 0 : l, C);
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
-        if (m->reduce_in_backward) { reduce_now_final(m, l); }
+        if (zero2) { zero2_reduce(m, l); }
+        else if (m->reduce_in_backward) { reduce_now_final(m, l); }
         if (m->send_in_backward) { send_final_grads(m, l); }
         if (offload_grads) {  // l's gradients go down while the CPU takes l+1's and the GPU computes l-1's
             send_grads_down(m, m->grad_layers[l % 2], layer_weights(c), l % 2);
@@ -1147,7 +1193,8 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
     prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
     prof_gpu_close(s, S);
-    if (m->reduce_in_backward) { reduce_now_final(m, -1); }  // wte, wpe, lnfw, lnfb
+    if (m->zero == ZERO_GRADS) { zero2_reduce(m, REST_GROUP); }  // wte, wpe, lnfw, lnfb
+    else if (m->reduce_in_backward) { reduce_now_final(m, REST_GROUP); }
     if (m->send_in_backward) { send_final_grads(m, REST_GROUP); }
     if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
         send_grads_down(m, m->grads_memory, rest_weights(c), 1);
@@ -1157,23 +1204,75 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
     }
 }
 
+// ----------------------------------------------------------------------------
+// ZeRO (cuda/zero.cuh): a group is one layer's 12 slices, or a round of the head slices (wte, wpe,
+// lnfw, lnfb); each exchange of a group is one NCCL collective through the pack. ZeRO-1 reduce-scatters
+// the gradients of the last micro-step's backward (the sums into this rank's blocks of the model's
+// gradients); ZeRO-2 every micro-step's, from the working buffer, the sums added to the gradient
+// shard; both then all-gather the updated master weights, group by group.
+
+// the groups of `layer` [*g0, *g1): layer l's one, REST_GROUP the head's rounds, ALL_SLICES every one
+template <typename floatX>
+static void zero_group_range(const Model<floatX>* m, int layer, int* g0, int* g1) {
+    int L = m->config.num_layers;
+    *g0 = layer >= 0 ? layer : layer == REST_GROUP ? L : 0;
+    *g1 = layer >= 0 ? layer + 1 : m->num_zero_groups;
+}
+
 // the gradients of the slices of `layer` (or ALL_SLICES) summed over the ranks on `stream`: whole
-// on every rank (--zero 0, an all-reduce per slice), or each block on the rank that owns it
-// (--zero 1: a reduce to that rank per block, as the CPU's reduce-scatter cuts them)
+// on every rank (--zero 0, an all-reduce per slice), or (--zero 1) each group's reduce-scattered
+// through the pack and this rank's sums unpacked into its blocks
 template <typename floatX>
 static void reduce_slices(Model<floatX>* m, int layer, cudaStream_t stream) {
-    NCCL_CHECK(ncclGroupStart());
     if (m->zero == ZERO_SHARDED) {
-        for_each_rank_block(&m->config, m->dist.world, layer, [m, stream](size_t off, size_t n, int owner) {
-            NCCL_CHECK(ncclReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, owner, m->comm, stream));
-        });
-    } else {
-        for_each_rank_block(&m->config, 1, layer, [m, stream](size_t off, size_t n, int owner) {
-            (void)owner;
-            NCCL_CHECK(ncclAllReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, m->comm, stream));
-        });
+        int g0, g1, rank = m->dist.rank;
+        zero_group_range(m, layer, &g0, &g1);
+        auto grads = [m](int k) { return m->grads_memory + m->slices[k].offset; };
+        for (int g = g0; g < g1; g++) {
+            zero_pack_cuda(&m->zero_groups[g], 0, m->dist.world, grads, m->zero_pack, stream);
+            zero_reduce_scatter(&m->zero_groups[g], rank, m->zero_pack, m->comm, stream);
+            zero_unpack_cuda(&m->zero_groups[g], rank, rank + 1, grads, m->zero_pack, stream);
+            m->grad_collectives++;
+        }
+        return;
     }
+    NCCL_CHECK(ncclGroupStart());
+    for_each_slice(&m->config, layer, [m, stream](size_t off, size_t n) {
+        NCCL_CHECK(ncclAllReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, m->comm, stream));
+    });
     NCCL_CHECK(ncclGroupEnd());
+}
+
+// ZeRO-2, every micro-step, after layer l's backward (REST_GROUP: after the encoder's, the head's
+// rounds): the comm stream waits for the compute stream, packs the working gradients rank by rank,
+// reduce-scatters them and adds this rank's sums to the shard, while the compute stream goes on
+// with the next layer. The compute stream clears the working gradients (the layer's, or the whole
+// buffer after the head) for their next use, but only once the comm stream has packed them
+// (working_taken): the next layer's backward writes the same place
+template <typename floatX>
+static void zero2_reduce(Model<floatX>* m, int layer) {
+    int g0, g1, rank = m->dist.rank;
+    zero_group_range(m, layer, &g0, &g1);
+    CUDA_CHECK(cudaEventRecord(m->grads_final, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->grads_final, 0));
+    size_t n = layer == REST_GROUP ? rest_weights(&m->config) : layer_weights(&m->config);
+    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "ZeRO-2 reduce-scatter, during backward");
+    auto working = [m](int k) { return param_tensor(&m->grads, m->slices[k].tensor); };
+    for (int g = g0; g < g1; g++) {
+        const ZeroGroup* zg = &m->zero_groups[g];
+        zero_pack_cuda(zg, 0, m->dist.world, working, m->zero_pack, m->comm_stream);
+        CUDA_CHECK(cudaEventRecord(m->working_taken, m->comm_stream));
+        zero_reduce_scatter(zg, rank, m->zero_pack, m->comm, m->comm_stream);
+        zero_add_cuda(m->grads_memory + zg->shard_at, m->zero_pack + (size_t)rank * zg->part, zg->part, m->comm_stream);
+        m->grad_collectives++;
+    }
+    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
+    float* first = layer == REST_GROUP ? m->grad_working : m->grads.ln1w;  // the layer: its 12 tensors, ln1w first
+    size_t floats = layer == REST_GROUP ? zero2_grad_floats(&m->config, m->dist.world).working : layer_weights(&m->config);
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(floats * sizeof(float)), "ZeRO-2 working gradients, once packed");
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->working_taken, 0));
+    CUDA_CHECK(cudaMemsetAsync(first, 0, floats * sizeof(float), m->stream));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
 // the last micro-step's backward hands each layer's gradients to the communication stream as
@@ -1190,7 +1289,8 @@ static void reduce_now_final(Model<floatX>* m, int layer) {
 }
 
 // the gradients of all ranks' micro-batches, summed (the loss scale already divides by the
-// ranks): after a backward that reduced as it went, the compute stream only waits for that
+// ranks): after a backward that reduced as it went (ZeRO-2: every backward), the compute stream
+// only waits for that
 template <typename floatX>
 static void model_reduce_grads(Model<floatX>* m) {
     if (m->offload_opt != OPT_OFFLOAD_NONE) {  // the gradients are (or are on their way) in host memory
@@ -1203,7 +1303,7 @@ static void model_reduce_grads(Model<floatX>* m) {
         return;
     }
     if (m->comm == NULL) { return; }
-    if (m->reduce_in_backward) {
+    if (m->reduce_in_backward || m->zero == ZERO_GRADS) {
         CUDA_CHECK(cudaEventRecord(m->reduced, m->comm_stream));
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the NCCL stream");
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
@@ -1216,8 +1316,15 @@ static void model_reduce_grads(Model<floatX>* m) {
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
-// global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1: each rank sums the
-// squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add
+// rank's reduced gradients of slice k: its block in the model's gradients (offset: from the
+// slice's start, slice_shard's), or under ZeRO-2 in the gradient shard
+template <typename floatX>
+static float* grad_block(Model<floatX>* m, int k, size_t offset) {
+    return m->zero == ZERO_GRADS ? m->grads_memory + m->grad_shard_off[k] : m->grads_memory + m->slices[k].offset + offset;
+}
+
+// global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1 and 2: each rank sums
+// the squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add
 template <typename floatX>
 static float model_grad_norm(Model<floatX>* m) {
     if (m->offload_opt) {
@@ -1229,7 +1336,7 @@ static float model_grad_norm(Model<floatX>* m) {
     }
     double sum = 0.0;
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
-    if (m->zero != ZERO_SHARDED || m->comm == NULL) {
+    if (!zero_shards_state(m->zero) || m->comm == NULL) {
         double* result = m->norm_scratch;
         global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
         CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
@@ -1237,14 +1344,12 @@ static float model_grad_norm(Model<floatX>* m) {
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
         return (float)sqrt(sum);
     }
-    ParamSlice* slices = param_slices_alloc(&m->config);
     int nslices = param_slice_count(&m->config);
     OptSharding z = {m->dist.rank, m->dist.world, NULL, NULL, 0, 0};
     for (int k = 0; k < nslices; k++) {
         size_t offset;
-        OptShard sh = slice_shard(&slices[k], &z, &offset);
-        global_norm_squared_cuda(m->norm_parts + k, m->grads_memory + slices[k].offset + offset, (size_t)sh.rows * sh.cols,
-                                 m->norm_scratch + 1, m->stream);
+        OptShard sh = slice_shard(&m->slices[k], &z, &offset);
+        global_norm_squared_cuda(m->norm_parts + k, grad_block(m, k, offset), (size_t)sh.rows * sh.cols, m->norm_scratch + 1, m->stream);
     }
     double* parts = (double*)malloc_check((size_t)nslices * sizeof(double));
     CUDA_CHECK(cudaMemcpyAsync(parts, m->norm_parts, (size_t)nslices * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
@@ -1252,16 +1357,15 @@ static float model_grad_norm(Model<floatX>* m) {
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     for (int k = 0; k < nslices; k++) { sum += parts[k]; }
     free(parts);
-    free(slices);
     dist_allreduce_sum_doubles(&sum, 1);
     return (float)sqrt(sum);
 }
 
-// clips the gradients and takes one step of the model's optimizer per slice (under ZeRO-1 on this
-// rank's block of each), as cpu/optimizers.h's optimizer_step (AdamW: weight decay on the 2-D
-// weights only; the padded wte rows never touched); ZeRO-1 then sends every block from its owner to
-// the others (a broadcast per block, queued after the update on the same stream); then the working
-// weights follow the master
+// clips the gradients and takes one step of the model's optimizer per slice (under ZeRO-1 and 2 on
+// this rank's block of each), as cpu/optimizers.h's optimizer_step (AdamW: weight decay on the 2-D
+// weights only; the padded wte rows never touched); ZeRO then sends every rank's updated blocks to
+// the others (an all-gather per group, queued after the update on the same stream); then the
+// working weights follow the master
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     size_t X = sizeof(floatX);
@@ -1276,19 +1380,19 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s",
                   OPTIMIZER_NAMES[m->optimizer]);
     float clip = s->grad_clip > 0.0f && grad_norm > s->grad_clip ? s->grad_clip / grad_norm : 1.0f;
-    if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->num_parameters, m->stream); }
+    if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->grad_floats, m->stream); }
     const OptimizerHyper* h = &s->hyper;
     int use_beta1 = h->adafactor.beta1 > 0.0;
     OptSharding z = {0, 1, NULL, NULL, 0, 0};
-    if (m->zero == ZERO_SHARDED) { z.rank = m->dist.rank; z.world = m->dist.world; }
-    ParamSlice* slices = param_slices_alloc(&m->config);
+    if (zero_shards_state(m->zero)) { z.rank = m->dist.rank; z.world = m->dist.world; }
+    const ParamSlice* slices = m->slices;
     float* st = m->opt_memory;
     for (int k = 0; k < param_slice_count(&m->config); k++) {
         size_t offset;
         OptShard sh = slice_shard(&slices[k], &z, &offset);
-        size_t n = (size_t)sh.rows * sh.cols, off = slices[k].offset + offset;
-        float* p = m->master_memory + off;
-        const float* g = m->grads_memory + off;
+        size_t n = (size_t)sh.rows * sh.cols;
+        float* p = m->master_memory + slices[k].offset + offset;
+        const float* g = grad_block(m, k, offset);
         if (m->optimizer == OPT_ADAMW) {
             const AdamWHyper* a = &h->adamw;
             double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? a->weight_decay : 0.0;
@@ -1303,21 +1407,35 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         }
         st += slice_state_floats(m->optimizer, &sh, use_beta1);
     }
-    free(slices);
-    if (m->zero == ZERO_SHARDED && m->comm != NULL) {
+    if (zero_shards_state(m->zero) && m->comm != NULL) {
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
-                      "NCCL broadcast of the updated blocks");
-        NCCL_CHECK(ncclGroupStart());
-        for_each_rank_block(&m->config, m->dist.world, ALL_SLICES, [m](size_t off, size_t n, int owner) {
-            NCCL_CHECK(ncclBroadcast(m->master_memory + off, m->master_memory + off, n, ncclFloat, owner, m->comm, m->stream));
-        });
-        NCCL_CHECK(ncclGroupEnd());
+                      "NCCL all-gather of the updated blocks");
+        auto master = [m](int k) { return m->master_memory + m->slices[k].offset; };
+        for (int g = 0; g < m->num_zero_groups; g++) {
+            zero_all_gather(&m->zero_groups[g], m->dist.rank, m->dist.world, master, m->zero_pack, m->comm, m->stream);
+            m->weight_collectives++;
+        }
+        print_zero_collectives(m, s->t);
     }
     if ((void*)m->weights_memory != (void*)m->master_memory) {
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_bytes(m->num_parameters * (4.0 + X)), "working weights from the master");
         copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->num_parameters, m->stream);
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+}
+
+// ZeRO-1 and 2: the NCCL collectives of the gradients and the weights in step 1, counted
+// (tests/test_zero_cuda.py bounds them per layer: one each a group, the head's rounds beside)
+template <typename floatX>
+static void print_zero_collectives(Model<floatX>* m, int t) {
+    if (t == 1 && m->dist.rank == 0) {
+        int L = m->config.num_layers;
+        printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers (L = %d, %d head rounds); "
+               "gradients per rank: %zu of %zu floats, pack %zu\n", (int)m->zero, m->grad_collectives, m->weight_collectives,
+               L, m->num_zero_groups - L, m->grad_floats, m->num_parameters, zero2_grad_floats(&m->config, m->dist.world).pack);
+    }
+    m->grad_collectives = 0;
+    m->weight_collectives = 0;
 }
 
 template <typename floatX>
@@ -1361,9 +1479,8 @@ static const float* model_probs(Model<floatX>* m, int position) {
 // the backend interface (llmc/trainer.h): each call goes to the model of the run's precision
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
-// ZeRO-2 and 3 (ncclReduceScatter of the gradients into a shard, weights gathered layer by layer)
-// are not built here yet: the trainer refuses --zero 2 and 3
-int gpt2_zero_max_stage(void) { return ZERO_SHARDED; }
+// ZeRO-3 (the weights gathered layer by layer) is not built here yet: the trainer refuses --zero 3
+int gpt2_zero_max_stage(void) { return ZERO_GRADS; }
 
 // free GPU memory at the first call, before any tensor: what gpt2_device_bytes_used counts from
 static size_t g_free_at_start = 0;
@@ -1460,6 +1577,11 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 // the ranks add their gradients over MPI there); every other setup the shared checks let through runs
 void gpt2_check_setup(const ModelSetup* s) {
     if (!s->offload_optimizer) { nccl_check_built(&s->dist); }
+    if (s->offload_optimizer && s->zero == ZERO_GRADS) {
+        fail("--zero 2 with --offload optimizer: the offloaded step sums whole gradients on the host (over MPI), so the GPU "
+             "would keep no less than with --zero 1; the GPU's ZeRO-2 reduce-scatters on the device (NCCL) into a shard\n"
+             "  hint: --zero 1 --offload optimizer[,gradients] (the state sharded, the gradients on the host), or --zero 2 without --offload optimizer");
+    }
 }
 
 // srun or torchrun-style variables without MPI: NCCL carries the host's collectives too (cuda/nccl.cuh)
@@ -1505,7 +1627,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
                        layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
                        layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X,
-                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K};
+                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K, 1};
     return l;
 }
 
@@ -1566,8 +1688,9 @@ const float* gpt2_probs(GPT2* m, int position) {
 template <typename floatX>
 static void model_zero_grad(Model<floatX>* m) {
     if (m->offload_opt == OPT_OFFLOAD_GRADS) { m->first_micro_step = 1; return; }
-    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(m->num_parameters * sizeof(float)), "gradients");
-    CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, m->num_parameters * sizeof(float), m->stream));
+    size_t n = m->offload_opt ? m->num_parameters : m->grad_floats;  // ZeRO-2: the shard (the working buffer is zero already)
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(n * sizeof(float)), "gradients");
+    CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, n * sizeof(float), m->stream));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 

@@ -63,6 +63,12 @@ static ncclResult_t ncclReduce(const void*, void*, size_t, ncclDataType_t, ncclR
 static ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
     return nccl_missing("ncclBroadcast");
 }
+static ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
+    return nccl_missing("ncclReduceScatter");
+}
+static ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) {
+    return nccl_missing("ncclAllGather");
+}
 #endif
 
 static void nccl_check_at(ncclResult_t r, const char* call, const char* file, int line) {

@@ -385,7 +385,7 @@ static void dist_reduce_scatter_floats(float* buf, const int* counts, Dist d) {
 // ZeRO-2: buf holds world parts of `count` floats each, rank by rank; on return the first
 // `count` floats hold the sum over the ranks of this rank's part (MPI_Reduce_scatter_block in
 // place). The host's NCCL carrier (launches without MPI) has no such call: the CUDA trainer,
-// the one that uses it, refuses --zero 2 (llmc/trainer.h)
+// the one that uses it, reduce-scatters ZeRO-2's gradients on the GPU (cuda/zero.cuh), not here
 static void dist_reduce_scatter_block_floats(float* buf, int count, Dist d) {
     if (d.world < 2) { return; }
     g_dist_collectives++;

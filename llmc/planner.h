@@ -14,8 +14,9 @@ and kept tensors each activation policy keeps, and where.
 Notation: L layers, C channels, NH heads, Vp padded vocabulary, maxT positions,
 B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 Under data parallelism every number is per rank: gradients are all-reduced or
-reduce-scattered in place (no extra buffer); ZeRO-1 cuts the optimizer state, ZeRO-2
-the gradients too (plan_zero2_gradients: its buffers).
+reduce-scattered in place (no extra buffer; a GPU's ZeRO-1 packs a layer at a time: its
+pack is counted); ZeRO-1 cuts the optimizer state, ZeRO-2 the gradients too
+(plan_zero2_gradients: its buffers).
 
 The plan also counts what a policy costs in time: the FLOPs it recomputes and the
 bytes it moves (selective recompute through device memory, offload between device
@@ -57,6 +58,7 @@ typedef struct {
     size_t working_bytes;    // per weight: the copy the kernels read, all a GPU keeps with --offload optimizer
     const char* head_formula;  // the head in bytes, e.g. "4(3BT + K(C + Vp))"
     int head_rows;           // K: the head's rows of logits (B*T, or a --loss-chunk's tokens)
+    int zero1_pack;          // 1: ZeRO-1 reduce-scatters through ZeRO-2's pack too (the GPU; the CPU's MPI needs none)
 } BackendLayout;
 
 typedef struct {
@@ -189,13 +191,19 @@ static PlanShard plan_shard(const GPT2Config* cfg, size_t N) {
     return s;
 }
 
-// ZeRO-2 (the CPU backend): a rank keeps its shard of the reduced gradients, the backward's own
+// ZeRO-2 (both backends): a rank keeps its shard of the reduced gradients, the backward's own
 // gradients in the working buffer, and one layer's gradients packed rank by rank for its
-// reduce-scatter (N Eℓ)
+// reduce-scatter (N Eℓ). The GPU's ZeRO-1 (zero1_pack): the model's gradients and the pack
 static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
     PlanShard z = plan_shard(cfg, in->world);
-    p->bytes[MEM_GRADIENTS] = (z.E + z.working + in->world * z.El) * sizeof(float);
-    snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %d layer blocks)", in->world);
+    size_t N = in->world, F = sizeof(float);
+    if (in->zero == 1) {
+        p->bytes[MEM_GRADIENTS] += N * z.El * F;
+        snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-1: %zuP + 4(%zu layer blocks: the pack)", in->layout.grad_bytes, N);
+        return;
+    }
+    p->bytes[MEM_GRADIENTS] = (z.E + z.working + N * z.El) * F;
+    snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %zu layer blocks)", N);
 }
 
 // ZeRO-3 (the CPU backend): ZeRO-2's gradients, and of the fp32 weights a rank keeps its shard (E)
@@ -219,7 +227,8 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
     p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
-    if (in.zero >= 2 && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
+    int zero_pack = in.zero >= 2 || (in.zero == 1 && lay->zero1_pack && in.offload_optimizer == OPT_OFFLOAD_NONE);
+    if (zero_pack && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
     plan_optimizer_state(&p, cfg, &in);
     // A, one layer's block (the backend's layout); selective recompute drops the GELU output
     // and the attention weights from it and keeps one shared buffer of each instead. The

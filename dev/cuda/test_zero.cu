@@ -1,0 +1,128 @@
+/*
+test_zero.cu: ZeRO's pack and unpack kernels and groups (cuda/zero.cuh) against the layout the
+optimizer reads (llmc/opt_layout.h: shard_range's blocks, grad_shard_offsets' gradient shard), for
+1 to 5 ranks (uneven blocks, padding), on models whose head goes through the pack in one round and
+in several (a vocabulary large against the channels):
+  - the groups' parts tile the gradient shard: every float of [0, E) at exactly one (group, offset),
+    and the head takes the rounds the model needs;
+  - packing every rank's blocks of a buffer in the model's layout, group by group, and taking rank r's
+    part of each at its shard_at gives rank r's shard: each slice's block at grad_shard_offsets' place,
+    zero in the padding (bit for bit; what ZeRO-2's reduce-scatter adds into the shard);
+  - unpacking every rank's parts into a zeroed buffer gives back every real element (ZeRO's
+    all-gather), and wte's padded rows stay zero; unpacking one rank's parts writes its blocks only
+    (ZeRO-1's reduce-scatter);
+  - zero_add_cuda adds a part into the shard.
+
+    make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_zero && ./build/emu/dev/cuda/test_zero
+*/
+#include "dev/cuda/kernel_test.h"
+#include "cuda/zero.cuh"
+
+// the rounds of a model's head through the pack (at least), and the model: maxT, V, Vp, L, NH, C
+struct ZeroCase { GPT2Config c; const char* what; };
+static const ZeroCase CASES[] = {
+    {{32, 64, 128, 2, 2, 32}, "the test fixture (L=2 C=32 V=64): the head in one round"},
+    {{32, 500, 512, 2, 2, 32}, "V=500 C=32: wte's padded rows, the head in rounds"},
+    {{20, 1000, 1024, 3, 2, 24}, "V=1000 C=24 maxT=20: rows that no rank count divides, several rounds"},
+};
+
+// rank r's shard of x (the model's layout): each slice's block at grad_shard_offsets' place, padded with zeros
+static std::vector<float> reference_shard(const GPT2Config* c, int world, int r, const std::vector<float>& x) {
+    ParamSlice* s = param_slices_alloc(c);
+    std::vector<size_t> goff(param_slice_count(c));
+    std::vector<float> shard(grad_shard_offsets(c, world, goff.data()), 0.0f);
+    for (int k = 0; k < param_slice_count(c); k++) {
+        int begin, end, width = slice_unit_width(&s[k]);
+        shard_range(slice_units(&s[k]), r, world, &begin, &end);
+        for (size_t i = 0; i < (size_t)(end - begin) * width; i++) { shard[goff[k] + i] = x[s[k].offset + (size_t)begin * width + i]; }
+    }
+    free(s);
+    return shard;
+}
+
+static void test_case(const ZeroCase& zc, int world) {
+    const GPT2Config* c = &zc.c;
+    size_t P = gpt2_num_parameters(c), C = c->channels;
+    int ng, L = c->num_layers;
+    ZeroGroup* g = zero_groups(c, world, &ng);
+    ParamSlice* s = param_slices_alloc(c);
+    std::vector<size_t> goff(param_slice_count(c));
+    size_t E = grad_shard_offsets(c, world, goff.data()), most = 0;
+    char name[160];
+    snprintf(name, sizeof name, "zero %d rank(s), %s", world, zc.what);
+
+    std::vector<int> hits(E, 0);  // the groups tile the shard
+    for (int j = 0; j < ng; j++) {
+        for (size_t q = 0; q < g[j].part; q++) { hits[g[j].shard_at + q]++; }
+        most = g[j].part > most ? g[j].part : most;
+    }
+    size_t once = 0;
+    for (size_t i = 0; i < E; i++) { once += hits[i] == 1; }
+    check(once == E, name, "the groups' parts cover %zu of the shard's %zu floats once", once, E);
+    size_t head = 0, layer = zero2_grad_floats(c, world).layer_part;
+    for (int k = 0; k < param_slice_count(c); k++) { head += slice_is_head(&s[k]) ? slice_block_floats(&s[k], world) : 0; }
+    check(ng - L == (int)ceil_div(head, layer) && most <= layer, name, "%d head rounds for a head of %zu floats a rank, a layer's part %zu",
+          ng - L, head, layer);
+
+    std::vector<float> x = random_vector(P, 7 + world);
+    for (size_t i = (size_t)c->vocab_size * C; i < (size_t)c->padded_vocab_size * C; i++) { x[i] = 0.0f; }  // wte's padded rows
+    float* d_x = upload<float>(x);
+    float* d_y = device_alloc<float>(P);
+    float* pack = device_alloc<float>((size_t)world * layer);
+    auto xs = [d_x, s](int k) { return d_x + s[k].offset; };
+    auto ys = [d_y, s](int k) { return d_y + s[k].offset; };
+
+    // pack every rank's blocks: rank r's parts, at their shard_at, are rank r's shard
+    std::vector<std::vector<float>> got(world, std::vector<float>(E, -1.0f));
+    CUDA_CHECK(cudaMemset(d_y, 0, P * sizeof(float)));
+    for (int j = 0; j < ng; j++) {
+        zero_pack_cuda(&g[j], 0, world, xs, pack, 0);
+        std::vector<float> p = download(pack, (size_t)world * g[j].part);
+        for (int r = 0; r < world; r++) {
+            memcpy(&got[r][g[j].shard_at], &p[(size_t)r * g[j].part], g[j].part * sizeof(float));
+        }
+        zero_unpack_cuda(&g[j], 0, world, ys, pack, 0);  // every rank's parts back: the all-gather's unpack
+    }
+    for (int r = 0; r < world; r++) {
+        std::vector<float> want = reference_shard(c, world, r, x);
+        check(memcmp(got[r].data(), want.data(), E * sizeof(float)) == 0, name, "rank %d's parts are its shard (bit for bit)", r);
+    }
+    check(memcmp(download(d_y, P).data(), x.data(), P * sizeof(float)) == 0, name, "every rank's parts unpacked give back the buffer (bit for bit)");
+
+    // one rank's parts unpacked (ZeRO-1 after its reduce-scatter): its blocks only
+    int r = world - 1;
+    CUDA_CHECK(cudaMemset(d_y, 0, P * sizeof(float)));
+    for (int j = 0; j < ng; j++) {
+        zero_pack_cuda(&g[j], 0, world, xs, pack, 0);
+        zero_unpack_cuda(&g[j], r, r + 1, ys, pack, 0);
+    }
+    std::vector<float> y = download(d_y, P), want(P, 0.0f);
+    for (int k = 0; k < param_slice_count(c); k++) {
+        int begin, end, width = slice_unit_width(&s[k]);
+        shard_range(slice_units(&s[k]), r, world, &begin, &end);
+        for (size_t i = (size_t)begin * width; i < (size_t)end * width; i++) { want[s[k].offset + i] = x[s[k].offset + i]; }
+    }
+    check(memcmp(y.data(), want.data(), P * sizeof(float)) == 0, name, "rank %d's parts unpacked write its blocks only", r);
+
+    // ZeRO-2's add of the last group's part of rank r into a shard that holds values
+    const ZeroGroup* last = &g[ng - 1];
+    std::vector<float> shard = random_vector(E, 3), sum = shard;
+    float* d_shard = upload<float>(shard);
+    zero_pack_cuda(last, 0, world, xs, pack, 0);
+    zero_add_cuda(d_shard + last->shard_at, pack + (size_t)r * last->part, last->part, 0);
+    std::vector<float> mine = reference_shard(c, world, r, x);
+    for (size_t q = 0; q < last->part; q++) { sum[last->shard_at + q] += mine[last->shard_at + q]; }
+    check(memcmp(download(d_shard, E).data(), sum.data(), E * sizeof(float)) == 0, name, "a part added into the shard (bit for bit)");
+
+    const float* bufs[] = {d_x, d_y, pack, d_shard};
+    for (const float* b : bufs) { CUDA_CHECK(cudaFree((void*)b)); }
+    free(s);
+    free(g);
+}
+
+int main() {
+    for (const ZeroCase& zc : CASES) {
+        for (int world = 1; world <= 5; world++) { test_case(zc, world); }
+    }
+    return check_summary();
+}

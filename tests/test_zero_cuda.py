@@ -1,0 +1,313 @@
+"""test_zero_cuda.py: ZeRO on the CUDA trainer, over the emulated NCCL (or a real GPU box): --zero 1
+and --zero 2 exchange gradients and weights one collective per group of slices (cuda/zero.cuh: a
+layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed rank by rank.
+  - 2 ranks, one micro-step a rank, every optimizer: --zero 1 and --zero 2 train to the model of
+    --zero 0 bit for bit (the sums are the same additions, a + b), their state files hold the same
+    floats, the memory measured after the first step equals the plan, and step 1's collectives are
+    counted: one reduce-scatter per group and micro-step (ZeRO-1: the last micro-step only), one
+    all-gather per group, where the old exchange made one call per slice and rank, W x (4 + 12L);
+  - ZeRO-2 keeps at most 1/N of the reduced gradients (plus the blocks' padding), printed;
+  - 3 ranks (uneven blocks, padding) with CAME; 2 micro-steps a rank (ZeRO-2 adds each micro-step's
+    sums to its shard, --zero 0 each rank's micro-steps first); the memory flags (recompute,
+    activation offload, the chunked loss, both attentions, bf16) under the emulator's late stream
+    order, where a stream that does not wait for the other reads stale memory;
+  - a model whose head blocks are larger than a layer's: the head goes in two rounds;
+  - the CPU trainer's --zero 2 agrees with the GPU's; checkpoints resume across --zero 1 and 2 and
+    across the backends;
+  - --zero 2 started without MPI (torchrun-style variables, scripts/launch_local.sh; the emulated
+    build without MPI, when given): the model of mpirun's --zero 0, bit for bit;
+  - --zero 2 with --offload optimizer is refused, saying why; --plan prices ZeRO-1's pack and
+    ZeRO-2's buffers.
+
+    python3 tests/test_zero_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt [./build/emu_nompi/train_gpt]
+
+Tolerances: where the additions are the same the check is bit for bit. The emulated NCCL adds the
+ranks in rank order in every collective, so 3 ranks are exact here too; a real NCCL ring may add
+three in another order: those checks are within RTOL (1e-6), and say so. Gradient accumulation
+under ZeRO-2 adds in another order than --zero 0: RTOL. CPU against GPU: MODEL_RTOL (1e-4, as
+tests/test_cuda.py). Prints "ok   name" or "FAIL name: detail" per check and, last, "N passed,
+N failed" (", N skipped" without mpirun).
+"""
+
+import glob
+import os
+import random
+import re
+import shutil
+import struct
+import sys
+
+import e2e
+from e2e import ckpt, same_bytes
+
+CUDA, TRAIN, TESTER, NOMPI = e2e.usage(sys.argv, ["./build/emu/train_gpt", "./train_gpt", "./test_gpt", "./build/emu_nompi/train_gpt"],
+                                       optional=1)
+s = e2e.Suite("test_zero_cuda", tester=TESTER, run_limit=300)
+FIX, W = s.fix, s.root
+STEPS = 4
+RTOL = 1e-6
+MODEL_RTOL = 1e-4
+LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "launch_local.sh")
+HEADER_BYTES = 1024  # a state file's 256-int header (the run identity, the stage): the floats follow
+
+DEEP = dict(L=5, C=32, V=64, maxT=32)  # test_gpt's model_deep.bin
+FLAGS = ["-i", f"{FIX}/train.bin", "-j", "", "-k", "", "-b", "2", "-t", "16", "-x", str(STEPS), "-u", "1", "-v", "0",
+         "-s", "0", "-n", "2", "--precision", "fp32"]
+EPS1 = ["--eps1", "1e-12"]  # Adafactor's and CAME's (tests/test_zero.py says why)
+OPTIMIZERS = {"adamw": ["--optimizer", "adamw"], "adafactor": ["--optimizer", "adafactor"] + EPS1,
+              "adafactor+beta1": ["--optimizer", "adafactor", "--adafactor-beta1", "0.9"] + EPS1,
+              "came": ["--optimizer", "came"] + EPS1}
+
+ZERO_LINE = re.compile(r"^ZeRO-(\d): step 1: (\d+) gradient reduce-scatters, (\d+) weight all-gathers \(L = (\d+), (\d+) head rounds\); "
+                       r"gradients per rank: (\d+) of (\d+) floats, pack (\d+)$", re.M)
+
+
+def write_vocab_model(path, L=2, C=32, NH=2, V=500, Vp=512, maxT=32, seed=5):
+    """an llm.c model file whose head blocks (wte's V rows) outweigh a layer's, so that its head
+    goes in several rounds through the pack; LayerNorm weights 1, biases 0, the rest N(0, 0.02),
+    wte's padded rows zero"""
+    rng = random.Random(seed)
+    header = [20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248
+    shapes = [("wte", Vp * C), ("wpe", maxT * C), ("ln1w", L * C), ("ln1b", L * C), ("qkvw", L * 3 * C * C),
+              ("qkvb", L * 3 * C), ("attprojw", L * C * C), ("attprojb", L * C), ("ln2w", L * C), ("ln2b", L * C),
+              ("fcw", L * 4 * C * C), ("fcb", L * 4 * C), ("fcprojw", L * 4 * C * C), ("fcprojb", L * C), ("lnfw", C), ("lnfb", C)]
+    params = []
+    for name, n in shapes:
+        if name.endswith("w") and name.startswith("ln"):
+            params += [1.0] * n
+        elif name.endswith("b"):
+            params += [0.0] * n
+        else:
+            params += [rng.gauss(0.0, 0.02) if name != "wte" or i < V * C else 0.0 for i in range(n)]
+    with open(path, "wb") as f:
+        f.write(struct.pack(f"<{len(header)}i", *header))
+        f.write(struct.pack(f"<{len(params)}f", *params))
+
+
+VOCAB = dict(L=2, C=32, V=500, maxT=32)
+write_vocab_model(f"{FIX}/model_vocab.bin", L=VOCAB["L"], C=VOCAB["C"], V=VOCAB["V"], maxT=VOCAB["maxT"])
+
+
+def ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def head_rounds(m, n):
+    """the head's rounds through the pack (cuda/zero.cuh): a rank's head blocks over a rank's blocks
+    of one layer, each slice's block ceil(units / n) rows (a vector: elements)"""
+    C = m["C"]
+    head = ceil_div(m["V"], n) * C + ceil_div(m["maxT"], n) * C + 2 * ceil_div(C, n)
+    layer = (ceil_div(3 * C, n) * C + ceil_div(C, n) * C + ceil_div(4 * C, n) * C + ceil_div(C, n) * 4 * C
+             + 6 * ceil_div(C, n) + ceil_div(3 * C, n) + ceil_div(4 * C, n))
+    return ceil_div(head, layer)
+
+
+def zero_counts(name, r, zero, ranks, micro, m):
+    """step 1's line: a reduce-scatter per group and (ZeRO-2) micro-step, an all-gather per group, the
+    groups L layers and the head's rounds; ZeRO-2's shard at most 1/N of the gradients and padding"""
+    found = ZERO_LINE.search(r.out) if r else None
+    if not found:
+        return s.fail(f"{name}: the ZeRO line", "no 'ZeRO-N: step 1:' line")
+    z, rs, ag, L, rounds, grads, P, pack = map(int, found.groups())
+    groups = L + rounds
+    want_rs = groups * (micro if zero == 2 else 1)
+    old = ranks * (4 + 12 * L) * 2  # a reduce and a broadcast per (slice, rank) before
+    s.check(f"{name}: step 1: {rs} reduce-scatters, {ag} all-gathers = {want_rs} and {groups} (L = {L} layers + {rounds} head "
+            f"round(s); the per-block exchange made {old} calls)",
+            z == zero and L == m["L"] and rounds == head_rounds(m, ranks) and rs == want_rs and ag == groups, found.group(0))
+    if zero == 2:
+        gone = 1 - grads / P
+        s.check(f"{name}: the reduced gradients kept: {grads} of {P} floats ({gone:.1%} gone, >= (N-1)/N less the padding; "
+                f"besides a one-layer working buffer and the pack of {pack})",
+                grads * ranks <= P * 1.02 and gone >= (ranks - 1) / ranks - 0.02, "more than 1/N")
+
+
+def models_close(name, a, b, rtol):
+    r = s.run([TESTER, "--compare-models", a, b, str(rtol)])
+    s.check(name, r.rc == 0, (r.out + r.err).strip()[:300])
+    print(f"     {r.out.strip()}")
+
+
+def same_model(name, a, b, step=STEPS):
+    s.check(f"{name}: bit for bit", same_bytes(ckpt(a, "model", step, ".bin"), ckpt(b, "model", step, ".bin")), "models differ")
+
+
+def same_state_floats(name, a, b, ranks, step=STEPS):
+    """every rank's state file holds the same floats (the headers differ: the run identity, the stage)"""
+    def floats(d, k):
+        with open(ckpt(d, "state", step, f"_{k:05d}.bin"), "rb") as f:
+            return f.read()[HEADER_BYTES:]
+    try:
+        ok = all(floats(a, k) == floats(b, k) for k in range(ranks))
+    except OSError as e:
+        return s.fail(name, repr(e))
+    s.check(name, ok, "state floats differ")
+
+
+def copy_step(src, step, dst):
+    os.makedirs(dst)
+    for f in glob.glob(f"{src}/*_{step:08d}*") + glob.glob(f"{src}/DONE_{step:08d}"):
+        shutil.copy(f, dst)
+
+
+mpirun, why_not = e2e.mpi_launcher(CUDA)
+
+
+def run(name, ranks, out, flags, model="model_deep.bin", late=False, trainer=None):
+    """mpirun -np RANKS of the trainer (the CUDA one unless given) on FLAGS; checks planned = measured"""
+    env = ["-x", "CUDA_EMU_STREAMS=late"] if late else []
+    r = s.expect_ok(name, mpirun + [str(ranks)] + env + [trainer or CUDA, "-e", f"{FIX}/{model}"] + FLAGS + flags + ["-o", out])
+    if r:
+        s.check_memory(f"{name}: measured memory equals the plan", out)
+    return r
+
+
+if mpirun is None:
+    s.skip("CUDA ZeRO on 2 and 3 ranks", why_not)
+else:
+    # ------------------------------------------------------------------------
+    # 1. 2 ranks, one micro-step a rank (-d 64): every optimizer, --zero 0, 1, 2
+    for opt, oflags in OPTIMIZERS.items():
+        d = {z: f"{W}/{opt}_z{z}" for z in (0, 1, 2)}
+        runs = {z: run(f"{opt}: mpirun -np 2 --zero {z}", 2, d[z], ["-d", "64", "--zero", str(z)] + oflags) for z in (0, 1, 2)}
+        for z in (1, 2):
+            if runs[0] and runs[z]:
+                same_model(f"{opt}: --zero {z} = --zero 0", d[0], d[z])
+                zero_counts(f"{opt} --zero {z}", runs[z], z, 2, 1, DEEP)
+        if runs[1] and runs[2]:
+            same_state_floats(f"{opt}: --zero 2's state files hold --zero 1's floats", d[1], d[2], 2)
+
+    # ------------------------------------------------------------------------
+    # 2. 3 ranks, CAME (rows and columns of every slice cut unevenly: the last block padded)
+    d = {z: f"{W}/came3_z{z}" for z in (0, 1, 2)}
+    runs = {z: run(f"came: mpirun -np 3 --zero {z}", 3, d[z], ["-d", "96", "--zero", str(z)] + OPTIMIZERS["came"]) for z in (0, 1, 2)}
+    for z in (1, 2):
+        if runs[0] and runs[z]:
+            models_close(f"came, 3 ranks: --zero {z} within {RTOL:g} of --zero 0 (three sums: a real ring may add them in "
+                         "another order; the emulated NCCL adds in rank order, so here the distance is 0)",
+                         ckpt(d[z], "model", STEPS, ".bin"), ckpt(d[0], "model", STEPS, ".bin"), RTOL)
+            zero_counts(f"came, 3 ranks --zero {z}", runs[z], z, 3, 1, DEEP)
+
+    # ------------------------------------------------------------------------
+    # 3. 2 micro-steps a rank (-d 128): ZeRO-1 reduces the summed micro-steps once (bit for bit);
+    # ZeRO-2 reduce-scatters each micro-step and adds the sums in its shard (another order: RTOL)
+    d = {z: f"{W}/accum_z{z}" for z in (0, 1, 2)}
+    runs = {z: run(f"adamw, 2 micro-steps: mpirun -np 2 --zero {z}", 2, d[z], ["-d", "128", "--zero", str(z)]) for z in (0, 1, 2)}
+    if runs[0] and runs[1]:
+        same_model("adamw, 2 micro-steps: --zero 1 = --zero 0", d[0], d[1])
+    if runs[0] and runs[2]:
+        models_close(f"adamw, 2 micro-steps: --zero 2 within {RTOL:g} of --zero 0 (the micro-steps' sums added in another order)",
+                     ckpt(d[2], "model", STEPS, ".bin"), ckpt(d[0], "model", STEPS, ".bin"), RTOL)
+        zero_counts("adamw, 2 micro-steps --zero 2", runs[2], 2, 2, 2, DEEP)
+    # with the chunked loss (the next micro-step's forward adds wte's gradient into the working buffer the
+    # last one's head exchange read), recompute and activation offload, in the late stream order
+    ACCUM_FLAGS = ["-d", "128", "--loss-chunk", "12", "--recompute", "2,gelu", "--offload", "activations"] + OPTIMIZERS["came"]
+    d = {z: f"{W}/accum_flags_z{z}" for z in (0, 2)}
+    runs = {z: run(f"came, 2 micro-steps, --loss-chunk, recompute, offload: mpirun -np 2 --zero {z}, late streams", 2, d[z],
+                   ACCUM_FLAGS + ["--zero", str(z)], late=True) for z in (0, 2)}
+    if runs[0] and runs[2]:
+        models_close(f"came, 2 micro-steps with the memory flags, late streams: --zero 2 within {RTOL:g} of --zero 0",
+                     ckpt(d[2], "model", STEPS, ".bin"), ckpt(d[0], "model", STEPS, ".bin"), RTOL)
+
+    # ------------------------------------------------------------------------
+    # 4. the memory flags, and the late stream order: the comm stream packs what the compute stream
+    # has not yet written, or the update reads a shard the comm stream has not yet added to, unless
+    # each waits for the other
+    for z in (1, 2):
+        late = f"{W}/late_z{z}"
+        if run(f"adamw: mpirun -np 2 --zero {z}, late streams", 2, late, ["-d", "64", "--zero", str(z)], late=True):
+            same_model(f"adamw --zero {z}, late streams: the model of --zero 0 in order", f"{W}/adamw_z0", late)
+    MEMORY_FLAGS = {"recompute, activation offload, --loss-chunk": ["--recompute", "2,gelu,attn", "--offload", "activations",
+                                                                    "--loss-chunk", "12"] + OPTIMIZERS["adafactor"],
+                    "bf16, --attention matmul, --recompute attn": ["--precision", "bf16", "--attention", "matmul",
+                                                                   "--recompute", "attn"] + OPTIMIZERS["came"]}
+    for i, (what, mflags) in enumerate(MEMORY_FLAGS.items()):
+        d = {z: f"{W}/flags{i}_z{z}" for z in (0, 2)}
+        runs = {z: run(f"{what}: mpirun -np 2 --zero {z}, late streams", 2, d[z], ["-d", "64", "--zero", str(z)] + mflags, late=True)
+                for z in (0, 2)}
+        if runs[0] and runs[2]:
+            same_model(f"{what}, late streams: --zero 2 = --zero 0", d[0], d[2])
+
+    # ------------------------------------------------------------------------
+    # 5. a head heavier than a layer (V = 500, Vp = 512: wte's padded rows too): the head's blocks
+    # go through the pack in rounds, on 2 and 3 ranks
+    for ranks, zeros in ((2, (0, 2)), (3, (0, 1, 2))):
+        d = {z: f"{W}/vocab{ranks}_z{z}" for z in zeros}
+        runs = {z: run(f"V = 500: mpirun -np {ranks} --zero {z}", ranks, d[z], ["-d", str(32 * ranks), "--zero", str(z)],
+                       model="model_vocab.bin") for z in zeros}
+        for z in zeros[1:]:
+            if runs[0] and runs[z]:
+                models_close(f"V = 500, {ranks} ranks: --zero {z} within {RTOL:g} of --zero 0 (bit for bit on 2 ranks)",
+                             ckpt(d[z], "model", STEPS, ".bin"), ckpt(d[0], "model", STEPS, ".bin"), RTOL)
+                if ranks == 2:
+                    same_model(f"V = 500, 2 ranks: --zero {z} = --zero 0", d[0], d[z])
+                zero_counts(f"V = 500, {ranks} ranks --zero {z}", runs[z], z, ranks, 1, VOCAB)
+
+    # ------------------------------------------------------------------------
+    # 6. the CPU trainer's --zero 2 (MPI) against the GPU's, and checkpoints across stages and backends
+    cpu_mpirun, cpu_why_not = e2e.mpi_launcher(TRAIN)
+    z1, z2, cpu = f"{W}/adamw_z1", f"{W}/adamw_z2", f"{W}/cpu_z2"
+    cpu_ok = None
+    if cpu_mpirun is None:
+        s.skip("the CPU trainer's --zero 2 against the GPU's", cpu_why_not)
+    else:
+        cpu_ok = run("CPU: mpirun -np 2 ./train_gpt --zero 2", 2, cpu, ["-d", "64", "--zero", "2"], trainer=TRAIN)
+        if cpu_ok and os.path.isdir(z2):
+            models_close(f"--zero 2: the GPU's model within {MODEL_RTOL:g} of the CPU's",
+                         ckpt(z2, "model", STEPS, ".bin"), ckpt(cpu, "model", STEPS, ".bin"), MODEL_RTOL)
+    for src, z, trainer, want, how in ((z1, 2, CUDA, z2, "bit"), (z2, 1, CUDA, z1, "bit"), (z2, 2, TRAIN, z2, "close"),
+                                       (cpu, 2, CUDA, cpu, "close")):
+        name = f"a {'CPU' if src == cpu else 'GPU'} --zero {1 if src == z1 else 2} checkpoint resumed by the {'CPU' if trainer == TRAIN else 'GPU'} with --zero {z}"
+        if not os.path.isfile(ckpt(src, "DONE", 2)) or (trainer == TRAIN and cpu_mpirun is None):
+            s.fail(name, f"no checkpoint 2 in {src}, or no CPU trainer with MPI")
+            continue
+        r = f"{W}/resume_{os.path.basename(src)}_{'cpu' if trainer == TRAIN else 'gpu'}_z{z}"
+        copy_step(src, 2, r)
+        ran = s.expect_ok(name, (cpu_mpirun if trainer == TRAIN else mpirun) + ["2", trainer, "-e", f"{FIX}/model_deep.bin"] + FLAGS
+                          + ["-d", "64", "--zero", str(z), "-o", r, "-y", "1"])
+        if not ran:
+            continue
+        s.check(f"{name}: starts at step 2", "at step 2" in ran.out, ran.out[-300:])
+        if how == "bit":
+            same_model(f"{name}: ends as the straight --zero {z} run", want, r)
+            same_state_floats(f"{name}: the same state floats at the end", want, r, 2)
+        else:
+            models_close(f"{name}: ends within {MODEL_RTOL:g} of the other backend's straight run",
+                         ckpt(r, "model", STEPS, ".bin"), ckpt(want, "model", STEPS, ".bin"), MODEL_RTOL)
+
+    # ------------------------------------------------------------------------
+    # 7. without MPI: torchrun-style variables, NCCL's id through a folder, the host's sums over NCCL
+    if NOMPI is None:
+        s.skip("--zero 2 started without MPI", "no emulated build without MPI given")
+    else:
+        meet, d = f"{W}/meet", f"{W}/nompi_z2"
+        os.makedirs(meet)
+        r = s.expect_ok("--zero 2 on 2 processes started by scripts/launch_local.sh (no MPI)",
+                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet}", "-e", f"{FIX}/model_deep.bin"]
+                        + FLAGS + ["-d", "64", "--zero", "2", "-o", d], env={"CUDA_EMU_DEVICES": "2"})
+        if r:
+            same_model("--zero 2 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
+
+# ----------------------------------------------------------------------------
+# 8. without ranks: what is refused, and what --plan prices
+
+s.expect_fail("--zero 2 with --offload optimizer: refused, saying why and naming --zero 1",
+              "the offloaded step sums whole gradients on the host",
+              [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "2", "--offload", "optimizer", "--plan-ranks", "2"])
+
+
+def planned_gradients(flags):
+    r = s.run([CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64"] + flags)
+    m = re.search(r"^\| gradients +\| +([0-9.]+) MiB +\| +\S+ +\| (.*?) +\|$", r.out, re.M)
+    return (float(m.group(1)), m.group(2)) if m else (None, r.out[-800:] + r.err)
+
+
+g0, f0 = planned_gradients([])
+g1, f1 = planned_gradients(["--zero", "1", "--plan-ranks", "8"])
+g2, f2 = planned_gradients(["--zero", "2", "--plan-ranks", "8"])
+print(f"     d12 gradients per GPU: {g0} MiB ({f0}); 8 ranks --zero 1: {g1} MiB ({f1}); --zero 2: {g2} MiB ({f2})")
+s.check("--plan d12, 8 ranks --zero 1: the model's gradients and the pack of one layer (5.7% of a 124M model's)",
+        None not in (g0, g1) and "the pack" in f1 and g0 < g1 < 1.06 * g0, f"{g1} vs {g0}: {f1}")
+s.check("--plan d12, 8 ranks --zero 2: the shard, a one-layer working buffer and the pack, below 0.6x of the whole gradients",
+        None not in (g0, g2) and "ZeRO-2" in f2 and g2 < 0.6 * g0, f"{g2} vs {g0}: {f2}")
+s.finish()
