@@ -131,6 +131,25 @@ static void host_update(const HostStep* h, const StepConfig* s, float grad_norm,
 // encoder. Each result is added to the shard, so the micro-steps accumulate there. The caller
 // clears what it hands over (the working buffer must be zero before the next backward adds).
 
+// the slices of a model with where each rank's block lies in a shard (opt_layout.h's
+// grad_shard_offsets: at[k] for slice k) and the ZeRO-2/3 buffer sizes, for the functions below
+typedef struct {
+    ParamSlice* slices;
+    size_t* at;
+    Zero2Grads z;
+} ShardMap;
+
+static ShardMap shard_map(const GPT2Config* c, int world) {
+    ShardMap m = {param_slices_alloc(c), (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t)), zero2_grad_floats(c, world)};
+    grad_shard_offsets(c, world, m.at);
+    return m;
+}
+
+static void shard_map_free(ShardMap* m) {
+    free(m->at);
+    free(m->slices);
+}
+
 // layer l's 12 slices (layer: a one-layer model's 12 layer tensors, model_config.h's order) and
 // rank r's blocks of them side by side in part (each padded to its block size, as the shards are):
 // to_part 1 copies from layer into part (the padding zeroed), 0 from part back into layer
@@ -158,67 +177,66 @@ static void zero_layer_blocks(const GPT2Config* c, const ParamSlice* s, int l, i
 static void host_zero2_reduce_layer(const HostStep* h, float* layer, int l, float* pack) {
     const GPT2Config* c = h->config;
     int world = h->dist.world;
-    ParamSlice* s = param_slices_alloc(c);
-    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-    grad_shard_offsets(c, world, goff);
-    Zero2Grads z = zero2_grad_floats(c, world);
-    for (int r = 0; r < world; r++) { zero_layer_blocks(c, s, l, r, world, layer, pack + (size_t)r * z.layer_part, 1); }
-    dist_reduce_scatter_block_floats(pack, (int)z.layer_part, h->dist);
-    float* shard = h->grads + goff[2 + l];  // the layer's first slice, ln1w: the layer's blocks follow it
+    ShardMap m = shard_map(c, world);
+    size_t part = m.z.layer_part;
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, layer, pack + (size_t)r * part, 1); }
+    dist_reduce_scatter_block_floats(pack, (int)part, h->dist);
+    float* shard = h->grads + m.at[2 + l];  // the layer's first slice, ln1w: the layer's blocks follow it
     #pragma omp parallel for
-    for (size_t i = 0; i < z.layer_part; i++) { shard[i] += pack[i]; }
-    free(goff);
-    free(s);
+    for (size_t i = 0; i < part; i++) { shard[i] += pack[i]; }
+    shard_map_free(&m);
+}
+
+// the head slices (wte, wpe, lnfw, lnfb): their indices in the model's slices and their offsets in a
+// one-layer model's layout (the working buffers), in that order
+typedef struct { int slice[4]; size_t working_at[4]; } HeadSlices;
+
+static HeadSlices head_slices(const GPT2Config* c) {
+    GPT2Config one = *c;
+    one.num_layers = 1;
+    ParamSlice* w = param_slices_alloc(&one);
+    int n = param_slice_count(c), n1 = param_slice_count(&one);
+    HeadSlices hs = {{0, 1, n - 2, n - 1}, {w[0].offset, w[1].offset, w[n1 - 2].offset, w[n1 - 1].offset}};
+    free(w);
+    return hs;
 }
 
 // the head slices' gradients (working: the working buffer, a one-layer model's layout) summed
 // over the ranks, in place; this rank's blocks added to the shard
 static void host_zero2_reduce_head(const HostStep* h, float* working) {
-    const GPT2Config* c = h->config;
     int world = h->dist.world;
-    GPT2Config one = *c;
-    one.num_layers = 1;
-    ParamSlice* s = param_slices_alloc(c);
-    ParamSlice* w = param_slices_alloc(&one);  // the same head slices, at the working buffer's offsets
-    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-    grad_shard_offsets(c, world, goff);
+    ShardMap m = shard_map(h->config, world);
+    HeadSlices hs = head_slices(h->config);
     int* counts = (int*)malloc_check((size_t)world * sizeof(int));
-    int heads[4] = {0, 1, param_slice_count(c) - 2, param_slice_count(c) - 1};
-    int wheads[4] = {0, 1, param_slice_count(&one) - 2, param_slice_count(&one) - 1};
     for (int j = 0; j < 4; j++) {
-        slice_part_counts(&s[heads[j]], world, counts);
-        float* buf = working + w[wheads[j]].offset;
+        slice_part_counts(&m.slices[hs.slice[j]], world, counts);
+        float* buf = working + hs.working_at[j];
         dist_reduce_scatter_floats(buf, counts, h->dist);
         const float* mine = buf + dist_part_offset(counts, h->dist.rank);
-        float* shard = h->grads + goff[heads[j]];
+        float* shard = h->grads + m.at[hs.slice[j]];
         for (int i = 0; i < counts[h->dist.rank]; i++) { shard[i] += mine[i]; }
     }
     free(counts);
-    free(goff);
-    free(w);
-    free(s);
+    shard_map_free(&m);
 }
 
 // ----------------------------------------------------------------------------
 // ZeRO-3 on the host (the CPU backend): the weights are a shard in the gradient shard's layout
 // (h->params); what the kernels read is gathered into a working copy shaped as a one-layer model:
 // one layer at a time (one MPI_Allgather of the layer's blocks through the pack), and wte, wpe,
-// lnfw, lnfb whole (an MPI_Allgatherv each). Checkpoints gather the whole model (a collective per
-// slice) and load scatter it back: every rank keeps its own blocks.
+// lnfw, lnfb whole (an MPI_Allgatherv each). Checkpoints move the model a slice at a time through the
+// working copy (host_zero3_stream): gathered to be written, and each rank's blocks kept as it is read.
 
 // layer l's weights into layer (a one-layer model's 12 layer tensors) from every rank's blocks
 static void host_zero3_gather_layer(const HostStep* h, float* layer, int l, float* pack) {
     const GPT2Config* c = h->config;
     int world = h->dist.world;
-    ParamSlice* s = param_slices_alloc(c);
-    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-    grad_shard_offsets(c, world, goff);
-    Zero2Grads z = zero2_grad_floats(c, world);
-    memcpy(pack + (size_t)h->dist.rank * z.layer_part, h->params + goff[2 + l], z.layer_part * sizeof(float));
-    dist_allgather_block_floats(pack, (int)z.layer_part, h->dist);
-    for (int r = 0; r < world; r++) { zero_layer_blocks(c, s, l, r, world, layer, pack + (size_t)r * z.layer_part, 0); }
-    free(goff);
-    free(s);
+    ShardMap m = shard_map(c, world);
+    size_t part = m.z.layer_part;
+    memcpy(pack + (size_t)h->dist.rank * part, h->params + m.at[2 + l], part * sizeof(float));
+    dist_allgather_block_floats(pack, (int)part, h->dist);
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, layer, pack + (size_t)r * part, 0); }
+    shard_map_free(&m);
 }
 
 // slice sl's weights, whole, into dst from every rank's block (this rank's: block, in the shard)
@@ -230,24 +248,15 @@ static void zero3_gather_slice(const HostStep* h, const ParamSlice* sl, const fl
 
 // wte, wpe, lnfw, lnfb gathered into the working copy (a one-layer model's layout)
 static void host_zero3_gather_head(const HostStep* h, float* working) {
-    const GPT2Config* c = h->config;
-    GPT2Config one = *c;
-    one.num_layers = 1;
-    int n = param_slice_count(c), n1 = param_slice_count(&one);
-    ParamSlice* s = param_slices_alloc(c);
-    ParamSlice* w = param_slices_alloc(&one);  // the head slices at the working copy's offsets
-    size_t* goff = (size_t*)malloc_check((size_t)n * sizeof(size_t));
-    grad_shard_offsets(c, h->dist.world, goff);
+    ShardMap m = shard_map(h->config, h->dist.world);
+    HeadSlices hs = head_slices(h->config);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
-    for (int k = 0; k < n; k++) {
-        if (!slice_is_head(&s[k])) { continue; }
-        size_t at = w[k < 2 ? k : n1 - (n - k)].offset;  // wte, wpe first; lnfw, lnfb last
-        zero3_gather_slice(h, &s[k], h->params + goff[k], working + at, counts);
+    for (int j = 0; j < 4; j++) {
+        int k = hs.slice[j];
+        zero3_gather_slice(h, &m.slices[k], h->params + m.at[k], working + hs.working_at[j], counts);
     }
     free(counts);
-    free(goff);
-    free(w);
-    free(s);
+    shard_map_free(&m);
 }
 
 // the whole model's weights a slice at a time through staging (room for the largest slice), in
@@ -255,11 +264,9 @@ static void host_zero3_gather_head(const HostStep* h, float* working) {
 // rank's blocks for fn to read, or (write) filled by fn and this rank's block kept. wte's padded
 // rows, which no slice holds, go by as zeros
 static void host_zero3_stream(const HostStep* h, int write, float* staging, void (*fn)(void*, size_t, float*, size_t), void* ctx) {
-    const GPT2Config* c = h->config;
-    int n = param_slice_count(c);
-    ParamSlice* s = param_slices_alloc(c);
-    size_t* goff = (size_t*)malloc_check((size_t)n * sizeof(size_t));
-    grad_shard_offsets(c, h->dist.world, goff);
+    int n = param_slice_count(h->config);
+    ShardMap m = shard_map(h->config, h->dist.world);
+    const ParamSlice* s = m.slices;
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
     size_t at = 0;
     for (int k = 0; k <= n; k++) {
@@ -270,7 +277,7 @@ static void host_zero3_stream(const HostStep* h, int write, float* staging, void
         }
         if (k == n) { break; }
         size_t len = (size_t)s[k].rows * s[k].cols;
-        float* mine = h->params + goff[k];
+        float* mine = h->params + m.at[k];
         if (write) {
             fn(ctx, s[k].offset, staging, len);
             slice_part_counts(&s[k], h->dist.world, counts);
@@ -282,8 +289,7 @@ static void host_zero3_stream(const HostStep* h, int write, float* staging, void
         at = s[k].offset + len;
     }
     free(counts);
-    free(goff);
-    free(s);
+    shard_map_free(&m);
 }
 
 #endif // CPU_HOST_STEP_H
