@@ -261,15 +261,22 @@ s.check("adamw: --zero 2 = --zero 0 bit for bit on 2 ranks with one micro-step a
         same_bytes(ckpt(f"{W}/one_z0", "model", 10, ".bin"), ckpt(f"{W}/one_z2", "model", 10, ".bin")), "cmp differs")
 
 # 3 ranks: uneven blocks (padding), MPI's order of three sums: MODEL_RTOL
-D1, D3 = f"{W}/came_n1", f"{W}/came_n3z2"
-r3 = s.expect_ok("came: mpirun -np 3 --zero 2 (uneven blocks)",
-                 MPIRUN + ["3"] + BASE + ["--optimizer", *OPTIMIZERS["came"], "--zero", "2", "-o", D3])
-if r3:
-    losses_close("came: 3 ranks --zero 2 vs 1 rank", D1, D3)
-    models_close("came: 3 ranks --zero 2 vs 1 rank", D1, D3, MODEL_RTOL)
-    models_close("came: 3 ranks --zero 2 vs --zero 1", f"{W}/came_n3z1", D3, MODEL_RTOL)
-    s.check_memory("came: 3 ranks --zero 2: measured memory equals the plan (padding counted)", D3)
-    zero2_counts("came 3 ranks --zero 2", r3, 3)
+
+
+def came_three_ranks(z, counts):
+    """CAME on 3 ranks with --zero z against one rank and against --zero z - 1 on 3 ranks"""
+    D1, D3 = f"{W}/came_n1", f"{W}/came_n3z{z}"
+    r3 = s.expect_ok(f"came: mpirun -np 3 --zero {z} (uneven blocks)",
+                     MPIRUN + ["3"] + BASE + ["--optimizer", *OPTIMIZERS["came"], "--zero", str(z), "-o", D3])
+    if r3:
+        losses_close(f"came: 3 ranks --zero {z} vs 1 rank", D1, D3)
+        models_close(f"came: 3 ranks --zero {z} vs 1 rank", D1, D3, MODEL_RTOL)
+        models_close(f"came: 3 ranks --zero {z} vs --zero {z - 1}", f"{W}/came_n3z{z - 1}", D3, MODEL_RTOL)
+        s.check_memory(f"came: 3 ranks --zero {z}: measured memory equals the plan (padding counted)", D3)
+        counts(f"came 3 ranks --zero {z}", r3, 3)
+
+
+came_three_ranks(2, zero2_counts)
 
 # the activation flags on top: recompute, activation offload, flash attention, the chunked loss
 ACT = ["--recompute", "1,attn", "--offload", "activations", "--attention", "flash", "--loss-chunk", "8"]
@@ -335,15 +342,7 @@ s.expect_ok("adamw: mpirun -np 2 --zero 3, one micro-step a rank", MPIRUN + ["2"
 s.check("adamw: --zero 3 = --zero 0 bit for bit on 2 ranks with one micro-step a rank (model at step 10)",
         same_bytes(ckpt(f"{W}/one_z0", "model", 10, ".bin"), ckpt(f"{W}/one_z3", "model", 10, ".bin")), "cmp differs")
 
-D1, D3 = f"{W}/came_n1", f"{W}/came_n3z3"
-r3 = s.expect_ok("came: mpirun -np 3 --zero 3 (uneven blocks)",
-                 MPIRUN + ["3"] + BASE + ["--optimizer", *OPTIMIZERS["came"], "--zero", "3", "-o", D3])
-if r3:
-    losses_close("came: 3 ranks --zero 3 vs 1 rank", D1, D3)
-    models_close("came: 3 ranks --zero 3 vs 1 rank", D1, D3, MODEL_RTOL)
-    models_close("came: 3 ranks --zero 3 vs --zero 2", f"{W}/came_n3z2", D3, MODEL_RTOL)
-    s.check_memory("came: 3 ranks --zero 3: measured memory equals the plan (padding counted)", D3)
-    zero3_counts("came 3 ranks --zero 3", r3, 3)
+came_three_ranks(3, zero3_counts)
 
 # recompute (segments of one layer: every layer's forward again in the backward), activation offload,
 # flash attention and the chunked loss on top: each layer gathered for its recompute
