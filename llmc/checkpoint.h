@@ -518,8 +518,8 @@ static int state_file_whole(const char* path, int rank, int step, const int* h0,
         return 0;
     }
     if (h[STATE_SLOT_RANK] != rank || h[STATE_SLOT_STEP] != step) {
-        snprintf(why, n, "rank %d's state file '%s' holds rank %d's state of step %d: renamed or copied from another checkpoint", rank, path,
-                 h[STATE_SLOT_RANK], h[STATE_SLOT_STEP]);
+        snprintf(why, n, "rank %d's state file '%s' holds rank %d's state of step %d, but is read as rank %d's of step %d: "
+                 "renamed or copied from another checkpoint", rank, path, h[STATE_SLOT_RANK], h[STATE_SLOT_STEP], rank, step);
         return 0;
     }
     if (h0 == NULL) { return 1; }
