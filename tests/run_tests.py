@@ -29,7 +29,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("data parallel (MPI, --zero)",
      [PY, "tests/test_zero.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     ("checkpoints of several ranks: kill -9 mid-write, damaged files (MPI)",
-     [PY, "tests/test_checkpoint_ranks.py", "./train_gpt", "./test_gpt", "./build/fault_inject.so"], None),
+     [PY, "tests/test_checkpoint_ranks.py", "./train_gpt", "./test_gpt", "./build/fault_inject.so", "./build/emu/train_gpt"], None),
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
     ("memory budgets (--plan --max-memory)",
      [PY, "tests/test_plan_budget.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),

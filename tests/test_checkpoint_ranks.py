@@ -7,7 +7,10 @@ it saying why, or stops naming the rank, the file and the fix, and removes nothi
 never removes the last complete checkpoint, and a stop signal just after a resume never rewrites (so
 never takes away) the checkpoint it resumed from.
 
-    python3 tests/test_checkpoint_ranks.py ./train_gpt ./test_gpt ./build/fault_inject.so
+    python3 tests/test_checkpoint_ranks.py ./train_gpt ./test_gpt ./build/fault_inject.so [./build/emu/train_gpt]
+
+The CUDA trainer (the emulated build, when given) writes and resumes through the same code
+(llmc/trainer.h): section 6 kills one of its ranks too.
 
 How a rank is killed at a chosen point: build/fault_inject.so (tests/fault_inject.c), preloaded into
 every rank (mpirun -x LD_PRELOAD), raises SIGKILL in the process that opens, half writes or renames
@@ -30,7 +33,8 @@ import sys
 import e2e
 from e2e import ckpt, latest_done, same_bytes, same_state, train_rows
 
-TRAIN, TESTER, FAULTS = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt", "./build/fault_inject.so"])
+TRAIN, TESTER, FAULTS, EMU = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt", "./build/fault_inject.so", "./build/emu/train_gpt"],
+                                       optional=1)
 s = e2e.Suite("test_checkpoint_ranks", tester=TESTER, run_limit=60)
 FIX, W = s.fix, s.root
 STEPS, EVERY = 6, 2
@@ -41,19 +45,19 @@ if not os.path.isfile(FAULTS):
     s.finish()
 
 
-def launch(ranks, zero, faults=None):
+def launch(ranks, zero, faults=None, train=TRAIN):
     """the command that starts TRAIN on RANKS ranks (1: no mpirun) with --zero ZERO, and with
     FAULTS (LLMC_FAULT, tests/fault_inject.c) preloaded into every rank"""
     if ranks == 1:
-        return [TRAIN] + FLAGS
+        return [train] + FLAGS
     pre = ["-x", f"LD_PRELOAD={FAULTS}", "-x", f"LLMC_FAULT={faults}"] if faults else []
-    return MPIRUN + [str(ranks)] + pre + [TRAIN] + FLAGS + ["--zero", str(zero)]
+    return MPIRUN + [str(ranks)] + pre + [train] + FLAGS + ["--zero", str(zero)]
 
 
-def killed_run(name, ranks, zero, faults, out, rank, extra=()):
+def killed_run(name, ranks, zero, faults, out, rank, extra=(), train=TRAIN):
     """a run of FAULTS into OUT that must die by the SIGKILL of RANK (mpirun names it); the run"""
     env = {"LD_PRELOAD": FAULTS, "LLMC_FAULT": faults} if ranks == 1 else None
-    r = s.run(launch(ranks, zero, faults) + list(extra) + ["-o", out], env=env)
+    r = s.run(launch(ranks, zero, faults, train) + list(extra) + ["-o", out], env=env)
     if ranks == 1:
         s.check(f"{name}: killed by SIGKILL", r.rc == -9, f"exit code {r.rc}: {r.err[-300:]}")
     else:
@@ -251,5 +255,26 @@ if os.path.isfile(ckpt(REF[2, 1], "DONE", STEPS)):
     if r:
         s.check("... and resumes from step 5", resumed_at(r, KEEP, 5), r.out[:400])
         same_as_reference("2 ranks --keep-checkpoints 1", KEEP, REF[2, 1], 2)
+
+# ----------------------------------------------------------------------------
+# 6. the CUDA trainer (emulated device): the same write and resume. One rank killed half writing its
+# state file (2 ranks, --zero 1), rank 0 killed before the DONE marker (3 ranks, --zero 0); each
+# resumes from 2 and ends bitwise equal to the CUDA trainer's run never stopped
+
+if EMU is None or not os.path.isfile(EMU):
+    s.skip("the CUDA trainer's checkpoints (emulated device)", "no ./build/emu/train_gpt given: make build/emu/train_gpt")
+else:
+    for ranks, zero, rank, where in ((2, 1, 1, "write:state_00000004_00001.bin.tmp"), (3, 0, 0, "open:DONE_00000004.tmp")):
+        name = f"CUDA trainer, {ranks} ranks --zero {zero}: kill -9 of rank {rank} at {where.split(':')[0]} {where.split(':')[1]}"
+        ref, out = s.path(f"emu_ref_np{ranks}_z{zero}"), s.path(f"emu_kill_np{ranks}_z{zero}")
+        if not s.expect_ok(f"CUDA trainer, {ranks} ranks --zero {zero}: a run of 6 steps, never stopped",
+                           launch(ranks, zero, train=EMU) + ["-o", ref]):
+            continue
+        killed_run(name, ranks, zero, f"kill@{where}", out, rank, train=EMU)
+        s.check(f"{name}: the newest DONE marker is of step 2", latest_done(out) == 2, f"files {sorted(os.listdir(out))}")
+        r = s.expect_ok(f"{name}: -y 1 starts", launch(ranks, zero, train=EMU) + ["-o", out, "-y", "1"])
+        if r:
+            s.check(f"{name}: ... resumes from step 2, skipping nothing", resumed_at(r, out, 2) and "skipped" not in r.out, r.out[:400])
+            same_as_reference(name, out, ref, ranks)
 
 s.finish()
