@@ -495,6 +495,7 @@ static OutputDirContents output_dir_contents(const char* dir) {
 
 #define CKPT_WHOLE (-2)       // checkpoint_damage: every file of the checkpoint there, whole, of one write
 #define CKPT_MODEL_FILE (-1)  // checkpoint_damage: the model file (rank 0's) is missing or damaged
+#define CKPT_MAX_RANKS (1 << 20)  // a state header naming more ranks is corrupt (checked before one file per rank is looked for)
 
 // rank's state file of checkpoint `step` (path) against its name and against rank 0's header h0
 // (NULL for rank 0 itself): there, whole (the size its header implies), of this rank and step, and
@@ -522,8 +523,13 @@ static int state_file_whole(const char* path, int rank, int step, const int* h0,
                  "renamed or copied from another checkpoint", rank, path, h[STATE_SLOT_RANK], h[STATE_SLOT_STEP], rank, step);
         return 0;
     }
+    int ranks = h[STATE_SLOT_NUM_PROCESSES];
+    if (ranks < 1 || ranks > CKPT_MAX_RANKS || rank >= ranks) {
+        snprintf(why, n, "rank %d's state file '%s' says it is one of %d rank(s): corrupt", rank, path, ranks);
+        return 0;
+    }
     if (h0 == NULL) { return 1; }
-    if (h[STATE_SLOT_NUM_PROCESSES] != h0[STATE_SLOT_NUM_PROCESSES]) {
+    if (ranks != h0[STATE_SLOT_NUM_PROCESSES]) {
         snprintf(why, n, "rank %d's state file '%s' was written by one of %d rank(s), rank 0's by one of %d: files of two runs", rank, path,
                  h[STATE_SLOT_NUM_PROCESSES], h0[STATE_SLOT_NUM_PROCESSES]);
         return 0;
@@ -576,9 +582,8 @@ static int checkpoint_damage(const char* dir, int step, const GPT2Config* cfg, c
     }
     // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
     checkpoint_path(path, sizeof(path), dir, "state", step, 0);
-    if (!state_file_whole(path, 0, step, NULL, h0, why, n)) { return 0; }
-    int ranks = h0[STATE_SLOT_NUM_PROCESSES] > 0 ? h0[STATE_SLOT_NUM_PROCESSES] : 1;
-    for (int rank = 1; rank < ranks; rank++) {
+    if (!state_file_whole(path, 0, step, NULL, h0, why, n)) { return 0; }  // (0: rank 0's)
+    for (int rank = 1; rank < h0[STATE_SLOT_NUM_PROCESSES]; rank++) {
         checkpoint_path(path, sizeof(path), dir, "state", step, rank);
         if (!state_file_whole(path, rank, step, h0, h, why, n)) { return rank; }
     }

@@ -28,6 +28,7 @@ import glob
 import os
 import re
 import shutil
+import struct
 import sys
 
 import e2e
@@ -80,6 +81,16 @@ def same_as_reference(name, out, ref, ranks, step=STEPS):
 
 def resumed_at(r, out, step):
     return re.search(rf"^resumed from {re.escape(out)}/ at step {step}$", r.out, re.M) is not None
+
+
+STATE_SLOT_RANKS = 2  # a state file's header slot of the number of ranks that wrote it (llmc/checkpoint.h)
+
+
+def patch_int(path, slot, value):
+    """writes VALUE into int32 header slot SLOT of the file at PATH"""
+    with open(path, "r+b") as f:
+        f.seek(4 * slot)
+        f.write(struct.pack("<i", value))
 
 
 def copy_steps(src, dst, steps, ranks):
@@ -200,6 +211,8 @@ DAMAGE = [  # ranks, --zero, what is done to checkpoint 6, the reason the start 
     (3, 1, "rank 1's state file of a 2-rank run", lambda d, ref: shutil.copy(ckpt(REF[2, 1], "state", 6, "_00001.bin"),
                                                                              ckpt(d, "state", 6, "_00001.bin")),
      lambda d: f"rank 1's state file '{ckpt(d, 'state', 6, '_00001.bin')}' was written by one of 2 rank(s), rank 0's by one of 3"),
+    (2, 1, "rank 0's state file naming 2^30 ranks", lambda d, ref: patch_int(ckpt(d, "state", 6, "_00000.bin"), STATE_SLOT_RANKS, 1 << 30),
+     lambda d: f"rank 0's state file '{ckpt(d, 'state', 6, '_00000.bin')}' says it is one of 1073741824 rank(s): corrupt"),
     (2, 0, "the model file deleted", lambda d, ref: os.remove(ckpt(d, "model", 6, ".bin")),
      lambda d: f"'{ckpt(d, 'model', 6, '.bin')}': No such file or directory"),
 ]
