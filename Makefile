@@ -149,6 +149,12 @@ build/test_gpt_asan: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(
 	@mkdir -p build
 	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
 
+# the test-only fault injection that tests/test_checkpoint_ranks.py preloads into the trainer's ranks
+# (LD_PRELOAD): SIGKILL at a chosen point of a file's write (tests/fault_inject.c)
+build/fault_inject.so: tests/fault_inject.c
+	@mkdir -p build
+	$(CC) -std=c11 -O2 -Wall -Wextra -shared -fPIC $< -o $@ -ldl
+
 build/test_matmul: tests/test_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
@@ -182,7 +188,7 @@ build/emu_nompi/train_gpt:
 endif
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
+test: train_gpt test_gpt build/test_matmul build/fault_inject.so build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)

@@ -21,7 +21,11 @@ written last, D/DONE_S: a checkpoint without its DONE marker is incomplete and n
 resumed from (and a DONE marker goes before its step's files are written again). Every
 file is written to a temporary name, flushed to disk (fsync) and renamed into place, so a
 crash leaves either the old file or the new one, never half; the temporary files a crash
-leaves are removed when the next run starts there. The output directory: what an earlier
+leaves are removed when the next run starts there. With several ranks rank 0 writes DONE_S
+only once every rank has its state file in place (a barrier), so a rank killed anywhere in
+the write leaves checkpoint S without its marker; a marker whose files were lost later (one
+deleted, truncated, or of another run, rank or write) is found by checkpoint_damage, and the
+resume skips that checkpoint, saying which rank's file and why. The output directory: what an earlier
 run left (output_dir_contents, output_dir_clear), a lock while a run uses it (flock),
 room for a checkpoint, and keeping only the newest K (checkpoint_prune).
 
@@ -501,21 +505,79 @@ static OutputDirContents output_dir_contents(const char* dir) {
     return c;
 }
 
-// whether checkpoint `step` of dir has all its files, whole: the model file of cfg's size and
-// every rank's state file (as many as rank 0's says), each of the size its header implies.
-// Else 0, and why into `why`. What is inside them is checked as they are read
-static int checkpoint_files_whole(const char* dir, int step, const GPT2Config* cfg, char* why, size_t n) {
+#define CKPT_WHOLE (-2)       // checkpoint_damage: every file of the checkpoint there, whole, of one write
+#define CKPT_MODEL_FILE (-1)  // checkpoint_damage: the model file (rank 0's) is missing or damaged
+#define CKPT_MAX_RANKS (1 << 20)  // a state header naming more ranks is corrupt (checked before one file per rank is looked for)
+
+// rank's state file of checkpoint `step` (path) against its name and against rank 0's header h0
+// (NULL for rank 0 itself): there, whole (the size its header implies), of this rank and step, and
+// of the same write as rank 0's (the same ranks, run and weights). Returns 1, or 0 and why into `why`
+static int state_file_whole(const char* path, int rank, int step, const int* h0, int h[FILE_HEADER_INTS], char* why, size_t n) {
+    struct stat st;
+    FILE* f = fopen(path, "rb");
+    if (f == NULL || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, n, "rank %d's state file '%s': %s", rank, path, f == NULL ? strerror(errno) : "not a file");
+        if (f != NULL) { fclose(f); }
+        return 0;
+    }
+    long header = (long)(FILE_HEADER_INTS * sizeof(int));
+    size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
+    fclose(f);
+    long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
+    int version = got == FILE_HEADER_INTS ? h[STATE_SLOT_VERSION] : 0;
+    if (got != FILE_HEADER_INTS || h[STATE_SLOT_MAGIC] != STATE_MAGIC || st.st_size != want ||
+        (version != STATE_VERSION && version != STATE_VERSION_NO_IDENTITY)) {
+        snprintf(why, n, "rank %d's state file '%s' (%lld bytes) is not a whole state file: truncated or corrupt", rank, path, (long long)st.st_size);
+        return 0;
+    }
+    if (h[STATE_SLOT_RANK] != rank || h[STATE_SLOT_STEP] != step) {
+        snprintf(why, n, "rank %d's state file '%s' holds rank %d's state of step %d, but is read as rank %d's of step %d: "
+                 "renamed or copied from another checkpoint", rank, path, h[STATE_SLOT_RANK], h[STATE_SLOT_STEP], rank, step);
+        return 0;
+    }
+    int ranks = h[STATE_SLOT_NUM_PROCESSES];
+    if (ranks < 1 || ranks > CKPT_MAX_RANKS || rank >= ranks) {
+        snprintf(why, n, "rank %d's state file '%s' says it is one of %d rank(s): corrupt", rank, path, ranks);
+        return 0;
+    }
+    if (h0 == NULL) { return 1; }
+    if (ranks != h0[STATE_SLOT_NUM_PROCESSES]) {
+        snprintf(why, n, "rank %d's state file '%s' was written by one of %d rank(s), rank 0's by one of %d: files of two runs", rank, path,
+                 h[STATE_SLOT_NUM_PROCESSES], h0[STATE_SLOT_NUM_PROCESSES]);
+        return 0;
+    }
+    if (version != STATE_VERSION || h0[STATE_SLOT_VERSION] != STATE_VERSION) { return 1; }  // a version 2 state: no identity to compare
+    uint64_t run = header_get64(h, STATE_SLOT_RUN_ID), run0 = header_get64(h0, STATE_SLOT_RUN_ID);
+    if (run != run0) {
+        snprintf(why, n, "rank %d's state file '%s' was written by run 0x%016llx, rank 0's state file of the same checkpoint by run 0x%016llx: "
+                 "files of two runs", rank, path, (unsigned long long)run, (unsigned long long)run0);
+        return 0;
+    }
+    uint64_t hash = header_get64(h, STATE_SLOT_MODEL_HASH), hash0 = header_get64(h0, STATE_SLOT_MODEL_HASH);
+    if (hash != hash0) {
+        snprintf(why, n, "rank %d's state file '%s' was written with weights of hash 0x%016llx, rank 0's with 0x%016llx: "
+                 "files of two writes of step %d", rank, path, (unsigned long long)hash, (unsigned long long)hash0, step);
+        return 0;
+    }
+    return 1;
+}
+
+// whether checkpoint `step` of dir has all its files, whole and of one write: the model file of
+// cfg's size and every rank's state file (as many as rank 0's says; state_file_whole). Returns
+// CKPT_WHOLE, or which file is not (CKPT_MODEL_FILE, or the rank whose state file it is) and why
+// into `why`. The weights and optimizer state inside are checked as they are read
+static int checkpoint_damage(const char* dir, int step, const GPT2Config* cfg, char* why, size_t n) {
     char path[CHECKPOINT_PATH_LEN];
     struct stat st;
     long header = (long)(FILE_HEADER_INTS * sizeof(int));
     checkpoint_path(path, sizeof(path), dir, "model", step, -1);
     long model_bytes = header + (long)(gpt2_num_parameters(cfg) * sizeof(float));
     FILE* f = fopen(path, "rb");
-    int h[FILE_HEADER_INTS];
+    int h[FILE_HEADER_INTS], h0[FILE_HEADER_INTS];
     if (f == NULL || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         snprintf(why, n, "'%s': %s", path, f == NULL ? strerror(errno) : "not a file");
         if (f != NULL) { fclose(f); }
-        return 0;
+        return CKPT_MODEL_FILE;
     }
     size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
     fclose(f);
@@ -528,27 +590,16 @@ static int checkpoint_files_whole(const char* dir, int step, const GPT2Config* c
     }
     if (st.st_size != model_bytes) {
         snprintf(why, n, "'%s' is %lld bytes, a model file of this shape %ld: truncated or corrupt", path, (long long)st.st_size, model_bytes);
-        return 0;
+        return CKPT_MODEL_FILE;
     }
-    int ranks = 1;
-    for (int rank = 0; rank < ranks; rank++) {
+    // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
+    checkpoint_path(path, sizeof(path), dir, "state", step, 0);
+    if (!state_file_whole(path, 0, step, NULL, h0, why, n)) { return 0; }  // (0: rank 0's)
+    for (int rank = 1; rank < h0[STATE_SLOT_NUM_PROCESSES]; rank++) {
         checkpoint_path(path, sizeof(path), dir, "state", step, rank);
-        f = fopen(path, "rb");
-        if (f == NULL || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-            snprintf(why, n, "'%s': %s", path, f == NULL ? strerror(errno) : "not a file");
-            if (f != NULL) { fclose(f); }
-            return 0;
-        }
-        got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
-        fclose(f);
-        long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
-        if (got != FILE_HEADER_INTS || h[STATE_SLOT_MAGIC] != STATE_MAGIC || st.st_size != want) {
-            snprintf(why, n, "'%s' (%lld bytes) is not a whole state file: truncated or corrupt", path, (long long)st.st_size);
-            return 0;
-        }
-        if (rank == 0) { ranks = h[STATE_SLOT_NUM_PROCESSES] > 0 ? h[STATE_SLOT_NUM_PROCESSES] : 1; }
+        if (!state_file_whole(path, rank, step, h0, h, why, n)) { return rank; }
     }
-    return 1;
+    return CKPT_WHOLE;
 }
 
 // removes the temporary files of atomic writes (a checkpoint file's or log.jsonl's name and
@@ -622,17 +673,22 @@ static int checkpoint_input_step(const char* dir, const InputFile* inputs, int n
     return found;
 }
 
-// keeps the newest `keep` complete checkpoints of dir and removes every checkpoint file of an
-// older step (the DONE markers first, so no checkpoint looks complete while its files go), except
-// the step `spare` (a run input's, or -1; *spared says whether it was one to remove); returns the
-// number of complete checkpoints removed
-static int checkpoint_prune(const char* dir, int keep, int spare, int* spared) {
-    int n;
-    int* steps = checkpoint_done_steps(dir, &n);
+// keeps the newest `keep` complete checkpoints of dir up to step `written` (the one this run just
+// wrote) and removes every checkpoint file of an older step (the DONE markers first, so no
+// checkpoint looks complete while its files go), except the step `spare` (a run input's, or -1;
+// *spared says whether it was one to remove); returns the number of complete checkpoints removed.
+// Newer ones than `written` are those that -y 1 skipped as damaged: neither counted nor removed,
+// so they never push out the checkpoints this run resumed from and wrote
+static int checkpoint_prune(const char* dir, int keep, int written, int spare, int* spared) {
+    int n_all, n = 0;
+    int* all = checkpoint_done_steps(dir, &n_all);
+    while (n < n_all && all[n] > written) { n++; }  // newest first: skip the newer ones
+    int* steps = all + n;
+    n = n_all - n;
     int removed = n > keep ? n - keep : 0, oldest_kept = removed > 0 ? steps[keep - 1] : -1;
     *spared = removed > 0 && spare >= 0 && spare < oldest_kept && step_listed(steps, n, spare);
     removed -= *spared;
-    free(steps);
+    free(all);
     DIR* d;
     struct dirent* e;
     for (int pass = 0; pass < 2 && oldest_kept >= 0; pass++) {  // 0: DONE markers, 1: model and state files

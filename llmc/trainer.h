@@ -457,23 +457,35 @@ static void state_load(const char* path, TrainState* st, const ModelSetup* s, in
 }
 
 // the step of the newest complete checkpoint of dir (with its DONE marker) whose files are all
-// there and whole, saying which newer ones it skips and why; stops if there is none
+// there, whole and of one write (checkpoint_damage: the model file and every rank's state file),
+// saying which newer ones it skips and why; stops if there is none, naming the file to put back.
+// Rank 0 picks, and every rank resumes its pick (train_setup): ranks never resume different steps
 static int resume_pick_step(const char* dir, const GPT2Config* c) {
     int n;
     int* steps = checkpoint_done_steps(dir, &n);  // (at least one: prepare_output_dir)
     if (n == 0) { fail("-y 1: no complete checkpoint (DONE_* marker) in '%s'\n  hint: check -o, or start without -y", dir); }
-    char why[CHECKPOINT_PATH_LEN + 128], newest_why[CHECKPOINT_PATH_LEN + 128];
+    char why[CHECKPOINT_PATH_LEN + 256], newest_why[CHECKPOINT_PATH_LEN + 256], path[CHECKPOINT_PATH_LEN], fix[CHECKPOINT_PATH_LEN + 128];
     int step = -1;
     for (int i = 0; i < n && step < 0; i++) {
-        if (checkpoint_files_whole(dir, steps[i], c, why, sizeof(why))) { step = steps[i]; continue; }
+        int bad = checkpoint_damage(dir, steps[i], c, why, sizeof(why));
+        if (bad == CKPT_WHOLE) { step = steps[i]; continue; }
         printf("-y 1: skipped the checkpoint of step %d in %s/: %s\n", steps[i], dir, why);
-        if (i == 0) { snprintf(newest_why, sizeof(newest_why), "%s", why); }
+        if (i == 0) {
+            snprintf(newest_why, sizeof(newest_why), "%s", why);
+            checkpoint_path(path, sizeof(path), dir, bad == CKPT_MODEL_FILE ? "model" : "state", steps[0], bad == CKPT_MODEL_FILE ? -1 : bad);
+            if (bad == CKPT_MODEL_FILE) { snprintf(fix, sizeof(fix), "put the model file of step %d back from a copy, as '%s'", steps[0], path); }
+            else { snprintf(fix, sizeof(fix), "put rank %d's state file of step %d back from a copy, as '%s'", bad, steps[0], path); }
+        }
         if (i + 1 == n) {
             fail("-y 1: none of the %d complete checkpoint(s) in '%s' has all its files whole; the newest, of step %d: %s\n"
-                 "  hint: restore the files from a copy, or start over there with --overwrite 1", n, dir, steps[0], newest_why);
+                 "  hint: %s, or start over there with --overwrite 1 (which removes every checkpoint there); nothing was removed",
+                 n, dir, steps[0], newest_why, fix);
         }
     }
-    if (step != steps[0]) { printf("-y 1: resuming from the newest whole checkpoint, of step %d\n", step); }
+    if (step != steps[0]) {
+        printf("-y 1: resuming from the newest whole checkpoint, of step %d; the skipped ones' files stay until this run writes\n"
+               "  a checkpoint of the same step over them (copy them elsewhere first to keep them)\n", step);
+    }
     free(steps);
     return step;
 }
@@ -1111,13 +1123,14 @@ static void run_inputs_free(RunInputs* in) {
     free(in->files);
 }
 
-// --keep-checkpoints: the newest K complete checkpoints stay, and so does one this run reads (-e)
-static void prune_checkpoints(const TrainOptions* o) {
+// --keep-checkpoints: the newest K complete checkpoints up to `written` (the one just written) stay,
+// and so does one this run reads (-e)
+static void prune_checkpoints(const TrainOptions* o, int written) {
     RunInputs in = run_inputs(o);
     int spare = checkpoint_input_step(o->out_dir, in.files, in.n);
     run_inputs_free(&in);
     int spared;
-    int pruned = checkpoint_prune(o->out_dir, o->keep_checkpoints, spare, &spared);
+    int pruned = checkpoint_prune(o->out_dir, o->keep_checkpoints, written, spare, &spared);
     if (pruned > 0) { printf("checkpoint: removed %d older checkpoint(s) (--keep-checkpoints %d)\n", pruned, o->keep_checkpoints); }
     static int said = 0;  // once a run
     if (spared && !said) {
@@ -1253,7 +1266,11 @@ static void train_setup(Run* r) {
     r->max_steps = steps_to_train(r);
     r->sample_rng = sample_rng_seed(o->seed);
     r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
-    if (o->resume && !resume_within_steps(r, resume_pick_step(o->out_dir, &s->config))) { return; }
+    if (o->resume) {
+        int step = s->dist.rank == 0 ? resume_pick_step(o->out_dir, &s->config) : -1;
+        dist_broadcast_bytes(&step, sizeof(step), 0);  // rank 0's pick, on every rank
+        if (!resume_within_steps(r, step)) { return; }
+    }
     r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, r->start_step, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
     check_profile_step(r);
@@ -1348,18 +1365,25 @@ static int between_steps(Run* r, int step, int cut_short) {
     }
     int stop = dist_any(g_stop_requested);  // all ranks stop at the same step
     int periodic = o->checkpoint_every > 0 && step > r->start_step && step % o->checkpoint_every == 0;
-    if (r->has_out && (last || stop || periodic)) {
+    // a stop before the first step of a resumed run: the checkpoint it resumed from holds this very
+    // state. Not written again: a rewrite takes its DONE marker away until the new one, and a kill
+    // then (the grace time of a preemption running out) would lose the run's only checkpoint
+    int resumed_here = o->resume && step == r->start_step;
+    if (r->has_out && (last || stop || periodic) && !resumed_here) {
         float max_abs = save_checkpoint(r->model, &r->setup, o->out_dir, step, &r->train, r->sample_rng, r->run_id);
         if (!isfinite(max_abs)) { fail_not_finite(r, step, "the weights are not finite after the update", "the checkpoint was not written"); }
         r->health.ckpt_step = step;
         r->health.ckpt_max_abs = max_abs;
         set_exit_now_text(o->out_dir, step);
-        if (r->setup.dist.rank == 0 && o->keep_checkpoints > 0) { prune_checkpoints(o); }
+        if (r->setup.dist.rank == 0 && o->keep_checkpoints > 0) { prune_checkpoints(o, step); }
     }
     if (stop) {
         char during[64] = "";
         if (cut_short) { snprintf(during, sizeof(during), " step %d was cut short and dropped;", step + 1); }
-        if (r->has_out) {
+        if (r->has_out && resumed_here) {
+            printf("stopped by signal after step %d;%s checkpoint %d, which this run resumed from, is in %s/ (not written again): "
+                   "resume with the same flags and -y 1\n", step, during, step, o->out_dir);
+        } else if (r->has_out) {
             printf("stopped by signal after step %d;%s wrote checkpoint %d to %s/: resume with the same flags and -y 1\n",
                    step, during, step, o->out_dir);
         } else {

@@ -28,6 +28,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("CLI and files", [PY, "tests/test_cli.py", "./train_gpt", "./test_gpt"], None),
     ("data parallel (MPI, --zero)",
      [PY, "tests/test_zero.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
+    ("checkpoints of several ranks: kill -9 mid-write, damaged files (MPI)",
+     [PY, "tests/test_checkpoint_ranks.py", "./train_gpt", "./test_gpt", "./build/fault_inject.so", "./build/emu/train_gpt"], None),
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
     ("memory budgets (--plan --max-memory)",
      [PY, "tests/test_plan_budget.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),

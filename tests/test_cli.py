@@ -941,7 +941,7 @@ if os.path.isdir(A):
     r = s.expect_ok("damaged: the newest checkpoint's state file deleted: -y resumes", RES7 + ["-o", DMG, "-y"])
     if r:
         s.check("damaged: ... from checkpoint 3, saying it skipped 6 and why",
-                f"skipped the checkpoint of step 6 in {DMG}/: '{ckpt(DMG, 'state', 6, '_00000.bin')}': No such file" in r.out
+                f"skipped the checkpoint of step 6 in {DMG}/: rank 0's state file '{ckpt(DMG, 'state', 6, '_00000.bin')}': No such file" in r.out
                 and re.search(r"^resumed from .* at step 3$", r.out, re.M), r.out[:400])
     shutil.rmtree(DMG)
     shutil.copytree(A, DMG)
