@@ -594,12 +594,13 @@ static void sample_tokens(GPT2* m, const GPT2Config* c, int* window, int T, int 
 }
 
 // the mean loss over `steps` batches of val, and over the ranks (each validates its own part);
-// NaN if a stop signal cut it short (on any rank)
+// NaN if a stop signal cut it short (on any rank). The ranks agree before each batch whether to go
+// on: under --zero 3 a forward gathers weights, so every rank must run as many as the others
 static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
     dataloader_reset(val);
     double sum = 0.0;
     int done = 0;
-    for (; done < steps && !g_stop_requested; done++) {
+    for (; done < steps && !dist_any(g_stop_requested); done++) {
         dataloader_next_batch(val);
         sum += gpt2_forward(m, val->inputs, val->targets, val->B, val->T);
     }

@@ -29,10 +29,13 @@ import glob
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 import e2e
-from e2e import ckpt, latest_done, memory_record, same_bytes, train_rows
+from e2e import ckpt, kill_group, latest_done, memory_record, same_bytes, train_rows
 
 TRAIN, TESTER, NOMPI = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt", "./build/train_gpt_nompi"])
 s = e2e.Suite("test_zero", tester=TESTER, run_limit=60)
@@ -435,6 +438,48 @@ SIG = f"{W}/sig_USR1"
 s.signal_check("USR1", SIG, 100, MPIRUN + ["2"] + BASE + ["-d", "1024", "-x", "100", "-n", "0", "--zero", "1"])
 s.check("signal: USR1 under mpirun: rank 1's state file too",
         os.path.isfile(ckpt(SIG, "state", latest_done(SIG), "_00001.bin")), "missing")
+
+# a stop signal that reaches one rank only, during a validation (long: -m 2000 batches, every step):
+# under --zero 3 every forward gathers weights, so the ranks must agree batch by batch whether to
+# go on (one rank leaving the loop early would leave the other waiting in a gather for ever)
+
+
+def rank_pids(run_dir):
+    """the pids of the trainer processes whose command line names RUN_DIR (mpirun's ranks)"""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"train_gpt") and run_dir.encode() in argv:
+            pids.append(int(pid))
+    return sorted(pids)
+
+
+VAL_STOP = f"{W}/val_stop_z3"
+cmd = MPIRUN + ["2"] + BASE + ["-j", f"{FIX}/val.bin", "-d", "64", "-x", "1000", "-v", "1", "-m", "2000", "-n", "0", "--zero", "3",
+                               "-o", VAL_STOP]
+p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+try:
+    seen = ""
+    while "val loss" not in seen and p.poll() is None:  # the first validation is done: the next runs soon
+        seen += p.stdout.readline()
+    time.sleep(0.2)
+    ranks = rank_pids(VAL_STOP)
+    if p.poll() is None and ranks:
+        os.kill(ranks[-1], signal.SIGUSR1)
+    try:
+        out, _ = p.communicate(timeout=60)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        rc, out = None, "(hung: killed after 60 s)"
+finally:
+    kill_group(p)
+s.check(f"--zero 3: SIGUSR1 to one rank of 2 (pid {ranks[-1] if ranks else '?'}) during validation: both stop at the same "
+        f"step, checkpoint and exit 0", rc == 0 and re.search(r"stopped by signal after step \d+; wrote checkpoint", seen + out),
+        f"exit code {rc}: {(seen + out)[-400:]}")
 
 # ----------------------------------------------------------------------------
 # 4. --check-replicas 1 checks after every step (and at the end of a run without -o)
