@@ -16,7 +16,8 @@ B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 Under data parallelism every number is per rank: gradients are all-reduced or
 reduce-scattered in place (no extra buffer; a GPU's ZeRO-1 packs a layer at a time: its
 pack is counted); ZeRO-1 cuts the optimizer state, ZeRO-2 the gradients too
-(plan_zero2_gradients: its buffers).
+(plan_zero2_gradients: its buffers), ZeRO-3 the weights (plan_zero3_weights: a GPU's
+prefetch buffer and checkpoint staging too).
 
 The plan also counts what a policy costs in time: the FLOPs it recomputes and the
 bytes it moves (selective recompute through device memory, offload between device
