@@ -17,10 +17,12 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
 
 Optimizers: AdamW, Adafactor and CAME (cuda/adamw.cuh, adafactor.cuh, came.cuh), in the CPU's
 state layout, so a checkpoint resumes on either backend. Data parallel: `mpirun -np N ./train_gpt_cu
---zero 0|1|2`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
+--zero 0|1|2|3`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
 --zero 1 shards every optimizer as the CPU does (Adafactor's and CAME's statistics over a whole slice
 are added across the ranks by NCCL inside the update), so sharded state files move between backends;
---zero 2 shards the gradients too; both exchange one collective per layer (see "ZeRO", cuda/zero.cuh).
+--zero 2 shards the gradients too, --zero 3 the weights as well (gathered layer by layer into two
+buffers, the next layer's gather overlapping this one's compute: see "ZeRO-3"); all exchange one
+collective per layer (see "ZeRO", cuda/zero.cuh).
 --offload activations moves kept activations to pinned host memory on a copy stream (see "offload");
 --offload optimizer[,gradients] keeps the fp32 master weights and optimizer state in pinned host
 memory and runs the step on the CPU with the CPU reference's code (see "optimizer offload").
