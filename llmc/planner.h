@@ -320,8 +320,9 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         p.exchange_bytes /= 2.0;
     }
     if (in.zero == 3 && N > 1) {  // ZeRO-3: no all-gather after the update; wte, wpe, lnf once a step, each
-        // layer for its forward, its backward and each recompute of it, every micro-step
-        double share = (N - 1.0) / N * lay->param_bytes;
+        // layer for its forward, its backward and each recompute of it, every micro-step; what is gathered
+        // is the working copy's precision (a GPU's bf16 blocks, not the fp32 master)
+        double share = (N - 1.0) / N * lay->working_bytes;
         p.exchange_bytes = share * (double)plan_rest_weights(cfg);
         p.exchange_micro_bytes += share * (double)plan_layer_weights(cfg) * (2.0 * L + recomputed_layers);
     }

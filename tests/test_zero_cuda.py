@@ -19,7 +19,7 @@ layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed r
     optimizer, on 3 ranks, with accumulation and the memory flags under the late stream order and the
     other emulated orders, and against --zero 0 where --zero 2 is; the weight shard at most 1/N,
     the gathers a step bounded per layer; its checkpoints resume with --zero 1 and 2 and on the CPU;
-  - --zero 2 started without MPI (torchrun-style variables, scripts/launch_local.sh; the emulated
+  - --zero 2 and 3 started without MPI (torchrun-style variables, scripts/launch_local.sh; the emulated
     build without MPI, when given): the model of mpirun's --zero 0, bit for bit;
   - --zero 2 with --offload optimizer is refused, saying why; --plan prices ZeRO-1's pack and
     ZeRO-2's buffers.
@@ -390,6 +390,13 @@ else:
                         + FLAGS + ["-d", "64", "--zero", "2", "-o", d], env={"CUDA_EMU_DEVICES": "2"})
         if r:
             same_model("--zero 2 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
+        meet3, d3 = f"{W}/meet3", f"{W}/nompi_z3"
+        os.makedirs(meet3)
+        r = s.expect_ok("--zero 3 on 2 processes started by scripts/launch_local.sh (no MPI)",
+                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet3}", "-e", f"{FIX}/model_deep.bin"]
+                        + FLAGS + ["-d", "64", "--zero", "3", "-o", d3], env={"CUDA_EMU_DEVICES": "2"})
+        if r:
+            same_model("--zero 3 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d3)
 
 # ----------------------------------------------------------------------------
 # 8. without ranks: what is refused, and what --plan prices
