@@ -578,8 +578,8 @@ static void alloc_gradients(Model<floatX>* m) {
     }
 }
 
-// --offload optimizer: the floats of one layer's weights (Pl: its slices of the 12 per-layer
-// tensors) and of the rest (Pr: wte, wpe, lnfw, lnfb)
+// the floats of one layer's weights (Pl: its slices of the 12 per-layer tensors) and of the rest
+// (Pr: wte, wpe, lnfw, lnfb): --offload optimizer's groups, ZeRO's layer buffers
 static size_t layer_weights(const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     gpt2_parameter_sizes(sizes, c);
