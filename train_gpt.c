@@ -302,7 +302,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
                        (layer - layer_act_floats(B, T, C, NH, &attn)) * F, (size_t)B * T * C * F,
                        head_act_floats(B, T, C, c->padded_vocab_size, K) * F, backward * F,
                        flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)",
-                       flash ? "4(13BTC)" : "4(13BTC + B NH T^2)", 0, 0, 0, F, "4(3BT + K(C + Vp))", K, 0};
+                       flash ? "4(13BTC)" : "4(13BTC + B NH T^2)", 0, 0, 0, F, "4(3BT + K(C + Vp))", K, 0, 0};
     return l;
 }
 

@@ -17,10 +17,12 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
 
 Optimizers: AdamW, Adafactor and CAME (cuda/adamw.cuh, adafactor.cuh, came.cuh), in the CPU's
 state layout, so a checkpoint resumes on either backend. Data parallel: `mpirun -np N ./train_gpt_cu
---zero 0|1|2`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
+--zero 0|1|2|3`, one process per GPU (the node-local rank's), NCCL bootstrapped over MPI (cuda/nccl.cuh);
 --zero 1 shards every optimizer as the CPU does (Adafactor's and CAME's statistics over a whole slice
 are added across the ranks by NCCL inside the update), so sharded state files move between backends;
---zero 2 shards the gradients too; both exchange one collective per layer (see "ZeRO", cuda/zero.cuh).
+--zero 2 shards the gradients too, --zero 3 the weights as well (gathered layer by layer into two
+buffers, the next layer's gather overlapping this one's compute: see "ZeRO-3"); all exchange one
+collective per layer (see "ZeRO", cuda/zero.cuh).
 --offload activations moves kept activations to pinned host memory on a copy stream (see "offload");
 --offload optimizer[,gradients] keeps the fp32 master weights and optimizer state in pinned host
 memory and runs the step on the CPU with the CPU reference's code (see "optimizer offload").
@@ -91,15 +93,27 @@ struct Params {
     T *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb, *lnfw, *lnfb;
 };
 
+// where p keeps parameter tensor i's address (checkpoint order)
 template <typename T>
-static void point_params(Params<T>* p, T* memory, const GPT2Config* cfg) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    gpt2_parameter_sizes(sizes, cfg);
+static T** param_slot(Params<T>* p, int i) {
     T** ptrs[NUM_PARAMETER_TENSORS] = {
         &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
         &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
     };
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { *ptrs[i] = memory; memory += sizes[i]; }
+    return ptrs[i];
+}
+
+// the tensors of cfg's model one after another from memory; layer_only: the 12 per-layer tensors
+// only (a layer buffer of their slices of one layer, cfg a one-layer model), the others left as they are
+template <typename T>
+static void point_params(Params<T>* p, T* memory, const GPT2Config* cfg, int layer_only = 0) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, cfg);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (layer_only && !PARAMETER_IS_PER_LAYER[i]) { continue; }
+        *param_slot(p, i) = memory;
+        memory += sizes[i];
+    }
 }
 
 // parameter tensor i (checkpoint order) of p
@@ -294,6 +308,7 @@ struct Model {
     Params<float> master;
     floatX* weights_memory;       // (P) the working weights the kernels read: master itself (fp32) or a bf16 copy
     Params<floatX> weights;
+    size_t weight_floats;         // floats of master_memory (and weights_memory): P, or ZeRO-3's shard
     float* grads_memory;          // (P) fp32
     Params<float> grads;
     float* opt_memory;            // optimizer state (opt_layout.h's layout), fp32
@@ -369,6 +384,20 @@ struct Model {
     size_t* grad_shard_off;       // [slices] ZeRO-2: each slice's block in the shard (grad_shard_offsets)
     size_t grad_floats;           // floats of grads_memory: P, or ZeRO-2's shard
     cudaEvent_t working_taken;    // comm stream: the working gradients are packed (the compute stream may clear them)
+    // ZeRO-3 (see "ZeRO-3" below): master_memory and weights_memory are this rank's shards (the
+    // gradient shard's layout, grad_shard_off); weights point into the working copy, a one-layer
+    // model (the head gathered once a step; its layer is buffer 0), and a second layer buffer
+    floatX* weight_working;       // a one-layer model's weights (opt_layout.h's working copy)
+    floatX* layer_buf_memory;     // (Pl) layer buffer 1
+    Params<floatX> layer_buf[2];  // the working weights with buffer b's layer tensors (b = l % 2)
+    int buf_layer[2];             // the layer buffer b holds, or is being gathered into; -1 none
+    int head_gathered;            // the working copy holds this step's wte, wpe, lnfw, lnfb
+    cudaEvent_t gathered[2];      // comm stream: buffer b's gather is unpacked (the compute stream may read it)
+    cudaEvent_t released[2];      // compute stream: buffer b's last reader is done (the comm stream may overwrite it)
+    cudaEvent_t head_ready;       // comm stream: the head is gathered
+    cudaEvent_t compute_mark;     // compute stream: what the comm stream must wait for (the update's shard)
+    float* ckpt_staging;          // pinned: the largest slice, checkpoints' weights a slice at a time
+    size_t ckpt_staging_floats;
     long grad_collectives;        // the gradients' and the weights' collectives since the last update (printed for step 1)
     long weight_collectives;
     // --offload optimizer (see "optimizer offload"): master_memory, opt_memory and these are pinned
@@ -521,12 +550,12 @@ static void alloc_scratch(Model<floatX>* m, int B, int T) {
 }
 
 // the fp32 gradients, zeroed: the model's (P), and under ZeRO-1 the pack (cuda/zero.cuh); under ZeRO-2
-// the gradient shard, the working buffer (a one-layer model's gradients: every use leaves it zero)
+// (and 3) the gradient shard, the working buffer (a one-layer model's gradients: every use leaves it zero)
 // and the pack: opt_layout.h's Zero2Grads, as the CPU's, each its own allocation (what the planner counts)
 template <typename floatX>
 static void alloc_gradients(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
-    int world = m->dist.world, zero2 = m->zero == ZERO_GRADS;
+    int world = m->dist.world, zero2 = zero_shards_grads(m->zero);
     Zero2Grads z = zero2_grad_floats(c, world);
     m->grad_floats = zero2 ? z.shard : m->num_parameters;
     m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, m->grad_floats * sizeof(float));
@@ -549,27 +578,8 @@ static void alloc_gradients(Model<floatX>* m) {
     }
 }
 
-// the fp32 master weights, their gradients and the optimizer state on the GPU, and pinned host
-// copies of the weights and the state for checkpoints; a model for sampling has the weights only
-template <typename floatX>
-static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
-    size_t P = m->num_parameters;
-    m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, P * sizeof(float));
-    point_params(&m->master, m->master_memory, &m->config);
-    m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
-                                                        : (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
-    point_params(&m->weights, m->weights_memory, &m->config);
-    m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
-    if (!training) { return; }
-    alloc_gradients(m);
-    m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
-    CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
-    m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
-    memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
-}
-
-// --offload optimizer: the floats of one layer's weights (Pl: its slices of the 12 per-layer
-// tensors) and of the rest (Pr: wte, wpe, lnfw, lnfb)
+// the floats of one layer's weights (Pl: its slices of the 12 per-layer tensors) and of the rest
+// (Pr: wte, wpe, lnfw, lnfb): --offload optimizer's groups, ZeRO's layer buffers
 static size_t layer_weights(const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
     gpt2_parameter_sizes(sizes, c);
@@ -577,6 +587,79 @@ static size_t layer_weights(const GPT2Config* c) {
     return n;
 }
 static size_t rest_weights(const GPT2Config* c) { return gpt2_num_parameters(c) - (size_t)c->num_layers * layer_weights(c); }
+
+// ZeRO-3: this rank's shards of the fp32 master weights and of the working weights (floatX: the
+// master itself in fp32), in the gradient shard's layout (opt_layout.h), zero in the padding; the
+// working copy the kernels read, a one-layer model (the head whole, layer buffer 0) and layer buffer
+// 1; a pinned buffer of the largest slice for checkpoints (gpt2_params_stream): the whole model is
+// never in one place, on the GPU or in host memory
+template <typename floatX>
+static void alloc_zero3_weights(Model<floatX>* m) {
+    const GPT2Config* c = &m->config;
+    Zero2Grads z = zero2_grad_floats(c, m->dist.world);
+    GPT2Config one = *c;
+    one.num_layers = 1;
+    m->weight_floats = z.shard;
+    m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, z.shard * sizeof(float));
+    CUDA_CHECK(cudaMemset(m->master_memory, 0, z.shard * sizeof(float)));
+    m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
+                                                        : (floatX*)mem_alloc(MEM_PARAMETERS, z.shard * sizeof(floatX));
+    CUDA_CHECK(cudaMemset(m->weights_memory, 0, z.shard * sizeof(floatX)));
+    m->weight_working = (floatX*)mem_alloc(MEM_PARAMETERS, z.working * sizeof(floatX));
+    CUDA_CHECK(cudaMemset(m->weight_working, 0, z.working * sizeof(floatX)));  // wte's padded rows stay zero
+    point_params(&m->weights, m->weight_working, &one);
+    m->layer_buf_memory = (floatX*)mem_alloc(MEM_PARAMETERS, layer_weights(c) * sizeof(floatX));
+    m->layer_buf[0] = m->weights;
+    m->layer_buf[1] = m->weights;
+    point_params(&m->layer_buf[1], m->layer_buf_memory, &one, 1);
+    m->buf_layer[0] = m->buf_layer[1] = -1;
+    ParamSlice* s = param_slices_alloc(c);
+    size_t most = 0, gap = (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels;  // wte's padded rows go by as zeros
+    for (int k = 0; k < param_slice_count(c); k++) { size_t n = (size_t)s[k].rows * s[k].cols; most = n > most ? n : most; }
+    free(s);
+    m->ckpt_staging_floats = gap > most ? gap : most;
+    m->ckpt_staging = (float*)mem_alloc(MEM_HOST_COPIES, m->ckpt_staging_floats * sizeof(float));
+}
+
+// ZeRO-3: a slice's blocks are gathered for checkpoints into the gradients' working buffer (idle
+// between steps): every rank's padded block of the largest slice must fit
+template <typename floatX>
+static void zero3_check_staging(const Model<floatX>* m) {
+    const GPT2Config* c = &m->config;
+    Zero2Grads z = zero2_grad_floats(c, m->dist.world);
+    for (int k = 0; k < param_slice_count(c); k++) {
+        size_t need = (size_t)m->dist.world * slice_block_floats(&m->slices[k], m->dist.world);
+        if (need > z.working) {
+            fail("--zero 3 on %d ranks: slice %d's blocks (%zu floats) outgrow the gradients' working buffer (%zu), "
+                 "through which checkpoints gather the weights\n  hint: fewer ranks", m->dist.world, k, need, z.working);
+        }
+    }
+}
+
+// the fp32 master weights, their gradients and the optimizer state on the GPU, and pinned host
+// copies of the weights and the state for checkpoints; a model for sampling has the weights only
+template <typename floatX>
+static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
+    size_t P = m->num_parameters;
+    m->weight_floats = P;
+    if (m->zero == ZERO_WEIGHTS && training) {
+        alloc_zero3_weights(m);
+    } else {
+        m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, P * sizeof(float));
+        point_params(&m->master, m->master_memory, &m->config);
+        m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
+                                                            : (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
+        point_params(&m->weights, m->weights_memory, &m->config);
+        m->host_params = (float*)mem_alloc(MEM_HOST_COPIES, P * sizeof(float));
+    }
+    if (!training) { return; }
+    alloc_gradients(m);
+    if (m->zero == ZERO_WEIGHTS) { zero3_check_staging(m); }
+    m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
+    CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
+    m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
+    memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
+}
 
 // --offload optimizer: the working weights on the GPU with the gradients of the rest and of two
 // layers; one pinned host block with the master weights, the step's gradients, two staging
@@ -657,6 +740,11 @@ static Model<floatX>* model_create(const ModelSetup* s) {
         CUDA_CHECK(cudaEventCreateWithFlags(&m->reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->working_taken, cudaEventDisableTiming));
     }
+    if (m->comm != NULL && m->zero == ZERO_WEIGHTS) {
+        cudaEvent_t* all[] = {&m->gathered[0], &m->gathered[1], &m->released[0], &m->released[1], &m->head_ready, &m->compute_mark};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventCreateWithFlags(all[i], cudaEventDisableTiming)); }
+        for (int b = 0; b < 2; b++) { CUDA_CHECK(cudaEventRecord(m->released[b], m->stream)); }  // no reader yet
+    }
     return m;
 }
 
@@ -670,7 +758,8 @@ static void model_destroy(Model<floatX>* m) {
         CUDA_CHECK(cudaStreamDestroy(m->grad_stream));
     } else {
         if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
-        void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->host_params, m->host_opt, m->grad_working, m->zero_pack};
+        void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->host_params, m->host_opt, m->grad_working, m->zero_pack,
+                          m->weight_working, m->layer_buf_memory, m->ckpt_staging};
         for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
         free(m->slices); free(m->zero_groups); free(m->grad_shard_off);
     }
@@ -698,6 +787,10 @@ static void model_destroy(Model<floatX>* m) {
         CUDA_CHECK(cudaEventDestroy(m->grads_final));
         CUDA_CHECK(cudaEventDestroy(m->reduced));
         CUDA_CHECK(cudaEventDestroy(m->working_taken));
+        if (m->zero == ZERO_WEIGHTS) {
+            cudaEvent_t all[] = {m->gathered[0], m->gathered[1], m->released[0], m->released[1], m->head_ready, m->compute_mark};
+            for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventDestroy(all[i])); }
+        }
         CUDA_CHECK(cudaStreamDestroy(m->comm_stream));
     }
     CUDA_CHECK(cudaStreamDestroy(m->stream));
@@ -798,6 +891,92 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 // the whole model
 
 // ----------------------------------------------------------------------------
+// ZeRO-3: a rank keeps its shards of the weights (fp32 master, floatX working: half the bytes in bf16,
+// and what is gathered); the kernels read a working copy. The head (wte, wpe, lnfw, lnfb) is gathered
+// once a step, before the encoder; each layer before its forward, its backward and each recompute,
+// into buffer l % 2, on the comm stream: one ncclAllGather of the floatX shard's layer part into the
+// pack, then the unpack into the buffer (cuda/zero.cuh). While layer l computes, the next layer the
+// schedule needs is gathered into the other buffer (the forward: l + 1; the backward: l - 1, or the
+// first layer of the segment recomputed next). Events order the two streams: the compute stream
+// waits for a buffer's gather (gathered[b]) before it reads it; the comm stream waits for a buffer's
+// last reader (released[b], recorded after each layer's kernels) before it overwrites it, and at the
+// step's first gather for the update that wrote the shard (compute_mark). The update moves the shards
+// only; the gathered copies are stale after it (buf_layer, head_gathered).
+
+// the comm stream waits for everything queued on the compute stream so far
+template <typename floatX>
+static void comm_after_compute(Model<floatX>* m) {
+    CUDA_CHECK(cudaEventRecord(m->compute_mark, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->compute_mark, 0));
+}
+
+// wte, wpe, lnfw, lnfb into the working copy, once a step (the encoder and the head read them)
+template <typename floatX>
+static void zero3_gather_head(Model<floatX>* m) {
+    if (m->zero != ZERO_WEIGHTS || m->head_gathered) { return; }
+    comm_after_compute(m);  // the update has written the shard, and the last step's head is read
+    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(rest_weights(&m->config) * sizeof(floatX)),
+                  "ZeRO-3: wte, wpe, lnf all-gather");
+    auto head = [m](int k) { return param_tensor(&m->weights, m->slices[k].tensor); };
+    for (int g = m->config.num_layers; g < m->num_zero_groups; g++) {
+        zero_gather_shard(&m->zero_groups[g], m->dist.world, m->weights_memory, head, (floatX*)m->zero_pack, m->comm, m->comm_stream);
+        m->weight_collectives++;
+    }
+    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
+    CUDA_CHECK(cudaEventRecord(m->head_ready, m->comm_stream));
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the ZeRO-3 head");
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->head_ready, 0));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    m->head_gathered = 1;
+}
+
+// queues layer l's gather into buffer l % 2 on the comm stream, unless the buffer holds l already
+// (or is being gathered into): after the buffer's last reader queued so far
+template <typename floatX>
+static void zero3_gather_layer(Model<floatX>* m, int l) {
+    int b = l % 2;
+    if (m->buf_layer[b] == l) { return; }
+    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->released[b], 0));
+    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(layer_weights(&m->config) * sizeof(floatX)),
+                  "ZeRO-3: layer %d all-gather", l);
+    auto layer = [m, b](int k) { return param_tensor(&m->layer_buf[b], m->slices[k].tensor); };
+    zero_gather_shard(&m->zero_groups[l], m->dist.world, m->weights_memory, layer, (floatX*)m->zero_pack, m->comm, m->comm_stream);
+    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
+    CUDA_CHECK(cudaEventRecord(m->gathered[b], m->comm_stream));
+    m->buf_layer[b] = l;
+    m->weight_collectives++;
+}
+
+// layer l's weights for the kernels queued next: the model's, or (ZeRO-3) buffer l % 2, gathered
+// (or its prefetch) awaited by the compute stream
+template <typename floatX>
+static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
+    int C = m->config.channels;
+    if (m->zero != ZERO_WEIGHTS) { return layer_params(&m->weights, l, C); }
+    zero3_gather_layer(m, l);
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for layer %d's gather", l);
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->gathered[l % 2], 0));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    return layer_params(&m->layer_buf[l % 2], 0, C);
+}
+
+// ZeRO-3: the kernels queued so far are layer l's buffer's last readers; then the gather of layer
+// `next` (-1: none) may start in the other buffer, or in this one once they are done
+template <typename floatX>
+static void zero3_release(Model<floatX>* m, int l, int next) {
+    if (m->zero != ZERO_WEIGHTS) { return; }
+    CUDA_CHECK(cudaEventRecord(m->released[l % 2], m->stream));
+    if (next >= 0) { zero3_gather_layer(m, next); }
+}
+
+// the gathered copies are stale: the shard has moved on (the update, a checkpoint's load)
+template <typename floatX>
+static void zero3_invalidate(Model<floatX>* m) {
+    m->head_gathered = 0;
+    m->buf_layer[0] = m->buf_layer[1] = -1;
+}
+
+// ----------------------------------------------------------------------------
 // offload: the copy stream moves a slot's block (or a segment input) to the pinned host store
 // after its forward and back before its backward, while the compute stream goes on. Events order
 // the two: a copy waits for the compute work before it (compute_done), the compute stream waits
@@ -869,18 +1048,21 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
 // layers first..last forward from x into the working set; with store, what the schedule keeps.
 // Each block but the last computes the next one's ln1 with its last residual (one pass over the
 // residual stream), except under offload, where the next block's slot may still be on its way to
-// the host until the compute stream waits for it
+// the host until the compute stream waits for it, and under ZeRO-3, whose next layer's weights are
+// gathered while this one computes
 template <typename floatX>
 static void forward_layers(Model<floatX>* m, int first, int last, const floatX* x, int B, int T, int store) {
     int C = m->config.channels, L = m->config.num_layers;
     int ln1_done = 0;
     for (int l = first; l <= last; l++) {
-        LayerParams<floatX> lp = layer_params(&m->weights, l, C), np;
+        LayerParams<floatX> lp = weights_of_layer(m, l), np;
         LayerActs<floatX>* la = act_layer(m, l);
-        LayerActs<floatX>* next = l < last && !m->act.offload ? act_layer(m, l + 1) : NULL;
+        // not under ZeRO-3, where the next layer's weights are still on their way
+        LayerActs<floatX>* next = l < last && !m->act.offload && m->zero != ZERO_WEIGHTS ? act_layer(m, l + 1) : NULL;
         if (next != NULL) { np = layer_params(&m->weights, l + 1, C); }
         if (m->act.offload) { compute_waits_for_copy(m, m->slot_saved[act_slot_of(&m->act, L, l)]); }
         block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
+        zero3_release(m, l, l < last ? l + 1 : -1);
         ln1_done = next != NULL;
         if (store) { store_after_forward(m, l, (size_t)B * T * C); }
         x = la->residual3;
@@ -1136,6 +1318,7 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_forward(BT, C, X), "forward (with the tokens' upload)");
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
+    zero3_gather_head(m);
     encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
     forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
     if (loss_scale > 0.0f) { clear_rest_grads(m); }
@@ -1151,6 +1334,14 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     if (loss_scale > 0.0f) { m->probs_first = -1; }  // the last chunk's logits are their gradient now
     m->head_grad_scale = loss_scale;
     return targets != NULL ? mean_loss(m, B, T) : -1.0f;
+}
+
+// the first layer whose weights the backward reads after layer l + 1's: l, or the first layer of
+// the segment recomputed before l's backward (act_policy.h)
+template <typename floatX>
+static int next_backward_layer(const Model<floatX>* m, int l) {
+    ActBackwardPlan bp = act_before_backward(&m->act, m->config.num_layers, l);
+    return bp.recompute_segment >= 0 ? bp.recompute_first : l;
 }
 
 template <typename floatX>
@@ -1177,11 +1368,12 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
                             m->lnf_mean, m->lnf_rstd, B, T, C, m->reduce_scratch, s);
     for (int l = L - 1; l >= 0; l--) {
         prepare_backward(m, l, B, T);
-        LayerParams<floatX> lp = layer_params(&m->weights, l, C);
+        LayerParams<floatX> lp = weights_of_layer(m, l);
         int offload_grads = m->offload_opt == OPT_OFFLOAD_GRADS;
-        int zero2 = m->zero == ZERO_GRADS;  // the working buffer's one layer
+        int zero2 = zero_shards_grads(m->zero);  // the working buffer's one layer
         LayerParams<float> lg = offload_grads ? layer_grads_on_device(m, l) : layer_params(&m->grads, zero2 ? 0 : l, C);
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
+        zero3_release(m, l, l > 0 ? next_backward_layer(m, l - 1) : -1);
         if (zero2) { zero2_reduce(m, l); }
         else if (m->reduce_in_backward) { reduce_now_final(m, l); }
         if (m->send_in_backward) { send_final_grads(m, l); }
@@ -1193,7 +1385,7 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
     prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
     prof_gpu_close(s, S);
-    if (m->zero == ZERO_GRADS) { zero2_reduce(m, REST_GROUP); }  // wte, wpe, lnfw, lnfb
+    if (zero_shards_grads(m->zero)) { zero2_reduce(m, REST_GROUP); }  // wte, wpe, lnfw, lnfb
     else if (m->reduce_in_backward) { reduce_now_final(m, REST_GROUP); }
     if (m->send_in_backward) { send_final_grads(m, REST_GROUP); }
     if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
@@ -1303,7 +1495,7 @@ static void model_reduce_grads(Model<floatX>* m) {
         return;
     }
     if (m->comm == NULL) { return; }
-    if (m->reduce_in_backward || m->zero == ZERO_GRADS) {
+    if (m->reduce_in_backward || zero_shards_grads(m->zero)) {
         CUDA_CHECK(cudaEventRecord(m->reduced, m->comm_stream));
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the NCCL stream");
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
@@ -1317,10 +1509,10 @@ static void model_reduce_grads(Model<floatX>* m) {
 }
 
 // rank's reduced gradients of slice k: its block in the model's gradients (offset: from the
-// slice's start, slice_shard's), or under ZeRO-2 in the gradient shard
+// slice's start, slice_shard's), or under ZeRO-2 and 3 in the gradient shard
 template <typename floatX>
 static float* grad_block(Model<floatX>* m, int k, size_t offset) {
-    return m->zero == ZERO_GRADS ? m->grads_memory + m->grad_shard_off[k] : m->grads_memory + m->slices[k].offset + offset;
+    return zero_shards_grads(m->zero) ? m->grads_memory + m->grad_shard_off[k] : m->grads_memory + m->slices[k].offset + offset;
 }
 
 // global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1 and 2: each rank sums
@@ -1391,7 +1583,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         size_t offset;
         OptShard sh = slice_shard(&slices[k], &z, &offset);
         size_t n = (size_t)sh.rows * sh.cols;
-        float* p = m->master_memory + slices[k].offset + offset;
+        float* p = m->zero == ZERO_WEIGHTS ? m->master_memory + m->grad_shard_off[k] : m->master_memory + slices[k].offset + offset;
         const float* g = grad_block(m, k, offset);
         if (m->optimizer == OPT_ADAMW) {
             const AdamWHyper* a = &h->adamw;
@@ -1407,7 +1599,10 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         }
         st += slice_state_floats(m->optimizer, &sh, use_beta1);
     }
-    if (zero_shards_state(m->zero) && m->comm != NULL) {
+    if (m->zero == ZERO_WEIGHTS) {  // the shard only: the next forward gathers what it reads
+        print_zero_collectives(m, s->t);
+        zero3_invalidate(m);
+    } else if (zero_shards_state(m->zero) && m->comm != NULL) {
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
                       "NCCL all-gather of the updated blocks");
         auto master = [m](int k) { return m->master_memory + m->slices[k].offset; };
@@ -1418,14 +1613,15 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         print_zero_collectives(m, s->t);
     }
     if ((void*)m->weights_memory != (void*)m->master_memory) {
-        prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_bytes(m->num_parameters * (4.0 + X)), "working weights from the master");
-        copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->num_parameters, m->stream);
+        prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_bytes(m->weight_floats * (4.0 + X)), "working weights from the master");
+        copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->weight_floats, m->stream);
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
-// ZeRO-1 and 2: the NCCL collectives of the gradients and the weights in step 1, counted
-// (tests/test_zero_cuda.py bounds them per layer: one each a group, the head's rounds beside)
+// ZeRO-1, 2 and 3: the NCCL collectives of the gradients and the weights in step 1, counted
+// (tests/test_zero_cuda.py bounds them per layer: one each a group, the head's rounds beside;
+// ZeRO-3's weight all-gathers: the head's rounds once, each layer for its forward and backward)
 template <typename floatX>
 static void print_zero_collectives(Model<floatX>* m, int t) {
     if (t == 1 && m->dist.rank == 0) {
@@ -1433,6 +1629,11 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
         printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers (L = %d, %d head rounds); "
                "gradients per rank: %zu of %zu floats, pack %zu\n", (int)m->zero, m->grad_collectives, m->weight_collectives,
                L, m->num_zero_groups - L, m->grad_floats, m->num_parameters, zero2_grad_floats(&m->config, m->dist.world).pack);
+        if (m->zero == ZERO_WEIGHTS) {
+            printf("ZeRO-3: weights per rank: shard %zu of %zu floats (fp32 master, and %s), working copy %zu\n", m->weight_floats,
+                   m->num_parameters, sizeof(floatX) == sizeof(float) ? "the same floats read by the kernels" : "a bf16 shard",
+                   zero2_grad_floats(&m->config, m->dist.world).working + layer_weights(&m->config));
+        }
     }
     m->grad_collectives = 0;
     m->weight_collectives = 0;
@@ -1446,12 +1647,13 @@ static void model_sync(Model<floatX>* m, SyncDirection dir) {
         if (dir == SYNC_FROM_HOST) {
             for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { upload_tensor(m, i); }
         }
-    } else if (dir == SYNC_TO_HOST) {
-        CUDA_CHECK(cudaMemcpyAsync(m->host_params, m->master_memory, P * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    } else if (dir == SYNC_TO_HOST) {  // ZeRO-3: no host copy of the weights (gpt2_params_stream moves them)
+        if (m->host_params != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->host_params, m->master_memory, P * sizeof(float), cudaMemcpyDeviceToHost, m->stream)); }
         if (opt_bytes > 0) { CUDA_CHECK(cudaMemcpyAsync(m->host_opt, m->opt_memory, opt_bytes, cudaMemcpyDeviceToHost, m->stream)); }
     } else {
-        CUDA_CHECK(cudaMemcpyAsync(m->master_memory, m->host_params, P * sizeof(float), cudaMemcpyHostToDevice, m->stream));
         if (opt_bytes > 0) { CUDA_CHECK(cudaMemcpyAsync(m->opt_memory, m->host_opt, opt_bytes, cudaMemcpyHostToDevice, m->stream)); }
+        if (m->host_params == NULL) { CUDA_CHECK(cudaStreamSynchronize(m->stream)); return; }
+        CUDA_CHECK(cudaMemcpyAsync(m->master_memory, m->host_params, P * sizeof(float), cudaMemcpyHostToDevice, m->stream));
         if ((void*)m->weights_memory != (void*)m->master_memory) {
             copy_to_floatX_cuda(m->weights_memory, m->master_memory, P, m->stream);
         }
@@ -1479,8 +1681,7 @@ static const float* model_probs(Model<floatX>* m, int position) {
 // the backend interface (llmc/trainer.h): each call goes to the model of the run's precision
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
-// ZeRO-3 (the weights gathered layer by layer) is not built here yet: the trainer refuses --zero 3
-int gpt2_zero_max_stage(void) { return ZERO_GRADS; }
+int gpt2_zero_max_stage(void) { return ZERO_WEIGHTS; }
 
 // free GPU memory at the first call, before any tensor: what gpt2_device_bytes_used counts from
 static size_t g_free_at_start = 0;
@@ -1582,6 +1783,12 @@ void gpt2_check_setup(const ModelSetup* s) {
              "would keep no less than with --zero 1; the GPU's ZeRO-2 reduce-scatters on the device (NCCL) into a shard\n"
              "  hint: --zero 1 --offload optimizer[,gradients] (the state sharded, the gradients on the host), or --zero 2 without --offload optimizer");
     }
+    if (s->offload_optimizer && s->zero == ZERO_WEIGHTS) {
+        fail("--zero 3 with --offload optimizer: the offloaded step keeps the whole fp32 master weights in host memory and the "
+             "whole working weights on the GPU, and sums whole gradients over MPI, so nothing of ZeRO-3 would be sharded; the "
+             "GPU's ZeRO-3 keeps shards on the device and gathers them with NCCL\n"
+             "  hint: --zero 3 without --offload optimizer, or --zero 1 --offload optimizer[,gradients]");
+    }
 }
 
 // srun or torchrun-style variables without MPI: NCCL carries the host's collectives too (cuda/nccl.cuh)
@@ -1627,7 +1834,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
                        layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
                        layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X,
-                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K, 1};
+                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K, 1, 1};
     return l;
 }
 
@@ -1658,9 +1865,60 @@ HostView gpt2_host_view(GPT2* m) {
     return h;
 }
 
+// ZeRO-3's weights for checkpoints, a slice at a time in model_config.h's order (wte's padded rows,
+// which no slice holds, go by as zeros): for a read each slice's fp32 master blocks are all-gathered
+// into the gradients' working buffer (idle between steps; left zero again) and the slice copied to
+// the pinned staging buffer; for a write each rank keeps its block of each slice fn fills, in the
+// master shard, and then the working shard follows. The gathered copies are stale after either
+template <typename floatX>
+static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    const GPT2Config* c = &m->config;
+    int n = param_slice_count(c), rank = m->dist.rank, world = m->dist.world;
+    const ParamSlice* s = m->slices;
+    float* staging = m->ckpt_staging;
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
+                  "ZeRO-3: the weights slice by slice, %s", how == PARAMS_WRITE ? "each rank's blocks kept" : "gathered");
+    size_t at = 0;
+    for (int k = 0; k <= n; k++) {
+        size_t next = k < n ? s[k].offset : m->num_parameters;
+        if (next > at) {  // a gap: wte's padded rows
+            memset(staging, 0, (next - at) * sizeof(float));
+            fn(ctx, at, staging, next - at);
+        }
+        if (k == n) { break; }
+        size_t len = (size_t)s[k].rows * s[k].cols;
+        float* mine = m->master_memory + m->grad_shard_off[k];
+        if (how == PARAMS_WRITE) {
+            fn(ctx, s[k].offset, staging, len);
+            int begin, end, width = slice_unit_width(&s[k]);
+            shard_range(slice_units(&s[k]), rank, world, &begin, &end);
+            CUDA_CHECK(cudaMemcpyAsync(mine, staging + (size_t)begin * width, (size_t)(end - begin) * width * sizeof(float),
+                                       cudaMemcpyHostToDevice, m->stream));
+        } else {  // the ranks' padded blocks one after another: the slice, then the padding
+            NCCL_CHECK(ncclAllGather(mine, m->grad_working, slice_block_floats(&s[k], world), ncclFloat, m->comm, m->stream));
+            CUDA_CHECK(cudaMemcpyAsync(staging, m->grad_working, len * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+        }
+        CUDA_CHECK(cudaStreamSynchronize(m->stream));  // staging is free (write) or filled (read)
+        if (how != PARAMS_WRITE) { fn(ctx, s[k].offset, staging, len); }
+        at = s[k].offset + len;
+    }
+    if (how == PARAMS_WRITE && (void*)m->weights_memory != (void*)m->master_memory) {
+        copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->weight_floats, m->stream);
+    }
+    if (how != PARAMS_WRITE) {
+        CUDA_CHECK(cudaMemsetAsync(m->grad_working, 0, zero2_grad_floats(c, world).working * sizeof(float), m->stream));
+    }
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    zero3_invalidate(m);
+}
+
 // the weights through their whole host copy (host_params): one chunk, brought up to date before a
-// read, sent up after a write (with the optimizer state's host copy, as gpt2_sync does)
+// read, sent up after a write (with the optimizer state's host copy, as gpt2_sync does); ZeRO-3 has
+// no whole copy: a slice at a time
 void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    if (m->bf16 && m->bf16->zero == ZERO_WEIGHTS && m->bf16->host_params == NULL) { model_zero3_stream(m->bf16, how, fn, ctx); return; }
+    if (m->f32 && m->f32->zero == ZERO_WEIGHTS && m->f32->host_params == NULL) { model_zero3_stream(m->f32, how, fn, ctx); return; }
     if (how == PARAMS_READ) { gpt2_sync(m, SYNC_TO_HOST); }
     float* host = m->bf16 ? m->bf16->host_params : m->f32->host_params;
     fn(ctx, 0, host, m->bf16 ? m->bf16->num_parameters : m->f32->num_parameters);

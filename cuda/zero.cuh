@@ -12,6 +12,7 @@ the group's blocks rank by rank into `pack` (the padding zero) and another unpac
     zero_unpack_cuda(&g[l], rank, rank + 1, slice_ptr, pack, stream);        // ZeRO-1: the sums into this rank's blocks
     zero_add_cuda(shard + g[l].shard_at, pack + rank * g[l].part, g[l].part, stream);  // ZeRO-2: into the shard
     zero_all_gather(&g[l], rank, world, slice_ptr, pack, comm, stream);      // the updated blocks to every rank
+    zero_gather_shard(&g[l], world, weight_shard, slice_ptr, pack, comm, stream);  // ZeRO-3: a layer's weights from the shards
 
 slice_ptr(k) is the device address of slice k (checkpoint order, opt_layout.h's param_slices) in
 the buffer at hand: the model's gradients or master weights, or ZeRO-2's one-layer working buffer.
@@ -93,41 +94,45 @@ static ZeroGroup* zero_groups(const GPT2Config* c, int world, int* n) {
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
-// a group with each piece's slice as a device address: the kernels' argument (by value)
-typedef struct {
+// a group with each piece's slice as a device address: the kernels' argument (by value). T: fp32
+// (gradients, master weights), or ZeRO-3's working weights (floatX)
+template <typename T>
+struct ZeroArgs {
     ZeroGroup g;
-    float* base[ZERO_MAX_PIECES];
-} ZeroArgs;
+    T* base[ZERO_MAX_PIECES];
+};
 
 // element i of a run of ranks' parts: its piece, and the slice element it stands for (rank r's
 // block starts at r * block; past the slice's end lies the padding, -1)
-static __device__ long long zero_element(const ZeroArgs* a, int r, size_t q, int* piece) {
+static __device__ long long zero_element(const ZeroGroup* g, int r, size_t q, int* piece) {
     int p = 0;
-    while (p + 1 < a->g.n && q >= a->g.piece[p + 1].at) { p++; }
-    const ZeroPiece* z = &a->g.piece[p];
+    while (p + 1 < g->n && q >= g->piece[p + 1].at) { p++; }
+    const ZeroPiece* z = &g->piece[p];
     size_t idx = (size_t)r * z->block + z->first + (q - z->at);
     *piece = p;
     return idx < z->total ? (long long)idx : -1;
 }
 
 // pack[r * part + q] = ranks r0..r1-1's blocks (0 in the padding), a grid-stride loop over (r1 - r0) * part
-__global__ void zero_pack_kernel(float* pack, ZeroArgs a, int r0, int r1) {
+template <typename T>
+__global__ void zero_pack_kernel(T* pack, ZeroArgs<T> a, int r0, int r1) {
     size_t n = (size_t)(r1 - r0) * a.g.part, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         int r = r0 + (int)(i / a.g.part), p;
         size_t q = i % a.g.part;
-        long long idx = zero_element(&a, r, q, &p);
-        pack[(size_t)r * a.g.part + q] = idx >= 0 ? a.base[p][idx] : 0.0f;
+        long long idx = zero_element(&a.g, r, q, &p);
+        pack[(size_t)r * a.g.part + q] = idx >= 0 ? a.base[p][idx] : (T)0.0f;
     }
 }
 
 // the slices' real elements of ranks r0..r1-1's blocks = pack (the padding is dropped)
-__global__ void zero_unpack_kernel(ZeroArgs a, const float* pack, int r0, int r1) {
+template <typename T>
+__global__ void zero_unpack_kernel(ZeroArgs<T> a, const T* pack, int r0, int r1) {
     size_t n = (size_t)(r1 - r0) * a.g.part, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         int r = r0 + (int)(i / a.g.part), p;
         size_t q = i % a.g.part;
-        long long idx = zero_element(&a, r, q, &p);
+        long long idx = zero_element(&a.g, r, q, &p);
         if (idx >= 0) { a.base[p][idx] = pack[(size_t)r * a.g.part + q]; }
     }
 }
@@ -150,29 +155,29 @@ static unsigned zero_grid(size_t n) {
     return (unsigned)(blocks < most ? blocks : most);
 }
 
-template <typename F>
-static ZeroArgs zero_args(const ZeroGroup* g, F slice_ptr) {
-    ZeroArgs a;
+template <typename T, typename F>
+static ZeroArgs<T> zero_args(const ZeroGroup* g, F slice_ptr) {
+    ZeroArgs<T> a;
     a.g = *g;
     for (int p = 0; p < g->n; p++) { a.base[p] = slice_ptr(g->piece[p].slice); }
     return a;
 }
 
 // pack's parts of ranks r0..r1-1 := their blocks of the group's slices (slice_ptr(k): slice k's address)
-template <typename F>
-static void zero_pack_cuda(const ZeroGroup* g, int r0, int r1, F slice_ptr, float* pack, cudaStream_t stream) {
+template <typename T, typename F>
+static void zero_pack_cuda(const ZeroGroup* g, int r0, int r1, F slice_ptr, T* pack, cudaStream_t stream) {
     size_t n = (size_t)(r1 - r0) * g->part;
     if (n == 0) { return; }
-    zero_pack_kernel<<<zero_grid(n), ZERO_BLOCK, 0, stream>>>(pack, zero_args(g, slice_ptr), r0, r1);
+    zero_pack_kernel<T><<<zero_grid(n), ZERO_BLOCK, 0, stream>>>(pack, zero_args<T>(g, slice_ptr), r0, r1);
     CUDA_CHECK_LAUNCH();
 }
 
 // ranks r0..r1-1's blocks of the group's slices := their parts of pack
-template <typename F>
-static void zero_unpack_cuda(const ZeroGroup* g, int r0, int r1, F slice_ptr, const float* pack, cudaStream_t stream) {
+template <typename T, typename F>
+static void zero_unpack_cuda(const ZeroGroup* g, int r0, int r1, F slice_ptr, const T* pack, cudaStream_t stream) {
     size_t n = (size_t)(r1 - r0) * g->part;
     if (n == 0) { return; }
-    zero_unpack_kernel<<<zero_grid(n), ZERO_BLOCK, 0, stream>>>(zero_args(g, slice_ptr), pack, r0, r1);
+    zero_unpack_kernel<T><<<zero_grid(n), ZERO_BLOCK, 0, stream>>>(zero_args<T>(g, slice_ptr), pack, r0, r1);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -199,6 +204,17 @@ static void zero_all_gather(const ZeroGroup* g, int rank, int world, F slice_ptr
     zero_pack_cuda(g, rank, rank + 1, slice_ptr, pack, stream);
     float* mine = pack + (size_t)rank * g->part;
     NCCL_CHECK(ncclAllGather(mine, pack, g->part, ncclFloat, comm, stream));
+    zero_unpack_cuda(g, 0, world, slice_ptr, pack, stream);
+}
+
+// ZeRO-3: group g's working weights (T: floatX) to every rank from the ranks' shards. This rank's part
+// lies in its weight shard as one run at g->shard_at (the shard has the gradient shard's layout), so it
+// is all-gathered from there into the pack as bytes (the collective only copies: fp32 or bf16 alike),
+// and every rank's part unpacked into the slices (slice_ptr: the working copy's tensors)
+template <typename T, typename F>
+static void zero_gather_shard(const ZeroGroup* g, int world, const T* shard, F slice_ptr, T* pack, ncclComm_t comm,
+                              cudaStream_t stream) {
+    NCCL_CHECK(ncclAllGather(shard + g->shard_at, pack, g->part * sizeof(T), ncclInt8, comm, stream));
     zero_unpack_cuda(g, 0, world, slice_ptr, pack, stream);
 }
 

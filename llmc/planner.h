@@ -16,7 +16,8 @@ B batch, T sequence length, P parameters = Vp*C + maxT*C + L*(12C^2 + 13C) + 2C.
 Under data parallelism every number is per rank: gradients are all-reduced or
 reduce-scattered in place (no extra buffer; a GPU's ZeRO-1 packs a layer at a time: its
 pack is counted); ZeRO-1 cuts the optimizer state, ZeRO-2 the gradients too
-(plan_zero2_gradients: its buffers).
+(plan_zero2_gradients: its buffers), ZeRO-3 the weights (plan_zero3_weights: a GPU's
+prefetch buffer and checkpoint staging too).
 
 The plan also counts what a policy costs in time: the FLOPs it recomputes and the
 bytes it moves (selective recompute through device memory, offload between device
@@ -59,6 +60,7 @@ typedef struct {
     const char* head_formula;  // the head in bytes, e.g. "4(3BT + K(C + Vp))"
     int head_rows;           // K: the head's rows of logits (B*T, or a --loss-chunk's tokens)
     int zero1_pack;          // 1: ZeRO-1 reduce-scatters through ZeRO-2's pack too (the GPU; the CPU's MPI needs none)
+    int zero3_prefetch;      // 1: ZeRO-3 gathers the next layer into a second layer buffer while one computes (the GPU; CPU 0)
 } BackendLayout;
 
 typedef struct {
@@ -206,14 +208,31 @@ static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanIn
     snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %zu layer blocks)", N);
 }
 
-// ZeRO-3 (the CPU backend): ZeRO-2's gradients, and of the fp32 weights a rank keeps its shard (E)
-// and the working copy the kernels read, shaped as a one-layer model (wte, wpe, lnf whole, one
-// layer at a time); a layer's gather goes through the gradients' pack, and checkpoints move the
-// weights a slice at a time through the working copy: the whole model is never in one place
+// ZeRO-3: ZeRO-2's gradients, and of the weights a rank keeps its shard (E; the GPU: fp32 master and
+// the working precision's, param_bytes a weight) and the working copy the kernels read, shaped as a
+// one-layer model (wte, wpe, lnf whole, one layer at a time), the GPU's with a second layer buffer
+// (Pl) for the next layer's gather (zero3_prefetch); a layer's gather goes through the gradients'
+// pack, and checkpoints move the weights a slice at a time (the CPU: through the working copy; a
+// GPU: through the gradients' working buffer and a host copy of the largest slice, or of wte's
+// padded rows, in place of the whole model's): the whole model is never in one place
 static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
     PlanShard z = plan_shard(cfg, in->world);
-    p->bytes[MEM_PARAMETERS] = (z.E + z.working) * sizeof(float);
-    snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: 4(E + one-layer model)");
+    const BackendLayout* lay = &in->layout;
+    size_t prefetch = lay->zero3_prefetch ? plan_layer_weights(cfg) : 0;
+    p->bytes[MEM_PARAMETERS] = z.E * lay->param_bytes + (z.working + prefetch) * lay->working_bytes;
+    if (prefetch > 0) {
+        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: %zuE + %zu(one-layer model + Pl)", lay->param_bytes,
+                 lay->working_bytes);
+    } else {
+        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: %zu(E + one-layer model)", lay->param_bytes);
+    }
+    if (lay->host_copy_bytes > 0) {
+        size_t C = cfg->channels, V = cfg->vocab_size, gap = cfg->padded_vocab_size - V, most = V;
+        size_t rows[] = {gap, (size_t)cfg->max_seq_len, 4 * C};  // wte's padded rows, wpe, fcw and fcprojw
+        for (int i = 0; i < 3; i++) { most = rows[i] > most ? rows[i] : most; }
+        p->bytes[MEM_HOST_COPIES] = most * C * lay->host_copy_bytes + (lay->host_copies_opt ? p->bytes[MEM_OPTIMIZER] : 0);
+        snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "ZeRO-3: the largest slice + optimizer state");
+    }
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
@@ -301,8 +320,9 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         p.exchange_bytes /= 2.0;
     }
     if (in.zero == 3 && N > 1) {  // ZeRO-3: no all-gather after the update; wte, wpe, lnf once a step, each
-        // layer for its forward, its backward and each recompute of it, every micro-step
-        double share = (N - 1.0) / N * lay->param_bytes;
+        // layer for its forward, its backward and each recompute of it, every micro-step; what is gathered
+        // is the working copy's precision (a GPU's bf16 blocks, not the fp32 master)
+        double share = (N - 1.0) / N * lay->working_bytes;
         p.exchange_bytes = share * (double)plan_rest_weights(cfg);
         p.exchange_micro_bytes += share * (double)plan_layer_weights(cfg) * (2.0 * L + recomputed_layers);
     }

@@ -199,11 +199,14 @@ if ran_gpu:
     s.check("CUDA, heads of 16: the configuration's backend line says flash attention", "fp32, flash attention" in ran_gpu.out,
             ran_gpu.out[:1500])
 s.expect_fail("--attention with an unknown name: refused, naming both", "choose flash or matmul", [CUDA] + BASE + ["--attention", "sdpa"])
-# ZeRO-3 is the CPU trainer's only: the CUDA trainer refuses --zero 3 before anything else about it (ranks, MPI)
-s.expect_fail("CUDA --zero 3: refused, naming the backend and its highest stage", "--zero 3: the CUDA backend (train_gpt_cu) builds ZeRO stages up to 2",
+# ZeRO-3 on the GPU: on one rank refused as every stage is (it shards across ranks); --plan prices it
+s.expect_fail("CUDA --zero 3 on one rank: refused, saying it shards across ranks", "--zero 3 shards the optimizer state across",
               [CUDA] + BASE + ["--zero", "3"])
-s.expect_fail("CUDA --plan --zero 3 --plan-ranks 2: refused too", "hint: use --zero 2", [CUDA, "--plan", "-e", "d12", "--zero", "3", "--plan-ranks", "2"])
-# ZeRO-2 on the GPU (and ZeRO-1's per-layer collectives): tests/test_zero_cuda.py
+r = s.expect_ok("CUDA --plan --zero 3 --plan-ranks 2", [CUDA, "--plan", "-e", "d12", "--zero", "3", "--plan-ranks", "2"])
+if r:
+    s.check("CUDA --plan --zero 3 --plan-ranks 2: the weights' row is ZeRO-3's shards and working copy",
+            re.search(r"^\| parameters .*ZeRO-3: 6E \+ 2\(one-layer model \+ Pl\)", r.out, re.M) is not None, r.out[-1500:])
+# ZeRO-2 and 3 on the GPU (and ZeRO-1's per-layer collectives): tests/test_zero_cuda.py
 
 # too little GPU memory: the message names what is needed, what is free, and the flags of --plan's
 # search that fit (fp32: 32.71 MiB planned, Adafactor 32.50 MiB; the emulated GPU has 32.6 MiB), or

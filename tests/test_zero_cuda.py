@@ -1,5 +1,5 @@
-"""test_zero_cuda.py: ZeRO on the CUDA trainer, over the emulated NCCL (or a real GPU box): --zero 1
-and --zero 2 exchange gradients and weights one collective per group of slices (cuda/zero.cuh: a
+"""test_zero_cuda.py: ZeRO on the CUDA trainer, over the emulated NCCL (or a real GPU box): --zero 1,
+2 and 3 exchange gradients and weights one collective per group of slices (cuda/zero.cuh: a
 layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed rank by rank.
   - 2 ranks, one micro-step a rank, every optimizer: --zero 1 and --zero 2 train to the model of
     --zero 0 bit for bit (the sums are the same additions, a + b), their state files hold the same
@@ -14,7 +14,12 @@ layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed r
   - a model whose head blocks are larger than a layer's: the head goes in two rounds;
   - the CPU trainer's --zero 2 agrees with the GPU's; checkpoints resume across --zero 1 and 2 and
     across the backends;
-  - --zero 2 started without MPI (torchrun-style variables, scripts/launch_local.sh; the emulated
+  - --zero 3 (the weights sharded too, gathered layer by layer into two buffers, the next layer
+    prefetched on the comm stream): bit for bit against --zero 2 (the same additions) with every
+    optimizer, on 3 ranks, with accumulation and the memory flags under the late stream order and the
+    other emulated orders, and against --zero 0 where --zero 2 is; the weight shard at most 1/N,
+    the gathers a step bounded per layer; its checkpoints resume with --zero 1 and 2 and on the CPU;
+  - --zero 2 and 3 started without MPI (torchrun-style variables, scripts/launch_local.sh; the emulated
     build without MPI, when given): the model of mpirun's --zero 0, bit for bit;
   - --zero 2 with --offload optimizer is refused, saying why; --plan prices ZeRO-1's pack and
     ZeRO-2's buffers.
@@ -60,6 +65,7 @@ OPTIMIZERS = {"adamw": ["--optimizer", "adamw"], "adafactor": ["--optimizer", "a
 
 ZERO_LINE = re.compile(r"^ZeRO-(\d): step 1: (\d+) gradient reduce-scatters, (\d+) weight all-gathers \(L = (\d+), (\d+) head rounds\); "
                        r"gradients per rank: (\d+) of (\d+) floats, pack (\d+)$", re.M)
+ZERO3_LINE = re.compile(r"^ZeRO-3: weights per rank: shard (\d+) of (\d+) floats \(.*\), working copy (\d+)$", re.M)
 
 
 def write_vocab_model(path, L=2, C=32, NH=2, V=500, Vp=512, maxT=32, seed=5):
@@ -102,20 +108,38 @@ def head_rounds(m, n):
     return ceil_div(head, layer)
 
 
-def zero_counts(name, r, zero, ranks, micro, m):
-    """step 1's line: a reduce-scatter per group and (ZeRO-2) micro-step, an all-gather per group, the
-    groups L layers and the head's rounds; ZeRO-2's shard at most 1/N of the gradients and padding"""
+def zero_counts(name, r, zero, ranks, micro, m, recomputed=0):
+    """step 1's line: a reduce-scatter per group and (ZeRO-2, 3) micro-step, an all-gather per group, the
+    groups L layers and the head's rounds; ZeRO-2's shard at most 1/N of the gradients and padding.
+    ZeRO-3: no all-gather after the update, but the head's rounds once a step and each layer before its
+    forward and its backward (and each recompute: RECOMPUTED layers a backward), every micro-step, at
+    most, and at least once each; its weight shard at most 1/N of the weights and padding"""
     found = ZERO_LINE.search(r.out) if r else None
     if not found:
         return s.fail(f"{name}: the ZeRO line", "no 'ZeRO-N: step 1:' line")
     z, rs, ag, L, rounds, grads, P, pack = map(int, found.groups())
     groups = L + rounds
-    want_rs = groups * (micro if zero == 2 else 1)
+    want_rs = groups * (micro if zero >= 2 else 1)
     old = ranks * (4 + 12 * L) * 2  # a reduce and a broadcast per (slice, rank) before
-    s.check(f"{name}: step 1: {rs} reduce-scatters, {ag} all-gathers = {want_rs} and {groups} (L = {L} layers + {rounds} head "
-            f"round(s); the per-block exchange made {old} calls)",
-            z == zero and L == m["L"] and rounds == head_rounds(m, ranks) and rs == want_rs and ag == groups, found.group(0))
-    if zero == 2:
+    if zero == 3:
+        most = rounds + micro * (2 * L + recomputed)
+        s.check(f"{name}: step 1: {rs} reduce-scatters = {want_rs}; {ag} weight all-gathers within [{groups}, {most}] (the head's "
+                f"{rounds} round(s) once, each of the L = {L} layers at least once and at most before each forward, recompute and "
+                f"backward of {micro} micro-step(s))",
+                z == zero and L == m["L"] and rounds == head_rounds(m, ranks) and rs == want_rs and groups <= ag <= most, found.group(0))
+        w = ZERO3_LINE.search(r.out)
+        if not w:
+            return s.fail(f"{name}: the ZeRO-3 weights line", "no 'ZeRO-3: weights per rank' line")
+        shard, wP, working = map(int, w.groups())
+        gone = 1 - shard / wP
+        s.check(f"{name}: the weights kept: a shard of {shard} of {wP} floats ({gone:.1%} gone, >= (N-1)/N less the padding; "
+                f"besides a working copy of {working}: the head and two layer buffers)",
+                wP == P and shard * ranks <= P * 1.02 and gone >= (ranks - 1) / ranks - 0.02, w.group(0))
+    else:
+        s.check(f"{name}: step 1: {rs} reduce-scatters, {ag} all-gathers = {want_rs} and {groups} (L = {L} layers + {rounds} head "
+                f"round(s); the per-block exchange made {old} calls)",
+                z == zero and L == m["L"] and rounds == head_rounds(m, ranks) and rs == want_rs and ag == groups, found.group(0))
+    if zero >= 2:
         gone = 1 - grads / P
         s.check(f"{name}: the reduced gradients kept: {grads} of {P} floats ({gone:.1%} gone, >= (N-1)/N less the padding; "
                 f"besides a one-layer working buffer and the pack of {pack})",
@@ -153,13 +177,20 @@ def copy_step(src, step, dst):
 mpirun, why_not = e2e.mpi_launcher(CUDA)
 
 
-def run(name, ranks, out, flags, model="model_deep.bin", late=False, trainer=None):
-    """mpirun -np RANKS of the trainer (the CUDA one unless given) on FLAGS; checks planned = measured"""
+def run(name, ranks, out, flags, model="model_deep.bin", late=False, trainer=None, emu_env=()):
+    """mpirun -np RANKS of the trainer (the CUDA one unless given) on FLAGS; checks planned = measured.
+    late: the emulator's late stream order; emu_env: more of its variables ("CUDA_EMU_THREAD_ORDER=shuffle")"""
     env = ["-x", "CUDA_EMU_STREAMS=late"] if late else []
+    for v in emu_env:
+        env += ["-x", v]
     r = s.expect_ok(name, mpirun + [str(ranks)] + env + [trainer or CUDA, "-e", f"{FIX}/{model}"] + FLAGS + flags + ["-o", out])
     if r:
         s.check_memory(f"{name}: measured memory equals the plan", out)
+    run_of[out] = r
     return r
+
+
+run_of = {}  # each run's result by its folder
 
 
 if mpirun is None:
@@ -276,6 +307,78 @@ else:
                          ckpt(r, "model", STEPS, ".bin"), ckpt(want, "model", STEPS, ".bin"), MODEL_RTOL)
 
     # ------------------------------------------------------------------------
+    # 6b. ZeRO-3: the weights sharded too (fp32 master and working shards); the head gathered once a step,
+    # each layer into one of two buffers before its forward, backward and recompute, the next layer's
+    # gather prefetched on the comm stream. Its sums are ZeRO-2's additions: bit for bit against --zero 2
+    # everywhere, and against --zero 0 where ZeRO-2 is (one micro-step a rank on 2 ranks)
+    for opt, oflags in OPTIMIZERS.items():
+        d3 = f"{W}/{opt}_z3"
+        if run(f"{opt}: mpirun -np 2 --zero 3", 2, d3, ["-d", "64", "--zero", "3"] + oflags):
+            same_model(f"{opt}: --zero 3 = --zero 2 (the checkpoint's model file byte for byte)", f"{W}/{opt}_z2", d3)
+            same_model(f"{opt}: --zero 3 = --zero 0", f"{W}/{opt}_z0", d3)
+            same_state_floats(f"{opt}: --zero 3's state files hold --zero 2's floats", f"{W}/{opt}_z2", d3, 2)
+            zero_counts(f"{opt} --zero 3", run_of[d3], 3, 2, 1, DEEP)
+    d3 = f"{W}/came3_z3"
+    if run("came: mpirun -np 3 --zero 3", 3, d3, ["-d", "96", "--zero", "3"] + OPTIMIZERS["came"]):
+        same_model("came, 3 ranks: --zero 3 = --zero 2", f"{W}/came3_z2", d3)
+        models_close(f"came, 3 ranks: --zero 3 within {RTOL:g} of --zero 0 (three sums: a real ring may add them in another "
+                     "order; the emulated NCCL adds in rank order, so here the distance is 0)",
+                     ckpt(d3, "model", STEPS, ".bin"), ckpt(f"{W}/came3_z0", "model", STEPS, ".bin"), RTOL)
+        zero_counts("came, 3 ranks --zero 3", run_of[d3], 3, 3, 1, DEEP)
+    # 2 micro-steps with the memory flags (recompute 2 layers a segment: 3 layers of 5 recomputed), late streams
+    d3 = f"{W}/accum_flags_z3"
+    if run("came, 2 micro-steps, --loss-chunk, recompute, offload: mpirun -np 2 --zero 3, late streams", 2, d3,
+           ACCUM_FLAGS + ["--zero", "3"], late=True):
+        same_model("came, 2 micro-steps with the memory flags, late streams: --zero 3 = --zero 2", f"{W}/accum_flags_z2", d3)
+        models_close(f"came, 2 micro-steps with the memory flags, late streams: --zero 3 within {RTOL:g} of --zero 0",
+                     ckpt(d3, "model", STEPS, ".bin"), ckpt(f"{W}/accum_flags_z0", "model", STEPS, ".bin"), RTOL)
+        zero_counts("came, 2 micro-steps, recompute --zero 3", run_of[d3], 3, 2, 2, DEEP, recomputed=3)
+    for i, (what, mflags) in enumerate(MEMORY_FLAGS.items()):
+        d3 = f"{W}/flags{i}_z3"
+        if run(f"{what}: mpirun -np 2 --zero 3, late streams", 2, d3, ["-d", "64", "--zero", "3"] + mflags, late=True):
+            same_model(f"{what}, late streams: --zero 3 = --zero 2", f"{W}/flags{i}_z2", d3)
+            same_model(f"{what}, late streams: --zero 3 = --zero 0", f"{W}/flags{i}_z0", d3)
+    # the emulator's other orders: streams run early, threads shuffled or reversed (with late streams)
+    for order in (["CUDA_EMU_STREAMS=early"], ["CUDA_EMU_THREAD_ORDER=shuffle", "CUDA_EMU_SEED=7"], ["CUDA_EMU_THREAD_ORDER=reverse"]):
+        d3 = f"{W}/order_{order[0].split('=')[1]}_z3"
+        if run(f"adamw: mpirun -np 2 --zero 3, {', '.join(order)}", 2, d3, ["-d", "64", "--zero", "3"],
+               late="STREAMS" not in order[0], emu_env=order):
+            same_model(f"adamw --zero 3 under {', '.join(order)}: the model of --zero 0 in order", f"{W}/adamw_z0", d3)
+    # a head heavier than a layer: the head's gather in rounds, wte's padded rows (kept zero in the working copy)
+    for ranks in (2, 3):
+        d3 = f"{W}/vocab{ranks}_z3"
+        if run(f"V = 500: mpirun -np {ranks} --zero 3", ranks, d3, ["-d", str(32 * ranks), "--zero", "3"], model="model_vocab.bin"):
+            same_model(f"V = 500, {ranks} ranks: --zero 3 = --zero 2", f"{W}/vocab{ranks}_z2", d3)
+            zero_counts(f"V = 500, {ranks} ranks --zero 3", run_of[d3], 3, ranks, 1, VOCAB)
+    # checkpoints across the stages and the backends: a --zero 2 checkpoint resumed with --zero 3, a
+    # --zero 3 one with --zero 1; the CPU's --zero 3 and the GPU's, each resumed by the other
+    z3, cpu3 = f"{W}/adamw_z3", f"{W}/cpu_z3"
+    if cpu_mpirun is not None:
+        if run("CPU: mpirun -np 2 ./train_gpt --zero 3", 2, cpu3, ["-d", "64", "--zero", "3"], trainer=TRAIN) and os.path.isdir(z3):
+            models_close(f"--zero 3: the GPU's model within {MODEL_RTOL:g} of the CPU's",
+                         ckpt(z3, "model", STEPS, ".bin"), ckpt(cpu3, "model", STEPS, ".bin"), MODEL_RTOL)
+    for src, z, trainer, want, how in ((z2, 3, CUDA, z3, "bit"), (z3, 1, CUDA, z1, "bit"), (z3, 3, TRAIN, cpu3, "close"),
+                                       (cpu3, 3, CUDA, z3, "close")):
+        name = (f"a {'CPU' if src == cpu3 else 'GPU'} --zero {3 if src in (z3, cpu3) else 2} checkpoint resumed by the "
+                f"{'CPU' if trainer == TRAIN else 'GPU'} with --zero {z}")
+        if not os.path.isfile(ckpt(src, "DONE", 2)) or (trainer == TRAIN and cpu_mpirun is None):
+            s.fail(name, f"no checkpoint 2 in {src}, or no CPU trainer with MPI")
+            continue
+        r = f"{W}/resume3_{os.path.basename(src)}_{'cpu' if trainer == TRAIN else 'gpu'}_z{z}"
+        copy_step(src, 2, r)
+        ran = s.expect_ok(name, (cpu_mpirun if trainer == TRAIN else mpirun) + ["2", trainer, "-e", f"{FIX}/model_deep.bin"] + FLAGS
+                          + ["-d", "64", "--zero", str(z), "-o", r, "-y", "1"])
+        if not ran:
+            continue
+        s.check(f"{name}: starts at step 2", "at step 2" in ran.out, ran.out[-300:])
+        if how == "bit":
+            same_model(f"{name}: ends as the straight --zero {z} run", want, r)
+            same_state_floats(f"{name}: the same state floats at the end", want, r, 2)
+        else:
+            models_close(f"{name}: ends within {MODEL_RTOL:g} of that backend's straight --zero 3 run",
+                         ckpt(r, "model", STEPS, ".bin"), ckpt(want, "model", STEPS, ".bin"), MODEL_RTOL)
+
+    # ------------------------------------------------------------------------
     # 7. without MPI: torchrun-style variables, NCCL's id through a folder, the host's sums over NCCL
     if NOMPI is None:
         s.skip("--zero 2 started without MPI", "no emulated build without MPI given")
@@ -287,6 +390,13 @@ else:
                         + FLAGS + ["-d", "64", "--zero", "2", "-o", d], env={"CUDA_EMU_DEVICES": "2"})
         if r:
             same_model("--zero 2 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
+        meet3, d3 = f"{W}/meet3", f"{W}/nompi_z3"
+        os.makedirs(meet3)
+        r = s.expect_ok("--zero 3 on 2 processes started by scripts/launch_local.sh (no MPI)",
+                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet3}", "-e", f"{FIX}/model_deep.bin"]
+                        + FLAGS + ["-d", "64", "--zero", "3", "-o", d3], env={"CUDA_EMU_DEVICES": "2"})
+        if r:
+            same_model("--zero 3 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d3)
 
 # ----------------------------------------------------------------------------
 # 8. without ranks: what is refused, and what --plan prices
@@ -294,6 +404,11 @@ else:
 s.expect_fail("--zero 2 with --offload optimizer: refused, saying why and naming --zero 1",
               "the offloaded step sums whole gradients on the host",
               [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "2", "--offload", "optimizer", "--plan-ranks", "2"])
+
+
+s.expect_fail("--zero 3 with --offload optimizer: refused, saying why",
+              "--zero 3 with --offload optimizer: the offloaded step keeps the whole fp32 master weights",
+              [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "3", "--offload", "optimizer", "--plan-ranks", "2"])
 
 
 def planned_gradients(flags):
@@ -310,4 +425,20 @@ s.check("--plan d12, 8 ranks --zero 1: the model's gradients and the pack of one
         None not in (g0, g1) and "the pack" in f1 and g0 < g1 < 1.06 * g0, f"{g1} vs {g0}: {f1}")
 s.check("--plan d12, 8 ranks --zero 2: the shard, a one-layer working buffer and the pack, below 0.6x of the whole gradients",
         None not in (g0, g2) and "ZeRO-2" in f2 and g2 < 0.6 * g0, f"{g2} vs {g0}: {f2}")
+
+
+def planned_row(flags, row):
+    r = s.run([CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64"] + flags)
+    m = re.search(rf"^\| {row} +\| +([0-9.]+) MiB +\| +\S+ +\| (.*?) +\|$", r.out, re.M)
+    return (float(m.group(1)), m.group(2)) if m else (None, r.out[-800:] + r.err)
+
+
+p0, pf0 = planned_row([], "parameters")
+p3, pf3 = planned_row(["--zero", "3", "--plan-ranks", "8"], "parameters")
+h0, hf0 = planned_row([], "host copies")
+h3, hf3 = planned_row(["--zero", "3", "--plan-ranks", "8"], "host copies")
+print(f"     d12 weights per GPU: {p0} MiB ({pf0}); 8 ranks --zero 3: {p3} MiB ({pf3}); host copies {h0} -> {h3} MiB ({hf3})")
+s.check("--plan d12, 8 ranks --zero 3: the weight shards, a one-layer working copy and a second layer buffer, below 0.4x of "
+        "the whole weights; the host copy of the weights is one slice", None not in (p0, p3, h0, h3) and "ZeRO-3" in pf3
+        and p3 < 0.4 * p0 and "largest slice" in hf3 and h3 < 0.5 * h0, f"{p3} vs {p0}: {pf3}; {h3} vs {h0}: {hf3}")
 s.finish()

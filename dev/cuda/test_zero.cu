@@ -11,7 +11,9 @@ in several (a vocabulary large against the channels):
   - unpacking every rank's parts into a zeroed buffer gives back every real element (ZeRO's
     all-gather), and wte's padded rows stay zero; unpacking one rank's parts writes its blocks only
     (ZeRO-1's reduce-scatter);
-  - zero_add_cuda adds a part into the shard.
+  - zero_add_cuda adds a part into the shard;
+  - ZeRO-3: the ranks' bf16 weight shards, each group's parts rank by rank (an all-gather's result),
+    unpacked into a one-layer model's buffers give back the model's weights rounded to bf16.
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_zero && ./build/emu/dev/cuda/test_zero
 */
@@ -113,6 +115,55 @@ static void test_case(const ZeroCase& zc, int world) {
     std::vector<float> mine = reference_shard(c, world, r, x);
     for (size_t q = 0; q < last->part; q++) { sum[last->shard_at + q] += mine[last->shard_at + q]; }
     check(memcmp(download(d_shard, E).data(), sum.data(), E * sizeof(float)) == 0, name, "a part added into the shard (bit for bit)");
+
+    // ZeRO-3's gather of the working weights (bf16): each group's all-gathered pack is every rank's part
+    // of its bf16 shard, rank by rank (what ncclAllGather leaves, built here on the host); unpacked into
+    // a one-layer model's buffers (the head, or layer 0's place), group by group, they give back every
+    // real element of the model rounded to bf16, and wte's padded rows stay zero
+    GPT2Config one = *c;
+    one.num_layers = 1;
+    size_t P1 = gpt2_num_parameters(&one);
+    ParamSlice* s1 = param_slices_alloc(&one);
+    std::vector<std::vector<__nv_bfloat16>> shard16(world, std::vector<__nv_bfloat16>(E));
+    for (int q = 0; q < world; q++) {
+        std::vector<float> sh = reference_shard(c, world, q, x);
+        for (size_t i = 0; i < E; i++) { shard16[q][i] = __float2bfloat16(sh[i]); }
+    }
+    __nv_bfloat16* d_w = device_alloc<__nv_bfloat16>(P1);
+    __nv_bfloat16* pack16 = device_alloc<__nv_bfloat16>((size_t)world * layer);
+    int ns1 = param_slice_count(&one), ns = param_slice_count(c);
+    // slice k of the model at its place in the one-layer buffer: the same tensor's slice (layer 0's for a layer)
+    auto in_one = [d_w, s, s1, ns, ns1](int k) {
+        int k1 = s[k].layer < 0 ? (s[k].tensor < 2 ? s[k].tensor : ns1 - (ns - k)) : 2 + (s[k].tensor - 2);
+        return d_w + s1[k1].offset;
+    };
+    bool ok = true;
+    // the model's slices k (those of layer l, or with l = -1 the head's) against the one-layer buffer w
+    auto agrees = [&](const std::vector<__nv_bfloat16>& w, int l) {
+        for (int k = 0; k < ns; k++) {
+            if (s[k].layer != l) { continue; }
+            size_t at = in_one(k) - d_w, n = (size_t)s[k].rows * s[k].cols;
+            for (size_t i = 0; i < n; i++) { ok = ok && __bfloat162float(w[at + i]) == __bfloat162float(__float2bfloat16(x[s[k].offset + i])); }
+        }
+    };
+    for (int j = 0; j < ng; j++) {
+        if (j == 0 || j == L) { CUDA_CHECK(cudaMemset(d_w, 0, P1 * sizeof(__nv_bfloat16))); }  // the layers', then the head's rounds
+        std::vector<__nv_bfloat16> p16((size_t)world * g[j].part);
+        for (int q = 0; q < world; q++) { memcpy(&p16[(size_t)q * g[j].part], &shard16[q][g[j].shard_at], g[j].part * sizeof(__nv_bfloat16)); }
+        CUDA_CHECK(cudaMemcpy(pack16, p16.data(), p16.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+        zero_unpack_cuda(&g[j], 0, world, in_one, pack16, 0);
+        if (j >= L && j < ng - 1) { continue; }  // the head is whole after its last round
+        std::vector<__nv_bfloat16> w(P1);
+        CUDA_CHECK(cudaMemcpy(w.data(), d_w, P1 * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+        agrees(w, j < L ? j : -1);
+        if (j == ng - 1) {  // wte's padded rows untouched
+            for (size_t i = (size_t)c->vocab_size * C; i < (size_t)c->padded_vocab_size * C; i++) { ok = ok && __bfloat162float(w[i]) == 0.0f; }
+        }
+    }
+    check(ok, name, "ZeRO-3: the bf16 shards' parts, gathered and unpacked group by group, give back the model's weights (bit for bit)");
+    free(s1);
+    CUDA_CHECK(cudaFree(d_w));
+    CUDA_CHECK(cudaFree(pack16));
 
     const float* bufs[] = {d_x, d_y, pack, d_shard};
     for (const float* b : bufs) { CUDA_CHECK(cudaFree((void*)b)); }
