@@ -286,25 +286,31 @@ else:
         if cpu_ok and os.path.isdir(z2):
             models_close(f"--zero 2: the GPU's model within {MODEL_RTOL:g} of the CPU's",
                          ckpt(z2, "model", STEPS, ".bin"), ckpt(cpu, "model", STEPS, ".bin"), MODEL_RTOL)
-    for src, z, trainer, want, how in ((z1, 2, CUDA, z2, "bit"), (z2, 1, CUDA, z1, "bit"), (z2, 2, TRAIN, z2, "close"),
-                                       (cpu, 2, CUDA, cpu, "close")):
-        name = f"a {'CPU' if src == cpu else 'GPU'} --zero {1 if src == z1 else 2} checkpoint resumed by the {'CPU' if trainer == TRAIN else 'GPU'} with --zero {z}"
+    def resume_case(src, src_desc, z, trainer, want, how, tag):
+        """checkpoint 2 of the run in SRC (SRC_DESC: whose, which stage) resumed by TRAINER with --zero Z
+        to the end: bit for bit the run WANT (HOW "bit": the model and the state floats) or within
+        MODEL_RTOL of it ("close": another backend's)"""
+        name = f"a {src_desc} checkpoint resumed by the {'CPU' if trainer == TRAIN else 'GPU'} with --zero {z}"
         if not os.path.isfile(ckpt(src, "DONE", 2)) or (trainer == TRAIN and cpu_mpirun is None):
             s.fail(name, f"no checkpoint 2 in {src}, or no CPU trainer with MPI")
-            continue
-        r = f"{W}/resume_{os.path.basename(src)}_{'cpu' if trainer == TRAIN else 'gpu'}_z{z}"
+            return
+        r = f"{W}/{tag}_{os.path.basename(src)}_{'cpu' if trainer == TRAIN else 'gpu'}_z{z}"
         copy_step(src, 2, r)
         ran = s.expect_ok(name, (cpu_mpirun if trainer == TRAIN else mpirun) + ["2", trainer, "-e", f"{FIX}/model_deep.bin"] + FLAGS
                           + ["-d", "64", "--zero", str(z), "-o", r, "-y", "1"])
         if not ran:
-            continue
+            return
         s.check(f"{name}: starts at step 2", "at step 2" in ran.out, ran.out[-300:])
         if how == "bit":
             same_model(f"{name}: ends as the straight --zero {z} run", want, r)
             same_state_floats(f"{name}: the same state floats at the end", want, r, 2)
         else:
-            models_close(f"{name}: ends within {MODEL_RTOL:g} of the other backend's straight run",
+            models_close(f"{name}: ends within {MODEL_RTOL:g} of that backend's straight run",
                          ckpt(r, "model", STEPS, ".bin"), ckpt(want, "model", STEPS, ".bin"), MODEL_RTOL)
+
+    for src, desc, z, trainer, want, how in ((z1, "GPU --zero 1", 2, CUDA, z2, "bit"), (z2, "GPU --zero 2", 1, CUDA, z1, "bit"),
+                                             (z2, "GPU --zero 2", 2, TRAIN, z2, "close"), (cpu, "CPU --zero 2", 2, CUDA, cpu, "close")):
+        resume_case(src, desc, z, trainer, want, how, "resume")
 
     # ------------------------------------------------------------------------
     # 6b. ZeRO-3: the weights sharded too (fp32 master and working shards); the head gathered once a step,
@@ -357,26 +363,9 @@ else:
         if run("CPU: mpirun -np 2 ./train_gpt --zero 3", 2, cpu3, ["-d", "64", "--zero", "3"], trainer=TRAIN) and os.path.isdir(z3):
             models_close(f"--zero 3: the GPU's model within {MODEL_RTOL:g} of the CPU's",
                          ckpt(z3, "model", STEPS, ".bin"), ckpt(cpu3, "model", STEPS, ".bin"), MODEL_RTOL)
-    for src, z, trainer, want, how in ((z2, 3, CUDA, z3, "bit"), (z3, 1, CUDA, z1, "bit"), (z3, 3, TRAIN, cpu3, "close"),
-                                       (cpu3, 3, CUDA, z3, "close")):
-        name = (f"a {'CPU' if src == cpu3 else 'GPU'} --zero {3 if src in (z3, cpu3) else 2} checkpoint resumed by the "
-                f"{'CPU' if trainer == TRAIN else 'GPU'} with --zero {z}")
-        if not os.path.isfile(ckpt(src, "DONE", 2)) or (trainer == TRAIN and cpu_mpirun is None):
-            s.fail(name, f"no checkpoint 2 in {src}, or no CPU trainer with MPI")
-            continue
-        r = f"{W}/resume3_{os.path.basename(src)}_{'cpu' if trainer == TRAIN else 'gpu'}_z{z}"
-        copy_step(src, 2, r)
-        ran = s.expect_ok(name, (cpu_mpirun if trainer == TRAIN else mpirun) + ["2", trainer, "-e", f"{FIX}/model_deep.bin"] + FLAGS
-                          + ["-d", "64", "--zero", str(z), "-o", r, "-y", "1"])
-        if not ran:
-            continue
-        s.check(f"{name}: starts at step 2", "at step 2" in ran.out, ran.out[-300:])
-        if how == "bit":
-            same_model(f"{name}: ends as the straight --zero {z} run", want, r)
-            same_state_floats(f"{name}: the same state floats at the end", want, r, 2)
-        else:
-            models_close(f"{name}: ends within {MODEL_RTOL:g} of that backend's straight --zero 3 run",
-                         ckpt(r, "model", STEPS, ".bin"), ckpt(want, "model", STEPS, ".bin"), MODEL_RTOL)
+    for src, desc, z, trainer, want, how in ((z2, "GPU --zero 2", 3, CUDA, z3, "bit"), (z3, "GPU --zero 3", 1, CUDA, z1, "bit"),
+                                             (z3, "GPU --zero 3", 3, TRAIN, cpu3, "close"), (cpu3, "CPU --zero 3", 3, CUDA, z3, "close")):
+        resume_case(src, desc, z, trainer, want, how, "resume3")
 
     # ------------------------------------------------------------------------
     # 7. without MPI: torchrun-style variables, NCCL's id through a folder, the host's sums over NCCL
