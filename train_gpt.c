@@ -182,7 +182,7 @@ struct GPT2 {
     // ZeRO-2 (opt_layout.h): grads_memory is the gradient shard; m->grads point into the working
     // buffer, a one-layer model's layout (every layer's backward uses layer 0's place)
     float* grad_working;
-    float* grad_pack;         // one layer rank by rank, for its reduce-scatter (ZeRO-3: and its gather)
+    float* grad_pack;         // ZeRO-1/2/3: one layer rank by rank, for its reduce-scatter and all-gather
     size_t grad_floats;       // floats of grads_memory
     long zero2_reduces;       // the gradients' collectives since the last update (printed for step 1)
     // ZeRO-3 (opt_layout.h): params_memory is the weight shard; m->params point into the working
@@ -192,6 +192,7 @@ struct GPT2 {
     int gathered_layer;       // the layer the working copy holds, -1 none
     int head_gathered;        // the working copy holds this step's wte, wpe, lnfw, lnfb
     long zero3_gathers;       // the weights' collectives since the last update (printed for step 1)
+    long step_collectives;    // g_dist_collectives when the step began (gpt2_zero_grad): ZeRO's step-1 count
 };
 
 // the working-set buffer layer l computes into
@@ -302,7 +303,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
                        (layer - layer_act_floats(B, T, C, NH, &attn)) * F, (size_t)B * T * C * F,
                        head_act_floats(B, T, C, c->padded_vocab_size, K) * F, backward * F,
                        flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)",
-                       flash ? "4(13BTC)" : "4(13BTC + B NH T^2)", 0, 0, 0, F, "4(3BT + K(C + Vp))", K, 0, 0};
+                       flash ? "4(13BTC)" : "4(13BTC + B NH T^2)", 0, 0, 0, F, "4(3BT + K(C + Vp))", K, 0};
     return l;
 }
 
@@ -389,6 +390,9 @@ static void gpt2_alloc_training(GPT2* m, int B, int T, OptimizerKind optimizer, 
         m->grad_floats = P;
         m->grads_memory = (float*)mem_calloc(MEM_GRADIENTS, P * sizeof(float));
         point_parameters(&m->grads, m->grads_memory, c);
+        if (m->zero == ZERO_SHARDED) {  // ZeRO-1 exchanges a layer at a time through it too (cpu/host_step.h)
+            m->grad_pack = (float*)mem_calloc(MEM_GRADIENTS, zero2_grad_floats(c, m->dist.world).pack * sizeof(float));
+        }
     }
     m->optimizer = optimizer;
     m->use_beta1 = use_beta1;
@@ -451,7 +455,8 @@ void gpt2_destroy(GPT2* m) {
 }
 
 static HostStep gpt2_host_step(GPT2* m) {
-    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->params_memory, m->grads_memory, m->opt_memory};
+    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->params_memory, m->grads_memory, m->opt_memory,
+                  m->grad_pack};
     return h;
 }
 
@@ -743,6 +748,8 @@ static void zero2_reduce_head(GPT2* m) {
 }
 
 void gpt2_zero_grad(GPT2* m) {
+    m->step_collectives = g_dist_collectives;  // the step's collectives count from here (not validation's or start-up's)
+    m->zero3_gathers = 0;
     prof_mark(PROF_ZEROING, prof_bytes(m->grad_floats * sizeof(float)), "gradients");
     memset(m->grads_memory, 0, m->grad_floats * sizeof(float));  // ZeRO-2: the working buffer is zero already
     prof_close();
@@ -810,20 +817,21 @@ void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, sizeof(float)), "%s", OPTIMIZER_NAMES[m->optimizer]);
     host_update(&h, s, grad_norm, NULL, NULL);
     prof_close();
-    // ZeRO-2 and 3: the collectives of the first step, counted (tests/test_zero.py bounds them): the
+    // ZeRO-1, 2 and 3: the collectives of the first step, counted (tests/test_zero.py bounds them): the
     // gradients' (micro-steps x (L + 4)), ZeRO-3's weight gathers (4 + L a forward, L a backward, more
     // with recompute), the norm's, the optimizer's sums and ZeRO-2's weight gathers
-    static long before = 0;
+    long step = g_dist_collectives - m->step_collectives;
     if (zero_shards_grads(m->zero) && s->t == 1 && m->dist.rank == 0) {
         Zero2Grads z = zero2_grad_floats(&m->config, m->dist.world);
         printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers, %ld collectives in all (L = %d); "
                "gradients per rank: shard %zu of %zu floats, working buffer %zu, pack %zu", (int)m->zero, m->zero2_reduces,
-               m->zero3_gathers, g_dist_collectives - before, m->config.num_layers, z.shard, m->num_parameters, z.working, z.pack);
+               m->zero3_gathers, step, m->config.num_layers, z.shard, m->num_parameters, z.working, z.pack);
         if (m->zero == ZERO_WEIGHTS) { printf("; weights per rank: shard %zu, working copy %zu", z.shard, z.working); }
         printf("\n");
     }
-    before = g_dist_collectives;
-    m->zero3_gathers = 0;
+    if (m->zero == ZERO_SHARDED && s->t == 1 && m->dist.rank == 0) {  // ZeRO-1: a layer at a time, each way
+        printf("ZeRO-1: step 1: %ld collectives in all (L = %d)\n", step, m->config.num_layers);
+    }
     m->head_gathered = 0;  // ZeRO-3: the shard moved on; the next forward gathers again
     m->gathered_layer = -1;
     m->zero2_reduces = 0;

@@ -1252,7 +1252,8 @@ static void send_final_grads(Model<floatX>* m, int l) {
 // the host arrays of the step (cpu/host_step.h)
 template <typename floatX>
 static HostStep host_step_of(Model<floatX>* m) {
-    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->master_memory, m->host_grads, m->opt_memory};
+    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->master_memory, m->host_grads, m->opt_memory,
+                  NULL};  // the exchange a slice at a time: no pack in host memory
     return h;
 }
 
@@ -1834,7 +1835,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
                        layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
                        layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X,
-                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K, 1, 1};
+                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K, 1};
     return l;
 }
 

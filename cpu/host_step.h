@@ -35,6 +35,8 @@ typedef struct {
     float* grads;             // (P) fp32 gradients of this rank's micro-batches, summed by host_reduce_grads;
                               // ZeRO-2: this rank's reduced blocks only (opt_layout.h's gradient shard)
     float* state;             // this rank's optimizer state (opt_layout.h)
+    float* pack;              // ZeRO-1/2: one layer's blocks rank by rank (opt_layout.h's Zero2Grads.pack floats): the
+                              // exchanges go a layer at a time through it; NULL: a slice at a time (GPU --offload optimizer)
 } HostStep;
 
 // how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1
@@ -45,11 +47,65 @@ static OptSharding host_sharding(const HostStep* h) {
     return z;
 }
 
-// calls part(slice memory, counts) for every slice of the model, counts[r] = floats of rank r's block
-static void host_for_each_slice_block(const HostStep* h, float* memory, void (*part)(float*, const int*, Dist)) {
+// the slices of a model with where each rank's block lies in a shard (opt_layout.h's
+// grad_shard_offsets: at[k] for slice k) and the ZeRO-2/3 buffer sizes, for the functions below
+typedef struct {
+    ParamSlice* slices;
+    size_t* at;
+    Zero2Grads z;
+} ShardMap;
+
+static ShardMap shard_map(const GPT2Config* c, int world) {
+    ShardMap m = {param_slices_alloc(c), (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t)), zero2_grad_floats(c, world)};
+    grad_shard_offsets(c, world, m.at);
+    return m;
+}
+
+static void shard_map_free(ShardMap* m) {
+    free(m->at);
+    free(m->slices);
+}
+
+// the addresses of layer l's 12 slices (tensor order) in a buffer laid out as the whole model (at base)
+// or, one_layer, as a one-layer model (the working buffers: the 12 tensors one after another)
+static void layer_slice_ptrs(const GPT2Config* c, const ParamSlice* s, int l, float* base, int one_layer, float* ptrs[12]) {
+    int L = c->num_layers;
+    for (int i = 0; i < 12; i++) {
+        const ParamSlice* sl = &s[2 + i * L + l];
+        ptrs[i] = one_layer ? base : base + sl->offset;
+        if (one_layer) { base += (size_t)sl->rows * sl->cols; }
+    }
+}
+
+// layer l's 12 slices (at ptrs) and rank r's blocks of them side by side in part (each padded to its
+// block size, as the shards are): to_part 1 copies from the slices into part (the padding zeroed),
+// 0 from part back into the slices
+static void zero_layer_blocks(const GPT2Config* c, const ParamSlice* s, int l, int r, int world, float* const ptrs[12], float* part,
+                              int to_part) {
+    int L = c->num_layers;
+    for (int i = 0; i < 12; i++) {
+        const ParamSlice* sl = &s[2 + i * L + l];
+        int begin, end, width = slice_unit_width(sl);
+        shard_range(slice_units(sl), r, world, &begin, &end);
+        size_t have = (size_t)(end - begin) * width, block = slice_block_floats(sl, world);
+        float* mine = ptrs[i] + (size_t)begin * width;
+        if (to_part) {
+            memcpy(part, mine, have * sizeof(float));
+            memset(part + have, 0, (block - have) * sizeof(float));
+        } else {
+            memcpy(mine, part, have * sizeof(float));
+        }
+        part += block;
+    }
+}
+
+// calls part(slice memory, counts) for every slice of the model, counts[r] = floats of rank r's block:
+// the head's four only (head_only), or every one
+static void host_for_each_slice_block(const HostStep* h, float* memory, int head_only, void (*part)(float*, const int*, Dist)) {
     ParamSlice* s = param_slices_alloc(h->config);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
     for (int k = 0; k < param_slice_count(h->config); k++) {
+        if (head_only && !slice_is_head(&s[k])) { continue; }
         slice_part_counts(&s[k], h->dist.world, counts);
         part(memory + s[k].offset, counts, h->dist);
     }
@@ -57,11 +113,41 @@ static void host_for_each_slice_block(const HostStep* h, float* memory, void (*p
     free(s);
 }
 
+// ZeRO-1 and 2's exchanges of the whole model (memory: the gradients to be reduce-scattered, or the
+// updated weights to be all-gathered), each rank's blocks in place: with a pack, a layer at a time
+// (its 12 slices packed rank by rank, one MPI_Reduce_scatter_block or MPI_Allgather, unpacked) and a
+// collective per head slice; without, a collective per slice
+static void host_exchange_blocks(const HostStep* h, float* memory, int reduce) {
+    if (h->pack == NULL) {
+        host_for_each_slice_block(h, memory, 0, reduce ? dist_reduce_scatter_floats : dist_allgather_floats);
+        return;
+    }
+    const GPT2Config* c = h->config;
+    int world = h->dist.world, rank = h->dist.rank;
+    ShardMap m = shard_map(c, world);
+    size_t part = m.z.layer_part;
+    for (int l = 0; l < c->num_layers; l++) {
+        float* ptrs[12];
+        layer_slice_ptrs(c, m.slices, l, memory, 0, ptrs);
+        if (reduce) {  // every rank's blocks in, the sums of this rank's out (MPI leaves them first)
+            for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, h->pack + (size_t)r * part, 1); }
+            dist_reduce_scatter_block_floats(h->pack, (int)part, h->dist);
+            zero_layer_blocks(c, m.slices, l, rank, world, ptrs, h->pack, 0);
+        } else {       // this rank's blocks in, every rank's out
+            zero_layer_blocks(c, m.slices, l, rank, world, ptrs, h->pack + (size_t)rank * part, 1);
+            dist_allgather_block_floats(h->pack, (int)part, h->dist);
+            for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, h->pack + (size_t)r * part, 0); }
+        }
+    }
+    shard_map_free(&m);
+    host_for_each_slice_block(h, memory, 1, reduce ? dist_reduce_scatter_floats : dist_allgather_floats);
+}
+
 // the gradients of all ranks' micro-batches, summed: whole, or this rank's blocks (ZeRO-1).
 // The loss scale already divides by the number of ranks.
 static void host_reduce_grads(const HostStep* h) {
     if (h->dist.world == 1 || zero_shards_grads(h->zero)) { return; }  // ZeRO-2 and 3: reduced during the backward (host_zero2_*)
-    if (h->zero == ZERO_SHARDED) { host_for_each_slice_block(h, h->grads, dist_reduce_scatter_floats); }
+    if (h->zero == ZERO_SHARDED) { host_exchange_blocks(h, h->grads, 1); }
     else { dist_allreduce_sum_floats(h->grads, h->num_parameters); }
 }
 
@@ -117,7 +203,7 @@ static void host_update(const HostStep* h, const StepConfig* s, float grad_norm,
     optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z,
                    sharded ? NULL : tensor_done, ctx);
     // ZeRO-1 and 2: every rank's updated blocks to every rank; ZeRO-3 keeps its own blocks only
-    if (sharded && h->zero != ZERO_WEIGHTS) { host_for_each_slice_block(h, h->params, dist_allgather_floats); }
+    if (sharded && h->zero != ZERO_WEIGHTS) { host_exchange_blocks(h, h->params, 0); }
     if (sharded && tensor_done != NULL) {
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { tensor_done(ctx, i); }
     }
@@ -131,47 +217,6 @@ static void host_update(const HostStep* h, const StepConfig* s, float grad_norm,
 // encoder. Each result is added to the shard, so the micro-steps accumulate there. The caller
 // clears what it hands over (the working buffer must be zero before the next backward adds).
 
-// the slices of a model with where each rank's block lies in a shard (opt_layout.h's
-// grad_shard_offsets: at[k] for slice k) and the ZeRO-2/3 buffer sizes, for the functions below
-typedef struct {
-    ParamSlice* slices;
-    size_t* at;
-    Zero2Grads z;
-} ShardMap;
-
-static ShardMap shard_map(const GPT2Config* c, int world) {
-    ShardMap m = {param_slices_alloc(c), (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t)), zero2_grad_floats(c, world)};
-    grad_shard_offsets(c, world, m.at);
-    return m;
-}
-
-static void shard_map_free(ShardMap* m) {
-    free(m->at);
-    free(m->slices);
-}
-
-// layer l's 12 slices (layer: a one-layer model's 12 layer tensors, model_config.h's order) and
-// rank r's blocks of them side by side in part (each padded to its block size, as the shards are):
-// to_part 1 copies from layer into part (the padding zeroed), 0 from part back into layer
-static void zero_layer_blocks(const GPT2Config* c, const ParamSlice* s, int l, int r, int world, float* layer, float* part, int to_part) {
-    int L = c->num_layers;
-    for (int i = 2; i <= 13; i++) {
-        const ParamSlice* sl = &s[2 + (i - 2) * L + l];
-        int begin, end, width = slice_unit_width(sl);
-        shard_range(slice_units(sl), r, world, &begin, &end);
-        size_t have = (size_t)(end - begin) * width, block = slice_block_floats(sl, world);
-        float* mine = layer + (size_t)begin * width;
-        if (to_part) {
-            memcpy(part, mine, have * sizeof(float));
-            memset(part + have, 0, (block - have) * sizeof(float));
-        } else {
-            memcpy(mine, part, have * sizeof(float));
-        }
-        part += block;
-        layer += (size_t)sl->rows * sl->cols;
-    }
-}
-
 // layer l's gradients (layer: the working buffer's 12 layer tensors) summed over the ranks; this
 // rank's blocks added to the shard
 static void host_zero2_reduce_layer(const HostStep* h, float* layer, int l, float* pack) {
@@ -179,7 +224,9 @@ static void host_zero2_reduce_layer(const HostStep* h, float* layer, int l, floa
     int world = h->dist.world;
     ShardMap m = shard_map(c, world);
     size_t part = m.z.layer_part;
-    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, layer, pack + (size_t)r * part, 1); }
+    float* ptrs[12];
+    layer_slice_ptrs(c, m.slices, l, layer, 1, ptrs);
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, pack + (size_t)r * part, 1); }
     dist_reduce_scatter_block_floats(pack, (int)part, h->dist);
     float* shard = h->grads + m.at[2 + l];  // the layer's first slice, ln1w: the layer's blocks follow it
     #pragma omp parallel for
@@ -235,7 +282,9 @@ static void host_zero3_gather_layer(const HostStep* h, float* layer, int l, floa
     size_t part = m.z.layer_part;
     memcpy(pack + (size_t)h->dist.rank * part, h->params + m.at[2 + l], part * sizeof(float));
     dist_allgather_block_floats(pack, (int)part, h->dist);
-    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, layer, pack + (size_t)r * part, 0); }
+    float* ptrs[12];
+    layer_slice_ptrs(c, m.slices, l, layer, 1, ptrs);
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, pack + (size_t)r * part, 0); }
     shard_map_free(&m);
 }
 

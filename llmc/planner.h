@@ -59,7 +59,6 @@ typedef struct {
     size_t working_bytes;    // per weight: the copy the kernels read, all a GPU keeps with --offload optimizer
     const char* head_formula;  // the head in bytes, e.g. "4(3BT + K(C + Vp))"
     int head_rows;           // K: the head's rows of logits (B*T, or a --loss-chunk's tokens)
-    int zero1_pack;          // 1: ZeRO-1 reduce-scatters through ZeRO-2's pack too (the GPU; the CPU's MPI needs none)
     int zero3_prefetch;      // 1: ZeRO-3 gathers the next layer into a second layer buffer while one computes (the GPU; CPU 0)
 } BackendLayout;
 
@@ -195,7 +194,8 @@ static PlanShard plan_shard(const GPT2Config* cfg, size_t N) {
 
 // ZeRO-2 (both backends): a rank keeps its shard of the reduced gradients, the backward's own
 // gradients in the working buffer, and one layer's gradients packed rank by rank for its
-// reduce-scatter (N Eℓ). The GPU's ZeRO-1 (zero1_pack): the model's gradients and the pack
+// reduce-scatter (N Eℓ). ZeRO-1 (both backends, not with --offload optimizer, whose exchange is a slice at a
+// time): the model's gradients and the pack
 static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
     PlanShard z = plan_shard(cfg, in->world);
     size_t N = in->world, F = sizeof(float);
@@ -246,7 +246,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
     p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
-    int zero_pack = in.zero >= 2 || (in.zero == 1 && lay->zero1_pack && in.offload_optimizer == OPT_OFFLOAD_NONE);
+    int zero_pack = in.zero >= 2 || (in.zero == 1 && in.offload_optimizer == OPT_OFFLOAD_NONE);
     if (zero_pack && in.world > 1) { plan_zero2_gradients(&p, cfg, &in); }
     plan_optimizer_state(&p, cfg, &in);
     // A, one layer's block (the backend's layout); selective recompute drops the GELU output

@@ -152,6 +152,23 @@ def planned(run_dir, key):
         return None
 
 
+FIX_LAYERS, MICRO_BATCHES = 2, 6   # the fixture's L; -d 192 / (B*T = 32)
+ZERO1_LINE = re.compile(r"^ZeRO-1: step 1: (\d+) collectives in all \(L = (\d+)\)$", re.M)
+
+
+def zero1_counts(name, r, sums_free):
+    """ZeRO-1's exchange a layer at a time: L + 4 reduce-scatters (a layer's blocks packed rank by rank,
+    and the head's 4 slices) and as many all-gathers, and the norm's and the loss's sums; an optimizer
+    with sums over a slice (Adafactor, CAME) adds up to 5 a slice"""
+    m = ZERO1_LINE.search(r.out)
+    if not m:
+        return s.fail(f"{name}: the ZeRO-1 line", "no 'ZeRO-1: step 1:' line")
+    total, L = map(int, m.groups())
+    bound = 2 * (L + 4) + 2 + (0 if sums_free else 5 * (4 + 12 * L))
+    s.check(f"{name}: {total} collectives in step 1 <= 2(L + 4) + 2{'' if sums_free else ' + 5 per slice'} = {bound} "
+            f"(a slice at a time would be 2(4 + 12L) = {2 * (4 + 12 * L)} for the exchange alone)", total <= bound, "more")
+
+
 for name, opt in OPTIMIZERS.items():
     D1, D2, DZ = f"{W}/{name}_n1", f"{W}/{name}_n2z0", f"{W}/{name}_n2z1"
     if not s.expect_ok(f"{name}: 1 rank", BASE + ["--optimizer", *opt, "-o", D1]):
@@ -172,6 +189,7 @@ for name, opt in OPTIMIZERS.items():
             re.search(r"^replicas: parameters identical on 2 ranks after step 10 ", rz.out, re.M),
             "no 'replicas: parameters identical on 2 ranks'")
     s.check_memory(f"{name}: --zero 1 optimizer memory measured = planned", DZ)
+    zero1_counts(f"{name} --zero 1", rz, name == "adamw")
     # one state file per rank, each half of one rank's: every slice's rows (and a matrix's column
     # statistics) are cut in two, and the fixture's sizes are even (no padding)
     n1 = state_floats(ckpt(D1, "state", 10, "_00000.bin"))
@@ -219,7 +237,6 @@ for opt in ("adafactor", "came"):
 ZERO_LINE = re.compile(r"^ZeRO-([23]): step 1: (\d+) gradient reduce-scatters, (\d+) weight all-gathers, (\d+) collectives in all "
                        r"\(L = (\d+)\); gradients per rank: shard (\d+) of (\d+) floats, working buffer (\d+), pack (\d+)"
                        r"(?:; weights per rank: shard (\d+), working copy (\d+))?$", re.M)
-FIX_LAYERS, MICRO_BATCHES = 2, 6   # the fixture's L; -d 192 / (B*T = 32)
 
 
 def zero2_counts(name, r, ranks, micro_batches=MICRO_BATCHES):
@@ -236,6 +253,9 @@ def zero2_counts(name, r, ranks, micro_batches=MICRO_BATCHES):
     s.check(f"{name}: {rs} gradient reduce-scatters in step 1 = {micro} micro-steps x (L + 4)", rs == micro * (L + 4), "not")
     s.check(f"{name}: {total} collectives in step 1 <= reduce-scatters + 2 + 5 per slice ({rs} + 2 + 5 x {slices})",
             total <= rs + 2 + 5 * slices, "more")
+    if name.startswith("adamw"):  # no sums in the update: the weights' all-gathers a layer at a time, L + 4
+        s.check(f"{name}: {total} collectives in step 1 <= reduce-scatters + (L + 4) all-gathers + 2 ({rs} + {L + 4} + 2)",
+                total <= rs + L + 4 + 2, "more: not a layer at a time")
     gone = 1 - shard / P
     s.check(f"{name}: the reduced gradients kept: {shard} of {P} floats ({gone:.1%} gone, >= (N-1)/N less padding; "
             f"besides the backward's working buffer {working} and pack {pack})",
@@ -320,6 +340,9 @@ def zero3_counts(name, r, ranks, micro_batches=MICRO_BATCHES, recomputed=0):
             f"4 + micro-steps x (2L + recomputed layers) = {hi}", lo <= gathers <= hi, "outside")
     s.check(f"{name}: {total} collectives in step 1 <= reduce-scatters + all-gathers + 2 + 5 per slice "
             f"({rs} + {gathers} + 2 + 5 x {slices})", total <= rs + gathers + 2 + 5 * slices, "more")
+    if name.startswith("adamw"):  # no sums in the update, and nothing gathered after it
+        s.check(f"{name}: {total} collectives in step 1 = reduce-scatters + all-gathers + 2 ({rs} + {gathers} + 2)",
+                total == rs + gathers + 2, "not")
     gone = 1 - wshard / P
     s.check(f"{name}: the weights kept: a shard of {wshard} of {P} floats ({gone:.1%} gone, >= (N-1)/N less padding; "
             f"besides the working copy of {wworking}: wte, wpe, lnf and one layer)",
