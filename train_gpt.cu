@@ -1874,35 +1874,36 @@ HostView gpt2_host_view(GPT2* m) {
 template <typename floatX>
 static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
     const GPT2Config* c = &m->config;
-    int n = param_slice_count(c), rank = m->dist.rank, world = m->dist.world;
-    const ParamSlice* s = m->slices;
+    int rank = m->dist.rank, world = m->dist.world;
     float* staging = m->ckpt_staging;
+    WeightRun* runs = (WeightRun*)malloc_check((size_t)(param_slice_count(c) + 1) * sizeof(WeightRun));
+    int n = weight_runs(c, m->slices, runs);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
                   "ZeRO-3: the weights slice by slice, %s", how == PARAMS_WRITE ? "each rank's blocks kept" : "gathered");
-    size_t at = 0;
-    for (int k = 0; k <= n; k++) {
-        size_t next = k < n ? s[k].offset : m->num_parameters;
-        if (next > at) {  // a gap: wte's padded rows
-            memset(staging, 0, (next - at) * sizeof(float));
-            fn(ctx, at, staging, next - at);
+    for (int i = 0; i < n; i++) {
+        WeightRun r = runs[i];
+        if (r.slice < 0) {  // wte's padded rows
+            memset(staging, 0, r.n * sizeof(float));
+            fn(ctx, r.offset, staging, r.n);
+            continue;
         }
-        if (k == n) { break; }
-        size_t len = (size_t)s[k].rows * s[k].cols;
-        float* mine = m->master_memory + m->grad_shard_off[k];
+        const ParamSlice* sl = &m->slices[r.slice];
+        size_t len = r.n;
+        float* mine = m->master_memory + m->grad_shard_off[r.slice];
         if (how == PARAMS_WRITE) {
-            fn(ctx, s[k].offset, staging, len);
-            int begin, end, width = slice_unit_width(&s[k]);
-            shard_range(slice_units(&s[k]), rank, world, &begin, &end);
+            fn(ctx, r.offset, staging, len);
+            int begin, end, width = slice_unit_width(sl);
+            shard_range(slice_units(sl), rank, world, &begin, &end);
             CUDA_CHECK(cudaMemcpyAsync(mine, staging + (size_t)begin * width, (size_t)(end - begin) * width * sizeof(float),
                                        cudaMemcpyHostToDevice, m->stream));
         } else {  // the ranks' padded blocks one after another: the slice, then the padding
-            NCCL_CHECK(ncclAllGather(mine, m->grad_working, slice_block_floats(&s[k], world), ncclFloat, m->comm, m->stream));
+            NCCL_CHECK(ncclAllGather(mine, m->grad_working, slice_block_floats(sl, world), ncclFloat, m->comm, m->stream));
             CUDA_CHECK(cudaMemcpyAsync(staging, m->grad_working, len * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
         }
         CUDA_CHECK(cudaStreamSynchronize(m->stream));  // staging is free (write) or filled (read)
-        if (how != PARAMS_WRITE) { fn(ctx, s[k].offset, staging, len); }
-        at = s[k].offset + len;
+        if (how != PARAMS_WRITE) { fn(ctx, r.offset, staging, len); }
     }
+    free(runs);
     if (how == PARAMS_WRITE && (void*)m->weights_memory != (void*)m->master_memory) {
         copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->weight_floats, m->stream);
     }

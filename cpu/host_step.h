@@ -313,31 +313,30 @@ static void host_zero3_gather_head(const HostStep* h, float* working) {
 // rank's blocks for fn to read, or (write) filled by fn and this rank's block kept. wte's padded
 // rows, which no slice holds, go by as zeros
 static void host_zero3_stream(const HostStep* h, int write, float* staging, void (*fn)(void*, size_t, float*, size_t), void* ctx) {
-    int n = param_slice_count(h->config);
     ShardMap m = shard_map(h->config, h->dist.world);
-    const ParamSlice* s = m.slices;
+    WeightRun* runs = (WeightRun*)malloc_check((size_t)(param_slice_count(h->config) + 1) * sizeof(WeightRun));
+    int n = weight_runs(h->config, m.slices, runs);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
-    size_t at = 0;
-    for (int k = 0; k <= n; k++) {
-        size_t next = k < n ? s[k].offset : h->num_parameters;
-        if (next > at) {  // a gap: wte's padded rows
-            memset(staging, 0, (next - at) * sizeof(float));
-            fn(ctx, at, staging, next - at);
+    for (int i = 0; i < n; i++) {
+        WeightRun r = runs[i];
+        if (r.slice < 0) {  // wte's padded rows
+            memset(staging, 0, r.n * sizeof(float));
+            fn(ctx, r.offset, staging, r.n);
+            continue;
         }
-        if (k == n) { break; }
-        size_t len = (size_t)s[k].rows * s[k].cols;
-        float* mine = h->params + m.at[k];
+        const ParamSlice* sl = &m.slices[r.slice];
+        float* mine = h->params + m.at[r.slice];
         if (write) {
-            fn(ctx, s[k].offset, staging, len);
-            slice_part_counts(&s[k], h->dist.world, counts);
+            fn(ctx, r.offset, staging, r.n);
+            slice_part_counts(sl, h->dist.world, counts);
             memcpy(mine, staging + dist_part_offset(counts, h->dist.rank), (size_t)counts[h->dist.rank] * sizeof(float));
         } else {
-            zero3_gather_slice(h, &s[k], mine, staging, counts);
-            fn(ctx, s[k].offset, staging, len);
+            zero3_gather_slice(h, sl, mine, staging, counts);
+            fn(ctx, r.offset, staging, r.n);
         }
-        at = s[k].offset + len;
     }
     free(counts);
+    free(runs);
     shard_map_free(&m);
 }
 

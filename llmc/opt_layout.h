@@ -231,6 +231,25 @@ static ParamSlice* param_slices_alloc(const GPT2Config* c) {
     return s;
 }
 
+// the model's weights in order as runs: a slice (slice = its index) or a stretch no slice holds
+// (slice = -1: wte's padded rows, which stay zero). runs[] has room for param_slice_count(c) + 1;
+// returns how many there are. ZeRO-3's checkpoints walk the weights this way, a slice at a time
+typedef struct { int slice; size_t offset, n; } WeightRun;
+
+static int weight_runs(const GPT2Config* c, const ParamSlice* s, WeightRun* runs) {
+    int n = 0, slices = param_slice_count(c);
+    size_t at = 0;
+    for (int k = 0; k <= slices; k++) {
+        size_t next = k < slices ? s[k].offset : gpt2_num_parameters(c);
+        if (next > at) { WeightRun gap = {-1, at, next - at}; runs[n++] = gap; }
+        if (k == slices) { break; }
+        WeightRun r = {k, s[k].offset, (size_t)s[k].rows * s[k].cols};
+        runs[n++] = r;
+        at = r.offset + r.n;
+    }
+    return n;
+}
+
 // ----------------------------------------------------------------------------
 // ZeRO-1 sharding: every slice is cut into `world` parts along its units, a matrix's rows
 // or a vector's elements; rank r owns units [r*per, min(units, (r+1)*per)) with
