@@ -1,12 +1,13 @@
 /*
 host_step.h: the end of a training step on host arrays: the ranks' gradients summed over
-MPI, their global norm, clipping, one optimizer step (cpu/optimizers.h) and, under ZeRO-1,
-every rank's updated blocks gathered. The CPU backend's step (train_gpt.c), and the CUDA
-backend's under --offload optimizer (train_gpt.cu), where the master weights, the gradients
-and the optimizer state live in host memory and the CPU updates them: one code for both, so
-the offloaded update is the CPU reference's own arithmetic.
+MPI, their global norm, clipping, one optimizer step (cpu/optimizers.h) and, under ZeRO-1 and 2,
+every rank's updated blocks gathered; and the CPU's ZeRO-2 and 3 exchanges during the step
+(each layer's gradients reduce-scattered, each layer's weights gathered). The CPU backend's step
+(train_gpt.c), and the CUDA backend's under --offload optimizer (train_gpt.cu), where the master
+weights, the gradients and the optimizer state live in host memory and the CPU updates them: one
+code for both, so the offloaded update is the CPU reference's own arithmetic.
 
-    HostStep h = {&cfg, dist, ZERO_SHARDED, OPT_ADAMW, P, params, grads, state};
+    HostStep h = {&cfg, dist, ZERO_SHARDED, OPT_ADAMW, P, params, grads, state, pack};
     host_reduce_grads(&h);                    // MPI: all-reduce, or reduce-scatter (ZeRO-1)
     float norm = host_grad_norm(&h);
     host_update(&h, &step_config, norm, NULL, NULL);
@@ -28,12 +29,12 @@ optimizers sum the same way, so nothing depends on the number of OpenMP threads.
 typedef struct {
     const GPT2Config* config;
     Dist dist;                // this process among the data-parallel ranks
-    ZeroStage zero;           // ZERO_SHARDED: this rank updates (and keeps state for) its blocks only
+    ZeroStage zero;           // ZERO_SHARDED and up: this rank updates (and keeps state for) its blocks only
     OptimizerKind optimizer;
     size_t num_parameters;    // P
     float* params;            // (P) fp32 weights, model_config.h's order; ZeRO-3: this rank's blocks only (the weight shard)
     float* grads;             // (P) fp32 gradients of this rank's micro-batches, summed by host_reduce_grads;
-                              // ZeRO-2: this rank's reduced blocks only (opt_layout.h's gradient shard)
+                              // ZeRO-2 and 3: this rank's reduced blocks only (opt_layout.h's gradient shard)
     float* state;             // this rank's optimizer state (opt_layout.h)
     float* pack;              // ZeRO-1/2: one layer's blocks rank by rank (opt_layout.h's Zero2Grads.pack floats): the
                               // exchanges go a layer at a time through it; NULL: a slice at a time (GPU --offload optimizer)

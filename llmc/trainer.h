@@ -320,8 +320,9 @@ static void check_replicas(GPT2* m, Dist dist, int step) {
     printf("replicas: parameters identical on %d ranks after step %d (hash 0x%016llx)\n", dist.world, step, (unsigned long long)lo);
 }
 
-// rank 0 writes the model file, every rank its own state file (its data position and, under
-// ZeRO-1, its blocks of the optimizer state); once all have written, rank 0 marks DONE. A
+// rank 0 writes the model file (every rank takes part: under ZeRO-3 each slice is gathered), every
+// rank its own state file (its data position and, under ZeRO-1, 2 and 3, its blocks of the
+// optimizer state); once all have written, rank 0 marks DONE. A
 // DONE marker of the same step, left by an earlier write of it, goes first. Returns the
 // weights' max |w|; if they are not finite (every rank has the same), nothing is written
 static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
