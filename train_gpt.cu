@@ -309,6 +309,8 @@ struct Model {
     floatX* weights_memory;       // (P) the working weights the kernels read: master itself (fp32) or a bf16 copy
     Params<floatX> weights;
     size_t weight_floats;         // floats of master_memory (and weights_memory): P, or ZeRO-3's shard
+    floatX* weight_shard;         // ZeRO-2 with --offload optimizer: this rank's blocks of the new weights, up from the host
+                                  // and gathered from (ZeRO-3's: weights_memory); see "the offloaded shard"
     float* grads_memory;          // (P) fp32
     Params<float> grads;
     float* opt_memory;            // optimizer state (opt_layout.h's layout), fp32
@@ -588,11 +590,25 @@ static size_t layer_weights(const GPT2Config* c) {
 }
 static size_t rest_weights(const GPT2Config* c) { return gpt2_num_parameters(c) - (size_t)c->num_layers * layer_weights(c); }
 
-// ZeRO-3: this rank's shards of the fp32 master weights and of the working weights (floatX: the
-// master itself in fp32), in the gradient shard's layout (opt_layout.h), zero in the padding; the
-// working copy the kernels read, a one-layer model (the head whole, layer buffer 0) and layer buffer
-// 1; a pinned buffer of the largest slice for checkpoints (gpt2_params_stream): the whole model is
-// never in one place, on the GPU or in host memory
+// checkpoints under ZeRO-3, and under ZeRO-2 with --offload optimizer: a pinned buffer of the largest
+// slice (or of wte's padded rows, which go by as zeros), through which gpt2_params_stream moves the
+// weights a slice at a time
+template <typename floatX>
+static void alloc_ckpt_staging(Model<floatX>* m) {
+    const GPT2Config* c = &m->config;
+    ParamSlice* s = param_slices_alloc(c);
+    size_t most = 0, gap = (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels;
+    for (int k = 0; k < param_slice_count(c); k++) { size_t n = (size_t)s[k].rows * s[k].cols; most = n > most ? n : most; }
+    free(s);
+    m->ckpt_staging_floats = gap > most ? gap : most;
+    m->ckpt_staging = (float*)mem_alloc(MEM_HOST_COPIES, m->ckpt_staging_floats * sizeof(float));
+}
+
+// ZeRO-3: this rank's shards of the fp32 master weights (with --offload optimizer: in host memory,
+// alloc_offloaded_shard) and of the working weights (floatX: the master itself in fp32 when both are
+// on the GPU), in the gradient shard's layout (opt_layout.h), zero in the padding; the working copy
+// the kernels read, a one-layer model (the head whole, layer buffer 0) and layer buffer 1; the
+// checkpoints' staging: the whole model is never in one place, on the GPU or in host memory
 template <typename floatX>
 static void alloc_zero3_weights(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
@@ -600,10 +616,12 @@ static void alloc_zero3_weights(Model<floatX>* m) {
     GPT2Config one = *c;
     one.num_layers = 1;
     m->weight_floats = z.shard;
-    m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, z.shard * sizeof(float));
-    CUDA_CHECK(cudaMemset(m->master_memory, 0, z.shard * sizeof(float)));
-    m->weights_memory = sizeof(floatX) == sizeof(float) ? (floatX*)m->master_memory
-                                                        : (floatX*)mem_alloc(MEM_PARAMETERS, z.shard * sizeof(floatX));
+    if (!m->offload_opt) {
+        m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, z.shard * sizeof(float));
+        CUDA_CHECK(cudaMemset(m->master_memory, 0, z.shard * sizeof(float)));
+    }
+    m->weights_memory = sizeof(floatX) == sizeof(float) && m->master_memory != NULL
+                            ? (floatX*)m->master_memory : (floatX*)mem_alloc(MEM_PARAMETERS, z.shard * sizeof(floatX));
     CUDA_CHECK(cudaMemset(m->weights_memory, 0, z.shard * sizeof(floatX)));
     m->weight_working = (floatX*)mem_alloc(MEM_PARAMETERS, z.working * sizeof(floatX));
     CUDA_CHECK(cudaMemset(m->weight_working, 0, z.working * sizeof(floatX)));  // wte's padded rows stay zero
@@ -613,12 +631,7 @@ static void alloc_zero3_weights(Model<floatX>* m) {
     m->layer_buf[1] = m->weights;
     point_params(&m->layer_buf[1], m->layer_buf_memory, &one, 1);
     m->buf_layer[0] = m->buf_layer[1] = -1;
-    ParamSlice* s = param_slices_alloc(c);
-    size_t most = 0, gap = (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels;  // wte's padded rows go by as zeros
-    for (int k = 0; k < param_slice_count(c); k++) { size_t n = (size_t)s[k].rows * s[k].cols; most = n > most ? n : most; }
-    free(s);
-    m->ckpt_staging_floats = gap > most ? gap : most;
-    m->ckpt_staging = (float*)mem_alloc(MEM_HOST_COPIES, m->ckpt_staging_floats * sizeof(float));
+    alloc_ckpt_staging(m);
 }
 
 // ZeRO-3: a slice's blocks are gathered for checkpoints into the gradients' working buffer (idle
@@ -663,16 +676,36 @@ static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
 
 // --offload optimizer: the working weights on the GPU with the gradients of the rest and of two
 // layers; one pinned host block with the master weights, the step's gradients, two staging
-// buffers and the optimizer state (the master weights and the state are what checkpoints hold)
+// buffers and the optimizer state (the master weights and the state are what checkpoints hold).
+// Under ZeRO-2 and 3 (see "the offloaded shard") the GPU keeps what ZeRO-2 or 3 keeps there but the
+// fp32 master, with (ZeRO-2) a floatX shard the new weights come up into, and the host block holds
+// this rank's shards of the master weights and of the step's gradients (the optimizer state is
+// sharded from ZeRO-1 on)
 template <typename floatX>
 static void alloc_offloaded_optimizer(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
     size_t P = m->num_parameters, Pl = layer_weights(c), Pr = rest_weights(c), C = c->channels;
-    m->weights_memory = (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
-    point_params(&m->weights, m->weights_memory, c);
-    size_t grads = m->offload_opt == OPT_OFFLOAD_GRADS ? Pr + 2 * Pl : P;
-    m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, grads * sizeof(float));
-    CUDA_CHECK(cudaMemset(m->grads_memory, 0, grads * sizeof(float)));
+    int shard = zero_shards_grads(m->zero);
+    size_t host = shard ? zero2_grad_floats(c, m->dist.world).shard : P;  // floats of the master weights and gradients on the host
+    if (m->zero == ZERO_WEIGHTS) {
+        alloc_zero3_weights(m);
+    } else {
+        m->weight_floats = P;
+        m->weights_memory = (floatX*)mem_alloc(MEM_PARAMETERS, P * sizeof(floatX));
+        CUDA_CHECK(cudaMemset(m->weights_memory, 0, P * sizeof(floatX)));  // wte's padded rows, which no gather writes
+        point_params(&m->weights, m->weights_memory, c);
+    }
+    if (m->zero == ZERO_GRADS) {
+        m->weight_shard = (floatX*)mem_alloc(MEM_PARAMETERS, host * sizeof(floatX));
+        alloc_ckpt_staging(m);
+    }
+    if (shard) {
+        alloc_gradients(m);
+    } else {
+        m->grad_floats = m->offload_opt == OPT_OFFLOAD_GRADS ? Pr + 2 * Pl : P;
+        m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, m->grad_floats * sizeof(float));
+        CUDA_CHECK(cudaMemset(m->grads_memory, 0, m->grad_floats * sizeof(float)));
+    }
     if (m->offload_opt == OPT_OFFLOAD_GRADS) {
         m->grads.wte = m->grads_memory;  // the rest, in checkpoint order; the per-layer tensors stay NULL
         m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size * C;
@@ -680,27 +713,29 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
         m->grads.lnfb = m->grads.lnfw + C;
         m->grad_layers[0] = m->grads_memory + Pr;
         m->grad_layers[1] = m->grad_layers[0] + Pl;
-    } else {
+    } else if (!shard) {
         point_params(&m->grads, m->grads_memory, c);
     }
-    m->opt_staging_floats = Pl > Pr ? Pl : Pr;
-    m->opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * P + 2 * m->opt_staging_floats + m->opt_floats) * sizeof(float));
+    // the staging buffers: a group of gradients on its way down, or (the offloaded shard, whose gradients
+    // come down in one copy) a chunk of the new weights on its way up, a rank's blocks of one layer
+    m->opt_staging_floats = shard ? zero2_grad_floats(c, m->dist.world).layer_part : Pl > Pr ? Pl : Pr;
+    m->opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * host + 2 * m->opt_staging_floats + m->opt_floats) * sizeof(float));
     char* p = m->opt_host_memory;
-    m->master_memory = carve<float>(&p, P * sizeof(float));
-    point_params(&m->master, m->master_memory, c);
-    m->host_grads = carve<float>(&p, P * sizeof(float));
+    m->master_memory = carve<float>(&p, host * sizeof(float));
+    memset(m->master_memory, 0, host * sizeof(float));  // a shard's padding stays zero
+    if (!shard) { point_params(&m->master, m->master_memory, c); }
+    m->host_grads = carve<float>(&p, host * sizeof(float));
     for (int i = 0; i < 2; i++) { m->opt_staging[i] = carve<float>(&p, m->opt_staging_floats * sizeof(float)); }
     m->opt_memory = carve<float>(&p, m->opt_floats * sizeof(float));
     memset(m->opt_memory, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero
-    m->host_params = m->master_memory;  // what checkpoints read and write (gpt2_host_view)
+    m->host_params = shard ? NULL : m->master_memory;  // what checkpoints read and write (a shard: gpt2_params_stream)
     m->host_opt = m->opt_memory;
     m->first_micro_step = 1;
+    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->staged_up[i], cudaEventDisableTiming)); }
+    if (shard) { return; }  // the gradients come down once a step, in one copy (download_grad_shard)
     CUDA_CHECK(cudaStreamCreate(&m->grad_stream));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
-    for (int i = 0; i < 2; i++) {
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_down[i], cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->staged_up[i], cudaEventDisableTiming));
-    }
+    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_down[i], cudaEventDisableTiming)); }
 }
 
 template <typename floatX>
@@ -733,7 +768,8 @@ static Model<floatX>* model_create(const ModelSetup* s) {
         for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->wait_marks[i])); }
     }
     // with the optimizer on the host, MPI sums the gradients there (cpu/host_step.h): no NCCL
-    m->comm = s->dist.world > 1 && !m->offload_opt ? nccl_init(&s->dist) : NULL;
+    // (the offloaded shard: NCCL reduce-scatters and gathers on the GPU, MPI adds the norm's parts)
+    m->comm = s->dist.world > 1 && (!m->offload_opt || zero_shards_grads(m->zero)) ? nccl_init(&s->dist) : NULL;
     if (m->comm != NULL) {
         CUDA_CHECK(cudaStreamCreate(&m->comm_stream));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_final, cudaEventDisableTiming));
@@ -750,19 +786,22 @@ static Model<floatX>* model_create(const ModelSetup* s) {
 
 template <typename floatX>
 static void model_destroy(Model<floatX>* m) {
-    if (m->offload_opt) {
-        void* blocks[] = {m->weights_memory, m->grads_memory, m->opt_host_memory};
-        for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
-        CUDA_CHECK(cudaEventDestroy(m->grads_ready));
-        for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->grads_down[i])); CUDA_CHECK(cudaEventDestroy(m->staged_up[i])); }
-        CUDA_CHECK(cudaStreamDestroy(m->grad_stream));
+    if (m->offload_opt) {  // the master weights, the host's gradients and the state: carved from one pinned block
+        mem_free(m->opt_host_memory);
+        for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->staged_up[i])); }
+        if (m->grad_stream != NULL) {
+            CUDA_CHECK(cudaEventDestroy(m->grads_ready));
+            for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->grads_down[i])); }
+            CUDA_CHECK(cudaStreamDestroy(m->grad_stream));
+        }
     } else {
-        if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
-        void* blocks[] = {m->master_memory, m->grads_memory, m->opt_memory, m->host_params, m->host_opt, m->grad_working, m->zero_pack,
-                          m->weight_working, m->layer_buf_memory, m->ckpt_staging};
+        void* blocks[] = {m->master_memory, m->opt_memory, m->host_params, m->host_opt};
         for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
-        free(m->slices); free(m->zero_groups); free(m->grad_shard_off);
     }
+    if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
+    void* zero[] = {m->grads_memory, m->grad_working, m->zero_pack, m->weight_working, m->layer_buf_memory, m->ckpt_staging, m->weight_shard};
+    for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) { mem_free(zero[i]); }
+    free(m->slices); free(m->zero_groups); free(m->grad_shard_off);
     void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->host_probs, m->host_losses};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     free(m->slots);
@@ -1207,26 +1246,31 @@ static void take_grads(Model<floatX>* m, int l, int b) {
     }
 }
 
-// parameter tensor i's new master weights up to the GPU's working weights, rounded to floatX on
-// the CPU, in chunks through the staging buffers in turn (a chunk waits for the upload that
-// used its buffer last); queued on the compute stream, so the next forward runs after them
+// n new master weights (host, at src) up to floatX ones on the GPU (at dst), rounded on the CPU, in
+// chunks through the staging buffers in turn (a chunk waits for the upload that used its buffer
+// last); queued on the compute stream, so the next forward runs after them
+template <typename floatX>
+static void upload_weights(Model<floatX>* m, const float* src, floatX* dst, size_t count) {
+    for (size_t done = 0; done < count; done += m->opt_staging_floats) {
+        size_t n = count - done < m->opt_staging_floats ? count - done : m->opt_staging_floats;
+        int b = m->next_staging;
+        m->next_staging ^= 1;
+        CUDA_CHECK(cudaEventSynchronize(m->staged_up[b]));
+        floatX* staged = (floatX*)m->opt_staging[b];
+        #pragma omp parallel for
+        for (size_t j = 0; j < n; j++) { staged[j] = from_float<floatX>(src[done + j]); }
+        CUDA_CHECK(cudaMemcpyAsync(dst + done, staged, n * sizeof(floatX), cudaMemcpyHostToDevice, m->stream));
+        CUDA_CHECK(cudaEventRecord(m->staged_up[b], m->stream));
+    }
+}
+
+// parameter tensor i's new master weights up to the GPU's working weights
 template <typename floatX>
 static void upload_tensor(Model<floatX>* m, int i) {
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
     gpt2_parameter_sizes(sizes, &m->config);
     for (int k = 0; k < i; k++) { offset += sizes[k]; }
-    for (size_t done = 0; done < sizes[i]; done += m->opt_staging_floats) {
-        size_t n = sizes[i] - done < m->opt_staging_floats ? sizes[i] - done : m->opt_staging_floats;
-        int b = m->next_staging;
-        m->next_staging ^= 1;
-        CUDA_CHECK(cudaEventSynchronize(m->staged_up[b]));
-        floatX* dst = (floatX*)m->opt_staging[b];
-        const float* src = m->master_memory + offset + done;
-        #pragma omp parallel for
-        for (size_t j = 0; j < n; j++) { dst[j] = from_float<floatX>(src[j]); }
-        CUDA_CHECK(cudaMemcpyAsync(m->weights_memory + offset + done, dst, n * sizeof(floatX), cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaEventRecord(m->staged_up[b], m->stream));
-    }
+    upload_weights(m, m->master_memory + offset, m->weights_memory + offset, sizes[i]);
 }
 
 template <typename floatX>
@@ -1249,12 +1293,60 @@ static void send_final_grads(Model<floatX>* m, int l) {
     prof_gpu_close(m->grad_stream, PROF_STREAM_GRADS);
 }
 
-// the host arrays of the step (cpu/host_step.h)
+// ----------------------------------------------------------------------------
+// the offloaded shard (--offload optimizer with --zero 2 or 3, ZeRO-Offload's way with a sharded
+// model): each rank offloads its own shard. The GPU reduce-scatters every micro-step's gradients
+// into its fp32 gradient shard, as ZeRO-2 does (NCCL, during the backward); once the step's last
+// backward is reduced, the shard comes down in one copy and the CPU takes the step on this rank's
+// blocks alone, as the CPU backend's ZeRO-3 does (cpu/host_step.h: the norm's parts added over the
+// ranks, the update of the compact shards of the master weights and of the state, nothing gathered
+// on the host). The new weights go up, rounded to floatX, into a floatX shard on the GPU (ZeRO-3:
+// its working shard) from which ZeRO-2 gathers the whole working weights (a collective per group)
+// and ZeRO-3 each layer when it is needed. The host holds 1/N of the master weights and of the
+// gradients, the GPU no fp32 master; checkpoints move the weights a slice at a time, gathered on
+// the host (host_zero3_stream).
+
+template <typename floatX>
+static int offloads_shard(const Model<floatX>* m) { return m->offload_opt != OPT_OFFLOAD_NONE && zero_shards_grads(m->zero); }
+
+// the host arrays of the step (cpu/host_step.h). The offloaded shard is ZeRO-3 to the host (compact
+// shards, nothing gathered there) under either stage: the GPU gathers the weights
 template <typename floatX>
 static HostStep host_step_of(Model<floatX>* m) {
-    HostStep h = {&m->config, m->dist, m->zero, m->optimizer, m->num_parameters, m->master_memory, m->host_grads, m->opt_memory,
-                  NULL};  // the exchange a slice at a time: no pack in host memory
+    HostStep h = {&m->config, m->dist, offloads_shard(m) ? ZERO_WEIGHTS : m->zero, m->optimizer, m->num_parameters, m->master_memory,
+                  m->host_grads, m->opt_memory, NULL};  // the exchange a slice at a time: no pack in host memory
     return h;
+}
+
+// the step's reduced gradient shard down to the host, after the comm stream's last reduce-scatter
+// (the compute stream waits for it: model_reduce_grads)
+template <typename floatX>
+static void download_grad_shard(Model<floatX>* m) {
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(m->grad_floats * sizeof(float)), "gradient shard to the host");
+    CUDA_CHECK(cudaMemcpyAsync(m->host_grads, m->grads_memory, m->grad_floats * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
+// the host's master shard up to the GPU's floatX shard; ZeRO-2 then gathers every rank's into the
+// whole working weights on the compute stream, ZeRO-3's gathered copies are stale. in_step: the
+// gathers are the step's, counted for step 1's line (a load's are not)
+template <typename floatX>
+static void upload_shard(Model<floatX>* m, int in_step) {
+    floatX* shard = m->zero == ZERO_WEIGHTS ? m->weights_memory : m->weight_shard;
+    size_t n = zero2_grad_floats(&m->config, m->dist.world).shard;
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(floatX)), "weight shard from the host");
+    upload_weights(m, m->master_memory, shard, n);
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    if (m->zero == ZERO_WEIGHTS) { zero3_invalidate(m); return; }
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(floatX)),
+                  "NCCL all-gather of the new weights");
+    auto weights = [m](int k) { return m->weights_memory + m->slices[k].offset; };
+    for (int g = 0; g < m->num_zero_groups; g++) {
+        zero_gather_shard(&m->zero_groups[g], m->dist.world, shard, weights, (floatX*)m->zero_pack, m->comm, m->stream);
+        m->weight_collectives += in_step;
+    }
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
 
 // the mean of the (B,T) losses, added on the host in the CPU's order
@@ -1486,7 +1578,7 @@ static void reduce_now_final(Model<floatX>* m, int layer) {
 // only waits for that
 template <typename floatX>
 static void model_reduce_grads(Model<floatX>* m) {
-    if (m->offload_opt != OPT_OFFLOAD_NONE) {  // the gradients are (or are on their way) in host memory
+    if (m->offload_opt != OPT_OFFLOAD_NONE && !offloads_shard(m)) {  // the gradients are (or are on their way) in host memory
         if (m->send_in_backward) { CUDA_CHECK(cudaStreamSynchronize(m->grad_stream)); }
         m->send_in_backward = 0;
         HostStep h = host_step_of(m);
@@ -1502,6 +1594,7 @@ static void model_reduce_grads(Model<floatX>* m) {
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
         prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
         m->reduce_in_backward = 0;
+        if (offloads_shard(m)) { download_grad_shard(m); }
         return;
     }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "NCCL gradient sums");
@@ -1562,6 +1655,16 @@ static float model_grad_norm(Model<floatX>* m) {
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     size_t X = sizeof(floatX);
+    if (offloads_shard(m)) {  // the CPU's step on this rank's shard, then the shard goes up
+        HostStep h = host_step_of(m);
+        prof_mark(PROF_OPTIMIZER, prof_optimizer(m->grad_floats, m->opt_floats, X), "%s on the host, this rank's shard",
+                  OPTIMIZER_NAMES[m->optimizer]);
+        host_update(&h, s, grad_norm, NULL, NULL);
+        prof_close();
+        upload_shard(m, 1);
+        print_zero_collectives(m, s->t);
+        return;
+    }
     if (m->offload_opt) {  // the CPU's step; each tensor goes up as soon as it is updated
         HostStep h = host_step_of(m);
         prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s on the host, uploads",
@@ -1631,9 +1734,12 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
                "gradients per rank: %zu of %zu floats, pack %zu\n", (int)m->zero, m->grad_collectives, m->weight_collectives,
                L, m->num_zero_groups - L, m->grad_floats, m->num_parameters, zero2_grad_floats(&m->config, m->dist.world).pack);
         if (m->zero == ZERO_WEIGHTS) {
-            printf("ZeRO-3: weights per rank: shard %zu of %zu floats (fp32 master, and %s), working copy %zu\n", m->weight_floats,
-                   m->num_parameters, sizeof(floatX) == sizeof(float) ? "the same floats read by the kernels" : "a bf16 shard",
-                   zero2_grad_floats(&m->config, m->dist.world).working + layer_weights(&m->config));
+            const char* what = m->offload_opt ? (sizeof(floatX) == sizeof(float) ? "fp32 master in host memory, and an fp32 shard on the GPU"
+                                                                                  : "fp32 master in host memory, and a bf16 shard on the GPU")
+                                              : (sizeof(floatX) == sizeof(float) ? "fp32 master, and the same floats read by the kernels"
+                                                                                  : "fp32 master, and a bf16 shard");
+            printf("ZeRO-3: weights per rank: shard %zu of %zu floats (%s), working copy %zu\n", m->weight_floats, m->num_parameters,
+                   what, zero2_grad_floats(&m->config, m->dist.world).working + layer_weights(&m->config));
         }
     }
     m->grad_collectives = 0;
@@ -1645,7 +1751,8 @@ static void model_sync(Model<floatX>* m, SyncDirection dir) {
     size_t P = m->num_parameters;
     size_t opt_bytes = m->opt_floats * sizeof(float);  // 0: a model for sampling has no optimizer state
     if (m->offload_opt) {  // the host holds the master weights and the state: the GPU's weights follow them
-        if (dir == SYNC_FROM_HOST) {
+        if (dir == SYNC_FROM_HOST && offloads_shard(m)) { upload_shard(m, 0); }
+        else if (dir == SYNC_FROM_HOST) {
             for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { upload_tensor(m, i); }
         }
     } else if (dir == SYNC_TO_HOST) {  // ZeRO-3: no host copy of the weights (gpt2_params_stream moves them)
@@ -1775,20 +1882,17 @@ CostModel gpt2_cost_model(Precision p) {
 Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 
 // what the GPU does not do stops here, before anything is allocated: several ranks in a build
-// without NCCL (cuda/nccl.cuh), unless the optimizer step runs on the host (--offload optimizer:
-// the ranks add their gradients over MPI there); every other setup the shared checks let through runs
+// without NCCL (cuda/nccl.cuh), unless the optimizer step runs on the host on whole gradients
+// (--offload optimizer below ZeRO-2: the ranks add them over MPI there); ",gradients" under ZeRO-2
+// and 3; every other setup the shared checks let through runs
 void gpt2_check_setup(const ModelSetup* s) {
-    if (!s->offload_optimizer) { nccl_check_built(&s->dist); }
-    if (s->offload_optimizer && s->zero == ZERO_GRADS) {
-        fail("--zero 2 with --offload optimizer: the offloaded step sums whole gradients on the host (over MPI), so the GPU "
-             "would keep no less than with --zero 1; the GPU's ZeRO-2 reduce-scatters on the device (NCCL) into a shard\n"
-             "  hint: --zero 1 --offload optimizer[,gradients] (the state sharded, the gradients on the host), or --zero 2 without --offload optimizer");
-    }
-    if (s->offload_optimizer && s->zero == ZERO_WEIGHTS) {
-        fail("--zero 3 with --offload optimizer: the offloaded step keeps the whole fp32 master weights in host memory and the "
-             "whole working weights on the GPU, and sums whole gradients over MPI, so nothing of ZeRO-3 would be sharded; the "
-             "GPU's ZeRO-3 keeps shards on the device and gathers them with NCCL\n"
-             "  hint: --zero 3 without --offload optimizer, or --zero 1 --offload optimizer[,gradients]");
+    if (!s->offload_optimizer || zero_shards_grads(s->zero)) { nccl_check_built(&s->dist); }
+    if (s->offload_optimizer == OPT_OFFLOAD_GRADS && zero_shards_grads(s->zero)) {
+        fail("--zero %d with --offload optimizer,gradients: under ZeRO-2 and 3 the GPU keeps only its 1/N shard of the reduced "
+             "gradients (NCCL reduce-scatters every micro-step's into it) and the host takes that shard once a step; \",gradients\" "
+             "would send every micro-step's whole gradients to the host instead\n"
+             "  hint: --zero %d --offload optimizer (each rank offloads its shard), or --zero 1 --offload optimizer,gradients",
+             (int)s->zero, (int)s->zero);
     }
 }
 
@@ -1918,13 +2022,24 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
 // the weights through their whole host copy (host_params): one chunk, brought up to date before a
 // read, sent up after a write (with the optimizer state's host copy, as gpt2_sync does); ZeRO-3 has
 // no whole copy: a slice at a time
+// no whole copy, ZeRO-3's or the offloaded shard's (its master shard is host memory: the CPU
+// backend's ZeRO-3 walk, gathered over the ranks on the host): a slice at a time
+template <typename floatX>
+static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    if (offloads_shard(m)) {
+        HostStep h = host_step_of(m);
+        host_zero3_stream(&h, how == PARAMS_WRITE, m->ckpt_staging, fn, ctx);
+        if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }
+        return;
+    }
+    if (m->zero == ZERO_WEIGHTS && m->host_params == NULL) { model_zero3_stream(m, how, fn, ctx); return; }
+    if (how == PARAMS_READ) { model_sync(m, SYNC_TO_HOST); }
+    fn(ctx, 0, m->host_params, m->num_parameters);
+    if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }
+}
+
 void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
-    if (m->bf16 && m->bf16->zero == ZERO_WEIGHTS && m->bf16->host_params == NULL) { model_zero3_stream(m->bf16, how, fn, ctx); return; }
-    if (m->f32 && m->f32->zero == ZERO_WEIGHTS && m->f32->host_params == NULL) { model_zero3_stream(m->f32, how, fn, ctx); return; }
-    if (how == PARAMS_READ) { gpt2_sync(m, SYNC_TO_HOST); }
-    float* host = m->bf16 ? m->bf16->host_params : m->f32->host_params;
-    fn(ctx, 0, host, m->bf16 ? m->bf16->num_parameters : m->f32->num_parameters);
-    if (how == PARAMS_WRITE) { gpt2_sync(m, SYNC_FROM_HOST); }
+    if (m->bf16) { model_params_stream(m->bf16, how, fn, ctx); } else { model_params_stream(m->f32, how, fn, ctx); }
 }
 
 void gpt2_sync(GPT2* m, SyncDirection dir) {
@@ -1948,7 +2063,7 @@ const float* gpt2_probs(GPT2* m, int position) {
 template <typename floatX>
 static void model_zero_grad(Model<floatX>* m) {
     if (m->offload_opt == OPT_OFFLOAD_GRADS) { m->first_micro_step = 1; return; }
-    size_t n = m->offload_opt ? m->num_parameters : m->grad_floats;  // ZeRO-2: the shard (the working buffer is zero already)
+    size_t n = m->grad_floats;  // ZeRO-2: the shard (the working buffer is zero already)
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(n * sizeof(float)), "gradients");
     CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, n * sizeof(float), m->stream));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
@@ -1968,9 +2083,16 @@ double gpt2_copy_wait_ms(GPT2* m) {
     return m->f32->wait_marks != NULL ? copy_wait_ms(m->f32) : -1.0;
 }
 
+// the next backward is the step's last: its gradients are reduced (NCCL) or sent to the host as
+// each layer's are final (the offloaded shard's come down after the backward, all at once)
+template <typename floatX>
+static void model_reduce_during_backward(Model<floatX>* m) {
+    m->reduce_in_backward = m->comm != NULL;
+    m->send_in_backward = m->offload_opt == OPT_OFFLOAD_STATE && !offloads_shard(m);
+}
+
 void gpt2_reduce_during_backward(GPT2* m) {
-    if (m->bf16) { m->bf16->reduce_in_backward = m->bf16->comm != NULL; m->bf16->send_in_backward = m->bf16->offload_opt == OPT_OFFLOAD_STATE; }
-    else { m->f32->reduce_in_backward = m->f32->comm != NULL; m->f32->send_in_backward = m->f32->offload_opt == OPT_OFFLOAD_STATE; }
+    if (m->bf16) { model_reduce_during_backward(m->bf16); } else { model_reduce_during_backward(m->f32); }
 }
 
 void gpt2_reduce_grads(GPT2* m) {

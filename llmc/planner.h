@@ -142,39 +142,11 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
 }
 
-// --offload optimizer (ZeRO-Offload): the device keeps the working weights and the fp32
-// gradients; host memory the fp32 master weights, the step's gradients, the optimizer state, and
-// two staging buffers the size of the larger of a layer's weights and the rest's, through which
-// new weights come up (and with ",gradients" each micro-step's gradients come down). With
-// ",gradients" the device keeps only the gradients of two layers (one computing, one on its way
-// to the host) and of the rest (wte, wpe, lnf: wte's builds up over the whole backward).
 // A layer has Pl = 12C^2 + 13C weights, the rest Pr = (Vp + maxT)C + 2C.
 static size_t plan_layer_weights(const GPT2Config* c) { size_t C = c->channels; return 12 * C * C + 13 * C; }
 static size_t plan_rest_weights(const GPT2Config* c) {
     return ((size_t)c->padded_vocab_size + c->max_seq_len) * c->channels + 2 * (size_t)c->channels;
 }
-static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, const BackendLayout* lay, OptOffload what) {
-    size_t F = sizeof(float), Pl = plan_layer_weights(c), Pr = plan_rest_weights(c);
-    p->bytes[MEM_PARAMETERS] = P * lay->working_bytes;
-    snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP: working copy (fp32 master on the host)", lay->working_bytes);
-    if (what == OPT_OFFLOAD_GRADS) {
-        p->bytes[MEM_GRADIENTS] = (2 * Pl + Pr) * F;
-        snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4(2Pl + Pr): two layers' and the rest's");
-    }
-    p->bytes[MEM_OPT_HOST] = (2 * P + 2 * (Pl > Pr ? Pl : Pr)) * F + p->bytes[MEM_OPTIMIZER];
-    snprintf(p->formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "4(2P + 2max(Pl, Pr)) + state: %.32s", p->formula[MEM_OPTIMIZER]);
-    p->bytes[MEM_OPTIMIZER] = 0;
-    snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "in host memory: --offload optimizer");
-    p->bytes[MEM_HOST_COPIES] = 0;
-    snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "none: master weights and state are host memory");
-    // what moves (the step's cost): the fp32 gradients down once a step (",gradients": every
-    // micro-step's), the new working weights up; the CPU's update reads and writes its bytes once
-    double grads = (double)P * F, up = (double)P * lay->working_bytes;
-    if (what == OPT_OFFLOAD_GRADS) { p->offload_bytes += grads; }
-    p->step_offload_bytes = (what == OPT_OFFLOAD_GRADS ? 0.0 : grads) + up;
-    p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
-}
-
 // A rank's shard under ZeRO-2 and 3 (opt_layout.h's grad_shard_offsets, zero2_grad_floats): its padded
 // blocks of every slice, E floats, as the ZeRO-1 state counts them ([x] = ceil(x / N)); Eℓ of them
 // one layer's 12 slices; and the working buffer shaped as a one-layer model, Vp C + maxT C + 12C^2 + 15C
@@ -208,8 +180,16 @@ static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanIn
     snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "ZeRO-2: 4(E + one-layer model + %zu layer blocks)", N);
 }
 
+// the floats of the largest slice, or of wte's padded rows (which checkpoints move as one run)
+static size_t plan_largest_slice(const GPT2Config* cfg) {
+    size_t C = cfg->channels, V = cfg->vocab_size, gap = cfg->padded_vocab_size - V, most = V;
+    size_t rows[] = {gap, (size_t)cfg->max_seq_len, 4 * C};  // wte's padded rows, wpe, fcw and fcprojw
+    for (int i = 0; i < 3; i++) { most = rows[i] > most ? rows[i] : most; }
+    return most * C;
+}
+
 // ZeRO-3: ZeRO-2's gradients, and of the weights a rank keeps its shard (E; the GPU: fp32 master and
-// the working precision's, param_bytes a weight) and the working copy the kernels read, shaped as a
+// the working precision's, param_bytes a weight, or with --offload optimizer the latter only) and the working copy the kernels read, shaped as a
 // one-layer model (wte, wpe, lnf whole, one layer at a time), the GPU's with a second layer buffer
 // (Pl) for the next layer's gather (zero3_prefetch); a layer's gather goes through the gradients'
 // pack, and checkpoints move the weights a slice at a time (the CPU: through the working copy; a
@@ -219,20 +199,65 @@ static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInpu
     PlanShard z = plan_shard(cfg, in->world);
     const BackendLayout* lay = &in->layout;
     size_t prefetch = lay->zero3_prefetch ? plan_layer_weights(cfg) : 0;
-    p->bytes[MEM_PARAMETERS] = z.E * lay->param_bytes + (z.working + prefetch) * lay->working_bytes;
+    size_t shard_bytes = in->offload_optimizer != OPT_OFFLOAD_NONE ? lay->working_bytes : lay->param_bytes;  // no fp32 master offloaded
+    p->bytes[MEM_PARAMETERS] = z.E * shard_bytes + (z.working + prefetch) * lay->working_bytes;
     if (prefetch > 0) {
-        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: %zuE + %zu(one-layer model + Pl)", lay->param_bytes,
+        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: %zuE + %zu(one-layer model + Pl)", shard_bytes,
                  lay->working_bytes);
     } else {
-        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: %zu(E + one-layer model)", lay->param_bytes);
+        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "ZeRO-3: %zu(E + one-layer model)", shard_bytes);
     }
     if (lay->host_copy_bytes > 0) {
-        size_t C = cfg->channels, V = cfg->vocab_size, gap = cfg->padded_vocab_size - V, most = V;
-        size_t rows[] = {gap, (size_t)cfg->max_seq_len, 4 * C};  // wte's padded rows, wpe, fcw and fcprojw
-        for (int i = 0; i < 3; i++) { most = rows[i] > most ? rows[i] : most; }
-        p->bytes[MEM_HOST_COPIES] = most * C * lay->host_copy_bytes + (lay->host_copies_opt ? p->bytes[MEM_OPTIMIZER] : 0);
+        p->bytes[MEM_HOST_COPIES] = plan_largest_slice(cfg) * lay->host_copy_bytes + (lay->host_copies_opt ? p->bytes[MEM_OPTIMIZER] : 0);
         snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "ZeRO-3: the largest slice + optimizer state");
     }
+}
+
+// --offload optimizer (ZeRO-Offload): the device keeps the working weights and the fp32
+// gradients; host memory the fp32 master weights, the step's gradients, the optimizer state, and
+// two staging buffers the size of the larger of a layer's weights and the rest's, through which
+// new weights come up (and with ",gradients" each micro-step's gradients come down). With
+// ",gradients" the device keeps only the gradients of two layers (one computing, one on its way
+// to the host) and of the rest (wte, wpe, lnf: wte's builds up over the whole backward).
+// Under ZeRO-2 and 3 (the offloaded shard, train_gpt.cu) a rank offloads its shard: the host keeps
+// its E floats of the master weights and of the gradients, staging buffers of El (the new weights go
+// up a layer's blocks at a time), the device ZeRO-2's or 3's buffers
+// without an fp32 master (ZeRO-2: with a floatX shard the new weights come up into), and a host
+// copy of the largest slice through which checkpoints move the weights
+static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, const PlanInputs* in) {
+    const BackendLayout* lay = &in->layout;
+    OptOffload what = in->offload_optimizer;
+    size_t F = sizeof(float), Pl = plan_layer_weights(c), Pr = plan_rest_weights(c);
+    int shard = in->zero >= 2 && in->world > 1;
+    PlanShard z = plan_shard(c, in->world);
+    size_t host = shard ? z.E : P;  // master weights and gradients in host memory
+    size_t staging = shard ? z.El : Pl > Pr ? Pl : Pr;  // the shard's weights go up a layer's blocks at a time
+    if (shard && in->zero == 2) {
+        p->bytes[MEM_PARAMETERS] = (P + host) * lay->working_bytes;
+        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + E): working copy, shard up (master on the host)",
+                 lay->working_bytes);
+    } else if (!shard) {
+        p->bytes[MEM_PARAMETERS] = P * lay->working_bytes;
+        snprintf(p->formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP: working copy (fp32 master on the host)", lay->working_bytes);
+    }  // ZeRO-3: plan_zero3_weights' shard, working copy and layer buffer, with no fp32 master
+    if (what == OPT_OFFLOAD_GRADS) {
+        p->bytes[MEM_GRADIENTS] = (2 * Pl + Pr) * F;
+        snprintf(p->formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "4(2Pl + Pr): two layers' and the rest's");
+    }
+    p->bytes[MEM_OPT_HOST] = (2 * host + 2 * staging) * F + p->bytes[MEM_OPTIMIZER];
+    snprintf(p->formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "%s + state: %.32s", shard ? "4(2E + 2El)" : "4(2P + 2max(Pl, Pr))",
+             p->formula[MEM_OPTIMIZER]);
+    p->bytes[MEM_OPTIMIZER] = 0;
+    snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "in host memory: --offload optimizer");
+    p->bytes[MEM_HOST_COPIES] = shard ? plan_largest_slice(c) * F : 0;
+    snprintf(p->formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, shard ? "the largest slice (checkpoints)"
+                                                                  : "none: master weights and state are host memory");
+    // what moves (the step's cost): the fp32 gradients down once a step (",gradients": every
+    // micro-step's), the new working weights up; the CPU's update reads and writes its bytes once
+    double grads = (double)host * F, up = (double)host * lay->working_bytes;
+    if (what == OPT_OFFLOAD_GRADS) { p->offload_bytes += grads; }
+    p->step_offload_bytes = (what == OPT_OFFLOAD_GRADS ? 0.0 : grads) + up;
+    p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
 }
 
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
@@ -308,7 +333,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
     p.step_offload_bytes = p.host_update_bytes = 0.0;
-    if (in.offload_optimizer != OPT_OFFLOAD_NONE) { plan_offload_optimizer(&p, cfg, P, lay, in.offload_optimizer); }
+    if (in.offload_optimizer != OPT_OFFLOAD_NONE) { plan_offload_optimizer(&p, cfg, P, &in); }
     // the gradient exchange of N ranks, per optimizer step: a ring all-reduce sends 2(N-1)/N of
     // the gradients from each rank; ZeRO-1's reduce to each block's owner and broadcast back the
     // same bytes (a reduce-scatter and an all-gather)
@@ -318,6 +343,9 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     if (in.zero >= 2 && N > 1) {  // ZeRO-2: a reduce-scatter each micro-step, the weights' all-gather once
         p.exchange_micro_bytes = p.exchange_bytes / 2.0;
         p.exchange_bytes /= 2.0;
+        if (in.offload_optimizer != OPT_OFFLOAD_NONE) {  // the offloaded shard gathers the working precision's weights
+            p.exchange_bytes = (N - 1.0) / N * (double)(P * lay->working_bytes);
+        }
     }
     if (in.zero == 3 && N > 1) {  // ZeRO-3: no all-gather after the update; wte, wpe, lnf once a step, each
         // layer for its forward, its backward and each recompute of it, every micro-step; what is gathered

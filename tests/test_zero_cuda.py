@@ -21,8 +21,11 @@ layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed r
     the gathers a step bounded per layer; its checkpoints resume with --zero 1 and 2 and on the CPU;
   - --zero 2 and 3 started without MPI (torchrun-style variables, scripts/launch_local.sh; the emulated
     build without MPI, when given): the model of mpirun's --zero 0, bit for bit;
-  - --zero 2 with --offload optimizer is refused, saying why; --plan prices ZeRO-1's pack and
-    ZeRO-2's buffers.
+  - --offload optimizer under --zero 2 and 3 (each rank offloads its shard: the master weights, the
+    gradients and the state of its blocks in host memory, the step on the CPU): bit for bit the same
+    stage without it, every optimizer, 3 ranks, accumulation with the memory flags in the late stream
+    order, bf16, without MPI; its checkpoints resume without it and on the CPU; ",gradients" with them
+    is refused, saying why; --plan prices ZeRO-1's pack, ZeRO-2's buffers and the offloaded shard.
 
     python3 tests/test_zero_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt [./build/emu_nompi/train_gpt]
 
@@ -286,18 +289,18 @@ else:
         if cpu_ok and os.path.isdir(z2):
             models_close(f"--zero 2: the GPU's model within {MODEL_RTOL:g} of the CPU's",
                          ckpt(z2, "model", STEPS, ".bin"), ckpt(cpu, "model", STEPS, ".bin"), MODEL_RTOL)
-    def resume_case(src, src_desc, z, trainer, want, how, tag):
+    def resume_case(src, src_desc, z, trainer, want, how, tag, extra=()):
         """checkpoint 2 of the run in SRC (SRC_DESC: whose, which stage) resumed by TRAINER with --zero Z
-        to the end: bit for bit the run WANT (HOW "bit": the model and the state floats) or within
-        MODEL_RTOL of it ("close": another backend's)"""
-        name = f"a {src_desc} checkpoint resumed by the {'CPU' if trainer == TRAIN else 'GPU'} with --zero {z}"
+        (and EXTRA flags) to the end: bit for bit the run WANT (HOW "bit": the model and the state floats)
+        or within MODEL_RTOL of it ("close": another backend's)"""
+        name = f"a {src_desc} checkpoint resumed by the {'CPU' if trainer == TRAIN else 'GPU'} with --zero {z} {' '.join(extra)}".rstrip()
         if not os.path.isfile(ckpt(src, "DONE", 2)) or (trainer == TRAIN and cpu_mpirun is None):
             s.fail(name, f"no checkpoint 2 in {src}, or no CPU trainer with MPI")
             return
-        r = f"{W}/{tag}_{os.path.basename(src)}_{'cpu' if trainer == TRAIN else 'gpu'}_z{z}"
+        r = f"{W}/{tag}_{os.path.basename(src)}_{'cpu' if trainer == TRAIN else 'gpu'}_z{z}{'_'.join(extra).replace('-', '')}"
         copy_step(src, 2, r)
         ran = s.expect_ok(name, (cpu_mpirun if trainer == TRAIN else mpirun) + ["2", trainer, "-e", f"{FIX}/model_deep.bin"] + FLAGS
-                          + ["-d", "64", "--zero", str(z), "-o", r, "-y", "1"])
+                          + ["-d", "64", "--zero", str(z), *extra, "-o", r, "-y", "1"])
         if not ran:
             return
         s.check(f"{name}: starts at step 2", "at step 2" in ran.out, ran.out[-300:])
@@ -368,6 +371,41 @@ else:
         resume_case(src, desc, z, trainer, want, how, "resume3")
 
     # ------------------------------------------------------------------------
+    # 6c. the offloaded shard (--offload optimizer under --zero 2 and 3): a rank's shards of the fp32
+    # master weights and of the step's gradients, and its optimizer state, in host memory; the step on
+    # the CPU (the same arithmetic as the GPU's kernels: tests/test_cuda_matrix.py), the new weights up
+    # into a floatX shard that the GPU gathers from. Bit for bit the run of the same stage without it:
+    # every optimizer, 3 ranks, 2 micro-steps with the memory flags under the late stream order, bf16;
+    # its checkpoints resume without it, and on the CPU
+    OFFLOAD = ["--offload", "optimizer"]
+    for z in (2, 3):
+        for opt, oflags in OPTIMIZERS.items():
+            d = f"{W}/{opt}_z{z}_offload"
+            if run(f"{opt}: mpirun -np 2 --zero {z} --offload optimizer", 2, d, ["-d", "64", "--zero", str(z)] + OFFLOAD + oflags):
+                same_model(f"{opt}: --zero {z} --offload optimizer = --zero {z}", f"{W}/{opt}_z{z}", d)
+                same_state_floats(f"{opt}: --zero {z} --offload optimizer's state files hold --zero {z}'s floats", f"{W}/{opt}_z{z}", d, 2)
+                zero_counts(f"{opt} --zero {z} --offload optimizer", run_of[d], z, 2, 1, DEEP)
+        d = f"{W}/came3_z{z}_offload"
+        if run(f"came: mpirun -np 3 --zero {z} --offload optimizer", 3, d, ["-d", "96", "--zero", str(z)] + OFFLOAD + OPTIMIZERS["came"]):
+            same_model(f"came, 3 ranks: --zero {z} --offload optimizer = --zero {z}", f"{W}/came3_z{z}", d)
+        accum = [f if f != "activations" else "activations,optimizer" for f in ACCUM_FLAGS]
+        d = f"{W}/accum_flags_z{z}_offload"
+        if run(f"came, 2 micro-steps, --loss-chunk, recompute, offload activations,optimizer: mpirun -np 2 --zero {z}, late streams",
+               2, d, accum + ["--zero", str(z)], late=True):
+            same_model(f"came, 2 micro-steps with the memory flags, late streams: --zero {z} --offload optimizer = --zero {z}",
+                       f"{W}/accum_flags_z{z}", d)
+        what, mflags = list(MEMORY_FLAGS.items())[1]  # bf16: the host rounds the new weights as the GPU does
+        d = f"{W}/flags1_z{z}_offload"
+        if run(f"{what}, --offload optimizer: mpirun -np 2 --zero {z}, late streams", 2, d,
+               ["-d", "64", "--zero", str(z)] + OFFLOAD + mflags, late=True):
+            same_model(f"{what}, late streams: --zero {z} --offload optimizer = --zero {z}", f"{W}/flags1_z{z}", d)
+    z2o, z3o = f"{W}/adamw_z2_offload", f"{W}/adamw_z3_offload"
+    for src, desc, z, trainer, want, how, extra in ((z3o, "GPU --zero 3 --offload optimizer", 3, CUDA, z3, "bit", ()),
+                                                    (z2, "GPU --zero 2", 2, CUDA, z2o, "bit", OFFLOAD),
+                                                    (z3o, "GPU --zero 3 --offload optimizer", 3, TRAIN, cpu3, "close", ())):
+        resume_case(src, desc, z, trainer, want, how, "resume_offload", extra)
+
+    # ------------------------------------------------------------------------
     # 7. without MPI: torchrun-style variables, NCCL's id through a folder, the host's sums over NCCL
     if NOMPI is None:
         s.skip("--zero 2 started without MPI", "no emulated build without MPI given")
@@ -386,18 +424,22 @@ else:
                         + FLAGS + ["-d", "64", "--zero", "3", "-o", d3], env={"CUDA_EMU_DEVICES": "2"})
         if r:
             same_model("--zero 3 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d3)
+        meet3o, d3o = f"{W}/meet3o", f"{W}/nompi_z3_offload"
+        os.makedirs(meet3o)
+        r = s.expect_ok("--zero 3 --offload optimizer without MPI (the host's norm, update and checkpoints over NCCL)",
+                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet3o}", "-e", f"{FIX}/model_deep.bin"]
+                        + FLAGS + ["-d", "64", "--zero", "3", "--offload", "optimizer", "-o", d3o], env={"CUDA_EMU_DEVICES": "2"})
+        if r:
+            same_model("--zero 3 --offload optimizer without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d3o)
 
 # ----------------------------------------------------------------------------
 # 8. without ranks: what is refused, and what --plan prices
 
-s.expect_fail("--zero 2 with --offload optimizer: refused, saying why and naming --zero 1",
-              "the offloaded step sums whole gradients on the host",
-              [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "2", "--offload", "optimizer", "--plan-ranks", "2"])
-
-
-s.expect_fail("--zero 3 with --offload optimizer: refused, saying why",
-              "--zero 3 with --offload optimizer: the offloaded step keeps the whole fp32 master weights",
-              [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "3", "--offload", "optimizer", "--plan-ranks", "2"])
+for z in (2, 3):
+    s.expect_fail(f"--zero {z} with --offload optimizer,gradients: refused, saying why and naming --offload optimizer",
+                  f"--zero {z} with --offload optimizer,gradients: under ZeRO-2 and 3 the GPU keeps only its 1/N shard",
+                  [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", str(z), "--offload", "optimizer,gradients",
+                   "--plan-ranks", "2"])
 
 
 def planned_gradients(flags):
@@ -430,4 +472,14 @@ print(f"     d12 weights per GPU: {p0} MiB ({pf0}); 8 ranks --zero 3: {p3} MiB (
 s.check("--plan d12, 8 ranks --zero 3: the weight shards, a one-layer working copy and a second layer buffer, below 0.4x of "
         "the whole weights; the host copy of the weights is one slice", None not in (p0, p3, h0, h3) and "ZeRO-3" in pf3
         and p3 < 0.4 * p0 and "largest slice" in hf3 and h3 < 0.5 * h0, f"{p3} vs {p0}: {pf3}; {h3} vs {h0}: {hf3}")
+# the offloaded shard: a rank's host memory holds 1/N of the master weights and of the gradients (--zero 1's
+# offload holds them whole: 2 x 4P), and the GPU keeps no fp32 master (2 bytes a weight of the shard, not 6)
+o1, of1 = planned_row(["--zero", "1", "--offload", "optimizer", "--plan-ranks", "8"], "optimizer \\(host\\)")
+o3, of3 = planned_row(["--zero", "3", "--offload", "optimizer", "--plan-ranks", "8"], "optimizer \\(host\\)")
+p3o, pf3o = planned_row(["--zero", "3", "--offload", "optimizer", "--plan-ranks", "8"], "parameters")
+print(f"     d12 host optimizer memory a rank, 8 ranks: --zero 1 --offload optimizer {o1} MiB ({of1}); --zero 3: {o3} MiB ({of3}); "
+      f"GPU weights --zero 3 {p3} MiB, with --offload optimizer {p3o} MiB ({pf3o})")
+s.check("--plan d12, 8 ranks --zero 3 --offload optimizer: the host keeps each rank's shard (below 0.3x of --zero 1's offload), "
+        "the GPU no fp32 master", None not in (o1, o3, p3, p3o) and "2E" in of3 and o3 < 0.3 * o1 and p3o < 0.75 * p3,
+        f"{o3} vs {o1}: {of3}; {p3o} vs {p3}: {pf3o}")
 s.finish()
