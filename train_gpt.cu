@@ -732,7 +732,7 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     m->host_opt = m->opt_memory;
     m->first_micro_step = 1;
     for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->staged_up[i], cudaEventDisableTiming)); }
-    if (shard) { return; }  // the gradients come down once a step, in one copy (download_grad_shard)
+    if (shard) { return; }  // the gradient shard comes down on the comm stream (zero2_reduce)
     CUDA_CHECK(cudaStreamCreate(&m->grad_stream));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
     for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_down[i], cudaEventDisableTiming)); }
@@ -1296,8 +1296,9 @@ static void send_final_grads(Model<floatX>* m, int l) {
 // ----------------------------------------------------------------------------
 // the offloaded shard (--offload optimizer with --zero 2 or 3, ZeRO-Offload's way with a sharded
 // model): each rank offloads its own shard. The GPU reduce-scatters every micro-step's gradients
-// into its fp32 gradient shard, as ZeRO-2 does (NCCL, during the backward); once the step's last
-// backward is reduced, the shard comes down in one copy and the CPU takes the step on this rank's
+// into its fp32 gradient shard, as ZeRO-2 does (NCCL, during the backward); in the step's last
+// backward each layer's part of the shard goes down to the host as soon as it is final (on the comm
+// stream, while the layers below compute: zero2_reduce), and the CPU takes the step on this rank's
 // blocks alone, as the CPU backend's ZeRO-3 does (cpu/host_step.h: the norm's parts added over the
 // ranks, the update of the compact shards of the master weights and of the state, nothing gathered
 // on the host). The new weights go up, rounded to floatX, into a floatX shard on the GPU (ZeRO-3:
@@ -1316,16 +1317,6 @@ static HostStep host_step_of(Model<floatX>* m) {
     HostStep h = {&m->config, m->dist, offloads_shard(m) ? ZERO_WEIGHTS : m->zero, m->optimizer, m->num_parameters, m->master_memory,
                   m->host_grads, m->opt_memory, NULL};  // the exchange a slice at a time: no pack in host memory
     return h;
-}
-
-// the step's reduced gradient shard down to the host, after the comm stream's last reduce-scatter
-// (the compute stream waits for it: model_reduce_grads)
-template <typename floatX>
-static void download_grad_shard(Model<floatX>* m) {
-    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(m->grad_floats * sizeof(float)), "gradient shard to the host");
-    CUDA_CHECK(cudaMemcpyAsync(m->host_grads, m->grads_memory, m->grad_floats * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
 // the host's master shard up to the GPU's floatX shard; ZeRO-2 then gathers every rank's into the
@@ -1533,7 +1524,8 @@ static void reduce_slices(Model<floatX>* m, int layer, cudaStream_t stream) {
 // reduce-scatters them and adds this rank's sums to the shard, while the compute stream goes on
 // with the next layer. The compute stream clears the working gradients (the layer's, or the whole
 // buffer after the head) for their next use, but only once the comm stream has packed them
-// (working_taken): the next layer's backward writes the same place
+// (working_taken): the next layer's backward writes the same place. The offloaded shard's last
+// backward also copies each group's final sums to the host, behind them on the comm stream
 template <typename floatX>
 static void zero2_reduce(Model<floatX>* m, int layer) {
     int g0, g1, rank = m->dist.rank;
@@ -1549,6 +1541,10 @@ static void zero2_reduce(Model<floatX>* m, int layer) {
         CUDA_CHECK(cudaEventRecord(m->working_taken, m->comm_stream));
         zero_reduce_scatter(zg, rank, m->zero_pack, m->comm, m->comm_stream);
         zero_add_cuda(m->grads_memory + zg->shard_at, m->zero_pack + (size_t)rank * zg->part, zg->part, m->comm_stream);
+        if (offloads_shard(m) && m->reduce_in_backward) {  // the step's last: the group's shard is final, down it goes
+            CUDA_CHECK(cudaMemcpyAsync(m->host_grads + zg->shard_at, m->grads_memory + zg->shard_at, zg->part * sizeof(float),
+                                       cudaMemcpyDeviceToHost, m->comm_stream));
+        }
         m->grad_collectives++;
     }
     prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
@@ -1594,7 +1590,7 @@ static void model_reduce_grads(Model<floatX>* m) {
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
         prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
         m->reduce_in_backward = 0;
-        if (offloads_shard(m)) { download_grad_shard(m); }
+        if (offloads_shard(m)) { CUDA_CHECK(cudaEventSynchronize(m->reduced)); }  // the shard's copies to the host too
         return;
     }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "NCCL gradient sums");
