@@ -320,6 +320,13 @@ static void check_replicas(GPT2* m, Dist dist, int step) {
     printf("replicas: parameters identical on %d ranks after step %d (hash 0x%016llx)\n", dist.world, step, (unsigned long long)lo);
 }
 
+// whether every rank holds the whole fp32 weights, replicas that --check-replicas can compare: not
+// under ZeRO-3 (each rank keeps its blocks), nor under ZeRO-2 with --offload optimizer (each rank's
+// host memory keeps its blocks of the master weights: train_gpt.cu's offloaded shard)
+static int ranks_hold_replicas(int zero, OptOffload offload_optimizer) {
+    return zero < ZERO_WEIGHTS && !(zero == ZERO_GRADS && offload_optimizer != OPT_OFFLOAD_NONE);
+}
+
 // rank 0 writes the model file (every rank takes part: under ZeRO-3 each slice is gathered), every
 // rank its own state file (its data position and, under ZeRO-1, 2 and 3, its blocks of the
 // optimizer state); once all have written, rank 0 marks DONE. A
@@ -327,8 +334,9 @@ static void check_replicas(GPT2* m, Dist dist, int step) {
 // weights' max |w|; if they are not finite (every rank has the same), nothing is written
 static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int step, const DataLoader* dl, uint64_t rng,
                              uint64_t run_id) {
-    // ZeRO-3's ranks hold no replicas: the model is gathered from their blocks (the same on every rank)
-    if (s->dist.world > 1 && s->zero != ZERO_WEIGHTS) { check_replicas(m, s->dist, step); }
+    // ZeRO-3's ranks hold no replicas (nor the offloaded shard's): the model is gathered from their blocks,
+    // the same on every rank
+    if (s->dist.world > 1 && ranks_hold_replicas(s->zero, s->offload_optimizer)) { check_replicas(m, s->dist, step); }
     gpt2_sync(m, SYNC_TO_HOST);  // the weights' and the optimizer state's host copies (a GPU's)
     ParamsDigest d = params_digest(m, PARAMS_READ_AGAIN);
     HostView h = gpt2_host_view(m);
@@ -632,9 +640,13 @@ static void check_zero_option(const TrainOptions* o, int world) {
         fail("--zero %d shards the optimizer state across ranks, but this run has %d rank\n"
              "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", o->zero, world);
     }
-    if (o->zero == ZERO_WEIGHTS && o->check_replicas) {
-        fail("--check-replicas with --zero 3: the ranks hold no replicas of the weights to compare, each keeps its own blocks\n"
-             "  hint: drop --check-replicas (--zero 0, 1 and 2 keep whole replicas and can check them)");
+    int offload_acts;
+    OptOffload offload_opt;
+    offload_parse(o->offload, &offload_acts, &offload_opt);
+    if (o->check_replicas && !ranks_hold_replicas(o->zero, offload_opt)) {
+        fail("--check-replicas with --zero %d%s: the ranks hold no replicas of the weights to compare, each keeps its own blocks%s\n"
+             "  hint: drop --check-replicas (--zero 0 and 1, and 2 without --offload optimizer, keep whole replicas and can check them)",
+             o->zero, o->zero == ZERO_GRADS ? " --offload optimizer" : "", o->zero == ZERO_GRADS ? " of the fp32 master weights in host memory" : "");
     }
     if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
     if (o->plan_ranks != 0 && !o->plan_only) {
@@ -1481,7 +1493,7 @@ static int train_step(Run* r, int step) {
 
 // the end-of-run replica check, the memory summary, and everything freed
 static void train_teardown(Run* r, int step) {
-    if (r->setup.dist.world > 1 && !r->has_out && r->setup.zero != ZERO_WEIGHTS) { check_replicas(r->model, r->setup.dist, step); }  // with -o, the last checkpoint checked
+    if (r->setup.dist.world > 1 && !r->has_out && ranks_hold_replicas(r->setup.zero, r->setup.offload_optimizer)) { check_replicas(r->model, r->setup.dist, step); }  // with -o, the last checkpoint checked
     size_t peak = mem_rss_peak();
     printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
            "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench_flags.sh: what each memory flag costs and saves, on d12 (GPT-2 124M) at B=4, T=64.
 # For every flag set: ms/step, tokens/s, the step time against the plain run, and the
-# measured high-water marks of the memory table (optimizer state, device activations,
-# the host store, the device total) and the peak RSS. Writes a markdown table to stdout
+# measured high-water marks of the memory table (weights, gradients, optimizer state, device
+# activations, the host store, the device total) and the peak RSS; with MPI, 2 ranks at each
+# ZeRO stage. Writes a markdown table to stdout
 # and to dev/bench_flags.md (override with BENCH_OUT).
 #   make bench-flags
 #   STEPS=6 MODEL=d6 bash scripts/bench_flags.sh
@@ -34,7 +35,9 @@ CONFIGS=(
 )
 if command -v mpirun >/dev/null && ldd ./train_gpt | grep -q libmpi; then
     CONFIGS+=("2 ranks, --zero 0|$MPIRUN --zero 0" "2 ranks, --zero 1|$MPIRUN --zero 1"
-              "2 ranks, --zero 1 + adafactor|$MPIRUN --zero 1 --optimizer adafactor")
+              "2 ranks, --zero 1 + adafactor|$MPIRUN --zero 1 --optimizer adafactor"
+              "2 ranks, --zero 2 (and the gradients)|$MPIRUN --zero 2"
+              "2 ranks, --zero 3 (and the weights)|$MPIRUN --zero 3")
 fi
 
 # the measured MiB of a memory-table row (the table printed after the first step)
@@ -62,7 +65,8 @@ for entry in "${CONFIGS[@]}"; do
     ratio=$(awk -v a="$ms" -v b="$base_ms" 'BEGIN {printf "%.2f", a / b}')
     flops=$(grep -m1 -E '^recompute: ' "$log" | sed -E 's/.*\+([0-9.]+)% of the step.*/+\1%/' || true)
     rss=$(grep -E '^peak RSS' "$log" | sed -E 's/peak RSS ([0-9.]+) MiB.*/\1/')
-    row="| $name | \`${launcher:+mpirun -np 2 (1 thread each): }${flags:-}\` | $ms | ${ratio}x | $tok | ${flops:--} | $(measured "$log" 'optimizer state') |"
+    row="| $name | \`${launcher:+mpirun -np 2 (1 thread each): }${flags:-}\` | $ms | ${ratio}x | $tok | ${flops:--} | $(measured "$log" parameters) |"
+    row="$row $(measured "$log" gradients) | $(measured "$log" 'optimizer state') |"
     row="$row $(measured "$log" activations) | $(measured "$log" 'host total') | $(measured "$log" 'device total') | $rss |"
     echo "$row" >&2
     rows="$rows$row"$'\n'
@@ -78,7 +82,7 @@ done
     echo "equal the plan; \"device\" is everything but the host store; with 2 ranks they are rank 0's and tok/s"
     echo "counts both ranks' tokens (B=4 each). Command: \`make bench-flags\`."
     echo
-    echo "| flags | command line | ms/step | vs plain | tok/s | recompute FLOPs | optimizer | activations | host store | device total | peak RSS |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| flags | command line | ms/step | vs plain | tok/s | recompute FLOPs | weights | gradients | optimizer | activations | host store | device total | peak RSS |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     printf "%s" "$rows"
 } | tee "$OUT"

@@ -440,6 +440,10 @@ for z in (2, 3):
                   f"--zero {z} with --offload optimizer,gradients: under ZeRO-2 and 3 the GPU keeps only its 1/N shard",
                   [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", str(z), "--offload", "optimizer,gradients",
                    "--plan-ranks", "2"])
+s.expect_fail("--check-replicas with --zero 2 --offload optimizer: refused (the ranks' hosts keep blocks of the master weights, "
+              "no replicas)", "--check-replicas with --zero 2 --offload optimizer: the ranks hold no replicas",
+              [CUDA, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--zero", "2", "--offload", "optimizer", "--check-replicas", "1",
+               "--plan-ranks", "2"])
 
 
 def planned_gradients(flags):
