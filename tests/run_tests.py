@@ -54,7 +54,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("launching without MPI: srun, torchrun-style, --dist-init (emulated device)",
      [PY, "tests/test_launch.py", "./build/emu/train_gpt", "./build/emu_nompi/train_gpt", "./train_gpt",
       "./build/train_gpt_nompi", "./test_gpt"], None),
-    ("CUDA ZeRO-1, 2 and 3: a collective per layer, ZeRO-3 layer gathers prefetched (emulated NCCL)",
+    ("CUDA ZeRO-1, 2 and 3: a collective per layer, ZeRO-3 layer gathers prefetched, each rank offloading its shard (emulated NCCL)",
      [PY, "tests/test_zero_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt", "./build/emu_nompi/train_gpt"], None),
     ("CUDA memory flags, every combination (emulated device)",
      [PY, "tests/test_cuda_matrix.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),

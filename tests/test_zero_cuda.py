@@ -375,8 +375,8 @@ else:
     # master weights and of the step's gradients, and its optimizer state, in host memory; the step on
     # the CPU (the same arithmetic as the GPU's kernels: tests/test_cuda_matrix.py), the new weights up
     # into a floatX shard that the GPU gathers from. Bit for bit the run of the same stage without it:
-    # every optimizer, 3 ranks, 2 micro-steps with the memory flags under the late stream order, bf16;
-    # its checkpoints resume without it, and on the CPU
+    # every optimizer, 3 ranks, a head in rounds, 2 micro-steps with the memory flags under the late
+    # stream order, bf16; its checkpoints resume without it, and on the CPU
     OFFLOAD = ["--offload", "optimizer"]
     for z in (2, 3):
         for opt, oflags in OPTIMIZERS.items():
@@ -394,6 +394,11 @@ else:
                2, d, accum + ["--zero", str(z)], late=True):
             same_model(f"came, 2 micro-steps with the memory flags, late streams: --zero {z} --offload optimizer = --zero {z}",
                        f"{W}/accum_flags_z{z}", d)
+        d = f"{W}/vocab3_z{z}_offload"  # the head in rounds, wte's padded rows (zero in the gathered copy)
+        if run(f"V = 500: mpirun -np 3 --zero {z} --offload optimizer", 3, d, ["-d", "96", "--zero", str(z)] + OFFLOAD,
+               model="model_vocab.bin"):
+            same_model(f"V = 500, 3 ranks: --zero {z} --offload optimizer = --zero {z}", f"{W}/vocab3_z{z}", d)
+            zero_counts(f"V = 500, 3 ranks --zero {z} --offload optimizer", run_of[d], z, 3, 1, VOCAB)
         what, mflags = list(MEMORY_FLAGS.items())[1]  # bf16: the host rounds the new weights as the GPU does
         d = f"{W}/flags1_z{z}_offload"
         if run(f"{what}, --offload optimizer: mpirun -np 2 --zero {z}, late streams", 2, d,
