@@ -25,8 +25,9 @@ CUDA_EMU_STREAMS=late mode ranks never wait on each other inside the emulator wh
 waits in its own MPI calls; but a stream that forgot to wait for the collective, or for work queued
 before it on its stream, finds it done anyway. Under CUDA_EMU_STREAMS=late-nccl it stays queued
 like any work (emu_stream.cpp: after the collective issued before it, so every rank runs them in
-issue order; and forced before the program's MPI calls, emu_mpi.cpp), which catches those. ncclGroupStart/End need nothing: the
-collectives of a group run in the order they were issued, the same on every rank.
+issue order; and forced before the program's MPI calls, emu_mpi.cpp), which catches those.
+ncclGroupStart/End need nothing: the collectives of a group run in the order they were issued, the
+same on every rank.
 
 Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId and (over MPI) that
 the ranks are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.

@@ -28,6 +28,8 @@ Dependencies an operation carries (and so what forcing it runs first):
   - the event record a cudaStreamWaitEvent names;
   - the legacy default stream's implicit synchronization: work on stream 0 waits for all earlier
     work on blocking streams, and work on a blocking stream waits for earlier work on stream 0.
+  - an NCCL collective: the collective enqueued before it (in late-nccl the only mode where that one
+    can still be pending).
 
 Invariant: an operation only ever depends on operations enqueued before it, so running the
 dependencies first always terminates.
