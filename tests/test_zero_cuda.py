@@ -519,6 +519,18 @@ else:
                      ckpt(d[2], "model", STEPS, ".bin"), ckpt(f"{W}/accum_flags_z0", "model", STEPS, ".bin"), RTOL)
     if runs[2] and runs[3]:
         same_model("came, 2 micro-steps with the memory flags, late-nccl streams: --zero 3 = --zero 2", d[2], d[3])
+    # the offloaded shard: each layer's gradients go down to the host behind its reduce-scatter on the comm stream
+    for z in (2, 3):
+        d = f"{W}/late_nccl_adamw_z{z}_offload"
+        if run(f"adamw: mpirun -np 2 --zero {z} --offload optimizer, late-nccl streams", 2, d,
+               ["-d", "64", "--zero", str(z), "--offload", "optimizer"], emu_env=LATE_NCCL):
+            same_model(f"adamw, late-nccl streams: --zero {z} --offload optimizer = --zero {z}", f"{W}/adamw_z{z}", d)
+        accum = [f if f != "activations" else "activations,optimizer" for f in ACCUM_FLAGS]
+        d = f"{W}/late_nccl_accum_flags_z{z}_offload"
+        if run(f"came, 2 micro-steps, --loss-chunk, recompute, offload activations,optimizer: mpirun -np 2 --zero {z}, late-nccl "
+               "streams", 2, d, accum + ["--zero", str(z)], emu_env=LATE_NCCL):
+            same_model(f"came, 2 micro-steps with the memory flags, late-nccl streams: --zero {z} --offload optimizer = --zero {z}",
+                       f"{W}/accum_flags_z{z}", d)
     # without MPI: the collectives of both communicators (the model's, the host's sums) queued, over sockets
     if NOMPI is None:
         s.skip("--zero 3 started without MPI, late-nccl streams", "no emulated build without MPI given")
