@@ -491,4 +491,60 @@ print(f"     d12 host optimizer memory a rank, 8 ranks: --zero 1 --offload optim
 s.check("--plan d12, 8 ranks --zero 3 --offload optimizer: the host keeps each rank's shard (below 0.3x of --zero 1's offload), "
         "the GPU no fp32 master", None not in (o1, o3, p3, p3o) and "2E" in of3 and o3 < 0.3 * o1 and p3o < 0.75 * p3,
         f"{o3} vs {o1}: {of3}; {p3o} vs {p3}: {pf3o}")
+
+# ----------------------------------------------------------------------------
+# 9. CUDA_EMU_STREAMS=late-nccl (dev/cuda_emu/README.md): the late stream order, and the NCCL
+# collectives wait in their streams too instead of running at the call (under late, a collective runs
+# its stream's earlier work before the next operation of any stream is even queued). Only here does a
+# compute stream that clears ZeRO-2's working gradients without waiting for the comm stream's pack
+# (zero2_reduce: working_taken), or runs the encoder without waiting for ZeRO-3's head gather
+# (zero3_gather_head: head_ready), train another model; the runs must still equal --zero 0 and 2
+
+LATE_NCCL = ["CUDA_EMU_STREAMS=late-nccl"]
+if mpirun is None:
+    s.skip("CUDA ZeRO under CUDA_EMU_STREAMS=late-nccl", why_not)
+else:
+    for z in (1, 2, 3):
+        d = f"{W}/late_nccl_z{z}"
+        if run(f"adamw: mpirun -np 2 --zero {z}, late-nccl streams", 2, d, ["-d", "64", "--zero", str(z)], emu_env=LATE_NCCL):
+            same_model(f"adamw --zero {z}, late-nccl streams: the model of --zero 0 in order", f"{W}/adamw_z0", d)
+    for i, (what, mflags) in enumerate(MEMORY_FLAGS.items()):
+        for z in (2, 3):
+            d = f"{W}/late_nccl_flags{i}_z{z}"
+            if run(f"{what}: mpirun -np 2 --zero {z}, late-nccl streams", 2, d, ["-d", "64", "--zero", str(z)] + mflags,
+                   emu_env=LATE_NCCL):
+                same_model(f"{what}, late-nccl streams: --zero {z} = --zero 0", f"{W}/flags{i}_z0", d)
+    # 2 micro-steps with the chunked loss, recompute and activation offload: ZeRO-2's sums added in
+    # its order (RTOL of --zero 0), ZeRO-3 bit for bit ZeRO-2's
+    d = {z: f"{W}/late_nccl_accum_flags_z{z}" for z in (2, 3)}
+    runs = {z: run(f"came, 2 micro-steps, --loss-chunk, recompute, offload: mpirun -np 2 --zero {z}, late-nccl streams", 2, d[z],
+                   ACCUM_FLAGS + ["--zero", str(z)], emu_env=LATE_NCCL) for z in (2, 3)}
+    if runs[2]:
+        models_close(f"came, 2 micro-steps with the memory flags, late-nccl streams: --zero 2 within {RTOL:g} of --zero 0",
+                     ckpt(d[2], "model", STEPS, ".bin"), ckpt(f"{W}/accum_flags_z0", "model", STEPS, ".bin"), RTOL)
+    if runs[2] and runs[3]:
+        same_model("came, 2 micro-steps with the memory flags, late-nccl streams: --zero 3 = --zero 2", d[2], d[3])
+    # the offloaded shard: each layer's gradients go down to the host behind its reduce-scatter on the comm stream
+    for z in (2, 3):
+        d = f"{W}/late_nccl_adamw_z{z}_offload"
+        if run(f"adamw: mpirun -np 2 --zero {z} --offload optimizer, late-nccl streams", 2, d,
+               ["-d", "64", "--zero", str(z), "--offload", "optimizer"], emu_env=LATE_NCCL):
+            same_model(f"adamw, late-nccl streams: --zero {z} --offload optimizer = --zero {z}", f"{W}/adamw_z{z}", d)
+        accum = [f if f != "activations" else "activations,optimizer" for f in ACCUM_FLAGS]
+        d = f"{W}/late_nccl_accum_flags_z{z}_offload"
+        if run(f"came, 2 micro-steps, --loss-chunk, recompute, offload activations,optimizer: mpirun -np 2 --zero {z}, late-nccl "
+               "streams", 2, d, accum + ["--zero", str(z)], emu_env=LATE_NCCL):
+            same_model(f"came, 2 micro-steps with the memory flags, late-nccl streams: --zero {z} --offload optimizer = --zero {z}",
+                       f"{W}/accum_flags_z{z}", d)
+    # without MPI: the collectives of both communicators (the model's, the host's sums) queued, over sockets
+    if NOMPI is None:
+        s.skip("--zero 3 started without MPI, late-nccl streams", "no emulated build without MPI given")
+    else:
+        meet, d = f"{W}/meet_late_nccl", f"{W}/nompi_late_nccl_z3"
+        os.makedirs(meet)
+        r = s.expect_ok("--zero 3 on 2 processes started by scripts/launch_local.sh (no MPI), late-nccl streams",
+                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet}", "-e", f"{FIX}/model_deep.bin"]
+                        + FLAGS + ["-d", "64", "--zero", "3", "-o", d], env={"CUDA_EMU_DEVICES": "2", "CUDA_EMU_STREAMS": "late-nccl"})
+        if r:
+            same_model("--zero 3 without MPI, late-nccl streams: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
 s.finish()

@@ -33,6 +33,7 @@ enum emu_stream_mode {
     EMU_STREAMS_INORDER,  // every operation runs when it is enqueued
     EMU_STREAMS_EARLY,    // the same schedule: work takes no time, so enqueue time is the earliest
     EMU_STREAMS_LATE,     // operations wait until the host forces them (sync, event, dependency)
+    EMU_STREAMS_LATE_NCCL,// the same, and NCCL collectives wait in their streams too (not run at the call)
 };
 enum emu_thread_order {
     EMU_ORDER_FORWARD,    // between barriers, threads run 0, 1, 2, ...
@@ -58,6 +59,15 @@ void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> wo
 void emu_stream_drain(cudaStream_t stream);
 // run all queued work of every stream
 void emu_device_drain();
+// an NCCL collective: queued like any work, and also after the collective enqueued before it (any
+// stream, any communicator), so that every rank runs its collectives in the order it issued them.
+// Runs at once (after its stream's earlier work) unless the mode is late-nccl
+void emu_enqueue_collective(cudaStream_t stream, const char* what, std::function<void()> work);
+// whether a collective is enqueued and has not run
+bool emu_collective_pending();
+// late-nccl: the host is about to wait for other ranks (an MPI call, a communicator's end), which may
+// wait for this rank's queued collectives: drain the device if one is pending (emu_mpi.cpp, emu_nccl.cpp)
+void emu_before_host_wait();
 
 // ----------------------------------------------------------------------------
 // kernels (emu_kernel.cpp)

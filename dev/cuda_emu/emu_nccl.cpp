@@ -19,11 +19,15 @@ nearest-even for bf16), so every rank gets bit-identical results; ncclAvg divide
 number of ranks. With 2 ranks that is the one addition real NCCL makes too (a + b = b + a, bitwise);
 with more, real NCCL's order follows its ring and may differ from rank order.
 
-When: a collective is queued on its stream and that stream is then drained, so it runs after the
-work it depends on in every stream mode. It completes before the call returns (a real NCCL call
-returns at once); in CUDA_EMU_STREAMS=late mode this keeps ranks from waiting on each other inside
-the emulator while the program waits in its own MPI calls. ncclGroupStart/End need nothing: the
-collectives of a group run in the order they were issued, the same on every rank.
+When: a collective is queued on its stream, after the work it depends on there. In every stream mode
+but late-nccl it then runs before the call returns (a real NCCL call returns at once), so in
+CUDA_EMU_STREAMS=late mode ranks never wait on each other inside the emulator while the program
+waits in its own MPI calls; but a stream that forgot to wait for the collective, or for work queued
+before it on its stream, finds it done anyway. Under CUDA_EMU_STREAMS=late-nccl it stays queued
+like any work (emu_stream.cpp: after the collective issued before it, so every rank runs them in
+issue order; and forced before the program's MPI calls, emu_mpi.cpp), which catches those.
+ncclGroupStart/End need nothing: the collectives of a group run in the order they were issued, the
+same on every rank.
 
 Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId and (over MPI) that
 the ranks are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.
@@ -62,6 +66,7 @@ struct ncclComm {
 #endif
     std::vector<int> fds;   // sockets: rank 0 holds one per rank (fds[r], r > 0), the others fds[0] to rank 0
     std::atomic<int> async_error{ncclSuccess};   // what ncclCommGetAsyncError answers (a rank lost)
+    bool aborted = false;   // ncclCommAbort: its collectives still queued (late-nccl) do nothing
 };
 
 // ----------------------------------------------------------------------------
@@ -250,7 +255,8 @@ static void exchange(ncclComm_t comm, const void* mine, size_t bytes, std::vecto
     }
 #ifdef CUDA_EMU_MPI
     if (bytes > (size_t)INT32_MAX) { emu_fail("NCCL emulation: %zu bytes in one collective is too many for MPI", bytes); }
-    MPI_Allgather(mine, (int)bytes, MPI_BYTE, all->data(), (int)bytes, MPI_BYTE, comm->mpi);
+    // PMPI_: the emulator's own exchange, not one of the program's MPI calls (emu_mpi.cpp)
+    PMPI_Allgather(mine, (int)bytes, MPI_BYTE, all->data(), (int)bytes, MPI_BYTE, comm->mpi);
 #endif
 }
 
@@ -326,6 +332,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    emu_before_host_wait();  // late-nccl: its queued collectives run (with the other ranks') before it goes
 #ifdef CUDA_EMU_MPI
     if (comm->nranks > 1 && comm->over_mpi) { MPI_Comm_free(&comm->mpi); }
 #endif
@@ -333,7 +340,13 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     delete comm;
     return ncclSuccess;
 }
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+// as real NCCL's: the queued collectives are dropped, not run (another rank may be gone). The
+// communicator stays allocated: late-nccl may still hold them in a stream
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    comm->aborted = true;
+    for (int& fd : comm->fds) { if (fd >= 0) { close(fd); fd = -1; } }
+    return ncclSuccess;
+}
 ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { *count = comm->nranks; return ncclSuccess; }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) { *rank = comm->rank; return ncclSuccess; }
@@ -443,10 +456,9 @@ static bool known_op(ncclRedOp_t op) {
     return op == ncclSum || op == ncclAvg || op == ncclMax || op == ncclMin || op == ncclProd;
 }
 
-// queue the collective on the stream and drain it: see "When" at the top of this file
-static ncclResult_t run_collective(cudaStream_t stream, const char* what, std::function<void()> work) {
-    emu_enqueue(stream, what, std::move(work));
-    emu_stream_drain(stream);
+// queue the collective on the stream: see "When" at the top of this file
+static ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, const char* what, std::function<void()> work) {
+    emu_enqueue_collective(stream, what, [comm, work] { if (!comm->aborted) { work(); } });
     return ncclSuccess;
 }
 
@@ -456,7 +468,7 @@ static ncclResult_t run_collective(cudaStream_t stream, const char* what, std::f
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || !known_op(op)) { return ncclInvalidArgument; }
-    return run_collective(stream, "ncclAllReduce", [=] {
+    return run_collective(comm, stream, "ncclAllReduce", [=] {
         std::vector<char> all;
         exchange(comm, sendbuff, count * element_bytes(type), &all, "ncclAllReduce");
         reduce_ranks(all, count, 0, count, type, op, comm->nranks, recvbuff);
@@ -466,7 +478,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || !known_op(op)) { return ncclInvalidArgument; }
-    return run_collective(stream, "ncclReduceScatter", [=] {
+    return run_collective(comm, stream, "ncclReduceScatter", [=] {
         std::vector<char> all;
         size_t n = recvcount * comm->nranks;
         exchange(comm, sendbuff, n * element_bytes(type), &all, "ncclReduceScatter");
@@ -477,7 +489,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0) { return ncclInvalidArgument; }
-    return run_collective(stream, "ncclAllGather", [=] {
+    return run_collective(comm, stream, "ncclAllGather", [=] {
         std::vector<char> all;  // a copy first: in place, sendbuff lies inside recvbuff
         exchange(comm, sendbuff, sendcount * element_bytes(type), &all, "ncclAllGather");
         memcpy(recvbuff, all.data(), all.size());
@@ -487,7 +499,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || root < 0 || root >= comm->nranks) { return ncclInvalidArgument; }
-    return run_collective(stream, "ncclBroadcast", [=] {
+    return run_collective(comm, stream, "ncclBroadcast", [=] {
         size_t bytes = count * element_bytes(type);
         std::vector<char> all;  // only the root's sendbuff is valid; the others send their recvbuff
         exchange(comm, comm->rank == root ? sendbuff : recvbuff, bytes, &all, "ncclBroadcast");
@@ -502,7 +514,7 @@ ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || !known_op(op) || root < 0 || root >= comm->nranks) { return ncclInvalidArgument; }
-    return run_collective(stream, "ncclReduce", [=] {
+    return run_collective(comm, stream, "ncclReduce", [=] {
         std::vector<char> all;
         exchange(comm, sendbuff, count * element_bytes(type), &all, "ncclReduce");
         if (comm->rank == root) { reduce_ranks(all, count, 0, count, type, op, comm->nranks, recvbuff); }

@@ -72,7 +72,8 @@ static emu_settings read_settings() {
     if (streams == "inorder") { s.streams = EMU_STREAMS_INORDER; }
     else if (streams == "early") { s.streams = EMU_STREAMS_EARLY; }
     else if (streams == "late") { s.streams = EMU_STREAMS_LATE; }
-    else { emu_fail("CUDA_EMU_STREAMS='%s': expected inorder, early or late", streams.c_str()); }
+    else if (streams == "late-nccl") { s.streams = EMU_STREAMS_LATE_NCCL; }
+    else { emu_fail("CUDA_EMU_STREAMS='%s': expected inorder, early, late or late-nccl", streams.c_str()); }
     std::string order = env_or("CUDA_EMU_THREAD_ORDER", "forward");
     if (order == "forward") { s.thread_order = EMU_ORDER_FORWARD; }
     else if (order == "reverse") { s.thread_order = EMU_ORDER_REVERSE; }

@@ -10,12 +10,26 @@ a GEMM, an event record) is an operation queued on a stream; CUDA_EMU_STREAMS de
                    cudaDeviceSynchronize drains the most recently used stream first. So a consumer
                    on stream B that forgot cudaStreamWaitEvent on producer stream A reads stale
                    data, and a host buffer reused before its async copy ran is copied too late.
+                   NCCL collectives are the exception: each runs at its call, after the work
+                   queued before it on its stream (emu_nccl.cpp says why).
+  late-nccl        late, and NCCL collectives wait in their streams like any work. Each also
+                   depends on the collective enqueued before it (whatever its stream or
+                   communicator), so every rank runs its collectives in the order it issued them,
+                   the order the program must issue them in on every rank (real NCCL serializes a
+                   communicator's operations the same way). A rank can then wait inside a
+                   collective for another rank's collective that is still queued: that rank runs it
+                   when it syncs, or at the latest (emu_before_host_wait) before it waits for other
+                   ranks on the host (an MPI call, emu_mpi.cpp; the end of a communicator), where a
+                   real GPU would have run it meanwhile. So no rank waits for another that waits for
+                   it, unless a real GPU would hang too.
 
 Dependencies an operation carries (and so what forcing it runs first):
   - the operations before it on its own stream;
   - the event record a cudaStreamWaitEvent names;
   - the legacy default stream's implicit synchronization: work on stream 0 waits for all earlier
     work on blocking streams, and work on a blocking stream waits for earlier work on stream 0.
+  - an NCCL collective: the collective enqueued before it (in late-nccl the only mode where that one
+    can still be pending).
 
 Invariant: an operation only ever depends on operations enqueued before it, so running the
 dependencies first always terminates.
@@ -52,6 +66,8 @@ struct CUevent_st {
 static CUstream_st legacy_default_stream = {{}, nullptr, true};
 static std::vector<CUstream_st*> streams = {&legacy_default_stream};
 static uint64_t next_seq = 1;
+static std::shared_ptr<emu_op> last_collective;   // the latest NCCL collective enqueued (run or not)
+static int running_work = 0;   // > 0 while queued work runs (a host function may call MPI)
 
 static double now_ms() {
     struct timespec ts;
@@ -75,7 +91,9 @@ static void run_front(CUstream_st* s) {
     for (auto& d : op->deps) { run_until(d); }
     s->queue.pop_front();
     std::function<void()> work = std::move(op->work);
+    running_work++;
     work();
+    running_work--;
     op->done = true;
 }
 
@@ -83,12 +101,15 @@ static void run_until(const std::shared_ptr<emu_op>& target) {
     while (pending(target)) { run_front(target->stream); }
 }
 
-// enqueue, optionally also after one more operation (the record a stream waits for)
-static void enqueue(cudaStream_t stream, const char* what, std::function<void()> work,
-                    std::shared_ptr<emu_op> after) {
+static bool deferred(emu_stream_mode m) { return m == EMU_STREAMS_LATE || m == EMU_STREAMS_LATE_NCCL; }
+
+// enqueue, optionally also after one more operation (the record a stream waits for, or the
+// collective before a collective); returns the operation
+static std::shared_ptr<emu_op> enqueue(cudaStream_t stream, const char* what, std::function<void()> work,
+                                       std::shared_ptr<emu_op> after) {
     CUstream_st* s = resolve(stream);
     auto op = std::make_shared<emu_op>(emu_op{next_seq++, what, std::move(work), {}, s, false});
-    if (after) { op->deps.push_back(after); }
+    if (pending(after)) { op->deps.push_back(after); }
     if (s == &legacy_default_stream) {
         for (CUstream_st* other : streams) {
             if (other != s && other->blocking && pending(other->last)) { op->deps.push_back(other->last); }
@@ -98,11 +119,25 @@ static void enqueue(cudaStream_t stream, const char* what, std::function<void()>
     }
     s->queue.push_back(op);
     s->last = op;
-    if (emu_config().streams != EMU_STREAMS_LATE) { run_until(op); }
+    if (!deferred(emu_config().streams)) { run_until(op); }
+    return op;
 }
 
 void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> work) {
     enqueue(stream, what, std::move(work), nullptr);
+}
+
+void emu_enqueue_collective(cudaStream_t stream, const char* what, std::function<void()> work) {
+    last_collective = enqueue(stream, what, std::move(work), last_collective);
+    if (emu_config().streams != EMU_STREAMS_LATE_NCCL) { run_until(last_collective); }
+}
+
+bool emu_collective_pending() { return pending(last_collective); }
+
+void emu_before_host_wait() {
+    // from inside queued work (a cudaLaunchHostFunc calling MPI) the device is running already
+    if (running_work > 0 || !pending(last_collective)) { return; }
+    emu_device_drain();
 }
 
 void emu_stream_drain(cudaStream_t stream) {

@@ -57,7 +57,7 @@ expect_error "ptx: a cp.async into global memory stops the program" \
 expect_error "ptx: a cp.async from shared memory stops the program" \
     "source .* is in shared memory" $BIN/test_ptx cp-async-from-shared
 run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN/test_cublaslt_table
-for mode in inorder early late; do
+for mode in inorder early late late-nccl; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 done
 run "runtime, a node of 1 GPU (CUDA_EMU_DEVICES=1)" CUDA_EMU_DEVICES=1 CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
@@ -81,10 +81,17 @@ expect_error "two halves of a warp at different shuffles stop the program, namin
 expect_error "a shuffle whose mask names a lane that returned stops the program" \
     "lane 0 of the mask has already exited" $BIN/test_catches shuffle-exited
 run "nccl, 1 rank" -- $BIN/test_nccl
+run "nccl, 1 rank, late-nccl streams" CUDA_EMU_STREAMS=late-nccl -- $BIN/test_nccl
+expect_error "late-nccl: a stream that clears a collective's input or reads its output without waiting gets wrong sums" \
+    "FAIL missing wait: the all-reduce's output, copied without waiting for it" env CUDA_EMU_STREAMS=late-nccl $BIN/test_nccl missing-waits
 if command -v mpirun > /dev/null; then
     MPIRUN=("${MPIRUN_NP2[@]}")
     run "nccl, 2 ranks (mpirun -np 2), one device each" -- "${MPIRUN[@]}" $BIN/test_nccl
     run "nccl, 2 ranks, late streams" -- "${MPIRUN[@]}" -x CUDA_EMU_STREAMS=late $BIN/test_nccl
+    # a queued collective that one rank synchronizes while the other waits in MPI: a hang would be the
+    # emulator's (emu_mpi.cpp), so it is stopped and counted as failed
+    run "nccl, 2 ranks, late-nccl streams (collectives queued; one rank in MPI_Barrier while the other syncs)" \
+        -- timeout 120 "${MPIRUN[@]}" -x CUDA_EMU_STREAMS=late-nccl $BIN/test_nccl
     run "nccl, 2 ranks on one device: ncclInvalidUsage" -- "${MPIRUN[@]}" $BIN/test_nccl same-device
     run "nccl, 2 ranks on a node of 1 GPU: the second rank's cudaSetDevice(1) is refused" \
         -- "${MPIRUN[@]}" -x CUDA_EMU_DEVICES=1 $BIN/test_nccl more-ranks-than-devices
@@ -137,6 +144,8 @@ if [ -n "$KERNEL_TESTS" ]; then
             run "test_factored, 2 ranks (mpirun -np 2): ZeRO-1 parts vs cpu/optimizers.h" -- "${MPIRUN_NP2[@]}" $KBIN/test_factored
             MPIRUN_NP3=("${MPIRUN_NP2[@]:0:${#MPIRUN_NP2[@]}-1}" 3)  # the same launcher, 3 ranks
             run "test_factored, 3 ranks (uneven parts), late streams" -- "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late $KBIN/test_factored
+            run "test_factored, 3 ranks (uneven parts), late-nccl streams" \
+                -- timeout 300 "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late-nccl $KBIN/test_factored
         else
             echo "skipped: test_factored with 2 and 3 ranks (mpirun not found)"
         fi

@@ -12,6 +12,18 @@ of its local rank. Two more modes check what NCCL and CUDA refuse on a host with
                                                      cudaSetDevice(local rank) is cudaErrorInvalidDevice
                                                      on the ranks the host has no GPU for
 
+Two checks are about when collectives run (CUDA_EMU_STREAMS=late-nccl keeps them queued):
+
+    mpirun -np 2 test_nccl                           (also) rank 0 synchronizes a queued all-reduce
+                                                     while rank 1 first waits in MPI_Barrier: fine
+                                                     on a GPU, and must not hang here either
+    CUDA_EMU_STREAMS=late-nccl test_nccl missing-waits
+                                                     a stream that overwrites a collective's input
+                                                     and one that reads its output, neither waiting
+                                                     for it: wrong results, two FAIL lines (a wrong
+                                                     program: run_tests.sh expects them; a GPU
+                                                     races, so gpu_check.sh does not run it)
+
 (built with -DUSE_MPI for more than one rank.) Rank r contributes x_r[i] = (r + 1) * (i + 1) / 8,
 exact in bf16 for the sizes used, so the expected sums and averages are exact in every type.
 fp64 has one more check: an all-reduce of values whose sum is exact in double but not in float (a
@@ -174,10 +186,32 @@ static void test_double_sum(ncclComm_t comm, int rank, int nranks, cudaStream_t 
     CUDA_CHECK(cudaFree(b.ptr));
 }
 
+// a queued all-reduce that rank 0 waits for at once, while the other ranks first wait for rank 0 in
+// MPI_Barrier. On a GPU their all-reduce runs meanwhile; under late-nccl the emulator must run it
+// before the barrier (emu_mpi.cpp), or rank 0 waits inside the all-reduce and the others in the barrier
+static void test_host_wait_between(ncclComm_t comm, int rank, int nranks, cudaStream_t stream) {
+    std::vector<double> mine(COUNT), want(COUNT);
+    for (int i = 0; i < COUNT; i++) {
+        mine[i] = contribution(rank, i);
+        for (int r = 0; r < nranks; r++) { want[i] += contribution(r, i); }
+    }
+    buffer b = make_buffer(COUNT, ncclFloat, &mine);
+    NCCL_CHECK(ncclAllReduce(b.ptr, b.ptr, COUNT, ncclFloat, ncclSum, comm, stream));
+    if (rank == 0) { CUDA_CHECK(cudaStreamSynchronize(stream)); }
+#ifdef USE_MPI
+    MPI_Barrier(MPI_COMM_WORLD);
+#endif
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    char name[128], detail[128] = "";
+    snprintf(name, sizeof name, "an all-reduce rank 0 synchronizes while the others wait in MPI_Barrier, %d ranks", nranks);
+    check(equal(read_buffer(b), want, detail, sizeof detail), name, "%s", detail);
+    CUDA_CHECK(cudaFree(b.ptr));
+}
+
 // ----------------------------------------------------------------------------
 // devices
 
-enum test_mode { COLLECTIVES, SAME_DEVICE, MORE_RANKS_THAN_DEVICES };
+enum test_mode { COLLECTIVES, SAME_DEVICE, MORE_RANKS_THAN_DEVICES, MISSING_WAITS };
 
 // rank 0 makes the id, every rank gets it
 static ncclUniqueId shared_unique_id(int rank) {
@@ -212,7 +246,45 @@ static void run_collectives(int rank, int nranks, int local_rank) {
     test_collectives(comm, rank, nranks, ncclBfloat16, stream);
     test_collectives(comm, rank, nranks, ncclDouble, stream);
     test_double_sum(comm, rank, nranks, stream);
+    test_host_wait_between(comm, rank, nranks, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
+    NCCL_CHECK(ncclCommDestroy(comm));
+}
+
+// a wrong program, as the ZeRO code would be without its waits: the comm stream copies src into the
+// send buffer and all-reduces it into out; the compute stream clears src (without waiting for the
+// copy: `taken`) and copies out away (without waiting for the all-reduce: `reduced`). Where the
+// collective runs at its call both happen to work; under late-nccl both fail
+static void run_missing_waits(int rank, int nranks, int local_rank) {
+    CUDA_CHECK(cudaSetDevice(local_rank));
+    ncclUniqueId id = shared_unique_id(rank);
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+    cudaStream_t compute, comm_stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+    std::vector<double> mine(COUNT), want(COUNT);
+    for (int i = 0; i < COUNT; i++) {
+        mine[i] = contribution(rank, i);
+        for (int r = 0; r < nranks; r++) { want[i] += contribution(r, i); }
+    }
+    buffer src = make_buffer(COUNT, ncclFloat, &mine), send = make_buffer(COUNT, ncclFloat, nullptr);
+    buffer out = make_buffer(COUNT, ncclFloat, nullptr), copy = make_buffer(COUNT, ncclFloat, nullptr);
+    size_t bytes = COUNT * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(send.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, comm_stream));
+    NCCL_CHECK(ncclAllReduce(send.ptr, out.ptr, COUNT, ncclFloat, ncclSum, comm, comm_stream));
+    CUDA_CHECK(cudaMemsetAsync(src.ptr, 0, bytes, compute));  // missing: a wait for the copy into send
+    CUDA_CHECK(cudaMemcpyAsync(copy.ptr, out.ptr, bytes, cudaMemcpyDeviceToDevice, compute));  // missing: a wait for the all-reduce
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    CUDA_CHECK(cudaStreamSynchronize(comm_stream));
+    char detail[128] = "";
+    check(equal(read_buffer(out), want, detail, sizeof detail), "missing wait: the all-reduce of an input cleared without "
+          "waiting for the copy that reads it", "%s", detail);
+    check(equal(read_buffer(copy), want, detail, sizeof detail), "missing wait: the all-reduce's output, copied without "
+          "waiting for it", "%s", detail);
+    for (buffer* b : {&src, &send, &out, &copy}) { CUDA_CHECK(cudaFree(b->ptr)); }
+    CUDA_CHECK(cudaStreamDestroy(compute));
+    CUDA_CHECK(cudaStreamDestroy(comm_stream));
     NCCL_CHECK(ncclCommDestroy(comm));
 }
 
@@ -258,8 +330,10 @@ int main(int argc, char** argv) {
         mode = SAME_DEVICE;
     } else if (argc > 1 && strcmp(argv[1], "more-ranks-than-devices") == 0) {
         mode = MORE_RANKS_THAN_DEVICES;
+    } else if (argc > 1 && strcmp(argv[1], "missing-waits") == 0) {
+        mode = MISSING_WAITS;
     } else if (argc > 1) {
-        fprintf(stderr, "usage: %s [same-device | more-ranks-than-devices]\n", argv[0]);
+        fprintf(stderr, "usage: %s [same-device | more-ranks-than-devices | missing-waits]\n", argv[0]);
         return EXIT_FAILURE;
     }
     int rank = 0, nranks = 1, local_rank = 0, local_ranks = 1;
@@ -279,6 +353,7 @@ int main(int argc, char** argv) {
         case COLLECTIVES: run_collectives(rank, nranks, local_rank); break;
         case SAME_DEVICE: run_same_device(rank, nranks, local_ranks); break;
         case MORE_RANKS_THAN_DEVICES: run_more_ranks_than_devices(rank, local_rank, local_ranks); break;
+        case MISSING_WAITS: run_missing_waits(rank, nranks, local_rank); break;
     }
 #ifdef USE_MPI
     if (rank != 0 && g_checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", rank, g_checks_failed); }
