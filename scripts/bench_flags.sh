@@ -50,6 +50,9 @@ step_stats() {
         awk '{ms += $1; tok += $2; n++} END {printf "%.1f %.0f", ms / n, tok / n}'
 }
 
+# the widest SIMD the kernels can use here: figures differ by 2-3x between the two
+SIMD=$(if grep -qw avx512f /proc/cpuinfo; then echo "AVX-512"; elif grep -qw avx2 /proc/cpuinfo; then echo "AVX2, no AVX-512"; else echo "no AVX2"; fi)
+
 base_ms=""
 rows=""
 for entry in "${CONFIGS[@]}"; do
@@ -76,7 +79,7 @@ done
 {
     echo "# Memory flags: cost and savings"
     echo
-    echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
+    echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($SIMD)," \
          "OpenMP threads: ${OMP_NUM_THREADS:-all}. Model $MODEL, B=4, T=64, fp32; ms/step and tok/s average"
     echo "steps 2..$STEPS. Memory columns are the measured high-water marks of the memory table (MiB), which"
     echo "equal the plan; \"device\" is everything but the host store; with 2 ranks they are rank 0's and tok/s"
