@@ -189,10 +189,10 @@ static size_t plan_largest_slice(const GPT2Config* cfg) {
 }
 
 // ZeRO-3: ZeRO-2's gradients, and of the weights a rank keeps its shard (E; the GPU: fp32 master and
-// the working precision's, param_bytes a weight, or with --offload optimizer the latter only) and the working copy the kernels read, shaped as a
-// one-layer model (wte, wpe, lnf whole, one layer at a time), the GPU's with a second layer buffer
-// (Pl) for the next layer's gather (zero3_prefetch); a layer's gather goes through the gradients'
-// pack, and checkpoints move the weights a slice at a time (the CPU: through the working copy; a
+// the working precision's, param_bytes a weight, or with --offload optimizer the latter only) and the
+// working copy the kernels read, shaped as a one-layer model (wte, wpe, lnf whole, one layer at a
+// time), the GPU's with a second layer buffer (Pl) for the next layer's gather (zero3_prefetch); a
+// layer's gather goes through the gradients' pack, and checkpoints move the weights a slice at a time (the CPU: through the working copy; a
 // GPU: through the gradients' working buffer and a host copy of the largest slice, or of wte's
 // padded rows, in place of the whole model's): the whole model is never in one place
 static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
@@ -221,9 +221,9 @@ static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInpu
 // to the host) and of the rest (wte, wpe, lnf: wte's builds up over the whole backward).
 // Under ZeRO-2 and 3 (the offloaded shard, train_gpt.cu) a rank offloads its shard: the host keeps
 // its E floats of the master weights and of the gradients, staging buffers of El (the new weights go
-// up a layer's blocks at a time), the device ZeRO-2's or 3's buffers
-// without an fp32 master (ZeRO-2: with a floatX shard the new weights come up into), and a host
-// copy of the largest slice through which checkpoints move the weights
+// up a layer's blocks at a time) and a copy of the largest slice, through which checkpoints move the
+// weights; the device ZeRO-2's or 3's buffers without an fp32 master (ZeRO-2: with a floatX shard
+// the new weights come up into)
 static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, const PlanInputs* in) {
     const BackendLayout* lay = &in->layout;
     OptOffload what = in->offload_optimizer;
