@@ -605,7 +605,7 @@ static void alloc_ckpt_staging(Model<floatX>* m) {
 }
 
 // ZeRO-3: this rank's shards of the fp32 master weights (with --offload optimizer: in host memory,
-// alloc_offloaded_shard) and of the working weights (floatX: the master itself in fp32 when both are
+// alloc_offloaded_optimizer) and of the working weights (floatX: the master itself in fp32 when both are
 // on the GPU), in the gradient shard's layout (opt_layout.h), zero in the padding; the working copy
 // the kernels read, a one-layer model (the head whole, layer buffer 0) and layer buffer 1; the
 // checkpoints' staging: the whole model is never in one place, on the GPU or in host memory
@@ -716,8 +716,8 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     } else if (!shard) {
         point_params(&m->grads, m->grads_memory, c);
     }
-    // the staging buffers: a group of gradients on its way down, or (the offloaded shard, whose gradients
-    // come down in one copy) a chunk of the new weights on its way up, a rank's blocks of one layer
+    // the staging buffers: a group of gradients on its way down, or a chunk of the new weights on its
+    // way up (the offloaded shard, whose gradients go down from the GPU's shard: a rank's blocks of one layer)
     m->opt_staging_floats = shard ? zero2_grad_floats(c, m->dist.world).layer_part : Pl > Pr ? Pl : Pr;
     m->opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * host + 2 * m->opt_staging_floats + m->opt_floats) * sizeof(float));
     char* p = m->opt_host_memory;
