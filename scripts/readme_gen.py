@@ -176,10 +176,12 @@ ZERO8_BUDGET = 80e9  # bytes a rank has: an 80 GB GPU, or 80 GB of host memory p
 def zero8x80(a):
     """per ZeRO stage, the largest preset whose plan fits 80 GB a rank on 8 ranks, and d84's plan: the
     CPU trainer's total (fp32, AdamW) and the CUDA trainer's GPU memory (bf16, flash); a stage a
-    backend refuses says so"""
+    backend refuses says so. Then d84 on the CUDA trainer with --offload optimizer: the GPU's and the
+    pinned host memory a rank (under --zero 2 and 3 each rank offloads its shard)"""
     rows = ["| `--zero` | CPU trainer: largest preset in 80 GB a rank | its memory a rank | d84 a rank | "
-            "CUDA trainer: largest preset in 80 GB of GPU | its GPU memory | d84 a rank |",
-            "|---|---|---|---|---|---|---|"]
+            "CUDA trainer: largest preset in 80 GB of GPU | its GPU memory | d84 a rank | "
+            "d84, `--offload optimizer`: GPU a rank | its host memory a rank |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for stage in range(4):
         cells = [f"{stage}"]
         for prog, row in ((a.train, "total"), (a.emu, "device total")):
@@ -197,6 +199,8 @@ def zero8x80(a):
                 cells += ["not built (refused)", "-", "-"]
             else:
                 cells += [f"{fits[0]}" if fits else "none", f"{fits[1] / GIB:.1f} GiB" if fits else "-", f"{d84 / GIB:.1f} GiB"]
+        out = run(a.emu, ["--plan", "-e", "d84", "--zero", str(stage), "--offload", "optimizer"] + ZERO8_COMMON)
+        cells += [f"{table_bytes(out, row) / GIB:.1f} GiB" for row in ("device total", "host total")]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
