@@ -196,6 +196,17 @@ def run(name, ranks, out, flags, model="model_deep.bin", late=False, trainer=Non
 run_of = {}  # each run's result by its folder
 
 
+def run_nompi(name, tag, flags, env=None):
+    """2 processes of the emulated build without MPI, started by scripts/launch_local.sh (torchrun-style
+    variables, NCCL's id through a folder), one micro-step a rank, with FLAGS (and ENV); the run's folder,
+    or None if it failed"""
+    meet, out = f"{W}/meet_{tag}", f"{W}/nompi_{tag}"
+    os.makedirs(meet)
+    r = s.expect_ok(name, ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet}", "-e", f"{FIX}/model_deep.bin"] + FLAGS
+                    + ["-d", "64"] + flags + ["-o", out], env={"CUDA_EMU_DEVICES": "2", **(env or {})})
+    return out if r else None
+
+
 if mpirun is None:
     s.skip("CUDA ZeRO on 2 and 3 ranks", why_not)
 else:
@@ -415,27 +426,12 @@ else:
     if NOMPI is None:
         s.skip("--zero 2 started without MPI", "no emulated build without MPI given")
     else:
-        meet, d = f"{W}/meet", f"{W}/nompi_z2"
-        os.makedirs(meet)
-        r = s.expect_ok("--zero 2 on 2 processes started by scripts/launch_local.sh (no MPI)",
-                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet}", "-e", f"{FIX}/model_deep.bin"]
-                        + FLAGS + ["-d", "64", "--zero", "2", "-o", d], env={"CUDA_EMU_DEVICES": "2"})
-        if r:
-            same_model("--zero 2 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
-        meet3, d3 = f"{W}/meet3", f"{W}/nompi_z3"
-        os.makedirs(meet3)
-        r = s.expect_ok("--zero 3 on 2 processes started by scripts/launch_local.sh (no MPI)",
-                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet3}", "-e", f"{FIX}/model_deep.bin"]
-                        + FLAGS + ["-d", "64", "--zero", "3", "-o", d3], env={"CUDA_EMU_DEVICES": "2"})
-        if r:
-            same_model("--zero 3 without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d3)
-        meet3o, d3o = f"{W}/meet3o", f"{W}/nompi_z3_offload"
-        os.makedirs(meet3o)
-        r = s.expect_ok("--zero 3 --offload optimizer without MPI (the host's norm, update and checkpoints over NCCL)",
-                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet3o}", "-e", f"{FIX}/model_deep.bin"]
-                        + FLAGS + ["-d", "64", "--zero", "3", "--offload", "optimizer", "-o", d3o], env={"CUDA_EMU_DEVICES": "2"})
-        if r:
-            same_model("--zero 3 --offload optimizer without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d3o)
+        for tag, flags, why in (("z2", ["--zero", "2"], ""), ("z3", ["--zero", "3"], ""),
+                                ("z3_offload", ["--zero", "3", "--offload", "optimizer"],
+                                 " (the host's norm, update and checkpoints over NCCL)")):
+            d = run_nompi(f"{' '.join(flags)} on 2 processes started by scripts/launch_local.sh (no MPI){why}", tag, flags)
+            if d:
+                same_model(f"{' '.join(flags)} without MPI: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
 
 # ----------------------------------------------------------------------------
 # 8. without ranks: what is refused, and what --plan prices
@@ -540,11 +536,8 @@ else:
     if NOMPI is None:
         s.skip("--zero 3 started without MPI, late-nccl streams", "no emulated build without MPI given")
     else:
-        meet, d = f"{W}/meet_late_nccl", f"{W}/nompi_late_nccl_z3"
-        os.makedirs(meet)
-        r = s.expect_ok("--zero 3 on 2 processes started by scripts/launch_local.sh (no MPI), late-nccl streams",
-                        ["bash", LAUNCH, "2", NOMPI, "--dist-init", f"file:{meet}", "-e", f"{FIX}/model_deep.bin"]
-                        + FLAGS + ["-d", "64", "--zero", "3", "-o", d], env={"CUDA_EMU_DEVICES": "2", "CUDA_EMU_STREAMS": "late-nccl"})
-        if r:
+        d = run_nompi("--zero 3 on 2 processes started by scripts/launch_local.sh (no MPI), late-nccl streams", "late_nccl_z3",
+                      ["--zero", "3"], env={"CUDA_EMU_STREAMS": "late-nccl"})
+        if d:
             same_model("--zero 3 without MPI, late-nccl streams: the model of mpirun's --zero 0", f"{W}/adamw_z0", d)
 s.finish()
