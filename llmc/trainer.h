@@ -96,7 +96,8 @@ typedef enum { SYNC_TO_HOST, SYNC_FROM_HOST } SyncDirection;
 // fn reads them, brought up to date first; PARAMS_READ_AGAIN: nothing changed since the last
 // PARAMS_READ or gpt2_sync(SYNC_TO_HOST) (a backend that keeps a whole host copy hands it over as
 // it is); PARAMS_WRITE: fn fills each chunk and the backend takes it. Every rank calls it alike: under
-// --zero 3 each chunk is gathered from the ranks' blocks (read) or each rank keeps its blocks (write)
+// --zero 3 (and a GPU's --zero 2 --offload optimizer) each chunk is gathered from the ranks' blocks
+// (read) or each rank keeps its blocks (write)
 typedef enum { PARAMS_READ, PARAMS_READ_AGAIN, PARAMS_WRITE } ParamsAccess;
 typedef void (*ParamChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);
 
@@ -252,7 +253,7 @@ static void params_digest_more(ParamsDigest* d, const float* chunk, size_t n) {
 }
 static void digest_chunk(void* ctx, size_t offset, float* chunk, size_t n) { (void)offset; params_digest_more((ParamsDigest*)ctx, chunk, n); }
 
-// the model's weights now (a collective under --zero 3: every rank calls it)
+// the model's weights now (a collective where the ranks hold blocks of them: every rank calls it)
 static ParamsDigest params_digest(GPT2* m, ParamsAccess how) {
     ParamsDigest d = {FNV64_OFFSET, 0.0f};
     gpt2_params_stream(m, how, digest_chunk, &d);
