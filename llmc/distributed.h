@@ -60,6 +60,12 @@ static int g_dist_env_local_rank = 0;   // without MPI: the launcher's local ran
 static int g_dist_by_env = 0;           // 1: several processes that MPI does not join (slurm's or torchrun-style
                                         // variables): the backend carries the collectives (dist_set_carrier)
 static const char* dist_source(void) { return g_dist_source; }
+// a hash of the settings that every rank must share (the model, the flags that change the numbers,
+// the data, the world size): the trainer sets it (dist_set_settings_hash) before the ranks meet, so
+// that a rendezvous refuses a peer of another job or another command line at the door
+static uint64_t g_dist_settings_hash = 0;
+static void dist_set_settings_hash(uint64_t h) { g_dist_settings_hash = h; }
+static uint64_t dist_settings_hash(void) { return g_dist_settings_hash; }
 static int dist_by_env(void) { return g_dist_by_env; }
 
 // the collectives of processes that MPI does not join, as a backend carries them (the CUDA trainer
