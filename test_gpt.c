@@ -428,6 +428,20 @@ static void write_tokenizer(const char* path, int V) {
     fclose(f);
 }
 
+// crc32.h against zlib's CRC-32 (the check value of the standard, which Python's zlib.crc32 gives the
+// tests and the export), and a file checked in pieces of every length as checked whole
+static void test_crc32(void) {
+    check(crc32_update(0, "123456789", 9) == 0xCBF43926u, "crc32: the standard's check value", "0x%08x", crc32_update(0, "123456789", 9));
+    check(crc32_update(0, "", 0) == 0, "crc32: of nothing, 0", "0x%08x", crc32_update(0, "", 0));
+    unsigned char buf[100];
+    for (int i = 0; i < 100; i++) { buf[i] = (unsigned char)(i * 37 + 11); }
+    uint32_t whole = crc32_update(0, buf, sizeof(buf)), bad = 0;
+    for (int cut = 0; cut <= 100; cut++) { bad += crc32_update(crc32_update(0, buf, (size_t)cut), buf + cut, 100 - (size_t)cut) != whole; }
+    check(bad == 0, "crc32: in two pieces (every cut, unaligned tails) as whole", "%u cuts differ", bad);
+    buf[57] ^= 0x10;
+    check(crc32_update(0, buf, sizeof(buf)) != whole, "crc32: one bit changed changes it", "same 0x%08x", whole);
+}
+
 static void test_tokenizer(const char* dir) {
     char path[CHECKPOINT_PATH_LEN];
     snprintf(path, sizeof(path), "%s/tok.bin", dir);
@@ -1093,7 +1107,8 @@ static void test_checkpoint_space(const char* dir) {
     checkpoint_path(path, sizeof(path), dir, "model", 1, -1);
     model_file_write(path, &cfg, zeros);
     stat(path, &model_st);
-    TrainState st = {1, 0, 1, 0, 0, 0, 1, P, opt_floats, 0, 1, 1};
+    TrainState st = {.num_processes = 1, .rank = 0, .step = 1, .rng = 1, .num_params = P, .opt_floats = opt_floats,
+                     .run_id = 1, .model_hash = 1};
     checkpoint_path(path, sizeof(path), dir, "state", 1, 0);
     state_file_write(path, &st, zeros);
     stat(path, &state_st);
@@ -1276,8 +1291,9 @@ static void write_fuzz_corpus(const char* dir) {
     char path[CHECKPOINT_PATH_LEN];
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_MODEL_FILE);
     model_file_write(path, &cfg, params);
-    TrainState st = {1, 0, FUZZ_STEP, 0, 0, (uint64_t)FUZZ_STEP * FUZZ_B * FUZZ_T, 12345, P, opt_floats, 0,
-                     FUZZ_RUN_ID, params_hash(params, P)};
+    TrainState st = {.num_processes = 1, .rank = 0, .step = FUZZ_STEP, .data_position = (uint64_t)FUZZ_STEP * FUZZ_B * FUZZ_T,
+                     .rng = 12345, .num_params = P, .opt_floats = opt_floats, .run_id = FUZZ_RUN_ID,
+                     .model_hash = params_hash(params, P)};
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_STATE_FILE);
     state_file_write(path, &st, state);
     uint16_t toks[FUZZ_SHARD_TOKENS];
@@ -1461,6 +1477,7 @@ int main(int argc, char** argv) {
     test_finite_differences();
     test_model_files(dir);
     test_tokenizer(dir);
+    test_crc32();
     test_utf8_printer();
     test_dataloader(dir);
     test_memory_plan(dir);

@@ -4,21 +4,27 @@ projects), the training-state file, and atomic writes.
 
 Model file: header 256 x int32 with named slots (MODEL_SLOT_*): magic 20240326,
 version 3 (fp32 weights) or 5 (bf16 weights, read and converted to fp32), maxT, V,
-L, NH, C, Vp; then the 16 parameter tensors in model_config.h's order.
+L, NH, C, Vp; then the 16 parameter tensors in model_config.h's order. This trainer's
+model files also record the CRC-32 of the weights' bytes (crc32.h) in header slots that llm.c
+leaves 0 and never reads (MODEL_SLOT_CHECKSUM_KIND, MODEL_SLOT_CHECKSUM), so llm.c still reads them.
 
 Training-state file (this project's own): header 256 x int32 (STATE_SLOT_*, 64-bit
 values in two slots, low half first): magic, version, processes, rank, step, data
 position, sampling RNG, optimizer-state length, parameter count, ZeRO stage, the run's
 identity (a random 64-bit id chosen when the run started, the same in every file it
-writes) and the hash of the weights of the checkpoint's model file; then the optimizer
-state (fp32). A resume never combines files of two runs, or of two steps: each rank's
+writes), the hash of the weights of the checkpoint's model file and the file's checksum
+(version 4); then the optimizer state (fp32). A resume never combines files of two runs, or of two steps: each rank's
 state names rank 0's run, and the weights read hash to what the state recorded. With
 several ranks every rank writes its own state file (its data position; under ZeRO-1 its
 blocks of the optimizer state).
 
 A checkpoint of step S in directory D is D/model_S.bin, D/state_S_rank.bin and,
 written last, D/DONE_S: a checkpoint without its DONE marker is incomplete and never
-resumed from (and a DONE marker goes before its step's files are written again). Every
+resumed from (and a DONE marker goes before its step's files are written again). Rank 0
+writes D/WRITING_S before any file of step S and removes it after DONE_S: the record that
+this trainer wrote the files of step S, so that a later run removes an incomplete
+checkpoint's files only where that record stands, and never a file of the user's that is
+merely named like one (it stops instead, naming the file). Every
 file is written to a temporary name, flushed to disk (fsync) and renamed into place, so a
 crash leaves either the old file or the new one, never half; the temporary files a crash
 leaves are removed when the next run starts there. With several ranks rank 0 writes DONE_S
@@ -47,6 +53,7 @@ how to make a right one.
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include "crc32.h"
 #include "file_header.h"
 #include "model_config.h"
 #include "opt_layout.h"
@@ -58,10 +65,14 @@ how to make a right one.
 enum {
     MODEL_SLOT_MAGIC = FILE_SLOT_MAGIC, MODEL_SLOT_VERSION = FILE_SLOT_VERSION, MODEL_SLOT_MAX_SEQ_LEN = 2, MODEL_SLOT_VOCAB_SIZE = 3,
     MODEL_SLOT_NUM_LAYERS = 4, MODEL_SLOT_NUM_HEADS = 5, MODEL_SLOT_CHANNELS = 6, MODEL_SLOT_PADDED_VOCAB = 7,
+    MODEL_SLOT_CHECKSUM_KIND = 16,   // MODEL_CHECKSUM_CRC32: slot 17 holds the weights' checksum (0 in llm.c's files)
+    MODEL_SLOT_CHECKSUM = 17,        // the CRC-32 of the bytes after the header
 };
+#define MODEL_CHECKSUM_CRC32 0x32335243  // "CR32" in the file's bytes (fp32 files only)
 
 #define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
-#define STATE_VERSION 3   // 3: the run identity and the hash of the checkpoint's weights
+#define STATE_VERSION 4   // 4: the file's checksum
+#define STATE_VERSION_NO_CHECKSUM 3  // 3: the run identity and the hash of the checkpoint's weights; still read
 #define STATE_VERSION_NO_IDENTITY 2  // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage; still read
 #define STATE_REGEN_HINT "a training-state file is written by this trainer's checkpoints (-o, -n); resume with the version that wrote it"
 enum {
@@ -74,7 +85,38 @@ enum {
     STATE_SLOT_ZERO = 16,            // ZeroStage (distributed.h): 1 = this file holds rank's blocks only
     STATE_SLOT_RUN_ID = 18,          // 64-bit: slots 18, 19 (version 3)
     STATE_SLOT_MODEL_HASH = 20,      // 64-bit: slots 20, 21 (version 3)
+    STATE_SLOT_CHECKSUM = 22,        // version 4: the CRC-32 of the whole file with this slot 0
 };
+
+// ----------------------------------------------------------------------------
+// a checkpoint file's checksum is a CRC-32 (crc32.h) of its bytes: a file changed after it was
+// written (a disk or copy error, an edit) is named as damaged, and a resume goes back to an intact
+// checkpoint, instead of training on from it
+#define CHECKSUM_READ_BYTES (1 << 20)   // read at a time when a file is checked
+
+// *crc over the next n bytes of f; 0 if f ends before them
+static int file_crc32(FILE* f, uint32_t* crc, size_t n) {
+    static unsigned char buf[CHECKSUM_READ_BYTES];
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < CHECKSUM_READ_BYTES ? n - done : CHECKSUM_READ_BYTES;
+        if (fread(buf, 1, k, f) != k) { return 0; }
+        *crc = crc32_update(*crc, buf, k);
+        done += k;
+    }
+    return 1;
+}
+
+// a 64-bit hash of the weights' bits (FNV-1a over 32-bit words), not a file's checksum: a state
+// file records its checkpoint's weights by it (equal weights, equal hash), so that a resume never
+// combines the files of two checkpoints. params_hash_more goes on from h over the next n weights
+#define FNV64_OFFSET 0xcbf29ce484222325ULL
+#define FNV64_PRIME 0x100000001b3ULL
+static uint64_t params_hash_more(uint64_t h, const float* params, size_t n) {
+    const uint32_t* w = (const uint32_t*)params;
+    for (size_t i = 0; i < n; i++) { h = (h ^ w[i]) * FNV64_PRIME; }
+    return h;
+}
+static uint64_t params_hash(const float* params, size_t n) { return params_hash_more(FNV64_OFFSET, params, n); }
 
 
 // ----------------------------------------------------------------------------
@@ -111,6 +153,8 @@ static void atomic_fail(AtomicFile* a, const char* what) {
         remove(path);
         if (g_ckpt_writing.rank == 0) {
             checkpoint_path(path, sizeof(path), g_ckpt_writing.dir, "model", g_ckpt_writing.step, -1);
+            remove(path);
+            snprintf(path, sizeof(path), "%s/WRITING_%08d", g_ckpt_writing.dir, g_ckpt_writing.step);  // its record, last
             remove(path);
         }
         snprintf(also, sizeof(also), " and this process's files of checkpoint %d (it has no DONE marker: incomplete)", g_ckpt_writing.step);
@@ -238,9 +282,39 @@ static void model_file_read_params(FILE* f, const char* path, const GPT2Config* 
     fclose(f);
 }
 
-// a model file written a chunk at a time: the header, then the parameters in order (model_file_write
-// writes them from one array)
-static void model_file_write_header(AtomicFile* a, const char* path, const GPT2Config* cfg) {
+// the checksum a model file's header records (this trainer's fp32 files): 1 and *sum, or 0 when it
+// records none (llm.c's files, bf16 files)
+static int model_file_recorded_checksum(const int h[FILE_HEADER_INTS], uint32_t* sum) {
+    if (h[MODEL_SLOT_VERSION] != MODEL_VERSION_FP32 || h[MODEL_SLOT_CHECKSUM_KIND] != MODEL_CHECKSUM_CRC32) { return 0; }
+    *sum = (uint32_t)h[MODEL_SLOT_CHECKSUM];
+    return 1;
+}
+
+// the same, read from the file at path (0 when it cannot be read)
+static int model_file_checksum(const char* path, uint32_t* sum) {
+    int h[FILE_HEADER_INTS];
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { return 0; }
+    size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
+    fclose(f);
+    return got == FILE_HEADER_INTS && model_file_recorded_checksum(h, sum);
+}
+
+#define DAMAGED_HINT "the file was changed after it was written (a disk or copy error, or an edit)"
+
+// stops if the weights read from the model file at path (their bytes' CRC-32: crc) are not what its
+// header recorded
+static void model_file_check_sum(const char* path, uint32_t crc) {
+    uint32_t recorded;
+    if (model_file_checksum(path, &recorded) && recorded != crc) {
+        fail("model file '%s' is damaged: its weights' CRC-32 is 0x%08x, but its header recorded 0x%08x when it was written\n"
+             "  hint: %s; take it again from where it came from, or start from another checkpoint", path, crc, recorded, DAMAGED_HINT);
+    }
+}
+
+// a model file written a chunk at a time: the header (with the weights' checksum), then the parameters
+// in order (model_file_write writes them from one array)
+static void model_file_write_header(AtomicFile* a, const char* path, const GPT2Config* cfg, uint32_t checksum) {
     int h[FILE_HEADER_INTS] = {0};
     h[MODEL_SLOT_MAGIC] = MODEL_MAGIC;
     h[MODEL_SLOT_VERSION] = MODEL_VERSION_FP32;
@@ -250,13 +324,15 @@ static void model_file_write_header(AtomicFile* a, const char* path, const GPT2C
     h[MODEL_SLOT_NUM_HEADS] = cfg->num_heads;
     h[MODEL_SLOT_CHANNELS] = cfg->channels;
     h[MODEL_SLOT_PADDED_VOCAB] = cfg->padded_vocab_size;
+    h[MODEL_SLOT_CHECKSUM_KIND] = MODEL_CHECKSUM_CRC32;
+    h[MODEL_SLOT_CHECKSUM] = (int)checksum;
     atomic_open(a, path);
     atomic_write(a, h, sizeof(int), FILE_HEADER_INTS);
 }
 
 static void model_file_write(const char* path, const GPT2Config* cfg, const float* params) {
     AtomicFile a;
-    model_file_write_header(&a, path, cfg);
+    model_file_write_header(&a, path, cfg, crc32_update(0, params, gpt2_num_parameters(cfg) * sizeof(float)));
     atomic_write(&a, params, sizeof(float), gpt2_num_parameters(cfg));
     atomic_commit(&a);
 }
@@ -275,7 +351,18 @@ typedef struct {
     int zero;                   // ZeroStage of the run that wrote it
     uint64_t run_id;            // the run that wrote it: random, chosen when the run started (0: version 2, unknown)
     uint64_t model_hash;        // params_hash of the weights of the same checkpoint's model file (0: unknown)
+    int has_checksum;           // version 4: the file records its checksum
+    uint32_t checksum;          // what it records
+    uint32_t header_crc;        // state_file_open: the CRC-32 of the header read, to go on over the state
 } TrainState;
+
+// a state file's checksum starts with its header, the checksum's slot taken as 0
+static uint32_t state_header_crc(const int h[FILE_HEADER_INTS]) {
+    int copy[FILE_HEADER_INTS];
+    memcpy(copy, h, sizeof(copy));
+    copy[STATE_SLOT_CHECKSUM] = 0;
+    return crc32_update(0, copy, sizeof(copy));
+}
 
 static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
     int h[FILE_HEADER_INTS] = {0};
@@ -293,6 +380,7 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     h[STATE_SLOT_ZERO] = s->zero;
     header_set64(h, STATE_SLOT_RUN_ID, s->run_id);
     header_set64(h, STATE_SLOT_MODEL_HASH, s->model_hash);
+    h[STATE_SLOT_CHECKSUM] = (int)crc32_update(state_header_crc(h), opt_state, s->opt_floats * sizeof(float));
     AtomicFile a;
     atomic_open(&a, path);
     atomic_write(&a, h, sizeof(int), FILE_HEADER_INTS);
@@ -305,7 +393,7 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     FILE* f = fopen_check(path, "rb");
     int h[FILE_HEADER_INTS];
     *size = file_header_read(f, path, "training-state file", STATE_MAGIC, STATE_REGEN_HINT, h);
-    if (h[STATE_SLOT_VERSION] != STATE_VERSION_NO_IDENTITY) {
+    if (h[STATE_SLOT_VERSION] != STATE_VERSION_NO_IDENTITY && h[STATE_SLOT_VERSION] != STATE_VERSION_NO_CHECKSUM) {
         file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
     }
     s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
@@ -318,9 +406,12 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     s->opt_floats = header_get64(h, STATE_SLOT_OPT_FLOATS);
     s->num_params = header_get64(h, STATE_SLOT_NUM_PARAMS);
     s->zero = h[STATE_SLOT_ZERO];
-    int identity = h[STATE_SLOT_VERSION] == STATE_VERSION;
+    int identity = h[STATE_SLOT_VERSION] != STATE_VERSION_NO_IDENTITY;
     s->run_id = identity ? header_get64(h, STATE_SLOT_RUN_ID) : 0;
     s->model_hash = identity ? header_get64(h, STATE_SLOT_MODEL_HASH) : 0;
+    s->has_checksum = h[STATE_SLOT_VERSION] == STATE_VERSION;
+    s->checksum = (uint32_t)h[STATE_SLOT_CHECKSUM];
+    s->header_crc = state_header_crc(h);
     return f;
 }
 
@@ -342,6 +433,11 @@ static void state_file_read(const char* path, TrainState* s, float* opt_state, s
     if (size != expected) { fail("state file '%s' is %ld bytes, its header implies %ld: truncated or corrupt", path, size, expected); }
     fread_check(opt_state, sizeof(float), s->opt_floats, f);
     fclose(f);
+    uint32_t crc = crc32_update(s->header_crc, opt_state, s->opt_floats * sizeof(float));
+    if (s->has_checksum && crc != s->checksum) {
+        fail("state file '%s' is damaged: its CRC-32 is 0x%08x, but its header recorded 0x%08x when it was written\n"
+             "  hint: %s; resume from another checkpoint (move this one's DONE marker away)", path, crc, s->checksum, DAMAGED_HINT);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -354,23 +450,42 @@ static void checkpoint_begin(const char* dir, int step, int rank) {
     g_ckpt_writing.rank = rank;
 }
 
-static void checkpoint_mark_done(const char* dir, int step) {
+// an empty marker file: DONE_step or WRITING_step (CHECKPOINT_MARKER_NAMES)
+static void checkpoint_marker_path(char* buf, size_t n, const char* dir, const char* marker, int step) {
+    snprintf(buf, n, "%s/%s_%08d", dir, marker, step);
+}
+
+static void checkpoint_marker_write(const char* dir, const char* marker, int step) {
     char path[CHECKPOINT_PATH_LEN];
-    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+    checkpoint_marker_path(path, sizeof(path), dir, marker, step);
     AtomicFile a;
     atomic_open(&a, path);
     atomic_commit(&a);
+}
+
+static void checkpoint_mark_done(const char* dir, int step) { checkpoint_marker_write(dir, "DONE", step); }
+
+// rank 0, before any file of checkpoint `step` is written: the record that this trainer writes them
+static void checkpoint_mark_writing(const char* dir, int step) { checkpoint_marker_write(dir, "WRITING", step); }
+
+// rank 0, after DONE_step: the checkpoint is complete, its DONE marker is the record now
+static void checkpoint_unmark_writing(const char* dir, int step) {
+    char path[CHECKPOINT_PATH_LEN];
+    checkpoint_marker_path(path, sizeof(path), dir, "WRITING", step);
+    if (remove(path) == 0) { fsync_dir_of(path); }
+    else if (errno != ENOENT) { fail("cannot remove '%s' after checkpoint %d was complete: %s", path, step, strerror(errno)); }
 }
 
 // the checkpoint is complete (its DONE marker written) on every rank
 static void checkpoint_end(void) { g_ckpt_writing.step = -1; }
 
 // the step of a checkpoint file's name and which file it is, or -1 for any other name
-typedef enum { CKPT_FILE_MODEL, CKPT_FILE_STATE, CKPT_FILE_DONE } CheckpointFileKind;
+typedef enum { CKPT_FILE_MODEL, CKPT_FILE_STATE, CKPT_FILE_DONE, CKPT_FILE_WRITING } CheckpointFileKind;
 static int checkpoint_file_step(const char* name, CheckpointFileKind* kind) {
     char want[64];
     int step = -1, rank = -1;
     if (sscanf(name, "DONE_%8d", &step) == 1) { *kind = CKPT_FILE_DONE; snprintf(want, sizeof(want), "DONE_%08d", step); }
+    else if (sscanf(name, "WRITING_%8d", &step) == 1) { *kind = CKPT_FILE_WRITING; snprintf(want, sizeof(want), "WRITING_%08d", step); }
     else if (sscanf(name, "model_%8d", &step) == 1) { *kind = CKPT_FILE_MODEL; snprintf(want, sizeof(want), "model_%08d.bin", step); }
     else if (sscanf(name, "state_%8d_%5d", &step, &rank) == 2 && rank >= 0) {
         *kind = CKPT_FILE_STATE;
@@ -381,9 +496,9 @@ static int checkpoint_file_step(const char* name, CheckpointFileKind* kind) {
 
 static int compare_steps_descending(const void* a, const void* b) { return *(const int*)b - *(const int*)a; }
 
-// the steps of dir's DONE markers (its complete checkpoints), newest first: a malloc'ed list
-// of *n (NULL when none)
-static int* checkpoint_done_steps(const char* dir, int* n) {
+// the steps of dir's markers of one kind (DONE: its complete checkpoints; WRITING: those this
+// trainer began), newest first: a malloc'ed list of *n (NULL when none)
+static int* checkpoint_marker_steps(const char* dir, CheckpointFileKind marker, int* n) {
     int* steps = NULL;
     int cap = 0;
     *n = 0;
@@ -393,7 +508,7 @@ static int* checkpoint_done_steps(const char* dir, int* n) {
     while ((e = readdir(d)) != NULL) {
         CheckpointFileKind kind;
         int step = checkpoint_file_step(e->d_name, &kind);
-        if (step < 0 || kind != CKPT_FILE_DONE) { continue; }
+        if (step < 0 || kind != marker) { continue; }
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
             steps = (int*)realloc(steps, (size_t)cap * sizeof(int));
@@ -406,6 +521,8 @@ static int* checkpoint_done_steps(const char* dir, int* n) {
     return steps;
 }
 
+static int* checkpoint_done_steps(const char* dir, int* n) { return checkpoint_marker_steps(dir, CKPT_FILE_DONE, n); }
+
 static int step_listed(const int* steps, int n, int step) {
     for (int i = 0; i < n; i++) {
         if (steps[i] == step) { return 1; }
@@ -416,17 +533,62 @@ static int step_listed(const int* steps, int n, int step) {
 // ----------------------------------------------------------------------------
 // the output directory: what an earlier run left there, a lock while a run uses it
 
-// the files of dir a run may remove: the model and state files of a checkpoint without its
-// DONE marker (a run killed or out of disk while writing it: never resumed from), or what an
-// earlier run left, every checkpoint file and log.jsonl (--overwrite 1)
-typedef enum { DIR_FILES_INCOMPLETE, DIR_FILES_EARLIER_RUN } DirFileSet;
-typedef struct { int* done; int ndone; } DirScan;  // the DONE markers' steps
+// the files of dir a run may remove, each of a step this trainer recorded (DONE_step or
+// WRITING_step): the files of a checkpoint without its DONE marker (a run killed or out of disk
+// while writing it: never resumed from) and its WRITING marker, or what an earlier run left,
+// its checkpoints' files and markers and log.jsonl (--overwrite 1). A file named like a
+// checkpoint's without either record is the user's (DIR_FILES_FOREIGN): never removed
+typedef enum { DIR_FILES_INCOMPLETE, DIR_FILES_EARLIER_RUN, DIR_FILES_FOREIGN } DirFileSet;
+typedef struct { int *done, *writing; int ndone, nwriting; } DirScan;  // the markers' steps
+
+static DirScan dir_scan(const char* dir) {
+    DirScan scan;
+    scan.done = checkpoint_marker_steps(dir, CKPT_FILE_DONE, &scan.ndone);
+    scan.writing = checkpoint_marker_steps(dir, CKPT_FILE_WRITING, &scan.nwriting);
+    return scan;
+}
+static void dir_scan_free(DirScan* scan) { free(scan->done); free(scan->writing); }
 
 static int dir_file_in_set(const char* name, DirFileSet set, const DirScan* scan) {
     CheckpointFileKind kind;
     int step = checkpoint_file_step(name, &kind);
-    if (set == DIR_FILES_EARLIER_RUN) { return step >= 0 || strcmp(name, "log.jsonl") == 0; }
-    return step >= 0 && kind != CKPT_FILE_DONE && !step_listed(scan->done, scan->ndone, step);
+    if (step < 0) { return set == DIR_FILES_EARLIER_RUN && strcmp(name, "log.jsonl") == 0; }
+    int done = step_listed(scan->done, scan->ndone, step), writing = step_listed(scan->writing, scan->nwriting, step);
+    switch (set) {
+        case DIR_FILES_INCOMPLETE: return !done && writing;
+        case DIR_FILES_EARLIER_RUN: return done || writing;
+        case DIR_FILES_FOREIGN: return !done && !writing;
+    }
+    return 0;
+}
+
+// the order in which output_dir_remove takes a set's files: the DONE markers first (no checkpoint
+// looks complete while its files go), the WRITING markers last (the record stays until its files
+// are gone)
+static int dir_remove_pass(const char* name) {
+    CheckpointFileKind kind;
+    if (checkpoint_file_step(name, &kind) < 0) { return 1; }
+    return kind == CKPT_FILE_DONE ? 0 : kind == CKPT_FILE_WRITING ? 2 : 1;
+}
+#define DIR_REMOVE_PASSES 3
+
+// the first file of dir named like a checkpoint's that no record of this trainer's covers
+// (DIR_FILES_FOREIGN) into path; 0 when there is none
+static int output_dir_foreign_file(const char* dir, char* path, size_t n, int* step) {
+    DirScan scan = dir_scan(dir);
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    int found = 0;
+    while (d != NULL && !found && (e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        if (!dir_file_in_set(e->d_name, DIR_FILES_FOREIGN, &scan)) { continue; }
+        *step = checkpoint_file_step(e->d_name, &kind);
+        snprintf(path, n, "%s/%s", dir, e->d_name);
+        found = 1;
+    }
+    if (d != NULL) { closedir(d); }
+    dir_scan_free(&scan);
+    return found;
 }
 
 // a file that the run reads (the flag that names it, what it is, its path), never to be removed
@@ -435,8 +597,7 @@ typedef struct { const char* flag; const char* what; const char* path; } InputFi
 // stops, before anything is removed, if a file of `set` in dir is one of the run's inputs (the
 // same file: device and inode, so a link or another spelling of the path is caught), naming it
 static void output_dir_spare_inputs(const char* dir, DirFileSet set, const InputFile* inputs, int n, const char* action) {
-    DirScan scan;
-    scan.done = checkpoint_done_steps(dir, &scan.ndone);
+    DirScan scan = dir_scan(dir);
     DIR* d = opendir(dir);
     struct dirent* e;
     while (d != NULL && (e = readdir(d)) != NULL) {
@@ -455,23 +616,20 @@ static void output_dir_spare_inputs(const char* dir, DirFileSet set, const Input
         }
     }
     if (d != NULL) { closedir(d); }
-    free(scan.done);
+    dir_scan_free(&scan);
 }
 
-// removes the files of `set` from dir (the DONE markers first, so that no checkpoint looks
-// complete while its files go), saying each one when `say`; returns the number removed
+// removes the files of `set` from dir (in dir_remove_pass's order), saying each one when `say`;
+// returns the number removed
 static int output_dir_remove(const char* dir, DirFileSet set, int say) {
-    DirScan scan;
-    scan.done = checkpoint_done_steps(dir, &scan.ndone);
+    DirScan scan = dir_scan(dir);
     int removed = 0;
-    for (int pass = 0; pass < 2; pass++) {  // 0: DONE markers, 1: the rest
+    for (int pass = 0; pass < DIR_REMOVE_PASSES; pass++) {
         DIR* d = opendir(dir);
         if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }
         struct dirent* e;
         while ((e = readdir(d)) != NULL) {
-            CheckpointFileKind kind;
-            int done_marker = checkpoint_file_step(e->d_name, &kind) >= 0 && kind == CKPT_FILE_DONE;
-            if (!dir_file_in_set(e->d_name, set, &scan) || (pass == 0) != done_marker) { continue; }
+            if (!dir_file_in_set(e->d_name, set, &scan) || dir_remove_pass(e->d_name) != pass) { continue; }
             char path[CHECKPOINT_PATH_LEN + sizeof(e->d_name)];
             snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
             if (remove(path) != 0) { fail("cannot remove '%s': %s", path, strerror(errno)); }
@@ -481,7 +639,7 @@ static int output_dir_remove(const char* dir, DirFileSet set, int say) {
         closedir(d);
         fsync_dir_of(dir);  // the markers' removal reaches the disk before the files'
     }
-    free(scan.done);
+    dir_scan_free(&scan);
     return removed;
 }
 
@@ -490,8 +648,7 @@ static int output_dir_remove(const char* dir, DirFileSet set, int say) {
 typedef struct { int files, newest_step, has_log; } OutputDirContents;
 static OutputDirContents output_dir_contents(const char* dir) {
     OutputDirContents c = {0, -1, 0};
-    DirScan scan;
-    scan.done = checkpoint_done_steps(dir, &scan.ndone);
+    DirScan scan = dir_scan(dir);
     DIR* d = opendir(dir);
     struct dirent* e;
     while (d != NULL && (e = readdir(d)) != NULL) {
@@ -501,7 +658,7 @@ static OutputDirContents output_dir_contents(const char* dir) {
         if (strcmp(e->d_name, "log.jsonl") == 0) { c.has_log = 1; }
     }
     if (d != NULL) { closedir(d); }
-    free(scan.done);
+    dir_scan_free(&scan);
     return c;
 }
 
@@ -522,12 +679,20 @@ static int state_file_whole(const char* path, int rank, int step, const int* h0,
     }
     long header = (long)(FILE_HEADER_INTS * sizeof(int));
     size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
+    uint32_t crc = got == FILE_HEADER_INTS ? state_header_crc(h) : 0;
+    int whole = got == FILE_HEADER_INTS && file_crc32(f, &crc, (size_t)(st.st_size - header));
     fclose(f);
     long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
     int version = got == FILE_HEADER_INTS ? h[STATE_SLOT_VERSION] : 0;
     if (got != FILE_HEADER_INTS || h[STATE_SLOT_MAGIC] != STATE_MAGIC || st.st_size != want ||
-        (version != STATE_VERSION && version != STATE_VERSION_NO_IDENTITY)) {
+        (version != STATE_VERSION && version != STATE_VERSION_NO_CHECKSUM && version != STATE_VERSION_NO_IDENTITY)) {
         snprintf(why, n, "rank %d's state file '%s' (%lld bytes) is not a whole state file: truncated or corrupt", rank, path, (long long)st.st_size);
+        return 0;
+    }
+    // then the checksum, before what the header says (its rank, step, run) is believed
+    if (version == STATE_VERSION && (!whole || crc != (uint32_t)h[STATE_SLOT_CHECKSUM])) {
+        snprintf(why, n, "rank %d's state file '%s' is damaged: its CRC-32 is 0x%08x, but its header recorded 0x%08x when it "
+                 "was written (%s)", rank, path, crc, (uint32_t)h[STATE_SLOT_CHECKSUM], DAMAGED_HINT);
         return 0;
     }
     if (h[STATE_SLOT_RANK] != rank || h[STATE_SLOT_STEP] != step) {
@@ -546,7 +711,7 @@ static int state_file_whole(const char* path, int rank, int step, const int* h0,
                  h[STATE_SLOT_NUM_PROCESSES], h0[STATE_SLOT_NUM_PROCESSES]);
         return 0;
     }
-    if (version != STATE_VERSION || h0[STATE_SLOT_VERSION] != STATE_VERSION) { return 1; }  // a version 2 state: no identity to compare
+    if (version == STATE_VERSION_NO_IDENTITY || h0[STATE_SLOT_VERSION] == STATE_VERSION_NO_IDENTITY) { return 1; }  // no identity to compare
     uint64_t run = header_get64(h, STATE_SLOT_RUN_ID), run0 = header_get64(h0, STATE_SLOT_RUN_ID);
     if (run != run0) {
         snprintf(why, n, "rank %d's state file '%s' was written by run 0x%016llx, rank 0's state file of the same checkpoint by run 0x%016llx: "
@@ -591,6 +756,17 @@ static int checkpoint_damage(const char* dir, int step, const GPT2Config* cfg, c
     if (st.st_size != model_bytes) {
         snprintf(why, n, "'%s' is %lld bytes, a model file of this shape %ld: truncated or corrupt", path, (long long)st.st_size, model_bytes);
         return CKPT_MODEL_FILE;
+    }
+    uint32_t recorded, crc = 0;
+    if (model_file_recorded_checksum(h, &recorded)) {
+        f = fopen(path, "rb");
+        int read = f != NULL && fseek(f, header, SEEK_SET) == 0 && file_crc32(f, &crc, (size_t)(model_bytes - header));
+        if (f != NULL) { fclose(f); }
+        if (!read || crc != recorded) {
+            snprintf(why, n, "'%s' is damaged: its weights' CRC-32 is 0x%08x, but its header recorded 0x%08x when it was written (%s)",
+                     path, crc, recorded, DAMAGED_HINT);
+            return CKPT_MODEL_FILE;
+        }
     }
     // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
     checkpoint_path(path, sizeof(path), dir, "state", step, 0);

@@ -182,6 +182,10 @@ static int dist_env_int(const char* name) {
     return (int)n;
 }
 
+// the most processes a launcher's variables may name: every rank keeps a few words per rank (the
+// rendezvous, the ranks' host names), and a larger count is a typo, not a cluster
+#define DIST_MAX_RANKS (1 << 20)
+
 // where a launcher that is not MPI put this process: rank, world, local_rank and which variables said so
 typedef struct { int rank, world, local_rank; const char* source; } DistPlace;
 
@@ -197,6 +201,10 @@ static int dist_env_triple(const char* const names[3], int values[3], const char
         }
         fail("%s sets %s, %s and %s together, but %s is not set: this process cannot know its place\n"
              "  hint: set all three (rank, number of processes, rank on this machine) or none", launcher, names[0], names[1], names[2], missing);
+    }
+    if (values[1] > DIST_MAX_RANKS) {
+        fail("%s=%d: more processes than this program runs together (at most %d)\n"
+             "  hint: check the launcher's variables (a typo?)", names[1], values[1], DIST_MAX_RANKS);
     }
     if (values[0] >= values[1] || values[2] > values[0]) {
         fail("%s=%d, %s=%d, %s=%d: the rank must be below the number of processes, the local rank at most the rank\n"

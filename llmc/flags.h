@@ -16,6 +16,7 @@ with a message naming the flag and pointing at -h.
 
 #include <errno.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -323,8 +324,9 @@ static void set_flag(TrainOptions* o, const FlagSpec* f, const char* value) {
     switch (f->type) {
         case FLAG_INT: case FLAG_SWITCH: {
             long v = strtol(value, &end, 10);
-            if (*value == '\0' || *end != '\0' || errno != 0 || v < -2147483647L || v > 2147483647L) {
-                fail("flag %s: '%s' is not an integer\n  hint: see -h", f->longname, value);
+            if (*value == '\0' || *end != '\0') { fail("flag %s: '%s' is not an integer\n  hint: see -h", f->longname, value); }
+            if (errno == ERANGE || v < -INT_MAX || v > INT_MAX) {
+                fail("flag %s: %s is beyond the range of an int (%d to %d)\n  hint: see -h for what it means", f->longname, value, -INT_MAX, INT_MAX);
             }
             if (f->type == FLAG_SWITCH && v != 0 && v != 1) {
                 const char* name = f->shortname ? f->shortname : f->longname;

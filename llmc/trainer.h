@@ -221,16 +221,6 @@ static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
 // the weights in and out, a chunk at a time (gpt2_params_stream): from the seeded initialisation
 // or a model file, to a model file, and their hash and largest |w|
 
-// a 64-bit hash of the weights' bits (FNV-1a over 32-bit words): equal weights, equal hash;
-// params_hash_more goes on from h over the next n weights
-#define FNV64_OFFSET 0xcbf29ce484222325ULL
-#define FNV64_PRIME 0x100000001b3ULL
-static uint64_t params_hash_more(uint64_t h, const float* params, size_t n) {
-    const uint32_t* w = (const uint32_t*)params;
-    for (size_t i = 0; i < n; i++) { h = (h ^ w[i]) * FNV64_PRIME; }
-    return h;
-}
-static uint64_t params_hash(const float* params, size_t n) { return params_hash_more(FNV64_OFFSET, params, n); }
 
 // the largest |w| of the weights, NaN or infinity if one is not finite
 static float params_max_abs(const float* params, size_t n) {
@@ -244,10 +234,12 @@ static float params_max_abs(const float* params, size_t n) {
 }
 
 // the weights' hash and largest |w| (NaN sticks), taken chunk by chunk
-typedef struct { uint64_t hash; float max_abs; } ParamsDigest;
+// the weights' hash, largest |w| (NaN sticks) and the CRC-32 of their bytes (the model file's checksum)
+typedef struct { uint64_t hash; float max_abs; uint32_t crc; } ParamsDigest;
 
 static void params_digest_more(ParamsDigest* d, const float* chunk, size_t n) {
     d->hash = params_hash_more(d->hash, chunk, n);
+    d->crc = crc32_update(d->crc, chunk, n * sizeof(float));
     float m = params_max_abs(chunk, n);
     if (!isnan(d->max_abs) && !(m <= d->max_abs)) { d->max_abs = m; }
 }
@@ -255,7 +247,7 @@ static void digest_chunk(void* ctx, size_t offset, float* chunk, size_t n) { (vo
 
 // the model's weights now (a collective where the ranks hold blocks of them: every rank calls it)
 static ParamsDigest params_digest(GPT2* m, ParamsAccess how) {
-    ParamsDigest d = {FNV64_OFFSET, 0.0f};
+    ParamsDigest d = {.hash = FNV64_OFFSET, .max_abs = 0.0f, .crc = 0};
     gpt2_params_stream(m, how, digest_chunk, &d);
     return d;
 }
@@ -269,6 +261,7 @@ typedef struct {
     GPT2Config cfg;
     int version;
     uint64_t hash;            // of what the file held
+    uint32_t crc;             // of the bytes it held (model_file_check_sum)
 } WeightSource;
 
 static void weights_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
@@ -276,14 +269,16 @@ static void weights_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
     if (w->f == NULL) { gpt2_init_params_next(&w->init, chunk, n); return; }
     model_file_read_chunk(w->f, w->path, &w->cfg, w->version, chunk, offset, n);
     w->hash = params_hash_more(w->hash, chunk, n);
+    w->crc = crc32_update(w->crc, chunk, n * sizeof(float));  // (fp32 files: the bytes read; bf16 files record no CRC)
 }
 
 // the model's weights from the model file at path (its header read: f at the first tensor, cfg its
 // shape); closes f and returns the weights' hash
 static uint64_t load_model_file(GPT2* m, FILE* f, const char* path, const GPT2Config* cfg, int version) {
-    WeightSource w = {gpt2_param_init(cfg, 0), f, path, *cfg, version, FNV64_OFFSET};
+    WeightSource w = {.init = gpt2_param_init(cfg, 0), .f = f, .path = path, .cfg = *cfg, .version = version, .hash = FNV64_OFFSET, .crc = 0};
     gpt2_params_stream(m, PARAMS_WRITE, weights_chunk, &w);
     fclose(f);
+    model_file_check_sum(path, w.crc);
     return w.hash;
 }
 
@@ -291,7 +286,7 @@ static uint64_t load_model_file(GPT2* m, FILE* f, const char* path, const GPT2Co
 static void gpt2_init_weights(GPT2* m, const TrainOptions* o) {
     GPT2Config cfg;
     if (model_is_preset(o, &cfg)) {
-        WeightSource w = {gpt2_param_init(&cfg, o->seed), NULL, NULL, cfg, 0, 0};
+        WeightSource w = {.init = gpt2_param_init(&cfg, o->seed), .f = NULL, .path = NULL, .cfg = cfg, .version = 0, .hash = 0, .crc = 0};
         gpt2_params_stream(m, PARAMS_WRITE, weights_chunk, &w);
     } else {
         int version;
@@ -343,23 +338,25 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     HostView h = gpt2_host_view(m);
     size_t P = gpt2_num_parameters(&s->config);
     if (!isfinite(d.max_abs)) { return d.max_abs; }
-    if (s->dist.rank == 0) { checkpoint_unmark_done(dir, step); }
-    dist_barrier();  // no rank rewrites a file of this step while an old DONE marker stands
+    if (s->dist.rank == 0) { checkpoint_mark_writing(dir, step); checkpoint_unmark_done(dir, step); }
+    dist_barrier();  // no rank writes a file of this step before its WRITING record, or while an old DONE marker stands
     checkpoint_begin(dir, step, s->dist.rank);
     char path[CHECKPOINT_PATH_LEN];
     AtomicFile model;
     if (s->dist.rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-        model_file_write_header(&model, path, &s->config);
+        model_file_write_header(&model, path, &s->config, d.crc);
     }
     gpt2_params_stream(m, PARAMS_READ_AGAIN, model_file_chunk, s->dist.rank == 0 ? &model : NULL);
     if (s->dist.rank == 0) { atomic_commit(&model); }
-    TrainState st = {s->dist.world, s->dist.rank, step, (int)dl->shard, dl->epoch, dl->position, rng,
-                     P, h.opt_floats, s->zero, run_id, d.hash};
+    TrainState st = {.num_processes = s->dist.world, .rank = s->dist.rank, .step = step, .data_shard = (int)dl->shard,
+                     .data_epoch = dl->epoch, .data_position = dl->position, .rng = rng, .num_params = P,
+                     .opt_floats = h.opt_floats, .zero = s->zero, .run_id = run_id, .model_hash = d.hash,
+                     .has_checksum = 0, .checksum = 0, .header_crc = 0};  // (state_file_write computes the checksum)
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_write(path, &st, h.opt_state);
     dist_barrier();
-    if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); }
+    if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); checkpoint_unmark_writing(dir, step); }
     checkpoint_end();
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
     return d.max_abs;
@@ -1188,6 +1185,14 @@ static void prepare_output_dir(Run* r) {
                  "  hint: resume it with -y 1, choose another -o, or start over there with --overwrite 1 (removes its checkpoints and log.jsonl)",
                  o->out_dir, c.files, c.newest_step, c.has_log ? ", and log.jsonl" : "");
         }
+        char foreign[CHECKPOINT_PATH_LEN + 256];  // the directory and a file name in it
+        int foreign_step;
+        if (output_dir_foreign_file(o->out_dir, foreign, sizeof(foreign), &foreign_step)) {
+            fail("'%s' is named like a file of checkpoint %d, but this trainer has no record of writing it (neither DONE_%08d nor "
+                 "WRITING_%08d is beside it): it is not removed, and this run could write over it\n"
+                 "  hint: move it out of '%s' (a model file to start from can be given to -e from anywhere), or choose another -o",
+                 foreign, foreign_step, foreign_step, foreign_step, o->out_dir);
+        }
         // from here the run goes on: what it removes, no run could resume from, or --overwrite asked for
         RunInputs in = run_inputs(o);
         output_dir_spare_inputs(o->out_dir, DIR_FILES_INCOMPLETE, in.files, in.n, "removing an incomplete checkpoint (no DONE marker)");
@@ -1408,6 +1413,16 @@ static int between_steps(Run* r, int step, int cut_short) {
     return last || stop;
 }
 
+// a stdout whose reader went away (`| head -1`: SIGPIPE is ignored, train_main) gets a note on
+// stderr, once: the run goes on, and log.jsonl holds every step
+static void stdout_check_open(const Run* r) {
+    static int said = 0;
+    if (said || !ferror(stdout)) { return; }
+    said = 1;
+    fprintf(stderr, "note: standard output is closed (its reader went away): training goes on without progress lines%s\n",
+            r->log ? "; log.jsonl in -o records every step" : "");
+}
+
 // the progress line and log.jsonl's record of one step; after the first, the measured memory
 static void log_step(Run* r, int step, double loss, float norm, float lr, double seconds) {
     const ModelSetup* s = &r->setup;
@@ -1420,6 +1435,7 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
     if (wait_ms >= 0.0) { snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), " | copy wait %.1f ms", wait_ms); }
     printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.1f ms | %7.0f tok/s | %6.1f GFLOP/s%s\n",
            step + 1, r->max_steps, loss, norm, lr, seconds * 1e3, tokens / seconds, flops / 1e9, extra);
+    stdout_check_open(r);
     if (r->log) {
         fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens_per_s\": %.1f",
                 step + 1, loss, norm, lr, seconds * 1e3, tokens / seconds);
@@ -1765,6 +1781,9 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
 // the main() of every backend's program
 static int train_main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    // a reader of stdout that goes away (`| head`) must not end the run: its writes then fail
+    // (EPIPE, noted once: stdout_check_open) and the training, its checkpoints and log.jsonl go on
+    signal(SIGPIPE, SIG_IGN);
     Dist dist;
     dist_init(&dist, &argc, &argv);
     // rank 0 speaks for the job: the other ranks' stdout is dropped (their errors still reach stderr)

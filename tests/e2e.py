@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev", "data"))
 import gpt2_bpe  # noqa: E402  (GPT-2's BPE in python: where its files are, the ids of a prompt)
@@ -111,6 +112,28 @@ def same_bytes(a, b):
 
 
 STATE_RUN_ID = slice(4 * 18, 4 * 20)  # the bytes of a run's identity in a state file's header (llmc/checkpoint.h)
+STATE_CHECKSUM = slice(4 * 22, 4 * 23)  # a state file's CRC-32 (STATE_SLOT_CHECKSUM), of the whole file with this slot 0
+
+
+MODEL_CHECKSUM = slice(4 * 17, 4 * 18)  # a model file's CRC-32 of its weights (MODEL_SLOT_CHECKSUM), where slot 16 says so
+
+
+def restamp_model(path):
+    """a model file whose weights a test edited on purpose gets their checksum, as the trainer would have written it"""
+    with open(path, "r+b") as f:
+        data = f.read()
+        f.seek(MODEL_CHECKSUM.start)
+        f.write(struct.pack("<I", zlib.crc32(data[1024:])))
+
+
+def restamp_state(path):
+    """a state file edited on purpose gets the checksum of what it now holds, as the trainer would have written it:
+    a test of what the trainer checks inside a file must not be stopped at the checksum"""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        data[STATE_CHECKSUM] = bytes(4)
+        f.seek(STATE_CHECKSUM.start)
+        f.write(struct.pack("<I", zlib.crc32(data)))
 
 
 def same_state(a, b):
@@ -121,6 +144,7 @@ def same_state(a, b):
     except OSError:
         return False
     da[STATE_RUN_ID] = db[STATE_RUN_ID] = bytes(8)
+    da[STATE_CHECKSUM] = db[STATE_CHECKSUM] = bytes(4)
     return da == db
 
 

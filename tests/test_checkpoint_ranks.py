@@ -87,10 +87,12 @@ STATE_SLOT_RANKS = 2  # a state file's header slot of the number of ranks that w
 
 
 def patch_int(path, slot, value):
-    """writes VALUE into int32 header slot SLOT of the file at PATH"""
+    """writes VALUE into int32 header slot SLOT of the state file at PATH, and its checksum to match (what is
+    checked here is the header's meaning, not the file's integrity)"""
     with open(path, "r+b") as f:
         f.seek(4 * slot)
         f.write(struct.pack("<i", value))
+    e2e.restamp_state(path)
 
 
 def copy_steps(src, dst, steps, ranks):

@@ -269,6 +269,7 @@ with open(f"{FIX}/model.bin", "rb") as f:
 weights = struct.unpack(f"<{(len(model_bytes) - 1024) // 4}f", model_bytes[1024:])
 with open(f"{W}/model_huge.bin", "wb") as f:
     f.write(model_bytes[:1024] + struct.pack(f"<{len(weights)}f", *[w * 1e30 for w in weights]))
+e2e.restamp_model(f"{W}/model_huge.bin")  # weights that are whole, as written: their meaning is what is checked
 r = s.expect_fail("nan: a model file of huge weights", "is not finite at step 1", BASE + ["-e", f"{W}/model_huge.bin", "-o", ""])
 s.check("nan: ... names the file as the cause", f"the weights loaded from the model file '{W}/model_huge.bin' give it at the "
         "first step, before any update: the file is the cause" in r.err and 'no checkpoint was written (-o "")' in r.err, r.err[:600])
@@ -336,6 +337,7 @@ for f in os.listdir(A) if os.path.isdir(A) else []:
         shutil.copy(f"{A}/{f}", C)
 if os.path.exists(ckpt(C, "DONE", 6)):
     os.remove(ckpt(C, "DONE", 6))
+    open(ckpt(C, "WRITING", 6), "w").close()  # what a crash while writing checkpoint 6 leaves (llmc/checkpoint.h)
 r = s.expect_ok("resume: checkpoint 6 without DONE marker (and -y alone)", RES + ["-o", C, "-y"])
 if r:
     s.check("resume: ... picks the complete checkpoint 3", re.search(r"^resumed from .* at step 3$", r.out, re.M),
@@ -371,6 +373,7 @@ if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
     with open(ckpt(G, "state", 6, "_00000.bin"), "r+b") as f:  # AdamW: m of wte first, then v
         f.seek(1024 + 4 * 10)
         f.write(struct.pack("<f", float("inf")))
+    e2e.restamp_state(ckpt(G, "state", 6, "_00000.bin"))  # written so by a run that diverged: whole, not damaged
 s.expect_fail("resume: state with an infinity names the slice", "the optimizer state of wte, float 10 of its 4096, is inf",
               RES7 + ["-o", G, "-y", "1"])
 
@@ -384,6 +387,7 @@ def patched_state(name, fmt, slot, value):
         with open(ckpt(d, "state", 6, "_00000.bin"), "r+b") as f:
             f.seek(4 * slot)
             f.write(struct.pack(fmt, value))
+        e2e.restamp_state(ckpt(d, "state", 6, "_00000.bin"))
     return d
 
 
@@ -431,6 +435,7 @@ LOGR = f"{W}/run_log"
 if os.path.isdir(A):
     shutil.copytree(A, LOGR)
     os.remove(ckpt(LOGR, "DONE", 6))
+    open(ckpt(LOGR, "WRITING", 6), "w").close()
     r = s.expect_ok("log: resume from 3 after steps 4..6 were logged", RES + ["-o", LOGR, "-y", "1"])
     if r:
         rows = read_log(LOGR)
@@ -566,6 +571,7 @@ def state_without_run_id(path):
     with open(path, "rb") as f:
         data = bytearray(f.read())
     data[72:80] = bytes(8)
+    data[e2e.STATE_CHECKSUM] = bytes(4)  # (which covers the identity)
     return bytes(data)
 
 
@@ -904,6 +910,7 @@ INC = f"{W}/i21_incomplete"
 if os.path.isdir(A):
     os.makedirs(INC)
     shutil.copy(ckpt(A, "model", 3, ".bin"), INC)
+    open(ckpt(INC, "WRITING", 3), "w").close()  # the record a writer killed mid-checkpoint leaves (llmc/checkpoint.h)
     r = s.expect_fail("incomplete: -y with only a checkpoint without DONE marker", "no complete checkpoint (DONE_* marker)",
                       BASE + ["-o", INC, "-y"])
     s.check("incomplete: ... does not send back to -y", "resume it with -y" not in r.err.split("hint:")[-1], r.err)
@@ -911,9 +918,11 @@ if os.path.isdir(A):
     if r:
         s.check("incomplete: ... saying which file it removed",
                 f"removed '{ckpt(INC, 'model', 3, '.bin')}': a file of an incomplete checkpoint" in r.out, r.out[:300])
+    s.check("incomplete: ... and its WRITING record last", not os.path.exists(ckpt(INC, "WRITING", 3)), os.listdir(INC))
     shutil.rmtree(INC)
     os.makedirs(INC)
     shutil.copy(ckpt(A, "model", 3, ".bin"), INC)
+    open(ckpt(INC, "WRITING", 3), "w").close()
     with open(f"{INC}/log.jsonl", "w") as f:
         f.write('{"step": 1, "loss": 4.0}\n')
     r1 = s.expect_fail("incomplete: a log but no checkpoint, -y: one way on", "start over there with --overwrite 1", BASE + ["-o", INC, "-y"])
@@ -1041,5 +1050,84 @@ s.check("utf-8: a sample of split characters and invalid bytes prints as valid U
         f"exit code {p.returncode}: {valid}")
 s.check("utf-8: ... holding whole characters and U+FFFD", ("日" in text or "本" in text or "🙂" in text) and "\ufffd" in text,
         text[-300:])
+
+# ----------------------------------------------------------------------------
+# 16. issue 38: no file of the user's is removed, damage is named, a closed stdout or an out-of-range
+# number is no crash
+
+# a file of the user's named like a checkpoint file, with no DONE or WRITING record of this trainer's
+# beside it, is never removed as "an incomplete checkpoint": the run stops, naming it
+MINE = f"{W}/i38_mine"
+os.makedirs(MINE)
+shutil.copy(f"{FIX}/model.bin", f"{MINE}/model_00000500.bin")
+for extra, what in (([], "a fresh run"), (["--overwrite"], "--overwrite 1"), (["-y"], "-y 1")):
+    phrase = "no complete checkpoint" if extra == ["-y"] else "this trainer has no record of writing it"
+    s.expect_fail(f"user's file: {what} in a folder holding only the user's model_00000500.bin stops", phrase,
+                  BASE + ["-x", "2", "-o", MINE] + extra)
+    s.check(f"user's file: ... after {what}, the file is still there, unchanged",
+            same_bytes(f"{FIX}/model.bin", f"{MINE}/model_00000500.bin"), os.listdir(MINE))
+# beside a complete checkpoint of this trainer's too (-y resumes it, but the user's file still stops it)
+if os.path.isdir(A):
+    copy_checkpoint(A, 3, MINE)
+    s.expect_fail("user's file: ... beside a complete checkpoint, -y stops too, naming it", "model_00000500.bin' is named like a file",
+                  RES + ["-o", MINE, "-y"])
+    s.check("user's file: ... still there", same_bytes(f"{FIX}/model.bin", f"{MINE}/model_00000500.bin"), os.listdir(MINE))
+
+
+def damaged(name, file, offset):
+    """a copy of run A (checkpoints 3 and 6) in W/NAME with 16 bytes of FILE's checkpoint 6 set to 0x7f at OFFSET"""
+    d = f"{W}/{name}"
+    shutil.copytree(A, d)
+    with open(ckpt(d, *file), "r+b") as f:
+        f.seek(offset)
+        f.write(b"\x7f" * 16)
+    return d
+
+
+# 16 bytes of a checkpoint file set to 0x7f: the resume names the file as damaged (its checksum) and goes
+# back to the newest intact checkpoint, which trains on bit for bit as the straight run
+if os.path.isfile(ckpt(A, "state", 6, "_00000.bin")):
+    for name, file, offset in (("state file, in its optimizer state", ("state", 6, "_00000.bin"), 4096),
+                               ("state file, in its header's data position and RNG", ("state", 6, "_00000.bin"), 4 * 8),
+                               ("model file, in its weights", ("model", 6, ".bin"), 4096)):
+        d = damaged("i38_" + name.split(",")[0].replace(" ", "_") + str(offset), file, offset)
+        r = s.expect_ok(f"damage: 16 bytes of checkpoint 6's {name}: -y resumes", RES + ["-o", d, "-y"])
+        if r:
+            s.check(f"damage: ... naming the file as damaged and skipping checkpoint 6",
+                    f"skipped the checkpoint of step 6 in {d}/" in r.out and f"{ckpt(d, *file)}' is damaged" in r.out, r.out[:600])
+            s.check(f"damage: ... from checkpoint 3", f"resumed from {d}/ at step 3" in r.out, r.out[:600])
+            s.check(f"damage: ... and trains checkpoint 6 again as the straight run did",
+                    same_bytes(ckpt(A, "model", 6, ".bin"), ckpt(d, "model", 6, ".bin")), "model 6 differs")
+    # a damaged model file given to -e is named, not trained from
+    d = damaged("i38_model_e", ("model", 6, ".bin"), 8192)
+    s.expect_fail("damage: -e of a damaged model file stops, naming it", f"model file '{ckpt(d, 'model', 6, '.bin')}' is damaged",
+                  BASE + ["-e", ckpt(d, "model", 6, ".bin"), "-o", ""])
+    # llm.c's files record no checksum (slots 16-19 are 0): read as before
+    plain = f"{W}/i38_llmc_model.bin"
+    shutil.copy(ckpt(A, "model", 6, ".bin"), plain)
+    with open(plain, "r+b") as f:
+        f.seek(4 * 16)
+        f.write(bytes(16))
+    s.expect_ok("damage: a model file without a checksum (llm.c's) is read as before", BASE + ["-e", plain, "-x", "1", "-o", ""])
+
+# a closed stdout (| head -1) does not stop the run: it trains on, writes its checkpoints and log, exits 0
+PIPE = f"{W}/i38_pipe"
+p = subprocess.Popen(BASE + ["-x", "30", "-n", "10", "-o", PIPE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+first = p.stdout.readline()
+p.stdout.close()  # as head -1 does
+err = p.stderr.read()
+rc = p.wait(timeout=60)
+s.check("closed stdout: the run goes on to its end (exit 0)", rc == 0 and first != "", f"exit code {rc}: {err[-300:]}")
+s.check("closed stdout: ... with every step in log.jsonl and its last checkpoint",
+        os.path.isfile(ckpt(PIPE, "DONE", 30)) and [x["step"] for x in read_log(PIPE) if "loss" in x] == list(range(1, 31)),
+        os.listdir(PIPE) if os.path.isdir(PIPE) else "no -o")
+s.check("closed stdout: ... saying so once on stderr", err.count("standard output is closed") == 1, err[-300:])
+s.expect_ok("closed stdout: ... and -y then finds the run complete", BASE + ["-x", "30", "-n", "10", "-o", PIPE, "-y"])
+
+# numbers beyond their type are named as such, not as "not an integer" or "out of memory"
+s.expect_fail("range: --loss-chunk 2147483648 is beyond an int", "2147483648 is beyond the range of an int",
+              BASE + ["--loss-chunk", "2147483648"])
+s.expect_fail("range: WORLD_SIZE=1000000000 is more processes than the program runs", "WORLD_SIZE=1000000000: more processes than",
+              BASE, env={"RANK": "0", "WORLD_SIZE": "1000000000", "LOCAL_RANK": "0"})
 
 s.finish()
