@@ -38,6 +38,7 @@ import mmap
 import os
 import struct
 import sys
+import zlib
 
 MODEL_MAGIC = 20240326    # llmc/checkpoint.h
 MODEL_VERSION_FP32 = 3
@@ -419,6 +420,27 @@ def model_header(cfg):
     return struct.pack(f"<{HEADER_INTS}i", *h)
 
 
+SLOT_CHECKSUM_KIND, SLOT_CHECKSUM = 16, 17   # llmc/checkpoint.h: the CRC-32 of the weights, as train_gpt's files record it
+CHECKSUM_CRC32 = 0x32335243
+CHECKSUM_READ_BYTES = 1 << 24
+
+
+def stamp_checksum(path):
+    """records the CRC-32 of the model file's weights in its header, as train_gpt writes its own (llm.c ignores these slots)"""
+    crc = 0
+    with open(path, "r+b") as f:
+        f.seek(4 * HEADER_INTS)
+        while True:
+            chunk = f.read(CHECKSUM_READ_BYTES)
+            if not chunk:
+                break
+            crc = zlib.crc32(chunk, crc)
+        f.seek(4 * SLOT_CHECKSUM_KIND)
+        f.write(struct.pack("<iI", CHECKSUM_CRC32, crc))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def num_parameters(cfg):
     L, C, Vp, maxT = cfg["L"], cfg["C"], cfg["Vp"], cfg["maxT"]
     return Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -463,6 +485,7 @@ def main(argv=None):
         expected = 4 * HEADER_INTS + 4 * P
         if os.path.getsize(tmp) != expected:  # a bug here, not in the input
             raise ConvertError(f"wrote {os.path.getsize(tmp)} bytes, the header implies {expected}")
+        stamp_checksum(tmp)
         os.replace(tmp, out_path)
         tmp = None
     except ConvertError as e:

@@ -18,19 +18,26 @@ With GPT-2's vocabulary (V = 50257) the folder also gets the tokenizer, GPT-2's 
 vocab.bpe as vocab.json and merges.txt (from --bpe), so AutoTokenizer and pipeline() load it too.
 
 Standard library only. A model file is read one tensor at a time (memory: the largest tensor).
-Failure: a missing or foreign file, or a folder without a complete checkpoint, stops with what is
-wrong and how to make a right one; files are written to temporary names and renamed, so a failed
-run leaves none half written.
+Checked before anything is written: the CRC-32 that train_gpt's model files record of their weights
+(llmc/checkpoint.h, slots 16-17; llm.c's files have none), so a damaged file is named, not exported
+(a run's folder falls back to its newest intact checkpoint, saying so), and every weight finite.
+The output folder must be new, empty, or an earlier export's (only the files this script writes):
+transformers would load another model's pytorch_model.bin or tokenizer.json beside the new one.
+Failure: a missing, foreign or damaged file, NaN weights, a folder without a complete checkpoint, or
+an output that is a file or holds other files, stops with what is wrong and how to make a right one;
+files are written to temporary names and renamed, so a failed run leaves none half written.
 """
 
 import argparse
 import array
 import json
+import math
 import os
 import re
 import shutil
 import struct
 import sys
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import convert_hf_gpt2 as hf  # noqa: E402  (the tensor table, the transpose, the header's numbers)
@@ -41,6 +48,11 @@ SHARED_BPE_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(_
 GPT2_VOCAB = 50257        # with this vocabulary the tokenizer is GPT-2's and goes along
 SAFETENSORS_ALIGN = 8     # the format pads its JSON header with spaces to this
 PREFIX = "transformer."   # save_pretrained's names for GPT2LMHeadModel's body
+SLOT_CHECKSUM_KIND, SLOT_CHECKSUM = 16, 17  # llmc/checkpoint.h: MODEL_SLOT_CHECKSUM_KIND, MODEL_SLOT_CHECKSUM
+CHECKSUM_CRC32 = 0x32335243                 # MODEL_CHECKSUM_CRC32: slot 17 is the CRC-32 of the weights' bytes
+CHECK_READ_BYTES = 1 << 24                  # read at a time for the checksum
+# every file this script writes into its output folder; an earlier export's folder holds only these
+EXPORT_FILES = ("model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json")
 
 
 class ExportError(Exception):
@@ -51,15 +63,26 @@ class ExportError(Exception):
 # the model file (llmc/checkpoint.h)
 
 def newest_checkpoint(folder):
-    """the model file of the newest complete checkpoint (DONE_<step> marker) in FOLDER"""
-    steps = [int(m.group(1)) for m in (re.fullmatch(r"DONE_(\d{8})", n) for n in os.listdir(folder)) if m]
+    """the model file of the newest complete checkpoint (DONE_<step> marker) in FOLDER that is whole and
+    intact (read_header, check_sum); newer damaged ones are named and skipped, as train_gpt -y 1 does"""
+    steps = sorted((int(m.group(1)) for m in (re.fullmatch(r"DONE_(\d{8})", n) for n in os.listdir(folder)) if m), reverse=True)
     if not steps:
         raise ExportError(f"'{folder}' holds no complete checkpoint (no DONE_<step> marker)\n"
                           f"  hint: give a model file, or a run's output folder (./train_gpt -o {folder})")
-    path = os.path.join(folder, f"model_{max(steps):08d}.bin")
-    if not os.path.isfile(path):
-        raise ExportError(f"'{folder}' marks step {max(steps)} complete but has no {os.path.basename(path)}\n  hint: {MODEL_HINT}")
-    return path
+    problems = []
+    for step in steps:
+        path = os.path.join(folder, f"model_{step:08d}.bin")
+        try:
+            if not os.path.isfile(path):
+                raise ExportError(f"'{folder}' marks step {step} complete but has no {os.path.basename(path)}\n  hint: {MODEL_HINT}")
+            check_sum(path, read_header(path)[0])
+        except ExportError as e:
+            problems.append(str(e).split("\n")[0])
+            print(f"skipped the checkpoint of step {step}: {problems[-1]}")
+            continue
+        return path
+    raise ExportError(f"none of the {len(steps)} complete checkpoint(s) in '{folder}' is intact; the newest: {problems[0]}\n"
+                      f"  hint: export a model file from a copy, or train again")
 
 
 def read_header(path):
@@ -87,6 +110,48 @@ def read_header(path):
         raise ExportError(f"'{path}' is {size} bytes, but its header (L={cfg['L']} C={cfg['C']} V={cfg['V']}) implies "
                           f"{want}: truncated or corrupt\n  hint: {MODEL_HINT}")
     return cfg, width
+
+
+def check_sum(path, cfg):
+    """stops if the model file PATH records the CRC-32 of its weights (train_gpt's files) and they no longer have it"""
+    with open(path, "rb") as f:
+        h = struct.unpack(f"<{hf.HEADER_INTS}i", f.read(4 * hf.HEADER_INTS))
+        if h[1] != hf.MODEL_VERSION_FP32 or h[SLOT_CHECKSUM_KIND] != CHECKSUM_CRC32:
+            return  # llm.c's files, bf16 files: none recorded
+        crc = 0
+        while True:
+            chunk = f.read(CHECK_READ_BYTES)
+            if not chunk:
+                break
+            crc = zlib.crc32(chunk, crc)
+    recorded = h[SLOT_CHECKSUM] & 0xFFFFFFFF
+    if crc != recorded:
+        raise ExportError(f"'{path}' is damaged: its weights' CRC-32 is 0x{crc:08x}, but its header recorded 0x{recorded:08x} "
+                          f"when train_gpt wrote it\n  hint: the file was changed after it was written (a disk or copy error, or an "
+                          f"edit); export an earlier checkpoint, or a copy of this one")
+
+
+def check_finite(name, data):
+    """stops if a weight of the tensor NAME (array of floats) is NaN or infinite, naming the first"""
+    if math.isfinite(sum(data)):  # a NaN or an infinity anywhere makes the sum one
+        return
+    i = next((i for i, x in enumerate(data) if not math.isfinite(x)), None)
+    if i is None:
+        return  # finite weights whose sum overflowed
+    raise ExportError(f"{name}: element {i} is {data[i]}: a model with non-finite weights cannot be used\n"
+                      f"  hint: it was written after its run diverged; export an earlier checkpoint")
+
+
+def check_out_dir(out):
+    """OUT is a folder to write into: new, empty, or an earlier export's (only EXPORT_FILES)"""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ExportError(f"-o '{out}' is a file, not a folder\n  hint: -o names the folder to write the Hugging Face files into")
+    if os.path.isdir(out):
+        others = sorted(n for n in os.listdir(out) if n not in EXPORT_FILES)
+        if others:
+            raise ExportError(f"-o '{out}' holds files this export does not write ({', '.join(others[:5])}"
+                              f"{', ...' if len(others) > 5 else ''}): transformers would load them beside the new model\n"
+                              f"  hint: choose a new or empty folder, or remove them")
 
 
 def our_shape(ours, cfg):
@@ -188,6 +253,7 @@ def export(model_path, out_dir, bpe_dir):
             for name in names:
                 shape, data = read_tensor(f, places[name], cfg, width)
                 assert shape == shapes[name], f"{name}: {shape} vs {shapes[name]}"  # a bug here, not in the input
+                check_finite(f"'{model_path}': {name}", data)
                 out.write(hf.to_bytes(data))
             out.flush()
             os.fsync(out.fileno())
@@ -202,6 +268,10 @@ def export(model_path, out_dir, bpe_dir):
                                    "unk_token": "<|endoftext|>"}, indent=2) + "\n", written)
         for tmp in written:  # everything whole: now the names
             os.replace(tmp, tmp[:-len(".tmp")])
+        if bpe_dir is None:  # an earlier export's tokenizer is not this model's
+            for stale in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+                if os.path.exists(os.path.join(out_dir, stale)):
+                    os.remove(os.path.join(out_dir, stale))
         written = []
     finally:
         for tmp in written:
@@ -248,7 +318,9 @@ def main(argv=None):
         else:
             raise ExportError(f"'{args.model}' not found\n  hint: {MODEL_HINT}")
         out = args.out or os.path.splitext(os.path.basename(path))[0] + "_hf"
+        check_out_dir(out)
         cfg, _ = read_header(path)
+        check_sum(path, cfg)
         bpe = find_bpe(args.bpe, cfg)
         print(f"{path}: L={cfg['L']} C={cfg['C']} NH={cfg['NH']} V={cfg['V']} (padded {cfg['Vp']}) maxT={cfg['maxT']}")
         export(path, out, bpe)

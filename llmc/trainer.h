@@ -50,6 +50,7 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 #include "sampler.h"
 #include "checkpoint.h"
 #include "distributed.h"
+#include "dist_settings.h"
 #include "profile.h"
 
 // ----------------------------------------------------------------------------
@@ -1792,11 +1793,15 @@ static int train_main(int argc, char** argv) {
     int rc = 0;
     if (!parse_flags(&opt, argc, argv)) {
         check_mode_flags(&opt, dist.world);
+        SettingsDigest settings;
+        settings_digest(&settings, &opt, dist.world, gpt2_backend_name());
+        dist_set_settings_hash(settings.hash);   // the rendezvous refuses another job's peer
         if (dist_by_env() && !opt.plan_only) { gpt2_dist_start(&dist, opt.dist_init); }
         else if (opt.dist_init[0] != '\0' && !opt.plan_only) {
             fail("--dist-init %s: this run is %s, which needs no meeting\n  hint: --dist-init goes with srun or torchrun-style "
                  "variables (RANK, WORLD_SIZE, LOCAL_RANK) in a build of the CUDA trainer; drop it", opt.dist_init, dist_source());
         }
+        if (!opt.plan_only) { settings_check_ranks(&settings, &opt, dist.rank, dist.world, gpt2_backend_name()); }
         rc = flag_given(&opt, "--sample") ? run_sampling(&opt, &dist) : run_training(&opt, &dist, argv[0]);
     }
     dist_finalize();

@@ -31,6 +31,7 @@ import os
 import shutil
 import struct
 import sys
+import zlib
 
 import e2e
 
@@ -150,8 +151,12 @@ if convert("convert: the tiny checkpoint (standard-library reader)", [REF, "-o",
     with open(conv, "rb") as f:
         header = struct.unpack(f"<{HEADER_INTS}i", f.read(4 * HEADER_INTS))
     want = [MODEL_MAGIC, 3, maxT, V, L, NH, C, Vp]
-    s.check("convert: header magic, version 3, maxT, V, L, NH, C, Vp", list(header[:8]) == want and not any(header[8:]),
-            f"header {header[:8]}, want {want}")
+    s.check("convert: header magic, version 3, maxT, V, L, NH, C, Vp", list(header[:8]) == want and not any(header[8:16]) and
+            not any(header[18:]), f"header {header[:8]}, want {want}")
+    with open(conv, "rb") as f:
+        crc = zlib.crc32(f.read()[4 * HEADER_INTS:])
+    s.check("convert: slots 16-17 record the weights' CRC-32, as train_gpt's model files do (llm.c leaves them 0)",
+            header[16] == 0x32335243 and header[17] & 0xFFFFFFFF == crc, f"slots 16-17: {header[16:18]}, CRC-32 0x{crc:08x}")
     size = os.path.getsize(conv)
     s.check("convert: the file holds the header and P fp32 parameters", size == 4 * (HEADER_INTS + P),
             f"{size} bytes, want {4 * (HEADER_INTS + P)}")

@@ -28,6 +28,7 @@ import os
 import struct
 import subprocess
 import sys
+import zlib
 
 import e2e
 
@@ -212,9 +213,10 @@ if os.path.isfile(conv):
     with open(conv, "rb") as f:
         raw = f.read()
     header, body = bytearray(raw[:4 * HEADER_INTS]), raw[4 * HEADER_INTS:]
+    header[4 * 16:4 * 18] = bytes(8)  # no checksum, as llm.c writes them (the bodies below are not the converter's)
     struct.pack_into("<i", header, 4, 5)  # version 5: bf16
     bf16 = bytes(header) + b"".join(body[i + 2:i + 4] for i in range(0, len(body), 4))
-    truncated = raw[:4 * HEADER_INTS] + b"".join(b"\0\0" + body[i + 2:i + 4] for i in range(0, len(body), 4))
+    truncated = bytes(header[:4] + struct.pack("<i", 3) + header[8:]) + b"".join(b"\0\0" + body[i + 2:i + 4] for i in range(0, len(body), 4))
     for name, data in (("bf16.bin", bf16), ("truncated.bin", truncated)):
         with open(os.path.join(W, name), "wb") as f:
             f.write(data)
@@ -241,4 +243,40 @@ if os.path.isfile(conv):
 os.makedirs(os.path.join(W, "no_ckpt"))
 expect_error("error: a folder without a complete checkpoint", ["no_ckpt", "no complete checkpoint"], [os.path.join(W, "no_ckpt")])
 expect_error("error: a path that is not there", ["'/nonexistent/model.bin' not found"], ["/nonexistent/model.bin"])
+
+# damage, NaN weights and the output folder (issue 38): checked before anything is written
+if os.path.isfile(trained):
+    import shutil
+    bad_run = os.path.join(W, "run_damaged")
+    shutil.copytree(run, bad_run)
+    with open(e2e.ckpt(bad_run, "model", STEPS, ".bin"), "r+b") as f:
+        f.seek(4 * HEADER_INTS + 4096)
+        f.write(b"\x7f" * 16)
+    expect_error("error: a damaged model file (16 bytes of 0x7f) is named", ["is damaged: its weights' CRC-32 is"],
+                 [e2e.ckpt(bad_run, "model", STEPS, ".bin")])
+    out = os.path.join(W, "damaged_hf")
+    r = s.expect_ok("export: a run's folder whose newest checkpoint is damaged", EXPORT + [bad_run, "-o", out])
+    if r:
+        s.check("export: ... skips it, naming it, for the newest intact one (step 10)",
+                f"skipped the checkpoint of step {STEPS}" in r.out and "model_00000010.bin" in r.out, r.out[:400])
+    nan = os.path.join(W, "nan.bin")
+    with open(trained, "rb") as f:
+        data = bytearray(f.read())
+    struct.pack_into("<f", data, 4 * HEADER_INTS + 4 * 5, float("nan"))
+    struct.pack_into("<I", data, 4 * 17, zlib.crc32(data[4 * HEADER_INTS:]))  # whole as written: a diverged run's file
+    with open(nan, "wb") as f:
+        f.write(data)
+    expect_error("error: NaN weights are named, not exported", ["transformer.wte.weight: element 5 is nan"], [nan])
+    taken = os.path.join(W, "taken_hf")
+    os.makedirs(taken)
+    for name in ("pytorch_model.bin", "tokenizer.json"):
+        with open(os.path.join(taken, name), "w") as f:
+            f.write("another model's")
+    s.expect_script_error("error: -o holding another model's files is refused, naming them",
+                          ["holds files this export does not write (pytorch_model.bin, tokenizer.json)"],
+                          EXPORT + [trained, "-o", taken], lambda: sorted(set(os.listdir(taken)) - {"pytorch_model.bin", "tokenizer.json"}))
+    s.expect_script_error("error: -o a file is refused", ["is a file, not a folder"], EXPORT + [trained, "-o", nan], lambda: [])
+    again = os.path.join(W, "trained_hf")
+    s.expect_ok("export: into an earlier export's folder again", EXPORT + [trained, "-o", again])
+
 s.finish()
