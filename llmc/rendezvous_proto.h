@@ -174,14 +174,17 @@ static void rendezvous_hello(const RendezvousKeys* k, RendezvousExchange* x, con
     rdv_seal(k, x, RDV_HELLO, msg, RENDEZVOUS_HELLO_BYTES);
 }
 
-// what a refusal says, for the peer's message (rank 0's values and this rank's)
+// what a refusal says, read the same on both sides: rank 0's value, then the peer's
 static void rendezvous_refusal(const RendezvousExchange* x, char* why, size_t why_n) {
     const RendezvousParty *a = &x->rank0, *b = &x->peer;
+    int r = b->rank;
     switch (x->status) {
-        case RDV_WRONG_WORLD: snprintf(why, why_n, "world size %d, this rank's %d", a->world, b->world); break;
-        case RDV_WRONG_JOB: snprintf(why, why_n, "another job (job key %016llx, this rank's %016llx)", (unsigned long long)a->job, (unsigned long long)b->job); break;
-        case RDV_WRONG_SETTINGS: snprintf(why, why_n, "other settings (settings hash %016llx, this rank's %016llx)", (unsigned long long)a->settings, (unsigned long long)b->settings); break;
-        case RDV_RANK_TAKEN: snprintf(why, why_n, "rank %d was taken by another process first", b->rank); break;
+        case RDV_WRONG_WORLD: snprintf(why, why_n, "world size: rank 0's %d, rank %d's %d", a->world, r, b->world); break;
+        case RDV_WRONG_JOB: snprintf(why, why_n, "another job: rank 0's job key %016llx, rank %d's %016llx (SLURM_JOB_ID, SLURM_STEP_ID, "
+                                     "TORCHELASTIC_RUN_ID)", (unsigned long long)a->job, r, (unsigned long long)b->job); break;
+        case RDV_WRONG_SETTINGS: snprintf(why, why_n, "other settings: rank 0's settings hash %016llx, rank %d's %016llx",
+                                          (unsigned long long)a->settings, r, (unsigned long long)b->settings); break;
+        case RDV_RANK_TAKEN: snprintf(why, why_n, "rank %d was taken by another process first", r); break;
         default: snprintf(why, why_n, "status %d", x->status);
     }
 }
