@@ -293,7 +293,7 @@ static void rendezvous_file_peer(const char* dir, const RendezvousParty* me, int
         }
         if (r == 0) {
             fail("--dist-init file:%s: rank 0 refused rank %d: %s\n  hint: every rank of a job needs the same command line and "
-                 "launcher; another job meets in this folder? give each job a folder of its own (e.g. file:DIR/$SLURM_JOB_ID)", dir, me->rank, why);
+                 "launcher; another job meets in this folder? give each job a folder of its own (e.g. file:DIR/RUN)", dir, me->rank, why);
         }
         break;
     }
@@ -408,7 +408,7 @@ static void rendezvous_file_rank0(const char* dir, const RendezvousParty* me, in
         if (!own_secret && rendezvous_secret_changed(dir, me->job, secret, secret_n)) {
                 rendezvous_path(path, sizeof(path), dir, me->job, "secret", NULL);
                 fail("--dist-init file:%s: another rank 0 replaced this job's secret file %s: two jobs meet in this folder at once\n"
-                     "  hint: give each job a folder of its own (e.g. file:DIR/$SLURM_JOB_ID), or start them with a launcher "
+                     "  hint: give each job a folder of its own (e.g. file:DIR/RUN), or start them with a launcher "
                      "that names the job (srun, torchrun)", dir, path);
         }
         if (left > 0 && rendezvous_now() - t0 > limit) {
