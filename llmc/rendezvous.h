@@ -183,7 +183,7 @@ static void rendezvous_give_up(const char* method, double limit, const int* join
     }
     char more[64] = "";
     if (r->count > RENDEZVOUS_REFUSALS_SHOWN) { snprintf(more, sizeof(more), "\n  (and %d more refused)", r->count - RENDEZVOUS_REFUSALS_SHOWN); }
-    fail("--dist-init %s: rank 0 waited %.0f s for rank(s) %s of %d to arrive%s%s\n  hint: %s; LLMC_DIST_TIMEOUT sets the wait",
+    fail("--dist-init %s: rank 0 waited %.0f s for rank(s) %s of %d to arrive%s%s\n  hint: %s (LLMC_DIST_TIMEOUT sets the wait)",
          method, limit, waiting, world, r->text, more, hint);
 }
 
