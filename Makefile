@@ -155,6 +155,12 @@ build/fault_inject.so: tests/fault_inject.c
 	@mkdir -p build
 	$(CC) -std=c11 -O2 -Wall -Wextra -shared -fPIC $< -o $@ -ldl
 
+# one rank of a rendezvous (llmc/rendezvous.h) without the trainer, for tests/test_rendezvous.py's hostile
+# peers (milliseconds a case); built with the sanitizers, so a memory error in the parsing aborts
+build/rendezvous_peer: tests/rendezvous_peer.c llmc/rendezvous.h llmc/rendezvous_proto.h llmc/hmac_sha256.h llmc/utils.h
+	@mkdir -p build
+	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
+
 build/test_matmul: tests/test_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
@@ -188,7 +194,7 @@ build/emu_nompi/train_gpt:
 endif
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/fault_inject.so build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
+test: train_gpt test_gpt build/test_matmul build/fault_inject.so build/rendezvous_peer build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)

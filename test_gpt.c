@@ -1279,6 +1279,12 @@ static void write_fuzz_bpe(const char* dir) {
     fclose(f);
 }
 
+static void write_bytes(const char* path, const void* bytes, size_t n) {
+    FILE* f = fopen_check(path, "wb");
+    fwrite_check(bytes, 1, n, f);
+    fclose_check(f);
+}
+
 // the fuzzer's seed files (tests/fuzz_corpus.h): each one that the fuzzer reads whole is
 // accepted by its reader; the state resumes the model on the shard
 static void write_fuzz_corpus(const char* dir) {
@@ -1303,6 +1309,14 @@ static void write_fuzz_corpus(const char* dir) {
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_TOKENIZER_FILE);
     write_tokenizer(path, cfg.vocab_size);
     write_fuzz_bpe(dir);
+    static RendezvousExchange x;
+    RendezvousKeys k;
+    uint8_t hello[RENDEZVOUS_HELLO_BYTES], answer[RENDEZVOUS_ANSWER_BYTES(FUZZ_RDV_ID_BYTES)];
+    fuzz_rdv_exchange(&k, &x, hello, answer);
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_RDV_HELLO_FILE);
+    write_bytes(path, hello, sizeof(hello));
+    snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_RDV_ANSWER_FILE);
+    write_bytes(path, answer, sizeof(answer));
     free(params);
     free(state);
 }

@@ -257,7 +257,7 @@ static void nccl_start_by_env(Dist* d, const char* method) {
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (d->rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
-    rendezvous_share(method, d->rank, d->world, &id, sizeof(id));
+    rendezvous_share(method, d->rank, d->world, dist_settings_hash(), &id, sizeof(id));
     g_nccl_host.timeout_s = rendezvous_timeout_s();
     NCCL_CHECK(ncclCommInitRank(&g_nccl_host.comm, d->world, id, d->rank));
     if (nccl_built_with()) {

@@ -8,6 +8,8 @@
 #   --slurm   srun's: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_NTASKS, SLURM_LOCALID
 #
 # Every process writes where this script does (the trainer silences the stdout of ranks above 0).
+# The processes share a job secret for --dist-init (llmc/rendezvous.h): LLMC_DIST_SECRET (or
+# LLMC_DIST_SECRET_FILE) as set, else a fresh random one made here for this launch.
 # The script waits for every process and exits with the first
 # non-zero status among them (0 when all succeeded); a signal to it (Ctrl-C) ends them all.
 set -u
@@ -19,6 +21,10 @@ if [ $# -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
 fi
 n=$1
 shift
+if [ -z "${LLMC_DIST_SECRET:-}" ] && [ -z "${LLMC_DIST_SECRET_FILE:-}" ]; then
+    LLMC_DIST_SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    export LLMC_DIST_SECRET
+fi
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null' INT TERM
 for ((r = 0; r < n; r++)); do

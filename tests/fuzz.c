@@ -138,6 +138,55 @@ static void fuzz_bpe_vocab(const char* path) {
     fuzz_bpe(encoder, path);
 }
 
+// the rendezvous's messages (llmc/rendezvous_proto.h), each as the other side parses bytes from the network:
+// rank 0 a peer's HELLO (then judges it and answers), a peer rank 0's ANSWER to its HELLO. The bytes sit in
+// an allocation of their own size, so that a parser reading past them is a sanitizer's report
+#define FUZZ_RDV_READ_MAX (RENDEZVOUS_ANSWER_BYTES(FUZZ_RDV_ID_BYTES) + FUZZ_MAX_EDITS * FUZZ_MAX_APPEND)
+
+static uint8_t* fuzz_rdv_read(const char* path, size_t* n) {
+    uint8_t buf[FUZZ_RDV_READ_MAX];
+    FILE* f = fopen_check(path, "rb");
+    *n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    uint8_t* msg = (uint8_t*)malloc_check(*n ? *n : 1);
+    memcpy(msg, buf, *n);
+    return msg;
+}
+
+static void fuzz_rdv_hello(const char* path) {
+    uint8_t answer[RENDEZVOUS_ANSWER_BYTES(FUZZ_RDV_ID_BYTES)], id[FUZZ_RDV_ID_BYTES] = {0};
+    size_t n;
+    uint8_t* msg = fuzz_rdv_read(path, &n);
+    RendezvousKeys k;
+    rendezvous_keys(&k, FUZZ_RDV_SECRET, strlen(FUZZ_RDV_SECRET));
+    static RendezvousExchange x;
+    char why[RENDEZVOUS_WHY_LEN];
+    if (!rendezvous_read_hello(&k, &x, msg, n, why, sizeof(why))) { fail("rendezvous HELLO %s refused: %s", path, why); }
+    RendezvousParty me = {0, 2, FUZZ_RDV_SETTINGS, 0};
+    int taken[2] = {0, 0};
+    int status = rendezvous_judge(&x, &me, taken);
+    uint8_t nonce[RENDEZVOUS_NONCE_BYTES] = {0};
+    rendezvous_answer(&k, &x, &me, status, nonce, id, sizeof(id), answer);
+    if (status != RDV_OK) { rendezvous_refusal(&x, why, sizeof(why)); fail("rendezvous HELLO %s refused: %s", path, why); }
+    free(msg);
+}
+
+static void fuzz_rdv_answer(const char* path) {
+    uint8_t hello[RENDEZVOUS_HELLO_BYTES], id[FUZZ_RDV_ID_BYTES];
+    size_t n;
+    uint8_t* msg = fuzz_rdv_read(path, &n);
+    RendezvousKeys k;
+    static RendezvousExchange x;
+    fuzz_rdv_exchange(&k, &x, hello, NULL);
+    char why[RENDEZVOUS_WHY_LEN];
+    int r = rendezvous_read_answer(&k, &x, msg, n, id, sizeof(id), why, sizeof(why));
+    if (r != 1) { fail("rendezvous ANSWER %s %s: %s", path, r == 0 ? "is a refusal" : "cannot be trusted", why); }
+    for (int i = 0; i < FUZZ_RDV_ID_BYTES; i++) {
+        if (id[i] != (uint8_t)i) { fprintf(stderr, "an ANSWER taken with the wrong id: byte %d is %d\n", i, id[i]); abort(); }
+    }
+    free(msg);
+}
+
 // ----------------------------------------------------------------------------
 // the command line: parsed, then checked and planned as the trainer does for the tiny preset
 
@@ -369,6 +418,8 @@ static const FuzzTarget TARGETS[] = {
     {"BPE encoder.json", fuzz_bpe_encoder, FUZZ_BPE_ENCODER_FILE},
     {"BPE vocab.bpe", fuzz_bpe_vocab, FUZZ_BPE_VOCAB_FILE},
     {"flags", fuzz_flags, NULL},
+    {"rendezvous HELLO (rank 0 reads)", fuzz_rdv_hello, FUZZ_RDV_HELLO_FILE},
+    {"rendezvous ANSWER (a rank reads)", fuzz_rdv_answer, FUZZ_RDV_ANSWER_FILE},
 };
 #define NUM_TARGETS ((int)(sizeof(TARGETS) / sizeof(TARGETS[0])))
 

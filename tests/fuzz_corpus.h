@@ -22,4 +22,31 @@ fuzzer reads the shapes from here.
 #define FUZZ_STEP 3                       // the state is of step 3: data position 3 * B * T
 #define FUZZ_RUN_ID 0x5eed5eed5eed5eedULL
 
+// the rendezvous's messages (llmc/rendezvous_proto.h): rank 1's HELLO of a world of 2, and rank 0's
+// ANSWER to it, each read by the other side's parser; the exchange is made from fixed nonces, so the
+// writer (test_gpt) and the readers (the fuzzer) make the same one
+#include "../llmc/rendezvous_proto.h"
+#define FUZZ_RDV_HELLO_FILE "fuzz_rdv_hello.bin"
+#define FUZZ_RDV_ANSWER_FILE "fuzz_rdv_answer.bin"
+#define FUZZ_RDV_SECRET "fuzz-rendezvous-secret"
+#define FUZZ_RDV_SETTINGS 0x5e7715a5e7715aULL
+#define FUZZ_RDV_ID_BYTES 128      // NCCL's id
+#define FUZZ_RDV_NONCE_BYTE 0x42   // every byte of both nonces
+
+// k, and x holding the HELLO (hello: its bytes) and, with answer != NULL, rank 0's ANSWER (its bytes)
+static void fuzz_rdv_exchange(RendezvousKeys* k, RendezvousExchange* x, uint8_t* hello, uint8_t* answer) {
+    RendezvousParty peer = {1, 2, FUZZ_RDV_SETTINGS, 0}, rank0 = {0, 2, FUZZ_RDV_SETTINGS, 0};
+    uint8_t nonce[RENDEZVOUS_NONCE_BYTES], id[FUZZ_RDV_ID_BYTES];
+    memset(nonce, FUZZ_RDV_NONCE_BYTE, sizeof(nonce));
+    for (int i = 0; i < FUZZ_RDV_ID_BYTES; i++) { id[i] = (uint8_t)i; }
+    rendezvous_keys(k, FUZZ_RDV_SECRET, strlen(FUZZ_RDV_SECRET));
+    rendezvous_hello(k, x, &peer, nonce, hello);
+    if (answer != NULL) {
+        static RendezvousExchange server;
+        char why[RENDEZVOUS_WHY_LEN];
+        rendezvous_read_hello(k, &server, hello, RENDEZVOUS_HELLO_BYTES, why, sizeof(why));
+        rendezvous_answer(k, &server, &rank0, RDV_OK, nonce, id, sizeof(id), answer);
+    }
+}
+
 #endif // TESTS_FUZZ_CORPUS_H

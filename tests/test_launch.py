@@ -3,8 +3,10 @@ emulated device, whose NCCL then carries its collectives over loopback sockets:
   - the place of each process from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK) or slurm's
     (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID), printed in the configuration table; partly
     set, contradicting or impossible variables stop, naming them; sbatch's one shell is one process;
-  - NCCL's id handed over by --dist-init file:DIR (a stale answer in the folder is not taken) and
-    tcp:127.0.0.1:PORT; a rank whose partner never comes stops after LLMC_DIST_TIMEOUT, naming it;
+  - NCCL's id handed over by --dist-init file:DIR (stale files of a killed run in the folder are not
+    taken) and tcp:127.0.0.1:PORT (which needs the job's secret, LLMC_DIST_SECRET: launch_local.sh
+    makes one; a port outside 1..65535 is refused); a rank whose partner never comes stops after
+    LLMC_DIST_TIMEOUT, naming it (the hostile peers: tests/test_rendezvous.py);
   - 2 and 3 processes started by scripts/launch_local.sh (torchrun-style and --slurm, each init
     method, the build without MPI and the MPI build alike) train the bitwise same losses, gradient
     norms and model as `mpirun -np N` of the MPI build; --zero 1 and --offload optimizer too (their
@@ -39,6 +41,9 @@ SLURM = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0"}
 DEAD_RANK_LIMIT_S = 5   # the survivors of a kill -9 stop within this (the socket closes at once; the watchdog looks every 0.2 s)
 os.environ["LLMC_DIST_TIMEOUT"] = "60"   # a rendezvous that fails in a check below fails fast
 os.environ["CUDA_EMU_NCCL_TIMEOUT"] = "120"
+os.environ.pop("LLMC_DIST_SECRET", None)   # launch_local.sh makes one; the runs started here pass SECRET
+os.environ.pop("LLMC_DIST_SECRET_FILE", None)
+SECRET = {"LLMC_DIST_SECRET": "test-launch-secret-0123"}
 
 
 def free_port():
@@ -109,10 +114,14 @@ s.expect_fail("file: rank 1 alone: stops after LLMC_DIST_TIMEOUT, waiting for ra
               [EMU_NOMPI] + ONE + ["--dist-init", meet("file", "alone1")], env=dict(TORCH, RANK="1", LOCAL_RANK="1", **quick))
 s.expect_fail("file: rank 0 of 3 alone: stops, naming ranks 1 and 2", "rank 0 waited 3 s for rank(s) 1, 2 of 3",
               [EMU_NOMPI] + ONE + ["--dist-init", meet("file", "alone0")], env=dict(TORCH, WORLD_SIZE="3", **quick))
-s.expect_fail("tcp: rank 0 alone: stops, naming rank 1", "rank 0 waited 3 s for rank(s) 1 of 2 to connect",
-              [EMU_NOMPI] + ONE + ["--dist-init", meet("tcp", "alone")], env=dict(TORCH, **quick))
+s.expect_fail("tcp: rank 0 alone: stops, naming rank 1", "rank 0 waited 3 s for rank(s) 1 of 2 to arrive",
+              [EMU_NOMPI] + ONE + ["--dist-init", meet("tcp", "alone")], env=dict(TORCH, **quick, **SECRET))
 s.expect_fail("tcp: rank 1 alone: stops, waiting for rank 0", "rank 1 waited 3 s for rank 0 to listen",
-              [EMU_NOMPI] + ONE + ["--dist-init", meet("tcp", "alone")], env=dict(TORCH, RANK="1", LOCAL_RANK="1", **quick))
+              [EMU_NOMPI] + ONE + ["--dist-init", meet("tcp", "alone")], env=dict(TORCH, RANK="1", LOCAL_RANK="1", **quick, **SECRET))
+s.expect_fail("tcp: without the job's secret: stops at once, showing how to make one", "head -c 16 /dev/urandom",
+              [EMU_NOMPI] + ONE + ["--dist-init", meet("tcp", "nosecret")], env=TORCH)
+s.expect_fail("tcp: port 99999: refused (not 1..65535)", "port '99999' is not a number in 1..65535",
+              [EMU_NOMPI] + ONE + ["--dist-init", "tcp:127.0.0.1:99999"], env=dict(TORCH, **SECRET))
 
 # ----------------------------------------------------------------------------
 # 2 and 3 processes: the mpirun run's losses, bit for bit
@@ -132,14 +141,20 @@ for n in (2, 3):
         build = "the MPI build" if prog == EMU else "without MPI"
         name = f"{n} ranks, {launcher}, --dist-init {kind}, {build}"
         d = s.path(f"run{n}_{launcher[:5]}_{kind}_{os.path.basename(os.path.dirname(prog))}")
+        stale = []
         if kind == "file" and n == 2 and launcher == "slurm":
-            # a stale request and answer of an earlier run that died in the folder: not taken
+            # the files of an earlier run that died in the folder (srun's job key is that of no launch here:
+            # 0): a secret, a request, an answer and an acknowledgement, and the old protocol's; none is taken
             m = meet("file", "stale")
-            with open(os.path.join(m[5:], "llmc_dist.want.1"), "wb") as f:
-                f.write((12345).to_bytes(8, "little"))
-            with open(os.path.join(m[5:], "llmc_dist.id.3039"), "wb") as f:
-                f.write(b"\0" * 128)
-            name += " (a stale request and answer in the folder)"
+            job0 = "llmc_dist.0000000000000000"
+            for f, data in ((f"{job0}.secret", b"s" * 32), (f"{job0}.hello.1.{'ab' * 16}", os.urandom(84)),
+                            (f"{job0}.answer.{'cd' * 16}", os.urandom(216)), (f"{job0}.ack.{'ef' * 16}", os.urandom(48)),
+                            ("llmc_dist.want.1", (12345).to_bytes(8, "little")), ("llmc_dist.id.3039", bytes(128))):
+                with open(os.path.join(m[5:], f), "wb") as out:
+                    out.write(data)
+                os.chmod(os.path.join(m[5:], f), 0o600)
+                stale.append(f)
+            name += " (stale files of a killed run in the folder)"
         else:
             m = meet(kind, f"{n}_{launcher[:5]}_{kind}")
         cmd = ["bash", LAUNCH] + (["--slurm"] if launcher == "slurm" else []) + [str(n), prog] + TRAIN + ["--dist-init", m, "-o", d]
@@ -150,8 +165,10 @@ for n in (2, 3):
         s.check(f"{name}: the configuration table says where the ranks came from", f"{n} rank(s) from {source}" in r.out, r.out[:1500])
         same_run(name, d, want)
         if kind == "file":
-            left = [f for f in os.listdir(m[5:]) if not f.endswith(".3039") and not f.endswith("want.1")] if "stale" in m else os.listdir(m[5:])
-            s.check(f"{name}: the folder is left as it was found", left == [], " ".join(left))
+            # rank 0 claims (and removes) the stale request; the rest is left as it was
+            left = sorted(os.listdir(m[5:]))
+            want_left = sorted(f for f in stale if ".hello." not in f)
+            s.check(f"{name}: the folder is left as it was found", left == want_left, f"{left} vs {want_left}")
 
 # the host's sums over NCCL: ZeRO-1 (its all-gathers on the device) and the optimizer step on the
 # host (--offload optimizer: the gradients summed and sharded on the host). Bitwise where the sums
@@ -185,7 +202,7 @@ m = meet("tcp", "dead")
 LONG = TRAIN + ["-x", "200", "-n", "1", "--dist-init", m, "-o", d]
 procs = []
 for r in range(3):
-    env = dict(os.environ, RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r))
+    env = dict(os.environ, RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), **SECRET)
     procs.append(subprocess.Popen([EMU_NOMPI] + LONG, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True))
 t0 = time.monotonic()
