@@ -16,7 +16,7 @@
 #   make NCCL=0 train_gpt_cu  the CUDA trainer for one GPU, without NCCL (default: with it where find_nccl.sh finds it)
 
 CC ?= gcc
-CFLAGS = -std=c11 -O3 -march=native -fno-math-errno -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function
+CFLAGS = -std=c11 -O3 -march=native -fno-math-errno -fno-trapping-math -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function
 LDLIBS = -lm
 PYTHON ?= python3
 ifeq ($(USE_BLAS),1)

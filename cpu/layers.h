@@ -27,6 +27,7 @@ Conventions (as in llm.c):
 #include <stddef.h>
 #include "../llmc/model_config.h"  // LAYERNORM_EPS, GELU_SCALE, GELU_CUBIC: the model's, for every backend
 #include "matmul.h"
+#include "vecmath.h"   // exp_vec: the GELU at memory speed
 
 
 // ----------------------------------------------------------------------------
@@ -340,27 +341,32 @@ static void attention_flash_backward(float* dqkv, const float* dout, const float
 }
 
 // ----------------------------------------------------------------------------
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-// (GELU_SCALE and GELU_CUBIC: llmc/model_config.h)
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = GELU_SCALE (x + GELU_CUBIC x^3)
+// (GELU_SCALE and GELU_CUBIC: llmc/model_config.h). Computed as what it equals, x sigmoid(2u) =
+// x / (1 + exp(-2u)): no 1 + tanh(u) that cancels where x is very negative, and an exp that
+// vectorizes (cpu/vecmath.h), so both run at memory speed. Against fp64: within 6.5e-7 relative
+// (1e-6 absolute near 0).
+
+// 0.5 (1 + tanh(u)) = sigmoid(2u), its argument clamped where exp(-2u) would overflow (the result is 0 or 1 there anyway)
+static inline float gelu_sigmoid(float u) { return 1.0f / (1.0f + exp_vec(clamp_vec(-2.0f * u, EXP_VEC_MIN, EXP_VEC_MAX))); }
 
 // out (N) = gelu(inp (N))
 static void gelu_forward(float* out, const float* inp, size_t N) {
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + GELU_CUBIC * x * x * x)));
+        out[i] = x * gelu_sigmoid(GELU_SCALE * (x + GELU_CUBIC * x * x * x));
     }
 }
 
-// dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers
+// dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers.
+// With s = sigmoid(2u): gelu = x s, and ds/dx = 2 s (1 - s) du/dx, du/dx = GELU_SCALE (1 + 3 GELU_CUBIC x^2)
 static void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
-        float u = GELU_SCALE * (x + GELU_CUBIC * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float local = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        float s = gelu_sigmoid(GELU_SCALE * (x + GELU_CUBIC * x * x * x));
+        float local = s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
         dinp[i] += local * dout[i];
     }
 }
