@@ -178,10 +178,8 @@ static float host_grad_norm(const HostStep* h) {
     size_t n = h->num_parameters, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
     #pragma omp parallel for
     for (int k = 0; k < NORM_CHUNKS; k++) {
-        double s = 0.0;
-        size_t end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
-        for (size_t i = k * chunk; i < end; i++) { s += (double)h->grads[i] * h->grads[i]; }
-        partial[k] = s;
+        size_t begin = (size_t)k * chunk < n ? (size_t)k * chunk : n, end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
+        partial[k] = sum_squares_lanes(h->grads + begin, end - begin);
     }
     double total = 0.0;
     for (int k = 0; k < NORM_CHUNKS; k++) { total += partial[k]; }

@@ -95,6 +95,22 @@ static float opt_ema(float avg, float x, OptEma e) { return e.beta * avg + e.one
 
 static float opt_rsqrt(float x) { return 1.0f / sqrtf(x); }
 
+#define OPT_SUM_LANES 8   // each part's sum in this many running sums (element i in lane i % 8), added in order at its end:
+                          // the same order on every machine, and one a compiler can keep in vector registers
+
+// sum of x_i^2 over x (n), in double, one thread: the lanes, then their sum in order
+static double sum_squares_lanes(const float* x, size_t n) {
+    double lane[OPT_SUM_LANES] = {0.0};
+    size_t i = 0;
+    for (; i + OPT_SUM_LANES <= n; i += OPT_SUM_LANES) {
+        for (int k = 0; k < OPT_SUM_LANES; k++) { lane[k] += (double)x[i + k] * x[i + k]; }
+    }
+    for (int k = 0; i < n; i++, k++) { lane[k] += (double)x[i] * x[i]; }
+    double s = 0.0;
+    for (int k = 0; k < OPT_SUM_LANES; k++) { s += lane[k]; }
+    return s;
+}
+
 // sum of x_i^2 over x (n), in double over the fixed partition
 static double opt_sum_squares(const float* x, size_t n) {
     double part[OPT_PARTS], total = 0.0;
@@ -102,9 +118,7 @@ static double opt_sum_squares(const float* x, size_t n) {
     for (int p = 0; p < OPT_PARTS; p++) {
         size_t b, e;
         opt_part(n, p, &b, &e);
-        double s = 0.0;
-        for (size_t i = b; i < e; i++) { s += (double)x[i] * x[i]; }
-        part[p] = s;
+        part[p] = sum_squares_lanes(x + b, e - b);
     }
     for (int p = 0; p < OPT_PARTS; p++) { total += part[p]; }
     return total;
