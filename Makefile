@@ -165,7 +165,7 @@ build/test_matmul: tests/test_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-build/bench_matmul: dev/bench_matmul.c cpu/matmul.h llmc/utils.h
+build/bench_matmul: dev/bench_matmul.c $(HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS) -lopenblas
 

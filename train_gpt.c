@@ -27,6 +27,7 @@ cpu/optimizers.h; the loop, flags, files and memory accounting are shared (llmc/
 #include "cpu/layers.h"
 #include "cpu/optimizers.h"
 #include "cpu/host_step.h"
+#include "cpu/roofline.h"     // --profile's roof column: this machine's bandwidth and GEMM rate
 
 // ----------------------------------------------------------------------------
 // parameters: 16 tensors carved from one allocation, in checkpoint order
@@ -841,6 +842,7 @@ void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
 void gpt2_profile_begin(GPT2* m) { (void)m; }
 void gpt2_profile_end(GPT2* m) { (void)m; }
 const char* gpt2_profile_timing(void) { return "the wall clock of each range (OpenMP threads inside it)"; }
+ProfRoofline gpt2_profile_roofline(void) { return cpu_roofline_measure(); }
 
 #ifndef TESTING
 int main(int argc, char** argv) {

@@ -24,6 +24,7 @@ The machine is shared: rerun when the numbers look low, other work steals cores.
 #include <omp.h>
 #include <cblas.h>
 #include "../cpu/matmul.h"
+#include "../cpu/roofline.h"   // the triad: the memory limit beside the GEMM rates
 
 void openblas_set_num_threads(int); // from OpenBLAS, not declared by every cblas.h
 
@@ -140,7 +141,8 @@ int main(void) {
     double ours_lm = 0, blas_lm = 0;
     bench_table(1, A, B, C, &ours_lm, &blas_lm);
     if (maxt > 1) { bench_table(maxt, A, B, C, &ours_lm, &blas_lm); }
-    printf("\nsgemm_openblas_gflops %.1f\n", blas_lm);
+    printf("\ntriad_gb_s %.1f\n", roof_triad_gb_s());
+    printf("sgemm_openblas_gflops %.1f\n", blas_lm);
     printf("sgemm_ours_gflops %.1f\n", ours_lm);
     free(A); free(B); free(C);
     return 0;

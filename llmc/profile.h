@@ -66,6 +66,15 @@ typedef struct {
     double seconds, bytes, flops;
 } ProfEntry;
 
+// the machine's two limits, as the backend measured them (the CPU's: cpu/roofline.h); 0: not known.
+// A range's roofline share is the least time its bytes and FLOPs need at these limits, over its time:
+// 100% is as fast as this machine goes, whichever limit binds
+typedef struct {
+    double gb_s;      // memory bandwidth (the STREAM triad's)
+    double gflop_s;   // arithmetic (a large GEMM's)
+    char how[160];
+} ProfRoofline;
+
 typedef struct {
     int active;                  // between prof_begin and prof_end: marks count
     int step;                    // the profiled step (1-based)
@@ -75,6 +84,7 @@ typedef struct {
     int open;                    // the CPU clock's open range (an entry), -1: none
     double open_since;
     double step_seconds;
+    ProfRoofline roof;           // prof_set_roofline, after the step
 } Profile;
 
 static Profile g_prof;
@@ -271,13 +281,28 @@ static void prof_sorted(int order[PROF_MAX_ENTRIES]) {
     }
 }
 
+static void prof_set_roofline(ProfRoofline r) { g_prof.roof = r; }
+
+// the share of the roofline a range of bytes and flops reached in `seconds`, or -1 when the limits are not known
+static double prof_roofline_share(double bytes, double flops, double seconds) {
+    if (g_prof.roof.gb_s <= 0.0 || g_prof.roof.gflop_s <= 0.0 || seconds <= 0.0 || (bytes <= 0.0 && flops <= 0.0)) { return -1.0; }
+    double need_memory = bytes / (g_prof.roof.gb_s * 1e9), need_arithmetic = flops / (g_prof.roof.gflop_s * 1e9);
+    return (need_memory > need_arithmetic ? need_memory : need_arithmetic) / seconds;
+}
+
 // the rate of x per second in units of `unit` (0 when nothing was timed)
 static double prof_rate(double x, double seconds, double unit) { return seconds > 0.0 ? x / seconds / unit : 0.0; }
 
 static void prof_print_row(FILE* f, const char* kind, const char* name, const char* stream, int calls, double s,
                            double bytes, double flops, const char* share) {
-    fprintf(f, "| %-22s | %-48s | %-9s | %5d | %9.3f | %6s | %10.2f | %9.3f | %8.1f | %7.3f |\n", kind, name, stream,
-            calls, s * 1e3, share, bytes / 1e6, flops / 1e9, prof_rate(bytes, s, 1e9), prof_rate(flops, s, 1e12));
+    double roof = prof_roofline_share(bytes, flops, s);
+    char roof_text[16] = "-";
+    if (roof >= 0.0) {   // which limit binds: m(emory) or f(lops)
+        int memory_bound = bytes / g_prof.roof.gb_s >= flops / g_prof.roof.gflop_s;
+        snprintf(roof_text, sizeof(roof_text), "%.0f%% %c", 100.0 * roof, memory_bound ? 'm' : 'f');
+    }
+    fprintf(f, "| %-22s | %-48s | %-9s | %5d | %9.3f | %6s | %10.2f | %9.3f | %8.1f | %7.3f | %7s |\n", kind, name, stream,
+            calls, s * 1e3, share, bytes / 1e6, flops / 1e9, prof_rate(bytes, s, 1e9), prof_rate(flops, s, 1e12), roof_text);
 }
 
 // the table: every range, the time outside them, then the same by kind
@@ -286,8 +311,8 @@ static void prof_print(FILE* f) {
     int order[PROF_MAX_ENTRIES];
     prof_sorted(order);
     fprintf(f, "profile of step %d, %s: %.3f ms; %s\n", g_prof.step, g_prof.backend, g_prof.step_seconds * 1e3, g_prof.timing);
-    fprintf(f, "| %-22s | %-48s | %-9s | %5s | %9s | %6s | %10s | %9s | %8s | %7s |\n", "kind", "what", "stream", "calls",
-            "ms", "share", "MB", "GFLOP", "GB/s", "TFLOP/s");
+    fprintf(f, "| %-22s | %-48s | %-9s | %5s | %9s | %6s | %10s | %9s | %8s | %7s | %7s |\n", "kind", "what", "stream", "calls",
+            "ms", "share", "MB", "GFLOP", "GB/s", "TFLOP/s", "roof");
     char share[16];
     for (int k = 0; k < g_prof.n; k++) {
         const ProfEntry* e = &g_prof.e[order[k]];
@@ -314,25 +339,38 @@ static void prof_print(FILE* f) {
                            bytes, flops, share);
         }
     }
+    if (g_prof.roof.gb_s > 0.0) {
+        fprintf(f, "roof: the least time a range's bytes (at %.1f GB/s) and FLOPs (at %.1f GFLOP/s) need, over its time; m: its bytes "
+                "bind, f: its FLOPs\n  (above 100%%: it moves memory better than the triad, or the machine was busier while the "
+                "limits were measured)\n  the limits: %s\n", g_prof.roof.gb_s, g_prof.roof.gflop_s, g_prof.roof.how);
+    }
 }
 
-// the same as one JSON object: {"step", "backend", "timing", "step_ms", "other_ms",
-// "entries": [{"kind", "name", "stream", "calls", "ms", "share", "bytes", "flops", "gb_s", "tflop_s"}]}
+// the same as one JSON object: {"step", "backend", "timing", "step_ms", "other_ms", "roofline": {"gb_s", "gflop_s"}
+// (where measured), "entries": [{"kind", "name", "stream", "calls", "ms", "share", "bytes", "flops", "gb_s", "tflop_s",
+// "roofline_share" (where measured)}]}
 // ("share" of the step; entries of streams other than "compute" overlap it)
 static void prof_write_json(FILE* f) {
     double whole = prof_whole_seconds();
     int order[PROF_MAX_ENTRIES];
     prof_sorted(order);
     fprintf(f, "{\"step\": %d, \"backend\": \"%s\", \"timing\": \"%s\", \"step_ms\": %.6f, \"other_ms\": %.6f, "
-               "\"other_share\": %.6f, \"entries\": [", g_prof.step, g_prof.backend, g_prof.timing,
+               "\"other_share\": %.6f, ", g_prof.step, g_prof.backend, g_prof.timing,
             g_prof.step_seconds * 1e3, prof_other_seconds() * 1e3, prof_other_seconds() / whole);
+    if (g_prof.roof.gb_s > 0.0) {
+        fprintf(f, "\"roofline\": {\"gb_s\": %.3f, \"gflop_s\": %.3f, \"how\": \"%s\"}, ", g_prof.roof.gb_s, g_prof.roof.gflop_s, g_prof.roof.how);
+    }
+    fprintf(f, "\"entries\": [");
     for (int k = 0; k < g_prof.n; k++) {
         const ProfEntry* e = &g_prof.e[order[k]];
         fprintf(f, "%s\n  {\"kind\": \"%s\", \"name\": \"%s\", \"stream\": \"%s\", \"calls\": %d, \"ms\": %.6f, "
-                   "\"share\": %.6f, \"bytes\": %.0f, \"flops\": %.0f, \"gb_s\": %.3f, \"tflop_s\": %.6f}",
+                   "\"share\": %.6f, \"bytes\": %.0f, \"flops\": %.0f, \"gb_s\": %.3f, \"tflop_s\": %.6f",
                 k ? "," : "", PROF_KIND_NAMES[e->kind], e->name, PROF_STREAM_NAMES[e->stream], e->calls,
                 e->seconds * 1e3, e->seconds / whole, e->bytes, e->flops, prof_rate(e->bytes, e->seconds, 1e9),
                 prof_rate(e->flops, e->seconds, 1e12));
+        double roof = prof_roofline_share(e->bytes, e->flops, e->seconds);
+        if (roof >= 0.0) { fprintf(f, ", \"roofline_share\": %.6f", roof); }
+        fprintf(f, "}");
     }
     fprintf(f, "\n]}\n");
 }

@@ -173,6 +173,8 @@ void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm);
 void gpt2_profile_begin(GPT2* m);
 void gpt2_profile_end(GPT2* m);
 const char* gpt2_profile_timing(void);
+// the machine's limits for --profile's roof column, measured after the profiled step (0: not known)
+ProfRoofline gpt2_profile_roofline(void);
 
 // ----------------------------------------------------------------------------
 // the model from -e: a preset initialised randomly, or a model file
@@ -1252,6 +1254,7 @@ static void check_profile_step(const Run* r) {
 // --profile: after the profiled step, its table on stdout and, beside log.jsonl, OUT/profile.json (rank 0)
 static void profile_report(const Run* r) {
     if (r->setup.dist.rank != 0) { return; }
+    prof_set_roofline(gpt2_profile_roofline());
     prof_print(stdout);
     if (r->o->profile == r->start_step + 1) { printf("  (the run's first step: its time holds the warm-up)\n"); }
     if (!r->has_out) { printf("  (no -o: profile.json not written)\n"); return; }

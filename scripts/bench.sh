@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# bench.sh: CPU training throughput against OpenBLAS's sgemm, in one run on one machine.
+# bench.sh: CPU training throughput against OpenBLAS's sgemm and the triad bandwidth, in one run on one machine.
 # Writes a markdown table to stdout and to dev/bench_cpu.md (override with BENCH_OUT).
 #   make bench                       # d12 (B=4, T=64) and the default model d6
 #   STEPS=8 bash scripts/bench.sh    # more steps per model (the first is not timed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-5}
+# the widest SIMD the kernels can use here: figures differ by 2-3x between the two
+SIMD=$(if grep -qw avx512f /proc/cpuinfo; then echo "AVX-512"; elif grep -qw avx2 /proc/cpuinfo; then echo "AVX2, no AVX-512"; else echo "no AVX2"; fi)
 OUT=${BENCH_OUT:-dev/bench_cpu.md}
 DATA="-i data/tinyshakespeare/tiny_shakespeare_train.bin -j '' -o '' -s 0 -v 0"
 
-sgemm_line=$(./build/bench_matmul | tee /dev/stderr | grep '^sgemm_openblas_gflops' | tail -n 1)
-sgemm=$(echo "$sgemm_line" | awk '{print $2}')
+bench_out=$(./build/bench_matmul | tee /dev/stderr)
+sgemm=$(echo "$bench_out" | grep '^sgemm_openblas_gflops' | tail -n 1 | awk '{print $2}')
+triad=$(echo "$bench_out" | grep '^triad_gb_s' | tail -n 1 | awk '{print $2}')
 # Debian's OpenBLAS 0.3.21 picks its AVX2 kernels on some AVX-512 CPUs (Zen 4/5); its AVX-512
 # kernels, forced, are a stricter baseline, reported beside it where the CPU has AVX-512
 sgemm512="n/a"
@@ -43,9 +46,11 @@ bench_model() {
 {
     echo "# CPU training benchmark"
     echo
-    echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), OpenMP threads: ${OMP_NUM_THREADS:-all}."
+    echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($SIMD), OpenMP threads: ${OMP_NUM_THREADS:-all}."
     echo "OpenBLAS sgemm on the largest forward shape of d12 (the classifier) in this run: **$sgemm GFLOP/s**"
     echo "as installed, **$sgemm512 GFLOP/s** with its AVX-512 kernels forced (OPENBLAS_CORETYPE=SkylakeX)."
+    echo "Memory: the STREAM triad over every thread, in the same run: **$triad GB/s** (cpu/roofline.h; --profile's roof column"
+    echo "gives each kernel its share of this bandwidth or of the GEMM rate, whichever binds)."
     echo "GFLOP/s counts 6 per parameter per token plus attention's 6 L T C (the causal half, as llm.c's MFU);"
     echo "ms/step, tok/s and GFLOP/s average steps 2..$STEPS. Command: \`make bench\` (STEPS=$STEPS)."
     echo

@@ -102,6 +102,28 @@ def check_structure(name, rows, js, kinds, emulated=False):
     says = "EMULATED" in js["timing"]
     s.check(f"{name}: the timing {'says' if emulated else 'does not say'} the times are emulated's", says == emulated,
             js["timing"])
+    check_roofline(name, js, measured=not emulated)
+
+
+def check_roofline(name, js, measured):
+    """the CPU measures its limits (triad GB/s, GEMM GFLOP/s) and gives each range with work its share of them:
+    max(bytes / bandwidth, flops / rate) / time; the emulated GPU measures none and gives no shares"""
+    roof = js.get("roofline")
+    if not measured:
+        s.check(f"{name}: no roofline where no limits are measured", roof is None and
+                not any("roofline_share" in e for e in js["entries"]), f"{roof}")
+        return
+    if not s.check(f"{name}: the machine's limits measured (triad and GEMM)", roof is not None and roof["gb_s"] > 0
+                   and roof["gflop_s"] > 0, f"{roof}"):
+        return
+    bad = []
+    for e in js["entries"]:
+        if e["bytes"] == 0 and e["flops"] == 0:
+            continue
+        want = max(e["bytes"] / (roof["gb_s"] * 1e9), e["flops"] / (roof["gflop_s"] * 1e9)) / (e["ms"] / 1e3)
+        if "roofline_share" not in e or abs(e["roofline_share"] - want) > 1e-3 * want + 1e-6:
+            bad.append(f"{e['kind']} {e['name']}: {e.get('roofline_share')} want {want}")
+    s.check(f"{name}: every range's roofline share is max(bytes / bandwidth, FLOPs / rate) over its time", not bad, "; ".join(bad[:3]))
 
 
 def entry(js, kind, name, stream="compute"):
