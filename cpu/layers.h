@@ -392,17 +392,33 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
 // ----------------------------------------------------------------------------
 // softmax and cross-entropy over the (unpadded) vocabulary
 
+#define SOFTMAX_SUM_LANES 16   // the row's sum in this many running sums: vectorized, the same order on every machine
+
 // probs (B,T,Vp) writes softmax over the first V entries of logits (B,T,Vp), zero after V.
-// probs may equal logits (in place).
+// probs may equal logits (in place). Each pass over the row vectorizes (exp_vec: cpu/vecmath.h).
 static void softmax_forward(float* probs, const float* logits, int B, int T, int V, int Vp) {
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
         const float* x = logits + (size_t)bt * Vp;
         float* p = probs + (size_t)bt * Vp;
-        float maxv = -INFINITY;
-        for (int i = 0; i < V; i++) { if (x[i] > maxv) { maxv = x[i]; } }
-        float sum = 0.0f;
-        for (int i = 0; i < V; i++) { p[i] = expf(x[i] - maxv); sum += p[i]; }
+        float lane_max[SOFTMAX_SUM_LANES], maxv = -INFINITY;  // the max in lanes too (any order gives the same max)
+        for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { lane_max[k] = -INFINITY; }
+        int i = 0;
+        for (; i + SOFTMAX_SUM_LANES <= V; i += SOFTMAX_SUM_LANES) {
+            for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { lane_max[k] = x[i + k] > lane_max[k] ? x[i + k] : lane_max[k]; }
+        }
+        for (; i < V; i++) { maxv = x[i] > maxv ? x[i] : maxv; }
+        for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { maxv = lane_max[k] > maxv ? lane_max[k] : maxv; }
+        for (int i = 0; i < V; i++) {  // exp_vec where it is a normal float, 0 below (expf: a denormal or 0 there)
+            float d = x[i] - maxv;
+            p[i] = d < EXP_VEC_MIN ? 0.0f : exp_vec(clamp_vec(d, EXP_VEC_MIN, 0.0f));
+        }
+        float lane[SOFTMAX_SUM_LANES] = {0.0f}, sum = 0.0f;  // the sum in lanes (element i in lane i % 16), then in order
+        for (i = 0; i + SOFTMAX_SUM_LANES <= V; i += SOFTMAX_SUM_LANES) {
+            for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { lane[k] += p[i + k]; }
+        }
+        for (int k = 0; i < V; i++, k++) { lane[k] += p[i]; }
+        for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { sum += lane[k]; }
         float inv = 1.0f / sum;
         for (int i = 0; i < V; i++) { p[i] *= inv; }
         for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
