@@ -252,7 +252,7 @@ static ncclComm_t nccl_comm_create(int world, ncclUniqueId id, int rank, const c
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once: this rank can stop waiting
     ncclComm_t comm = NULL;
-    char what[160];
+    static char what[160];  // static: the watchdog may read it while this returns
     snprintf(what, sizeof(what), "NCCL's communicator of %d ranks (this is rank %d; the number from %s)", world, rank, source);
     nccl_wait_begin(what);
     ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
