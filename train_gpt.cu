@@ -821,8 +821,7 @@ static void model_destroy(Model<floatX>* m) {
     }
     matmul_context_free(&m->matmul);
     if (m->comm != NULL) {
-        nccl_unwatch(m->comm);
-        NCCL_CHECK(ncclCommDestroy(m->comm));
+        nccl_comm_destroy(m->comm);
         CUDA_CHECK(cudaEventDestroy(m->grads_final));
         CUDA_CHECK(cudaEventDestroy(m->reduced));
         CUDA_CHECK(cudaEventDestroy(m->working_taken));
@@ -1041,7 +1040,7 @@ static double copy_wait_ms(Model<floatX>* m) {
     double total = 0.0;
     for (int w = 0; w < m->waits; w++) {
         float ms;
-        CUDA_CHECK(cudaEventSynchronize(m->wait_marks[2 * w + 1]));
+        WATCHED_WAIT(cudaEventSynchronize(m->wait_marks[2 * w + 1]), "a timed wait");
         CUDA_CHECK(cudaEventElapsedTime(&ms, m->wait_marks[2 * w], m->wait_marks[2 * w + 1]));
         total += ms;
     }
@@ -1229,7 +1228,7 @@ static void send_grads_down(Model<floatX>* m, const float* src, size_t n, int b)
 // kernels, so a sum of micro-batches may round differently: tests/test_cuda_matrix.py, 1e-6)
 template <typename floatX>
 static void take_grads(Model<floatX>* m, int l, int b) {
-    CUDA_CHECK(cudaEventSynchronize(m->grads_down[b]));
+    WATCHED_WAIT(cudaEventSynchronize(m->grads_down[b]), "the gradients' copy to the host");
     GradPiece pieces[NUM_PARAMETER_TENSORS];
     int n = grad_group_pieces(&m->config, l, pieces);
     const float* src = m->opt_staging[b];
@@ -1255,7 +1254,7 @@ static void upload_weights(Model<floatX>* m, const float* src, floatX* dst, size
         size_t n = count - done < m->opt_staging_floats ? count - done : m->opt_staging_floats;
         int b = m->next_staging;
         m->next_staging ^= 1;
-        CUDA_CHECK(cudaEventSynchronize(m->staged_up[b]));
+        WATCHED_WAIT(cudaEventSynchronize(m->staged_up[b]), "a staging buffer's copy to the device");
         floatX* staged = (floatX*)m->opt_staging[b];
         #pragma omp parallel for
         for (size_t j = 0; j < n; j++) { staged[j] = from_float<floatX>(src[done + j]); }
@@ -1345,7 +1344,7 @@ template <typename floatX>
 static float mean_loss(Model<floatX>* m, int B, int T) {
     size_t BT = (size_t)B * T;
     CUDA_CHECK(cudaMemcpyAsync(m->host_losses, m->losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) { sum += m->host_losses[i]; }
     return (float)(sum / BT);
@@ -1575,7 +1574,7 @@ static void reduce_now_final(Model<floatX>* m, int layer) {
 template <typename floatX>
 static void model_reduce_grads(Model<floatX>* m) {
     if (m->offload_opt != OPT_OFFLOAD_NONE && !offloads_shard(m)) {  // the gradients are (or are on their way) in host memory
-        if (m->send_in_backward) { CUDA_CHECK(cudaStreamSynchronize(m->grad_stream)); }
+        if (m->send_in_backward) { WATCHED_WAIT(cudaStreamSynchronize(m->grad_stream), "the gradients' stream"); }
         m->send_in_backward = 0;
         HostStep h = host_step_of(m);
         if (m->dist.world > 1) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums, on the host"); }
@@ -1590,7 +1589,7 @@ static void model_reduce_grads(Model<floatX>* m) {
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
         prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
         m->reduce_in_backward = 0;
-        if (offloads_shard(m)) { CUDA_CHECK(cudaEventSynchronize(m->reduced)); }  // the shard's copies to the host too
+        if (offloads_shard(m)) { WATCHED_WAIT(cudaEventSynchronize(m->reduced), "the gradients' reduction"); }  // the shard's copies to the host too
         return;
     }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "NCCL gradient sums");
@@ -1623,7 +1622,7 @@ static float model_grad_norm(Model<floatX>* m) {
         global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
         CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
         prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-        CUDA_CHECK(cudaStreamSynchronize(m->stream));
+        WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
         return (float)sqrt(sum);
     }
     int nslices = param_slice_count(&m->config);
@@ -1636,7 +1635,7 @@ static float model_grad_norm(Model<floatX>* m) {
     double* parts = (double*)malloc_check((size_t)nslices * sizeof(double));
     CUDA_CHECK(cudaMemcpyAsync(parts, m->norm_parts, (size_t)nslices * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     for (int k = 0; k < nslices; k++) { sum += parts[k]; }
     free(parts);
     dist_allreduce_sum_doubles(&sum, 1);
@@ -1756,13 +1755,13 @@ static void model_sync(Model<floatX>* m, SyncDirection dir) {
         if (opt_bytes > 0) { CUDA_CHECK(cudaMemcpyAsync(m->host_opt, m->opt_memory, opt_bytes, cudaMemcpyDeviceToHost, m->stream)); }
     } else {
         if (opt_bytes > 0) { CUDA_CHECK(cudaMemcpyAsync(m->opt_memory, m->host_opt, opt_bytes, cudaMemcpyHostToDevice, m->stream)); }
-        if (m->host_params == NULL) { CUDA_CHECK(cudaStreamSynchronize(m->stream)); return; }
+        if (m->host_params == NULL) { WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream"); return; }
         CUDA_CHECK(cudaMemcpyAsync(m->master_memory, m->host_params, P * sizeof(float), cudaMemcpyHostToDevice, m->stream));
         if ((void*)m->weights_memory != (void*)m->master_memory) {
             copy_to_floatX_cuda(m->weights_memory, m->master_memory, P, m->stream);
         }
     }
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
 }
 
 // the (Vp) probabilities of a position the head still holds (with --loss-chunk, the last chunk's)
@@ -1777,7 +1776,7 @@ static const float* model_probs(Model<floatX>* m, int position) {
     softmax_row_cuda(m->probs, m->logits, m->row_max, m->row_sum, position - m->probs_first, c->vocab_size, c->padded_vocab_size,
                      m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->host_probs, m->probs, (size_t)c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     return m->host_probs;
 }
 
@@ -2000,7 +1999,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
             NCCL_CHECK(ncclAllGather(mine, m->grad_working, slice_block_floats(sl, world), ncclFloat, m->comm, m->stream));
             CUDA_CHECK(cudaMemcpyAsync(staging, m->grad_working, len * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
         }
-        CUDA_CHECK(cudaStreamSynchronize(m->stream));  // staging is free (write) or filled (read)
+        WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");  // staging is free (write) or filled (read)
         if (how != PARAMS_WRITE) { fn(ctx, r.offset, staging, len); }
     }
     free(runs);
@@ -2011,7 +2010,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
         CUDA_CHECK(cudaMemsetAsync(m->grad_working, 0, zero2_grad_floats(c, world).working * sizeof(float), m->stream));
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     zero3_invalidate(m);
 }
 
@@ -2105,11 +2104,11 @@ void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
 // stream's ranges closed and their events' times into the table (cuda/profile.cuh)
 void gpt2_profile_begin(GPT2* m) {
     (void)m;
-    CUDA_CHECK(cudaDeviceSynchronize());
+    WATCHED_WAIT(cudaDeviceSynchronize(), "the device");
 }
 void gpt2_profile_end(GPT2* m) {
     (void)m;
-    CUDA_CHECK(cudaDeviceSynchronize());
+    WATCHED_WAIT(cudaDeviceSynchronize(), "the device");
     prof_gpu_collect();
 }
 const char* gpt2_profile_timing(void) { return prof_gpu_timing(); }

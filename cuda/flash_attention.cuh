@@ -957,11 +957,37 @@ flash2_backward_dq_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const 
 // the scratch flash_attention_backward_cuda needs: D, one float per row of each head
 static size_t flash_attention_scratch_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
 
-static void flash_check(const char* who, int C, int NH, const void* qkv) {
+// a tensor the kernels touch with wide accesses, and the alignment of its first element that they
+// need. Its rows (3C or C elements) and heads (hs, a multiple of 16: flash_attention_refusal) then
+// start aligned too
+typedef struct {
+    const char* name;
+    const void* ptr;
+    size_t align;     // bytes
+    const char* by;   // the accesses, for the message
+} FlashAccess;
+
+#define FLASH_WIDE_ALIGN 16   // cp.async (the bf16 kernels) and load128 (the fp32 ones) move 16 bytes
+#define FLASH_PAIR_ALIGN 4    // the bf16 kernels store two values at once (__nv_bfloat162)
+#define FLASH_WIDE_READS "cp.async and 16-byte loads"
+
+// the alignment of the outputs out and dqkv: pairs of bf16 from the bf16 kernels, single values else
+template <typename floatX>
+static size_t flash_store_align(void) {
+    return std::is_same<floatX, __nv_bfloat16>::value ? FLASH_PAIR_ALIGN : sizeof(floatX);
+}
+
+static void flash_check(const char* who, int C, int NH, const FlashAccess* accesses, int n) {
     if (NH < 1 || C % NH != 0) { fail("%s: C=%d is not divisible by NH=%d\n  hint: heads must split the channels evenly", who, C, NH); }
     const char* refusal = flash_attention_refusal(C / NH);
     if (refusal != NULL) { fail("%s: %s (hs = %d)\n  hint: --attention matmul", who, refusal, C / NH); }
-    if (!is_aligned16(qkv)) { fail("%s: qkv is not 16-byte aligned\n  hint: carve activations at 16-byte multiples", who); }
+    for (int i = 0; i < n; i++) {
+        const FlashAccess* a = &accesses[i];
+        if ((uintptr_t)a->ptr % a->align != 0) {
+            fail("%s: %s (%p) is not %zu-byte aligned, which the kernels' %s need\n  hint: carve activations at "
+                 "16-byte multiples", who, a->name, a->ptr, a->align, a->by);
+        }
+    }
 }
 
 // calls f(std::integral_constant<int, HS>()) for the head size HS = hs, a multiple of FLASH_MMA up to
@@ -1004,6 +1030,15 @@ constexpr FlashDesign flash_design() {
     return std::is_same<floatX, __nv_bfloat16>::value ? FLASH_TILES_IN_REGISTERS : FLASH_TILES_IN_SHARED;
 }
 
+// tiles in registers (mma.sync, cp.async: cuda/ptx.cuh) run on sm_80 and newer; built for an older
+// GPU their kernels trap, so they are refused here first
+static void flash2_check_gpu(const char* who) {
+    const char* why = ptx_refusal();
+    if (why != NULL) {
+        fail("%s in bf16: %s\n  hint: --precision fp32 (its flash attention, on CUDA cores, runs on such a GPU)", who, why);
+    }
+}
+
 template <FlashDesign DESIGN, typename floatX>
 static void flash_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
     static_assert(DESIGN == FLASH_TILES_IN_SHARED || std::is_same<floatX, __nv_bfloat16>::value,
@@ -1011,6 +1046,7 @@ static void flash_forward_launch(floatX* out, float* lse, const floatX* qkv, int
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     if constexpr (DESIGN == FLASH_TILES_IN_REGISTERS) {
+        flash2_check_gpu("flash attention forward");
         size_t bytes = flash2_forward_smem_bytes(hs);
         dim3 grid(ceil_div(T, FLASH2_BR), B * NH);
         flash_with_head_size(hs, [&](auto head) {
@@ -1041,6 +1077,7 @@ static void flash_backward_launch(floatX* dqkv, const floatX* dout, const floatX
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     size_t rows = (size_t)B * NH * T;
+    if constexpr (DESIGN == FLASH_TILES_IN_REGISTERS) { flash2_check_gpu("flash attention backward"); }
     flash_backward_dot_kernel<floatX><<<(unsigned)ceil_div(rows, (size_t)FLASH_D_BLOCK), FLASH_D_BLOCK, 0, stream>>>(
         scratch, dout, out, B, T, C, NH);
     CUDA_CHECK_LAUNCH();
@@ -1078,7 +1115,8 @@ static void flash_backward_launch(floatX* dqkv, const floatX* dout, const floatX
 // out (B,T,C) = causal attention of qkv (B,T,3C); lse (B,NH,T) the rows' log-sum-exp (fp32)
 template <typename floatX>
 void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
-    flash_check("flash_attention_forward_cuda", C, NH, qkv);
+    FlashAccess wide[] = {{"qkv", qkv, FLASH_WIDE_ALIGN, FLASH_WIDE_READS}, {"out", out, flash_store_align<floatX>(), "stores"}};
+    flash_check("flash_attention_forward_cuda", C, NH, wide, 2);
     if (B * T == 0) { return; }
     flash_forward_launch<flash_design<floatX>()>(out, lse, qkv, B, T, C, NH, stream);
 }
@@ -1088,7 +1126,9 @@ void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, in
 template <typename floatX>
 void flash_attention_backward_cuda(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                    int B, int T, int C, int NH, float* scratch, cudaStream_t stream) {
-    flash_check("flash_attention_backward_cuda", C, NH, qkv);
+    FlashAccess wide[] = {{"qkv", qkv, FLASH_WIDE_ALIGN, FLASH_WIDE_READS}, {"dout", dout, FLASH_WIDE_ALIGN, FLASH_WIDE_READS},
+                          {"dqkv", dqkv, flash_store_align<floatX>(), "stores"}};
+    flash_check("flash_attention_backward_cuda", C, NH, wide, 3);
     if (B * T == 0) { return; }
     flash_backward_launch<flash_design<floatX>()>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch, stream);
 }

@@ -8,6 +8,15 @@ with the id that --dist-init carries (llmc/rendezvous.h), watched by a thread fo
     if (dist_by_env()) { nccl_start_by_env(&d, "file:/shared/dir"); }   // gpt2_dist_start
     ncclComm_t comm = nccl_init(&d);              // every rank; d.world > 1
     NCCL_CHECK(ncclAllReduce(x, x, n, ncclDouble, ncclSum, comm, stream));
+    WATCHED_WAIT(cudaStreamSynchronize(stream), "the all-reduce");   // a host wait on collectives
+
+Never a hang: every communicator is non-blocking (ncclConfig_t.blocking = 0), so its creation returns
+at once and this rank polls it for at most rendezvous_timeout_s() (LLMC_DIST_TIMEOUT); a call that
+answers ncclInProgress is waited for the same way. A watchdog thread (every launch path) stops the
+rank when a communicator reports an error (a peer died) or when the main thread has waited longer than
+the timeout inside an NCCL call or a WATCHED_WAIT (a peer alive but stuck): it aborts the
+communicators (ncclCommAbort) and ends the process with a message. The timeout is long (600 s) because
+a rank may wait at a barrier while rank 0 writes a checkpoint.
 
 Built with -DNO_NCCL (the Makefile does when dev/cuda_emu/find_nccl.sh finds no NCCL, or NCCL=0), the
 program is a one-GPU trainer: nccl.h is not included, nccl_built_with() is 0 and nccl_init stops with
@@ -41,6 +50,8 @@ typedef enum { ncclSuccess = 0, ncclInvalidUsage = 5, ncclInProgress = 7 } ncclR
 typedef enum { ncclInt8 = 0, ncclInt32 = 2, ncclUint64 = 5, ncclFloat = 7, ncclDouble = 8 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
 typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct { int blocking; } ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER {1}
 static ncclResult_t nccl_missing(const char* call) {
     fail("%s: this program was built without NCCL, which exchanging gradients between GPUs needs\n  hint: %s",
          call, NCCL_REBUILD_HINT);
@@ -48,7 +59,10 @@ static ncclResult_t nccl_missing(const char* call) {
 }
 static const char* ncclGetErrorString(ncclResult_t) { return "NCCL is not built in"; }
 static ncclResult_t ncclGetUniqueId(ncclUniqueId*) { return nccl_missing("ncclGetUniqueId"); }
-static ncclResult_t ncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int) { return nccl_missing("ncclCommInitRank"); }
+static ncclResult_t ncclCommInitRankConfig(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) {
+    return nccl_missing("ncclCommInitRankConfig");
+}
+static ncclResult_t ncclCommFinalize(ncclComm_t) { return nccl_missing("ncclCommFinalize"); }
 static ncclResult_t ncclCommDestroy(ncclComm_t) { return nccl_missing("ncclCommDestroy"); }
 static ncclResult_t ncclCommAbort(ncclComm_t) { return nccl_missing("ncclCommAbort"); }
 static ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t*) { return nccl_missing("ncclCommGetAsyncError"); }
@@ -71,14 +85,12 @@ static ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, nc
 }
 #endif
 
-static void nccl_check_at(ncclResult_t r, const char* call, const char* file, int line) {
-    if (r != ncclSuccess) {
-        fail_at(file, line, "%s failed: %s\n  hint: %s", call, ncclGetErrorString(r),
-                r == ncclInvalidUsage ? "each rank needs a GPU of its own (two ranks on one GPU are refused)"
-                                      : "check that every rank started with the same flags, and NCCL's own log (NCCL_DEBUG=INFO)");
-    }
+// NCCL's error as a message (a non-blocking communicator's ncclInProgress is not one: see nccl_settle)
+static void nccl_fail_at(ncclResult_t r, const char* call, const char* file, int line) {
+    fail_at(file, line, "%s failed: %s\n  hint: %s", call, ncclGetErrorString(r),
+            r == ncclInvalidUsage ? "each rank needs a GPU of its own (two ranks on one GPU are refused)"
+                                  : "check that every rank started with the same flags, and NCCL's own log (NCCL_DEBUG=INFO)");
 }
-#define NCCL_CHECK(call) nccl_check_at((call), #call, __FILE__, __LINE__)
 
 // stops where d has several ranks, which exchange gradients through NCCL, and this build has no NCCL
 static void nccl_check_built(const Dist* d) {
@@ -90,49 +102,93 @@ static void nccl_check_built(const Dist* d) {
 }
 
 // ----------------------------------------------------------------------------
-// processes that MPI does not join (srun, torchrun-style variables: dist_by_env()): a communicator of
-// their own carries the host's collectives (llmc/distributed.h's DistCarrier), each through a small
-// device buffer, waited for with a timeout that notices a rank that died
+// the watchdog: a thread that stops this rank rather than let it wait forever for NCCL, on every launch
+// path. Every NCCL_WATCH_POLL_US it asks each communicator whether it failed (a peer that died: NCCL's
+// sockets see it closed, InfiniBand after NCCL_IB_TIMEOUT), and looks how long the main thread has
+// been inside an NCCL call or a WATCHED_WAIT: past the timeout a peer is alive but stuck (stopped, or
+// far behind). Either way it aborts the communicators and ends the process: not fail(), since the main
+// thread is inside a CUDA or NCCL call, and exit()'s teardown would wait for it
 
-#define NCCL_HOST_STAGING_BYTES (1 << 20)   // host collectives go through the GPU in pieces of this size
-#define NCCL_HOST_POLL_US 1000
-#define NCCL_WATCH_POLL_US 200000             // the watchdog's look at every communicator's error
+#define NCCL_WATCH_POLL_US 200000   // the watchdog's look at the communicators and the main thread's wait
+#define NCCL_SETTLE_POLL_US 1000    // the main thread's look at a call still in progress
 #define NCCL_WATCH_MAX 4
+#define NCCL_ABORT_GRACE_S 10       // should ncclCommAbort itself hang, SIGALRM ends the process after this
 
-// the watchdog of a run that MPI does not join (no mpirun to end the others when one dies): a thread
-// that asks NCCL every NCCL_WATCH_POLL_US whether a communicator failed (a peer that died: NCCL's
-// sockets see it closed, InfiniBand after NCCL_IB_TIMEOUT) and then stops this process, whatever the
-// main thread waits for (a gradient all-reduce on the model's stream, a cudaStreamSynchronize)
 static struct {
     pthread_mutex_t lock;
     ncclComm_t comms[NCCL_WATCH_MAX];
-    int n, started;
+    int n, started, rank;
+    double timeout_s;   // rendezvous_timeout_s(), read once by the main thread
     pthread_t thread;
-} g_nccl_watch = {PTHREAD_MUTEX_INITIALIZER, {NULL}, 0, 0, pthread_t()};
+    long long waiting_since_us;   // when the main thread's outermost watched wait began; 0: none (atomic)
+    const char* waiting_for;      // what it waits for, for the message (atomic)
+    int depth;                    // watched waits inside each other (the main thread's own)
+} g_nccl_watch = {PTHREAD_MUTEX_INITIALIZER, {NULL}, 0, 0, 0, 0.0, pthread_t(), 0, NULL, 0};
+
+static long long nccl_now_us(void) { return (long long)(rendezvous_now() * 1e6); }
+
+// the main thread begins (and ends) a wait for NCCL's work: a call, or a host wait on a stream or event
+// that carries collectives. Two clock reads a wait: nothing in the hot loop polls
+static void nccl_wait_begin(const char* what) {
+    if (g_nccl_watch.depth++ > 0) { return; }
+    __atomic_store_n(&g_nccl_watch.waiting_for, what, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_nccl_watch.waiting_since_us, nccl_now_us(), __ATOMIC_RELEASE);
+}
+static void nccl_wait_end(void) {
+    if (--g_nccl_watch.depth == 0) { __atomic_store_n(&g_nccl_watch.waiting_since_us, 0LL, __ATOMIC_RELEASE); }
+}
+// a host wait (cudaStreamSynchronize, cudaEventSynchronize) under the watchdog's deadline
+#define WATCHED_WAIT(call, what) do { nccl_wait_begin(what); CUDA_CHECK(call); nccl_wait_end(); } while (0)
+
+// prints why, aborts every communicator and ends the process (from the watchdog thread, lock held)
+[[noreturn]] static void nccl_watch_stop(const char* why, const char* hint, int line) {
+    fflush(stdout);
+    fprintf(stderr, "error: rank %d: %s, so it aborts NCCL and stops rather than wait\n  hint: %s; the last complete "
+            "checkpoint resumes the run (-y 1)\n  (at %s:%d)\n", g_nccl_watch.rank, why, hint, __FILE__, line);
+    alarm(NCCL_ABORT_GRACE_S);
+    for (int i = 0; i < g_nccl_watch.n; i++) { ncclCommAbort(g_nccl_watch.comms[i]); }
+    _exit(EXIT_FAILURE);
+}
 
 static void* nccl_watch_loop(void*) {
     for (;;) {
         usleep(NCCL_WATCH_POLL_US);
         pthread_mutex_lock(&g_nccl_watch.lock);
+        char why[256];
         for (int i = 0; i < g_nccl_watch.n; i++) {
             ncclResult_t async = ncclSuccess;
             if (ncclCommGetAsyncError(g_nccl_watch.comms[i], &async) != ncclSuccess || async == ncclSuccess || async == ncclInProgress) { continue; }
-            // not fail(): the main thread is inside a CUDA or NCCL call, and exit()'s teardown would wait for it
-            fflush(stdout);
-            fprintf(stderr, "error: NCCL reports %s: a rank died or its network failed, so this rank stops rather than wait\n"
-                    "  hint: the first rank that stopped says why (NCCL_DEBUG=WARN names the peer NCCL lost); the last complete "
-                    "checkpoint resumes the run (-y 1)\n  (at %s:%d)\n", ncclGetErrorString(async), __FILE__, __LINE__);
-            _exit(EXIT_FAILURE);
+            snprintf(why, sizeof(why), "NCCL reports %s: a rank died or its network failed", ncclGetErrorString(async));
+            nccl_watch_stop(why, "the first rank that stopped says why (NCCL_DEBUG=WARN names the peer NCCL lost)", __LINE__);
+        }
+        long long since = __atomic_load_n(&g_nccl_watch.waiting_since_us, __ATOMIC_ACQUIRE);
+        double waited = since == 0 ? 0.0 : (nccl_now_us() - since) * 1e-6;
+        if (waited > g_nccl_watch.timeout_s) {
+            snprintf(why, sizeof(why), "waited %.0f s for %s: another rank stopped or stalled", waited,
+                     __atomic_load_n(&g_nccl_watch.waiting_for, __ATOMIC_RELAXED));
+            nccl_watch_stop(why, "the rank that stopped first says why; one stopped by a debugger or a signal (SIGSTOP) stalls "
+                            "the others; LLMC_DIST_TIMEOUT sets the wait (raise it if rank 0's checkpoints take longer)", __LINE__);
         }
         pthread_mutex_unlock(&g_nccl_watch.lock);
     }
     return NULL;
 }
 
-// comm joins the watch, if the watchdog runs (nccl_start_by_env starts it)
+// the watchdog runs from this rank's first communicator on
+static void nccl_watch_start(int rank) {
+    if (g_nccl_watch.started) { return; }
+    g_nccl_watch.started = 1;
+    g_nccl_watch.rank = rank;
+    g_nccl_watch.timeout_s = rendezvous_timeout_s();
+    if (pthread_create(&g_nccl_watch.thread, NULL, nccl_watch_loop, NULL) != 0) { fail("cannot start the NCCL watchdog thread"); }
+    pthread_detach(g_nccl_watch.thread);
+}
+
+// comm joins the watch
 static void nccl_watch(ncclComm_t comm) {
     pthread_mutex_lock(&g_nccl_watch.lock);
-    if (g_nccl_watch.started && g_nccl_watch.n < NCCL_WATCH_MAX) { g_nccl_watch.comms[g_nccl_watch.n++] = comm; }
+    if (g_nccl_watch.n == NCCL_WATCH_MAX) { fail("more than %d NCCL communicators to watch", NCCL_WATCH_MAX); }
+    g_nccl_watch.comms[g_nccl_watch.n++] = comm;
     pthread_mutex_unlock(&g_nccl_watch.lock);
 }
 
@@ -145,11 +201,84 @@ static void nccl_unwatch(ncclComm_t comm) {
     pthread_mutex_unlock(&g_nccl_watch.lock);
 }
 
-static void nccl_watch_start(void) {
-    g_nccl_watch.started = 1;
-    if (pthread_create(&g_nccl_watch.thread, NULL, nccl_watch_loop, NULL) != 0) { fail("cannot start the NCCL watchdog thread"); }
-    pthread_detach(g_nccl_watch.thread);
+// ----------------------------------------------------------------------------
+// non-blocking communicators: a call returns ncclInProgress while NCCL still works on it in the
+// background (NCCL's docs: query ncclCommGetAsyncError until it is no longer ncclInProgress before the
+// next call on the communicator); this rank waits for that at most the timeout
+
+// waits while comm is in progress; its error, or the timeout, aborts it and stops, saying what it waited for
+static void nccl_settle(ncclComm_t comm, const char* what, const char* hint, const char* file, int line) {
+    double t0 = rendezvous_now(), limit = rendezvous_timeout_s();
+    for (;;) {
+        ncclResult_t state = ncclInProgress;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess) { state = r; }
+        if (state == ncclSuccess) { return; }
+        double waited = rendezvous_now() - t0;
+        if (state != ncclInProgress || waited > limit) {
+            ncclCommAbort(comm);
+            if (state != ncclInProgress) { nccl_fail_at(state, what, file, line); }
+            fail_at(file, line, "%s: no answer from the other ranks in %.0f s (LLMC_DIST_TIMEOUT)\n  hint: %s", what, waited, hint);
+        }
+        usleep(NCCL_SETTLE_POLL_US);
+    }
 }
+
+// every NCCL call's check: ncclInProgress is a non-blocking communicator's "issued, still under way":
+// every watched communicator is waited for before the program goes on
+static void nccl_check_at(ncclResult_t r, const char* call, const char* file, int line) {
+    nccl_wait_end();
+    if (r == ncclInProgress) {
+        pthread_mutex_lock(&g_nccl_watch.lock);
+        int n = g_nccl_watch.n;
+        ncclComm_t comms[NCCL_WATCH_MAX];
+        memcpy(comms, g_nccl_watch.comms, sizeof(comms));
+        pthread_mutex_unlock(&g_nccl_watch.lock);
+        for (int i = 0; i < n; i++) {
+            nccl_settle(comms[i], call, "a rank stopped or stalled: the rank that stopped first says why", file, line);
+        }
+        return;
+    }
+    if (r != ncclSuccess) { nccl_fail_at(r, call, file, line); }
+}
+// the call is a watched wait too (a collective may block in it, as the emulated NCCL's do)
+#define NCCL_CHECK(call) (nccl_wait_begin(#call), nccl_check_at((call), #call, __FILE__, __LINE__))
+
+// a communicator of world ranks that every rank joins with rank 0's id, non-blocking; waited for at
+// most LLMC_DIST_TIMEOUT (a rank that never started, or ranks that disagree on their number, leave it
+// in progress for ever), then watched
+static ncclComm_t nccl_comm_create(int world, ncclUniqueId id, int rank, const char* source) {
+    nccl_watch_start(rank);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every call returns at once: this rank can stop waiting
+    ncclComm_t comm = NULL;
+    static char what[160];  // static: the watchdog may read it while this returns
+    snprintf(what, sizeof(what), "NCCL's communicator of %d ranks (this is rank %d; the number from %s)", world, rank, source);
+    nccl_wait_begin(what);
+    ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+    nccl_wait_end();
+    if (r != ncclSuccess && r != ncclInProgress) { nccl_fail_at(r, what, __FILE__, __LINE__); }
+    nccl_settle(comm, what, "every rank must start, with the same number of ranks (WORLD_SIZE, SLURM_STEP_NUM_TASKS, mpirun -np): "
+                "ranks started with different numbers (2 and 3), or a rank that never started, leave the others waiting; "
+                "NCCL_DEBUG=WARN says more", __FILE__, __LINE__);
+    nccl_watch(comm);
+    return comm;
+}
+
+// comm's end: finished (a non-blocking communicator's ncclCommFinalize may be in progress), then freed
+static void nccl_comm_destroy(ncclComm_t comm) {
+    NCCL_CHECK(ncclCommFinalize(comm));
+    nccl_unwatch(comm);
+    NCCL_CHECK(ncclCommDestroy(comm));
+}
+
+// ----------------------------------------------------------------------------
+// processes that MPI does not join (srun, torchrun-style variables: dist_by_env()): a communicator of
+// their own carries the host's collectives (llmc/distributed.h's DistCarrier), each through a small
+// device buffer, waited for with a timeout that notices a rank that died
+
+#define NCCL_HOST_STAGING_BYTES (1 << 20)   // host collectives go through the GPU in pieces of this size
+#define NCCL_HOST_POLL_US 1000
 
 static struct {
     ncclComm_t comm;
@@ -227,10 +356,9 @@ static void nccl_host_allgather(float* buf, const int* counts, int rank, int wor
 
 static void nccl_stop_by_env(void) {
     if (g_nccl_host.comm == NULL) { return; }
-    nccl_unwatch(g_nccl_host.comm);
     CUDA_CHECK(cudaFree(g_nccl_host.staging));
     CUDA_CHECK(cudaStreamDestroy(g_nccl_host.stream));
-    NCCL_CHECK(ncclCommDestroy(g_nccl_host.comm));
+    nccl_comm_destroy(g_nccl_host.comm);
     g_nccl_host.comm = NULL;
 }
 
@@ -259,11 +387,7 @@ static void nccl_start_by_env(Dist* d, const char* method) {
     if (d->rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
     rendezvous_share(method, d->rank, d->world, dist_settings_hash(), &id, sizeof(id));
     g_nccl_host.timeout_s = rendezvous_timeout_s();
-    NCCL_CHECK(ncclCommInitRank(&g_nccl_host.comm, d->world, id, d->rank));
-    if (nccl_built_with()) {
-        nccl_watch_start();
-        nccl_watch(g_nccl_host.comm);
-    }
+    g_nccl_host.comm = nccl_comm_create(d->world, id, d->rank, dist_source());
     CUDA_CHECK(cudaStreamCreateWithFlags(&g_nccl_host.stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc((void**)&g_nccl_host.staging, NCCL_HOST_STAGING_BYTES));
     DistCarrier c = {nccl_host_allreduce, nccl_host_broadcast, nccl_host_reduce_scatter, nccl_host_allgather, nccl_stop_by_env,
@@ -296,10 +420,7 @@ static ncclComm_t nccl_init(const Dist* d) {
     ncclUniqueId id;
     if (d->rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
     dist_broadcast_bytes(&id, sizeof(id), 0);
-    ncclComm_t comm;
-    NCCL_CHECK(ncclCommInitRank(&comm, d->world, id, d->rank));
-    nccl_watch(comm);
-    return comm;
+    return nccl_comm_create(d->world, id, d->rank, dist_source());
 }
 
 #endif // CUDA_NCCL_CUH

@@ -1,8 +1,9 @@
 /*
 ptx.cuh: the instructions fast kernels are made of, one wrapper each, with the element-to-lane
 layout the PTX ISA documents for it (the ISA's sections are named at each wrapper). On the GPU
-(sm_80 and newer) each is one inline-PTX instruction; on the emulated device (dev/cuda_emu,
-emu_ptx.cpp) each is a warp collective (or, for cp.async, a per-thread queue) with exactly that
+(sm_80 and newer) each is one inline-PTX instruction (built for an older GPU, a trap: ptx_refusal);
+on the emulated device (dev/cuda_emu, emu_ptx.cpp) each is a warp collective (or, for cp.async, a
+per-thread queue) with exactly that
 mapping and the checks the hardware leaves undefined: all 32 lanes at one call site, alignment,
 shared vs global memory, a cp.async destination read before its wait is NaN.
 
@@ -21,12 +22,42 @@ Registers that hold two bf16 hold the lower-numbered element in their low 16 bit
 #define CUDA_PTX_CUH
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "cuda/ptx.cuh needs sm_80 or newer (mma.sync bf16, ldmatrix, cp.async)"
+
+// mma.sync with bf16 and cp.async need sm_80 (Ampere) or newer, ldmatrix sm_75. Built for an older
+// GPU (a T4 is sm_75), every wrapper but ptx_exp2 traps instead, so that the rest of the program (the
+// fp32 path) builds: the host never launches their kernels there (ptx_refusal)
+#define PTX_MIN_MAJOR 8
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < PTX_MIN_MAJOR * 100
+#define PTX_UNSUPPORTED 1
 #endif
+
+// NULL when the current GPU runs the instructions of this file, else why not (the caller names the
+// flag that avoids them)
+static const char* ptx_refusal(void) {
+    static char why[160];
+    static int asked_device = -1;  // the answer is kept for the device asked last (a rank has one)
+    static const char* answer = NULL;
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) == cudaSuccess && device == asked_device) { return answer; }
+    asked_device = device;
+    answer = NULL;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        asked_device = -1;
+        return "the GPU's compute capability is unknown";
+    }
+    if (major < PTX_MIN_MAJOR) {
+        snprintf(why, sizeof(why), "this GPU is sm_%d%d, and mma.sync in bf16 and cp.async need sm_%d0 (Ampere) or newer",
+                 major, minor, PTX_MIN_MAJOR);
+        answer = why;
+    }
+    return answer;
+}
 
 // log2(e): exp(x) = exp2(x * log2(e)); kernels fold it into their scale once
 #define PTX_LOG2E 1.4426950408889634f
@@ -61,6 +92,8 @@ __device__ inline uint32_t ptx_pack_bf16(float lo, float hi) {
 __device__ inline void ptx_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4] PTX_SITE) {
 #ifdef CUDA_EMU
     emu_ptx_mma_bf16_16816(d, a, b, c, file, line);
+#elif defined(PTX_UNSUPPORTED)
+    __trap();
 #else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%10, %11, %12, %13};\n"
@@ -86,6 +119,8 @@ __device__ inline void ptx_ldmatrix(uint32_t r[NUM], const void* row PTX_SITE) {
     static_assert(NUM == 1 || NUM == 2 || NUM == 4, "ldmatrix loads 1, 2 or 4 matrices");
 #ifdef CUDA_EMU
     emu_ptx_ldmatrix(r, NUM, TRANS, row, file, line);
+#elif defined(PTX_UNSUPPORTED)
+    __trap();
 #else
     unsigned p = (unsigned)__cvta_generic_to_shared(row);
     if constexpr (NUM == 1 && !TRANS) {
@@ -117,6 +152,8 @@ __device__ inline void ptx_ldmatrix(uint32_t r[NUM], const void* row PTX_SITE) {
 __device__ inline void ptx_cp_async_cg16(void* dst, const void* src, int src_bytes PTX_SITE) {
 #ifdef CUDA_EMU
     emu_ptx_cp_async(dst, src, src_bytes, "cp.async.cg", file, line);
+#elif defined(PTX_UNSUPPORTED)
+    __trap();
 #else
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
@@ -126,6 +163,8 @@ __device__ inline void ptx_cp_async_cg16(void* dst, const void* src, int src_byt
 __device__ inline void ptx_cp_async_ca16(void* dst, const void* src, int src_bytes PTX_SITE) {
 #ifdef CUDA_EMU
     emu_ptx_cp_async(dst, src, src_bytes, "cp.async.ca", file, line);
+#elif defined(PTX_UNSUPPORTED)
+    __trap();
 #else
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
@@ -136,6 +175,8 @@ __device__ inline void ptx_cp_async_ca16(void* dst, const void* src, int src_byt
 __device__ inline void ptx_cp_async_commit(PTX_SITE_ONLY) {
 #ifdef CUDA_EMU
     emu_ptx_cp_async_commit(file, line);
+#elif defined(PTX_UNSUPPORTED)
+    __trap();
 #else
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
@@ -147,6 +188,8 @@ template <int N>
 __device__ inline void ptx_cp_async_wait(PTX_SITE_ONLY) {
 #ifdef CUDA_EMU
     emu_ptx_cp_async_wait(N, file, line);
+#elif defined(PTX_UNSUPPORTED)
+    __trap();
 #else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif

@@ -21,7 +21,10 @@ compiled for dev/cuda_emu); on a GPU pass ./train_gpt_cu instead.
     equals --zero 0 bit for bit, within DP_RTOL of 1 rank, half the optimizer state per rank, the
     sharded checkpoint resumed by the CPU trainer on 2 ranks within MODEL_RTOL of the GPU's own end;
     CAME also on 3 ranks (uneven parts) and resumed bitwise by the GPU; Adafactor under the late
-    stream order.
+    stream order;
+  - NCCL never hangs: 2 ranks started with WORLD_SIZE 2 and 3 (either way round) both stop with an
+    error within LLMC_DIST_TIMEOUT; a rank stuck in a collective (the emulator's CUDA_EMU_NCCL_STALL
+    stops it with SIGSTOP) makes the other stop, under mpirun and without MPI.
 
     python3 tests/test_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt
 
@@ -38,7 +41,9 @@ import glob
 import os
 import re
 import shutil
+import subprocess
 import sys
+import time
 
 import e2e
 from e2e import ckpt, same_bytes, same_state, train_rows
@@ -447,6 +452,71 @@ else:
     if dp_run("CUDA adafactor --zero 1, late streams", 2, flags, late, env_late=True):
         s.check("CUDA adafactor --zero 1, late streams: the same model as in order", os.path.exists(ckpt(want, "model", 4, ".bin"))
                 and same_bytes(ckpt(late, "model", 4, ".bin"), ckpt(want, "model", 4, ".bin")), "models differ")
+
+# NCCL never hangs (cuda/nccl.cuh): ranks started with different WORLD_SIZE (2 and 3, by hand, NCCL's
+# id through --dist-init file:), and a rank stuck in a collective (the emulator's CUDA_EMU_NCCL_STALL
+# stops it with SIGSTOP: alive but silent) under mpirun and without MPI: the others end in an error
+# within LLMC_DIST_TIMEOUT, never a hang. Emulated only: the stall is the emulator's, and the ranks
+# take a GPU each
+HANG_TIMEOUT_S = 5
+HANG_SLACK_S = 30   # start-up of the emulated trainer on a busy machine, and the watchdog's look every 0.2 s
+HANG_ENV = {"LLMC_DIST_TIMEOUT": str(HANG_TIMEOUT_S), "LLMC_DIST_SECRET": "0123456789abcdef0123456789abcdef"}
+HANG = ["-e", f"{FIX}/model.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k", "", "-b", "2", "-t", "16", "-n", "0"] + FP32
+STALL = "CUDA_EMU_NCCL_STALL=1:12"   # rank 1 stops at its 12th collective, a few steps in
+
+
+def hand_launch(name, worlds, flags, extra_env, must_end):
+    """starts one process per entry of WORLDS (its WORLD_SIZE; rank = index) without MPI; the ranks in
+    MUST_END must end by themselves within HANG_TIMEOUT_S + HANG_SLACK_S; returns their (rc, stderr)
+    and ends the others (a stopped rank too)"""
+    meet = f"{W}/meet_{name}"
+    os.makedirs(meet)
+    procs = []
+    for r, world in enumerate(worlds):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **HANG_ENV, **extra_env)
+        procs.append(subprocess.Popen([CUDA] + flags + ["--dist-init", f"file:{meet}", "-o", f"{W}/hang_{name}_{r}"], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
+    deadline = time.monotonic() + HANG_TIMEOUT_S + HANG_SLACK_S
+    ended = {}
+    for r in must_end:
+        try:
+            ended[r] = (procs[r].wait(timeout=max(0.1, deadline - time.monotonic())), None)
+        except subprocess.TimeoutExpired:
+            ended[r] = (None, None)
+    for p in procs:
+        e2e.kill_group(p)
+    for r in must_end:
+        ended[r] = (ended[r][0], procs[r].communicate()[1])
+    return ended
+
+
+def check_ended(name, ended, phrases):
+    for r, (rc, err) in sorted(ended.items()):
+        s.check(f"{name}: rank {r} ends by itself within LLMC_DIST_TIMEOUT ({HANG_TIMEOUT_S} s) + {HANG_SLACK_S} s, "
+                f"with an error and a hint", rc is not None and rc > 0 and "error:" in err and "hint:" in err and
+                any(p in err for p in phrases), f"exit {rc}: {(err or '')[-500:]}")
+
+
+if not EMULATED:
+    s.skip("NCCL never hangs (mismatched WORLD_SIZE, a stuck rank)", "the emulated build's CUDA_EMU_NCCL_STALL")
+else:
+    for worlds in ((2, 3), (3, 2)):
+        name = f"WORLD_SIZE {worlds[0]} and {worlds[1]}"
+        # whichever stops them: the rendezvous (rank 0 of 3 waits for a rank 2), or NCCL's communicator
+        check_ended(name, hand_launch(f"ws{worlds[0]}{worlds[1]}", worlds, HANG + ["-x", "2"], {}, (0, 1)),
+                    ["no answer from the other ranks", "waited", "WORLD_SIZE"])
+    stuck = ["another rank stopped or stalled", "a rank died or stopped"]
+    check_ended("a rank stuck in a collective (SIGSTOP), without MPI",
+                hand_launch("stall", (2, 2), HANG + ["-x", "50"], {"CUDA_EMU_NCCL_STALL": STALL.split("=")[1]}, (0,)), stuck)
+    if mpirun is None:
+        s.skip("a rank stuck in a collective, under mpirun", why_not)
+    else:
+        env = ["-x", f"LLMC_DIST_TIMEOUT={HANG_TIMEOUT_S}", "-x", STALL]
+        r = s.expect_fail("a rank stuck in a collective (SIGSTOP), under mpirun: rank 0 stops after LLMC_DIST_TIMEOUT",
+                          "another rank stopped or stalled", mpirun + ["2"] + env + [CUDA] + HANG + ["-x", "50", "-o", f"{W}/hang_mpi"])
+        waited = re.search(r"rank 0: waited (\d+) s", r.err)
+        s.check("a rank stuck under mpirun: rank 0 waited LLMC_DIST_TIMEOUT, not much longer",
+                waited is not None and HANG_TIMEOUT_S <= int(waited.group(1)) <= HANG_TIMEOUT_S + 1, r.err[-400:])
 
 # --sample: a model allocated for sampling (forward only) draws the CPU's greedy tokens, on
 # e2e.copy_model (whose choices depend on the window) past the window; in bf16 too, since each of

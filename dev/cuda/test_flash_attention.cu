@@ -7,7 +7,8 @@ designs in bf16 (tiles in registers, the one bf16 runs; tiles in shared memory, 
 it). Shapes: one tile (T = 8, hs = 16), T = 130 (three tiles, the last partial, with key and query
 rows past T), hs = 64 over two tiles, the largest head (hs = 128) and hs = 96 (d72, d84). The
 backward run twice must give bitwise the same dqkv.
-`test_flash_attention head-size` must stop with a message (hs = 12, not a multiple of 16).
+`test_flash_attention head-size` must stop with a message (hs = 12, not a multiple of 16); qkv, out,
+dout and dqkv off the alignment the kernels' wide accesses need stop the call, naming the tensor.
 
 It prints, per kernel and design, what a GPU would show without one: tile products per (query, key)
 tile pair, shared-memory bytes moved per tile pair, registers (the header's FLASH_PTXAS) and blocks
@@ -239,6 +240,44 @@ static void bench_flash(void) {
     for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_dqkv, (void*)d_lse, (void*)d_scratch}) { CUDA_CHECK(cudaFree(p)); }
 }
 
+// flash_check: each tensor the kernels read with cp.async or 16-byte loads (qkv, dout) or store in
+// pairs (out, dqkv in bf16), one element off its alignment, stops the call before any launch, naming
+// the tensor and the alignment it needs
+static void test_alignment(void) {
+    const int B = 1, T = 2, C = 32, NH = 2;
+    size_t n = (size_t)B * T * 3 * C + 1;  // one element more: room for the shifted pointer
+    __nv_bfloat16 *qkv = device_alloc<__nv_bfloat16>(n), *out = device_alloc<__nv_bfloat16>(n);
+    __nv_bfloat16 *dout = device_alloc<__nv_bfloat16>(n), *dqkv = device_alloc<__nv_bfloat16>(n);
+    float *lse = device_alloc<float>((size_t)B * NH * T), *scratch = device_alloc<float>(flash_attention_scratch_floats(B, T, NH));
+    struct { const char* name; __nv_bfloat16** ptr; int align; bool backward; } cases[] = {
+        {"qkv", &qkv, 16, false}, {"out", &out, 4, false}, {"qkv", &qkv, 16, true}, {"dout", &dout, 16, true}, {"dqkv", &dqkv, 4, true}};
+    for (auto& c : cases) {
+        __nv_bfloat16* aligned = *c.ptr;
+        *c.ptr = aligned + 1;  // 2 bytes off
+        FailTrap trap;
+        g_fail_trap = &trap;
+        bool stopped = setjmp(trap.jump) != 0;
+        if (!stopped) {
+            if (c.backward) {
+                flash_attention_backward_cuda<__nv_bfloat16>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch, 0);
+            } else {
+                flash_attention_forward_cuda<__nv_bfloat16>(out, lse, qkv, B, T, C, NH, 0);
+            }
+        }
+        g_fail_trap = NULL;
+        *c.ptr = aligned;
+        char name[128], tensor[32], want[64];
+        snprintf(name, sizeof(name), "flash attention %s: %s 2 bytes off stops, naming it and the %d-byte alignment",
+                 c.backward ? "backward" : "forward", c.name, c.align);
+        snprintf(tensor, sizeof(tensor), ": %s (", c.name);  // "who: qkv (0x...) is not ..."
+        snprintf(want, sizeof(want), "is not %d-byte aligned", c.align);
+        check(stopped && strstr(trap.message, tensor) != NULL && strstr(trap.message, want) != NULL, name, "%s",
+              stopped ? trap.message : "it ran");
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) { CUDA_CHECK(cudaFree(p)); }
+}
+
 int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "head-size") == 0) {  // run_tests.sh: must stop with a message
         const int B = 1, T = 2, C = 48, NH = 4;
@@ -248,6 +287,7 @@ int main(int argc, char** argv) {
         printf("hs=%d was accepted: it should have been refused\n", C / NH);
         return 0;
     }
+    test_alignment();
     for (const Shape& s : SHAPES) {
         test_shape<float>(s);
         test_shape<__nv_bfloat16>(s);

@@ -32,6 +32,21 @@ same on every rank.
 Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId and (over MPI) that
 the ranks are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.
 
+Non-blocking communicators (ncclCommInitRankConfig with config.blocking = 0), as real NCCL's: the call
+returns ncclInProgress at once and ncclCommGetAsyncError answers ncclInProgress until the ranks have
+joined, then ncclSuccess (or the error, e.g. ncclInvalidUsage for two ranks on one device). Over
+sockets the join runs on a thread of its own and never gives up by itself: ranks that disagree on
+nranks (rank 0 notes the mismatch, as real NCCL's bootstrap root warns and stops answering) or a rank
+that never comes leave it in progress until the program's own timeout aborts it (ncclCommAbort).
+Over MPI the ranks are the MPI processes, which every one of them already met: the join finishes in
+the call, and the state is final at the first query. A blocking communicator (ncclCommInitRank, or
+blocking unset or 1) waits in the call, giving up after CUDA_EMU_NCCL_TIMEOUT with a message. The
+emulated collectives finish before their call returns (see When), so they return ncclSuccess.
+
+A rank stuck (CUDA_EMU_NCCL_STALL=RANK:N): rank RANK stops itself with SIGSTOP at its N-th collective
+(counted over its communicators from 1), alive but silent, as a rank in a debugger or a hung kernel;
+the others then wait in that collective until the program's watchdog stops them.
+
 A rank lost (over sockets): a rank that dies closes its connections (the kernel does, even after
 kill -9); a rank that does not answer within CUDA_EMU_NCCL_TIMEOUT seconds (600 unless set) counts as
 lost too. Rank 0 tells the others which rank it lost, and on every rank the collective then does what
@@ -50,6 +65,8 @@ real NCCL does, ncclCommInitRank returns ncclInvalidUsage on every rank when two
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <signal.h>
+#include <thread>
 #include <time.h>
 #include <unistd.h>
 #include <vector>
@@ -65,9 +82,14 @@ struct ncclComm {
     MPI_Comm mpi;
 #endif
     std::vector<int> fds;   // sockets: rank 0 holds one per rank (fds[r], r > 0), the others fds[0] to rank 0
-    std::atomic<int> async_error{ncclSuccess};   // what ncclCommGetAsyncError answers (a rank lost)
-    bool aborted = false;   // ncclCommAbort: its collectives still queued (late-nccl) do nothing
+    std::vector<int> strays;   // rank 0: connections of ranks that disagree on nranks, held open unanswered
+    std::atomic<int> async_error{ncclSuccess};   // what ncclCommGetAsyncError answers (joining, a rank lost)
+    std::atomic<bool> aborted{false};   // ncclCommAbort: its collectives still queued (late-nccl) do nothing
+    std::atomic<bool> joining{false};   // a non-blocking join's thread still runs: the communicator outlives it
 };
+
+// the thread of a non-blocking join: a failure after ncclCommAbort parks it rather than stop the program
+static thread_local bool t_joining = false;
 
 // ----------------------------------------------------------------------------
 // loopback sockets
@@ -82,12 +104,12 @@ static double sock_timeout_s() {
     return t > 0 ? t : 600.0;
 }
 
-// 0 when all n bytes moved; -1 when the other side closed or failed; -2 when it stayed silent past the timeout
-static int sock_io(int fd, void* buf, size_t n, bool sending) {
-    double limit_ms = sock_timeout_s() * 1000.0;
+// 0 when all n bytes moved; -1 when the other side closed or failed; -2 when it stayed silent for
+// limit_ms (-1: no limit)
+static int sock_io_within(int fd, void* buf, size_t n, bool sending, int limit_ms) {
     for (size_t done = 0; done < n;) {
         struct pollfd p = {fd, (short)(sending ? POLLOUT : POLLIN), 0};
-        int ready = poll(&p, 1, (int)limit_ms);
+        int ready = poll(&p, 1, limit_ms);
         if (ready == 0) { return -2; }
         if (ready < 0) { if (errno == EINTR) { continue; } return -1; }
         ssize_t k = sending ? send(fd, (char*)buf + done, n - done, MSG_NOSIGNAL) : recv(fd, (char*)buf + done, n - done, 0);
@@ -97,11 +119,15 @@ static int sock_io(int fd, void* buf, size_t n, bool sending) {
     return 0;
 }
 
+// the same within CUDA_EMU_NCCL_TIMEOUT
+static int sock_io(int fd, void* buf, size_t n, bool sending) { return sock_io_within(fd, buf, n, sending, (int)(sock_timeout_s() * 1000.0)); }
+
 // as real NCCL: the collective never completes, and ncclCommGetAsyncError answers ncclRemoteError (the
 // note names the rank, as NCCL_DEBUG=WARN does); a program that polls it stops itself. One that does
 // not is stopped here after SOCK_LOST_GRACE_S rather than left waiting forever
 static const int SOCK_LOST_GRACE_S = 10;
 [[noreturn]] static void sock_lost(ncclComm_t c, int lost, int why, const char* during) {
+    if (c->aborted && t_joining) { for (;;) { pause(); } }
     const char* what = why == -2 ? "it did not answer in time" : "its connection closed (the process ended)";
     fflush(stdout);
     fprintf(stderr, "cuda_emu: note: NCCL emulation: rank %d lost rank %d of %d during %s: %s; ncclCommGetAsyncError "
@@ -146,33 +172,48 @@ static int id_port(const ncclUniqueId& id) {
     return p ? atoi(p + 6) : 0;
 }
 
-// rank 0 accepts the others on its id's port, each rank else connects there; every rank sends
-// {magic, rank} and rank 0 answers each when all have come
-static void sock_join(ncclComm_t c, const ncclUniqueId& id) {
-    int port = id_port(id);
+// the listening socket of this process's ncclGetUniqueId with port (-1: none)
+static int listening_socket(int port) {
+    for (auto& l : g_listening) { if (l.first == port) { return l.second; } }
+    return -1;
+}
+
+static const int JOIN_POLL_MS = 100;   // a join looks this often whether it was aborted (or gave up)
+static const int JOIN_RETRY_US = 20000;   // between a rank's tries to connect to rank 0
+
+// rank 0 accepts the others on its id's port srv, each rank else connects there; every rank sends
+// {magic, rank, nranks} and rank 0 answers each when all have come. A rank whose nranks is not rank 0's
+// is noted and never answered, as real NCCL's bootstrap root does. give_up (a blocking communicator):
+// stop the program after CUDA_EMU_NCCL_TIMEOUT; else wait until the communicator is aborted.
+// Returns whether the ranks joined
+static bool sock_join(ncclComm_t c, int srv, int port, bool give_up) {
     c->fds.assign(c->nranks, -1);
     double limit = sock_timeout_s();
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     auto waited = [&] { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9; };
     if (c->rank == 0) {
-        int srv = -1;
-        for (auto& l : g_listening) { if (l.first == port) { srv = l.second; } }
-        if (srv < 0) { emu_fail("ncclCommInitRank: rank 0 must use the ncclUniqueId it made with ncclGetUniqueId (port %d is not its)", port); }
         for (int joined = 1; joined < c->nranks;) {
+            if (c->aborted) { return false; }
             struct pollfd p = {srv, POLLIN, 0};
-            if (poll(&p, 1, 100) > 0) {
+            if (poll(&p, 1, JOIN_POLL_MS) > 0) {
                 int fd = accept(srv, nullptr, nullptr);
-                unsigned hello[2] = {0, 0};
-                if (fd >= 0 && sock_io(fd, hello, sizeof(hello), false) == 0 && hello[0] == SOCK_MAGIC && hello[1] > 0 &&
-                    (int)hello[1] < c->nranks && c->fds[hello[1]] < 0) {
+                unsigned hello[3] = {0, 0, 0};
+                bool ours = fd >= 0 && sock_io(fd, hello, sizeof(hello), false) == 0 && hello[0] == SOCK_MAGIC;
+                if (ours && (int)hello[2] != c->nranks) {
+                    fflush(stdout);
+                    fprintf(stderr, "cuda_emu: note: NCCL emulation: rank %u joined with nranks %u, rank 0 has nranks %d: the "
+                            "communicator never forms (as real NCCL's bootstrap root, which warns 'mismatch in rank count' and "
+                            "stops answering)\n", hello[1], hello[2], c->nranks);
+                    c->strays.push_back(fd);
+                } else if (ours && hello[1] > 0 && (int)hello[1] < c->nranks && c->fds[hello[1]] < 0) {
                     c->fds[hello[1]] = fd;
                     joined++;
                 } else if (fd >= 0) {
                     close(fd);
                 }
             }
-            if (joined < c->nranks && waited() > limit) {
+            if (joined < c->nranks && give_up && waited() > limit) {
                 int missing = 1;
                 while (c->fds[missing] >= 0) { missing++; }
                 emu_fail("ncclCommInitRank: rank 0 waited %.0f s for rank %d of %d to join (CUDA_EMU_NCCL_TIMEOUT sets the wait)",
@@ -181,7 +222,7 @@ static void sock_join(ncclComm_t c, const ncclUniqueId& id) {
         }
         char go = 1;
         for (int r = 1; r < c->nranks; r++) { sock_io(c->fds[r], &go, 1, true); }
-        return;
+        return true;
     }
     struct sockaddr_in a = {};
     a.sin_family = AF_INET;
@@ -189,17 +230,28 @@ static void sock_join(ncclComm_t c, const ncclUniqueId& id) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int fd = -1;
     while (fd < 0) {
+        if (c->aborted) { return false; }
         fd = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0) { break; }
         close(fd);
         fd = -1;
-        if (waited() > limit) { emu_fail("ncclCommInitRank: rank %d waited %.0f s for rank 0 at 127.0.0.1:%d", c->rank, limit, port); }
-        usleep(20000);
+        if (give_up && waited() > limit) { emu_fail("ncclCommInitRank: rank %d waited %.0f s for rank 0 at 127.0.0.1:%d", c->rank, limit, port); }
+        usleep(JOIN_RETRY_US);
     }
-    unsigned hello[2] = {SOCK_MAGIC, (unsigned)c->rank};
-    char go = 0;
-    if (sock_io(fd, hello, sizeof(hello), true) != 0 || sock_io(fd, &go, 1, false) != 0) { sock_lost(c, 0, -1, "ncclCommInitRank"); }
     c->fds[0] = fd;
+    unsigned hello[3] = {SOCK_MAGIC, (unsigned)c->rank, (unsigned)c->nranks};
+    if (sock_io(fd, hello, sizeof(hello), true) != 0) { sock_lost(c, 0, -1, "ncclCommInitRank"); }
+    char go = 0;
+    for (;;) {   // rank 0's answer: it never comes where rank 0 has another nranks
+        int rc = sock_io_within(fd, &go, 1, false, JOIN_POLL_MS);
+        if (rc == 0) { return true; }
+        if (c->aborted) { return false; }
+        if (rc == -1) { sock_lost(c, 0, -1, "ncclCommInitRank"); }
+        if (give_up && waited() > limit) {
+            emu_fail("ncclCommInitRank: rank %d of %d waited %.0f s for rank 0 to answer (does rank 0 have the same nranks? "
+                     "CUDA_EMU_NCCL_TIMEOUT sets the wait)", c->rank, c->nranks, limit);
+        }
+    }
 }
 
 static const char UNIQUE_ID_MAGIC[] = "cuda_emu nccl id";
@@ -286,7 +338,38 @@ static bool one_rank_per_device(ncclComm_t c) {
     return distinct;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+// after the ranks met: they check each other's id and devices; ncclSuccess or ncclInvalidUsage
+static ncclResult_t check_joined(ncclComm_t c, const ncclUniqueId& id) {
+    std::vector<char> ids;
+    exchange(c, id.internal, sizeof(id.internal), &ids);
+    for (int r = 0; r < c->nranks; r++) {
+        if (memcmp(ids.data() + r * sizeof(id.internal), id.internal, sizeof(id.internal)) != 0) {
+            emu_fail("ncclCommInitRank: rank %d has a different ncclUniqueId than rank %d "
+                     "(rank 0 must make it and send it to the others)", r, c->rank);
+        }
+    }
+    return one_rank_per_device(c) ? ncclSuccess : ncclInvalidUsage;
+}
+
+// over MPI: the program's processes are the ranks, so every one of them is there
+static void mpi_join(ncclComm_t c) {
+#ifdef CUDA_EMU_MPI
+    int world = 0, world_rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (world != c->nranks || world_rank != c->rank) {
+        emu_fail("ncclCommInitRank(nranks=%d, rank=%d) in MPI process %d of %d: the emulator runs one "
+                 "rank per MPI process", c->nranks, c->rank, world_rank, world);
+    }
+    MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
+#else
+    (void)c;
+#endif
+}
+
+// the communicator of nranks that each rank joins with id: blocking waits in the call (and answers
+// the result), else the join goes on in the background (see the top of this file)
+static ncclResult_t comm_init(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank, bool blocking) {
     if (strncmp(id.internal, UNIQUE_ID_MAGIC, strlen(UNIQUE_ID_MAGIC)) != 0) {
         emu_fail("ncclCommInitRank: the ncclUniqueId was not made by ncclGetUniqueId");
     }
@@ -295,48 +378,56 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
     c->rank = rank;
     c->nranks = nranks;
     c->device = emu_current_device();
+    *comm = c;
+    ncclResult_t state = ncclSuccess;
     if (nranks > 1) {
         int initialized = 0;
 #ifdef CUDA_EMU_MPI
         MPI_Initialized(&initialized);  // the program started MPI: its processes are the ranks
 #endif
         c->over_mpi = initialized != 0;
-        if (!c->over_mpi) { sock_join(c, id); }
-#ifdef CUDA_EMU_MPI
-        int world = 0, world_rank = 0;
-        if (c->over_mpi) {
-            MPI_Comm_size(MPI_COMM_WORLD, &world);
-            MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-            if (world != nranks || world_rank != rank) {
-                emu_fail("ncclCommInitRank(nranks=%d, rank=%d) in MPI process %d of %d: the emulator runs one "
-                         "rank per MPI process", nranks, rank, world_rank, world);
-            }
-            MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
+        int port = id_port(id), srv = rank == 0 ? listening_socket(port) : -1;
+        if (!c->over_mpi && rank == 0 && srv < 0) {
+            emu_fail("ncclCommInitRank: rank 0 must use the ncclUniqueId it made with ncclGetUniqueId (port %d is not its)", port);
         }
-#endif
-        std::vector<char> ids;
-        exchange(c, id.internal, sizeof(id.internal), &ids);
-        for (int r = 0; r < nranks; r++) {
-            if (memcmp(ids.data() + r * sizeof(id.internal), id.internal, sizeof(id.internal)) != 0) {
-                emu_fail("ncclCommInitRank: rank %d has a different ncclUniqueId than rank %d "
-                         "(rank 0 must make it and send it to the others)", r, rank);
-            }
+        if (!c->over_mpi && !blocking) {
+            c->async_error = ncclInProgress;
+            c->joining = true;
+            std::thread([c, id, srv, port] {
+                t_joining = true;
+                if (sock_join(c, srv, port, false)) { c->async_error = check_joined(c, id); }
+                c->joining = false;
+            }).detach();
+            return ncclInProgress;
         }
-        if (!one_rank_per_device(c)) {
-            ncclCommDestroy(c);
-            return ncclInvalidUsage;
-        }
+        if (c->over_mpi) { mpi_join(c); } else { sock_join(c, srv, port, true); }
+        state = check_joined(c, id);
     }
-    *comm = c;
-    return ncclSuccess;
+    if (blocking) {
+        if (state != ncclSuccess) { ncclCommDestroy(c); }
+        return state;
+    }
+    c->async_error = state;
+    return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+    return comm_init(comm, nranks, id, rank, true);
+}
+
+// NCCL_CONFIG_INITIALIZER leaves blocking unset (NCCL_CONFIG_UNDEF_INT): NCCL's default, blocking
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
+    return comm_init(comm, nranks, id, rank, config == nullptr || config->blocking != 0);
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    if (comm->joining) { return ncclCommAbort(comm); }   // its join's thread still holds it: kept, as an aborted one
     emu_before_host_wait();  // late-nccl: its queued collectives run (with the other ranks') before it goes
 #ifdef CUDA_EMU_MPI
     if (comm->nranks > 1 && comm->over_mpi) { MPI_Comm_free(&comm->mpi); }
 #endif
     for (int fd : comm->fds) { if (fd >= 0) { close(fd); } }
+    for (int fd : comm->strays) { close(fd); }
     delete comm;
     return ncclSuccess;
 }
@@ -344,7 +435,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 // communicator stays allocated: late-nccl may still hold them in a stream
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
     comm->aborted = true;
+    if (comm->joining) { return ncclSuccess; }   // its thread sees the flag within JOIN_POLL_MS and parks; its sockets stay
     for (int& fd : comm->fds) { if (fd >= 0) { close(fd); fd = -1; } }
+    for (int& fd : comm->strays) { close(fd); }
+    comm->strays.clear();
     return ncclSuccess;
 }
 ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
@@ -456,9 +550,31 @@ static bool known_op(ncclRedOp_t op) {
     return op == ncclSum || op == ncclAvg || op == ncclMax || op == ncclMin || op == ncclProd;
 }
 
+// CUDA_EMU_NCCL_STALL=RANK:N: rank RANK stops itself (SIGSTOP) at its N-th collective (see the top)
+static void stall_if_asked(ncclComm_t comm, const char* what) {
+    static int stall_rank = -1, stall_at = 0, seen = 0;
+    static bool parsed = false;
+    if (!parsed) {
+        parsed = true;
+        const char* v = getenv("CUDA_EMU_NCCL_STALL");
+        if (v != nullptr && (sscanf(v, "%d:%d", &stall_rank, &stall_at) != 2 || stall_rank < 0 || stall_at < 1)) {
+            emu_fail("CUDA_EMU_NCCL_STALL='%s': expected RANK:N (rank RANK stops at its N-th collective), e.g. 1:20", v);
+        }
+    }
+    if (comm->rank != stall_rank || ++seen != stall_at) { return; }
+    fflush(stdout);
+    fprintf(stderr, "cuda_emu: note: CUDA_EMU_NCCL_STALL: rank %d stops itself (SIGSTOP) at its collective %d (%s)\n",
+            comm->rank, seen, what);
+    raise(SIGSTOP);
+}
+
 // queue the collective on the stream: see "When" at the top of this file
 static ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, const char* what, std::function<void()> work) {
-    emu_enqueue_collective(stream, what, [comm, work] { if (!comm->aborted) { work(); } });
+    emu_enqueue_collective(stream, what, [comm, what, work] {
+        if (comm->aborted) { return; }
+        stall_if_asked(comm, what);
+        work();
+    });
     return ncclSuccess;
 }
 

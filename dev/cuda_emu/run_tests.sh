@@ -84,6 +84,13 @@ run "nccl, 1 rank" -- $BIN/test_nccl
 run "nccl, 1 rank, late-nccl streams" CUDA_EMU_STREAMS=late-nccl -- $BIN/test_nccl
 expect_error "late-nccl: a stream that clears a collective's input or reads its output without waiting gets wrong sums" \
     "FAIL missing wait: the all-reduce's output, copied without waiting for it" env CUDA_EMU_STREAMS=late-nccl $BIN/test_nccl missing-waits
+run "nccl: a non-blocking communicator (ncclCommInitRankConfig, blocking = 0), 1 rank" -- $BIN/test_nccl_config
+# ranks that disagree on nranks must stay in progress, not hang in the call: a hang is stopped and counted
+run "nccl: 2 processes that disagree on nranks stay ncclInProgress until ncclCommAbort" -- timeout 60 $BIN/test_nccl_config mismatch
+run "nccl: the trainer's nccl_comm_create with nranks 2 and 3 stops after LLMC_DIST_TIMEOUT" \
+    -- timeout 60 $BIN/test_nccl_config trainer-mismatch
+expect_error "a CUDA_EMU_NCCL_STALL that is not RANK:N stops at the first collective, naming the setting" \
+    "CUDA_EMU_NCCL_STALL='x': expected RANK:N" env CUDA_EMU_NCCL_STALL=x $BIN/test_nccl
 if command -v mpirun > /dev/null; then
     MPIRUN=("${MPIRUN_NP2[@]}")
     run "nccl, 2 ranks (mpirun -np 2), one device each" -- "${MPIRUN[@]}" $BIN/test_nccl
