@@ -197,7 +197,7 @@ static const FlagSpec FLAGS[] = {
     {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory"},
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
-    {NULL, "--dist-init",     FLAG_STRING, OPT(dist_init),        "CUDA, started by srun or torchrun-style variables without MPI: how rank 0 hands NCCL's id to the others: file:DIR (a folder all ranks see) | tcp:HOST:PORT (rank 0's host); \"\" = none (MPI)"},
+    {NULL, "--dist-init",     FLAG_STRING, OPT(dist_init),        "CUDA, started by srun or torchrun-style variables without MPI: how rank 0 hands NCCL's id to the others: file:DIR (a folder all ranks see) | tcp:HOST:PORT (rank 0's host; needs the job's secret LLMC_DIST_SECRET); \"\" = none (MPI)"},
     {NULL, "--offload",       FLAG_WORDS,  OPT(offload),          "to host memory, a comma list: activations (or 1); optimizer (GPU: fp32 master weights and state, the update on the CPU); gradients (with optimizer: every micro-step's, not the step's); 0 = none"},
     {NULL, "--loss-chunk",    FLAG_INT,    OPT(loss_chunk),       "the classifier and its loss N tokens at a time, their gradients already in forward: the (B,T,Vp) logits are never whole (4096 keeps a GPU busy at d12); 0 = all at once"},
     {NULL, "--plan",          FLAG_SWITCH, OPT(plan_only),        "print the memory plan for these flags and exit; with a budget, every combination of the memory flags and the fastest that fits"},
