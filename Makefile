@@ -7,7 +7,7 @@
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
 #   make build/prepare_tokens  text, folders of .txt/.jsonl, or stdin into token shards (dev/data/prepare_tokens.c)
-#   make bench-tokenize  prepare_tokens' MB/s (1 thread and all) against tiktoken's, one thread, on the same text
+#   make bench-tokenize  prepare_tokens' MB/s (1 thread and all) against tiktoken's, one thread, on the same text; and a 2 MB word
 #   make check-headers  compile every header alone as C11 and as C++17 (CI runs it)
 #   make train_gpt_cu  the CUDA trainer, nvcc for the local GPU (GPU_ARCH=sm_80 ... to choose; default: nvidia-smi's, else sm_90)
 #   make build/emu/train_gpt  the same CUDA trainer for the emulated device (dev/cuda_emu): runs on the CPU
@@ -198,7 +198,8 @@ bench-flags: train_gpt $(DATA)
 	bash scripts/bench_flags.sh
 
 # prepare_tokens' MB/s on 1 thread and all, beside tiktoken's on one thread, same text (100 MB of
-# TinyShakespeare; ARGS="--mb 20" or "--input FILE"): dev/data/bench_tokenize.py
+# TinyShakespeare; ARGS="--mb 20" or "--input FILE"), then 2 MB of letters without white space, one
+# word BPE merges whole (ARGS="--long-mb 20"): dev/data/bench_tokenize.py
 bench-tokenize: build/prepare_tokens
 	$(PYTHON) dev/data/bench_tokenize.py $(ARGS)
 

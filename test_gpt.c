@@ -1389,6 +1389,8 @@ static int compare_models(const char* path_a, const char* path_b, double rtol) {
 // --bpe-encode DIR: GPT-2's BPE (llmc/bpe.h, files from DIR) on the texts of stdin, each a line
 // with its length in bytes, then that many bytes; prints each one's ids on a line, word by word
 // (the pre-tokenizer's words: "64|127 244|16"), after checking that bpe_encode gives them all
+// and that a word merged by heap gets the ids of the quadratic scan (up to BPE_SCAN_CHECK_MAX bytes)
+#define BPE_SCAN_CHECK_MAX 100000
 static int bpe_encode_stdin(const char* dir) {
     Bpe bpe;
     bpe_load(&bpe, dir);
@@ -1397,12 +1399,18 @@ static int bpe_encode_stdin(const char* dir) {
         char* text = (char*)malloc_check(len + 1);
         int* ids = (int*)malloc_check((len + 1) * sizeof(int));
         int* word_ids = (int*)malloc_check((len + 1) * sizeof(int));
+        int* scan_ids = (int*)malloc_check((len + 1) * sizeof(int));
         fread_check(text, 1, len, stdin);
         size_t n = bpe_encode(&bpe, text, len, ids), done = 0;
         const unsigned char* s = (const unsigned char*)text;
         for (size_t i = 0, end; i < len; i = end) {
             end = bpe_word_end(s, len, i);
             size_t k = bpe_encode_word(&bpe, s + i, end - i, word_ids);
+            if (end - i >= BPE_HEAP_MIN_BYTES && end - i <= BPE_SCAN_CHECK_MAX) {  // the heap's ids against the scan's
+                for (size_t j = 0; j < end - i; j++) { scan_ids[j] = bpe.byte_id[s[i + j]]; }
+                size_t m = bpe_merge_scan(&bpe, scan_ids, end - i);
+                if (m != k || memcmp(scan_ids, word_ids, k * sizeof(int)) != 0) { fail("--bpe-encode: the heap's merges differ from the scan's on a word of %zu bytes", end - i); }
+            }
             for (size_t j = 0; j < k; j++) {
                 printf(j ? " %d" : i ? "|%d" : "%d", word_ids[j]);
                 if (done + j >= n || ids[done + j] != word_ids[j]) { fail("--bpe-encode: bpe_encode differs from its words at id %zu", done + j); }
@@ -1414,6 +1422,7 @@ static int bpe_encode_stdin(const char* dir) {
         free(text);
         free(ids);
         free(word_ids);
+        free(scan_ids);
     }
     bpe_free(&bpe);
     return 0;
