@@ -489,6 +489,8 @@ static void test_utf8_printer(void) {
 // ----------------------------------------------------------------------------
 // data loader
 
+// a shard, and beside it its manifest (llmc/manifest.h), a set of one shard: dir/NAME.bin and
+// dir/NAME_manifest.txt, a vocabulary of its largest token + 1
 static void write_shard(const char* path, const uint16_t* tokens, int n) {
     FILE* f = fopen_check(path, "wb");
     int h[FILE_HEADER_INTS] = {0};
@@ -496,6 +498,27 @@ static void write_shard(const char* path, const uint16_t* tokens, int n) {
     fwrite_check(h, sizeof(int), FILE_HEADER_INTS, f);
     fwrite_check(tokens, sizeof(uint16_t), n, f);
     fclose(f);
+    ShardSum sum;
+    shard_sum_init(&sum);
+    shard_sum_add(&sum, h, sizeof(h));
+    shard_sum_add(&sum, tokens, (size_t)n * sizeof(uint16_t));
+    Manifest m;
+    memset(&m, 0, sizeof(m));
+    snprintf(m.tokenizer, sizeof(m.tokenizer), "fixture");
+    for (int i = 0; i < n; i++) { m.vocab_size = tokens[i] >= m.vocab_size ? tokens[i] + 1 : m.vocab_size; }
+    m.vocab_size += m.vocab_size == 0;
+    m.eot = m.vocab_size - 1;
+    const char* slash = strrchr(path, '/');
+    manifest_add(&m, "train", slash ? slash + 1 : path, n, shard_sum_final(&sum));
+    char manifest[CHECKPOINT_PATH_LEN];
+    if (snprintf(manifest, sizeof(manifest), "%.*s%s", (int)strlen(path) - 4, path, MANIFEST_SUFFIX) >= (int)sizeof(manifest)) {  // less ".bin"
+        fail("path too long: '%s'", path);
+    }
+    AtomicFile a;
+    atomic_open(&a, manifest);
+    manifest_write(a.f, &m);
+    atomic_commit(&a);
+    manifest_free(&m);
 }
 
 // over one epoch, every token position of the shards must be an input exactly once,
