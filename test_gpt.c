@@ -1310,6 +1310,13 @@ static void write_fuzz_corpus(const char* dir) {
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_TOKENIZER_FILE);
     write_tokenizer(path, cfg.vocab_size);
     write_fuzz_bpe(dir);
+    const char* texts[][2] = {{FUZZ_JSONL_FILE, FUZZ_JSONL_TEXT}, {FUZZ_TEXT_FILE, FUZZ_TEXT_TEXT}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, texts[i][0]);
+        FILE* f = fopen_check(path, "wb");
+        fwrite_check(texts[i][1], 1, strlen(texts[i][1]), f);
+        fclose(f);
+    }
     free(params);
     free(state);
 }

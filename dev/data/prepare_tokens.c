@@ -55,8 +55,7 @@ are tiktoken's of the text python reads that way (dev/data/text_input.h).
 
 #define SHARED_BPE_DIR "../shared/data/gpt2"    // where the repository's tests keep GPT-2's files
 #define PREP_PATH_LEN 1024                       // a path: a prefix, an input, a folder
-#define MAX_LOOKAHEAD 4                          // bytes of one UTF-8 character
-#define READ_BYTES (1 << 20)                     // one fread of a text file
+#define MAX_LOOKAHEAD UTF8_MAX_BYTES             // bytes of one UTF-8 character
 #define SHARD_NAME_LEN (PREP_PATH_LEN + 32)
 #define MANIFEST_TOKENIZER "gpt2-bpe"           // the manifest's name of the tokenizer (llmc/bpe.h)
 #define SHARD_INDEX_DIGITS 6                     // PREFIX_train_000001.bin (llm.c's fineweb names)
@@ -67,7 +66,6 @@ are tiktoken's of the text python reads that way (dev/data/text_input.h).
 // ----------------------------------------------------------------------------
 // options: one table gives the parser and the usage text
 
-typedef enum { DOCS_FILE, DOCS_BLANK_LINES } DocSplit;
 typedef enum { FORMAT_AUTO, FORMAT_TEXT, FORMAT_JSONL } InputFormat;
 
 typedef struct {
@@ -561,6 +559,7 @@ typedef struct {
     size_t ids_cap;
     CachedWord** caches;        // one a thread
     int num_threads;
+    int doc_open;               // the document's EOT is not yet out
     Writer* writer;
     // progress
     long long bytes_in, bytes_total, documents, tokens;
@@ -684,105 +683,12 @@ static size_t batch_document(Batch* b, const unsigned char* s, size_t n, int end
     return n;
 }
 
-// ----------------------------------------------------------------------------
-// readers: text files (one document, or blank-line blocks) and JSON Lines
-
-typedef struct { const char* path; Utf8Mode mode; DocSplit docs; const char* field; } ReadSpec;
-
-// the line of byte offset `at` in path (re-read; 0 for standard input)
-static long long line_of_offset(const char* path, size_t at) {
-    if (strcmp(path, "-") == 0) { return 0; }
-    FILE* f = fopen(path, "rb");
-    if (f == NULL) { return 0; }
-    long long line = 1;
-    for (size_t i = 0; i < at; i++) {
-        int c = fgetc(f);
-        if (c == EOF) { break; }
-        line += c == '\n';
-    }
-    fclose(f);
-    return line;
-}
-
-static void fail_utf8(const char* path, size_t at) {
-    long long line = line_of_offset(path, at);
-    char where[48] = "";
-    if (line > 0) { snprintf(where, sizeof(where), ":%lld", line); }
-    fail("%s%s: invalid UTF-8 at byte offset %zu\n  hint: --invalid-utf8 replace puts U+FFFD there (as python's "
-         "decode(errors=\"replace\") does); or fix the file's encoding (iconv -f latin1 -t utf-8, say)",
-         strcmp(path, "-") == 0 ? "standard input" : path, where, at);
-}
-
-static void read_text(Batch* b, const ReadSpec* r) {
-    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
-    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
-    unsigned char* raw = (unsigned char*)malloc_check(READ_BYTES + MAX_LOOKAHEAD);
-    Utf8Out doc = {0};
-    size_t kept = 0, offset = 0, searched = 0;  // raw[0..kept): a cut character from the last read
-    int doc_open = 1, at_end = 0;
-    while (!at_end) {
-        size_t got = fread(raw + kept, 1, READ_BYTES, f);
-        if (got < READ_BYTES) {
-            if (ferror(f)) { fail("cannot read '%s': %s", r->path, strerror(errno)); }
-            at_end = 1;
-        }
-        b->bytes_in += (long long)got;
-        size_t have = kept + got, bad;
-        size_t used = utf8_clean(&doc, raw, have, at_end, r->mode, &bad);
-        if (bad != SIZE_MAX) { fail_utf8(r->path, offset + bad); }
-        offset += used;
-        kept = have - used;
-        memmove(raw, raw + used, kept);
-        size_t start = 0;
-        if (r->docs == DOCS_BLANK_LINES) {  // every "\n\n" ends a document (python's split, left to right)
-            for (;;) {
-                const unsigned char* nn = memmem(doc.data + searched, doc.len - searched, "\n\n", 2);
-                if (nn == NULL) { searched = doc.len > start + 1 ? doc.len - 1 : start; break; }
-                size_t end = (size_t)(nn - doc.data) + 2;
-                batch_document(b, doc.data + start, end - start, 1, &doc_open);
-                doc_open = 1;
-                start = searched = end;
-            }
-        }
-        start += batch_document(b, doc.data + start, doc.len - start, 0, &doc_open);
-        memmove(doc.data, doc.data + start, doc.len - start);
-        doc.len -= start;
-        searched -= searched >= start ? start : searched;
-    }
-    batch_document(b, doc.data, doc.len, 1, &doc_open);  // the last document (empty after a final "\n\n": an EOT, as in llm.c)
-    if (f != stdin) { fclose(f); }
-    free(raw);
-    free(doc.data);
-}
-
-static void read_jsonl(Batch* b, const ReadSpec* r) {
-    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
-    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
-    char* line = NULL;
-    size_t cap = 0;
-    Utf8Out text = {0}, key = {0};
-    const char* name = strcmp(r->path, "-") == 0 ? "standard input" : r->path;
-    long long number = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, f)) != -1) {
-        number++;
-        b->bytes_in += n;
-        JsonLine j = {(const unsigned char*)line, (size_t)n, 0, "", r->mode};
-        json_space(&j);
-        if (j.i == j.n) { continue; }  // a blank line
-        JsonFieldResult res = json_field(&j, r->field, &text, &key);
-        if (res == JSON_NOT_JSON) { fail("%s:%lld: not JSON: %s\n  hint: a .jsonl file holds one JSON object a line", name, number, j.error); }
-        if (res == JSON_NOT_OBJECT) { fail("%s:%lld: a JSON value that is not an object\n  hint: a .jsonl file holds one JSON object a line, e.g. {\"%s\": \"...\"}", name, number, r->field); }
-        if (res == JSON_FIELD_ABSENT) { fail("%s:%lld: no field \"%s\" in this object\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
-        if (res == JSON_FIELD_NOT_STRING) { fail("%s:%lld: the field \"%s\" is not a string\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
-        int doc_open = 1;
-        batch_document(b, text.data, text.len, 1, &doc_open);
-    }
-    if (ferror(f)) { fail("cannot read '%s': %s", name, strerror(errno)); }
-    if (f != stdin) { fclose(f); }
-    free(line);
-    free(text.data);
-    free(key.data);
+// the readers' sink (text_input.h): a document's text into blocks; a new document after one ends
+static size_t batch_sink(void* ctx, const unsigned char* text, size_t n, int ends) {
+    Batch* b = (Batch*)ctx;
+    size_t took = batch_document(b, text, n, ends, &b->doc_open);
+    if (ends) { b->doc_open = 1; }
+    return took;
 }
 
 // ----------------------------------------------------------------------------
@@ -852,12 +758,13 @@ int main(int argc, char** argv) {
     b.caches = (CachedWord**)malloc_check((size_t)b.num_threads * sizeof(CachedWord*));
     for (int t = 0; t < b.num_threads; t++) { b.caches[t] = (CachedWord*)calloc_check(CACHE_SLOTS, sizeof(CachedWord)); }
     for (size_t k = 0; k < inputs.n; k++) { b.bytes_total += inputs.items[k].bytes > 0 ? inputs.items[k].bytes : 0; }
+    b.doc_open = 1;
     b.tty = isatty(fileno(stderr));
     b.start = b.last_print = now_seconds();
 
     for (size_t k = 0; k < inputs.n; k++) {
-        ReadSpec r = {inputs.items[k].path, mode, docs, o.field};
-        if (inputs.items[k].format == FORMAT_JSONL) { read_jsonl(&b, &r); } else { read_text(&b, &r); }
+        ReadSpec r = {inputs.items[k].path, mode, docs, o.field, &b.bytes_in};
+        if (inputs.items[k].format == FORMAT_JSONL) { jsonl_read_file(&r, batch_sink, &b); } else { text_read_file(&r, batch_sink, &b); }
     }
     batch_run(&b);
     writer_finish(w);
