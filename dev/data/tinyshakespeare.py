@@ -226,7 +226,8 @@ def main(argv=None):
     args = parse_args(argv)
     val_path = os.path.join(args.out_dir, "tiny_shakespeare_val.bin")
     train_path = os.path.join(args.out_dir, "tiny_shakespeare_train.bin")
-    outputs = [val_path, train_path, args.tokenizer_out]
+    manifest_path = os.path.join(args.out_dir, "tiny_shakespeare" + MANIFEST_SUFFIX)  # an older run's files have none
+    outputs = [val_path, train_path, manifest_path, args.tokenizer_out]
     if not args.force and all(os.path.exists(p) for p in outputs):
         print("already present (use --force to rewrite):\n  " + "\n  ".join(outputs))
         return
