@@ -7,7 +7,8 @@
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
 #   make build/prepare_tokens  text, folders of .txt/.jsonl, or stdin into token shards (dev/data/prepare_tokens.c)
-#   make bench-tokenize  prepare_tokens' MB/s (1 thread and all) against tiktoken's, one thread, on the same text
+#   make bench-tokenize  prepare_tokens' MB/s (1 thread and all) against tiktoken's, one thread, on the same text; and a 2 MB word
+#   make bench-fuzz   the fuzzer at length: 100,000 cases per target, ASan+UBSan (TARGETS="shard manifest,flags" for some)
 #   make check-headers  compile every header alone as C11 and as C++17 (CI runs it)
 #   make train_gpt_cu  the CUDA trainer, nvcc for the local GPU (GPU_ARCH=sm_80 ... to choose; default: nvidia-smi's, else sm_90)
 #   make build/emu/train_gpt  the same CUDA trainer for the emulated device (dev/cuda_emu): runs on the CPU
@@ -51,7 +52,7 @@ MPI_STAMP = build/mpi_setting
 MPI_SETTING = MPI=$(MPI) CC=$(TRAIN_CC)
 $(shell mkdir -p build && if [ "$$(cat $(MPI_STAMP) 2>/dev/null)" != "$(MPI_SETTING)" ]; then echo "$(MPI_SETTING)" > $(MPI_STAMP); fi)
 
-.PHONY: all run data test bench bench-flags bench-tokenize check-headers cuda-build-check build-check clean help
+.PHONY: all run data test bench bench-flags bench-tokenize bench-fuzz check-headers cuda-build-check build-check clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
@@ -140,7 +141,7 @@ test_gpt: test_gpt.c train_gpt.c tests/check.h tests/fuzz_corpus.h $(HEADERS)
 # build/prepare_tokens (tests/test_prepare.py feeds it mutated text and JSON Lines)
 SANITIZE = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 SAN_CFLAGS = -std=c11 -I. -march=native -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-function $(SANITIZE)
-build/fuzz: tests/fuzz.c tests/check.h tests/fuzz_corpus.h train_gpt.c $(HEADERS)
+build/fuzz: tests/fuzz.c tests/check.h tests/fuzz_corpus.h train_gpt.c dev/data/text_input.h $(HEADERS)
 	@mkdir -p build
 	$(CC) $(SAN_CFLAGS) $< -o $@ $(LDLIBS)
 build/prepare_tokens_asan: dev/data/prepare_tokens.c dev/data/text_input.h $(HEADERS)
@@ -205,9 +206,18 @@ bench-flags: train_gpt $(DATA)
 	bash scripts/bench_flags.sh
 
 # prepare_tokens' MB/s on 1 thread and all, beside tiktoken's on one thread, same text (100 MB of
-# TinyShakespeare; ARGS="--mb 20" or "--input FILE"): dev/data/bench_tokenize.py
+# TinyShakespeare; ARGS="--mb 20" or "--input FILE"), then 2 MB of letters without white space, one
+# word BPE merges whole (ARGS="--long-mb 20"): dev/data/bench_tokenize.py
 bench-tokenize: build/prepare_tokens
 	$(PYTHON) dev/data/bench_tokenize.py $(ARGS)
+
+# the fuzzer of the readers at length (tests/fuzz.c; make test runs 4,000 cases per target): CASES per
+# target (default 100,000), every target or those of TARGETS, the names it prints, comma-separated
+# (make bench-fuzz TARGETS="prepare_tokens JSON Lines,prepare_tokens text"); prints each target's
+# cases and time, and the total
+CASES ?= 100000
+bench-fuzz: build/fuzz test_gpt
+	FUZZ_TARGETS="$(TARGETS)" ./build/fuzz ./test_gpt $(CASES)
 
 # every header alone, as C11 and as C++17 (the CUDA program includes the shared ones)
 SHARED_HEADERS = $(wildcard llmc/*.h)

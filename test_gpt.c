@@ -503,6 +503,8 @@ static void test_utf8_printer(void) {
 // ----------------------------------------------------------------------------
 // data loader
 
+// a shard, and beside it its manifest (llmc/manifest.h), a set of one shard: dir/NAME.bin and
+// dir/NAME_manifest.txt, a vocabulary of its largest token + 1
 static void write_shard(const char* path, const uint16_t* tokens, int n) {
     FILE* f = fopen_check(path, "wb");
     int h[FILE_HEADER_INTS] = {0};
@@ -510,6 +512,27 @@ static void write_shard(const char* path, const uint16_t* tokens, int n) {
     fwrite_check(h, sizeof(int), FILE_HEADER_INTS, f);
     fwrite_check(tokens, sizeof(uint16_t), n, f);
     fclose(f);
+    ShardSum sum;
+    shard_sum_init(&sum);
+    shard_sum_add(&sum, h, sizeof(h));
+    shard_sum_add(&sum, tokens, (size_t)n * sizeof(uint16_t));
+    Manifest m;
+    memset(&m, 0, sizeof(m));
+    snprintf(m.tokenizer, sizeof(m.tokenizer), "fixture");
+    for (int i = 0; i < n; i++) { m.vocab_size = tokens[i] >= m.vocab_size ? tokens[i] + 1 : m.vocab_size; }
+    m.vocab_size += m.vocab_size == 0;
+    m.eot = m.vocab_size - 1;
+    const char* slash = strrchr(path, '/');
+    manifest_add(&m, "train", slash ? slash + 1 : path, n, shard_sum_final(&sum));
+    char manifest[CHECKPOINT_PATH_LEN];
+    if (snprintf(manifest, sizeof(manifest), "%.*s%s", (int)strlen(path) - 4, path, MANIFEST_SUFFIX) >= (int)sizeof(manifest)) {  // less ".bin"
+        fail("path too long: '%s'", path);
+    }
+    AtomicFile a;
+    atomic_open(&a, manifest);
+    manifest_write(a.f, &m);
+    atomic_commit(&a);
+    manifest_free(&m);
 }
 
 // over one epoch, every token position of the shards must be an input exactly once,
@@ -1317,6 +1340,13 @@ static void write_fuzz_corpus(const char* dir) {
     write_bytes(path, hello, sizeof(hello));
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_RDV_ANSWER_FILE);
     write_bytes(path, answer, sizeof(answer));
+    const char* texts[][2] = {{FUZZ_JSONL_FILE, FUZZ_JSONL_TEXT}, {FUZZ_TEXT_FILE, FUZZ_TEXT_TEXT}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, texts[i][0]);
+        FILE* f = fopen_check(path, "wb");
+        fwrite_check(texts[i][1], 1, strlen(texts[i][1]), f);
+        fclose(f);
+    }
     free(params);
     free(state);
 }
@@ -1419,6 +1449,8 @@ static int compare_models(const char* path_a, const char* path_b, double rtol) {
 // --bpe-encode DIR: GPT-2's BPE (llmc/bpe.h, files from DIR) on the texts of stdin, each a line
 // with its length in bytes, then that many bytes; prints each one's ids on a line, word by word
 // (the pre-tokenizer's words: "64|127 244|16"), after checking that bpe_encode gives them all
+// and that a word merged by heap gets the ids of the quadratic scan (up to BPE_SCAN_CHECK_MAX bytes)
+#define BPE_SCAN_CHECK_MAX 100000
 static int bpe_encode_stdin(const char* dir) {
     Bpe bpe;
     bpe_load(&bpe, dir);
@@ -1427,12 +1459,18 @@ static int bpe_encode_stdin(const char* dir) {
         char* text = (char*)malloc_check(len + 1);
         int* ids = (int*)malloc_check((len + 1) * sizeof(int));
         int* word_ids = (int*)malloc_check((len + 1) * sizeof(int));
+        int* scan_ids = (int*)malloc_check((len + 1) * sizeof(int));
         fread_check(text, 1, len, stdin);
         size_t n = bpe_encode(&bpe, text, len, ids), done = 0;
         const unsigned char* s = (const unsigned char*)text;
         for (size_t i = 0, end; i < len; i = end) {
             end = bpe_word_end(s, len, i);
             size_t k = bpe_encode_word(&bpe, s + i, end - i, word_ids);
+            if (end - i >= BPE_HEAP_MIN_BYTES && end - i <= BPE_SCAN_CHECK_MAX) {  // the heap's ids against the scan's
+                for (size_t j = 0; j < end - i; j++) { scan_ids[j] = bpe.byte_id[s[i + j]]; }
+                size_t m = bpe_merge_scan(&bpe, scan_ids, end - i);
+                if (m != k || memcmp(scan_ids, word_ids, k * sizeof(int)) != 0) { fail("--bpe-encode: the heap's merges differ from the scan's on a word of %zu bytes", end - i); }
+            }
             for (size_t j = 0; j < k; j++) {
                 printf(j ? " %d" : i ? "|%d" : "%d", word_ids[j]);
                 if (done + j >= n || ids[done + j] != word_ids[j]) { fail("--bpe-encode: bpe_encode differs from its words at id %zu", done + j); }
@@ -1444,6 +1482,7 @@ static int bpe_encode_stdin(const char* dir) {
         free(text);
         free(ids);
         free(word_ids);
+        free(scan_ids);
     }
     bpe_free(&bpe);
     return 0;

@@ -408,15 +408,30 @@ static void bpe_free(Bpe* b) {
 
 // ----------------------------------------------------------------------------
 // 3. + 4. BPE and the encoder
+//
+// GPT-2's rule: the adjacent pair of the lowest rank merges, at every place it occurs, left to
+// right (a run "a a a" of a pair (a, a) makes "aa a"); then the lowest rank among the pairs that
+// are left, and so on. Two ways to follow it, which give the same ids:
+//   - scan: find the best pair by a pass over the word, merge it everywhere in a second pass;
+//     O(n^2) on a word of n bytes, and fastest on the short words of ordinary text;
+//   - heap: the parts in a linked list and a min-heap of (rank, position) of their pairs, so
+//     a merge costs O(log n): a 2 MB word without white space (one pre-tokenizer word) takes
+//     a second instead of minutes.
 
-// one word's bytes (n >= 1) into ids (room for n): its bytes' ids merged, lowest rank first;
-// returns how many
-static size_t bpe_encode_word(const Bpe* b, const unsigned char* word, size_t n, int* ids) {
-    for (size_t k = 0; k < n; k++) { ids[k] = b->byte_id[word[k]]; }
+#define BPE_HEAP_MIN_BYTES 32           // words this long or longer merge by heap (shorter, most words: scan is faster)
+#define BPE_NO_PART UINT32_MAX          // the end of the heap's linked list of parts
+
+// the merge of the pair (left, right), a slot of rank -1 if there is none
+static const BpeMerge* bpe_pair(const Bpe* b, int left, int right) {
+    return bpe_merge_slot(b, ((uint64_t)(uint32_t)left << 32) | (uint32_t)right);
+}
+
+// scan: ids[0..n) merged in place; returns how many are left
+static size_t bpe_merge_scan(const Bpe* b, int* ids, size_t n) {
     for (;;) {
         const BpeMerge* best = NULL;
         for (size_t k = 0; k + 1 < n; k++) {
-            const BpeMerge* m = bpe_merge_slot(b, ((uint64_t)ids[k] << 32) | (uint32_t)ids[k + 1]);
+            const BpeMerge* m = bpe_pair(b, ids[k], ids[k + 1]);
             if (m->rank >= 0 && (best == NULL || m->rank < best->rank)) { best = m; }
         }
         if (best == NULL) { return n; }  // no adjacent pair can merge
@@ -428,6 +443,106 @@ static size_t bpe_encode_word(const Bpe* b, const unsigned char* word, size_t n,
         }
         n = out;
     }
+}
+
+// heap: a pair that may merge, the part at pos and the next one; ordered by rank, then pos
+// (among equal ranks the leftmost first, as the scan merges them)
+typedef struct { int rank; uint32_t pos; } BpePairAt;
+typedef struct { BpePairAt* items; size_t n, cap; } BpePairs;
+
+static int bpe_pair_before(BpePairAt a, BpePairAt b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
+
+static void bpe_pairs_append(BpePairs* h, int rank, uint32_t pos) {
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 256;
+        h->items = (BpePairAt*)realloc(h->items, h->cap * sizeof(BpePairAt));
+        if (h->items == NULL) { fail("out of host memory merging a word of BPE\n  hint: a word this long (text without white space)?"); }
+    }
+    h->items[h->n].rank = rank;
+    h->items[h->n].pos = pos;
+    h->n++;
+}
+
+static void bpe_heap_down(BpePairs* h, size_t k) {
+    for (;;) {
+        size_t least = k, l = 2 * k + 1, r = l + 1;
+        if (l < h->n && bpe_pair_before(h->items[l], h->items[least])) { least = l; }
+        if (r < h->n && bpe_pair_before(h->items[r], h->items[least])) { least = r; }
+        if (least == k) { return; }
+        BpePairAt t = h->items[k]; h->items[k] = h->items[least]; h->items[least] = t;
+        k = least;
+    }
+}
+
+static void bpe_heap_push(BpePairs* h, BpePairAt p) {
+    bpe_pairs_append(h, p.rank, p.pos);
+    for (size_t k = h->n - 1; k > 0 && bpe_pair_before(h->items[k], h->items[(k - 1) / 2]); k = (k - 1) / 2) {
+        BpePairAt t = h->items[k]; h->items[k] = h->items[(k - 1) / 2]; h->items[(k - 1) / 2] = t;
+    }
+}
+
+static BpePairAt bpe_heap_pop(BpePairs* h) {
+    BpePairAt top = h->items[0];
+    h->items[0] = h->items[--h->n];
+    bpe_heap_down(h, 0);
+    return top;
+}
+
+// the pair of part pos and the next one into *to, if it has a merge
+static void bpe_note_pair(const Bpe* b, const int* ids, const uint32_t* next, uint32_t pos, BpePairs* to) {
+    if (pos == BPE_NO_PART || next[pos] == BPE_NO_PART) { return; }
+    const BpeMerge* m = bpe_pair(b, ids[pos], ids[next[pos]]);
+    if (m->rank >= 0) { bpe_pairs_append(to, m->rank, pos); }
+}
+
+// heap: ids[0..n) merged in place; returns how many are left. The heap's entries are checked
+// when they come out (lazy deletion): one whose part was merged away, or whose pair changed,
+// is dropped. A merge's new pairs wait in `fresh` until the rank's last merge is done: the
+// scan merges every place of a rank before it looks at the pairs those merges made
+static size_t bpe_merge_heap(const Bpe* b, int* ids, size_t n) {
+    if (n >= BPE_NO_PART) { fail("a word of %zu bytes without white space: BPE merges words below 4 GiB\n  hint: is this a text file?", n); }
+    uint32_t* next = (uint32_t*)malloc_check(2 * n * sizeof(uint32_t));  // (n) the next part, (n) the one before
+    uint32_t* prev = next + n;
+    BpePairs heap = {NULL, 0, 0}, fresh = {NULL, 0, 0};
+    for (uint32_t k = 0; k < n; k++) {
+        next[k] = k + 1 < n ? k + 1 : BPE_NO_PART;
+        prev[k] = k > 0 ? k - 1 : BPE_NO_PART;
+    }
+    for (uint32_t k = 0; k + 1 < n; k++) { bpe_note_pair(b, ids, next, k, &heap); }
+    for (size_t k = heap.n / 2; k-- > 0;) { bpe_heap_down(&heap, k); }
+    int rank = -1;  // the rank being merged
+    while (heap.n > 0 || fresh.n > 0) {
+        if (heap.n == 0 || heap.items[0].rank != rank) {  // this rank is done: the new pairs join
+            for (size_t k = 0; k < fresh.n; k++) { bpe_heap_push(&heap, fresh.items[k]); }
+            fresh.n = 0;
+            if (heap.n == 0) { break; }
+            rank = heap.items[0].rank;
+        }
+        BpePairAt p = bpe_heap_pop(&heap);
+        uint32_t right = next[p.pos];
+        if (ids[p.pos] < 0 || right == BPE_NO_PART) { continue; }  // merged away, or now the last part
+        const BpeMerge* m = bpe_pair(b, ids[p.pos], ids[right]);
+        if (m->rank != p.rank) { continue; }  // its pair changed (a rank is one pair)
+        ids[p.pos] = m->merged;
+        ids[right] = -1;
+        next[p.pos] = next[right];
+        if (next[right] != BPE_NO_PART) { prev[next[right]] = p.pos; }
+        bpe_note_pair(b, ids, next, prev[p.pos], &fresh);
+        bpe_note_pair(b, ids, next, p.pos, &fresh);
+    }
+    size_t out = 0;
+    for (uint32_t k = 0; k != BPE_NO_PART; k = next[k]) { ids[out++] = ids[k]; }  // part 0 is never merged away
+    free(next);
+    free(heap.items);
+    free(fresh.items);
+    return out;
+}
+
+// one word's bytes (n >= 1) into ids (room for n): its bytes' ids merged, lowest rank first;
+// returns how many
+static size_t bpe_encode_word(const Bpe* b, const unsigned char* word, size_t n, int* ids) {
+    for (size_t k = 0; k < n; k++) { ids[k] = b->byte_id[word[k]]; }
+    return n < BPE_HEAP_MIN_BYTES ? bpe_merge_scan(b, ids, n) : bpe_merge_heap(b, ids, n);
 }
 
 // text[0..len) into ids (room for len: a token is at least one byte); returns how many

@@ -34,6 +34,7 @@ typedef struct {
     // data and model
     char train_data[PATH_MAX_LEN];   // token shard(s) to train on, a glob pattern
     char val_data[PATH_MAX_LEN];     // token shard(s) for validation, "" for none
+    int no_manifest;                 // 1: read shards without a manifest (llm.c's scripts make none; dataloader.h)
     char tokenizer[PATH_MAX_LEN];    // tokenizer file for decoding samples, "" for none
     char model[PATH_MAX_LEN];        // preset dN, or a checkpoint file to start from
     char out_dir[PATH_MAX_LEN];      // checkpoints and log go here, "" for none
@@ -161,6 +162,7 @@ typedef struct {
 static const FlagSpec FLAGS[] = {
     {"-i", "--train",         FLAG_STRING, OPT(train_data),       "training token shards (glob pattern)"},
     {"-j", "--val",           FLAG_STRING, OPT(val_data),         "validation token shards (glob), \"\" = none"},
+    {NULL, "--no-manifest",   FLAG_SWITCH, OPT(no_manifest),      "read -i/-j shards that have no manifest (made by llm.c's scripts, not build/prepare_tokens): the set is not checked whole"},
     {"-k", "--tokenizer",     FLAG_STRING, OPT(tokenizer),        "tokenizer file for samples, \"\" = none"},
     {"-e", "--model",         FLAG_STRING, OPT(model),            "a preset (listed below) or a model file .bin to start from"},
     {"-o", "--out",           FLAG_STRING, OPT(out_dir),          "output directory for checkpoints and log, \"\" = none"},

@@ -162,6 +162,31 @@ COPY_PERIOD, COPY_REPEATS, COPY_TOKENS, COPY_STEPS = 4, 8, 8192, 300
 SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256  # llmc/dataloader.h
 
 
+SHARD_SUM_SEED, SHARD_SUM_MUL, MASK64 = 0x6c6c6d2e63736d31, 0x9E3779B97F4A7C15, (1 << 64) - 1  # llmc/manifest.h
+
+
+def shard_sum(data):
+    """llmc/manifest.h's checksum of a shard's bytes: 64-bit little-endian words, the last padded"""
+    h = SHARD_SUM_SEED
+    padded = data + b"\0" * (-len(data) % 8)
+    for w in struct.unpack(f"<{len(padded) // 8}Q", padded) + (len(data),):
+        h = ((h ^ w) * SHARD_SUM_MUL) & MASK64
+        h ^= h >> 32
+    return h
+
+
+def write_shard(path, tokens, vocab):
+    """a token shard (llmc/dataloader.h) and beside it its manifest (llmc/manifest.h), a set of one
+    shard: DIR/NAME.bin and DIR/NAME_manifest.txt, as the trainer wants them"""
+    header = [SHARD_MAGIC, SHARD_VERSION, len(tokens)] + [0] * (HEADER_INTS - 3)
+    data = struct.pack(f"<{HEADER_INTS}i", *header) + struct.pack(f"<{len(tokens)}H", *tokens)
+    with open(path, "wb") as f:
+        f.write(data)
+    with open(path[:-len(".bin")] + "_manifest.txt", "w", encoding="utf-8") as f:
+        f.write(f"llm.c token shards manifest 1\ntokenizer test vocab {vocab} eot {vocab - 1}\n"
+                f"shard train {len(tokens)} 0x{shard_sum(data):016x} {os.path.basename(path)}\nend 1\n")
+
+
 def bpe_dir():
     """(GPT-2's BPE folder, None) when its files are there, else (None, why not)"""
     d = gpt2_bpe.DEFAULT_BPE_DIR
@@ -185,9 +210,7 @@ def copy_model(suite, train, vocab=64):
     while len(tokens) < COPY_TOKENS:
         tokens += [rng.randrange(vocab) for _ in range(COPY_PERIOD)] * COPY_REPEATS
     shard, out = suite.path("copy.bin"), suite.path("copy")
-    with open(shard, "wb") as f:
-        header = [SHARD_MAGIC, SHARD_VERSION, len(tokens)] + [0] * (HEADER_INTS - 3)
-        f.write(struct.pack(f"<{HEADER_INTS}i", *header) + struct.pack(f"<{len(tokens)}H", *tokens))
+    write_shard(shard, tokens, vocab)
     ok = suite.expect_ok(f"sample: the fixture learns to copy the token {COPY_PERIOD} back",
                          [train, "-e", f"{suite.fix}/model.bin", "-i", shard, "-j", "", "-k", "", "-b", "4", "-t", "32",
                           "-x", str(COPY_STEPS), "-l", "1e-2", "-u", "10", "-v", "0", "-s", "0", "-o", out])

@@ -1,9 +1,12 @@
 /*
 fuzz.c: a mutation fuzzer of everything the trainer reads from outside: the model file, a
-token shard, the training-state file, the tokenizer file, GPT-2's BPE files (encoder.json and
-vocab.bpe, for --sample) and the command line.
+token shard and its manifest, the training-state file, the tokenizer file, GPT-2's BPE files
+(encoder.json and vocab.bpe, for --sample) and the command line; and prepare_tokens' readers of
+JSON Lines and text (dev/data/text_input.h), whose output must be valid UTF-8.
 
     make build/fuzz && ./build/fuzz ./test_gpt [CASES [SEED]]   # CASES per target (default 5000)
+    FUZZ_TARGETS='shard manifest,flags' ./build/fuzz ./test_gpt  # only these targets
+    make bench-fuzz                                             # 100,000 cases per target (TARGETS=...)
     ./build/fuzz --replay TARGET FILE                           # one kept case, in this process
 
 Each case mutates a seed (tests/fuzz_corpus.h: files that `test_gpt --write-fixtures` writes,
@@ -30,6 +33,7 @@ and "N passed, N failed" last (tests/check.h), for make test.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include "dev/data/text_input.h"
 #include "tests/check.h"
 #include "tests/fuzz_corpus.h"
 
@@ -64,7 +68,7 @@ static void fuzz_model(const char* path) {
 static void fuzz_shard(const char* path) {
     GPT2Config cfg = FUZZ_CONFIG;
     DataLoader dl;
-    dataloader_init(&dl, path, FUZZ_B, FUZZ_T, 0, 1, cfg.vocab_size);
+    dataloader_init_rule(&dl, path, FUZZ_B, FUZZ_T, 0, 1, cfg.vocab_size, SHARDS_WITHOUT_MANIFEST);  // the manifest: its own target
     for (int i = 0; i < 100; i++) { dataloader_next_batch(&dl); }  // over the end of the shard: the next epoch
     dataloader_free(&dl);
 }
@@ -186,6 +190,58 @@ static void fuzz_rdv_answer(const char* path) {
     }
     free(msg);
 }
+
+// the manifest of the corpus shard (llmc/manifest.h), read and the shard checked against it, as
+// dataloader_init does for a set of one shard
+static void fuzz_manifest(const char* path) {
+    char shard_path[CHECKPOINT_PATH_LEN];
+    corpus_path(shard_path, sizeof(shard_path), FUZZ_SHARD_FILE);
+    GPT2Config cfg = FUZZ_CONFIG;
+    FILE* f = fopen_check(shard_path, "rb");
+    size_t tokens = shard_check(shard_path, f, 1, 0);
+    uint64_t sum = shard_check_tokens(shard_path, f, tokens, cfg.vocab_size);
+    fclose(f);
+    ShardManifest sm;
+    memset(&sm, 0, sizeof(sm));
+    snprintf(sm.path, sizeof(sm.path), "%s", path);
+    manifest_read(path, &sm.m);
+    sm.matched = (unsigned char*)calloc_check((size_t)sm.m.num_shards + 1, 1);
+    manifest_check_shard(&sm, 1, shard_path, tokens, sum, cfg.vocab_size);
+    manifest_check_whole(&sm, 1, shard_path);
+    manifest_free(&sm.m);
+    free(sm.matched);
+}
+
+// prepare_tokens' readers (dev/data/text_input.h) as it reads a file: what they hand on is whole
+// UTF-8 characters, valid, which the corpus's small BPE encodes into ids of its vocabulary
+static size_t fuzz_text_sink(void* ctx, const unsigned char* text, size_t n, int ends) {
+    const Bpe* bpe = (const Bpe*)ctx;
+    size_t take = n;
+    if (!ends) { while (take > 0 && (text[take - 1] & 0xC0) == 0x80) { take--; } take -= take > 0; }  // whole characters
+    if (bpe_utf8_error((const char*)text, take) != take) { fprintf(stderr, "a reader handed on invalid UTF-8\n"); abort(); }
+    int* ids = (int*)malloc_check((take + 1) * sizeof(int));
+    size_t m = bpe_encode(bpe, (const char*)text, take, ids);
+    for (size_t i = 0; i < m; i++) {
+        if (ids[i] < 0 || ids[i] >= bpe->vocab_size) { fprintf(stderr, "id %d outside the vocabulary\n", ids[i]); abort(); }
+    }
+    free(ids);
+    return take;
+}
+
+static void fuzz_read_input(const char* path, int jsonl) {
+    char encoder[CHECKPOINT_PATH_LEN], vocab[CHECKPOINT_PATH_LEN];
+    corpus_path(encoder, sizeof(encoder), FUZZ_BPE_ENCODER_FILE);
+    corpus_path(vocab, sizeof(vocab), FUZZ_BPE_VOCAB_FILE);
+    Bpe bpe;
+    bpe_load_files(&bpe, encoder, vocab);
+    // JSON Lines with invalid UTF-8 replaced (python's decode); text refused at the first invalid byte
+    ReadSpec r = {path, jsonl ? UTF8_REPLACE : UTF8_ERROR, DOCS_BLANK_LINES, "text", NULL};
+    if (jsonl) { jsonl_read_file(&r, fuzz_text_sink, &bpe); } else { text_read_file(&r, fuzz_text_sink, &bpe); }
+    bpe_free(&bpe);
+}
+
+static void fuzz_jsonl(const char* path) { fuzz_read_input(path, 1); }
+static void fuzz_text(const char* path) { fuzz_read_input(path, 0); }
 
 // ----------------------------------------------------------------------------
 // the command line: parsed, then checked and planned as the trainer does for the tiny preset
@@ -420,6 +476,9 @@ static const FuzzTarget TARGETS[] = {
     {"flags", fuzz_flags, NULL},
     {"rendezvous HELLO (rank 0 reads)", fuzz_rdv_hello, FUZZ_RDV_HELLO_FILE},
     {"rendezvous ANSWER (a rank reads)", fuzz_rdv_answer, FUZZ_RDV_ANSWER_FILE},
+    {"shard manifest", fuzz_manifest, FUZZ_MANIFEST_FILE},
+    {"prepare_tokens JSON Lines", fuzz_jsonl, FUZZ_JSONL_FILE},
+    {"prepare_tokens text", fuzz_text, FUZZ_TEXT_FILE},
 };
 #define NUM_TARGETS ((int)(sizeof(TARGETS) / sizeof(TARGETS[0])))
 
@@ -489,13 +548,26 @@ static void fuzz_target(const FuzzTarget* t, const char* work, int cases, uint64
     free(seed_bytes);
 }
 
+// 1 if name is one of the comma-separated names of list
+static int name_in_list(const char* name, const char* list) {
+    size_t n = strlen(name);
+    for (const char* p = list; *p != '\0';) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, name, n) == 0) { return 1; }
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 4 && strcmp(argv[1], "--replay") == 0) {
         for (int i = 0; i < NUM_TARGETS; i++) {
             if (strcmp(argv[2], TARGETS[i].name) == 0) { TARGETS[i].reader(argv[3]); printf("accepted\n"); return 0; }
         }
-        fail("--replay: no target '%s' (model file, token shard, training state, tokenizer, BPE encoder.json, BPE vocab.bpe, flags)", argv[2]);
+        char names[1024] = "";
+        for (int i = 0; i < NUM_TARGETS; i++) { snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? ", " : "", TARGETS[i].name); }
+        fail("--replay: no target '%s' (%s)", argv[2], names);
     }
     if (argc < 2 || argc > 4) { fprintf(stderr, "usage: %s ./test_gpt [CASES [SEED]]\n", argv[0]); return 2; }
     int cases = argc > 2 ? atoi(argv[2]) : FUZZ_CASES_DEFAULT;
@@ -511,7 +583,16 @@ int main(int argc, char** argv) {
     if (system(cmd) != 0) { fail("%s failed: the corpus comes from test_gpt --write-fixtures", cmd); }
     const char* keep = getenv("FUZZ_KEEP_DIR") ? getenv("FUZZ_KEEP_DIR") : "/tmp/fuzz_failures";
     printf("fuzzing %d cases per target, seed %llu, corpus from %s --write-fixtures\n", cases, (unsigned long long)seed, argv[1]);
-    for (int i = 0; i < NUM_TARGETS; i++) { fuzz_target(&TARGETS[i], work, cases, seed, keep); }
+    const char* only = getenv("FUZZ_TARGETS");  // a comma-separated list of target names; unset or empty: all
+    int run = 0;
+    double t0 = now_seconds();
+    for (int i = 0; i < NUM_TARGETS; i++) {
+        if (only != NULL && only[0] != '\0' && !name_in_list(TARGETS[i].name, only)) { continue; }
+        fuzz_target(&TARGETS[i], work, cases, seed, keep);
+        run++;
+    }
+    if (run == 0) { fail("FUZZ_TARGETS '%s' names no target\n  hint: names as the fuzzer prints them, comma-separated, e.g. FUZZ_TARGETS='token shard,flags'", only); }
+    printf("%d target(s), %d cases each (%lld in all) in %.0f s\n", run, cases, (long long)run * (cases + 1), now_seconds() - t0);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", work);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", work); }
     return check_summary();

@@ -2,8 +2,9 @@
 fuzz_corpus.h: the seed files of the fuzzer (tests/fuzz.c), written by
 `test_gpt --write-fixtures DIR` beside the end-to-end suites' fixtures: a model small enough
 that every mutation matters (a few KB), a token shard, a training state of that model that
-resumes cleanly on that shard, a tokenizer, and a small BPE (encoder.json and vocab.bpe). The
-fuzzer reads the shapes from here.
+resumes cleanly on that shard (and its manifest), a tokenizer, a small BPE (encoder.json and
+vocab.bpe), and a JSON Lines and a text file that prepare_tokens reads. The fuzzer reads the
+shapes from here.
 */
 #ifndef TESTS_FUZZ_CORPUS_H
 #define TESTS_FUZZ_CORPUS_H
@@ -15,6 +16,15 @@ fuzzer reads the shapes from here.
 #define FUZZ_BPE_ENCODER_FILE "fuzz_encoder.json"  // a small BPE (llmc/bpe.h): the 256 bytes, a few merges
 #define FUZZ_BPE_VOCAB_FILE "fuzz_vocab.bpe"
 #define FUZZ_BPE_TEXT " the hello\n\n  'll 42 \xc3\xa9"  // what the fuzzer encodes with a BPE it loaded
+#define FUZZ_MANIFEST_FILE "fuzz_shard_manifest.txt"  // the shard's manifest (llmc/manifest.h), beside it
+#define FUZZ_JSONL_FILE "fuzz_text.jsonl"  // prepare_tokens' JSON Lines (dev/data/text_input.h), field "text"
+#define FUZZ_JSONL_TEXT \
+    "{\"text\": \"Hello, world! caf\\u00e9 \\ud83d\\ude00\", \"id\": 1, \"meta\": {\"a\": [1, -2.5e3, null, true, false]}}\n" \
+    "{\"id\": 2, \"text\": \"two\\nlines \\\"quoted\\\" \\\\ \\/ \\t raw \xc3\xa9 \xe4\xb8\xad\", \"text2\": \"x\"}\n" \
+    "\n" \
+    "  {\"text\": \"\"}  \r\n"
+#define FUZZ_TEXT_FILE "fuzz_text.txt"     // prepare_tokens' text, blank-line documents
+#define FUZZ_TEXT_TEXT "First 'll para.\n\nSecond  para 42\n\n\n\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 \xe3\x80\x80tail\n"
 #define FUZZ_CONFIG {8, 16, 16, 1, 2, 8}  // maxT, V, Vp, L, NH, C: 1080 parameters
 #define FUZZ_SHARD_TOKENS 200             // ids < V
 #define FUZZ_B 1                          // the state's run: micro-batches of (1, 4), one rank, AdamW

@@ -4,6 +4,8 @@ against dev/data/gpt2_bpe.py and, when it is installed, tiktoken (CI installs it
   - on the tricky strings, the known ids and 5,000 random strings of dev/data/test_gpt2_bpe.py;
   - on both ends of every run of \\p{L} and \\p{N} code points (and the code points just outside),
     each between letters, digits and spaces, so that every entry of the table is looked up;
+  - on long words (random letters, digits, punctuation, runs of one letter), which bpe.h merges by
+    heap: the ids of its quadratic scan (the old algorithm, kept for short words) and of tiktoken;
   - llmc/bpe_unicode.h is what dev/data/make_bpe_unicode.py writes (when this python has the
     Unicode version the header was made from).
 
@@ -17,7 +19,9 @@ per check and, last, "N passed, N failed" (", N skipped"); exits 1 if any check 
 """
 
 import os
+import random
 import re
+import string
 import subprocess
 import sys
 import time
@@ -35,6 +39,7 @@ import test_gpt2_bpe  # noqa: E402  (its strings and its tiktoken built from the
 s = e2e.Suite("test_bpe", tester=TESTER, run_limit=60)
 BPE_DIR = gpt2_bpe.DEFAULT_BPE_DIR
 SHAKESPEARE_SECONDS = 2.0   # the C encoder on TinyShakespeare (1.1 MB), loading the files included
+LONG_WORD_BYTES = (31, 32, 33, 100, 1000, 20000)  # around llmc/bpe.h's BPE_HEAP_MIN_BYTES, and beyond
 
 
 def c_encode(texts):
@@ -121,6 +126,19 @@ def main():
         first_difference(f"{name}: the C words and ids are gpt2_bpe.py's", texts, got, [python_words(enc, t) for t in texts])
         if tk is not None:
             first_difference(f"{name}: the C ids are tiktoken's", texts, [flat(g) for g in got], [tk.encode_ordinary(t) for t in texts])
+    # long words (one pre-tokenizer word each: no white space), merged by heap: the ids of the
+    # quadratic scan (test_gpt checks each word against it) and of tiktoken; small alphabets make
+    # runs of one pair ("aaaa": the leftmost merges first), random letters the issue's case
+    rng = random.Random(8)
+    long_words = ["".join(rng.choice(alphabet) for _ in range(n)) for n in LONG_WORD_BYTES
+                  for alphabet in ("a", "ab", "abc", string.ascii_lowercase, string.ascii_letters, "0123456789", ",.;!-")]
+    got, seconds = c_encode(long_words)
+    s.check(f"{len(long_words)} long words ({min(LONG_WORD_BYTES)} to {max(LONG_WORD_BYTES):,} bytes): the heap's ids are the scan's "
+            f"(test_gpt --bpe-encode checks each)", len(got) == len(long_words), f"{len(got)} results")
+    if tk is not None:
+        first_difference("long words: the C ids are tiktoken's", long_words, [flat(g) for g in got], [tk.encode_ordinary(t) for t in long_words])
+    else:
+        s.skip("long words against tiktoken", "tiktoken is not installed: the scan in C is the reference")
     got, _ = c_encode([t for t, _ in test_gpt2_bpe.KNOWN_IDS])
     first_difference("known ids (\"Hello world\" is 15496 995, ...)", test_gpt2_bpe.KNOWN_IDS, [flat(g) for g in got],
                      [ids for _, ids in test_gpt2_bpe.KNOWN_IDS])

@@ -41,7 +41,7 @@ REF = os.path.join(ROOT, "dev", "reference", "tiny_hf_gpt2")
 CONVERT = [sys.executable, os.path.join(ROOT, "dev", "convert_hf_gpt2.py")]
 LOSS_RTOL = 1e-5       # the loss of the converted model against transformers'
 NORM_RTOL = 1e-4       # the gradient norm (fp32 sums in another order)
-MODEL_MAGIC, SHARD_MAGIC, HEADER_INTS = 20240326, 20240520, 256
+MODEL_MAGIC, HEADER_INTS = 20240326, 256
 
 s = e2e.Suite("test_convert", tester=TESTER, run_limit=60)
 W = s.root
@@ -54,7 +54,7 @@ with open(os.path.join(REF, "config.json")) as f:
 
 
 # ----------------------------------------------------------------------------
-# helpers: cross-entropy from logits, shards, safetensors files, model files
+# helpers: cross-entropy from logits, safetensors files, model files (shards: e2e.write_shard)
 
 def mean_cross_entropy(logits, k):
     """batch k's mean -log softmax(logits)[target], in float64"""
@@ -67,14 +67,6 @@ def mean_cross_entropy(logits, k):
             lse = m + math.log(math.fsum(math.exp(x - m) for x in row))
             total.append(lse - row[target])
     return math.fsum(total) / (B * T)
-
-
-def write_shard(path, tokens):
-    """llmc/dataloader.h's token shard: 256 int32 (magic, version 1, count), uint16 tokens"""
-    header = [0] * HEADER_INTS
-    header[0:3] = [SHARD_MAGIC, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(struct.pack(f"<{HEADER_INTS}i", *header) + struct.pack(f"<{len(tokens)}H", *tokens))
 
 
 def read_safetensors(path):
@@ -165,7 +157,7 @@ if convert("convert: the tiny checkpoint (standard-library reader)", [REF, "-o",
         any(wte[r * C:(r + 1) * C]) for r in range(V)), "padded rows not zero, or a real row zero")
 
     shard = os.path.join(W, "tokens.bin")
-    write_shard(shard, ref["tokens"])
+    e2e.write_shard(shard, ref["tokens"], V)
     run = os.path.join(W, "run")
     r = s.expect_ok("train_gpt: -e converted.bin, -l 0, one step per reference batch",
                     [TRAIN, "-e", conv, "-i", shard, "-j", shard, "-k", "", "-b", str(B), "-t", str(T),

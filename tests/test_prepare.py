@@ -13,7 +13,12 @@ dev/data/gpt2_bpe.py and, when it is installed, tiktoken:
   - empty files, a document longer than a shard (it runs on over shards), --val-fraction, shards
     that ./train_gpt's -i/-j globs read;
   - bad input (a missing file, a line that is not JSON, a field absent or not a string, shards of
-    an earlier run, bad flags) stops naming file and line, and leaves no shard and no .tmp.
+    an earlier run, bad flags) stops naming file and line, and leaves no shard and no .tmp;
+  - --overwrite removes this prefix's exact files, named, never another prefix's, a backup or an
+    input; a prefix with glob characters ('run[1]/x', 'd/*') is a name; -o FILE/x is refused first;
+  - the manifest: every shard with its split, tokens and checksum; train_gpt reads the set, and
+    refuses a shard it does not list, a changed one, a missing one, a set without one (an
+    interrupted run, killed); a short split is warned about, a short last shard named as a tail;
 
   - mutated text and JSON Lines (bytes changed, inserted, deleted) through the AddressSanitizer and
     UBSan build (when given): no report, and either the ids of python's reading of the same bytes
@@ -28,7 +33,9 @@ import json
 import os
 import random
 import re
+import shutil
 import struct
+import subprocess
 import sys
 
 import e2e
@@ -55,7 +62,8 @@ def read_shard(path):
 
 
 def shards(prefix, split):
-    return sorted(glob.glob(f"{prefix}_{split}_*.bin"))
+    """the shards of PREFIX (a name: '[' and '*' in it are themselves), not another prefix's"""
+    return sorted(glob.glob(f"{glob.escape(prefix)}_{split}_{'[0-9]' * 6}.bin"))
 
 
 def tokens_of(prefix):
@@ -69,7 +77,6 @@ def prepare(name, prefix, args, inputs, env=None, stdin=None):
     if stdin is None:
         r = s.expect_ok(name, cmd, env=env)
     else:
-        import subprocess
         p = subprocess.run(cmd, input=stdin, capture_output=True, env=dict(os.environ, **(env or {})), timeout=s.run_limit)
         r = s.check(name, p.returncode == 0, f"exit code {p.returncode}: {p.stderr[:300]!r}")
     return tokens_of(prefix) if r else None
@@ -216,7 +223,8 @@ if got:
     s.check("an empty file: one document, its EOT alone", got == ([], [EOT]), f"{got}")
 got = prepare("an empty .jsonl file", s.path("emptyj", "e"), [], [write(s.path("empty.jsonl"), "")])
 if got:
-    s.check("an empty .jsonl file: no document, no shard", got == ([], []) and not glob.glob(s.path("emptyj", "*")), f"{got}")
+    s.check("an empty .jsonl file: no document, no shard (a manifest of none)", got == ([], []) and
+            [os.path.basename(p) for p in glob.glob(s.path("emptyj", "*"))] == ["e_manifest.txt"], f"{got}")
 
 # ----------------------------------------------------------------------------
 # invalid UTF-8: refused where it is, or replaced as python's decode does
@@ -305,13 +313,142 @@ stale = s.path("stale", "x")
 small = write(s.path("small.jsonl"), '{"text": "one"}\n{"text": "two"}\n')
 if prepare("--overwrite: a first run of several shards", stale, ["--shard-tokens", "1000", "--val-tokens", "0"], [s.path("long.txt")]):
     before = len(glob.glob(stale + "_*.bin"))
-    s.expect_fail("error: shards of an earlier run under the same name", f"already has {before} shard(s) under this name (",
+    s.expect_fail("error: shards of an earlier run under the same name", f"already has {before + 1} file(s) of an earlier run under this name (",
                   [PREP, "-o", stale, "--bpe", BPE, small])
     got = prepare("--overwrite: a second, smaller corpus", stale, ["--overwrite", "--val-tokens", "0"], [small])
     if got:
         s.check(f"--overwrite: the {before} shards of the first run are gone, the new one holds the new corpus",
                 before > 1 and [os.path.basename(p) for p in glob.glob(stale + "_*.bin")] == ["x_train_000000.bin"]
                 and got[1] == reference(["one", "two"]), f"{glob.glob(stale + '_*.bin')}")
+
+# ----------------------------------------------------------------------------
+# --overwrite removes only this prefix's exact files (issue 38, item 9); a prefix with glob
+# characters still sees its earlier shards (item 10)
+
+ow = s.path("ow")
+tiny = write(s.path("tiny.jsonl"), '{"text": "one two three"}\n')
+if prepare("--overwrite: an earlier run of 'mine'", os.path.join(ow, "mine"), ["--shard-tokens", "1000", "--val-tokens", "1000"], [s.path("long.txt")]) \
+        and prepare("--overwrite: another prefix 'mine_train' in the same folder", os.path.join(ow, "mine_train"), [], [tiny]):
+    backup = write(os.path.join(ow, "mine_train_v1_backup.bin"), b"a file of the user's")
+    others = sorted(glob.glob(os.path.join(ow, "mine_train_train_*")) + [os.path.join(ow, "mine_train_manifest.txt"), backup])
+    mine_before = sorted(shards(os.path.join(ow, "mine"), "val") + shards(os.path.join(ow, "mine"), "train") + [os.path.join(ow, "mine_manifest.txt")])
+    as_input = shards(os.path.join(ow, "mine"), "train")[-1]
+    s.expect_fail("--overwrite: a shard of the prefix given as an input is refused, nothing removed",
+                  f"--overwrite would remove '{as_input}', which is the input", [PREP, "-o", os.path.join(ow, "mine"), "--bpe", BPE,
+                  "--overwrite", "--format", "text", as_input])
+    r = s.run([PREP, "-o", os.path.join(ow, "mine"), "--bpe", BPE, "--overwrite", "--val-tokens", "0", tiny])
+    removed = sorted(line.split()[1] for line in r.out.splitlines() if line.startswith("removed "))
+    s.check("--overwrite: removes this prefix's shards and manifest, each named, and nothing else (not mine_train_*, not a backup)",
+            r.rc == 0 and removed == mine_before and all(os.path.exists(p) for p in others)
+            and sorted(glob.glob(os.path.join(ow, "mine_*"))) == sorted(others + [os.path.join(ow, "mine_train_000000.bin"),
+                                                                                  os.path.join(ow, "mine_manifest.txt")]),
+            f"exit {r.rc}, removed {removed}, folder {sorted(os.listdir(ow))}: {r.err[-200:]}")
+    r = s.run([PREP, "-o", os.path.join(ow, "*"), "--bpe", BPE, "--overwrite", "--val-tokens", "0", tiny])
+    s.check("--overwrite with -o 'DIR/*': removes no other prefix's files (the prefix is a name, not a pattern)",
+            r.rc == 0 and "removed" not in r.out and all(os.path.exists(p) for p in others), f"exit {r.rc}: {r.out[-300:]}")
+globby = s.path("run[1]", "x")
+if prepare("a prefix with glob characters 'run[1]/x': a first corpus", globby, ["--val-tokens", "0", "--shard-tokens", "1000"], [s.path("long.txt")]):
+    s.expect_fail("a prefix with glob characters: a second run sees the first's shards", "already has",
+                  [PREP, "-o", globby, "--bpe", BPE, "--val-tokens", "0", tiny])
+    got = prepare("a prefix with glob characters: --overwrite, a smaller corpus", globby, ["--overwrite", "--val-tokens", "0"], [tiny])
+    s.check("a prefix with glob characters: --overwrite leaves the second corpus alone, no shard of the first",
+            got == ([], reference(["one two three"])) and sorted(os.listdir(os.path.dirname(globby))) == ["x_manifest.txt", "x_train_000000.bin"],
+            f"{sorted(os.listdir(os.path.dirname(globby)))}")
+
+# ----------------------------------------------------------------------------
+# the manifest (item 11): written last; the trainer refuses a set without one, or that disagrees
+
+TRAIN_ARGS = ["-e", "tiny", "-k", "", "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-s", "0", "-o", ""]
+
+
+def train_on(prefix, extra=()):
+    return [TRAIN, "-i", prefix + "_train_*.bin", "-j", prefix + "_val_*.bin"] + TRAIN_ARGS + list(extra)
+
+
+mf = s.path("mf", "m")
+if prepare("manifest: a corpus in shards of 1000 tokens", mf, ["--shard-tokens", "1000", "--val-tokens", "2000"], [s.path("long.txt")]):
+    lines = []
+    if os.path.exists(mf + "_manifest.txt"):
+        with open(mf + "_manifest.txt", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    listed = [line.split(" ", 4) for line in lines if line.startswith("shard ")]
+    made = shards(mf, "val") + shards(mf, "train")
+    want = []
+    for p in made:
+        with open(p, "rb") as f:
+            data = f.read()
+        want.append(["shard", "val" if "_val_" in p else "train", str((len(data) - 1024) // 2), f"0x{e2e.shard_sum(data):016x}", os.path.basename(p)])
+    s.check("manifest: its header, the tokenizer, every shard with split, tokens and checksum (python's), then end N",
+            lines[:2] == ["llm.c token shards manifest 1", f"tokenizer gpt2-bpe vocab {gpt2_bpe.VOCAB_SIZE} eot {EOT}"]
+            and listed == want and lines[-1:] == [f"end {len(made)}"], f"{lines[:3]} ... {lines[-1:]}; {listed[:2]} vs {want[:2]}")
+    s.expect_ok("manifest: train_gpt reads the set", train_on(mf))
+    extra = mf + "_train_000099.bin"
+    shutil.copy(made[-1], extra)
+    s.expect_fail("manifest: a shard it does not list (an earlier run's) is refused", f"token shard '{extra}' is listed in no manifest", train_on(mf))
+    os.remove(extra)
+    data = bytearray(open(made[3], "rb").read())
+    data[2000] ^= 1
+    shutil.copy(made[3], mf + ".keep")
+    write(made[3], bytes(data))
+    s.expect_fail("manifest: a shard changed since (one bit) is refused", f"token shard '{made[3]}' is not the one", train_on(mf))
+    os.replace(mf + ".keep", made[3])
+    os.rename(made[4], mf + ".gone")
+    s.expect_fail("manifest: a listed shard missing is refused", f"lists the train shard '{os.path.basename(made[4])}', which the pattern",
+                  train_on(mf))
+    os.rename(mf + ".gone", made[4])
+    if os.path.exists(mf + "_manifest.txt"):
+        os.rename(mf + "_manifest.txt", mf + ".manifest_gone")
+    s.expect_fail("manifest: a set without one is refused, naming the fix", "no manifest beside the token shard", train_on(mf))
+    r = s.run(train_on(mf, ["--no-manifest"]))
+    if r.rc != 0 and "no manifest beside" in r.err:
+        s.skip("manifest: --no-manifest reads a set without one", "this train_gpt does not hand --no-manifest to the data loader yet "
+               "(llmc/trainer.h's dataloader_init calls: dataloader_init_rule with o->no_manifest)")
+    else:
+        s.check("manifest: --no-manifest reads a set without one (llm.c's scripts make none)", r.rc == 0, f"exit {r.rc}: {r.err[-300:]}")
+    if os.path.exists(mf + ".manifest_gone"):
+        os.rename(mf + ".manifest_gone", mf + "_manifest.txt")
+    short = s.path("short", "s")
+    r = s.run([PREP, "-o", short, "--bpe", BPE, "--shard-tokens", "1000", "--val-tokens", "100", s.path("long.txt")])
+    s.check("a split shorter than a step of -b 4 -t 1024: warned, with the fix", r.rc == 0 and
+            "warning: the val split has 100 tokens, fewer than one step of -b 4 -t 1024 needs (4097)" in r.err, r.err[-400:])
+    tail = s.path("tail", "t")  # the val split chosen so that the last train shard holds 10 tokens
+    total = len(reference([long_doc]))
+    if prepare("a last train shard of 10 tokens", tail, ["--shard-tokens", "1000", "--val-tokens", str((total - 10) % 1000 + 1000)],
+               [s.path("long.txt")]):
+        s.expect_fail("the trainer's message for a short last shard says it is the tail of its split",
+                      "has 10 tokens, fewer than one step needs (33 = B*T*processes + 1): it is the last of the",
+                      [TRAIN, "-i", tail + "_train_*.bin", "-j", ""] + TRAIN_ARGS[:4] + ["-b", "1"] + TRAIN_ARGS[6:])
+
+# an interrupted run: killed after a few shards (the shards stay, no manifest): the trainer refuses them
+killed = s.path("killed", "k")
+p = subprocess.Popen([PREP, "-o", killed, "--bpe", BPE, "--shard-tokens", "10000", "--val-tokens", "0", "--block-size", "1000", "-"],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+with open(s.path("long.txt"), "rb") as f:
+    text = f.read()
+p.stdin.write(text * (3 * 2**20 // len(text) + 1))  # 3 MB: reads of 1 MB, the last waits for more
+p.stdin.flush()
+wrote = [p.stdout.readline() for _ in range(3)]  # three shards written; standard input still open
+p.kill()
+p.wait()
+s.check("an interrupted run (SIGKILL after 3 shards): the shards are there, no manifest",
+        len(shards(killed, "train")) >= 3 and not os.path.exists(killed + "_manifest.txt"), f"{wrote} {os.listdir(os.path.dirname(killed))}")
+s.expect_fail("an interrupted run's shards: the trainer refuses them, naming the fix", "no manifest beside the token shard",
+              [TRAIN, "-i", killed + "_train_*.bin", "-j", ""] + TRAIN_ARGS)
+
+# -o FILE/x: refused before any input is read (standard input held open: a run that reads first waits)
+not_dir = write(s.path("a_file"), "x")
+p = subprocess.Popen([PREP, "-o", os.path.join(not_dir, "x"), "--bpe", BPE, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True)
+try:
+    p.wait(timeout=20)  # (not communicate: it would close standard input)
+    err = p.stderr.read()
+    p.stdin.close()
+    s.check("-o FILE/x: refused before reading any input, naming the file", p.returncode == 1 and "is a file, not a folder" in err
+            and e2e.FAIL_LOCATION_RE.search(err), f"exit {p.returncode}: {err[-300:]}")
+except subprocess.TimeoutExpired:
+    p.kill()
+    p.communicate()
+    s.fail("-o FILE/x: refused before reading any input, naming the file", "it waited for standard input: the output is checked after reading")
 
 # ----------------------------------------------------------------------------
 # mutated inputs through the sanitizer build: no report, python's ids or a clean refusal

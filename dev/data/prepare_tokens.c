@@ -19,8 +19,12 @@ Output: the token stream cut into shards of --shard-tokens (default 100M, llm.c'
 fits one shard; the default is 0.1) into OUT_val_000000.bin..., the rest into OUT_train_NNNNNN.bin,
 numbered on (llm.c's fineweb names). A document runs on into the next shard where one is full.
 Each shard is written to NAME.tmp and renamed when whole; a run that stops on an error removes
-the shards it wrote, and shards of an earlier run under the same name are replaced only with
---overwrite.
+the shards it wrote. Last, OUT_manifest.txt (llmc/manifest.h): every shard with its split, tokens
+and checksum, and the tokenizer; the trainer refuses shards it does not list (an interrupted run
+has none). The files of an earlier run under the same OUT (exactly OUT_val_NNNNNN.bin,
+OUT_train_NNNNNN.bin, OUT_manifest.txt: no pattern) stop the run, or with --overwrite are removed,
+each named, never one that is an input. -o is checked (a folder that takes files) before any
+input is read; a split (or its last shard) shorter than a step of -b 4 -t 1024 is warned about.
 
 Speed: the text is cut into blocks (--block-size) at places where a word of GPT-2's pre-tokenizer
 must end (after a character that is not white space, before one that is), so each block encodes
@@ -34,7 +38,6 @@ Invalid UTF-8 (--invalid-utf8): "error" (default) stops naming the file, line an
 are tiktoken's of the text python reads that way (dev/data/text_input.h).
 */
 #include <dirent.h>
-#include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
@@ -52,14 +55,17 @@ are tiktoken's of the text python reads that way (dev/data/text_input.h).
 
 #define SHARED_BPE_DIR "../shared/data/gpt2"    // where the repository's tests keep GPT-2's files
 #define PREP_PATH_LEN 1024                       // a path: a prefix, an input, a folder
-#define MAX_LOOKAHEAD 4                          // bytes of one UTF-8 character
-#define READ_BYTES (1 << 20)                     // one fread of a text file
+#define MAX_LOOKAHEAD UTF8_MAX_BYTES             // bytes of one UTF-8 character
 #define SHARD_NAME_LEN (PREP_PATH_LEN + 32)
+#define MANIFEST_TOKENIZER "gpt2-bpe"           // the manifest's name of the tokenizer (llmc/bpe.h)
+#define SHARD_INDEX_DIGITS 6                     // PREFIX_train_000001.bin (llm.c's fineweb names)
+#define TYPICAL_B 4                              // a typical step, for the warning about a short split:
+#define TYPICAL_T 1024                           // -b 4 at GPT-2's context
+#define TYPICAL_STEP_TOKENS (TYPICAL_B * TYPICAL_T + 1)
 
 // ----------------------------------------------------------------------------
 // options: one table gives the parser and the usage text
 
-typedef enum { DOCS_FILE, DOCS_BLANK_LINES } DocSplit;
 typedef enum { FORMAT_AUTO, FORMAT_TEXT, FORMAT_JSONL } InputFormat;
 
 typedef struct {
@@ -263,13 +269,15 @@ typedef struct {
     char (*written)[SHARD_NAME_LEN];  // the shards of this run, removed if it fails
     int num_written, cap_written;
     char tmp[CHECKPOINT_PATH_LEN + 4];  // the file being written (AtomicFile.tmp), "" when none
+    Manifest manifest;         // the shards written, each with its split, tokens and checksum
+    size_t last_tokens[2];     // the tokens of the last val, train shard (a short tail)
 } Writer;
 
 static Writer g_writer;        // the atexit clean-up reads it
 static int g_finished = 0;
 
 static void shard_name(char* buf, size_t n, const char* prefix, const char* split, int index) {
-    snprintf(buf, n, "%s_%s_%06d.bin", prefix, split, index);
+    snprintf(buf, n, "%s_%s_%0*d.bin", prefix, split, SHARD_INDEX_DIGITS, index);
 }
 
 static void writer_write(Writer* w, const uint16_t* tokens, size_t n, const char* split) {
@@ -284,6 +292,10 @@ static void writer_write(Writer* w, const uint16_t* tokens, size_t n, const char
     header[FILE_SLOT_MAGIC] = SHARD_MAGIC;
     header[FILE_SLOT_VERSION] = SHARD_VERSION;
     header[SHARD_SLOT_NUM_TOKENS] = (int)n;
+    ShardSum sum;
+    shard_sum_init(&sum);
+    shard_sum_add(&sum, header, sizeof(header));
+    shard_sum_add(&sum, tokens, n * sizeof(uint16_t));
     AtomicFile a;
     atomic_open(&a, path);
     snprintf(w->tmp, sizeof(w->tmp), "%s", a.tmp);
@@ -292,6 +304,9 @@ static void writer_write(Writer* w, const uint16_t* tokens, size_t n, const char
     atomic_commit(&a);
     w->tmp[0] = '\0';
     w->num_written++;
+    const char* slash = strrchr(path, '/');
+    manifest_add(&w->manifest, split, slash ? slash + 1 : path, (long long)n, shard_sum_final(&sum));
+    w->last_tokens[w->in_train] = n;
     if (w->in_train) { w->train_written += n; } else { w->val_written += n; }
     printf("wrote %zu tokens to %s\n", n, path);
     fflush(stdout);
@@ -335,9 +350,22 @@ static void writer_push(Writer* w, const int* ids, size_t n) {
     }
 }
 
+static void manifest_path(char* buf, size_t n, const char* prefix) { snprintf(buf, n, "%s%s", prefix, MANIFEST_SUFFIX); }
+
+// the last shard, then the manifest: written last, so a set with one is whole
 static void writer_finish(Writer* w) {
     if (!w->val_known) { writer_decide_val(w); }
     if (w->n > 0) { writer_write(w, w->buf, w->n, w->in_train ? "train" : "val"); w->n = 0; }
+    char path[SHARD_NAME_LEN];
+    manifest_path(path, sizeof(path), w->prefix);
+    AtomicFile a;
+    atomic_open(&a, path);
+    snprintf(w->tmp, sizeof(w->tmp), "%s", a.tmp);
+    manifest_write(a.f, &w->manifest);
+    if (ferror(a.f)) { atomic_fail(&a, "write"); }
+    atomic_commit(&a);
+    w->tmp[0] = '\0';
+    printf("wrote the manifest of %d shard(s) to %s\n", w->manifest.num_shards, path);
 }
 
 // at exit after an error: no half-written file, and none of this run's shards
@@ -349,37 +377,121 @@ static void writer_cleanup(void) {
     if (w->num_written > 0) { fprintf(stderr, "removed the %d shard(s) this run had written: the corpus was not read to its end\n", w->num_written); }
 }
 
-static glob_t shards_present(const char* prefix) {
-    glob_t g;
-    memset(&g, 0, sizeof(g));
-    char pattern[SHARD_NAME_LEN];
-    const char* kinds[] = {"_val_*.bin", "_train_*.bin", "_val_*.bin.tmp", "_train_*.bin.tmp"};
-    for (int k = 0; k < 4; k++) {
-        snprintf(pattern, sizeof(pattern), "%s%s", prefix, kinds[k]);
-        glob(pattern, k ? GLOB_APPEND : 0, NULL, &g);
+// a warning for a split (0 val, 1 train) or its last shard shorter than a step of a typical run
+static void warn_short_split(const Writer* w, int train) {
+    const char* split = train ? "train" : "val";
+    size_t total = train ? w->train_written : w->val_written, last = w->last_tokens[train];
+    if (total == 0) { return; }
+    if (total < TYPICAL_STEP_TOKENS) {
+        fprintf(stderr, "warning: the %s split has %zu tokens, fewer than one step of -b %d -t %d needs (%d): the trainer refuses "
+                "it for such -b and -t\n  hint: a longer split (--val-tokens, --val-fraction), or train with a smaller -b or -t\n",
+                split, total, TYPICAL_B, TYPICAL_T, TYPICAL_STEP_TOKENS);
+    } else if (last < TYPICAL_STEP_TOKENS) {
+        fprintf(stderr, "warning: the last %s shard has %zu tokens, fewer than one step of -b %d -t %d needs (%d): the trainer "
+                "refuses it for such -b and -t\n  hint: a --shard-tokens that leaves a longer tail, or leave the shard out of -i/-j\n",
+                split, last, TYPICAL_B, TYPICAL_T, TYPICAL_STEP_TOKENS);
     }
-    return g;
 }
 
-// makes the folders of prefix, refuses (or with --overwrite removes) shards already there
-static void writer_prepare_output(const char* prefix, int overwrite) {
-    char dir[PREP_PATH_LEN];
-    snprintf(dir, sizeof(dir), "%s", prefix);
-    for (char* p = dir + 1; *p; p++) {
-        if (*p != '/') { continue; }
+// ----------------------------------------------------------------------------
+// the output: the prefix's folder made and writable, and the files of an earlier run under the
+// prefix (its exact shard names and manifest, no pattern: the prefix may hold '*' or '[')
+
+// name is prefix's base name, then "_val_" or "_train_", six digits or more, ".bin" (or ".bin.tmp")
+static int is_own_shard(const char* name, const char* base) {
+    size_t b = strlen(base);
+    if (strncmp(name, base, b) != 0) { return 0; }
+    const char* rest = name + b;
+    const char* kinds[] = {"_val_", "_train_"};
+    for (int k = 0; k < 2; k++) {
+        size_t n = strlen(kinds[k]), digits = 0;
+        if (strncmp(rest, kinds[k], n) != 0) { continue; }
+        const char* d = rest + n;
+        while (d[digits] >= '0' && d[digits] <= '9') { digits++; }
+        if (digits >= SHARD_INDEX_DIGITS && (strcmp(d + digits, ".bin") == 0 || strcmp(d + digits, ".bin.tmp") == 0)) { return 1; }
+    }
+    char manifest[PREP_PATH_LEN + 32];
+    snprintf(manifest, sizeof(manifest), "%s%s", base, MANIFEST_SUFFIX);
+    return strncmp(name, manifest, strlen(manifest)) == 0 && (name[strlen(manifest)] == '\0' || strcmp(name + strlen(manifest), ".tmp") == 0);
+}
+
+typedef struct { char (*paths)[SHARD_NAME_LEN]; int n; } FileList;
+
+// the files of prefix (dir/base) already there: its shards and manifest, and their temporaries
+static FileList own_files(const char* dir, const char* base) {
+    FileList l = {NULL, 0};
+    DIR* d = opendir(dir);
+    if (d == NULL) { fail("cannot read the folder '%s' of -o: %s", dir, strerror(errno)); }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        if (!is_own_shard(e->d_name, base)) { continue; }
+        l.paths = realloc(l.paths, (size_t)(l.n + 1) * SHARD_NAME_LEN);
+        if (l.paths == NULL) { fail("out of host memory"); }
+        if (snprintf(l.paths[l.n++], SHARD_NAME_LEN, "%s/%s", dir, e->d_name) >= SHARD_NAME_LEN) { fail("path too long: '%s/%s'", dir, e->d_name); }
+    }
+    closedir(d);
+    return l;
+}
+
+// the input that is the file at path, NULL if none is
+static const char* input_at(const InputList* inputs, const char* path) {
+    struct stat a, b;
+    if (stat(path, &a) != 0) { return NULL; }
+    for (size_t k = 0; k < inputs->n; k++) {
+        if (strcmp(inputs->items[k].path, "-") != 0 && stat(inputs->items[k].path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            return inputs->items[k].path;
+        }
+    }
+    return NULL;
+}
+
+// makes the folders of prefix and checks that the last one takes files, before any input is read
+static void make_output_folder(const char* prefix, char* dir, size_t n) {
+    snprintf(dir, n, "%s", prefix);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) { snprintf(dir, n, "."); } else if (slash == dir) { dir[1] = '\0'; } else { *slash = '\0'; }
+    for (char* p = dir + 1; ; p++) {
+        if (*p != '/' && *p != '\0') { continue; }
+        char c = *p;
         *p = '\0';
-        if (mkdir(dir, 0777) != 0 && errno != EEXIST) { fail("cannot make the folder '%s' for -o '%s': %s", dir, prefix, strerror(errno)); }
-        *p = '/';
+        struct stat st;
+        if (mkdir(dir, 0777) != 0 && errno != EEXIST) { fail("cannot make the folder '%s' for -o '%s': %s\n  hint: choose another -o", dir, prefix, strerror(errno)); }
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fail("-o '%s': '%s' is a file, not a folder\n  hint: -o FOLDER/NAME writes FOLDER/NAME_val_000000.bin, ...; choose a FOLDER that is one (or none yet)", prefix, dir);
+        }
+        *p = c;
+        if (c == '\0') { break; }
     }
-    glob_t g = shards_present(prefix);
-    if (g.gl_pathc > 0 && !overwrite) {
-        fail("'%s' already has %zu shard(s) under this name (%s ...)\n  hint: --overwrite replaces them; or choose another -o",
-             prefix, g.gl_pathc, g.gl_pathv[0]);
+    char probe[PREP_PATH_LEN + 64];
+    snprintf(probe, sizeof(probe), "%s/.prepare_tokens_probe_%ld.tmp", dir, (long)getpid());
+    FILE* f = fopen(probe, "wb");
+    if (f == NULL) { fail("-o '%s': cannot write in the folder '%s': %s\n  hint: choose a folder you can write (and with free space: df '%s')", prefix, dir, strerror(errno), dir); }
+    fclose(f);
+    remove(probe);
+}
+
+// refuses (or with --overwrite removes, naming each) the files of an earlier run under prefix;
+// never an input of this run
+static void writer_prepare_output(const char* prefix, int overwrite, const InputList* inputs) {
+    char dir[PREP_PATH_LEN];
+    make_output_folder(prefix, dir, sizeof(dir));
+    const char* slash = strrchr(prefix, '/');
+    FileList old = own_files(dir, slash ? slash + 1 : prefix);
+    if (old.n > 0 && !overwrite) {
+        fail("'%s' already has %d file(s) of an earlier run under this name (%s ...)\n  hint: --overwrite replaces them; or choose another -o",
+             prefix, old.n, old.paths[0]);
     }
-    for (size_t k = 0; k < g.gl_pathc; k++) {
-        if (remove(g.gl_pathv[k]) != 0) { fail("--overwrite: cannot remove '%s': %s", g.gl_pathv[k], strerror(errno)); }
+    for (int k = 0; k < old.n; k++) {
+        const char* input = input_at(inputs, old.paths[k]);
+        if (input != NULL) {
+            fail("--overwrite would remove '%s', which is the input '%s' of this run\n  hint: choose another -o, or move the input", old.paths[k], input);
+        }
     }
-    globfree(&g);
+    for (int k = 0; k < old.n; k++) {
+        if (remove(old.paths[k]) != 0) { fail("--overwrite: cannot remove '%s': %s", old.paths[k], strerror(errno)); }
+        printf("removed %s (--overwrite: a file of an earlier run under -o '%s')\n", old.paths[k], prefix);
+    }
+    free(old.paths);
 }
 
 // ----------------------------------------------------------------------------
@@ -447,6 +559,7 @@ typedef struct {
     size_t ids_cap;
     CachedWord** caches;        // one a thread
     int num_threads;
+    int doc_open;               // the document's EOT is not yet out
     Writer* writer;
     // progress
     long long bytes_in, bytes_total, documents, tokens;
@@ -570,105 +683,12 @@ static size_t batch_document(Batch* b, const unsigned char* s, size_t n, int end
     return n;
 }
 
-// ----------------------------------------------------------------------------
-// readers: text files (one document, or blank-line blocks) and JSON Lines
-
-typedef struct { const char* path; Utf8Mode mode; DocSplit docs; const char* field; } ReadSpec;
-
-// the line of byte offset `at` in path (re-read; 0 for standard input)
-static long long line_of_offset(const char* path, size_t at) {
-    if (strcmp(path, "-") == 0) { return 0; }
-    FILE* f = fopen(path, "rb");
-    if (f == NULL) { return 0; }
-    long long line = 1;
-    for (size_t i = 0; i < at; i++) {
-        int c = fgetc(f);
-        if (c == EOF) { break; }
-        line += c == '\n';
-    }
-    fclose(f);
-    return line;
-}
-
-static void fail_utf8(const char* path, size_t at) {
-    long long line = line_of_offset(path, at);
-    char where[48] = "";
-    if (line > 0) { snprintf(where, sizeof(where), ":%lld", line); }
-    fail("%s%s: invalid UTF-8 at byte offset %zu\n  hint: --invalid-utf8 replace puts U+FFFD there (as python's "
-         "decode(errors=\"replace\") does); or fix the file's encoding (iconv -f latin1 -t utf-8, say)",
-         strcmp(path, "-") == 0 ? "standard input" : path, where, at);
-}
-
-static void read_text(Batch* b, const ReadSpec* r) {
-    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
-    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
-    unsigned char* raw = (unsigned char*)malloc_check(READ_BYTES + MAX_LOOKAHEAD);
-    Utf8Out doc = {0};
-    size_t kept = 0, offset = 0, searched = 0;  // raw[0..kept): a cut character from the last read
-    int doc_open = 1, at_end = 0;
-    while (!at_end) {
-        size_t got = fread(raw + kept, 1, READ_BYTES, f);
-        if (got < READ_BYTES) {
-            if (ferror(f)) { fail("cannot read '%s': %s", r->path, strerror(errno)); }
-            at_end = 1;
-        }
-        b->bytes_in += (long long)got;
-        size_t have = kept + got, bad;
-        size_t used = utf8_clean(&doc, raw, have, at_end, r->mode, &bad);
-        if (bad != SIZE_MAX) { fail_utf8(r->path, offset + bad); }
-        offset += used;
-        kept = have - used;
-        memmove(raw, raw + used, kept);
-        size_t start = 0;
-        if (r->docs == DOCS_BLANK_LINES) {  // every "\n\n" ends a document (python's split, left to right)
-            for (;;) {
-                const unsigned char* nn = memmem(doc.data + searched, doc.len - searched, "\n\n", 2);
-                if (nn == NULL) { searched = doc.len > start + 1 ? doc.len - 1 : start; break; }
-                size_t end = (size_t)(nn - doc.data) + 2;
-                batch_document(b, doc.data + start, end - start, 1, &doc_open);
-                doc_open = 1;
-                start = searched = end;
-            }
-        }
-        start += batch_document(b, doc.data + start, doc.len - start, 0, &doc_open);
-        memmove(doc.data, doc.data + start, doc.len - start);
-        doc.len -= start;
-        searched -= searched >= start ? start : searched;
-    }
-    batch_document(b, doc.data, doc.len, 1, &doc_open);  // the last document (empty after a final "\n\n": an EOT, as in llm.c)
-    if (f != stdin) { fclose(f); }
-    free(raw);
-    free(doc.data);
-}
-
-static void read_jsonl(Batch* b, const ReadSpec* r) {
-    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
-    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
-    char* line = NULL;
-    size_t cap = 0;
-    Utf8Out text = {0}, key = {0};
-    const char* name = strcmp(r->path, "-") == 0 ? "standard input" : r->path;
-    long long number = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, f)) != -1) {
-        number++;
-        b->bytes_in += n;
-        JsonLine j = {(const unsigned char*)line, (size_t)n, 0, "", r->mode};
-        json_space(&j);
-        if (j.i == j.n) { continue; }  // a blank line
-        JsonFieldResult res = json_field(&j, r->field, &text, &key);
-        if (res == JSON_NOT_JSON) { fail("%s:%lld: not JSON: %s\n  hint: a .jsonl file holds one JSON object a line", name, number, j.error); }
-        if (res == JSON_NOT_OBJECT) { fail("%s:%lld: a JSON value that is not an object\n  hint: a .jsonl file holds one JSON object a line, e.g. {\"%s\": \"...\"}", name, number, r->field); }
-        if (res == JSON_FIELD_ABSENT) { fail("%s:%lld: no field \"%s\" in this object\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
-        if (res == JSON_FIELD_NOT_STRING) { fail("%s:%lld: the field \"%s\" is not a string\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
-        int doc_open = 1;
-        batch_document(b, text.data, text.len, 1, &doc_open);
-    }
-    if (ferror(f)) { fail("cannot read '%s': %s", name, strerror(errno)); }
-    if (f != stdin) { fclose(f); }
-    free(line);
-    free(text.data);
-    free(key.data);
+// the readers' sink (text_input.h): a document's text into blocks; a new document after one ends
+static size_t batch_sink(void* ctx, const unsigned char* text, size_t n, int ends) {
+    Batch* b = (Batch*)ctx;
+    size_t took = batch_document(b, text, n, ends, &b->doc_open);
+    if (ends) { b->doc_open = 1; }
+    return took;
 }
 
 // ----------------------------------------------------------------------------
@@ -720,14 +740,17 @@ int main(int argc, char** argv) {
     w->val_target = w->val_known ? (size_t)o.val_tokens : 0;
     w->in_train = w->val_known && w->val_target == 0;
     w->val_fraction = o.val_fraction;
-    writer_prepare_output(o.out, (int)o.overwrite);
+    snprintf(w->manifest.tokenizer, sizeof(w->manifest.tokenizer), "%s", MANIFEST_TOKENIZER);
+    w->manifest.vocab_size = bpe.vocab_size;
+    w->manifest.eot = bpe.vocab_size - 1;  // GPT-2's <|endoftext|> is its last id, 50256
+    writer_prepare_output(o.out, (int)o.overwrite, &inputs);
     w->buf = (uint16_t*)malloc_check(w->shard_tokens * sizeof(uint16_t));
     atexit(writer_cleanup);
 
     Batch b;
     memset(&b, 0, sizeof(b));
     b.bpe = &bpe;
-    b.eot = bpe.vocab_size - 1;  // GPT-2's <|endoftext|> is its last id, 50256
+    b.eot = w->manifest.eot;
     b.writer = w;
     b.block_size = (size_t)o.block_size;
     b.num_threads = omp_get_max_threads();
@@ -735,12 +758,13 @@ int main(int argc, char** argv) {
     b.caches = (CachedWord**)malloc_check((size_t)b.num_threads * sizeof(CachedWord*));
     for (int t = 0; t < b.num_threads; t++) { b.caches[t] = (CachedWord*)calloc_check(CACHE_SLOTS, sizeof(CachedWord)); }
     for (size_t k = 0; k < inputs.n; k++) { b.bytes_total += inputs.items[k].bytes > 0 ? inputs.items[k].bytes : 0; }
+    b.doc_open = 1;
     b.tty = isatty(fileno(stderr));
     b.start = b.last_print = now_seconds();
 
     for (size_t k = 0; k < inputs.n; k++) {
-        ReadSpec r = {inputs.items[k].path, mode, docs, o.field};
-        if (inputs.items[k].format == FORMAT_JSONL) { read_jsonl(&b, &r); } else { read_text(&b, &r); }
+        ReadSpec r = {inputs.items[k].path, mode, docs, o.field, &b.bytes_in};
+        if (inputs.items[k].format == FORMAT_JSONL) { jsonl_read_file(&r, batch_sink, &b); } else { text_read_file(&r, batch_sink, &b); }
     }
     batch_run(&b);
     writer_finish(w);
@@ -749,10 +773,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%zu input file(s) -> %lld tokens (eot %d): val %zu, train %zu, in %d shard(s) %s_{val,train}_*.bin\n",
             inputs.n, b.tokens, b.eot, w->val_written, w->train_written, w->num_written, o.out);
     if (w->train_written == 0) { fprintf(stderr, "warning: no training tokens: the corpus is all validation split\n  hint: a smaller --val-tokens or --val-fraction\n"); }
+    warn_short_split(w, 0);
+    warn_short_split(w, 1);
     for (int t = 0; t < b.num_threads; t++) { free(b.caches[t]); }
     free(b.caches); free(b.text.data); free(b.blocks); free(b.ids); free(b.ids_off); free(b.ids_len);
     for (size_t k = 0; k < inputs.n; k++) { free(inputs.items[k].path); }
     free(inputs.items); free(w->buf); free(w->written);
+    manifest_free(&w->manifest);
     bpe_free(&bpe);
     return 0;
 }

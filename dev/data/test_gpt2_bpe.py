@@ -208,7 +208,8 @@ def test_script_outputs(enc):
         expect_equal(val, want[:8], "val tokens: the first 8")
         header, train = read_shard(os.path.join(tmp, "tiny_shakespeare_train.bin"))
         expect_equal((header[:3], train), ((20240520, 1, len(want) - 8), want[8:]), "train: the rest")
-        if sorted(os.listdir(tmp)) != ["small.txt", "tiny_shakespeare_train.bin", "tiny_shakespeare_val.bin", "tok.bin"]:
+        if sorted(os.listdir(tmp)) != ["small.txt", "tiny_shakespeare_manifest.txt", "tiny_shakespeare_train.bin",
+                                       "tiny_shakespeare_val.bin", "tok.bin"]:
             raise AssertionError(f"other files left: {sorted(os.listdir(tmp))}")
 
         header, table = read_tokenizer(tok_path)

@@ -1,8 +1,10 @@
 /*
 text_input.h: the text that dev/data/prepare_tokens.c reads, made into UTF-8 the BPE can take:
 a byte stream checked (or repaired) as UTF-8, and one line of JSON Lines reduced to the string of
-one field.
+one field; and the file readers built on them, which hand each document's text to a sink.
 
+    ReadSpec r = {"web.jsonl", UTF8_ERROR, DOCS_FILE, "text", NULL};
+    jsonl_read_file(&r, my_sink, ctx);          // my_sink(ctx, text, n, ends) for every document
     Utf8Out out = {0}, key = {0};          // growing buffers
     size_t used = utf8_clean(&out, raw, n, at_end, UTF8_REPLACE, &bad);  // bytes of raw taken
     JsonLine j = {line, len, 0, "", UTF8_ERROR};
@@ -17,14 +19,17 @@ past U+10FFFF; in JSON also a lone \uD800-\uDFFF escape) is, by the mode:
                 (python's json would keep it; tiktoken then replaces it by U+FFFD).
 The JSON reader is strict RFC 8259 (python's json.loads, less NaN and Infinity): one object a line,
 any values; the field's value must be a string; a key given twice: the last one counts, as in python.
+The file readers stop through fail() naming the file (and line, and byte offset for UTF-8).
 */
 #ifndef DEV_DATA_TEXT_INPUT_H
 #define DEV_DATA_TEXT_INPUT_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include "../../llmc/utils.h"
 
 typedef enum { UTF8_ERROR, UTF8_REPLACE } Utf8Mode;
@@ -64,7 +69,7 @@ static void out_append_code_point(Utf8Out* o, uint32_t v) {
     out_append(o, b, n);
 }
 
-#define UTF8_REPLACEMENT 0xFFFDu
+#define UTF8_REPLACEMENT_POINT 0xFFFDu  // U+FFFD (tokenizer.h has its UTF-8 bytes)
 
 // ----------------------------------------------------------------------------
 // UTF-8
@@ -104,7 +109,7 @@ static size_t utf8_clean(Utf8Out* out, const unsigned char* raw, size_t n, int a
         if (subpart == 0) { subpart = n - i; }
         out_append(out, raw + run, i - run);
         if (mode == UTF8_ERROR) { *bad = i; return i; }
-        out_append_code_point(out, UTF8_REPLACEMENT);
+        out_append_code_point(out, UTF8_REPLACEMENT_POINT);
         i += subpart;
         run = i;
     }
@@ -159,7 +164,7 @@ static int json_string(JsonLine* j, Utf8Out* out) {
             size_t subpart, len = utf8_sequence(j->s + j->i, j->n - j->i, &subpart);
             if (len == 0) {
                 if (j->mode == UTF8_ERROR) { return json_error(j, "invalid UTF-8 (use --invalid-utf8 replace to replace it by U+FFFD)"); }
-                if (out) { out_append_code_point(out, UTF8_REPLACEMENT); }
+                if (out) { out_append_code_point(out, UTF8_REPLACEMENT_POINT); }
                 j->i += subpart ? subpart : j->n - j->i;
             } else {
                 if (out) { out_append(out, j->s + j->i, len); }
@@ -192,7 +197,7 @@ static int json_string(JsonLine* j, Utf8Out* out) {
         } else if (v >= 0xDC00 && v <= 0xDFFF) { lone = 1; }
         if (lone) {
             if (j->mode == UTF8_ERROR) { return json_error(j, "a lone surrogate escape (\\uD800-\\uDFFF: not a character; use --invalid-utf8 replace)"); }
-            v = UTF8_REPLACEMENT;
+            v = UTF8_REPLACEMENT_POINT;
         }
         if (out) { out_append_code_point(out, v); }
     }
@@ -303,6 +308,123 @@ static JsonFieldResult json_field(JsonLine* j, const char* field, Utf8Out* out, 
     if (j->i < j->n) { json_error(j, "more after the object (one JSON object a line)"); return JSON_NOT_JSON; }
     if (!found) { return JSON_FIELD_ABSENT; }
     return not_string ? JSON_FIELD_NOT_STRING : JSON_FIELD_OK;
+}
+
+// ----------------------------------------------------------------------------
+// the file readers: text (one document, or blank-line blocks) and JSON Lines, each document's
+// text handed to a sink, which takes all of it where the document ends and else as much as it
+// wants (the reader passes the rest again with more)
+
+typedef enum { DOCS_FILE, DOCS_BLANK_LINES } DocSplit;
+#define TEXT_READ_BYTES (1 << 20)   // one fread of a text file
+#define UTF8_MAX_BYTES 4            // bytes of one UTF-8 character (a cut one waits for the next read)
+
+// returns how many bytes of text[0..n) it took; ends: the document ends at n (take all)
+typedef size_t (*TextSink)(void* ctx, const unsigned char* text, size_t n, int ends);
+
+typedef struct {
+    const char* path;          // "-": standard input
+    Utf8Mode mode;
+    DocSplit docs;             // text files
+    const char* field;         // JSON Lines: the key whose string is the document
+    long long* bytes_in;       // bytes read are added here (progress), or NULL
+} ReadSpec;
+
+
+// the line of byte offset `at` in path (re-read; 0 for standard input)
+static long long line_of_offset(const char* path, size_t at) {
+    if (strcmp(path, "-") == 0) { return 0; }
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { return 0; }
+    long long line = 1;
+    for (size_t i = 0; i < at; i++) {
+        int c = fgetc(f);
+        if (c == EOF) { break; }
+        line += c == '\n';
+    }
+    fclose(f);
+    return line;
+}
+
+static void fail_utf8(const char* path, size_t at) {
+    long long line = line_of_offset(path, at);
+    char where[48] = "";
+    if (line > 0) { snprintf(where, sizeof(where), ":%lld", line); }
+    fail("%s%s: invalid UTF-8 at byte offset %zu\n  hint: --invalid-utf8 replace puts U+FFFD there (as python's "
+         "decode(errors=\"replace\") does); or fix the file's encoding (iconv -f latin1 -t utf-8, say)",
+         strcmp(path, "-") == 0 ? "standard input" : path, where, at);
+}
+
+static void text_read_file(const ReadSpec* r, TextSink sink, void* ctx) {
+    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
+    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
+    unsigned char* raw = (unsigned char*)malloc_check(TEXT_READ_BYTES + UTF8_MAX_BYTES);
+    Utf8Out doc = {0};
+    out_reserve(&doc, 1);  // never NULL: memmem and memmove take no NULL, even for 0 bytes
+    size_t kept = 0, offset = 0, searched = 0;  // raw[0..kept): a cut character from the last read
+    int at_end = 0;
+    while (!at_end) {
+        size_t got = fread(raw + kept, 1, TEXT_READ_BYTES, f);
+        if (got < TEXT_READ_BYTES) {
+            if (ferror(f)) { fail("cannot read '%s': %s", r->path, strerror(errno)); }
+            at_end = 1;
+        }
+        if (r->bytes_in) { *r->bytes_in += (long long)got; }
+        size_t have = kept + got, bad;
+        size_t used = utf8_clean(&doc, raw, have, at_end, r->mode, &bad);
+        if (bad != SIZE_MAX) { fail_utf8(r->path, offset + bad); }
+        offset += used;
+        kept = have - used;
+        memmove(raw, raw + used, kept);
+        size_t start = 0;
+        if (r->docs == DOCS_BLANK_LINES) {  // every "\n\n" ends a document (python's split, left to right)
+            for (;;) {
+                const unsigned char* nn = memmem(doc.data + searched, doc.len - searched, "\n\n", 2);
+                if (nn == NULL) { searched = doc.len > start + 1 ? doc.len - 1 : start; break; }
+                size_t end = (size_t)(nn - doc.data) + 2;
+                sink(ctx, doc.data + start, end - start, 1);
+                start = searched = end;
+            }
+        }
+        start += sink(ctx, doc.data + start, doc.len - start, 0);
+        memmove(doc.data, doc.data + start, doc.len - start);
+        doc.len -= start;
+        searched -= searched >= start ? start : searched;
+    }
+    sink(ctx, doc.data, doc.len, 1);  // the last document (empty after a final "\n\n": an EOT, as in llm.c)
+    if (f != stdin) { fclose(f); }
+    free(raw);
+    free(doc.data);
+}
+
+static void jsonl_read_file(const ReadSpec* r, TextSink sink, void* ctx) {
+    FILE* f = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "rb");
+    if (f == NULL) { fail("cannot open '%s': %s", r->path, strerror(errno)); }
+    char* line = NULL;
+    size_t cap = 0;
+    Utf8Out text = {0}, key = {0};
+    out_reserve(&text, 1);  // an empty first document is text.data + 0, which must not be NULL
+    const char* name = strcmp(r->path, "-") == 0 ? "standard input" : r->path;
+    long long number = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) != -1) {
+        number++;
+        if (r->bytes_in) { *r->bytes_in += n; }
+        JsonLine j = {(const unsigned char*)line, (size_t)n, 0, "", r->mode};
+        json_space(&j);
+        if (j.i == j.n) { continue; }  // a blank line
+        JsonFieldResult res = json_field(&j, r->field, &text, &key);
+        if (res == JSON_NOT_JSON) { fail("%s:%lld: not JSON: %s\n  hint: a .jsonl file holds one JSON object a line", name, number, j.error); }
+        if (res == JSON_NOT_OBJECT) { fail("%s:%lld: a JSON value that is not an object\n  hint: a .jsonl file holds one JSON object a line, e.g. {\"%s\": \"...\"}", name, number, r->field); }
+        if (res == JSON_FIELD_ABSENT) { fail("%s:%lld: no field \"%s\" in this object\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
+        if (res == JSON_FIELD_NOT_STRING) { fail("%s:%lld: the field \"%s\" is not a string\n  hint: --field NAME names the key that holds the text", name, number, r->field); }
+        sink(ctx, text.data, text.len, 1);
+    }
+    if (ferror(f)) { fail("cannot read '%s': %s", name, strerror(errno)); }
+    if (f != stdin) { fclose(f); }
+    free(line);
+    free(text.data);
+    free(key.data);
 }
 
 #endif // DEV_DATA_TEXT_INPUT_H

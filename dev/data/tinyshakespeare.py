@@ -8,6 +8,7 @@ C) and GPT-2's tokenizer file.
 Writes (paths are defaults, see --help):
     data/tinyshakespeare/tiny_shakespeare_val.bin    first 32,768 tokens
     data/tinyshakespeare/tiny_shakespeare_train.bin  the rest (305,260 tokens)
+    data/tinyshakespeare/tiny_shakespeare_manifest.txt  the two with their tokens and checksums
     data/gpt2_tokenizer.bin                          id -> bytes table, for decoding in C
 
 Like llm.c's dev/data/tinyshakespeare.py, every blank-line separated block of the
@@ -16,7 +17,8 @@ keeps its trailing "\\n\\n". The tokens are build/prepare_tokens's (`make` build
 first; this script builds it with make when it is missing):
     build/prepare_tokens --docs blank-lines --val-tokens 32768 -o .../tiny_shakespeare TEXT
 its shards tiny_shakespeare_val_000000.bin and _train_000001.bin renamed to the names
-above; the tokenizer file is written here from dev/data/gpt2_bpe.py. The input files
+above, and in its manifest tiny_shakespeare_manifest.txt (which the trainer checks them
+against); the tokenizer file is written here from dev/data/gpt2_bpe.py. The input files
 are read from <repo>/../shared/data/; only if they are absent there are they
 downloaded (into data/) from the usual URLs. Python's standard library only.
 
@@ -47,6 +49,7 @@ BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # 
 
 VAL_TOKENS = 32768  # llm.c's split: the first 32,768 tokens are val (~10%)
 PREPARE_TOKENS = os.path.join(REPO_DIR, "build", "prepare_tokens")  # make build/prepare_tokens
+MANIFEST_SUFFIX = "_manifest.txt"  # the tool's PREFIX_manifest.txt (llmc/manifest.h), which the trainer reads
 
 # the tokenizer file's header slots
 HEADER_INTS = 256
@@ -167,6 +170,19 @@ def tokenize_to_shards(tool, text_path, bpe_dir, val_tokens, val_path, train_pat
     for src, dst in zip(made, (val_path, train_path)):
         os.replace(src, dst)
         print(f"{src} -> {dst}")
+    rename_in_manifest(prefix + MANIFEST_SUFFIX, {os.path.basename(a): os.path.basename(b) for a, b in zip(made, (val_path, train_path))})
+
+
+def rename_in_manifest(path, names):
+    """the tool's manifest (llmc/manifest.h) with its shards' new names: a shard line ends in its name"""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        words = line.split(" ", 4)
+        if words[0] == "shard" and len(words) == 5 and words[4] in names:
+            lines[i] = " ".join(words[:4] + [names[words[4]]])
+    write_atomic(path, "\n".join(lines).encode("utf-8"))
+    print(f"{path}: the shards' new names")
 
 # -----------------------------------------------------------------------------
 # writers
@@ -210,7 +226,8 @@ def main(argv=None):
     args = parse_args(argv)
     val_path = os.path.join(args.out_dir, "tiny_shakespeare_val.bin")
     train_path = os.path.join(args.out_dir, "tiny_shakespeare_train.bin")
-    outputs = [val_path, train_path, args.tokenizer_out]
+    manifest_path = os.path.join(args.out_dir, "tiny_shakespeare" + MANIFEST_SUFFIX)  # an older run's files have none
+    outputs = [val_path, train_path, manifest_path, args.tokenizer_out]
     if not args.force and all(os.path.exists(p) for p in outputs):
         print("already present (use --force to rewrite):\n  " + "\n  ".join(outputs))
         return
