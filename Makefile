@@ -44,7 +44,8 @@ else
 endif
 
 HEADERS = $(wildcard llmc/*.h cpu/*.h)
-DATA = data/tinyshakespeare/tiny_shakespeare_train.bin
+# the manifest is written last (llmc/manifest.h): a folder made before it existed, or cut short, is made again
+DATA = data/tinyshakespeare/tiny_shakespeare_manifest.txt
 
 # the MPI setting that train_gpt was built with, rewritten whenever it changes (mpicc installed
 # since the last build, or MPI=0 given), so that a change rebuilds train_gpt

@@ -1284,8 +1284,9 @@ static void train_setup(Run* r) {
     r->rss_at_start = mem_rss_now();
     r->model = gpt2_create(s);
     gpt2_init_weights(r->model, o);
-    dataloader_init(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size);
-    if (r->has_val) { dataloader_init(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size); }
+    ShardManifestRule rule = o->no_manifest ? SHARDS_WITHOUT_MANIFEST : SHARDS_NEED_MANIFEST;  // --no-manifest: llm.c's shards
+    dataloader_init_rule(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size, rule);
+    if (r->has_val) { dataloader_init_rule(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size, rule); }
     r->gen_tokens = sample_buffer_alloc(s->T);
     r->max_steps = steps_to_train(r);
     r->sample_rng = sample_rng_seed(o->seed);
