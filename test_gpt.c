@@ -512,10 +512,7 @@ static void write_shard(const char* path, const uint16_t* tokens, int n) {
     fwrite_check(h, sizeof(int), FILE_HEADER_INTS, f);
     fwrite_check(tokens, sizeof(uint16_t), n, f);
     fclose(f);
-    ShardSum sum;
-    shard_sum_init(&sum);
-    shard_sum_add(&sum, h, sizeof(h));
-    shard_sum_add(&sum, tokens, (size_t)n * sizeof(uint16_t));
+    uint32_t crc = crc32_update(crc32_update(0, h, sizeof(h)), tokens, (size_t)n * sizeof(uint16_t));
     Manifest m;
     memset(&m, 0, sizeof(m));
     snprintf(m.tokenizer, sizeof(m.tokenizer), "fixture");
@@ -523,7 +520,7 @@ static void write_shard(const char* path, const uint16_t* tokens, int n) {
     m.vocab_size += m.vocab_size == 0;
     m.eot = m.vocab_size - 1;
     const char* slash = strrchr(path, '/');
-    manifest_add(&m, "train", slash ? slash + 1 : path, n, shard_sum_final(&sum));
+    manifest_add(&m, "train", slash ? slash + 1 : path, n, crc);
     char manifest[CHECKPOINT_PATH_LEN];
     if (snprintf(manifest, sizeof(manifest), "%.*s%s", (int)strlen(path) - 4, path, MANIFEST_SUFFIX) >= (int)sizeof(manifest)) {  // less ".bin"
         fail("path too long: '%s'", path);

@@ -95,20 +95,18 @@ static size_t shard_check(const char* path, FILE* f, size_t min_tokens, size_t l
 #define SHARD_SCAN_CHUNK 65536  // tokens read at a time by shard_check_tokens
 
 // reads the open shard once, its header and its tokens, and stops at the first id >=
-// vocab_size, naming the file, the token's position and its byte offset; returns the checksum
+// vocab_size, naming the file, the token's position and its byte offset; returns the CRC-32
 // of its bytes (manifest.h)
-static uint64_t shard_check_tokens(const char* path, FILE* f, size_t tokens, int vocab_size) {
+static uint32_t shard_check_tokens(const char* path, FILE* f, size_t tokens, int vocab_size) {
     static uint16_t buf[SHARD_SCAN_CHUNK];  // (not on the stack: 128 KiB)
     int header[FILE_HEADER_INTS];
-    ShardSum sum;
-    shard_sum_init(&sum);
     fseek_check(f, 0, SEEK_SET);
     fread_check(header, sizeof(int), FILE_HEADER_INTS, f);
-    shard_sum_add(&sum, header, sizeof(header));
+    uint32_t crc = crc32_update(0, header, sizeof(header));
     for (size_t done = 0; done < tokens; ) {
         size_t k = tokens - done < SHARD_SCAN_CHUNK ? tokens - done : SHARD_SCAN_CHUNK;
         fread_check(buf, sizeof(uint16_t), k, f);
-        shard_sum_add(&sum, buf, k * sizeof(uint16_t));
+        crc = crc32_update(crc, buf, k * sizeof(uint16_t));
         for (size_t i = 0; i < k; i++) {
             if (buf[i] >= vocab_size) {
                 size_t at = done + i;
@@ -119,7 +117,7 @@ static uint64_t shard_check_tokens(const char* path, FILE* f, size_t tokens, int
         }
         done += k;
     }
-    return shard_sum_final(&sum);
+    return crc;
 }
 
 static size_t dataloader_step_tokens(const DataLoader* dl) {
@@ -172,8 +170,8 @@ static int manifests_in(const char* dir, ShardManifest** out) {
     return n;
 }
 
-// shard `path` (tokens, sum) against the manifests of its folder: listed by one, as it is
-static void manifest_check_shard(ShardManifest* ms, int n, const char* path, size_t tokens, uint64_t sum, int vocab_size) {
+// shard `path` (tokens, crc: its CRC-32) against the manifests of its folder: listed by one, as it is
+static void manifest_check_shard(ShardManifest* ms, int n, const char* path, size_t tokens, uint32_t crc, int vocab_size) {
     const char* slash = strrchr(path, '/');
     const char* base = slash ? slash + 1 : path;
     if (n == 0) {
@@ -183,10 +181,9 @@ static void manifest_check_shard(ShardManifest* ms, int n, const char* path, siz
     for (int k = 0; k < n; k++) {
         const ManifestShard* e = manifest_find(&ms[k].m, base);
         if (e == NULL) { continue; }
-        if ((size_t)e->tokens != tokens || e->sum != sum) {
-            fail("token shard '%s' is not the one '%s' lists (%lld tokens, checksum 0x%016llx; the file: %zu tokens, 0x%016llx): "
-                 "changed or replaced since it was made\n  hint: %s", path, ms[k].path, e->tokens, (unsigned long long)e->sum,
-                 tokens, (unsigned long long)sum, MANIFEST_REGEN_HINT);
+        if ((size_t)e->tokens != tokens || e->crc != crc) {
+            fail("token shard '%s' is not the one '%s' lists (%lld tokens, CRC-32 0x%08x; the file: %zu tokens, 0x%08x): "
+                 "changed or replaced since it was made\n  hint: %s", path, ms[k].path, e->tokens, e->crc, tokens, crc, MANIFEST_REGEN_HINT);
         }
         if (ms[k].m.vocab_size > vocab_size) {
             fail("'%s' says its shards were made with a vocabulary of %d tokens (%s), the model has %d\n  hint: train on shards "
@@ -226,7 +223,7 @@ static void shard_dir(const char* path, char* dir, size_t n) {
 }
 
 // the matched shards (paths sorted, so a folder's are together) against their manifests
-static void dataloader_check_manifests(const DataLoader* dl, const char* pattern, const size_t* tokens, const uint64_t* sums) {
+static void dataloader_check_manifests(const DataLoader* dl, const char* pattern, const size_t* tokens, const uint32_t* sums) {
     for (size_t s = 0; s < dl->num_shards;) {
         char dir[SHARD_PATH_LEN], next[SHARD_PATH_LEN];
         shard_dir(dl->glob.gl_pathv[s], dir, sizeof(dir));
@@ -257,7 +254,7 @@ static void dataloader_init_rule(DataLoader* dl, const char* pattern, int B, int
     // check every shard now, its header and every token, so a bad file stops the run before
     // training, not hours in (one pass over the data), then the set against its manifests
     size_t* tokens = (size_t*)malloc_check(dl->num_shards * sizeof(size_t));
-    uint64_t* sums = (uint64_t*)malloc_check(dl->num_shards * sizeof(uint64_t));
+    uint32_t* sums = (uint32_t*)malloc_check(dl->num_shards * sizeof(uint32_t));
     for (size_t s = 0; s < dl->num_shards; s++) {
         dataloader_open_shard(dl, s);
         sums[s] = shard_check_tokens(dl->glob.gl_pathv[s], dl->file, dl->shard_tokens, vocab_size);

@@ -6,14 +6,14 @@ differ from it, or a set with a listed shard missing.
 
     llm.c token shards manifest 1
     tokenizer gpt2-bpe vocab 50257 eot 50256
-    shard val 32768 0x6f2c91d04ab3e857 mine_val_000000.bin
-    shard train 305260 0x0d4f1b93c6a2e710 mine_train_000001.bin
+    shard val 32768 0x6f2c91d0 mine_val_000000.bin
+    shard train 305260 0x0d4f1b93 mine_train_000001.bin
     end 2
 
-A shard line: its split, its tokens, the checksum of all its bytes (ShardSum), its name (the rest
-of the line: a base name, the shard sits beside the manifest). "end N" closes a whole manifest.
+A shard line: its split, its tokens, the CRC-32 of all its bytes (crc32.h, as the checkpoints'),
+its name (the rest of the line: a base name, the shard sits beside the manifest). "end N" closes a
+whole manifest.
 
-    ShardSum s; shard_sum_init(&s); shard_sum_add(&s, bytes, n); ...; uint64_t sum = shard_sum_final(&s);
     Manifest m; manifest_read(path, &m);   // stops naming path and line on anything else
     const ManifestShard* e = manifest_find(&m, "mine_val_000000.bin");
 
@@ -27,6 +27,7 @@ the fix (re-run prepare_tokens).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "crc32.h"
 #include "utils.h"
 
 #define MANIFEST_SUFFIX "_manifest.txt"          // PREFIX_manifest.txt beside PREFIX_val_000000.bin
@@ -39,64 +40,13 @@ the fix (re-run prepare_tokens).
                             "or for TinyShakespeare python3 dev/data/tinyshakespeare.py --force"
 
 // ----------------------------------------------------------------------------
-// the checksum of a shard's bytes: 64-bit little-endian words (the last one padded with zeros),
-// each mixed in by a multiply and a shift (every bit of a word reaches every bit of the sum),
-// then the length. Cheap beside reading the file: the loader reads every shard once anyway
-
-#define SHARD_SUM_SEED 0x6c6c6d2e63736d31ULL    // any odd constant
-#define SHARD_SUM_MUL 0x9E3779B97F4A7C15ULL     // 2^64 / golden ratio, odd
-
-typedef struct {
-    uint64_t h, bytes;
-    unsigned char pending[8];                    // a word's bytes not yet whole
-    int num_pending;
-} ShardSum;
-
-static void shard_sum_init(ShardSum* s) { memset(s, 0, sizeof(*s)); s->h = SHARD_SUM_SEED; }
-
-static void shard_sum_word(ShardSum* s, uint64_t w) {
-    s->h = (s->h ^ w) * SHARD_SUM_MUL;
-    s->h ^= s->h >> 32;
-}
-
-static void shard_sum_add(ShardSum* s, const void* data, size_t n) {
-    const unsigned char* p = (const unsigned char*)data;
-    s->bytes += n;
-    while (n > 0 && s->num_pending > 0 && s->num_pending < 8) { s->pending[s->num_pending++] = *p++; n--; }
-    if (s->num_pending == 8) {
-        uint64_t w;
-        memcpy(&w, s->pending, 8);  // little-endian hosts: the format's order
-        shard_sum_word(s, w);
-        s->num_pending = 0;
-    }
-    for (; n >= 8; p += 8, n -= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        shard_sum_word(s, w);
-    }
-    memcpy(s->pending, p, n);
-    s->num_pending = (int)n;
-}
-
-static uint64_t shard_sum_final(const ShardSum* s) {
-    ShardSum t = *s;
-    if (t.num_pending > 0) {
-        uint64_t w = 0;
-        memcpy(&w, t.pending, (size_t)t.num_pending);
-        shard_sum_word(&t, w);
-    }
-    shard_sum_word(&t, t.bytes);
-    return t.h;
-}
-
-// ----------------------------------------------------------------------------
 // the manifest
 
 typedef struct {
     char split[MANIFEST_WORD_LEN];               // val | train
     char name[MANIFEST_LINE_LEN];                // the shard's base name
     long long tokens;
-    uint64_t sum;                                // ShardSum of the whole file
+    uint32_t crc;                                // CRC-32 of the whole file
 } ManifestShard;
 
 typedef struct {
@@ -106,7 +56,7 @@ typedef struct {
     int num_shards, cap_shards;
 } Manifest;
 
-static void manifest_add(Manifest* m, const char* split, const char* name, long long tokens, uint64_t sum) {
+static void manifest_add(Manifest* m, const char* split, const char* name, long long tokens, uint32_t crc) {
     if (m->num_shards == m->cap_shards) {
         m->cap_shards = m->cap_shards ? 2 * m->cap_shards : 16;
         m->shards = (ManifestShard*)realloc(m->shards, (size_t)m->cap_shards * sizeof(ManifestShard));
@@ -116,7 +66,7 @@ static void manifest_add(Manifest* m, const char* split, const char* name, long 
     snprintf(e->split, sizeof(e->split), "%s", split);
     snprintf(e->name, sizeof(e->name), "%s", name);
     e->tokens = tokens;
-    e->sum = sum;
+    e->crc = crc;
 }
 
 static void manifest_free(Manifest* m) {
@@ -130,7 +80,7 @@ static void manifest_write(FILE* f, const Manifest* m) {
     fprintf(f, "tokenizer %s vocab %d eot %d\n", m->tokenizer, m->vocab_size, m->eot);
     for (int k = 0; k < m->num_shards; k++) {
         const ManifestShard* e = &m->shards[k];
-        fprintf(f, "shard %s %lld 0x%016llx %s\n", e->split, e->tokens, (unsigned long long)e->sum, e->name);
+        fprintf(f, "shard %s %lld 0x%08x %s\n", e->split, e->tokens, e->crc, e->name);
     }
     fprintf(f, "end %d\n", m->num_shards);
 }
@@ -143,13 +93,13 @@ static void manifest_fail_line(const char* path, int line, const char* what) {
 static int manifest_parse_shard(Manifest* m, const char* s) {
     char split[MANIFEST_WORD_LEN];
     long long tokens;
-    unsigned long long sum;
+    unsigned int crc;
     int used = 0;
-    if (sscanf(s, "%31s %lld 0x%16llx %n", split, &tokens, &sum, &used) != 3 || used == 0) { return 0; }
+    if (sscanf(s, "%31s %lld 0x%8x %n", split, &tokens, &crc, &used) != 3 || used == 0) { return 0; }
     const char* name = s + used;
     if (strcmp(split, "val") != 0 && strcmp(split, "train") != 0) { return 0; }
     if (tokens < 0 || tokens > INT32_MAX || *name == '\0' || strchr(name, '/') != NULL) { return 0; }
-    manifest_add(m, split, name, tokens, (uint64_t)sum);
+    manifest_add(m, split, name, tokens, (uint32_t)crc);
     return 1;
 }
 

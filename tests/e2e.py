@@ -162,17 +162,9 @@ COPY_PERIOD, COPY_REPEATS, COPY_TOKENS, COPY_STEPS = 4, 8, 8192, 300
 SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256  # llmc/dataloader.h
 
 
-SHARD_SUM_SEED, SHARD_SUM_MUL, MASK64 = 0x6c6c6d2e63736d31, 0x9E3779B97F4A7C15, (1 << 64) - 1  # llmc/manifest.h
-
-
 def shard_sum(data):
-    """llmc/manifest.h's checksum of a shard's bytes: 64-bit little-endian words, the last padded"""
-    h = SHARD_SUM_SEED
-    padded = data + b"\0" * (-len(data) % 8)
-    for w in struct.unpack(f"<{len(padded) // 8}Q", padded) + (len(data),):
-        h = ((h ^ w) * SHARD_SUM_MUL) & MASK64
-        h ^= h >> 32
-    return h
+    """llmc/manifest.h's checksum of a shard's bytes: their CRC-32 (llmc/crc32.h, zlib's)"""
+    return zlib.crc32(data)
 
 
 def write_shard(path, tokens, vocab):
@@ -184,7 +176,7 @@ def write_shard(path, tokens, vocab):
         f.write(data)
     with open(path[:-len(".bin")] + "_manifest.txt", "w", encoding="utf-8") as f:
         f.write(f"llm.c token shards manifest 1\ntokenizer test vocab {vocab} eot {vocab - 1}\n"
-                f"shard train {len(tokens)} 0x{shard_sum(data):016x} {os.path.basename(path)}\nend 1\n")
+                f"shard train {len(tokens)} 0x{shard_sum(data):08x} {os.path.basename(path)}\nend 1\n")
 
 
 def bpe_dir():

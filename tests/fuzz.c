@@ -199,7 +199,7 @@ static void fuzz_manifest(const char* path) {
     GPT2Config cfg = FUZZ_CONFIG;
     FILE* f = fopen_check(shard_path, "rb");
     size_t tokens = shard_check(shard_path, f, 1, 0);
-    uint64_t sum = shard_check_tokens(shard_path, f, tokens, cfg.vocab_size);
+    uint32_t sum = shard_check_tokens(shard_path, f, tokens, cfg.vocab_size);
     fclose(f);
     ShardManifest sm;
     memset(&sm, 0, sizeof(sm));

@@ -377,7 +377,7 @@ if prepare("manifest: a corpus in shards of 1000 tokens", mf, ["--shard-tokens",
     for p in made:
         with open(p, "rb") as f:
             data = f.read()
-        want.append(["shard", "val" if "_val_" in p else "train", str((len(data) - 1024) // 2), f"0x{e2e.shard_sum(data):016x}", os.path.basename(p)])
+        want.append(["shard", "val" if "_val_" in p else "train", str((len(data) - 1024) // 2), f"0x{e2e.shard_sum(data):08x}", os.path.basename(p)])
     s.check("manifest: its header, the tokenizer, every shard with split, tokens and checksum (python's), then end N",
             lines[:2] == ["llm.c token shards manifest 1", f"tokenizer gpt2-bpe vocab {gpt2_bpe.VOCAB_SIZE} eot {EOT}"]
             and listed == want and lines[-1:] == [f"end {len(made)}"], f"{lines[:3]} ... {lines[-1:]}; {listed[:2]} vs {want[:2]}")

@@ -292,10 +292,7 @@ static void writer_write(Writer* w, const uint16_t* tokens, size_t n, const char
     header[FILE_SLOT_MAGIC] = SHARD_MAGIC;
     header[FILE_SLOT_VERSION] = SHARD_VERSION;
     header[SHARD_SLOT_NUM_TOKENS] = (int)n;
-    ShardSum sum;
-    shard_sum_init(&sum);
-    shard_sum_add(&sum, header, sizeof(header));
-    shard_sum_add(&sum, tokens, n * sizeof(uint16_t));
+    uint32_t crc = crc32_update(crc32_update(0, header, sizeof(header)), tokens, n * sizeof(uint16_t));
     AtomicFile a;
     atomic_open(&a, path);
     snprintf(w->tmp, sizeof(w->tmp), "%s", a.tmp);
@@ -305,7 +302,7 @@ static void writer_write(Writer* w, const uint16_t* tokens, size_t n, const char
     w->tmp[0] = '\0';
     w->num_written++;
     const char* slash = strrchr(path, '/');
-    manifest_add(&w->manifest, split, slash ? slash + 1 : path, (long long)n, shard_sum_final(&sum));
+    manifest_add(&w->manifest, split, slash ? slash + 1 : path, (long long)n, crc);
     w->last_tokens[w->in_train] = n;
     if (w->in_train) { w->train_written += n; } else { w->val_written += n; }
     printf("wrote %zu tokens to %s\n", n, path);
