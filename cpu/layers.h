@@ -27,7 +27,8 @@ Conventions (as in llm.c):
 #include <stddef.h>
 #include "../llmc/model_config.h"  // LAYERNORM_EPS, GELU_SCALE, GELU_CUBIC: the model's, for every backend
 #include "matmul.h"
-#include "vecmath.h"   // exp_vec: the GELU at memory speed
+#include "gelu.h"      // one element of the GELU and its derivative
+#include "vecmath.h"   // exp_vec: the softmax at memory speed
 
 
 // ----------------------------------------------------------------------------
@@ -350,34 +351,19 @@ static void attention_flash_backward(float* dqkv, const float* dout, const float
 }
 
 // ----------------------------------------------------------------------------
-// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = GELU_SCALE (x + GELU_CUBIC x^3)
-// (GELU_SCALE and GELU_CUBIC: llmc/model_config.h). Computed as what it equals, x sigmoid(2u) =
-// x / (1 + exp(-2u)): no 1 + tanh(u) that cancels where x is very negative, and an exp that
-// vectorizes (cpu/vecmath.h), so both run at memory speed. Against fp64: within 6.5e-7 relative
-// (1e-6 absolute near 0).
-
-// 0.5 (1 + tanh(u)) = sigmoid(2u), its argument clamped where exp(-2u) would overflow (the result is 0 or 1 there anyway)
-static inline float gelu_sigmoid(float u) { return 1.0f / (1.0f + exp_vec(clamp_vec(-2.0f * u, EXP_VEC_MIN, EXP_VEC_MAX))); }
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = GELU_SCALE (x + GELU_CUBIC x^3), one element at a
+// time by cpu/gelu.h (x sigmoid(2u), an exp that vectorizes: these loops run at memory speed)
 
 // out (N) = gelu(inp (N))
 static void gelu_forward(float* out, const float* inp, size_t N) {
     #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        out[i] = x * gelu_sigmoid(GELU_SCALE * (x + GELU_CUBIC * x * x * x));
-    }
+    for (size_t i = 0; i < N; i++) { out[i] = gelu_elem(inp[i]); }
 }
 
-// dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers.
-// With s = sigmoid(2u): gelu = x s, and ds/dx = 2 s (1 - s) du/dx, du/dx = GELU_SCALE (1 + 3 GELU_CUBIC x^2)
+// dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers
 static void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
     #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float s = gelu_sigmoid(GELU_SCALE * (x + GELU_CUBIC * x * x * x));
-        float local = s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
-        dinp[i] += local * dout[i];
-    }
+    for (size_t i = 0; i < N; i++) { dinp[i] += gelu_grad_elem(inp[i]) * dout[i]; }
 }
 
 // ----------------------------------------------------------------------------

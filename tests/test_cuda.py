@@ -474,7 +474,8 @@ def hand_launch(name, worlds, flags, extra_env, must_end):
     procs = []
     for r, world in enumerate(worlds):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **HANG_ENV, **extra_env)
-        procs.append(subprocess.Popen([CUDA] + flags + ["--dist-init", f"file:{meet}", "-o", f"{W}/hang_{name}_{r}"], env=env,
+        # one -o for every rank, as a run has (the ranks' settings are compared, -o among them)
+        procs.append(subprocess.Popen([CUDA] + flags + ["--dist-init", f"file:{meet}", "-o", f"{W}/hang_{name}"], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
     deadline = time.monotonic() + HANG_TIMEOUT_S + HANG_SLACK_S
     ended = {}
@@ -504,7 +505,7 @@ else:
         name = f"WORLD_SIZE {worlds[0]} and {worlds[1]}"
         # whichever stops them: the rendezvous (rank 0 of 3 waits for a rank 2), or NCCL's communicator
         check_ended(name, hand_launch(f"ws{worlds[0]}{worlds[1]}", worlds, HANG + ["-x", "2"], {}, (0, 1)),
-                    ["no answer from the other ranks", "waited", "WORLD_SIZE"])
+                    ["no answer from the other ranks", "waited", "WORLD_SIZE", "world size"])
     stuck = ["another rank stopped or stalled", "a rank died or stopped"]
     check_ended("a rank stuck in a collective (SIGSTOP), without MPI",
                 hand_launch("stall", (2, 2), HANG + ["-x", "50"], {"CUDA_EMU_NCCL_STALL": STALL.split("=")[1]}, (0,)), stuck)

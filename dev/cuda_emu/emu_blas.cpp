@@ -16,7 +16,7 @@ the same: see "the sums, tile by tile" below):
 
 cuBLASLt epilogues, as cublasLt.h documents them (D has m rows and n columns):
     BIAS         x += bias[i]                 bias has m elements (rows of D), added before GELU
-    GELU         x = gelu(x)                  the tanh approximation (GELU_SCALING_FACTOR below)
+    GELU         x = gelu(x)                  the tanh approximation, as the CPU computes it (cpu/gelu.h)
     ..._AUX      aux[i + j*aux_ld] = x        the GELU input (after the bias), before GELU
     DGELU        x *= gelu'(aux[i + j*aux_ld])
     DGELU_BGRAD  and bias[i] = sum_j x        the bias gradient of the DGELU output
@@ -33,6 +33,7 @@ below the alignment its algorithm was chosen for (a NULL algorithm: the default 
 and a workspace that is not 256-byte aligned (emu_lt_rules.cpp, rules 8 and 9).
 */
 #include "emu_internal.h"
+#include "../../cpu/gelu.h"   // gelu_elem, gelu_grad_elem: the CPU's GELU, so a fused GEMM + GELU gives what the CPU does
 
 #include <vector>
 
@@ -44,22 +45,6 @@ struct cublasContext {
 struct cublasLtContext {
     int unused;
 };
-
-static const float GELU_SCALING_FACTOR = 0.7978845608028654f;  // sqrt(2 / pi)
-static const float GELU_CUBIC = 0.044715f;
-
-static float gelu(float x) {
-    float cube = GELU_CUBIC * x * x * x;
-    return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
-}
-
-// d/dx of gelu(x) above
-static float gelu_grad(float x) {
-    float u = GELU_SCALING_FACTOR * (x + GELU_CUBIC * x * x * x);
-    float t = tanhf(u);
-    float sech2 = 1.0f - t * t;
-    return 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
-}
 
 // ----------------------------------------------------------------------------
 // elements
@@ -213,8 +198,8 @@ static void finish_output(const gemm_problem& p, int b, int i, int j, float sum,
     if (e.add_bias) { x += load(p.bias, p.bias_type, b * p.bias_batch_stride + i); }
     if (e.store_aux) { store(p.aux, p.aux_type, aux_at, x); }
     if (e.relu) { x = x > 0.0f ? x : 0.0f; }
-    if (e.gelu) { x = gelu(x); }
-    if (e.dgelu) { x *= gelu_grad(load(p.aux, p.aux_type, aux_at)); }
+    if (e.gelu) { x = gelu_elem(x); }
+    if (e.dgelu) { x *= gelu_grad_elem(load(p.aux, p.aux_type, aux_at)); }
     row_sums[i] += x;
     store((void*)p.D.data, p.D.type, b * p.D.batch_stride + i + j * p.D.ld, x);
 }
