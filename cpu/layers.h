@@ -378,7 +378,7 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
 // ----------------------------------------------------------------------------
 // softmax and cross-entropy over the (unpadded) vocabulary
 
-#define SOFTMAX_SUM_LANES 16   // the row's sum in this many running sums: vectorized, the same order on every machine
+#define SOFTMAX_LANES 16   // the row's max and sum in this many running ones: vectorized, the same order on every machine
 
 // probs (B,T,Vp) writes softmax over the first V entries of logits (B,T,Vp), zero after V.
 // probs may equal logits (in place). Each pass over the row vectorizes (exp_vec: cpu/vecmath.h).
@@ -387,24 +387,24 @@ static void softmax_forward(float* probs, const float* logits, int B, int T, int
     for (int bt = 0; bt < B * T; bt++) {
         const float* x = logits + (size_t)bt * Vp;
         float* p = probs + (size_t)bt * Vp;
-        float lane_max[SOFTMAX_SUM_LANES], maxv = -INFINITY;  // the max in lanes too (any order gives the same max)
-        for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { lane_max[k] = -INFINITY; }
+        float lane_max[SOFTMAX_LANES], maxv = -INFINITY;  // the max in lanes too (any order gives the same max)
+        for (int k = 0; k < SOFTMAX_LANES; k++) { lane_max[k] = -INFINITY; }
         int i = 0;
-        for (; i + SOFTMAX_SUM_LANES <= V; i += SOFTMAX_SUM_LANES) {
-            for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { lane_max[k] = x[i + k] > lane_max[k] ? x[i + k] : lane_max[k]; }
+        for (; i + SOFTMAX_LANES <= V; i += SOFTMAX_LANES) {
+            for (int k = 0; k < SOFTMAX_LANES; k++) { lane_max[k] = x[i + k] > lane_max[k] ? x[i + k] : lane_max[k]; }
         }
         for (; i < V; i++) { maxv = x[i] > maxv ? x[i] : maxv; }
-        for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { maxv = lane_max[k] > maxv ? lane_max[k] : maxv; }
-        for (int i = 0; i < V; i++) {  // exp_vec where it is a normal float, 0 below (expf: a denormal or 0 there)
-            float d = x[i] - maxv;
+        for (int k = 0; k < SOFTMAX_LANES; k++) { maxv = lane_max[k] > maxv ? lane_max[k] : maxv; }
+        for (i = 0; i < V; i++) {  // exp_vec where it is a normal float, 0 below (expf: a denormal or 0 there); the
+            float d = x[i] - maxv;  // clamp keeps the lanes that take the 0 in exp_vec's range, so the loop vectorizes
             p[i] = d < EXP_VEC_MIN ? 0.0f : exp_vec(clamp_vec(d, EXP_VEC_MIN, 0.0f));
         }
-        float lane[SOFTMAX_SUM_LANES] = {0.0f}, sum = 0.0f;  // the sum in lanes (element i in lane i % 16), then in order
-        for (i = 0; i + SOFTMAX_SUM_LANES <= V; i += SOFTMAX_SUM_LANES) {
-            for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { lane[k] += p[i + k]; }
+        float lane[SOFTMAX_LANES] = {0.0f}, sum = 0.0f;  // the sum in lanes (element i in lane i % 16), then in order
+        for (i = 0; i + SOFTMAX_LANES <= V; i += SOFTMAX_LANES) {
+            for (int k = 0; k < SOFTMAX_LANES; k++) { lane[k] += p[i + k]; }
         }
         for (int k = 0; i < V; i++, k++) { lane[k] += p[i]; }
-        for (int k = 0; k < SOFTMAX_SUM_LANES; k++) { sum += lane[k]; }
+        for (int k = 0; k < SOFTMAX_LANES; k++) { sum += lane[k]; }
         float inv = 1.0f / sum;
         for (int i = 0; i < V; i++) { p[i] *= inv; }
         for (int i = V; i < Vp; i++) { p[i] = 0.0f; }

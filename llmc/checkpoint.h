@@ -12,9 +12,10 @@ Training-state file (this project's own): header 256 x int32 (STATE_SLOT_*, 64-b
 values in two slots, low half first): magic, version, processes, rank, step, data
 position, sampling RNG, optimizer-state length, parameter count, ZeRO stage, the run's
 identity (a random 64-bit id chosen when the run started, the same in every file it
-writes), the hash of the weights of the checkpoint's model file and the file's checksum
-(version 4); then the optimizer state (fp32). A resume never combines files of two runs, or of two steps: each rank's
-state names rank 0's run, and the weights read hash to what the state recorded. With
+writes), the hash of the weights of the checkpoint's model file and the file's CRC-32
+(version 4); then the optimizer state (fp32). A resume never combines files of two runs, or of
+two steps: each rank's state names rank 0's run, and the weights read hash to what the state
+recorded. With
 several ranks every rank writes its own state file (its data position; under ZeRO-1 its
 blocks of the optimizer state).
 
@@ -118,7 +119,6 @@ static uint64_t params_hash_more(uint64_t h, const float* params, size_t n) {
 }
 static uint64_t params_hash(const float* params, size_t n) { return params_hash_more(FNV64_OFFSET, params, n); }
 
-
 // ----------------------------------------------------------------------------
 // atomic writes: write to "<path>.tmp", fsync, rename over <path>, fsync the directory
 
@@ -139,6 +139,11 @@ static void checkpoint_path(char* buf, size_t n, const char* dir, const char* ki
     else { snprintf(buf, n, "%s/%s_%08d_%05d.bin", dir, kind, step, rank); }
 }
 
+// an empty marker file of checkpoint `step`: DONE_step (complete) or WRITING_step (this trainer began it)
+static void checkpoint_marker_path(char* buf, size_t n, const char* dir, const char* marker, int step) {
+    snprintf(buf, n, "%s/%s_%08d", dir, marker, step);
+}
+
 // a failed write, flush or rename of a (errno: why; a full disk, most often): removes its
 // temporary file and the files of the checkpoint under way that this process wrote, and stops
 // naming the file
@@ -154,7 +159,7 @@ static void atomic_fail(AtomicFile* a, const char* what) {
         if (g_ckpt_writing.rank == 0) {
             checkpoint_path(path, sizeof(path), g_ckpt_writing.dir, "model", g_ckpt_writing.step, -1);
             remove(path);
-            snprintf(path, sizeof(path), "%s/WRITING_%08d", g_ckpt_writing.dir, g_ckpt_writing.step);  // its record, last
+            checkpoint_marker_path(path, sizeof(path), g_ckpt_writing.dir, "WRITING", g_ckpt_writing.step);  // its record, last
             remove(path);
         }
         snprintf(also, sizeof(also), " and this process's files of checkpoint %d (it has no DONE marker: incomplete)", g_ckpt_writing.step);
@@ -450,11 +455,6 @@ static void checkpoint_begin(const char* dir, int step, int rank) {
     g_ckpt_writing.rank = rank;
 }
 
-// an empty marker file: DONE_step or WRITING_step (CHECKPOINT_MARKER_NAMES)
-static void checkpoint_marker_path(char* buf, size_t n, const char* dir, const char* marker, int step) {
-    snprintf(buf, n, "%s/%s_%08d", dir, marker, step);
-}
-
 static void checkpoint_marker_write(const char* dir, const char* marker, int step) {
     char path[CHECKPOINT_PATH_LEN];
     checkpoint_marker_path(path, sizeof(path), dir, marker, step);
@@ -680,7 +680,8 @@ static int state_file_whole(const char* path, int rank, int step, const int* h0,
     long header = (long)(FILE_HEADER_INTS * sizeof(int));
     size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
     uint32_t crc = got == FILE_HEADER_INTS ? state_header_crc(h) : 0;
-    int whole = got == FILE_HEADER_INTS && file_crc32(f, &crc, (size_t)(st.st_size - header));
+    int whole = got == FILE_HEADER_INTS && h[STATE_SLOT_VERSION] == STATE_VERSION &&  // (older versions record no checksum)
+                file_crc32(f, &crc, (size_t)(st.st_size - header));
     fclose(f);
     long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
     int version = got == FILE_HEADER_INTS ? h[STATE_SLOT_VERSION] : 0;
@@ -821,7 +822,7 @@ static int output_dir_lock(const char* dir) {
 // being rewritten is incomplete until its new marker
 static void checkpoint_unmark_done(const char* dir, int step) {
     char path[CHECKPOINT_PATH_LEN];
-    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+    checkpoint_marker_path(path, sizeof(path), dir, "DONE", step);
     if (remove(path) == 0) { fsync_dir_of(path); }
     else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
 }

@@ -224,7 +224,6 @@ static void resolve_model_config(const TrainOptions* o, GPT2Config* cfg) {
 // the weights in and out, a chunk at a time (gpt2_params_stream): from the seeded initialisation
 // or a model file, to a model file, and their hash and largest |w|
 
-
 // the largest |w| of the weights, NaN or infinity if one is not finite
 static float params_max_abs(const float* params, size_t n) {
     float m = 0.0f;
@@ -236,8 +235,8 @@ static float params_max_abs(const float* params, size_t n) {
     return m;
 }
 
-// the weights' hash and largest |w| (NaN sticks), taken chunk by chunk
-// the weights' hash, largest |w| (NaN sticks) and the CRC-32 of their bytes (the model file's checksum)
+// the weights' hash, largest |w| (NaN sticks) and the CRC-32 of their bytes (the model file's
+// checksum), taken chunk by chunk
 typedef struct { uint64_t hash; float max_abs; uint32_t crc; } ParamsDigest;
 
 static void params_digest_more(ParamsDigest* d, const float* chunk, size_t n) {
