@@ -98,7 +98,7 @@ static ModelSetup test_setup(const GPT2Config* cfg, int B, int T, OptimizerKind 
     s.act = *pol;
     Dist one = {0, 1};
     s.dist = one;
-    s.zero = ZERO_REPLICATED;
+    s.zero = ZERO_0;
     return s;
 }
 
@@ -253,7 +253,7 @@ static void test_against_pytorch(void) {
     float* want_probs = (float*)malloc_check((size_t)BT * V * sizeof(float));
     float* got_probs = (float*)malloc_check((size_t)BT * V * sizeof(float));
     reference_probs(want_probs, r.logits, BT, V);
-    for (int bt = 0; bt < BT; bt++) { memcpy(got_probs + (size_t)bt * V, m->acts.probs + (size_t)bt * Vp, V * sizeof(float)); }
+    for (int bt = 0; bt < BT; bt++) { memcpy(got_probs + (size_t)bt * V, m->acts.logits + (size_t)bt * Vp, V * sizeof(float)); }
     check_close("pytorch: probabilities (softmax of the logits)", got_probs, want_probs, (size_t)BT * V, 1e-7, 1e-5);
     // and the logits themselves, recomputed from the final LayerNorm output
     float* logits = (float*)malloc_check((size_t)BT * Vp * sizeof(float));
@@ -262,7 +262,7 @@ static void test_against_pytorch(void) {
     for (int bt = 0; bt < BT; bt++) { memcpy(got_logits + (size_t)bt * V, logits + (size_t)bt * Vp, V * sizeof(float)); }
     check_close("pytorch: logits", got_logits, r.logits, (size_t)BT * V, 1e-5, 1e-5);
     int pad_zero = 1;
-    for (int bt = 0; bt < BT; bt++) { for (int i = V; i < Vp; i++) { pad_zero &= logits[(size_t)bt * Vp + i] == 0.0f && m->acts.probs[(size_t)bt * Vp + i] == 0.0f; } }
+    for (int bt = 0; bt < BT; bt++) { for (int i = V; i < Vp; i++) { pad_zero &= logits[(size_t)bt * Vp + i] == 0.0f && m->acts.logits[(size_t)bt * Vp + i] == 0.0f; } }
     check(pad_zero, "pytorch: padded vocabulary columns stay zero", "nonzero logit or probability past V");
     check(fabsf(m->mean_loss - r.loss) <= 1e-5f * fabsf(r.loss), "pytorch: loss", "got %.8f want %.8f", m->mean_loss, r.loss);
 
@@ -634,7 +634,7 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     ModelSetup s = test_setup(cfg, B, T, (OptimizerKind)opt, beta1, pol);
     Dist last_rank = {world - 1, world};  // the rank whose blocks are shortest: same state size
     s.dist = last_rank;
-    s.zero = world > 1 ? ZERO_SHARDED : ZERO_REPLICATED;
+    s.zero = world > 1 ? ZERO_1 : ZERO_0;
     GPT2* m = gpt2_create(&s);
     DataLoader dl;
     dataloader_init(&dl, shard, B, T, last_rank.rank, world, cfg->vocab_size);

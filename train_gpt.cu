@@ -369,7 +369,7 @@ struct Model {
     cudaStream_t stream;
     // data parallelism (one process per GPU): NCCL among the ranks
     Dist dist;
-    ZeroStage zero;               // ZERO_SHARDED: this rank keeps and updates its blocks of every slice
+    ZeroStage zero;               // ZERO_1: this rank keeps and updates its blocks of every slice
     ncclComm_t comm;              // NULL on one rank
     cudaStream_t comm_stream;     // the gradient exchange during the last micro-step's backward
     cudaEvent_t grads_final;      // compute stream: a layer's gradients are final
@@ -379,24 +379,24 @@ struct Model {
     // ZeRO-1 and 2 (cuda/zero.cuh, see "ZeRO" below): one collective per layer through the pack; ZeRO-2:
     // grads_memory is this rank's gradient shard and grads point into a one-layer working buffer
     ParamSlice* slices;           // [param_slice_count] the optimizer's slices (opt_layout.h)
-    ZeroGroup* zero_groups;       // [num_zero_groups] the layers', then the head's rounds
+    ZeroGroup* zero_groups;       // [num_zero_groups] the layers', then the outer slices' rounds
     int num_zero_groups;
     float* zero_pack;             // (world * a layer's part) one group rank by rank
     float* grad_working;          // ZeRO-2: a one-layer model's gradients (opt_layout.h's working buffer)
-    size_t* grad_shard_off;       // [slices] ZeRO-2: each slice's block in the shard (grad_shard_offsets)
+    size_t* shard_block_off;       // [slices] ZeRO-2: each slice's block in the shard (shard_block_offsets)
     size_t grad_floats;           // floats of grads_memory: P, or ZeRO-2's shard
     cudaEvent_t working_taken;    // comm stream: the working gradients are packed (the compute stream may clear them)
     // ZeRO-3 (see "ZeRO-3" below): master_memory and weights_memory are this rank's shards (the
-    // gradient shard's layout, grad_shard_off); weights point into the working copy, a one-layer
-    // model (the head gathered once a step; its layer is buffer 0), and a second layer buffer
+    // gradient shard's layout, shard_block_off); weights point into the working copy, a one-layer
+    // model (the outer tensors gathered once a step; its layer is buffer 0), and a second layer buffer
     floatX* weight_working;       // a one-layer model's weights (opt_layout.h's working copy)
     floatX* layer_buf_memory;     // (Pl) layer buffer 1
     Params<floatX> layer_buf[2];  // the working weights with buffer b's layer tensors (b = l % 2)
     int buf_layer[2];             // the layer buffer b holds, or is being gathered into; -1 none
-    int head_gathered;            // the working copy holds this step's wte, wpe, lnfw, lnfb
+    int outer_gathered;            // the working copy holds this step's wte, wpe, lnfw, lnfb
     cudaEvent_t gathered[2];      // comm stream: buffer b's gather is unpacked (the compute stream may read it)
     cudaEvent_t released[2];      // compute stream: buffer b's last reader is done (the comm stream may overwrite it)
-    cudaEvent_t head_ready;       // comm stream: the head is gathered
+    cudaEvent_t outer_ready;      // comm stream: the outer tensors are gathered
     cudaEvent_t compute_mark;     // compute stream: what the comm stream must wait for (the update's shard)
     float* ckpt_staging;          // pinned: the largest slice, checkpoints' weights a slice at a time
     size_t ckpt_staging_floats;
@@ -553,12 +553,12 @@ static void alloc_scratch(Model<floatX>* m, int B, int T) {
 
 // the fp32 gradients, zeroed: the model's (P), and under ZeRO-1 the pack (cuda/zero.cuh); under ZeRO-2
 // (and 3) the gradient shard, the working buffer (a one-layer model's gradients: every use leaves it zero)
-// and the pack: opt_layout.h's Zero2Grads, as the CPU's, each its own allocation (what the planner counts)
+// and the pack: opt_layout.h's ShardLayout, as the CPU's, each its own allocation (what the planner counts)
 template <typename floatX>
 static void alloc_gradients(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
     int world = m->dist.world, zero2 = zero_shards_grads(m->zero);
-    Zero2Grads z = zero2_grad_floats(c, world);
+    ShardLayout z = shard_layout(c, world);
     m->grad_floats = zero2 ? z.shard : m->num_parameters;
     m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, m->grad_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->grads_memory, 0, m->grad_floats * sizeof(float)));
@@ -569,8 +569,8 @@ static void alloc_gradients(Model<floatX>* m) {
         m->grad_working = (float*)mem_alloc(MEM_GRADIENTS, z.working * sizeof(float));
         CUDA_CHECK(cudaMemset(m->grad_working, 0, z.working * sizeof(float)));
         point_params(&m->grads, m->grad_working, &one);  // every layer's backward uses layer 0's place
-        m->grad_shard_off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-        grad_shard_offsets(c, world, m->grad_shard_off);
+        m->shard_block_off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+        shard_block_offsets(c, world, m->shard_block_off);
     } else {
         point_params(&m->grads, m->grads_memory, c);
     }
@@ -588,7 +588,7 @@ static size_t layer_weights(const GPT2Config* c) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { n += PARAMETER_IS_PER_LAYER[i] ? sizes[i] / c->num_layers : 0; }
     return n;
 }
-static size_t rest_weights(const GPT2Config* c) { return gpt2_num_parameters(c) - (size_t)c->num_layers * layer_weights(c); }
+static size_t outer_weights(const GPT2Config* c) { return gpt2_num_parameters(c) - (size_t)c->num_layers * layer_weights(c); }
 
 // checkpoints under ZeRO-3, and under ZeRO-2 with --offload optimizer: a pinned buffer of the largest
 // slice (or of wte's padded rows, which go by as zeros), through which gpt2_params_stream moves the
@@ -607,12 +607,12 @@ static void alloc_ckpt_staging(Model<floatX>* m) {
 // ZeRO-3: this rank's shards of the fp32 master weights (with --offload optimizer: in host memory,
 // alloc_offloaded_optimizer) and of the working weights (floatX: the master itself in fp32 when both are
 // on the GPU), in the gradient shard's layout (opt_layout.h), zero in the padding; the working copy
-// the kernels read, a one-layer model (the head whole, layer buffer 0) and layer buffer 1; the
+// the kernels read, a one-layer model (the outer tensors whole, layer buffer 0) and layer buffer 1; the
 // checkpoints' staging: the whole model is never in one place, on the GPU or in host memory
 template <typename floatX>
 static void alloc_zero3_weights(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
-    Zero2Grads z = zero2_grad_floats(c, m->dist.world);
+    ShardLayout z = shard_layout(c, m->dist.world);
     GPT2Config one = *c;
     one.num_layers = 1;
     m->weight_floats = z.shard;
@@ -639,7 +639,7 @@ static void alloc_zero3_weights(Model<floatX>* m) {
 template <typename floatX>
 static void zero3_check_staging(const Model<floatX>* m) {
     const GPT2Config* c = &m->config;
-    Zero2Grads z = zero2_grad_floats(c, m->dist.world);
+    ShardLayout z = shard_layout(c, m->dist.world);
     for (int k = 0; k < param_slice_count(c); k++) {
         size_t need = (size_t)m->dist.world * slice_block_floats(&m->slices[k], m->dist.world);
         if (need > z.working) {
@@ -655,7 +655,7 @@ template <typename floatX>
 static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
     size_t P = m->num_parameters;
     m->weight_floats = P;
-    if (m->zero == ZERO_WEIGHTS && training) {
+    if (m->zero == ZERO_3 && training) {
         alloc_zero3_weights(m);
     } else {
         m->master_memory = (float*)mem_alloc(MEM_PARAMETERS, P * sizeof(float));
@@ -667,7 +667,7 @@ static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
     }
     if (!training) { return; }
     alloc_gradients(m);
-    if (m->zero == ZERO_WEIGHTS) { zero3_check_staging(m); }
+    if (m->zero == ZERO_3) { zero3_check_staging(m); }
     m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
     m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
@@ -684,10 +684,10 @@ static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
 template <typename floatX>
 static void alloc_offloaded_optimizer(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
-    size_t P = m->num_parameters, Pl = layer_weights(c), Pr = rest_weights(c), C = c->channels;
+    size_t P = m->num_parameters, Pl = layer_weights(c), Pr = outer_weights(c), C = c->channels;
     int shard = zero_shards_grads(m->zero);
-    size_t host = shard ? zero2_grad_floats(c, m->dist.world).shard : P;  // floats of the master weights and gradients on the host
-    if (m->zero == ZERO_WEIGHTS) {
+    size_t host = shard ? shard_layout(c, m->dist.world).shard : P;  // floats of the master weights and gradients on the host
+    if (m->zero == ZERO_3) {
         alloc_zero3_weights(m);
     } else {
         m->weight_floats = P;
@@ -695,7 +695,7 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
         CUDA_CHECK(cudaMemset(m->weights_memory, 0, P * sizeof(floatX)));  // wte's padded rows, which no gather writes
         point_params(&m->weights, m->weights_memory, c);
     }
-    if (m->zero == ZERO_GRADS) {
+    if (m->zero == ZERO_2) {
         m->weight_shard = (floatX*)mem_alloc(MEM_PARAMETERS, host * sizeof(floatX));
         alloc_ckpt_staging(m);
     }
@@ -718,7 +718,7 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     }
     // the staging buffers: a group of gradients on its way down, or a chunk of the new weights on its
     // way up (the offloaded shard, whose gradients go down from the GPU's shard: a rank's blocks of one layer)
-    m->opt_staging_floats = shard ? zero2_grad_floats(c, m->dist.world).layer_part : Pl > Pr ? Pl : Pr;
+    m->opt_staging_floats = shard ? shard_layout(c, m->dist.world).layer_part : Pl > Pr ? Pl : Pr;
     m->opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * host + 2 * m->opt_staging_floats + m->opt_floats) * sizeof(float));
     char* p = m->opt_host_memory;
     m->master_memory = carve<float>(&p, host * sizeof(float));
@@ -776,8 +776,8 @@ static Model<floatX>* model_create(const ModelSetup* s) {
         CUDA_CHECK(cudaEventCreateWithFlags(&m->reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->working_taken, cudaEventDisableTiming));
     }
-    if (m->comm != NULL && m->zero == ZERO_WEIGHTS) {
-        cudaEvent_t* all[] = {&m->gathered[0], &m->gathered[1], &m->released[0], &m->released[1], &m->head_ready, &m->compute_mark};
+    if (m->comm != NULL && m->zero == ZERO_3) {
+        cudaEvent_t* all[] = {&m->gathered[0], &m->gathered[1], &m->released[0], &m->released[1], &m->outer_ready, &m->compute_mark};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventCreateWithFlags(all[i], cudaEventDisableTiming)); }
         for (int b = 0; b < 2; b++) { CUDA_CHECK(cudaEventRecord(m->released[b], m->stream)); }  // no reader yet
     }
@@ -801,7 +801,7 @@ static void model_destroy(Model<floatX>* m) {
     if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
     void* zero[] = {m->grads_memory, m->grad_working, m->zero_pack, m->weight_working, m->layer_buf_memory, m->ckpt_staging, m->weight_shard};
     for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) { mem_free(zero[i]); }
-    free(m->slices); free(m->zero_groups); free(m->grad_shard_off);
+    free(m->slices); free(m->zero_groups); free(m->shard_block_off);
     void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->host_probs, m->host_losses};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     free(m->slots);
@@ -825,8 +825,8 @@ static void model_destroy(Model<floatX>* m) {
         CUDA_CHECK(cudaEventDestroy(m->grads_final));
         CUDA_CHECK(cudaEventDestroy(m->reduced));
         CUDA_CHECK(cudaEventDestroy(m->working_taken));
-        if (m->zero == ZERO_WEIGHTS) {
-            cudaEvent_t all[] = {m->gathered[0], m->gathered[1], m->released[0], m->released[1], m->head_ready, m->compute_mark};
+        if (m->zero == ZERO_3) {
+            cudaEvent_t all[] = {m->gathered[0], m->gathered[1], m->released[0], m->released[1], m->outer_ready, m->compute_mark};
             for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventDestroy(all[i])); }
         }
         CUDA_CHECK(cudaStreamDestroy(m->comm_stream));
@@ -930,7 +930,7 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 
 // ----------------------------------------------------------------------------
 // ZeRO-3: a rank keeps its shards of the weights (fp32 master, floatX working: half the bytes in bf16,
-// and what is gathered); the kernels read a working copy. The head (wte, wpe, lnfw, lnfb) is gathered
+// and what is gathered); the kernels read a working copy. The outer tensors (wte, wpe, lnfw, lnfb) are gathered
 // once a step, before the encoder; each layer before its forward, its backward and each recompute,
 // into buffer l % 2, on the comm stream: one ncclAllGather of the floatX shard's layer part into the
 // pack, then the unpack into the buffer (cuda/zero.cuh). While layer l computes, the next layer the
@@ -939,7 +939,7 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 // waits for a buffer's gather (gathered[b]) before it reads it; the comm stream waits for a buffer's
 // last reader (released[b], recorded after each layer's kernels) before it overwrites it, and at the
 // step's first gather for the update that wrote the shard (compute_mark). The update moves the shards
-// only; the gathered copies are stale after it (buf_layer, head_gathered).
+// only; the gathered copies are stale after it (buf_layer, outer_gathered).
 
 // the comm stream waits for everything queued on the compute stream so far
 template <typename floatX>
@@ -950,22 +950,22 @@ static void comm_after_compute(Model<floatX>* m) {
 
 // wte, wpe, lnfw, lnfb into the working copy, once a step (the encoder and the head read them)
 template <typename floatX>
-static void zero3_gather_head(Model<floatX>* m) {
-    if (m->zero != ZERO_WEIGHTS || m->head_gathered) { return; }
-    comm_after_compute(m);  // the update has written the shard, and the last step's head is read
-    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(rest_weights(&m->config) * sizeof(floatX)),
+static void zero3_gather_outer(Model<floatX>* m) {
+    if (m->zero != ZERO_3 || m->outer_gathered) { return; }
+    comm_after_compute(m);  // the update has written the shard, and the last step's outer tensors are read
+    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(outer_weights(&m->config) * sizeof(floatX)),
                   "ZeRO-3: wte, wpe, lnf all-gather");
-    auto head = [m](int k) { return param_tensor(&m->weights, m->slices[k].tensor); };
+    auto outer = [m](int k) { return param_tensor(&m->weights, m->slices[k].tensor); };
     for (int g = m->config.num_layers; g < m->num_zero_groups; g++) {
-        zero_gather_shard(&m->zero_groups[g], m->dist.world, m->weights_memory, head, (floatX*)m->zero_pack, m->comm, m->comm_stream);
+        zero_gather_shard(&m->zero_groups[g], m->dist.world, m->weights_memory, outer, (floatX*)m->zero_pack, m->comm, m->comm_stream);
         m->weight_collectives++;
     }
     prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
-    CUDA_CHECK(cudaEventRecord(m->head_ready, m->comm_stream));
-    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the ZeRO-3 head");
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->head_ready, 0));
+    CUDA_CHECK(cudaEventRecord(m->outer_ready, m->comm_stream));
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the ZeRO-3 outer tensors");
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->outer_ready, 0));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    m->head_gathered = 1;
+    m->outer_gathered = 1;
 }
 
 // queues layer l's gather into buffer l % 2 on the comm stream, unless the buffer holds l already
@@ -990,7 +990,7 @@ static void zero3_gather_layer(Model<floatX>* m, int l) {
 template <typename floatX>
 static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
     int C = m->config.channels;
-    if (m->zero != ZERO_WEIGHTS) { return layer_params(&m->weights, l, C); }
+    if (m->zero != ZERO_3) { return layer_params(&m->weights, l, C); }
     zero3_gather_layer(m, l);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for layer %d's gather", l);
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->gathered[l % 2], 0));
@@ -1002,7 +1002,7 @@ static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
 // `next` (-1: none) may start in the other buffer, or in this one once they are done
 template <typename floatX>
 static void zero3_release(Model<floatX>* m, int l, int next) {
-    if (m->zero != ZERO_WEIGHTS) { return; }
+    if (m->zero != ZERO_3) { return; }
     CUDA_CHECK(cudaEventRecord(m->released[l % 2], m->stream));
     if (next >= 0) { zero3_gather_layer(m, next); }
 }
@@ -1010,7 +1010,7 @@ static void zero3_release(Model<floatX>* m, int l, int next) {
 // the gathered copies are stale: the shard has moved on (the update, a checkpoint's load)
 template <typename floatX>
 static void zero3_invalidate(Model<floatX>* m) {
-    m->head_gathered = 0;
+    m->outer_gathered = 0;
     m->buf_layer[0] = m->buf_layer[1] = -1;
 }
 
@@ -1096,7 +1096,7 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
         LayerParams<floatX> lp = weights_of_layer(m, l), np;
         LayerActs<floatX>* la = act_layer(m, l);
         // not under ZeRO-3, where the next layer's weights are still on their way
-        LayerActs<floatX>* next = l < last && !m->act.offload && m->zero != ZERO_WEIGHTS ? act_layer(m, l + 1) : NULL;
+        LayerActs<floatX>* next = l < last && !m->act.offload && m->zero != ZERO_3 ? act_layer(m, l + 1) : NULL;
         if (next != NULL) { np = layer_params(&m->weights, l + 1, C); }
         if (m->act.offload) { compute_waits_for_copy(m, m->slot_saved[act_slot_of(&m->act, L, l)]); }
         block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
@@ -1168,10 +1168,10 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
 // sends each layer's gradients down through the staging buffers, and the CPU adds them into the
 // step's gradients while the GPU computes the next layer.
 
-// a gradient group's pieces: layer l's slices of the per-layer tensors, or (l = REST_GROUP)
+// a gradient group's pieces: layer l's slices of the per-layer tensors, or (l = OUTER_GROUP)
 // wte, wpe, lnfw, lnfb whole; one after another in a group buffer (on the GPU and in staging),
 // each at host_offset floats in the model's order
-#define REST_GROUP (-1)
+#define OUTER_GROUP (-1)
 typedef struct { size_t host_offset, n; } GradPiece;
 
 static int grad_group_pieces(const GPT2Config* c, int l, GradPiece pieces[NUM_PARAMETER_TENSORS]) {
@@ -1180,7 +1180,7 @@ static int grad_group_pieces(const GPT2Config* c, int l, GradPiece pieces[NUM_PA
     int n = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         int per_layer = PARAMETER_IS_PER_LAYER[i];
-        if (per_layer == (l != REST_GROUP)) {
+        if (per_layer == (l != OUTER_GROUP)) {
             size_t each = per_layer ? sizes[i] / c->num_layers : sizes[i];
             GradPiece piece = {offset + (per_layer ? (size_t)l * each : 0), each};
             pieces[n++] = piece;
@@ -1275,7 +1275,7 @@ static void upload_tensor(Model<floatX>* m, int i) {
 template <typename floatX>
 static void upload_tensor_done(void* model, int i) { upload_tensor((Model<floatX>*)model, i); }
 
-// OPT_OFFLOAD_STATE, the last micro-step: group l's final gradients (REST_GROUP: wte, wpe, lnfw,
+// OPT_OFFLOAD_STATE, the last micro-step: group l's final gradients (OUTER_GROUP: wte, wpe, lnfw,
 // lnfb) straight into the host's, after everything the compute stream has queued so far
 template <typename floatX>
 static void send_final_grads(Model<floatX>* m, int l) {
@@ -1313,7 +1313,7 @@ static int offloads_shard(const Model<floatX>* m) { return m->offload_opt != OPT
 // shards, nothing gathered there) under either stage: the GPU gathers the weights
 template <typename floatX>
 static HostStep host_step_of(Model<floatX>* m) {
-    HostStep h = {&m->config, m->dist, offloads_shard(m) ? ZERO_WEIGHTS : m->zero, m->optimizer, m->num_parameters, m->master_memory,
+    HostStep h = {&m->config, m->dist, offloads_shard(m) ? ZERO_3 : m->zero, m->optimizer, m->num_parameters, m->master_memory,
                   m->host_grads, m->opt_memory, NULL};  // the exchange a slice at a time: no pack in host memory
     return h;
 }
@@ -1323,12 +1323,12 @@ static HostStep host_step_of(Model<floatX>* m) {
 // gathers are the step's, counted for step 1's line (a load's are not)
 template <typename floatX>
 static void upload_shard(Model<floatX>* m, int in_step) {
-    floatX* shard = m->zero == ZERO_WEIGHTS ? m->weights_memory : m->weight_shard;
-    size_t n = zero2_grad_floats(&m->config, m->dist.world).shard;
+    floatX* shard = m->zero == ZERO_3 ? m->weights_memory : m->weight_shard;
+    size_t n = shard_layout(&m->config, m->dist.world).shard;
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(floatX)), "weight shard from the host");
     upload_weights(m, m->master_memory, shard, n);
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    if (m->zero == ZERO_WEIGHTS) { zero3_invalidate(m); return; }
+    if (m->zero == ZERO_3) { zero3_invalidate(m); return; }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(floatX)),
                   "NCCL all-gather of the new weights");
     auto weights = [m](int k) { return m->weights_memory + m->slices[k].offset; };
@@ -1354,10 +1354,10 @@ static float mean_loss(Model<floatX>* m, int B, int T) {
 // only (the host sums the step's): cleared before the micro-step's first contribution to them (the
 // head's: in backward, or with --loss-chunk in forward)
 template <typename floatX>
-static void clear_rest_grads(Model<floatX>* m) {
+static void clear_outer_grads(Model<floatX>* m) {
     if (m->offload_opt != OPT_OFFLOAD_GRADS) { return; }
-    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(rest_weights(&m->config) * sizeof(float)), "gradients of wte, wpe, lnf");
-    CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, rest_weights(&m->config) * sizeof(float), m->stream));
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(outer_weights(&m->config) * sizeof(float)), "gradients of wte, wpe, lnf");
+    CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, outer_weights(&m->config) * sizeof(float), m->stream));
 }
 
 // the head forward of n tokens from row `first` of the last block's output x (B*T,C), as
@@ -1401,10 +1401,10 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_forward(BT, C, X), "forward (with the tokens' upload)");
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
-    zero3_gather_head(m);
+    zero3_gather_outer(m);
     encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
     forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
-    if (loss_scale > 0.0f) { clear_rest_grads(m); }
+    if (loss_scale > 0.0f) { clear_outer_grads(m); }
     // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
     int n_all = (int)BT, K = m->head_rows < n_all ? m->head_rows : n_all;
     for (int first = 0; first < n_all; first += K) {
@@ -1437,7 +1437,7 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
     if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
         act_take_head_grads(&m->head_grad_scale, loss_scale);
     } else {
-        clear_rest_grads(m);
+        clear_outer_grads(m);
         prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(BT, V, Vp, X), "backward");
         classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
         m->probs_first = -1;
@@ -1468,29 +1468,29 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
     prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
     prof_gpu_close(s, S);
-    if (zero_shards_grads(m->zero)) { zero2_reduce(m, REST_GROUP); }  // wte, wpe, lnfw, lnfb
-    else if (m->reduce_in_backward) { reduce_now_final(m, REST_GROUP); }
-    if (m->send_in_backward) { send_final_grads(m, REST_GROUP); }
+    if (zero_shards_grads(m->zero)) { zero2_reduce(m, OUTER_GROUP); }  // wte, wpe, lnfw, lnfb
+    else if (m->reduce_in_backward) { reduce_now_final(m, OUTER_GROUP); }
+    if (m->send_in_backward) { send_final_grads(m, OUTER_GROUP); }
     if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
-        send_grads_down(m, m->grads_memory, rest_weights(c), 1);
+        send_grads_down(m, m->grads_memory, outer_weights(c), 1);
         take_grads(m, 0, 0);
-        take_grads(m, REST_GROUP, 1);
+        take_grads(m, OUTER_GROUP, 1);
         m->first_micro_step = 0;
     }
 }
 
 // ----------------------------------------------------------------------------
-// ZeRO (cuda/zero.cuh): a group is one layer's 12 slices, or a round of the head slices (wte, wpe,
+// ZeRO (cuda/zero.cuh): a group is one layer's 12 slices, or a round of the outer slices (wte, wpe,
 // lnfw, lnfb); each exchange of a group is one NCCL collective through the pack. ZeRO-1 reduce-scatters
 // the gradients of the last micro-step's backward (the sums into this rank's blocks of the model's
 // gradients); ZeRO-2 every micro-step's, from the working buffer, the sums added to the gradient
 // shard; both then all-gather the updated master weights, group by group.
 
-// the groups of `layer` [*g0, *g1): layer l's one, REST_GROUP the head's rounds, ALL_SLICES every one
+// the groups of `layer` [*g0, *g1): layer l's one, OUTER_GROUP the outer slices' rounds, ALL_SLICES every one
 template <typename floatX>
 static void zero_group_range(const Model<floatX>* m, int layer, int* g0, int* g1) {
     int L = m->config.num_layers;
-    *g0 = layer >= 0 ? layer : layer == REST_GROUP ? L : 0;
+    *g0 = layer >= 0 ? layer : layer == OUTER_GROUP ? L : 0;
     *g1 = layer >= 0 ? layer + 1 : m->num_zero_groups;
 }
 
@@ -1499,7 +1499,7 @@ static void zero_group_range(const Model<floatX>* m, int layer, int* g0, int* g1
 // through the pack and this rank's sums unpacked into its blocks
 template <typename floatX>
 static void reduce_slices(Model<floatX>* m, int layer, cudaStream_t stream) {
-    if (m->zero == ZERO_SHARDED) {
+    if (m->zero == ZERO_1) {
         int g0, g1, rank = m->dist.rank;
         zero_group_range(m, layer, &g0, &g1);
         auto grads = [m](int k) { return m->grads_memory + m->slices[k].offset; };
@@ -1518,11 +1518,11 @@ static void reduce_slices(Model<floatX>* m, int layer, cudaStream_t stream) {
     NCCL_CHECK(ncclGroupEnd());
 }
 
-// ZeRO-2, every micro-step, after layer l's backward (REST_GROUP: after the encoder's, the head's
+// ZeRO-2, every micro-step, after layer l's backward (OUTER_GROUP: after the encoder's, the outer slices'
 // rounds): the comm stream waits for the compute stream, packs the working gradients rank by rank,
 // reduce-scatters them and adds this rank's sums to the shard, while the compute stream goes on
 // with the next layer. The compute stream clears the working gradients (the layer's, or the whole
-// buffer after the head) for their next use, but only once the comm stream has packed them
+// buffer after the outer slices') for their next use, but only once the comm stream has packed them
 // (working_taken): the next layer's backward writes the same place. The offloaded shard's last
 // backward also copies each group's final sums to the host, behind them on the comm stream
 template <typename floatX>
@@ -1531,7 +1531,7 @@ static void zero2_reduce(Model<floatX>* m, int layer) {
     zero_group_range(m, layer, &g0, &g1);
     CUDA_CHECK(cudaEventRecord(m->grads_final, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->grads_final, 0));
-    size_t n = layer == REST_GROUP ? rest_weights(&m->config) : layer_weights(&m->config);
+    size_t n = layer == OUTER_GROUP ? outer_weights(&m->config) : layer_weights(&m->config);
     prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "ZeRO-2 reduce-scatter, during backward");
     auto working = [m](int k) { return param_tensor(&m->grads, m->slices[k].tensor); };
     for (int g = g0; g < g1; g++) {
@@ -1547,8 +1547,8 @@ static void zero2_reduce(Model<floatX>* m, int layer) {
         m->grad_collectives++;
     }
     prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
-    float* first = layer == REST_GROUP ? m->grad_working : m->grads.ln1w;  // the layer: its 12 tensors, ln1w first
-    size_t floats = layer == REST_GROUP ? zero2_grad_floats(&m->config, m->dist.world).working : layer_weights(&m->config);
+    float* first = layer == OUTER_GROUP ? m->grad_working : m->grads.ln1w;  // the layer: its 12 tensors, ln1w first
+    size_t floats = layer == OUTER_GROUP ? shard_layout(&m->config, m->dist.world).working : layer_weights(&m->config);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(floats * sizeof(float)), "ZeRO-2 working gradients, once packed");
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->working_taken, 0));
     CUDA_CHECK(cudaMemsetAsync(first, 0, floats * sizeof(float), m->stream));
@@ -1562,7 +1562,7 @@ template <typename floatX>
 static void reduce_now_final(Model<floatX>* m, int layer) {
     CUDA_CHECK(cudaEventRecord(m->grads_final, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->grads_final, 0));
-    size_t n = layer == REST_GROUP ? rest_weights(&m->config) : layer_weights(&m->config);
+    size_t n = layer == OUTER_GROUP ? outer_weights(&m->config) : layer_weights(&m->config);
     prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "NCCL gradient sums, during backward");
     reduce_slices(m, layer, m->comm_stream);
     prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
@@ -1601,7 +1601,7 @@ static void model_reduce_grads(Model<floatX>* m) {
 // slice's start, slice_shard's), or under ZeRO-2 and 3 in the gradient shard
 template <typename floatX>
 static float* grad_block(Model<floatX>* m, int k, size_t offset) {
-    return zero_shards_grads(m->zero) ? m->grads_memory + m->grad_shard_off[k] : m->grads_memory + m->slices[k].offset + offset;
+    return zero_shards_grads(m->zero) ? m->grads_memory + m->shard_block_off[k] : m->grads_memory + m->slices[k].offset + offset;
 }
 
 // global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1 and 2: each rank sums
@@ -1682,7 +1682,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         size_t offset;
         OptShard sh = slice_shard(&slices[k], &z, &offset);
         size_t n = (size_t)sh.rows * sh.cols;
-        float* p = m->zero == ZERO_WEIGHTS ? m->master_memory + m->grad_shard_off[k] : m->master_memory + slices[k].offset + offset;
+        float* p = m->zero == ZERO_3 ? m->master_memory + m->shard_block_off[k] : m->master_memory + slices[k].offset + offset;
         const float* g = grad_block(m, k, offset);
         if (m->optimizer == OPT_ADAMW) {
             const AdamWHyper* a = &h->adamw;
@@ -1698,7 +1698,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         }
         st += slice_state_floats(m->optimizer, &sh, use_beta1);
     }
-    if (m->zero == ZERO_WEIGHTS) {  // the shard only: the next forward gathers what it reads
+    if (m->zero == ZERO_3) {  // the shard only: the next forward gathers what it reads
         print_zero_collectives(m, s->t);
         zero3_invalidate(m);
     } else if (zero_shards_state(m->zero) && m->comm != NULL) {
@@ -1719,22 +1719,22 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
 }
 
 // ZeRO-1, 2 and 3: the NCCL collectives of the gradients and the weights in step 1, counted
-// (tests/test_zero_cuda.py bounds them per layer: one each a group, the head's rounds beside;
-// ZeRO-3's weight all-gathers: the head's rounds once, each layer for its forward and backward)
+// (tests/test_zero_cuda.py bounds them per layer: one each a group, the outer slices' rounds beside;
+// ZeRO-3's weight all-gathers: the outer slices' rounds once, each layer for its forward and backward)
 template <typename floatX>
 static void print_zero_collectives(Model<floatX>* m, int t) {
     if (t == 1 && m->dist.rank == 0) {
         int L = m->config.num_layers;
-        printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers (L = %d, %d head rounds); "
+        printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers (L = %d, %d outer rounds); "
                "gradients per rank: %zu of %zu floats, pack %zu\n", (int)m->zero, m->grad_collectives, m->weight_collectives,
-               L, m->num_zero_groups - L, m->grad_floats, m->num_parameters, zero2_grad_floats(&m->config, m->dist.world).pack);
-        if (m->zero == ZERO_WEIGHTS) {
+               L, m->num_zero_groups - L, m->grad_floats, m->num_parameters, shard_layout(&m->config, m->dist.world).pack);
+        if (m->zero == ZERO_3) {
             const char* what = m->offload_opt ? (sizeof(floatX) == sizeof(float) ? "fp32 master in host memory, and an fp32 shard on the GPU"
                                                                                   : "fp32 master in host memory, and a bf16 shard on the GPU")
                                               : (sizeof(floatX) == sizeof(float) ? "fp32 master, and the same floats read by the kernels"
                                                                                   : "fp32 master, and a bf16 shard");
             printf("ZeRO-3: weights per rank: shard %zu of %zu floats (%s), working copy %zu\n", m->weight_floats, m->num_parameters,
-                   what, zero2_grad_floats(&m->config, m->dist.world).working + layer_weights(&m->config));
+                   what, shard_layout(&m->config, m->dist.world).working + layer_weights(&m->config));
         }
     }
     m->grad_collectives = 0;
@@ -1784,7 +1784,7 @@ static const float* model_probs(Model<floatX>* m, int position) {
 // the backend interface (llmc/trainer.h): each call goes to the model of the run's precision
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
-int gpt2_zero_max_stage(void) { return ZERO_WEIGHTS; }
+int gpt2_zero_max_stage(void) { return ZERO_3; }
 
 // free GPU memory at the first call, before any tensor: what gpt2_device_bytes_used counts from
 static size_t g_free_at_start = 0;
@@ -1988,7 +1988,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
         }
         const ParamSlice* sl = &m->slices[r.slice];
         size_t len = r.n;
-        float* mine = m->master_memory + m->grad_shard_off[r.slice];
+        float* mine = m->master_memory + m->shard_block_off[r.slice];
         if (how == PARAMS_WRITE) {
             fn(ctx, r.offset, staging, len);
             int begin, end, width = slice_unit_width(sl);
@@ -2007,7 +2007,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
         copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->weight_floats, m->stream);
     }
     if (how != PARAMS_WRITE) {
-        CUDA_CHECK(cudaMemsetAsync(m->grad_working, 0, zero2_grad_floats(c, world).working * sizeof(float), m->stream));
+        CUDA_CHECK(cudaMemsetAsync(m->grad_working, 0, shard_layout(c, world).working * sizeof(float), m->stream));
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
@@ -2027,7 +2027,7 @@ static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn
         if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }
         return;
     }
-    if (m->zero == ZERO_WEIGHTS && m->host_params == NULL) { model_zero3_stream(m, how, fn, ctx); return; }
+    if (m->zero == ZERO_3 && m->host_params == NULL) { model_zero3_stream(m, how, fn, ctx); return; }
     if (how == PARAMS_READ) { model_sync(m, SYNC_TO_HOST); }
     fn(ctx, 0, m->host_params, m->num_parameters);
     if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }

@@ -7,7 +7,7 @@ every rank's updated blocks gathered; and the CPU's ZeRO-2 and 3 exchanges durin
 weights, the gradients and the optimizer state live in host memory and the CPU updates them: one
 code for both, so the offloaded update is the CPU reference's own arithmetic.
 
-    HostStep h = {&cfg, dist, ZERO_SHARDED, OPT_ADAMW, P, params, grads, state, pack};
+    HostStep h = {&cfg, dist, ZERO_1, OPT_ADAMW, P, params, grads, state, pack};
     host_reduce_grads(&h);                    // MPI: all-reduce, or reduce-scatter (ZeRO-1)
     float norm = host_grad_norm(&h);
     host_update(&h, &step_config, norm, NULL, NULL);
@@ -29,14 +29,14 @@ optimizers sum the same way, so nothing depends on the number of OpenMP threads.
 typedef struct {
     const GPT2Config* config;
     Dist dist;                // this process among the data-parallel ranks
-    ZeroStage zero;           // ZERO_SHARDED and up: this rank updates (and keeps state for) its blocks only
+    ZeroStage zero;           // ZERO_1 and up: this rank updates (and keeps state for) its blocks only
     OptimizerKind optimizer;
     size_t num_parameters;    // P
     float* params;            // (P) fp32 weights, model_config.h's order; ZeRO-3: this rank's blocks only (the weight shard)
     float* grads;             // (P) fp32 gradients of this rank's micro-batches, summed by host_reduce_grads;
                               // ZeRO-2 and 3: this rank's reduced blocks only (opt_layout.h's gradient shard)
     float* state;             // this rank's optimizer state (opt_layout.h)
-    float* pack;              // ZeRO-1/2: one layer's blocks rank by rank (opt_layout.h's Zero2Grads.pack floats): the
+    float* pack;              // ZeRO-1/2: one layer's blocks rank by rank (opt_layout.h's ShardLayout.pack floats): the
                               // exchanges go a layer at a time through it; NULL: a slice at a time (GPU --offload optimizer)
 } HostStep;
 
@@ -44,21 +44,21 @@ typedef struct {
 static OptSharding host_sharding(const HostStep* h) {
     if (!zero_shards_state(h->zero)) { return OPT_UNSHARDED; }
     OptSharding z = {h->dist.rank, h->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world,
-                     zero_shards_grads(h->zero), h->zero == ZERO_WEIGHTS};
+                     zero_shards_grads(h->zero), h->zero == ZERO_3};
     return z;
 }
 
 // the slices of a model with where each rank's block lies in a shard (opt_layout.h's
-// grad_shard_offsets: at[k] for slice k) and the ZeRO-2/3 buffer sizes, for the functions below
+// shard_block_offsets: at[k] for slice k) and the ZeRO-2/3 buffer sizes, for the functions below
 typedef struct {
     ParamSlice* slices;
     size_t* at;
-    Zero2Grads z;
+    ShardLayout z;
 } ShardMap;
 
 static ShardMap shard_map(const GPT2Config* c, int world) {
-    ShardMap m = {param_slices_alloc(c), (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t)), zero2_grad_floats(c, world)};
-    grad_shard_offsets(c, world, m.at);
+    ShardMap m = {param_slices_alloc(c), (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t)), shard_layout(c, world)};
+    shard_block_offsets(c, world, m.at);
     return m;
 }
 
@@ -101,12 +101,12 @@ static void zero_layer_blocks(const GPT2Config* c, const ParamSlice* s, int l, i
 }
 
 // calls part(slice memory, counts) for every slice of the model, counts[r] = floats of rank r's block:
-// the head's four only (head_only), or every one
-static void host_for_each_slice_block(const HostStep* h, float* memory, int head_only, void (*part)(float*, const int*, Dist)) {
+// the four outer slices only (outer_only: wte, wpe, lnfw, lnfb), or every one
+static void host_for_each_slice_block(const HostStep* h, float* memory, int outer_only, void (*part)(float*, const int*, Dist)) {
     ParamSlice* s = param_slices_alloc(h->config);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
     for (int k = 0; k < param_slice_count(h->config); k++) {
-        if (head_only && !slice_is_head(&s[k])) { continue; }
+        if (outer_only && !slice_is_outer(&s[k])) { continue; }
         slice_part_counts(&s[k], h->dist.world, counts);
         part(memory + s[k].offset, counts, h->dist);
     }
@@ -148,7 +148,7 @@ static void host_exchange_blocks(const HostStep* h, float* memory, int reduce) {
 // The loss scale already divides by the number of ranks.
 static void host_reduce_grads(const HostStep* h) {
     if (h->dist.world == 1 || zero_shards_grads(h->zero)) { return; }  // ZeRO-2 and 3: reduced during the backward (host_zero2_*)
-    if (h->zero == ZERO_SHARDED) { host_exchange_blocks(h, h->grads, 1); }
+    if (h->zero == ZERO_1) { host_exchange_blocks(h, h->grads, 1); }
     else { dist_allreduce_sum_floats(h->grads, h->num_parameters); }
 }
 
@@ -161,7 +161,7 @@ static float host_grad_norm(const HostStep* h) {
         OptSharding z = host_sharding(h);
         ParamSlice* s = param_slices_alloc(h->config);
         size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));
-        grad_shard_offsets(h->config, h->dist.world, goff);
+        shard_block_offsets(h->config, h->dist.world, goff);
         double total = 0.0;
         for (int k = 0; k < param_slice_count(h->config); k++) {
             size_t offset;
@@ -190,19 +190,23 @@ static float host_grad_norm(const HostStep* h) {
 // rank's part of every slice and (ZeRO-1) gathers the other ranks' blocks. tensor_done(ctx, i),
 // when given, is called as soon as parameter tensor i holds its new values (a GPU backend
 // sends each tensor up while the CPU updates the next)
+// scales the n gradients down to the norm clip when their norm grad_norm is above it (clip 0: never)
+static void host_clip_grads(float* grads, size_t n, float clip, float grad_norm) {
+    if (clip <= 0.0f || grad_norm <= clip) { return; }
+    float scale = clip / grad_norm;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) { grads[i] *= scale; }
+}
+
 static void host_update(const HostStep* h, const StepConfig* s, float grad_norm, void (*tensor_done)(void*, int), void* ctx) {
-    size_t n = zero_shards_grads(h->zero) ? zero2_grad_floats(h->config, h->dist.world).shard : h->num_parameters;
-    if (s->grad_clip > 0.0f && grad_norm > s->grad_clip) {
-        float scale = s->grad_clip / grad_norm;
-        #pragma omp parallel for
-        for (size_t i = 0; i < n; i++) { h->grads[i] *= scale; }
-    }
+    size_t n = zero_shards_grads(h->zero) ? shard_layout(h->config, h->dist.world).shard : h->num_parameters;
+    host_clip_grads(h->grads, n, s->grad_clip, grad_norm);
     OptSharding z = host_sharding(h);
     int sharded = zero_shards_state(h->zero);
     optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z,
                    sharded ? NULL : tensor_done, ctx);
     // ZeRO-1 and 2: every rank's updated blocks to every rank; ZeRO-3 keeps its own blocks only
-    if (sharded && h->zero != ZERO_WEIGHTS) { host_exchange_blocks(h, h->params, 0); }
+    if (sharded && h->zero != ZERO_3) { host_exchange_blocks(h, h->params, 0); }
     if (sharded && tensor_done != NULL) {
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { tensor_done(ctx, i); }
     }
@@ -233,26 +237,26 @@ static void host_zero2_reduce_layer(const HostStep* h, float* layer, int l, floa
     shard_map_free(&m);
 }
 
-// the head slices (wte, wpe, lnfw, lnfb): their indices in the model's slices and their offsets in a
+// the outer slices (wte, wpe, lnfw, lnfb: the tensors outside the layers): their indices in the model's slices and their offsets in a
 // one-layer model's layout (the working buffers), in that order
-typedef struct { int slice[4]; size_t working_at[4]; } HeadSlices;
+typedef struct { int slice[4]; size_t working_at[4]; } OuterSlices;
 
-static HeadSlices head_slices(const GPT2Config* c) {
+static OuterSlices outer_slices(const GPT2Config* c) {
     GPT2Config one = *c;
     one.num_layers = 1;
     ParamSlice* w = param_slices_alloc(&one);
     int n = param_slice_count(c), n1 = param_slice_count(&one);
-    HeadSlices hs = {{0, 1, n - 2, n - 1}, {w[0].offset, w[1].offset, w[n1 - 2].offset, w[n1 - 1].offset}};
+    OuterSlices hs = {{0, 1, n - 2, n - 1}, {w[0].offset, w[1].offset, w[n1 - 2].offset, w[n1 - 1].offset}};
     free(w);
     return hs;
 }
 
-// the head slices' gradients (working: the working buffer, a one-layer model's layout) summed
+// the outer slices' gradients (working: the working buffer, a one-layer model's layout) summed
 // over the ranks, in place; this rank's blocks added to the shard
-static void host_zero2_reduce_head(const HostStep* h, float* working) {
+static void host_zero2_reduce_outer(const HostStep* h, float* working) {
     int world = h->dist.world;
     ShardMap m = shard_map(h->config, world);
-    HeadSlices hs = head_slices(h->config);
+    OuterSlices hs = outer_slices(h->config);
     int* counts = (int*)malloc_check((size_t)world * sizeof(int));
     for (int j = 0; j < 4; j++) {
         slice_part_counts(&m.slices[hs.slice[j]], world, counts);
@@ -295,9 +299,9 @@ static void zero3_gather_slice(const HostStep* h, const ParamSlice* sl, const fl
 }
 
 // wte, wpe, lnfw, lnfb gathered into the working copy (a one-layer model's layout)
-static void host_zero3_gather_head(const HostStep* h, float* working) {
+static void host_zero3_gather_outer(const HostStep* h, float* working) {
     ShardMap m = shard_map(h->config, h->dist.world);
-    HeadSlices hs = head_slices(h->config);
+    OuterSlices hs = outer_slices(h->config);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
     for (int j = 0; j < 4; j++) {
         int k = hs.slice[j];

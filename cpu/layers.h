@@ -14,6 +14,8 @@ Conventions (as in llm.c):
   gradients of its inputs and parameters, so the caller zeroes them once per
   step (this is what makes gradient accumulation and the residual branches work).
   The exceptions are marked "writes".
+- Each function's first line marks its range for --profile (llmc/profile.h): its kind,
+  and the bytes and FLOPs it must move and do; when no profile is taken it is a branch.
 - Every loop is parallel over an index that owns its output, never with atomics,
   so results are bitwise reproducible run to run.
 
@@ -29,6 +31,7 @@ Conventions (as in llm.c):
 #include "matmul.h"
 #include "gelu.h"      // one element of the GELU and its derivative
 #include "vecmath.h"   // exp_vec: the softmax at memory speed
+#include "../llmc/profile.h"  // --profile: each layer marks its range (one line, its first), a branch when off
 
 
 // ----------------------------------------------------------------------------
@@ -37,6 +40,7 @@ Conventions (as in llm.c):
 // out (B,T,C) = wte[inp[b,t]] (Vp,C) + wpe[t] (maxT,C); inp (B,T) token ids
 static void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,
                             int B, int T, int C) {
+    prof_mark(PROF_ENCODER, prof_encoder_forward((size_t)B * T, C, sizeof(float)), "forward");
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
@@ -52,6 +56,7 @@ static void encoder_forward(float* out, const int* inp, const float* wte, const 
 // parallel over channels: each thread owns columns of dwte and dwpe
 static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
                              int B, int T, int C) {
+    prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), "backward");
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
         for (int b = 0; b < B; b++) {
@@ -70,6 +75,7 @@ static void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
 // out (B,T,C) = (x - mean) * rstd * w (C) + b (C); saves mean, rstd (B,T) for backward
 static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int B, int T, int C) {
+    prof_mark(PROF_LAYERNORM, prof_layernorm_forward((size_t)B * T, C, sizeof(float)), "forward");
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
         const float* x = inp + (size_t)bt * C;
@@ -93,6 +99,7 @@ static void layernorm_forward(float* out, float* mean, float* rstd, const float*
 static void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int B, int T, int C) {
+    prof_mark(PROF_LAYERNORM, prof_layernorm_backward((size_t)B * T, C, sizeof(float)), "backward");
     // input gradient: rows are independent
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
@@ -144,6 +151,7 @@ static void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
 static void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                            int B, int T, int C, int OC) {
     int BT = B * T;
+    prof_mark(PROF_MATMUL, prof_matmul_forward(BT, C, OC, sizeof(float)), PROF_MATMUL_FORWARD, (size_t)BT, C, OC);
     mm_sgemm(MM_N, MM_T, BT, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
     if (bias == NULL) { return; }
     #pragma omp parallel for
@@ -158,6 +166,7 @@ static void matmul_forward(float* out, const float* inp, const float* weight, co
 static void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                             const float* inp, const float* weight, int B, int T, int C, int OC) {
     int BT = B * T;
+    prof_mark(PROF_MATMUL, prof_matmul_backward(BT, C, OC, sizeof(float)), PROF_MATMUL_BACKWARD, (size_t)BT, C, OC);
     if (dinp != NULL) { mm_sgemm(MM_N, MM_N, BT, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C); }
     mm_sgemm(MM_T, MM_N, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias == NULL) { return; }
@@ -218,6 +227,7 @@ static void attention_weights_forward(float* att, const float* qkv, int B, int T
 // out (B,T,C) = att v, heads concatenated; att (B,NH,T,T) writes the attention weights,
 // which backward needs
 static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(float)), "matmul");
     int C3 = 3 * C, hs = C / NH;
     attention_weights_forward(att, qkv, B, T, C, NH);
     #pragma omp parallel for collapse(3)
@@ -241,6 +251,7 @@ static void attention_forward(float* out, float* att, const float* qkv, int B, i
 // slices of dq, dk, dv.
 static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                const float* att, int B, int T, int C, int NH) {
+    prof_mark(PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, sizeof(float)), "matmul");
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
@@ -286,6 +297,7 @@ static void attention_backward(float* dqkv, float* datt, const float* dout, cons
 // out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads concatenated; lse (B,NH,T) the
 // rows' log-sum-exp. One row at a time in a buffer of T scores per (b, h).
 static void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(float)), "flash");
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
@@ -322,6 +334,7 @@ static void attention_flash_forward(float* out, float* lse, const float* qkv, in
 // Parallel over (b, h): a head owns its slices of dq, dk, dv.
 static void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                      const float* lse, int B, int T, int C, int NH) {
+    prof_mark(PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, sizeof(float)), "flash");
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
@@ -356,12 +369,14 @@ static void attention_flash_backward(float* dqkv, const float* dout, const float
 
 // out (N) = gelu(inp (N))
 static void gelu_forward(float* out, const float* inp, size_t N) {
+    prof_mark(PROF_GELU, prof_gelu_forward(N, sizeof(float)), "forward");
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) { out[i] = gelu_elem(inp[i]); }
 }
 
 // dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers
 static void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+    prof_mark(PROF_GELU, prof_gelu_backward(N, sizeof(float)), "backward");
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) { dinp[i] += gelu_grad_elem(inp[i]) * dout[i]; }
 }
@@ -371,6 +386,7 @@ static void gelu_backward(float* dinp, const float* inp, const float* dout, size
 
 // out (N) = a (N) + b (N)
 static void residual_forward(float* out, const float* a, const float* b, size_t N) {
+    prof_mark(PROF_RESIDUAL, prof_residual_forward(N, sizeof(float)), "forward");
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
 }
@@ -383,6 +399,7 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
 // probs (B,T,Vp) writes softmax over the first V entries of logits (B,T,Vp), zero after V.
 // probs may equal logits (in place). Each pass over the row vectorizes (exp_vec: cpu/vecmath.h).
 static void softmax_forward(float* probs, const float* logits, int B, int T, int V, int Vp) {
+    prof_mark(PROF_CLASSIFIER, prof_classifier((size_t)B * T, V, Vp, sizeof(float)), "forward (softmax, cross-entropy)");  // crossentropy_forward too
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
         const float* x = logits + (size_t)bt * Vp;
@@ -424,6 +441,7 @@ static void crossentropy_forward(float* losses, const float* probs, const int* t
 // dlogits may equal probs (in place).
 static void crossentropy_softmax_backward(float* dlogits, const float* probs, const int* targets,
                                           float dloss, int B, int T, int V, int Vp) {
+    prof_mark(PROF_CLASSIFIER, prof_classifier((size_t)B * T, V, Vp, sizeof(float)), "backward");
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
         const float* p = probs + (size_t)bt * Vp;

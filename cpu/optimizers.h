@@ -382,8 +382,23 @@ static void adamw_update_part(float* param, const float* grad, float* state, con
                  (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, t);
 }
 
+// AdamW over the whole model in one process (or a rank that keeps it whole: no ZeRO), gradients
+// already clipped: a direct call of adamw_update per slice, whose m and v lie side by side in state
+// (opt_layout.h's layout; wte's slice is its V real rows, so the padded rows are skipped)
+static void adamw_step(float* params, const float* grads, float* state, const GPT2Config* c, const AdamWHyper* h, int t) {
+    ParamSlice* s = param_slices_alloc(c);
+    for (int k = 0; k < param_slice_count(c); k++) {
+        size_t n = (size_t)s[k].rows * s[k].cols;
+        double wd = PARAMETER_IS_MATRIX[s[k].tensor] ? h->weight_decay : 0.0;
+        adamw_update(params + s[k].offset, grads + s[k].offset, state, state + n, n,
+                     (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, t);
+        state += 2 * n;
+    }
+    free(s);
+}
+
 // ----------------------------------------------------------------------------
-// the step over every slice
+// the step over every slice (Adafactor, CAME, and any optimizer under ZeRO: cpu/host_step.h)
 
 // one optimizer step over this process's part of every slice (gradients already clipped);
 // t = 1, 2, ...; z = &OPT_UNSHARDED for the whole model. tensor_done(ctx, i), if not NULL, is
@@ -397,7 +412,7 @@ static void optimizer_step(OptimizerKind kind, float* params, const float* grads
     size_t* goff = NULL;  // ZeRO-2 and 3: each slice's block in the gradient (ZeRO-3: and weight) shard (opt_layout.h)
     if (z->grads_compact || z->params_compact) {
         goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-        grad_shard_offsets(c, z->world, goff);
+        shard_block_offsets(c, z->world, goff);
     }
     for (int k = 0; k < param_slice_count(c); k++) {
         size_t offset;

@@ -309,49 +309,65 @@ static void nccl_host_wait(void) {
     }
 }
 
-static ncclDataType_t nccl_host_type(char type, size_t* bytes) {
+static ncclDataType_t nccl_host_type(DistType type, size_t* bytes) {
     switch (type) {
-        case 'f': *bytes = sizeof(float); return ncclFloat;
-        case 'd': *bytes = sizeof(double); return ncclDouble;
-        case 'u': *bytes = sizeof(uint64_t); return ncclUint64;
-        case 'i': *bytes = sizeof(int); return ncclInt32;
-        default: *bytes = 1; return ncclInt8;
+        case DIST_FLOAT: *bytes = sizeof(float); return ncclFloat;
+        case DIST_DOUBLE: *bytes = sizeof(double); return ncclDouble;
+        case DIST_UINT64: *bytes = sizeof(uint64_t); return ncclUint64;
+        case DIST_INT: *bytes = sizeof(int); return ncclInt32;
+        default: *bytes = 1; return ncclInt8;  // DIST_BYTE
     }
 }
 
-// one collective on host memory, in pieces through the staging buffer: kind 'a' all-reduce, 'b'
-// broadcast from root, 'r' reduce to root (only root's buf changes)
-static void nccl_host_collective(void* buf, size_t n, char type, char op, char kind, int root, const char* what) {
+static ncclRedOp_t nccl_host_op(DistOp op) { return op == DIST_MIN ? ncclMin : op == DIST_MAX ? ncclMax : ncclSum; }
+
+// the collectives nccl_host_collective runs; a reduce changes only root's buf
+typedef enum { HOST_ALLREDUCE, HOST_BROADCAST, HOST_REDUCE } HostCollective;
+
+// one collective on host memory, in pieces through the staging buffer (root: a broadcast's source,
+// a reduce's destination)
+static void nccl_host_collective(void* buf, size_t n, DistType type, DistOp op, HostCollective kind, int root, const char* what) {
     size_t eb;
     ncclDataType_t t = nccl_host_type(type, &eb);
-    ncclRedOp_t o = op == 'n' ? ncclMin : op == 'x' ? ncclMax : ncclSum;
+    ncclRedOp_t o = nccl_host_op(op);
     size_t per = NCCL_HOST_STAGING_BYTES / eb;
     g_nccl_host.what = what;
     for (size_t done = 0; done < n; done += per) {
         size_t k = n - done < per ? n - done : per;
         char* piece = (char*)buf + done * eb;
-        CUDA_CHECK(cudaMemcpyAsync(g_nccl_host.staging, piece, k * eb, cudaMemcpyHostToDevice, g_nccl_host.stream));
-        if (kind == 'a') { NCCL_CHECK(ncclAllReduce(g_nccl_host.staging, g_nccl_host.staging, k, t, o, g_nccl_host.comm, g_nccl_host.stream)); }
-        else if (kind == 'b') { NCCL_CHECK(ncclBroadcast(g_nccl_host.staging, g_nccl_host.staging, k, t, root, g_nccl_host.comm, g_nccl_host.stream)); }
-        else { NCCL_CHECK(ncclReduce(g_nccl_host.staging, g_nccl_host.staging, k, t, o, root, g_nccl_host.comm, g_nccl_host.stream)); }
-        CUDA_CHECK(cudaMemcpyAsync(piece, g_nccl_host.staging, k * eb, cudaMemcpyDeviceToHost, g_nccl_host.stream));
+        void* staging = g_nccl_host.staging;
+        CUDA_CHECK(cudaMemcpyAsync(staging, piece, k * eb, cudaMemcpyHostToDevice, g_nccl_host.stream));
+        switch (kind) {
+            case HOST_ALLREDUCE: NCCL_CHECK(ncclAllReduce(staging, staging, k, t, o, g_nccl_host.comm, g_nccl_host.stream)); break;
+            case HOST_BROADCAST: NCCL_CHECK(ncclBroadcast(staging, staging, k, t, root, g_nccl_host.comm, g_nccl_host.stream)); break;
+            case HOST_REDUCE: NCCL_CHECK(ncclReduce(staging, staging, k, t, o, root, g_nccl_host.comm, g_nccl_host.stream)); break;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(piece, staging, k * eb, cudaMemcpyDeviceToHost, g_nccl_host.stream));
         nccl_host_wait();
     }
 }
 
-static void nccl_host_allreduce(void* buf, size_t n, char type, char op) { nccl_host_collective(buf, n, type, op, 'a', 0, "an all-reduce"); }
-static void nccl_host_broadcast(void* buf, size_t bytes, int root) { nccl_host_collective(buf, bytes, 'b', 's', 'b', root, "a broadcast"); }
+static void nccl_host_allreduce(void* buf, size_t n, DistType type, DistOp op) {
+    nccl_host_collective(buf, n, type, op, HOST_ALLREDUCE, 0, "an all-reduce");
+}
+static void nccl_host_broadcast(void* buf, size_t bytes, int root) {
+    nccl_host_collective(buf, bytes, DIST_BYTE, DIST_SUM, HOST_BROADCAST, root, "a broadcast");
+}
 
 // rank r's part := the sum of that part over the ranks: a reduce to each part's owner (a reduce
 // leaves the others' buffers as they were: this rank's own values, as MPI's in-place reduce-scatter)
 static void nccl_host_reduce_scatter(float* buf, const int* counts, int rank, int world) {
     (void)rank;
-    for (int r = 0; r < world; r++) { nccl_host_collective(buf + dist_part_offset(counts, r), (size_t)counts[r], 'f', 's', 'r', r, "a reduce-scatter"); }
+    for (int r = 0; r < world; r++) {
+        nccl_host_collective(buf + dist_part_offset(counts, r), (size_t)counts[r], DIST_FLOAT, DIST_SUM, HOST_REDUCE, r, "a reduce-scatter");
+    }
 }
 
 static void nccl_host_allgather(float* buf, const int* counts, int rank, int world) {
     (void)rank;
-    for (int r = 0; r < world; r++) { nccl_host_collective(buf + dist_part_offset(counts, r), (size_t)counts[r], 'f', 's', 'b', r, "an all-gather"); }
+    for (int r = 0; r < world; r++) {
+        nccl_host_collective(buf + dist_part_offset(counts, r), (size_t)counts[r], DIST_FLOAT, DIST_SUM, HOST_BROADCAST, r, "an all-gather");
+    }
 }
 
 static void nccl_stop_by_env(void) {
@@ -401,7 +417,7 @@ static void nccl_start_by_env(Dist* d, const char* method) {
     uint64_t* hosts = (uint64_t*)calloc((size_t)d->world, sizeof(uint64_t));
     if (hosts == NULL) { fail("out of memory"); }
     hosts[d->rank] = h;
-    dist_carrier("nccl_start_by_env")->allreduce(hosts, (size_t)d->world, 'u', 'x');
+    dist_carrier("nccl_start_by_env")->allreduce(hosts, (size_t)d->world, DIST_UINT64, DIST_MAX);
     int here = 0, before = 0;
     for (int r = 0; r < d->world; r++) { here += hosts[r] == h; before += r < d->rank && hosts[r] == h; }
     free(hosts);

@@ -1,12 +1,12 @@
 /*
 zero.cuh: ZeRO's exchanges on the GPU, one NCCL collective per group of slices: a layer's 12 slices
-(the gradients reduce-scattered, the updated weights all-gathered), and the head slices (wte, wpe,
+(the gradients reduce-scattered, the updated weights all-gathered), and the outer slices (wte, wpe,
 lnfw, lnfb) in a few rounds. Each rank owns a block of every slice (llmc/opt_layout.h: ceil(units /
 world) rows of a matrix or elements of a vector, the last rank's padded); a collective needs one
 buffer of world equal parts, rank r's part holding everything rank r owns, so a small kernel packs
 the group's blocks rank by rank into `pack` (the padding zero) and another unpacks them.
 
-    ZeroGroup* g = zero_groups(&cfg, world, &n);                 // once: layers 0..L-1, then the head's rounds
+    ZeroGroup* g = zero_groups(&cfg, world, &n);                 // once: layers 0..L-1, then the outer slices' rounds
     zero_pack_cuda(&g[l], 0, world, slice_ptr, pack, stream);             // every rank's blocks, rank by rank
     zero_reduce_scatter(&g[l], rank, pack, comm, stream);                  // ncclReduceScatter, in place
     zero_unpack_cuda(&g[l], rank, rank + 1, slice_ptr, pack, stream);        // ZeRO-1: the sums into this rank's blocks
@@ -19,7 +19,7 @@ the buffer at hand: the model's gradients or master weights, or ZeRO-2's one-lay
 
 A group's part (each rank's floats in the pack) is its pieces one after another: a layer's 12 padded
 blocks in tensor order (the order of opt_layout.h's gradient shard, so a ZeRO-2 part adds into the
-shard as one run), or a round of the head: the head blocks' concatenation (wte, wpe, lnfw, lnfb, also
+shard as one run), or a round of the outer slices: their blocks' concatenation (wte, wpe, lnfw, lnfb, also
 the shard's order) cut into runs of at most one layer's part, so that one pack of world x (a layer's
 part) floats serves every group (GPT-2 d12: 6 rounds; the test fixtures: 1).
 
@@ -34,7 +34,7 @@ additions as --zero 0's all-reduce on 2 ranks, a + b).
 #include "nccl.cuh"
 #include "../llmc/opt_layout.h"
 
-#define ZERO_MAX_PIECES 12   // a layer's slices; a round of the head has at most 4
+#define ZERO_MAX_PIECES 12   // a layer's slices; a round of the outer slices has at most 4
 #define ZERO_BLOCK 256
 
 // floats [first, first + count) of every rank's padded block (block floats) of slice `slice`
@@ -55,26 +55,26 @@ static void zero_group_add(ZeroGroup* g, const ParamSlice* s, int k, int world, 
     g->part += count;
 }
 
-// the groups of a model: L layers, then the head's rounds (*n of them in all; free() the array)
+// the groups of a model: L layers, then the outer slices' rounds (*n of them in all; free() the array)
 static ZeroGroup* zero_groups(const GPT2Config* c, int world, int* n) {
     ParamSlice* s = param_slices_alloc(c);
     int ns = param_slice_count(c), L = c->num_layers;
     size_t* goff = (size_t*)malloc_check((size_t)ns * sizeof(size_t));
-    grad_shard_offsets(c, world, goff);
-    size_t head = 0, round = zero2_grad_floats(c, world).layer_part;  // a round: at most one layer's part
-    for (int k = 0; k < ns; k++) { head += slice_is_head(&s[k]) ? slice_block_floats(&s[k], world) : 0; }
-    int rounds = (int)((head + round - 1) / round);
+    shard_block_offsets(c, world, goff);
+    size_t outer = 0, round = shard_layout(c, world).layer_part;  // a round: at most one layer's part
+    for (int k = 0; k < ns; k++) { outer += slice_is_outer(&s[k]) ? slice_block_floats(&s[k], world) : 0; }
+    int rounds = (int)((outer + round - 1) / round);
     ZeroGroup* g = (ZeroGroup*)calloc((size_t)(L + rounds), sizeof(ZeroGroup));
     if (g == NULL) { fail("out of memory"); }
     for (int k = 0; k < ns; k++) {
-        if (slice_is_head(&s[k])) { continue; }
+        if (slice_is_outer(&s[k])) { continue; }
         ZeroGroup* lg = &g[s[k].layer];
         if (lg->n == 0) { lg->shard_at = goff[k]; }  // the layer's first slice: its blocks follow
         zero_group_add(lg, &s[k], k, world, 0, slice_block_floats(&s[k], world));
     }
-    size_t at = 0;  // the head's blocks concatenated, cut into rounds
+    size_t at = 0;  // the outer slices' blocks concatenated, cut into rounds
     for (int k = 0; k < ns; k++) {
-        if (!slice_is_head(&s[k])) { continue; }
+        if (!slice_is_outer(&s[k])) { continue; }
         size_t block = slice_block_floats(&s[k], world);
         for (size_t first = 0; first < block;) {
             ZeroGroup* hg = &g[L + (int)(at / round)];

@@ -68,11 +68,14 @@ static void dist_set_settings_hash(uint64_t h) { g_dist_settings_hash = h; }
 static uint64_t dist_settings_hash(void) { return g_dist_settings_hash; }
 static int dist_by_env(void) { return g_dist_by_env; }
 
+// the element types and reductions of a carried all-reduce
+typedef enum { DIST_FLOAT, DIST_DOUBLE, DIST_UINT64, DIST_INT, DIST_BYTE } DistType;  // DIST_BYTE: a broadcast's raw bytes
+typedef enum { DIST_SUM, DIST_MIN, DIST_MAX } DistOp;
+
 // the collectives of processes that MPI does not join, as a backend carries them (the CUDA trainer
-// over NCCL: cuda/nccl.cuh); type is 'f' float, 'd' double, 'u' uint64_t, 'i' int. Every call is
-// made by every rank in the same order. reduce: 's' sum, 'n' min, 'x' max
+// over NCCL: cuda/nccl.cuh). Every call is made by every rank in the same order
 typedef struct {
-    void (*allreduce)(void* buf, size_t n, char type, char op);
+    void (*allreduce)(void* buf, size_t n, DistType type, DistOp op);
     void (*broadcast)(void* buf, size_t bytes, int root);
     void (*reduce_scatter)(float* buf, const int* counts, int rank, int world);  // as dist_reduce_scatter_floats
     void (*allgather)(float* buf, const int* counts, int rank, int world);       // as dist_allgather_floats
@@ -94,16 +97,16 @@ static const DistCarrier* dist_carrier(const char* call) {
 
 // --zero: how the data-parallel ranks hold the optimizer
 typedef enum {
-    ZERO_REPLICATED = 0,   // gradients all-reduced, every rank keeps the whole optimizer state
-    ZERO_SHARDED = 1,      // ZeRO-1: each rank keeps and updates 1/world of the state and weights
-    ZERO_GRADS = 2,        // ZeRO-2: ZeRO-1, and each rank keeps only its blocks of the reduced fp32 gradients
-    ZERO_WEIGHTS = 3,      // ZeRO-3: ZeRO-2, and each rank keeps only its blocks of the weights (gathered layer by layer)
+    ZERO_0 = 0,  // no ZeRO: gradients all-reduced, every rank keeps the whole optimizer state
+    ZERO_1 = 1,  // ZeRO-1: each rank keeps and updates 1/world of the state and weights
+    ZERO_2 = 2,  // ZeRO-2: ZeRO-1, and each rank keeps only its blocks of the reduced fp32 gradients
+    ZERO_3 = 3,  // ZeRO-3: ZeRO-2, and each rank keeps only its blocks of the weights (gathered layer by layer)
 } ZeroStage;
 
 // the optimizer state (and its files) is sharded: ZeRO-1, 2 and 3 keep the same state, laid out alike
-static int zero_shards_state(int zero) { return zero == ZERO_SHARDED || zero == ZERO_GRADS || zero == ZERO_WEIGHTS; }
+static int zero_shards_state(int zero) { return zero == ZERO_1 || zero == ZERO_2 || zero == ZERO_3; }
 // the gradients are sharded (ZeRO-2 and 3): reduce-scattered layer by layer during every backward
-static int zero_shards_grads(int zero) { return zero == ZERO_GRADS || zero == ZERO_WEIGHTS; }
+static int zero_shards_grads(int zero) { return zero == ZERO_2 || zero == ZERO_3; }
 
 // collectives started by this process (ZeRO-2 prints its count per step); counted where they start
 static long g_dist_collectives = 0;
@@ -310,7 +313,7 @@ static void dist_finalize(void) {
 static int dist_carried(void) { return g_dist_world > 1 && g_dist_by_env; }
 
 static void dist_barrier(void) {
-    if (dist_carried()) { int x = 0; dist_carrier("dist_barrier")->allreduce(&x, 1, 'i', 's'); return; }
+    if (dist_carried()) { int x = 0; dist_carrier("dist_barrier")->allreduce(&x, 1, DIST_INT, DIST_SUM); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { mpi_check(MPI_Barrier(MPI_COMM_WORLD)); }
 #endif
@@ -330,7 +333,7 @@ static void dist_allreduce_sum(void* buf, size_t n, MPI_Datatype type, size_t el
 // buf (n) := the sum of every rank's buf
 static void dist_allreduce_sum_floats(float* buf, size_t n) {
     if (g_dist_world > 1) { g_dist_collectives++; }
-    if (dist_carried()) { dist_carrier("dist_allreduce_sum_floats")->allreduce(buf, n, 'f', 's'); return; }
+    if (dist_carried()) { dist_carrier("dist_allreduce_sum_floats")->allreduce(buf, n, DIST_FLOAT, DIST_SUM); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float)); }
 #else
@@ -340,7 +343,7 @@ static void dist_allreduce_sum_floats(float* buf, size_t n) {
 
 static void dist_allreduce_sum_doubles(double* buf, size_t n) {
     if (g_dist_world > 1) { g_dist_collectives++; }
-    if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, 'd', 's'); return; }
+    if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, DIST_DOUBLE, DIST_SUM); return; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double)); }
 #else
@@ -350,7 +353,7 @@ static void dist_allreduce_sum_doubles(double* buf, size_t n) {
 
 // 1 if flag is nonzero on any rank (a signal may reach one rank before the others)
 static int dist_any(int flag) {
-    if (dist_carried()) { flag = flag != 0; dist_carrier("dist_any")->allreduce(&flag, 1, 'i', 'x'); return flag != 0; }
+    if (dist_carried()) { flag = flag != 0; dist_carrier("dist_any")->allreduce(&flag, 1, DIST_INT, DIST_MAX); return flag != 0; }
 #ifdef USE_MPI
     if (g_dist_world > 1) { mpi_check(MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD)); }
 #endif
@@ -361,8 +364,8 @@ static int dist_any(int flag) {
 static void dist_min_max_u64(uint64_t v, uint64_t* min, uint64_t* max) {
     *min = *max = v;
     if (dist_carried()) {
-        dist_carrier("dist_min_max_u64")->allreduce(min, 1, 'u', 'n');
-        dist_carrier("dist_min_max_u64")->allreduce(max, 1, 'u', 'x');
+        dist_carrier("dist_min_max_u64")->allreduce(min, 1, DIST_UINT64, DIST_MIN);
+        dist_carrier("dist_min_max_u64")->allreduce(max, 1, DIST_UINT64, DIST_MAX);
         return;
     }
 #ifdef USE_MPI

@@ -260,7 +260,7 @@ typedef struct {
     int rank, world;     // world 1: one process holds every slice whole
     OptSumFn sum;        // adds statistics across the ranks; NULL when world is 1
     OptGatherFn gather;  // gathers the column statistics' shards; NULL when world is 1
-    int grads_compact;   // ZeRO-2 and 3: the gradients hold this rank's blocks only, at grad_shard_offsets
+    int grads_compact;   // ZeRO-2 and 3: the gradients hold this rank's blocks only, at shard_block_offsets
     int params_compact;  // ZeRO-3: the weights too, in the same layout
 } OptSharding;
 
@@ -333,7 +333,7 @@ static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, in
 // and cleared before the next layer.
 //
 // ZeRO-3: the fp32 weights are sharded the same way, in the same layout (a rank's weight shard
-// is its blocks of every slice, at grad_shard_offsets), and a working copy shaped as a one-layer
+// is its blocks of every slice, at shard_block_offsets), and a working copy shaped as a one-layer
 // model holds what the kernels read: wte, wpe, lnfw, lnfb gathered whole for the step, and one
 // layer at a time, gathered from every rank's blocks through the same `pack` before the layer's
 // forward (and again before its backward).
@@ -344,16 +344,16 @@ static size_t slice_block_floats(const ParamSlice* s, int world) {
 }
 
 // the slices that are no layer's: wte, wpe, lnfw, lnfb (indices in checkpoint order)
-static int slice_is_head(const ParamSlice* s) { return s->layer < 0; }
+static int slice_is_outer(const ParamSlice* s) { return s->layer < 0; }
 
 // off[k] = floats from the gradient shard's start to slice k's block, k in checkpoint order;
 // returns the shard's floats
-static size_t grad_shard_offsets(const GPT2Config* c, int world, size_t* off) {
+static size_t shard_block_offsets(const GPT2Config* c, int world, size_t* off) {
     ParamSlice* s = param_slices_alloc(c);
     int n = param_slice_count(c);
     size_t at = 0;
     for (int k = 0; k < n; k++) {
-        if (slice_is_head(&s[k])) { off[k] = at; at += slice_block_floats(&s[k], world); }
+        if (slice_is_outer(&s[k])) { off[k] = at; at += slice_block_floats(&s[k], world); }
     }
     for (int l = 0; l < c->num_layers; l++) {
         for (int k = 0; k < n; k++) {
@@ -369,13 +369,13 @@ typedef struct {
     size_t working;     // a one-layer model's parameters: the backward's own gradients, not reduced
     size_t layer_part;  // this rank's padded blocks of one layer's 12 slices
     size_t pack;        // world * layer_part: one layer's gradients rank by rank for its reduce-scatter
-} Zero2Grads;
+} ShardLayout;
 
 // the gradient floats a rank of `world` keeps under ZeRO-2 (the planner counts the same)
-static Zero2Grads zero2_grad_floats(const GPT2Config* c, int world) {
-    Zero2Grads z;
+static ShardLayout shard_layout(const GPT2Config* c, int world) {
+    ShardLayout z;
     size_t* off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-    z.shard = grad_shard_offsets(c, world, off);
+    z.shard = shard_block_offsets(c, world, off);
     free(off);
     GPT2Config one = *c;
     one.num_layers = 1;
@@ -383,13 +383,13 @@ static Zero2Grads zero2_grad_floats(const GPT2Config* c, int world) {
     ParamSlice* s = param_slices_alloc(&one);
     z.layer_part = 0;
     for (int k = 0; k < param_slice_count(&one); k++) {
-        if (!slice_is_head(&s[k])) { z.layer_part += slice_block_floats(&s[k], world); }
+        if (!slice_is_outer(&s[k])) { z.layer_part += slice_block_floats(&s[k], world); }
     }
     free(s);
     z.pack = (size_t)world * z.layer_part;
     return z;
 }
 
-static size_t zero2_total_floats(const Zero2Grads* z) { return z->shard + z->working + z->pack; }
+static size_t shard_layout_floats(const ShardLayout* z) { return z->shard + z->working + z->pack; }
 
 #endif // LLMC_OPT_LAYOUT_H

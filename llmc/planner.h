@@ -144,10 +144,10 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
 
 // A layer has Pl = 12C^2 + 13C weights, the rest Pr = (Vp + maxT)C + 2C.
 static size_t plan_layer_weights(const GPT2Config* c) { size_t C = c->channels; return 12 * C * C + 13 * C; }
-static size_t plan_rest_weights(const GPT2Config* c) {
+static size_t plan_outer_weights(const GPT2Config* c) {
     return ((size_t)c->padded_vocab_size + c->max_seq_len) * c->channels + 2 * (size_t)c->channels;
 }
-// A rank's shard under ZeRO-2 and 3 (opt_layout.h's grad_shard_offsets, zero2_grad_floats): its padded
+// A rank's shard under ZeRO-2 and 3 (opt_layout.h's shard_block_offsets, shard_layout): its padded
 // blocks of every slice, E floats, as the ZeRO-1 state counts them ([x] = ceil(x / N)); Eℓ of them
 // one layer's 12 slices; and the working buffer shaped as a one-layer model, Vp C + maxT C + 12C^2 + 15C
 typedef struct { size_t E, El, working; } PlanShard;
@@ -227,7 +227,7 @@ static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInpu
 static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, const PlanInputs* in) {
     const BackendLayout* lay = &in->layout;
     OptOffload what = in->offload_optimizer;
-    size_t F = sizeof(float), Pl = plan_layer_weights(c), Pr = plan_rest_weights(c);
+    size_t F = sizeof(float), Pl = plan_layer_weights(c), Pr = plan_outer_weights(c);
     int shard = in->zero >= 2 && in->world > 1;
     PlanShard z = plan_shard(c, in->world);
     size_t host = shard ? z.E : P;  // master weights and gradients in host memory
@@ -351,7 +351,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         // layer for its forward, its backward and each recompute of it, every micro-step; what is gathered
         // is the working copy's precision (a GPU's bf16 blocks, not the fp32 master)
         double share = (N - 1.0) / N * lay->working_bytes;
-        p.exchange_bytes = share * (double)plan_rest_weights(cfg);
+        p.exchange_bytes = share * (double)plan_outer_weights(cfg);
         p.exchange_micro_bytes += share * (double)plan_layer_weights(cfg) * (2.0 * L + recomputed_layers);
     }
     return p;

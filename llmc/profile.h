@@ -198,11 +198,19 @@ static int prof_entry(ProfKind kind, const char* name, int stream) {
     return g_prof.n++;
 }
 
+// what the marks until prof_context(NULL) are part of, added to their names: a technique that runs
+// the model's own layers again says so once (--recompute: "recompute") and the layers mark as always
+static const char* g_prof_context = NULL;
+static void prof_context(const char* why) { g_prof_context = why; }
+
 // one call of (kind, name) on a stream with its cost; returns its entry, whose seconds the
 // caller adds (prof_add) when the range's time is known
 static int prof_count_v(ProfKind kind, int stream, ProfCost cost, const char* fmt, va_list ap) {
     char name[PROF_NAME_LEN];
-    vsnprintf(name, sizeof(name), fmt, ap);
+    int n = vsnprintf(name, sizeof(name), fmt, ap);
+    if (g_prof_context != NULL && n >= 0 && (size_t)n < sizeof(name)) {
+        snprintf(name + n, sizeof(name) - (size_t)n, " (%s)", g_prof_context);
+    }
     int i = prof_entry(kind, name, stream);
     g_prof.e[i].calls++;
     g_prof.e[i].bytes += cost.bytes;

@@ -79,7 +79,7 @@ typedef struct {
     ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload activations)
     OptOffload offload_optimizer;  // --offload optimizer[,gradients]: master weights, state, the update (and gradients) on the host
     Dist dist;                // this process among the data-parallel ranks
-    ZeroStage zero;           // ZERO_SHARDED: this rank keeps its blocks of the optimizer state only
+    ZeroStage zero;           // ZERO_1: this rank keeps its blocks of the optimizer state only
     ModelUse use;             // MODEL_FOR_SAMPLING: forward only (--sample)
 } ModelSetup;
 
@@ -322,7 +322,7 @@ static void check_replicas(GPT2* m, Dist dist, int step) {
 // under ZeRO-3 (each rank keeps its blocks), nor under ZeRO-2 with --offload optimizer (each rank's
 // host memory keeps its blocks of the master weights: train_gpt.cu's offloaded shard)
 static int ranks_hold_replicas(int zero, OptOffload offload_optimizer) {
-    return zero < ZERO_WEIGHTS && !(zero == ZERO_GRADS && offload_optimizer != OPT_OFFLOAD_NONE);
+    return zero < ZERO_3 && !(zero == ZERO_2 && offload_optimizer != OPT_OFFLOAD_NONE);
 }
 
 // rank 0 writes the model file (every rank takes part: under ZeRO-3 each slice is gathered), every
@@ -623,7 +623,7 @@ static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
 
 // --zero against the build and the number of ranks (world: this run's, or --plan-ranks)
 static void check_zero_option(const TrainOptions* o, int world) {
-    if (o->zero < ZERO_REPLICATED || o->zero > ZERO_WEIGHTS) {
+    if (o->zero < ZERO_0 || o->zero > ZERO_3) {
         fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: the state is sharded over the ranks),\n"
              "  2 (ZeRO-2: the state and the gradients are sharded) or 3 (ZeRO-3: the weights too)", o->zero);
     }
@@ -646,7 +646,7 @@ static void check_zero_option(const TrainOptions* o, int world) {
     if (o->check_replicas && !ranks_hold_replicas(o->zero, offload_opt)) {
         fail("--check-replicas with --zero %d%s: the ranks hold no replicas of the weights to compare, each keeps its own blocks%s\n"
              "  hint: drop --check-replicas (--zero 0 and 1, and 2 without --offload optimizer, keep whole replicas and can check them)",
-             o->zero, o->zero == ZERO_GRADS ? " --offload optimizer" : "", o->zero == ZERO_GRADS ? " of the fp32 master weights in host memory" : "");
+             o->zero, o->zero == ZERO_2 ? " --offload optimizer" : "", o->zero == ZERO_2 ? " of the fp32 master weights in host memory" : "");
     }
     if (o->plan_ranks < 0) { fail("--plan-ranks %d: the number of ranks must be >= 1, or 0 for this run's", o->plan_ranks); }
     if (o->plan_ranks != 0 && !o->plan_only) {
@@ -978,9 +978,9 @@ static void print_config(const Run* r) {
     printf("| parameters            | %zu (%.1fM)\n", P, P / 1e6);
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
     printf("| data parallel         | %d rank(s) from %s, --zero %d%s\n", r->setup.dist.world, dist_source(),
-           (int)r->setup.zero, r->setup.zero == ZERO_SHARDED ? ": each rank keeps its blocks of the optimizer state"
-                               : r->setup.zero == ZERO_GRADS ? ": each rank keeps its blocks of the optimizer state and of the gradients"
-                               : r->setup.zero == ZERO_WEIGHTS ? ": each rank keeps its blocks of the optimizer state, the gradients and the weights" : "");
+           (int)r->setup.zero, r->setup.zero == ZERO_1 ? ": each rank keeps its blocks of the optimizer state"
+                               : r->setup.zero == ZERO_2 ? ": each rank keeps its blocks of the optimizer state and of the gradients"
+                               : r->setup.zero == ZERO_3 ? ": each rank keeps its blocks of the optimizer state, the gradients and the weights" : "");
     printf("| backend               | %s, %s, %s attention\n", gpt2_backend_name(), PRECISION_NAMES[r->setup.precision],
            r->setup.act.flash ? "flash" : "matmul");
     printf("| OpenMP threads        | %d\n", num_threads());

@@ -1,6 +1,6 @@
 """test_zero_cuda.py: ZeRO on the CUDA trainer, over the emulated NCCL (or a real GPU box): --zero 1,
 2 and 3 exchange gradients and weights one collective per group of slices (cuda/zero.cuh: a
-layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed rank by rank.
+layer's 12 slices, or a round of the outer slices wte, wpe, lnfw, lnfb), packed rank by rank.
   - 2 ranks, one micro-step a rank, every optimizer: --zero 1 and --zero 2 train to the model of
     --zero 0 bit for bit (the sums are the same additions, a + b), their state files hold the same
     floats, the memory measured after the first step equals the plan, and step 1's collectives are
@@ -11,7 +11,7 @@ layer's 12 slices, or a round of the head slices wte, wpe, lnfw, lnfb), packed r
     sums to its shard, --zero 0 each rank's micro-steps first); the memory flags (recompute,
     activation offload, the chunked loss, both attentions, bf16) under the emulator's late stream
     order, where a stream that does not wait for the other reads stale memory;
-  - a model whose head blocks are larger than a layer's: the head goes in two rounds;
+  - a model whose outer blocks are larger than a layer's: they go in two rounds;
   - the CPU trainer's --zero 2 agrees with the GPU's; checkpoints resume across --zero 1 and 2 and
     across the backends;
   - --zero 3 (the weights sharded too, gathered layer by layer into two buffers, the next layer
@@ -66,14 +66,14 @@ OPTIMIZERS = {"adamw": ["--optimizer", "adamw"], "adafactor": ["--optimizer", "a
               "adafactor+beta1": ["--optimizer", "adafactor", "--adafactor-beta1", "0.9"] + EPS1,
               "came": ["--optimizer", "came"] + EPS1}
 
-ZERO_LINE = re.compile(r"^ZeRO-(\d): step 1: (\d+) gradient reduce-scatters, (\d+) weight all-gathers \(L = (\d+), (\d+) head rounds\); "
+ZERO_LINE = re.compile(r"^ZeRO-(\d): step 1: (\d+) gradient reduce-scatters, (\d+) weight all-gathers \(L = (\d+), (\d+) outer rounds\); "
                        r"gradients per rank: (\d+) of (\d+) floats, pack (\d+)$", re.M)
 ZERO3_LINE = re.compile(r"^ZeRO-3: weights per rank: shard (\d+) of (\d+) floats \(.*\), working copy (\d+)$", re.M)
 
 
 def write_vocab_model(path, L=2, C=32, NH=2, V=500, Vp=512, maxT=32, seed=5):
-    """an llm.c model file whose head blocks (wte's V rows) outweigh a layer's, so that its head
-    goes in several rounds through the pack; LayerNorm weights 1, biases 0, the rest N(0, 0.02),
+    """an llm.c model file whose outer blocks (wte's V rows) outweigh a layer's, so that its outer slices
+    go in several rounds through the pack; LayerNorm weights 1, biases 0, the rest N(0, 0.02),
     wte's padded rows zero"""
     rng = random.Random(seed)
     header = [20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248
@@ -101,19 +101,19 @@ def ceil_div(a, b):
     return (a + b - 1) // b
 
 
-def head_rounds(m, n):
-    """the head's rounds through the pack (cuda/zero.cuh): a rank's head blocks over a rank's blocks
+def outer_rounds(m, n):
+    """the outer slices' rounds through the pack (cuda/zero.cuh): a rank's outer blocks over a rank's blocks
     of one layer, each slice's block ceil(units / n) rows (a vector: elements)"""
     C = m["C"]
-    head = ceil_div(m["V"], n) * C + ceil_div(m["maxT"], n) * C + 2 * ceil_div(C, n)
+    outer = ceil_div(m["V"], n) * C + ceil_div(m["maxT"], n) * C + 2 * ceil_div(C, n)
     layer = (ceil_div(3 * C, n) * C + ceil_div(C, n) * C + ceil_div(4 * C, n) * C + ceil_div(C, n) * 4 * C
              + 6 * ceil_div(C, n) + ceil_div(3 * C, n) + ceil_div(4 * C, n))
-    return ceil_div(head, layer)
+    return ceil_div(outer, layer)
 
 
 def zero_counts(name, r, zero, ranks, micro, m, recomputed=0):
     """step 1's line: a reduce-scatter per group and (ZeRO-2, 3) micro-step, an all-gather per group, the
-    groups L layers and the head's rounds; ZeRO-2's shard at most 1/N of the gradients and padding.
+    groups L layers and the outer slices' rounds; ZeRO-2's shard at most 1/N of the gradients and padding.
     ZeRO-3: no all-gather after the update, but the head's rounds once a step and each layer before its
     forward and its backward (and each recompute: RECOMPUTED layers a backward), every micro-step, at
     most, and at least once each; its weight shard at most 1/N of the weights and padding"""
@@ -129,7 +129,7 @@ def zero_counts(name, r, zero, ranks, micro, m, recomputed=0):
         s.check(f"{name}: step 1: {rs} reduce-scatters = {want_rs}; {ag} weight all-gathers within [{groups}, {most}] (the head's "
                 f"{rounds} round(s) once, each of the L = {L} layers at least once and at most before each forward, recompute and "
                 f"backward of {micro} micro-step(s))",
-                z == zero and L == m["L"] and rounds == head_rounds(m, ranks) and rs == want_rs and groups <= ag <= most, found.group(0))
+                z == zero and L == m["L"] and rounds == outer_rounds(m, ranks) and rs == want_rs and groups <= ag <= most, found.group(0))
         w = ZERO3_LINE.search(r.out)
         if not w:
             return s.fail(f"{name}: the ZeRO-3 weights line", "no 'ZeRO-3: weights per rank' line")
@@ -141,7 +141,7 @@ def zero_counts(name, r, zero, ranks, micro, m, recomputed=0):
     else:
         s.check(f"{name}: step 1: {rs} reduce-scatters, {ag} all-gathers = {want_rs} and {groups} (L = {L} layers + {rounds} head "
                 f"round(s); the per-block exchange made {old} calls)",
-                z == zero and L == m["L"] and rounds == head_rounds(m, ranks) and rs == want_rs and ag == groups, found.group(0))
+                z == zero and L == m["L"] and rounds == outer_rounds(m, ranks) and rs == want_rs and ag == groups, found.group(0))
     if zero >= 2:
         gone = 1 - grads / P
         s.check(f"{name}: the reduced gradients kept: {grads} of {P} floats ({gone:.1%} gone, >= (N-1)/N less the padding; "
@@ -494,7 +494,7 @@ s.check("--plan d12, 8 ranks --zero 3 --offload optimizer: the host keeps each r
 # its stream's earlier work before the next operation of any stream is even queued). Only here does a
 # compute stream that clears ZeRO-2's working gradients without waiting for the comm stream's pack
 # (zero2_reduce: working_taken), or runs the encoder without waiting for ZeRO-3's head gather
-# (zero3_gather_head: head_ready), train another model; the runs must still equal --zero 0 and 2
+# (zero3_gather_outer: outer_ready), train another model; the runs must still equal --zero 0 and 2
 
 LATE_NCCL = ["CUDA_EMU_STREAMS=late-nccl"]
 if mpirun is None:

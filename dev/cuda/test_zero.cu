@@ -1,12 +1,12 @@
 /*
 test_zero.cu: ZeRO's pack and unpack kernels and groups (cuda/zero.cuh) against the layout the
-optimizer reads (llmc/opt_layout.h: shard_range's blocks, grad_shard_offsets' gradient shard), for
+optimizer reads (llmc/opt_layout.h: shard_range's blocks, shard_block_offsets' gradient shard), for
 1 to 5 ranks (uneven blocks, padding), on models whose head goes through the pack in one round and
 in several (a vocabulary large against the channels):
   - the groups' parts tile the gradient shard: every float of [0, E) at exactly one (group, offset),
     and the head takes the rounds the model needs;
   - packing every rank's blocks of a buffer in the model's layout, group by group, and taking rank r's
-    part of each at its shard_at gives rank r's shard: each slice's block at grad_shard_offsets' place,
+    part of each at its shard_at gives rank r's shard: each slice's block at shard_block_offsets' place,
     zero in the padding (bit for bit; what ZeRO-2's reduce-scatter adds into the shard);
   - unpacking every rank's parts into a zeroed buffer gives back every real element (ZeRO's
     all-gather), and wte's padded rows stay zero; unpacking one rank's parts writes its blocks only
@@ -28,11 +28,11 @@ static const ZeroCase CASES[] = {
     {{20, 1000, 1024, 3, 2, 24}, "V=1000 C=24 maxT=20: rows that no rank count divides, several rounds"},
 };
 
-// rank r's shard of x (the model's layout): each slice's block at grad_shard_offsets' place, padded with zeros
+// rank r's shard of x (the model's layout): each slice's block at shard_block_offsets' place, padded with zeros
 static std::vector<float> reference_shard(const GPT2Config* c, int world, int r, const std::vector<float>& x) {
     ParamSlice* s = param_slices_alloc(c);
     std::vector<size_t> goff(param_slice_count(c));
-    std::vector<float> shard(grad_shard_offsets(c, world, goff.data()), 0.0f);
+    std::vector<float> shard(shard_block_offsets(c, world, goff.data()), 0.0f);
     for (int k = 0; k < param_slice_count(c); k++) {
         int begin, end, width = slice_unit_width(&s[k]);
         shard_range(slice_units(&s[k]), r, world, &begin, &end);
@@ -49,7 +49,7 @@ static void test_case(const ZeroCase& zc, int world) {
     ZeroGroup* g = zero_groups(c, world, &ng);
     ParamSlice* s = param_slices_alloc(c);
     std::vector<size_t> goff(param_slice_count(c));
-    size_t E = grad_shard_offsets(c, world, goff.data()), most = 0;
+    size_t E = shard_block_offsets(c, world, goff.data()), most = 0;
     char name[160];
     snprintf(name, sizeof name, "zero %d rank(s), %s", world, zc.what);
 
@@ -61,8 +61,8 @@ static void test_case(const ZeroCase& zc, int world) {
     size_t once = 0;
     for (size_t i = 0; i < E; i++) { once += hits[i] == 1; }
     check(once == E, name, "the groups' parts cover %zu of the shard's %zu floats once", once, E);
-    size_t head = 0, layer = zero2_grad_floats(c, world).layer_part;
-    for (int k = 0; k < param_slice_count(c); k++) { head += slice_is_head(&s[k]) ? slice_block_floats(&s[k], world) : 0; }
+    size_t head = 0, layer = shard_layout(c, world).layer_part;
+    for (int k = 0; k < param_slice_count(c); k++) { head += slice_is_outer(&s[k]) ? slice_block_floats(&s[k], world) : 0; }
     check(ng - L == (int)ceil_div(head, layer) && most <= layer, name, "%d head rounds for a head of %zu floats a rank, a layer's part %zu",
           ng - L, head, layer);
 
