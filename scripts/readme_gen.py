@@ -281,6 +281,7 @@ def generated_parts(a, texts, t):
         except Missing as e:
             print(f"skipped: gen:{name} ({e})")
             t.skipped += 1
+    written = []
     for path, text in texts.items():
         if a.write:
             changed = GEN_RE.sub(lambda m: m.group(1) + new.get(m.group(2), m.group(3)) + m.group(4), text)
@@ -288,7 +289,7 @@ def generated_parts(a, texts, t):
                 with open(path, "w") as f:
                     f.write(changed)
                 texts[path] = changed
-                print(f"wrote {rel(path)}")
+                written.append(rel(path))
             continue
         for m in GEN_RE.finditer(text):
             name, old = m.group(2), m.group(3)
@@ -300,6 +301,9 @@ def generated_parts(a, texts, t):
                 diff = list(difflib.unified_diff(old.splitlines(), new[name].splitlines(), rel(path), "the program", lineterm="", n=0))
                 t.fail(f"gen:{name}: {rel(path)} differs from the program's output (python3 scripts/readme_gen.py --write):")
                 print("\n".join("    " + l for l in diff[:12]))
+    if a.write:
+        print(f"made {len(new)} part(s): {', '.join(sorted(new))}; rewrote {', '.join(written) if written else 'no file (each part was up to date)'}"
+              + (f"; {t.skipped} skipped" if t.skipped else ""))
 
 
 # ----------------------------------------------------------------------------
