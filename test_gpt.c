@@ -607,7 +607,7 @@ static void policy_name(char* out, size_t n, const ActPolicy* p) {
     if (p->loss_chunk > 0) { snprintf(out + used, n - used, " loss-chunk %d", p->loss_chunk); }
 }
 
-// the CPU layout that the planner reads against its closed forms (README's memory table):
+// the CPU layout that the planner reads against its closed forms (doc/memory.md's memory table):
 // A = 4(16BTC + 4BT + B NH T^2) of which GELU 4(4BTC) and attention 4(B NH T^2), R = 4BTC,
 // head = 4(BTC + 3BT + BT Vp), backward = 4(13BTC + B NH T^2); flash attention: B NH T
 // (the log-sum-exp) in A instead of B NH T^2, which attn recompute does not drop, and no

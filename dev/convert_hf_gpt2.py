@@ -49,7 +49,7 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # HF's names for GP
 
 DOWNLOAD_HINT = ("a checkpoint is a folder with model.safetensors (not pytorch_model.bin) and config.json, e.g.\n"
                  "    hf download openai-community/gpt2 model.safetensors config.json --local-dir gpt2\n"
-                 "  (or gpt2-medium, gpt2-large, gpt2-xl; README: 'GPT-2's own weights' shows a download without pip)")
+                 "  (or gpt2-medium, gpt2-large, gpt2-xl; doc/files.md: 'GPT-2's own weights' shows a download without pip)")
 
 
 class ConvertError(Exception):

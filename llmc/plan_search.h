@@ -52,7 +52,7 @@ typedef struct {
 
 // --loss-chunk's value in the search: enough tokens to keep a GPU busy (the (K,C) d(lnf output) GEMM
 // has (K/128)(C/128) output tiles: at d12 192 for an H100's 132 SMs), a multiple of the CPU GEMM's
-// K step (bitwise the whole head's training there: README), and as a cost the same FLOPs as the
+// K step (bitwise the whole head's training there: doc/memory.md), and as a cost the same FLOPs as the
 // whole head (the head's backward moves into the forward, nothing runs twice)
 #define PLAN_LOSS_CHUNK "4096"
 
@@ -271,7 +271,7 @@ static void plan_print_cost_model(const CostModel* m) {
            "  + the CPU's update of --offload optimizer (2 x its host bytes) at %.4g GB/s (%s)\n"
            "  + the gradient exchange (2(N-1)/N x the gradients per step; ZeRO-1 the same bytes) at %.4g GB/s (%s)\n"
            "  not counted: the GPU's optimizer update, kernels' memory traffic besides recompute's\n"
-           "  error: measured on the CPU (README, \"Which flags should I use?\"), within 0.15 of the plain step\n"
+           "  error: measured on the CPU (doc/memory.md, \"The cost model against measurements\"), within 0.15 of the plain step\n"
            "  (GELU recompute costs more than its FLOPs, AdamW's update more than Adafactor's); a GPU's: not yet measured\n",
            m->flops / 1e12, m->flops_note, m->memory_bw / 1e9, m->memory_note, m->host_bw / 1e9, m->host_note,
            m->host_memory_bw / 1e9, m->host_memory_note, m->link_bw / 1e9, m->link_note);

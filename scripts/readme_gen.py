@@ -1,33 +1,46 @@
-"""readme_gen.py: the parts of README.md that the program prints (its -h, the presets, --plan's
-answers), made from the program's own output, so README cannot drift from it.
+"""readme_gen.py: README.md and doc/*.md against the program and the code, so they cannot drift from
+them: the parts the program prints (its -h, the presets, --plan's answers), README's path through the
+code, and every relative link.
 
-    python3 scripts/readme_gen.py --check    # make test: each part against the program; exit 1 if one differs
-    python3 scripts/readme_gen.py --write    # rewrite those parts of README.md (after a change that moves them)
+    python3 scripts/readme_gen.py --check    # make test: every check below; exit 1 if one fails
+    python3 scripts/readme_gen.py --write    # rewrite the generated parts (after a change that moves them)
 
-A generated part sits between two markers in README.md, which the rest of the file keeps:
+1. Generated parts. A part sits between two markers in README.md or in one file of doc/ (once in all
+   of them), which the rest of the file keeps:
 
     <!-- gen:usage -->
     ...what usage() below makes from `./train_gpt -h`...
     <!-- /gen -->
 
-Each name is one function of GENERATORS, which runs the CPU trainer (--train, ./train_gpt) or the
-emulated CUDA build (--emu, build/emu/train_gpt: the same source as train_gpt_cu, and its --plan needs
-no GPU) and formats what it prints. Only what the program prints goes in a part: measured figures
-(timings, peak RSS) stay outside, with their machine and date. --check prints "ok" or "FAIL" per
-part and "N passed, N failed" last (a part whose program is not built is skipped, and says so); a
-marker in README without a generator, or a generator without its marker, fails.
+   Each name is one function of GENERATORS, which runs the CPU trainer (--train, ./train_gpt) or the
+   emulated CUDA build (--emu, build/emu/train_gpt: the same source as train_gpt_cu, and its --plan
+   needs no GPU) and formats what it prints. Only what the program prints goes in a part: measured
+   figures (timings, peak RSS) stay outside, with their machine and date. A part whose program is not
+   built is skipped, and says so; a marker without a generator, a generator without its marker, or a
+   marker in two places fails.
+2. The path through the code: README's section "A path through the code" is a list of entries
+   "- `FILE` `FUNCTION`, `FUNCTION` — what it teaches". Each entry's file must exist and define each
+   function it names (a C or C++ definition: the name, its parenthesized arguments, then `{`; or a
+   #define of it; a call or a prototype is not one). An entry out of that shape fails too, so that a
+   slip cannot hide one from the check.
+3. Links: every relative link [text](target) of README.md and doc/*.md must reach an existing file,
+   and a #fragment into a Markdown file (or within one) one of its headings, as GitHub makes their ids.
+
+--check prints "ok" or "FAIL" per part, entry and file, and "N passed, N failed" last.
 """
 
 import argparse
 import difflib
+import glob
 import json
 import os
 import re
 import subprocess
 import sys
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 README = os.path.join(ROOT, "README.md")
+DOC = os.path.join(ROOT, "doc")
 GEN_RE = re.compile(r"(<!-- gen:([a-z0-9_]+) -->\n)(.*?)(<!-- /gen -->)", re.S)
 GPU_NAME = "./train_gpt_cu"  # how README names the CUDA trainer whose plans the emulated build makes
 GIB = 2.0 ** 30
@@ -217,54 +230,238 @@ GENERATORS = {"compare_sets": compare_sets, "usage": usage, "presets": presets, 
 
 
 # ----------------------------------------------------------------------------
+# the files, and a tally of what passed
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="README.md's generated parts against the program's output")
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="compare; exit 1 if a part differs")
-    mode.add_argument("--write", action="store_true", help="rewrite the parts in README.md")
-    ap.add_argument("--train", default="./train_gpt", help="the CPU trainer (default ./train_gpt)")
-    ap.add_argument("--emu", default="build/emu/train_gpt", help="the emulated CUDA build (default build/emu/train_gpt)")
-    ap.add_argument("--readme", default=README, help="the file (default README.md)")
-    a = ap.parse_args(argv)
-    with open(a.readme) as f:
-        text = f.read()
-    found = [m.group(2) for m in GEN_RE.finditer(text)]
-    npass = nfail = nskip = 0
-    for name in sorted(set(GENERATORS) - set(found)):
-        print(f"FAIL gen:{name}: no <!-- gen:{name} --> ... <!-- /gen --> in {a.readme}")
-        nfail += 1
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def markdown_files(a):
+    """README.md and doc/*.md, or the --file ones"""
+    if a.file:
+        return [os.path.abspath(f) for f in a.file]
+    return [README] + sorted(glob.glob(os.path.join(DOC, "*.md")))
+
+
+class Tally:
+    def __init__(self):
+        self.passed = self.failed = self.skipped = 0
+
+    def ok(self, what, n=1):
+        print(f"ok   {what}")
+        self.passed += n
+
+    def fail(self, what, n=1):
+        print(f"FAIL {what}")
+        self.failed += n
+
+
+# ----------------------------------------------------------------------------
+# 1. the generated parts
+
+def generated_parts(a, texts, t):
+    """checks (or with --write rewrites) every <!-- gen:NAME --> part of the files in texts"""
+    where = {}  # name -> the files that hold its marker (once each time it occurs)
+    for path, text in texts.items():
+        for m in GEN_RE.finditer(text):
+            where.setdefault(m.group(2), []).append(path)
+    if not a.file:  # with --file, a part may sit in a file not given
+        for name in sorted(set(GENERATORS) - set(where)):
+            t.fail(f"gen:{name}: no <!-- gen:{name} --> ... <!-- /gen --> in README.md or doc/*.md")
     new = {}
-    for name in found:
+    for name, paths in where.items():
         if name not in GENERATORS:
-            print(f"FAIL gen:{name}: README has this marker, but scripts/readme_gen.py no such part")
-            nfail += 1
+            t.fail(f"gen:{name}: {rel(paths[0])} has this marker, but scripts/readme_gen.py no such part")
+            continue
+        if len(paths) > 1:
+            t.fail(f"gen:{name}: the part is in {len(paths)} places ({', '.join(rel(p) for p in paths)}): say it once, link to it")
             continue
         try:
             new[name] = GENERATORS[name](a)
         except Missing as e:
             print(f"skipped: gen:{name} ({e})")
-            nskip += 1
-    if a.write:
-        text = GEN_RE.sub(lambda m: m.group(1) + new.get(m.group(2), m.group(3)) + m.group(4), text)
-        with open(a.readme, "w") as f:
-            f.write(text)
-        print(f"wrote {len(new)} part(s) of {a.readme}: {', '.join(new)}" + (f"; {nskip} skipped" if nskip else ""))
-        return 1 if nfail else 0
-    for m in GEN_RE.finditer(text):
-        name, old = m.group(2), m.group(3)
-        if name not in new:
+            t.skipped += 1
+    written = []
+    for path, text in texts.items():
+        if a.write:
+            changed = GEN_RE.sub(lambda m: m.group(1) + new.get(m.group(2), m.group(3)) + m.group(4), text)
+            if changed != text:
+                with open(path, "w") as f:
+                    f.write(changed)
+                texts[path] = changed
+                written.append(rel(path))
             continue
-        if old == new[name]:
-            print(f"ok   gen:{name}: README is the program's output")
-            npass += 1
+        for m in GEN_RE.finditer(text):
+            name, old = m.group(2), m.group(3)
+            if name not in new or len(where[name]) > 1:
+                continue
+            if old == new[name]:
+                t.ok(f"gen:{name}: {rel(path)} is the program's output")
+            else:
+                diff = list(difflib.unified_diff(old.splitlines(), new[name].splitlines(), rel(path), "the program", lineterm="", n=0))
+                t.fail(f"gen:{name}: {rel(path)} differs from the program's output (python3 scripts/readme_gen.py --write):")
+                print("\n".join("    " + l for l in diff[:12]))
+    if a.write:
+        print(f"made {len(new)} part(s): {', '.join(sorted(new))}; rewrote {', '.join(written) if written else 'no file (each part was up to date)'}"
+              + (f"; {t.skipped} skipped" if t.skipped else ""))
+
+
+# ----------------------------------------------------------------------------
+# 2. README's path through the code: each entry's functions are defined in its file
+
+PATH_HEADING = "## A path through the code"
+PATH_ENTRY_RE = re.compile(r"^- `([^`]+)` (`[A-Za-z_]\w*`(?:, `[A-Za-z_]\w*`)*) — \S")
+PATH_ENTRY_FORM = "- `FILE` `FUNCTION`, `FUNCTION` — what it teaches"
+DEFINE_RE = r"^[ \t]*#[ \t]*define[ \t]+{}\b"
+
+
+def defines(text, name):
+    """whether C or C++ source text defines function (or macro) NAME: a line that begins (no
+    indentation: not a statement inside a body) with declaration words and NAME(, whose balanced
+    argument list is followed by `{`. A call (`x = f(...)`, `f(...);`, `return f(...)`) is not one,
+    nor a prototype (`...);`), nor a comment"""
+    if re.search(DEFINE_RE.format(re.escape(name)), text, re.M):
+        return True
+    for m in re.finditer(r"\b" + re.escape(name) + r"\s*\(", text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        prefix = text[start:m.start()]
+        if prefix[:1].isspace() or re.search(r"[=;\".]|->|//|/\*|^\*|\breturn\b", prefix):
+            continue
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        if text[i + 1:].lstrip().startswith("{"):
+            return True
+    return False
+
+
+def path_entries(readme_text):
+    """(line number, line) of every list entry of README's path section, or None without the section"""
+    lines = readme_text.split("\n")
+    try:
+        first = next(i for i, l in enumerate(lines) if l.strip() == PATH_HEADING)
+    except StopIteration:
+        return None
+    entries = []
+    for i in range(first + 1, len(lines)):
+        if lines[i].startswith("## ") or lines[i].startswith("# "):
+            break
+        if lines[i].startswith("- "):
+            entries.append((i + 1, lines[i]))
+    return entries
+
+
+def check_path(readme, text, t):
+    entries = path_entries(text)
+    if not entries:
+        t.fail(f"path: {rel(readme)} has no section \"{PATH_HEADING}\" with entries of the form {PATH_ENTRY_FORM}")
+        return
+    sources, good, functions = {}, 0, 0
+    for lineno, line in entries:
+        m = PATH_ENTRY_RE.match(line)
+        name = f"path: {rel(readme)}:{lineno}"
+        if m is None:
+            t.fail(f"{name}: an entry not of the form {PATH_ENTRY_FORM}: {line[:80]}")
+            continue
+        path, names = m.group(1), re.findall(r"`(\w+)`", m.group(2))
+        full = os.path.normpath(os.path.join(ROOT, path))
+        if os.path.isabs(path) or not full.startswith(ROOT + os.sep) or not os.path.isfile(full):
+            t.fail(f"{name}: `{path}` `{names[0]}`: no file {path} in the repository")
+            continue
+        if full not in sources:
+            with open(full, errors="replace") as f:
+                sources[full] = f.read()
+        missing = [n for n in names if not defines(sources[full], n)]
+        if missing:
+            t.fail(f"{name}: `{path}` " + ", ".join(f"`{n}`" for n in missing) +
+                   f": not defined in {path} (renamed or moved? fix the entry)")
+            continue
+        good += 1
+        functions += len(names)
+    if good:
+        t.ok(f"path: {good} entries of README's path through the code: their {functions} functions are defined in the files named", good)
+
+
+# ----------------------------------------------------------------------------
+# 3. relative links, and the headings they point at
+
+LINK_RE = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+FENCE_RE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+
+
+def prose(text):
+    """TEXT without its fenced code blocks and inline code spans (neither holds a link)"""
+    text = FENCE_RE.sub("", text)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def heading_ids(text):
+    """the ids GitHub gives the headings of a Markdown text: lowercase, punctuation but - and _
+    dropped, spaces as -, a repeat numbered -1, -2, ..."""
+    ids, seen = set(), {}
+    for line in FENCE_RE.sub("", text).split("\n"):
+        m = re.match(r"^#{1,6} +(.*?) *#*$", line)
+        if not m:
+            continue
+        base = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        ids.add(base if n == 0 else f"{base}-{n}")
+    return ids
+
+
+def check_links(paths, texts, t):
+    for path in paths:
+        bad, n = [], 0
+        for target in LINK_RE.findall(prose(texts[path])):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            n += 1
+            file_part, _, fragment = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
+            if not os.path.exists(dest):
+                bad.append(f"{target} (no file {rel(dest)})")
+                continue
+            if fragment and dest.endswith(".md"):
+                if dest not in texts:
+                    with open(dest, errors="replace") as f:
+                        texts[dest] = f.read()
+                if fragment not in heading_ids(texts[dest]):
+                    bad.append(f"{target} (no heading #{fragment} in {rel(dest)})")
+        if bad:
+            t.fail(f"links: {rel(path)}: " + "; ".join(bad))
         else:
-            diff = list(difflib.unified_diff(old.splitlines(), new[name].splitlines(), "README.md", "the program", lineterm="", n=0))
-            print(f"FAIL gen:{name}: README differs from the program's output (python3 scripts/readme_gen.py --write):")
-            print("\n".join("    " + l for l in diff[:12]))
-            nfail += 1
-    print(f"{npass} passed, {nfail} failed" + (f", {nskip} skipped" if nskip else ""))
-    return 1 if nfail else 0
+            t.ok(f"links: {rel(path)}: its {n} relative links reach their files and headings")
+
+
+# ----------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="README.md and doc/*.md against the program and the code")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="check; exit 1 if anything fails")
+    mode.add_argument("--write", action="store_true", help="rewrite the generated parts, in whichever file each is")
+    ap.add_argument("--train", default="./train_gpt", help="the CPU trainer (default ./train_gpt)")
+    ap.add_argument("--emu", default="build/emu/train_gpt", help="the emulated CUDA build (default build/emu/train_gpt)")
+    ap.add_argument("--file", action="append", help="a Markdown file to check (repeatable; default README.md and doc/*.md)")
+    a = ap.parse_args(argv)
+    paths = markdown_files(a)
+    texts = {}
+    for p in paths:
+        with open(p) as f:
+            texts[p] = f.read()
+    t = Tally()
+    generated_parts(a, texts, t)
+    if a.write:
+        return 1 if t.failed else 0
+    if README in texts:
+        check_path(README, texts[README], t)
+    check_links(paths, texts, t)
+    print(f"{t.passed} passed, {t.failed} failed" + (f", {t.skipped} skipped" if t.skipped else ""))
+    return 1 if t.failed else 0
 
 
 if __name__ == "__main__":

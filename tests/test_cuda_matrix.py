@@ -190,7 +190,7 @@ if plain and train("late streams, --loss-chunk 12 --offload optimizer,gradients"
                  ckpt(d, "model", STEPS, ".bin"), ckpt(plain, "model", STEPS, ".bin"), CHUNK_RTOL)
 
 # GPT-2 124M (d12) at B=16, T=1024 on the GPU, bf16, flash attention, AdamW: the plan with the
-# head whole and with --loss-chunk 4096 (README, "Which flags should I use?", beside llm.c's 7.6 GiB)
+# head whole and with --loss-chunk 4096 (doc/memory.md, "The logits in chunks", beside llm.c's 7.6 GiB)
 def d12_plan(extra):
     r = s.run([CUDA, "-e", "d12", "-b", "16", "-t", "1024", "--plan", *extra])
     dev = re.search(r"\| device total +\| +([0-9.]+) MiB", r.out)
