@@ -147,14 +147,14 @@ double gpt2_copy_wait_ms(GPT2* m) { (void)m; return -1.0; }
 Precision gpt2_default_precision(void) { return PRECISION_FP32; }
 // flash attention runs on any head size here; the default stays the stored-weights attention, the
 // reference, and faster here (flash took 1.28x the plain step on d6 at T=1024: its backward
-// computes every score again; README, "Which flags should I use?")
+// computes every score again; doc/benchmarks.md, "Flag sets compared")
 const char* gpt2_flash_refusal(int head_size) { (void)head_size; return NULL; }
 int gpt2_prefers_flash(void) { return 0; }
 // one memory: the "device" categories are host memory too, so one budget (--max-memory) covers all
 int gpt2_has_device(void) { return 0; }
 
 // the step-cost model's rates (planner.h), measured on this project's 2-core machine: the d12
-// step of make bench (200 GFLOP/s at B=4 T=64, quiet: README, Performance), and a 512 MiB memcpy;
+// step of make bench (200 GFLOP/s at B=4 T=64, quiet: doc/benchmarks.md), and a 512 MiB memcpy;
 // a rank's gradient exchange is MPI between processes on one machine, two copies through shared memory
 #define CPU_STEP_FLOPS 200e9
 #define CPU_MEMCPY_BW 10e9      // bytes copied per second: a read and a write each
