@@ -300,6 +300,80 @@ static void for_each_slice(const GPT2Config* c, int layer, F call) {
 // ----------------------------------------------------------------------------
 // the model
 
+// --offload activations (see "offload"): the host store and the copy stream that moves blocks to it and back
+struct ActOffload {
+    char* host_store;             // pinned: every layer's block (L, layer_bytes), or the segment inputs
+    size_t layer_bytes;           // one layer's block
+    int* slot_layer;              // [slots] the layer each slot holds now, -1 none
+    cudaStream_t copy_stream;
+    cudaEvent_t* slot_saved;      // [slots] copy stream: the slot's block (or segment input) is in the host store
+    cudaEvent_t* slot_loaded;     // [slots] copy stream: the slot's block is back from the host store
+    cudaEvent_t staging_loaded;   // copy stream: the staging buffer holds the segment input asked for
+    cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
+    cudaEvent_t* wait_marks;      // [2 * OFFLOAD_MAX_WAITS] compute stream: before and after each wait for a copy
+    int waits;                    // waits marked since the step began
+};
+
+// data parallelism (one process per GPU): the gradients' exchange over NCCL among the ranks
+struct GradExchange {
+    ncclComm_t comm;              // NULL on one rank
+    cudaStream_t comm_stream;     // the gradient exchange during the last micro-step's backward
+    cudaEvent_t grads_final;      // compute stream: a layer's gradients are final
+    cudaEvent_t reduced;          // comm stream: every gradient is reduced
+    int reduce_in_backward;       // the next backward is the step's last: reduce as it goes
+    double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
+    long grad_collectives;        // the gradients' and the weights' collectives since the last update (printed for step 1)
+    long weight_collectives;
+};
+
+// ZeRO-1 and 2 (cuda/zero.cuh, see "ZeRO" below): one collective per layer through the pack; ZeRO-2:
+// grads_memory is this rank's gradient shard and grads point into a one-layer working buffer
+struct ZeroShards {
+    ZeroGroup* zero_groups;       // [num_zero_groups] the layers', then the outer slices' rounds
+    int num_zero_groups;
+    float* zero_pack;             // (world * a layer's part) one group rank by rank
+    float* grad_working;          // ZeRO-2: a one-layer model's gradients (opt_layout.h's working buffer)
+    size_t* shard_block_off;      // [slices] ZeRO-2 and 3: each slice's block in the shard (shard_block_offsets)
+    cudaEvent_t working_taken;    // comm stream: the working gradients are packed (the compute stream may clear them)
+};
+
+// ZeRO-3 (see "ZeRO-3" below): master_memory and weights_memory are this rank's shards (the
+// gradient shard's layout, shard_block_off); weights point into the working copy, a one-layer
+// model (the outer tensors gathered once a step; its layer is buffer 0), and a second layer buffer
+template <typename floatX>
+struct Zero3Weights {
+    floatX* weight_working;       // a one-layer model's weights (opt_layout.h's working copy)
+    floatX* layer_buf_memory;     // (Pl) layer buffer 1
+    Params<floatX> layer_buf[2];  // the working weights with buffer b's layer tensors (b = l % 2)
+    int buf_layer[2];             // the layer buffer b holds, or is being gathered into; -1 none
+    int outer_gathered;           // the working copy holds this step's wte, wpe, lnfw, lnfb
+    cudaEvent_t gathered[2];      // comm stream: buffer b's gather is unpacked (the compute stream may read it)
+    cudaEvent_t released[2];      // compute stream: buffer b's last reader is done (the comm stream may overwrite it)
+    cudaEvent_t outer_ready;      // comm stream: the outer tensors are gathered
+    cudaEvent_t compute_mark;     // compute stream: what the comm stream must wait for (the update's shard)
+    float* ckpt_staging;          // pinned: the largest slice, checkpoints' weights a slice at a time
+    size_t ckpt_staging_floats;
+};
+
+// --offload optimizer (see "optimizer offload"): master_memory, opt_memory and these are pinned
+// host memory; with ",gradients" grads_memory on the GPU holds the outer tensors' gradients (wte, wpe,
+// lnfw, lnfb) and two layers' (grad_layers), else all of them
+struct OptOffloadState {
+    int send_in_backward;         // OPT_OFFLOAD_STATE: the next backward is the step's last: send as it goes
+    char* opt_host_memory;        // one pinned block: master (P), host_grads (P), staging, the optimizer state
+    float* host_grads;            // (P) fp32: the step's gradients, summed on the host
+    float* grad_layers[2];        // (Pl) each, on the GPU: layer l computes its gradients into [l % 2]
+    float* opt_staging[2];        // (max(Pl, Pr)) each, pinned: gradients on their way down, new weights on their way up
+    size_t opt_staging_floats;
+    int next_staging;             // the opt_staging buffer the next upload fills
+    int first_micro_step;         // the step's first backward: its gradients replace the host's, later ones add
+    cudaStream_t grad_stream;     // copies of gradients to the host while the next layer computes
+    cudaEvent_t grads_down[2];    // grad_stream: grad_layers[i] (or the outer tensors') copied into opt_staging[i]
+    cudaEvent_t staged_up[2];     // stream: the upload out of opt_staging[i] is done
+    cudaEvent_t grads_ready;      // stream: a group's gradients are computed (grad_stream waits for it)
+};
+
+// the model: the plain tensors first (as train_gpt.c's GPT2), then each technique's state
 template <typename floatX>
 struct Model {
     GPT2Config config;
@@ -313,9 +387,11 @@ struct Model {
                                   // and gathered from (ZeRO-3's: weights_memory); see "the offloaded shard"
     float* grads_memory;          // (P) fp32
     Params<float> grads;
+    size_t grad_floats;           // floats of grads_memory: P, or ZeRO-2's shard
     float* opt_memory;            // optimizer state (opt_layout.h's layout), fp32
     size_t opt_floats;
     OptimizerKind optimizer;
+    ParamSlice* slices;           // [param_slice_count] the optimizer's slices (opt_layout.h)
     ActPolicy act;
     // activations: the embeddings, the working set of layer blocks (act_policy.h), shared
     // GELU / attention buffers, kept segment inputs, the head
@@ -327,17 +403,6 @@ struct Model {
     floatX** seg_inputs;          // [segments] checkpointing: each segment's input; [0] = encoded; the
                                   // others in GPU memory, or with --offload in the pinned host store
     floatX* staging;              // (B,T,C) checkpointing + offload: a segment input back from the host
-    // --offload: the host store and the copy stream that moves blocks to it and back (see "offload")
-    char* host_store;             // pinned: every layer's block (L, layer_bytes), or the segment inputs
-    size_t layer_bytes;           // one layer's block
-    int* slot_layer;              // [slots] the layer each slot holds now, -1 none
-    cudaStream_t copy_stream;
-    cudaEvent_t* slot_saved;      // [slots] copy stream: the slot's block (or segment input) is in the host store
-    cudaEvent_t* slot_loaded;     // [slots] copy stream: the slot's block is back from the host store
-    cudaEvent_t staging_loaded;   // copy stream: the staging buffer holds the segment input asked for
-    cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
-    cudaEvent_t* wait_marks;      // [2 * OFFLOAD_MAX_WAITS] compute stream: before and after each wait for a copy
-    int waits;                    // waits marked since the step began
     // the head, K = head_rows tokens at a time: K = B*T, or with --loss-chunk a chunk (act_policy.h)
     floatX* lnf;                  // (K,C)
     float *lnf_mean, *lnf_rstd;   // (B,T)
@@ -349,7 +414,8 @@ struct Model {
     float head_grad_scale;        // --loss-chunk: the loss_scale of the head's gradients the last forward computed, 0 none
     // backward's buffers
     char* bwd_memory;
-    floatX *dresidual, *dbtc, *dqkv, *dfch, *datt;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) (B,NH,T,T)
+    floatX *dresidual, *dbtc, *dqkv, *dfch, *datt;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) (B,NH,T,T); dbtc: one
+                                                    // (B,T,C) gradient at a time (d(ln2), d(atty), d(ln1), d(lnf))
     // scratch
     char* scratch_memory;
     int *inputs, *targets;        // (B,T) the batch on the GPU
@@ -366,58 +432,16 @@ struct Model {
     float* host_losses;           // (B,T)
     int batch_size, seq_len;      // the (B,T) the activations were sized for
     MatmulContext matmul;
-    cudaStream_t stream;
-    // data parallelism (one process per GPU): NCCL among the ranks
-    Dist dist;
-    ZeroStage zero;               // ZERO_1: this rank keeps and updates its blocks of every slice
-    ncclComm_t comm;              // NULL on one rank
-    cudaStream_t comm_stream;     // the gradient exchange during the last micro-step's backward
-    cudaEvent_t grads_final;      // compute stream: a layer's gradients are final
-    cudaEvent_t reduced;          // comm stream: every gradient is reduced
-    int reduce_in_backward;       // the next backward is the step's last: reduce as it goes
-    double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
-    // ZeRO-1 and 2 (cuda/zero.cuh, see "ZeRO" below): one collective per layer through the pack; ZeRO-2:
-    // grads_memory is this rank's gradient shard and grads point into a one-layer working buffer
-    ParamSlice* slices;           // [param_slice_count] the optimizer's slices (opt_layout.h)
-    ZeroGroup* zero_groups;       // [num_zero_groups] the layers', then the outer slices' rounds
-    int num_zero_groups;
-    float* zero_pack;             // (world * a layer's part) one group rank by rank
-    float* grad_working;          // ZeRO-2: a one-layer model's gradients (opt_layout.h's working buffer)
-    size_t* shard_block_off;       // [slices] ZeRO-2: each slice's block in the shard (shard_block_offsets)
-    size_t grad_floats;           // floats of grads_memory: P, or ZeRO-2's shard
-    cudaEvent_t working_taken;    // comm stream: the working gradients are packed (the compute stream may clear them)
-    // ZeRO-3 (see "ZeRO-3" below): master_memory and weights_memory are this rank's shards (the
-    // gradient shard's layout, shard_block_off); weights point into the working copy, a one-layer
-    // model (the outer tensors gathered once a step; its layer is buffer 0), and a second layer buffer
-    floatX* weight_working;       // a one-layer model's weights (opt_layout.h's working copy)
-    floatX* layer_buf_memory;     // (Pl) layer buffer 1
-    Params<floatX> layer_buf[2];  // the working weights with buffer b's layer tensors (b = l % 2)
-    int buf_layer[2];             // the layer buffer b holds, or is being gathered into; -1 none
-    int outer_gathered;            // the working copy holds this step's wte, wpe, lnfw, lnfb
-    cudaEvent_t gathered[2];      // comm stream: buffer b's gather is unpacked (the compute stream may read it)
-    cudaEvent_t released[2];      // compute stream: buffer b's last reader is done (the comm stream may overwrite it)
-    cudaEvent_t outer_ready;      // comm stream: the outer tensors are gathered
-    cudaEvent_t compute_mark;     // compute stream: what the comm stream must wait for (the update's shard)
-    float* ckpt_staging;          // pinned: the largest slice, checkpoints' weights a slice at a time
-    size_t ckpt_staging_floats;
-    long grad_collectives;        // the gradients' and the weights' collectives since the last update (printed for step 1)
-    long weight_collectives;
-    // --offload optimizer (see "optimizer offload"): master_memory, opt_memory and these are pinned
-    // host memory; with ",gradients" grads_memory on the GPU holds the rest's gradients (wte, wpe,
-    // lnfw, lnfb) and two layers' (grad_layers), else all of them
-    OptOffload offload_opt;
-    int send_in_backward;         // OPT_OFFLOAD_STATE: the next backward is the step's last: send as it goes
-    char* opt_host_memory;        // one pinned block: master (P), host_grads (P), staging, the optimizer state
-    float* host_grads;            // (P) fp32: the step's gradients, summed on the host
-    float* grad_layers[2];        // (Pl) each, on the GPU: layer l computes its gradients into [l % 2]
-    float* opt_staging[2];        // (max(Pl, Pr)) each, pinned: gradients on their way down, new weights on their way up
-    size_t opt_staging_floats;
-    int next_staging;             // the opt_staging buffer the next upload fills
-    int first_micro_step;         // the step's first backward: its gradients replace the host's, later ones add
-    cudaStream_t grad_stream;     // copies of gradients to the host while the next layer computes
-    cudaEvent_t grads_down[2];    // grad_stream: grad_layers[i] (or the rest) copied into opt_staging[i]
-    cudaEvent_t staged_up[2];     // stream: the upload out of opt_staging[i] is done
-    cudaEvent_t grads_ready;      // stream: a group's gradients are computed (grad_stream waits for it)
+    cudaStream_t stream;          // the compute stream
+    Dist dist;                    // this process among the data-parallel ranks
+    ZeroStage zero;               // --zero
+    OptOffload offload_opt;       // --offload optimizer[,gradients]
+    // the techniques' state
+    ActOffload offload;           // --offload activations
+    GradExchange exchange;        // more than one rank
+    ZeroShards shard;             // --zero 1, 2 (and 3's gradients)
+    Zero3Weights<floatX> zero3;   // --zero 3
+    OptOffloadState opt_offload;  // --offload optimizer
 };
 
 struct GPT2 {
@@ -458,20 +482,20 @@ static const floatX* layer_input(Model<floatX>* m, int l) {
 template <typename floatX>
 static void alloc_host_store(Model<floatX>* m, int slots, int seg_kept, size_t R) {
     int L = m->config.num_layers;
-    size_t bytes = seg_kept ? seg_kept * R : (size_t)L * m->layer_bytes;
-    m->host_store = (char*)mem_alloc(MEM_OFFLOADED, bytes);
-    char* p = m->host_store;
+    size_t bytes = seg_kept ? seg_kept * R : (size_t)L * m->offload.layer_bytes;
+    m->offload.host_store = (char*)mem_alloc(MEM_OFFLOADED, bytes);
+    char* p = m->offload.host_store;
     for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = carve<floatX>(&p, R); }
-    m->slot_layer = (int*)malloc_check(slots * sizeof(int));
-    m->slot_saved = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
-    m->slot_loaded = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
-    CUDA_CHECK(cudaStreamCreate(&m->copy_stream));
-    const cudaEvent_t* all[] = {&m->staging_loaded, &m->compute_done};
+    m->offload.slot_layer = (int*)malloc_check(slots * sizeof(int));
+    m->offload.slot_saved = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
+    m->offload.slot_loaded = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
+    CUDA_CHECK(cudaStreamCreate(&m->offload.copy_stream));
+    const cudaEvent_t* all[] = {&m->offload.staging_loaded, &m->offload.compute_done};
     for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags((cudaEvent_t*)all[i], cudaEventDisableTiming)); }
     for (int i = 0; i < slots; i++) {
-        m->slot_layer[i] = -1;
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_saved[i], cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->slot_loaded[i], cudaEventDisableTiming));
+        m->offload.slot_layer[i] = -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.slot_saved[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.slot_loaded[i], cudaEventDisableTiming));
     }
 }
 
@@ -515,7 +539,7 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     m->row_sum = carve_tensor<float>(&p, hs[6]);
     m->head_rows = K;
     m->probs_first = -1;
-    m->layer_bytes = layer;
+    m->offload.layer_bytes = layer;
     if (pol->offload) { alloc_host_store(m, slots, seg_kept, R); }
 }
 
@@ -546,7 +570,7 @@ static void alloc_scratch(Model<floatX>* m, int B, int T) {
     m->attention_scratch = m->act.flash ? NULL : carve_tensor<floatX>(&p, sb.attention);
     m->flash_scratch = m->act.flash ? carve_tensor<float>(&p, sb.attention) : NULL;
     m->norm_scratch = carve_tensor<double>(&p, sb.norm);
-    m->norm_parts = carve_tensor<double>(&p, sb.norm_parts);
+    m->exchange.norm_parts = carve_tensor<double>(&p, sb.norm_parts);
     matmul_context_init(&m->matmul, carve_tensor<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
     m->opt_scratch = carve_tensor<char>(&p, sb.optimizer);
 }
@@ -566,17 +590,17 @@ static void alloc_gradients(Model<floatX>* m) {
     if (zero2) {
         GPT2Config one = *c;
         one.num_layers = 1;
-        m->grad_working = (float*)mem_alloc(MEM_GRADIENTS, z.working * sizeof(float));
-        CUDA_CHECK(cudaMemset(m->grad_working, 0, z.working * sizeof(float)));
-        point_params(&m->grads, m->grad_working, &one);  // every layer's backward uses layer 0's place
-        m->shard_block_off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-        shard_block_offsets(c, world, m->shard_block_off);
+        m->shard.grad_working = (float*)mem_alloc(MEM_GRADIENTS, z.working * sizeof(float));
+        CUDA_CHECK(cudaMemset(m->shard.grad_working, 0, z.working * sizeof(float)));
+        point_params(&m->grads, m->shard.grad_working, &one);  // every layer's backward uses layer 0's place
+        m->shard.shard_block_off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+        shard_block_offsets(c, world, m->shard.shard_block_off);
     } else {
         point_params(&m->grads, m->grads_memory, c);
     }
     if (zero_shards_state(m->zero)) {
-        m->zero_pack = (float*)mem_alloc(MEM_GRADIENTS, z.pack * sizeof(float));
-        m->zero_groups = zero_groups(c, world, &m->num_zero_groups);
+        m->shard.zero_pack = (float*)mem_alloc(MEM_GRADIENTS, z.pack * sizeof(float));
+        m->shard.zero_groups = zero_groups(c, world, &m->shard.num_zero_groups);
     }
 }
 
@@ -600,8 +624,8 @@ static void alloc_ckpt_staging(Model<floatX>* m) {
     size_t most = 0, gap = (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels;
     for (int k = 0; k < param_slice_count(c); k++) { size_t n = (size_t)s[k].rows * s[k].cols; most = n > most ? n : most; }
     free(s);
-    m->ckpt_staging_floats = gap > most ? gap : most;
-    m->ckpt_staging = (float*)mem_alloc(MEM_HOST_COPIES, m->ckpt_staging_floats * sizeof(float));
+    m->zero3.ckpt_staging_floats = gap > most ? gap : most;
+    m->zero3.ckpt_staging = (float*)mem_alloc(MEM_HOST_COPIES, m->zero3.ckpt_staging_floats * sizeof(float));
 }
 
 // ZeRO-3: this rank's shards of the fp32 master weights (with --offload optimizer: in host memory,
@@ -623,14 +647,14 @@ static void alloc_zero3_weights(Model<floatX>* m) {
     m->weights_memory = sizeof(floatX) == sizeof(float) && m->master_memory != NULL
                             ? (floatX*)m->master_memory : (floatX*)mem_alloc(MEM_PARAMETERS, z.shard * sizeof(floatX));
     CUDA_CHECK(cudaMemset(m->weights_memory, 0, z.shard * sizeof(floatX)));
-    m->weight_working = (floatX*)mem_alloc(MEM_PARAMETERS, z.working * sizeof(floatX));
-    CUDA_CHECK(cudaMemset(m->weight_working, 0, z.working * sizeof(floatX)));  // wte's padded rows stay zero
-    point_params(&m->weights, m->weight_working, &one);
-    m->layer_buf_memory = (floatX*)mem_alloc(MEM_PARAMETERS, layer_weights(c) * sizeof(floatX));
-    m->layer_buf[0] = m->weights;
-    m->layer_buf[1] = m->weights;
-    point_params(&m->layer_buf[1], m->layer_buf_memory, &one, 1);
-    m->buf_layer[0] = m->buf_layer[1] = -1;
+    m->zero3.weight_working = (floatX*)mem_alloc(MEM_PARAMETERS, z.working * sizeof(floatX));
+    CUDA_CHECK(cudaMemset(m->zero3.weight_working, 0, z.working * sizeof(floatX)));  // wte's padded rows stay zero
+    point_params(&m->weights, m->zero3.weight_working, &one);
+    m->zero3.layer_buf_memory = (floatX*)mem_alloc(MEM_PARAMETERS, layer_weights(c) * sizeof(floatX));
+    m->zero3.layer_buf[0] = m->weights;
+    m->zero3.layer_buf[1] = m->weights;
+    point_params(&m->zero3.layer_buf[1], m->zero3.layer_buf_memory, &one, 1);
+    m->zero3.buf_layer[0] = m->zero3.buf_layer[1] = -1;
     alloc_ckpt_staging(m);
 }
 
@@ -711,31 +735,31 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
         m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size * C;
         m->grads.lnfw = m->grads.wpe + (size_t)c->max_seq_len * C;
         m->grads.lnfb = m->grads.lnfw + C;
-        m->grad_layers[0] = m->grads_memory + Pr;
-        m->grad_layers[1] = m->grad_layers[0] + Pl;
+        m->opt_offload.grad_layers[0] = m->grads_memory + Pr;
+        m->opt_offload.grad_layers[1] = m->opt_offload.grad_layers[0] + Pl;
     } else if (!shard) {
         point_params(&m->grads, m->grads_memory, c);
     }
     // the staging buffers: a group of gradients on its way down, or a chunk of the new weights on its
     // way up (the offloaded shard, whose gradients go down from the GPU's shard: a rank's blocks of one layer)
-    m->opt_staging_floats = shard ? shard_layout(c, m->dist.world).layer_part : Pl > Pr ? Pl : Pr;
-    m->opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * host + 2 * m->opt_staging_floats + m->opt_floats) * sizeof(float));
-    char* p = m->opt_host_memory;
+    m->opt_offload.opt_staging_floats = shard ? shard_layout(c, m->dist.world).layer_part : Pl > Pr ? Pl : Pr;
+    m->opt_offload.opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * host + 2 * m->opt_offload.opt_staging_floats + m->opt_floats) * sizeof(float));
+    char* p = m->opt_offload.opt_host_memory;
     m->master_memory = carve<float>(&p, host * sizeof(float));
     memset(m->master_memory, 0, host * sizeof(float));  // a shard's padding stays zero
     if (!shard) { point_params(&m->master, m->master_memory, c); }
-    m->host_grads = carve<float>(&p, host * sizeof(float));
-    for (int i = 0; i < 2; i++) { m->opt_staging[i] = carve<float>(&p, m->opt_staging_floats * sizeof(float)); }
+    m->opt_offload.host_grads = carve<float>(&p, host * sizeof(float));
+    for (int i = 0; i < 2; i++) { m->opt_offload.opt_staging[i] = carve<float>(&p, m->opt_offload.opt_staging_floats * sizeof(float)); }
     m->opt_memory = carve<float>(&p, m->opt_floats * sizeof(float));
     memset(m->opt_memory, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero
     m->host_params = shard ? NULL : m->master_memory;  // what checkpoints read and write (a shard: gpt2_params_stream)
     m->host_opt = m->opt_memory;
-    m->first_micro_step = 1;
-    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->staged_up[i], cudaEventDisableTiming)); }
+    m->opt_offload.first_micro_step = 1;
+    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.staged_up[i], cudaEventDisableTiming)); }
     if (shard) { return; }  // the gradient shard comes down on the comm stream (zero2_reduce)
-    CUDA_CHECK(cudaStreamCreate(&m->grad_stream));
-    CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
-    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_down[i], cudaEventDisableTiming)); }
+    CUDA_CHECK(cudaStreamCreate(&m->opt_offload.grad_stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.grads_ready, cudaEventDisableTiming));
+    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.grads_down[i], cudaEventDisableTiming)); }
 }
 
 template <typename floatX>
@@ -764,22 +788,22 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
     if (m->act.offload) {  // timed waits for copies (gpt2_copy_wait_ms)
-        m->wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
-        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->wait_marks[i])); }
+        m->offload.wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
+        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->offload.wait_marks[i])); }
     }
     // with the optimizer on the host, MPI sums the gradients there (cpu/host_step.h): no NCCL
     // (the offloaded shard: NCCL reduce-scatters and gathers on the GPU, MPI adds the norm's parts)
-    m->comm = s->dist.world > 1 && (!m->offload_opt || zero_shards_grads(m->zero)) ? nccl_init(&s->dist) : NULL;
-    if (m->comm != NULL) {
-        CUDA_CHECK(cudaStreamCreate(&m->comm_stream));
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_final, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->reduced, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->working_taken, cudaEventDisableTiming));
+    m->exchange.comm = s->dist.world > 1 && (!m->offload_opt || zero_shards_grads(m->zero)) ? nccl_init(&s->dist) : NULL;
+    if (m->exchange.comm != NULL) {
+        CUDA_CHECK(cudaStreamCreate(&m->exchange.comm_stream));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->exchange.grads_final, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->exchange.reduced, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->shard.working_taken, cudaEventDisableTiming));
     }
-    if (m->comm != NULL && m->zero == ZERO_3) {
-        cudaEvent_t* all[] = {&m->gathered[0], &m->gathered[1], &m->released[0], &m->released[1], &m->outer_ready, &m->compute_mark};
+    if (m->exchange.comm != NULL && m->zero == ZERO_3) {
+        cudaEvent_t* all[] = {&m->zero3.gathered[0], &m->zero3.gathered[1], &m->zero3.released[0], &m->zero3.released[1], &m->zero3.outer_ready, &m->zero3.compute_mark};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventCreateWithFlags(all[i], cudaEventDisableTiming)); }
-        for (int b = 0; b < 2; b++) { CUDA_CHECK(cudaEventRecord(m->released[b], m->stream)); }  // no reader yet
+        for (int b = 0; b < 2; b++) { CUDA_CHECK(cudaEventRecord(m->zero3.released[b], m->stream)); }  // no reader yet
     }
     return m;
 }
@@ -787,49 +811,49 @@ static Model<floatX>* model_create(const ModelSetup* s) {
 template <typename floatX>
 static void model_destroy(Model<floatX>* m) {
     if (m->offload_opt) {  // the master weights, the host's gradients and the state: carved from one pinned block
-        mem_free(m->opt_host_memory);
-        for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->staged_up[i])); }
-        if (m->grad_stream != NULL) {
-            CUDA_CHECK(cudaEventDestroy(m->grads_ready));
-            for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->grads_down[i])); }
-            CUDA_CHECK(cudaStreamDestroy(m->grad_stream));
+        mem_free(m->opt_offload.opt_host_memory);
+        for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->opt_offload.staged_up[i])); }
+        if (m->opt_offload.grad_stream != NULL) {
+            CUDA_CHECK(cudaEventDestroy(m->opt_offload.grads_ready));
+            for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->opt_offload.grads_down[i])); }
+            CUDA_CHECK(cudaStreamDestroy(m->opt_offload.grad_stream));
         }
     } else {
         void* blocks[] = {m->master_memory, m->opt_memory, m->host_params, m->host_opt};
         for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     }
     if ((void*)m->weights_memory != (void*)m->master_memory) { mem_free(m->weights_memory); }
-    void* zero[] = {m->grads_memory, m->grad_working, m->zero_pack, m->weight_working, m->layer_buf_memory, m->ckpt_staging, m->weight_shard};
+    void* zero[] = {m->grads_memory, m->shard.grad_working, m->shard.zero_pack, m->zero3.weight_working, m->zero3.layer_buf_memory, m->zero3.ckpt_staging, m->weight_shard};
     for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) { mem_free(zero[i]); }
-    free(m->slices); free(m->zero_groups); free(m->shard_block_off);
+    free(m->slices); free(m->shard.zero_groups); free(m->shard.shard_block_off);
     void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->host_probs, m->host_losses};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     free(m->slots);
     free(m->seg_inputs);
-    if (m->wait_marks != NULL) {
-        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventDestroy(m->wait_marks[i])); }
-        free(m->wait_marks);
+    if (m->offload.wait_marks != NULL) {
+        for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventDestroy(m->offload.wait_marks[i])); }
+        free(m->offload.wait_marks);
     }
     if (m->act.offload) {
         int slots = act_num_slots(&m->act, m->config.num_layers);
-        for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(m->slot_saved[i])); CUDA_CHECK(cudaEventDestroy(m->slot_loaded[i])); }
-        CUDA_CHECK(cudaEventDestroy(m->staging_loaded));
-        CUDA_CHECK(cudaEventDestroy(m->compute_done));
-        CUDA_CHECK(cudaStreamDestroy(m->copy_stream));
-        free(m->slot_layer); free(m->slot_saved); free(m->slot_loaded);
-        mem_free(m->host_store);
+        for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(m->offload.slot_saved[i])); CUDA_CHECK(cudaEventDestroy(m->offload.slot_loaded[i])); }
+        CUDA_CHECK(cudaEventDestroy(m->offload.staging_loaded));
+        CUDA_CHECK(cudaEventDestroy(m->offload.compute_done));
+        CUDA_CHECK(cudaStreamDestroy(m->offload.copy_stream));
+        free(m->offload.slot_layer); free(m->offload.slot_saved); free(m->offload.slot_loaded);
+        mem_free(m->offload.host_store);
     }
     matmul_context_free(&m->matmul);
-    if (m->comm != NULL) {
-        nccl_comm_destroy(m->comm);
-        CUDA_CHECK(cudaEventDestroy(m->grads_final));
-        CUDA_CHECK(cudaEventDestroy(m->reduced));
-        CUDA_CHECK(cudaEventDestroy(m->working_taken));
+    if (m->exchange.comm != NULL) {
+        nccl_comm_destroy(m->exchange.comm);
+        CUDA_CHECK(cudaEventDestroy(m->exchange.grads_final));
+        CUDA_CHECK(cudaEventDestroy(m->exchange.reduced));
+        CUDA_CHECK(cudaEventDestroy(m->shard.working_taken));
         if (m->zero == ZERO_3) {
-            cudaEvent_t all[] = {m->gathered[0], m->gathered[1], m->released[0], m->released[1], m->outer_ready, m->compute_mark};
+            cudaEvent_t all[] = {m->zero3.gathered[0], m->zero3.gathered[1], m->zero3.released[0], m->zero3.released[1], m->zero3.outer_ready, m->zero3.compute_mark};
             for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventDestroy(all[i])); }
         }
-        CUDA_CHECK(cudaStreamDestroy(m->comm_stream));
+        CUDA_CHECK(cudaStreamDestroy(m->exchange.comm_stream));
     }
     CUDA_CHECK(cudaStreamDestroy(m->stream));
     free(m);
@@ -845,39 +869,40 @@ template <typename floatX>
 static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p, int B, int T,
                           int ln1_done = 0, LayerActs<floatX>* next = NULL, const LayerParams<floatX>* np = NULL) {
     int C = m->config.channels, NH = m->config.num_heads;
-    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
+    size_t BTC = (size_t)B * T * C;
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
-    const int S = PROF_STREAM_COMPUTE;
-    if (!ln1_done) {
-        prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_forward(BT, C, X), "forward");
-        layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s);
-    }
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, 3 * C, X), PROF_MATMUL_FORWARD, BT, C, 3 * C);
+    if (!ln1_done) { layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s); }
     matmul_forward_cuda(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C, mc, s);
-    prof_gpu_mark(s, S, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, X), m->act.flash ? "flash" : "matmul");
     if (m->act.flash) { flash_attention_forward_cuda(a->atty, layer_lse(a), a->qkv, B, T, C, NH, s); }
     else { attention_forward_cuda(a->atty, a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, C, X), PROF_MATMUL_FORWARD, BT, C, C);
     matmul_forward_cuda(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C, mc, s);
     // in place: residual2 = x + projection, and its LayerNorm, in one pass over the residual stream
-    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_residual_layernorm_forward(BT, C, X), "forward, fused with the residual");
     residual_layernorm_forward_cuda(a->residual2, a->ln2, a->ln2_mean, a->ln2_rstd, x, a->residual2, p->ln2w, p->ln2b,
                                     B, T, C, s);
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, C, 4 * C, X), PROF_MATMUL_FORWARD, BT, C, 4 * C);
     matmul_forward_cuda(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C, mc, s);
-    prof_gpu_mark(s, S, PROF_GELU, prof_gelu_forward(BTC * 4, X), "forward");
     gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s);
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(BT, 4 * C, C, X), PROF_MATMUL_FORWARD, BT, 4 * C, C);
     matmul_forward_cuda(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C, mc, s);
     if (next != NULL) {  // residual3 = residual2 + projection, and the next block's ln1 of it
-        prof_gpu_mark(s, S, PROF_LAYERNORM, prof_residual_layernorm_forward(BT, C, X), "forward, fused with the residual");
         residual_layernorm_forward_cuda(a->residual3, next->ln1, next->ln1_mean, next->ln1_rstd, a->residual2, a->residual3,
                                         np->ln1w, np->ln1b, B, T, C, s);
         return;
     }
-    prof_gpu_mark(s, S, PROF_RESIDUAL, prof_residual_forward(BTC, X), "forward");
     residual_forward_cuda(a->residual3, a->residual2, a->residual3, BTC, s);
+}
+
+// --recompute gelu, attn (selective recompute): what the layer's forward did not keep, again into the
+// shared buffers before its backward reads it (flash attention recomputes its weights in its kernels)
+template <typename floatX>
+static void recompute_dropped(Model<floatX>* m, LayerActs<floatX>* a, int B, int T) {
+    int C = m->config.channels, NH = m->config.num_heads;
+    prof_context("recompute");
+    if (m->act.gelu) { gelu_forward_cuda(a->fch_gelu, a->fch, (size_t)B * T * 4 * C, m->stream); }
+    if (m->act.attn && !m->act.flash) {
+        prof_kernel(m->stream, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(floatX)), "weights");
+        attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, &m->matmul, m->stream);
+    }
+    prof_context(NULL);
 }
 
 // on entry m->dresidual holds d(block output); on exit d(block input) (x). Weight gradients
@@ -893,35 +918,23 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
     float* scratch = m->reduce_scratch;
-    const int S = PROF_STREAM_COMPUTE;
-    if (m->act.gelu) {
-        prof_gpu_mark(s, S, PROF_GELU, prof_gelu_forward(BTC * 4, X), "forward (recompute)");
-        gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s);
-    }
+    if (m->act.gelu || (m->act.attn && !m->act.flash)) { recompute_dropped(m, a, B, T); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place. The fc
     // projection's dinp GEMM also takes the GELU backward: dfch = gelu'(fch) * (dresidual @ fcprojw)
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, 4 * C, C, X), PROF_MATMUL_BACKWARD " (with gelu backward)", BT, 4 * C, C);
     matmul_backward_cuda(m->dfch, g->fcprojw, g->fcprojb, m->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C, scratch,
                          mc, s, MATMUL_DINP_SET_DGELU, a->fch);
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, 4 * C, X), PROF_MATMUL_BACKWARD, BT, C, 4 * C);
     matmul_backward_cuda(m->dbtc, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s, MATMUL_DINP_SET);
-    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     layernorm_backward_cuda(m->dresidual, g->ln2w, g->ln2b, m->dbtc, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C, scratch, s);
     // attention branch
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, C, X), PROF_MATMUL_BACKWARD, BT, C, C);
     matmul_backward_cuda(m->dbtc, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc,
                          s, MATMUL_DINP_SET);
-    prof_gpu_mark(s, S, PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, X), m->act.flash ? "flash" : "matmul");
     if (m->act.flash) {  // writes all of dqkv
         flash_attention_backward_cuda(m->dqkv, m->dbtc, a->qkv, a->atty, layer_lse(a), B, T, C, NH, m->flash_scratch, s);
     } else {  // adds into dqkv
         CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BTC * 3 * X, s));
-        if (m->act.attn) { attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
         attention_backward_cuda(m->dqkv, m->datt, m->dbtc, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
     }
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, 3 * C, X), PROF_MATMUL_BACKWARD, BT, C, 3 * C);
     matmul_backward_cuda(m->dbtc, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s, MATMUL_DINP_SET);
-    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, m->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
 }
 
@@ -944,28 +957,28 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 // the comm stream waits for everything queued on the compute stream so far
 template <typename floatX>
 static void comm_after_compute(Model<floatX>* m) {
-    CUDA_CHECK(cudaEventRecord(m->compute_mark, m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->compute_mark, 0));
+    CUDA_CHECK(cudaEventRecord(m->zero3.compute_mark, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->zero3.compute_mark, 0));
 }
 
 // wte, wpe, lnfw, lnfb into the working copy, once a step (the encoder and the head read them)
 template <typename floatX>
 static void zero3_gather_outer(Model<floatX>* m) {
-    if (m->zero != ZERO_3 || m->outer_gathered) { return; }
+    if (m->zero != ZERO_3 || m->zero3.outer_gathered) { return; }
     comm_after_compute(m);  // the update has written the shard, and the last step's outer tensors are read
-    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(outer_weights(&m->config) * sizeof(floatX)),
+    prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(outer_weights(&m->config) * sizeof(floatX)),
                   "ZeRO-3: wte, wpe, lnf all-gather");
     auto outer = [m](int k) { return param_tensor(&m->weights, m->slices[k].tensor); };
-    for (int g = m->config.num_layers; g < m->num_zero_groups; g++) {
-        zero_gather_shard(&m->zero_groups[g], m->dist.world, m->weights_memory, outer, (floatX*)m->zero_pack, m->comm, m->comm_stream);
-        m->weight_collectives++;
+    for (int g = m->config.num_layers; g < m->shard.num_zero_groups; g++) {
+        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, m->weights_memory, outer, (floatX*)m->shard.zero_pack, m->exchange.comm, m->exchange.comm_stream);
+        m->exchange.weight_collectives++;
     }
-    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
-    CUDA_CHECK(cudaEventRecord(m->outer_ready, m->comm_stream));
+    prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
+    CUDA_CHECK(cudaEventRecord(m->zero3.outer_ready, m->exchange.comm_stream));
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the ZeRO-3 outer tensors");
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->outer_ready, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->zero3.outer_ready, 0));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    m->outer_gathered = 1;
+    m->zero3.outer_gathered = 1;
 }
 
 // queues layer l's gather into buffer l % 2 on the comm stream, unless the buffer holds l already
@@ -973,16 +986,16 @@ static void zero3_gather_outer(Model<floatX>* m) {
 template <typename floatX>
 static void zero3_gather_layer(Model<floatX>* m, int l) {
     int b = l % 2;
-    if (m->buf_layer[b] == l) { return; }
-    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->released[b], 0));
-    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(layer_weights(&m->config) * sizeof(floatX)),
+    if (m->zero3.buf_layer[b] == l) { return; }
+    CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->zero3.released[b], 0));
+    prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(layer_weights(&m->config) * sizeof(floatX)),
                   "ZeRO-3: layer %d all-gather", l);
-    auto layer = [m, b](int k) { return param_tensor(&m->layer_buf[b], m->slices[k].tensor); };
-    zero_gather_shard(&m->zero_groups[l], m->dist.world, m->weights_memory, layer, (floatX*)m->zero_pack, m->comm, m->comm_stream);
-    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
-    CUDA_CHECK(cudaEventRecord(m->gathered[b], m->comm_stream));
-    m->buf_layer[b] = l;
-    m->weight_collectives++;
+    auto layer = [m, b](int k) { return param_tensor(&m->zero3.layer_buf[b], m->slices[k].tensor); };
+    zero_gather_shard(&m->shard.zero_groups[l], m->dist.world, m->weights_memory, layer, (floatX*)m->shard.zero_pack, m->exchange.comm, m->exchange.comm_stream);
+    prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
+    CUDA_CHECK(cudaEventRecord(m->zero3.gathered[b], m->exchange.comm_stream));
+    m->zero3.buf_layer[b] = l;
+    m->exchange.weight_collectives++;
 }
 
 // layer l's weights for the kernels queued next: the model's, or (ZeRO-3) buffer l % 2, gathered
@@ -993,9 +1006,9 @@ static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
     if (m->zero != ZERO_3) { return layer_params(&m->weights, l, C); }
     zero3_gather_layer(m, l);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for layer %d's gather", l);
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->gathered[l % 2], 0));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->zero3.gathered[l % 2], 0));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    return layer_params(&m->layer_buf[l % 2], 0, C);
+    return layer_params(&m->zero3.layer_buf[l % 2], 0, C);
 }
 
 // ZeRO-3: the kernels queued so far are layer l's buffer's last readers; then the gather of layer
@@ -1003,15 +1016,15 @@ static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
 template <typename floatX>
 static void zero3_release(Model<floatX>* m, int l, int next) {
     if (m->zero != ZERO_3) { return; }
-    CUDA_CHECK(cudaEventRecord(m->released[l % 2], m->stream));
+    CUDA_CHECK(cudaEventRecord(m->zero3.released[l % 2], m->stream));
     if (next >= 0) { zero3_gather_layer(m, next); }
 }
 
 // the gathered copies are stale: the shard has moved on (the update, a checkpoint's load)
 template <typename floatX>
 static void zero3_invalidate(Model<floatX>* m) {
-    m->outer_gathered = 0;
-    m->buf_layer[0] = m->buf_layer[1] = -1;
+    m->zero3.outer_gathered = 0;
+    m->zero3.buf_layer[0] = m->zero3.buf_layer[1] = -1;
 }
 
 // ----------------------------------------------------------------------------
@@ -1027,32 +1040,32 @@ static void zero3_invalidate(Model<floatX>* m) {
 // not timed
 template <typename floatX>
 static void compute_waits_for_copy(Model<floatX>* m, cudaEvent_t e) {
-    int w = m->waits < OFFLOAD_MAX_WAITS ? m->waits++ : -1;
+    int w = m->offload.waits < OFFLOAD_MAX_WAITS ? m->offload.waits++ : -1;
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COPY_WAIT, prof_bytes(0.0), "compute waits for the copy stream");
-    if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->wait_marks[2 * w], m->stream)); }
+    if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->offload.wait_marks[2 * w], m->stream)); }
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, e, 0));
-    if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->wait_marks[2 * w + 1], m->stream)); }
+    if (w >= 0) { CUDA_CHECK(cudaEventRecord(m->offload.wait_marks[2 * w + 1], m->stream)); }
 }
 
 // the milliseconds the compute stream stood still waiting for copies since the last call
 template <typename floatX>
 static double copy_wait_ms(Model<floatX>* m) {
     double total = 0.0;
-    for (int w = 0; w < m->waits; w++) {
+    for (int w = 0; w < m->offload.waits; w++) {
         float ms;
-        WATCHED_WAIT(cudaEventSynchronize(m->wait_marks[2 * w + 1]), "a timed wait");
-        CUDA_CHECK(cudaEventElapsedTime(&ms, m->wait_marks[2 * w], m->wait_marks[2 * w + 1]));
+        WATCHED_WAIT(cudaEventSynchronize(m->offload.wait_marks[2 * w + 1]), "a timed wait");
+        CUDA_CHECK(cudaEventElapsedTime(&ms, m->offload.wait_marks[2 * w], m->offload.wait_marks[2 * w + 1]));
         total += ms;
     }
-    m->waits = 0;
+    m->offload.waits = 0;
     return total;
 }
 
 // the copy stream waits for everything queued on the compute stream so far
 template <typename floatX>
 static void copy_after_compute(Model<floatX>* m) {
-    CUDA_CHECK(cudaEventRecord(m->compute_done, m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->copy_stream, m->compute_done, 0));
+    CUDA_CHECK(cudaEventRecord(m->offload.compute_done, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->offload.copy_stream, m->offload.compute_done, 0));
 }
 
 // after layer l's forward, what the schedule (act_policy.h) keeps: the next segment's input in
@@ -1070,17 +1083,17 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
     }
     if (st.segment_input < 0 && st.offload_layer < 0) { return; }
     copy_after_compute(m);
-    prof_gpu_mark(m->copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY,
-                  prof_bytes(st.segment_input >= 0 ? (double)bytes : (double)m->layer_bytes), "to the host");
+    prof_gpu_mark(m->offload.copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY,
+                  prof_bytes(st.segment_input >= 0 ? (double)bytes : (double)m->offload.layer_bytes), "to the host");
     if (st.segment_input >= 0) {
-        CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToHost, m->copy_stream));
+        CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToHost, m->offload.copy_stream));
     } else {
-        CUDA_CHECK(cudaMemcpyAsync(m->host_store + (size_t)l * m->layer_bytes, la->ln1, m->layer_bytes, cudaMemcpyDeviceToHost,
-                                   m->copy_stream));
-        m->slot_layer[slot] = l;
+        CUDA_CHECK(cudaMemcpyAsync(m->offload.host_store + (size_t)l * m->offload.layer_bytes, la->ln1, m->offload.layer_bytes, cudaMemcpyDeviceToHost,
+                                   m->offload.copy_stream));
+        m->offload.slot_layer[slot] = l;
     }
-    prof_gpu_close(m->copy_stream, PROF_STREAM_COPY);
-    CUDA_CHECK(cudaEventRecord(m->slot_saved[slot], m->copy_stream));
+    prof_gpu_close(m->offload.copy_stream, PROF_STREAM_COPY);
+    CUDA_CHECK(cudaEventRecord(m->offload.slot_saved[slot], m->offload.copy_stream));
 }
 
 // layers first..last forward from x into the working set; with store, what the schedule keeps.
@@ -1098,7 +1111,7 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
         // not under ZeRO-3, where the next layer's weights are still on their way
         LayerActs<floatX>* next = l < last && !m->act.offload && m->zero != ZERO_3 ? act_layer(m, l + 1) : NULL;
         if (next != NULL) { np = layer_params(&m->weights, l + 1, C); }
-        if (m->act.offload) { compute_waits_for_copy(m, m->slot_saved[act_slot_of(&m->act, L, l)]); }
+        if (m->act.offload) { compute_waits_for_copy(m, m->offload.slot_saved[act_slot_of(&m->act, L, l)]); }
         block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
         zero3_release(m, l, l < last ? l + 1 : -1);
         ln1_done = next != NULL;
@@ -1112,14 +1125,14 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
 template <typename floatX>
 static void fetch_layer(Model<floatX>* m, int l) {
     int slot = act_slot_of(&m->act, m->config.num_layers, l);
-    if (m->slot_layer[slot] != l) {
+    if (m->offload.slot_layer[slot] != l) {
         copy_after_compute(m);  // the slot's last reader (a later layer's backward) is done
-        prof_gpu_mark(m->copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)m->layer_bytes), "from the host");
-        CUDA_CHECK(cudaMemcpyAsync(m->slots[slot].ln1, m->host_store + (size_t)l * m->layer_bytes, m->layer_bytes,
-                                   cudaMemcpyHostToDevice, m->copy_stream));
-        prof_gpu_close(m->copy_stream, PROF_STREAM_COPY);
-        CUDA_CHECK(cudaEventRecord(m->slot_loaded[slot], m->copy_stream));
-        m->slot_layer[slot] = l;
+        prof_gpu_mark(m->offload.copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)m->offload.layer_bytes), "from the host");
+        CUDA_CHECK(cudaMemcpyAsync(m->slots[slot].ln1, m->offload.host_store + (size_t)l * m->offload.layer_bytes, m->offload.layer_bytes,
+                                   cudaMemcpyHostToDevice, m->offload.copy_stream));
+        prof_gpu_close(m->offload.copy_stream, PROF_STREAM_COPY);
+        CUDA_CHECK(cudaEventRecord(m->offload.slot_loaded[slot], m->offload.copy_stream));
+        m->offload.slot_layer[slot] = l;
     }
 }
 
@@ -1132,11 +1145,11 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
     if (bp.restore_segment >= 0) {
         copy_after_compute(m);  // the staging buffer's last reader is done
         size_t bytes = (size_t)B * T * m->config.channels * sizeof(floatX);
-        prof_gpu_mark(m->copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)bytes), "from the host");
-        CUDA_CHECK(cudaMemcpyAsync(m->staging, m->seg_inputs[bp.restore_segment], bytes, cudaMemcpyHostToDevice, m->copy_stream));
-        prof_gpu_close(m->copy_stream, PROF_STREAM_COPY);
-        CUDA_CHECK(cudaEventRecord(m->staging_loaded, m->copy_stream));
-        compute_waits_for_copy(m, m->staging_loaded);
+        prof_gpu_mark(m->offload.copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)bytes), "from the host");
+        CUDA_CHECK(cudaMemcpyAsync(m->staging, m->seg_inputs[bp.restore_segment], bytes, cudaMemcpyHostToDevice, m->offload.copy_stream));
+        prof_gpu_close(m->offload.copy_stream, PROF_STREAM_COPY);
+        CUDA_CHECK(cudaEventRecord(m->offload.staging_loaded, m->offload.copy_stream));
+        compute_waits_for_copy(m, m->offload.staging_loaded);
     }
     if (bp.recompute_segment >= 0) {
         forward_layers(m, bp.recompute_first, bp.recompute_last, segment_input(m, bp.recompute_segment), B, T, 0);
@@ -1147,7 +1160,7 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
     if (bp.fetch[0] >= 0) {  // l's block and l-1's output (l's input) must be back before l's backward
         for (int i = 0; i < 2; i++) {
             if (bp.fetch[i] >= 0) {
-                compute_waits_for_copy(m, m->slot_loaded[act_slot_of(&m->act, L, bp.fetch[i])]);
+                compute_waits_for_copy(m, m->offload.slot_loaded[act_slot_of(&m->act, L, bp.fetch[i])]);
             }
         }
     }
@@ -1207,20 +1220,20 @@ static LayerParams<float> packed_layer_grads(float* p, const GPT2Config* c) {
 template <typename floatX>
 static LayerParams<float> layer_grads_on_device(Model<floatX>* m, int l) {
     int b = l % 2;
-    CUDA_CHECK(cudaMemsetAsync(m->grad_layers[b], 0, layer_weights(&m->config) * sizeof(float), m->stream));
-    return packed_layer_grads(m->grad_layers[b], &m->config);
+    CUDA_CHECK(cudaMemsetAsync(m->opt_offload.grad_layers[b], 0, layer_weights(&m->config) * sizeof(float), m->stream));
+    return packed_layer_grads(m->opt_offload.grad_layers[b], &m->config);
 }
 
 // queues the copy of a group's n gradients at src (GPU) into opt_staging[b], after everything the
 // compute stream has queued so far
 template <typename floatX>
 static void send_grads_down(Model<floatX>* m, const float* src, size_t n, int b) {
-    CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->grad_stream, m->grads_ready, 0));
-    prof_gpu_mark(m->grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(float)), "gradients to the host");
-    CUDA_CHECK(cudaMemcpyAsync(m->opt_staging[b], src, n * sizeof(float), cudaMemcpyDeviceToHost, m->grad_stream));
-    prof_gpu_close(m->grad_stream, PROF_STREAM_GRADS);
-    CUDA_CHECK(cudaEventRecord(m->grads_down[b], m->grad_stream));
+    CUDA_CHECK(cudaEventRecord(m->opt_offload.grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->opt_offload.grad_stream, m->opt_offload.grads_ready, 0));
+    prof_gpu_mark(m->opt_offload.grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(float)), "gradients to the host");
+    CUDA_CHECK(cudaMemcpyAsync(m->opt_offload.opt_staging[b], src, n * sizeof(float), cudaMemcpyDeviceToHost, m->opt_offload.grad_stream));
+    prof_gpu_close(m->opt_offload.grad_stream, PROF_STREAM_GRADS);
+    CUDA_CHECK(cudaEventRecord(m->opt_offload.grads_down[b], m->opt_offload.grad_stream));
 }
 
 // the CPU waits for group l's gradients in opt_staging[b] and takes them into the step's: the
@@ -1228,14 +1241,14 @@ static void send_grads_down(Model<floatX>* m, const float* src, size_t n, int b)
 // kernels, so a sum of micro-batches may round differently: tests/test_cuda_matrix.py, 1e-6)
 template <typename floatX>
 static void take_grads(Model<floatX>* m, int l, int b) {
-    WATCHED_WAIT(cudaEventSynchronize(m->grads_down[b]), "the gradients' copy to the host");
+    WATCHED_WAIT(cudaEventSynchronize(m->opt_offload.grads_down[b]), "the gradients' copy to the host");
     GradPiece pieces[NUM_PARAMETER_TENSORS];
     int n = grad_group_pieces(&m->config, l, pieces);
-    const float* src = m->opt_staging[b];
+    const float* src = m->opt_offload.opt_staging[b];
     for (int i = 0; i < n; i++) {
-        float* dst = m->host_grads + pieces[i].host_offset;
+        float* dst = m->opt_offload.host_grads + pieces[i].host_offset;
         size_t len = pieces[i].n;
-        if (m->first_micro_step) {
+        if (m->opt_offload.first_micro_step) {
             memcpy(dst, src, len * sizeof(float));
         } else {
             #pragma omp parallel for
@@ -1250,16 +1263,16 @@ static void take_grads(Model<floatX>* m, int l, int b) {
 // last); queued on the compute stream, so the next forward runs after them
 template <typename floatX>
 static void upload_weights(Model<floatX>* m, const float* src, floatX* dst, size_t count) {
-    for (size_t done = 0; done < count; done += m->opt_staging_floats) {
-        size_t n = count - done < m->opt_staging_floats ? count - done : m->opt_staging_floats;
-        int b = m->next_staging;
-        m->next_staging ^= 1;
-        WATCHED_WAIT(cudaEventSynchronize(m->staged_up[b]), "a staging buffer's copy to the device");
-        floatX* staged = (floatX*)m->opt_staging[b];
+    for (size_t done = 0; done < count; done += m->opt_offload.opt_staging_floats) {
+        size_t n = count - done < m->opt_offload.opt_staging_floats ? count - done : m->opt_offload.opt_staging_floats;
+        int b = m->opt_offload.next_staging;
+        m->opt_offload.next_staging ^= 1;
+        WATCHED_WAIT(cudaEventSynchronize(m->opt_offload.staged_up[b]), "a staging buffer's copy to the device");
+        floatX* staged = (floatX*)m->opt_offload.opt_staging[b];
         #pragma omp parallel for
         for (size_t j = 0; j < n; j++) { staged[j] = from_float<floatX>(src[done + j]); }
         CUDA_CHECK(cudaMemcpyAsync(dst + done, staged, n * sizeof(floatX), cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaEventRecord(m->staged_up[b], m->stream));
+        CUDA_CHECK(cudaEventRecord(m->opt_offload.staged_up[b], m->stream));
     }
 }
 
@@ -1279,17 +1292,17 @@ static void upload_tensor_done(void* model, int i) { upload_tensor((Model<floatX
 // lnfb) straight into the host's, after everything the compute stream has queued so far
 template <typename floatX>
 static void send_final_grads(Model<floatX>* m, int l) {
-    CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->grad_stream, m->grads_ready, 0));
+    CUDA_CHECK(cudaEventRecord(m->opt_offload.grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->opt_offload.grad_stream, m->opt_offload.grads_ready, 0));
     GradPiece pieces[NUM_PARAMETER_TENSORS];
     int n = grad_group_pieces(&m->config, l, pieces);
     for (int i = 0; i < n; i++) {
         size_t off = pieces[i].host_offset;
-        prof_gpu_mark(m->grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(pieces[i].n * sizeof(float)), "gradients to the host");
-        CUDA_CHECK(cudaMemcpyAsync(m->host_grads + off, m->grads_memory + off, pieces[i].n * sizeof(float),
-                                   cudaMemcpyDeviceToHost, m->grad_stream));
+        prof_gpu_mark(m->opt_offload.grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(pieces[i].n * sizeof(float)), "gradients to the host");
+        CUDA_CHECK(cudaMemcpyAsync(m->opt_offload.host_grads + off, m->grads_memory + off, pieces[i].n * sizeof(float),
+                                   cudaMemcpyDeviceToHost, m->opt_offload.grad_stream));
     }
-    prof_gpu_close(m->grad_stream, PROF_STREAM_GRADS);
+    prof_gpu_close(m->opt_offload.grad_stream, PROF_STREAM_GRADS);
 }
 
 // ----------------------------------------------------------------------------
@@ -1314,7 +1327,7 @@ static int offloads_shard(const Model<floatX>* m) { return m->offload_opt != OPT
 template <typename floatX>
 static HostStep host_step_of(Model<floatX>* m) {
     HostStep h = {&m->config, m->dist, offloads_shard(m) ? ZERO_3 : m->zero, m->optimizer, m->num_parameters, m->master_memory,
-                  m->host_grads, m->opt_memory, NULL};  // the exchange a slice at a time: no pack in host memory
+                  m->opt_offload.host_grads, m->opt_memory, NULL};  // the exchange a slice at a time: no pack in host memory
     return h;
 }
 
@@ -1332,9 +1345,9 @@ static void upload_shard(Model<floatX>* m, int in_step) {
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(floatX)),
                   "NCCL all-gather of the new weights");
     auto weights = [m](int k) { return m->weights_memory + m->slices[k].offset; };
-    for (int g = 0; g < m->num_zero_groups; g++) {
-        zero_gather_shard(&m->zero_groups[g], m->dist.world, shard, weights, (floatX*)m->zero_pack, m->comm, m->stream);
-        m->weight_collectives += in_step;
+    for (int g = 0; g < m->shard.num_zero_groups; g++) {
+        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, shard, weights, (floatX*)m->shard.zero_pack, m->exchange.comm, m->stream);
+        m->exchange.weight_collectives += in_step;
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
@@ -1368,22 +1381,16 @@ template <typename floatX>
 static void head_forward(Model<floatX>* m, const floatX* x, int first, int n, int has_targets, float loss_scale) {
     const GPT2Config* c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
-    size_t row = (size_t)first * C, N = (size_t)n, X = sizeof(floatX);
+    size_t row = (size_t)first * C;
     cudaStream_t s = m->stream;
-    const int S = PROF_STREAM_COMPUTE;
-    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_forward(N, C, X), "forward");
     layernorm_forward_cuda(m->lnf, m->lnf_mean + first, m->lnf_rstd + first, x + row, m->weights.lnfw, m->weights.lnfb, 1, n, C, s);
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_forward(N, C, Vp, X), PROF_MATMUL_FORWARD, N, C, Vp);
     matmul_forward_cuda(m->logits, m->lnf, m->weights.wte, (const floatX*)NULL, 1, n, C, Vp, &m->matmul, s);
     if (loss_scale == 0.0f) {
-        prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(N, V, Vp, X), "forward (softmax, cross-entropy)");
         classifier_forward_cuda(m->losses + first, m->row_max, m->row_sum, m->logits, has_targets ? m->targets + first : (const int*)NULL,
                                 1, n, V, Vp, s);
         return;
     }
-    prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(N, V, Vp, X), "forward and backward, fused (--loss-chunk)");
     classifier_fused_cuda(m->losses + first, m->logits, m->targets + first, loss_scale, 1, n, V, Vp, s);  // in place: dlogits
-    prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(N, C, Vp, X), PROF_MATMUL_BACKWARD, N, C, Vp);
     matmul_backward_cuda(m->dbtc + row, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, 1, n, C, Vp, m->reduce_scratch,
                          &m->matmul, s, MATMUL_DINP_SET);
 }
@@ -1396,9 +1403,7 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     size_t BT = (size_t)B * T;
     cudaStream_t s = m->stream;
-    size_t X = sizeof(floatX);
     const int S = PROF_STREAM_COMPUTE;
-    prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_forward(BT, C, X), "forward (with the tokens' upload)");
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
     zero3_gather_outer(m);
@@ -1427,6 +1432,46 @@ static int next_backward_layer(const Model<floatX>* m, int l) {
     return bp.recompute_segment >= 0 ? bp.recompute_first : l;
 }
 
+// the backward's hooks, where the techniques enter the plain loop of model_backward
+
+// where layer l's backward adds its gradients: the model's gradients, ZeRO-2's one-layer working
+// buffer, or with --offload optimizer,gradients one of the two layers' on the GPU
+template <typename floatX>
+static LayerParams<float> layer_grads_of(Model<floatX>* m, int l) {
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) { return layer_grads_on_device(m, l); }
+    return layer_params(&m->grads, zero_shards_grads(m->zero) ? 0 : l, m->config.channels);
+}
+
+// after layer l's backward: ZeRO-3 releases its weights (and prefetches the next layer the backward
+// reads); its gradients are reduce-scattered (ZeRO-2), all-reduced (the step's last micro-step), sent
+// to the host (--offload optimizer), or go down while the CPU takes l+1's (,gradients)
+template <typename floatX>
+static void layer_grads_done(Model<floatX>* m, int l) {
+    zero3_release(m, l, l > 0 ? next_backward_layer(m, l - 1) : -1);
+    if (zero_shards_grads(m->zero)) { zero2_reduce(m, l); }
+    else if (m->exchange.reduce_in_backward) { reduce_now_final(m, l); }
+    if (m->opt_offload.send_in_backward) { send_final_grads(m, l); }
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {
+        send_grads_down(m, m->opt_offload.grad_layers[l % 2], layer_weights(&m->config), l % 2);
+        if (l + 1 < m->config.num_layers) { take_grads(m, l + 1, (l + 1) % 2); }
+    }
+}
+
+// after the encoder's backward: layer_grads_done for wte, wpe, lnfw, lnfb (OUTER_GROUP); with
+// ,gradients they go through opt_staging[1] (layer 1's, taken), then the last two groups
+template <typename floatX>
+static void outer_grads_done(Model<floatX>* m) {
+    if (zero_shards_grads(m->zero)) { zero2_reduce(m, OUTER_GROUP); }
+    else if (m->exchange.reduce_in_backward) { reduce_now_final(m, OUTER_GROUP); }
+    if (m->opt_offload.send_in_backward) { send_final_grads(m, OUTER_GROUP); }
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) {
+        send_grads_down(m, m->grads_memory, outer_weights(&m->config), 1);
+        take_grads(m, 0, 0);
+        take_grads(m, OUTER_GROUP, 1);
+        m->opt_offload.first_micro_step = 0;
+    }
+}
+
 template <typename floatX>
 static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
@@ -1438,45 +1483,24 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
         act_take_head_grads(&m->head_grad_scale, loss_scale);
     } else {
         clear_outer_grads(m);
-        prof_gpu_mark(s, S, PROF_CLASSIFIER, prof_classifier(BT, V, Vp, X), "backward");
         classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
         m->probs_first = -1;
-        prof_gpu_mark(s, S, PROF_MATMUL, prof_matmul_backward(BT, C, Vp, X), PROF_MATMUL_BACKWARD, BT, C, Vp);
         matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
                              &m->matmul, s, MATMUL_DINP_SET);
     }
-    prof_gpu_mark(s, S, PROF_LAYERNORM, prof_layernorm_backward(BT, C, X), "backward");
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, BTC * X, s));
     layernorm_backward_cuda(m->dresidual, m->grads.lnfw, m->grads.lnfb, m->dbtc, layer_input(m, L), m->weights.lnfw,
                             m->lnf_mean, m->lnf_rstd, B, T, C, m->reduce_scratch, s);
     for (int l = L - 1; l >= 0; l--) {
-        prepare_backward(m, l, B, T);
-        LayerParams<floatX> lp = weights_of_layer(m, l);
-        int offload_grads = m->offload_opt == OPT_OFFLOAD_GRADS;
-        int zero2 = zero_shards_grads(m->zero);  // the working buffer's one layer
-        LayerParams<float> lg = offload_grads ? layer_grads_on_device(m, l) : layer_params(&m->grads, zero2 ? 0 : l, C);
+        prepare_backward(m, l, B, T);                     // hook: l's activations back (--offload, --recompute)
+        LayerParams<floatX> lp = weights_of_layer(m, l);  // hook: l's weights (ZeRO-3 gathers them)
+        LayerParams<float> lg = layer_grads_of(m, l);     // hook: where l's gradients go (ZeRO-2, --offload optimizer,gradients)
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
-        zero3_release(m, l, l > 0 ? next_backward_layer(m, l - 1) : -1);
-        if (zero2) { zero2_reduce(m, l); }
-        else if (m->reduce_in_backward) { reduce_now_final(m, l); }
-        if (m->send_in_backward) { send_final_grads(m, l); }
-        if (offload_grads) {  // l's gradients go down while the CPU takes l+1's and the GPU computes l-1's
-            send_grads_down(m, m->grad_layers[l % 2], layer_weights(c), l % 2);
-            if (l + 1 < L) { take_grads(m, l + 1, (l + 1) % 2); }
-        }
+        layer_grads_done(m, l);                           // hook: ZeRO's and NCCL's exchanges, the offloaded optimizer's copies
     }
-    prof_gpu_mark(s, S, PROF_ENCODER, prof_encoder_backward(BT, T, C, X), "backward");
     encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
     prof_gpu_close(s, S);
-    if (zero_shards_grads(m->zero)) { zero2_reduce(m, OUTER_GROUP); }  // wte, wpe, lnfw, lnfb
-    else if (m->reduce_in_backward) { reduce_now_final(m, OUTER_GROUP); }
-    if (m->send_in_backward) { send_final_grads(m, OUTER_GROUP); }
-    if (m->offload_opt == OPT_OFFLOAD_GRADS) {  // the rest through opt_staging[1] (layer 1's, taken), then the last two groups
-        send_grads_down(m, m->grads_memory, outer_weights(c), 1);
-        take_grads(m, 0, 0);
-        take_grads(m, OUTER_GROUP, 1);
-        m->first_micro_step = 0;
-    }
+    outer_grads_done(m);                                  // hook: the same for wte, wpe, lnfw, lnfb
 }
 
 // ----------------------------------------------------------------------------
@@ -1491,7 +1515,7 @@ template <typename floatX>
 static void zero_group_range(const Model<floatX>* m, int layer, int* g0, int* g1) {
     int L = m->config.num_layers;
     *g0 = layer >= 0 ? layer : layer == OUTER_GROUP ? L : 0;
-    *g1 = layer >= 0 ? layer + 1 : m->num_zero_groups;
+    *g1 = layer >= 0 ? layer + 1 : m->shard.num_zero_groups;
 }
 
 // the gradients of the slices of `layer` (or ALL_SLICES) summed over the ranks on `stream`: whole
@@ -1504,16 +1528,16 @@ static void reduce_slices(Model<floatX>* m, int layer, cudaStream_t stream) {
         zero_group_range(m, layer, &g0, &g1);
         auto grads = [m](int k) { return m->grads_memory + m->slices[k].offset; };
         for (int g = g0; g < g1; g++) {
-            zero_pack_cuda(&m->zero_groups[g], 0, m->dist.world, grads, m->zero_pack, stream);
-            zero_reduce_scatter(&m->zero_groups[g], rank, m->zero_pack, m->comm, stream);
-            zero_unpack_cuda(&m->zero_groups[g], rank, rank + 1, grads, m->zero_pack, stream);
-            m->grad_collectives++;
+            zero_pack_cuda(&m->shard.zero_groups[g], 0, m->dist.world, grads, m->shard.zero_pack, stream);
+            zero_reduce_scatter(&m->shard.zero_groups[g], rank, m->shard.zero_pack, m->exchange.comm, stream);
+            zero_unpack_cuda(&m->shard.zero_groups[g], rank, rank + 1, grads, m->shard.zero_pack, stream);
+            m->exchange.grad_collectives++;
         }
         return;
     }
     NCCL_CHECK(ncclGroupStart());
     for_each_slice(&m->config, layer, [m, stream](size_t off, size_t n) {
-        NCCL_CHECK(ncclAllReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, m->comm, stream));
+        NCCL_CHECK(ncclAllReduce(m->grads_memory + off, m->grads_memory + off, n, ncclFloat, ncclSum, m->exchange.comm, stream));
     });
     NCCL_CHECK(ncclGroupEnd());
 }
@@ -1529,28 +1553,28 @@ template <typename floatX>
 static void zero2_reduce(Model<floatX>* m, int layer) {
     int g0, g1, rank = m->dist.rank;
     zero_group_range(m, layer, &g0, &g1);
-    CUDA_CHECK(cudaEventRecord(m->grads_final, m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->grads_final, 0));
+    CUDA_CHECK(cudaEventRecord(m->exchange.grads_final, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->exchange.grads_final, 0));
     size_t n = layer == OUTER_GROUP ? outer_weights(&m->config) : layer_weights(&m->config);
-    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "ZeRO-2 reduce-scatter, during backward");
+    prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "ZeRO-2 reduce-scatter, during backward");
     auto working = [m](int k) { return param_tensor(&m->grads, m->slices[k].tensor); };
     for (int g = g0; g < g1; g++) {
-        const ZeroGroup* zg = &m->zero_groups[g];
-        zero_pack_cuda(zg, 0, m->dist.world, working, m->zero_pack, m->comm_stream);
-        CUDA_CHECK(cudaEventRecord(m->working_taken, m->comm_stream));
-        zero_reduce_scatter(zg, rank, m->zero_pack, m->comm, m->comm_stream);
-        zero_add_cuda(m->grads_memory + zg->shard_at, m->zero_pack + (size_t)rank * zg->part, zg->part, m->comm_stream);
-        if (offloads_shard(m) && m->reduce_in_backward) {  // the step's last: the group's shard is final, down it goes
-            CUDA_CHECK(cudaMemcpyAsync(m->host_grads + zg->shard_at, m->grads_memory + zg->shard_at, zg->part * sizeof(float),
-                                       cudaMemcpyDeviceToHost, m->comm_stream));
+        const ZeroGroup* zg = &m->shard.zero_groups[g];
+        zero_pack_cuda(zg, 0, m->dist.world, working, m->shard.zero_pack, m->exchange.comm_stream);
+        CUDA_CHECK(cudaEventRecord(m->shard.working_taken, m->exchange.comm_stream));
+        zero_reduce_scatter(zg, rank, m->shard.zero_pack, m->exchange.comm, m->exchange.comm_stream);
+        zero_add_cuda(m->grads_memory + zg->shard_at, m->shard.zero_pack + (size_t)rank * zg->part, zg->part, m->exchange.comm_stream);
+        if (offloads_shard(m) && m->exchange.reduce_in_backward) {  // the step's last: the group's shard is final, down it goes
+            CUDA_CHECK(cudaMemcpyAsync(m->opt_offload.host_grads + zg->shard_at, m->grads_memory + zg->shard_at, zg->part * sizeof(float),
+                                       cudaMemcpyDeviceToHost, m->exchange.comm_stream));
         }
-        m->grad_collectives++;
+        m->exchange.grad_collectives++;
     }
-    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
-    float* first = layer == OUTER_GROUP ? m->grad_working : m->grads.ln1w;  // the layer: its 12 tensors, ln1w first
+    prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
+    float* first = layer == OUTER_GROUP ? m->shard.grad_working : m->grads.ln1w;  // the layer: its 12 tensors, ln1w first
     size_t floats = layer == OUTER_GROUP ? shard_layout(&m->config, m->dist.world).working : layer_weights(&m->config);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(floats * sizeof(float)), "ZeRO-2 working gradients, once packed");
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->working_taken, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->shard.working_taken, 0));
     CUDA_CHECK(cudaMemsetAsync(first, 0, floats * sizeof(float), m->stream));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
@@ -1560,12 +1584,12 @@ static void zero2_reduce(Model<floatX>* m, int layer) {
 // comm stream waits for the compute stream up to here, then reduces
 template <typename floatX>
 static void reduce_now_final(Model<floatX>* m, int layer) {
-    CUDA_CHECK(cudaEventRecord(m->grads_final, m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->comm_stream, m->grads_final, 0));
+    CUDA_CHECK(cudaEventRecord(m->exchange.grads_final, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->exchange.grads_final, 0));
     size_t n = layer == OUTER_GROUP ? outer_weights(&m->config) : layer_weights(&m->config);
-    prof_gpu_mark(m->comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "NCCL gradient sums, during backward");
-    reduce_slices(m, layer, m->comm_stream);
-    prof_gpu_close(m->comm_stream, PROF_STREAM_NCCL);
+    prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(n * sizeof(float)), "NCCL gradient sums, during backward");
+    reduce_slices(m, layer, m->exchange.comm_stream);
+    prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
 }
 
 // the gradients of all ranks' micro-batches, summed (the loss scale already divides by the
@@ -1574,22 +1598,22 @@ static void reduce_now_final(Model<floatX>* m, int layer) {
 template <typename floatX>
 static void model_reduce_grads(Model<floatX>* m) {
     if (m->offload_opt != OPT_OFFLOAD_NONE && !offloads_shard(m)) {  // the gradients are (or are on their way) in host memory
-        if (m->send_in_backward) { WATCHED_WAIT(cudaStreamSynchronize(m->grad_stream), "the gradients' stream"); }
-        m->send_in_backward = 0;
+        if (m->opt_offload.send_in_backward) { WATCHED_WAIT(cudaStreamSynchronize(m->opt_offload.grad_stream), "the gradients' stream"); }
+        m->opt_offload.send_in_backward = 0;
         HostStep h = host_step_of(m);
         if (m->dist.world > 1) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums, on the host"); }
         host_reduce_grads(&h);
         prof_close();
         return;
     }
-    if (m->comm == NULL) { return; }
-    if (m->reduce_in_backward || zero_shards_grads(m->zero)) {
-        CUDA_CHECK(cudaEventRecord(m->reduced, m->comm_stream));
+    if (m->exchange.comm == NULL) { return; }
+    if (m->exchange.reduce_in_backward || zero_shards_grads(m->zero)) {
+        CUDA_CHECK(cudaEventRecord(m->exchange.reduced, m->exchange.comm_stream));
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the NCCL stream");
-        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->reduced, 0));
+        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->exchange.reduced, 0));
         prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-        m->reduce_in_backward = 0;
-        if (offloads_shard(m)) { WATCHED_WAIT(cudaEventSynchronize(m->reduced), "the gradients' reduction"); }  // the shard's copies to the host too
+        m->exchange.reduce_in_backward = 0;
+        if (offloads_shard(m)) { WATCHED_WAIT(cudaEventSynchronize(m->exchange.reduced), "the gradients' reduction"); }  // the shard's copies to the host too
         return;
     }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "NCCL gradient sums");
@@ -1601,7 +1625,7 @@ static void model_reduce_grads(Model<floatX>* m) {
 // slice's start, slice_shard's), or under ZeRO-2 and 3 in the gradient shard
 template <typename floatX>
 static float* grad_block(Model<floatX>* m, int k, size_t offset) {
-    return zero_shards_grads(m->zero) ? m->grads_memory + m->shard_block_off[k] : m->grads_memory + m->slices[k].offset + offset;
+    return zero_shards_grads(m->zero) ? m->grads_memory + m->shard.shard_block_off[k] : m->grads_memory + m->slices[k].offset + offset;
 }
 
 // global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1 and 2: each rank sums
@@ -1617,7 +1641,7 @@ static float model_grad_norm(Model<floatX>* m) {
     }
     double sum = 0.0;
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
-    if (!zero_shards_state(m->zero) || m->comm == NULL) {
+    if (!zero_shards_state(m->zero) || m->exchange.comm == NULL) {
         double* result = m->norm_scratch;
         global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
         CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
@@ -1630,10 +1654,10 @@ static float model_grad_norm(Model<floatX>* m) {
     for (int k = 0; k < nslices; k++) {
         size_t offset;
         OptShard sh = slice_shard(&m->slices[k], &z, &offset);
-        global_norm_squared_cuda(m->norm_parts + k, grad_block(m, k, offset), (size_t)sh.rows * sh.cols, m->norm_scratch + 1, m->stream);
+        global_norm_squared_cuda(m->exchange.norm_parts + k, grad_block(m, k, offset), (size_t)sh.rows * sh.cols, m->norm_scratch + 1, m->stream);
     }
     double* parts = (double*)malloc_check((size_t)nslices * sizeof(double));
-    CUDA_CHECK(cudaMemcpyAsync(parts, m->norm_parts, (size_t)nslices * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(parts, m->exchange.norm_parts, (size_t)nslices * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     for (int k = 0; k < nslices; k++) { sum += parts[k]; }
@@ -1682,7 +1706,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         size_t offset;
         OptShard sh = slice_shard(&slices[k], &z, &offset);
         size_t n = (size_t)sh.rows * sh.cols;
-        float* p = m->zero == ZERO_3 ? m->master_memory + m->shard_block_off[k] : m->master_memory + slices[k].offset + offset;
+        float* p = m->zero == ZERO_3 ? m->master_memory + m->shard.shard_block_off[k] : m->master_memory + slices[k].offset + offset;
         const float* g = grad_block(m, k, offset);
         if (m->optimizer == OPT_ADAMW) {
             const AdamWHyper* a = &h->adamw;
@@ -1692,22 +1716,22 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
                                   (float)a->beta2, (float)a->eps, (float)wd, s->t, m->stream);
             }
         } else if (m->optimizer == OPT_ADAFACTOR) {
-            adafactor_update_cuda(p, g, st, &sh, &h->adafactor, s->t, m->opt_scratch, m->comm, m->stream);
+            adafactor_update_cuda(p, g, st, &sh, &h->adafactor, s->t, m->opt_scratch, m->exchange.comm, m->stream);
         } else {
-            came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, m->comm, m->stream);
+            came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, m->exchange.comm, m->stream);
         }
         st += slice_state_floats(m->optimizer, &sh, use_beta1);
     }
     if (m->zero == ZERO_3) {  // the shard only: the next forward gathers what it reads
         print_zero_collectives(m, s->t);
         zero3_invalidate(m);
-    } else if (zero_shards_state(m->zero) && m->comm != NULL) {
+    } else if (zero_shards_state(m->zero) && m->exchange.comm != NULL) {
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
                       "NCCL all-gather of the updated blocks");
         auto master = [m](int k) { return m->master_memory + m->slices[k].offset; };
-        for (int g = 0; g < m->num_zero_groups; g++) {
-            zero_all_gather(&m->zero_groups[g], m->dist.rank, m->dist.world, master, m->zero_pack, m->comm, m->stream);
-            m->weight_collectives++;
+        for (int g = 0; g < m->shard.num_zero_groups; g++) {
+            zero_all_gather(&m->shard.zero_groups[g], m->dist.rank, m->dist.world, master, m->shard.zero_pack, m->exchange.comm, m->stream);
+            m->exchange.weight_collectives++;
         }
         print_zero_collectives(m, s->t);
     }
@@ -1726,8 +1750,8 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
     if (t == 1 && m->dist.rank == 0) {
         int L = m->config.num_layers;
         printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers (L = %d, %d outer rounds); "
-               "gradients per rank: %zu of %zu floats, pack %zu\n", (int)m->zero, m->grad_collectives, m->weight_collectives,
-               L, m->num_zero_groups - L, m->grad_floats, m->num_parameters, shard_layout(&m->config, m->dist.world).pack);
+               "gradients per rank: %zu of %zu floats, pack %zu\n", (int)m->zero, m->exchange.grad_collectives, m->exchange.weight_collectives,
+               L, m->shard.num_zero_groups - L, m->grad_floats, m->num_parameters, shard_layout(&m->config, m->dist.world).pack);
         if (m->zero == ZERO_3) {
             const char* what = m->offload_opt ? (sizeof(floatX) == sizeof(float) ? "fp32 master in host memory, and an fp32 shard on the GPU"
                                                                                   : "fp32 master in host memory, and a bf16 shard on the GPU")
@@ -1737,8 +1761,8 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
                    what, shard_layout(&m->config, m->dist.world).working + layer_weights(&m->config));
         }
     }
-    m->grad_collectives = 0;
-    m->weight_collectives = 0;
+    m->exchange.grad_collectives = 0;
+    m->exchange.weight_collectives = 0;
 }
 
 template <typename floatX>
@@ -1974,7 +1998,7 @@ template <typename floatX>
 static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
     const GPT2Config* c = &m->config;
     int rank = m->dist.rank, world = m->dist.world;
-    float* staging = m->ckpt_staging;
+    float* staging = m->zero3.ckpt_staging;
     WeightRun* runs = (WeightRun*)malloc_check((size_t)(param_slice_count(c) + 1) * sizeof(WeightRun));
     int n = weight_runs(c, m->slices, runs);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
@@ -1988,7 +2012,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
         }
         const ParamSlice* sl = &m->slices[r.slice];
         size_t len = r.n;
-        float* mine = m->master_memory + m->shard_block_off[r.slice];
+        float* mine = m->master_memory + m->shard.shard_block_off[r.slice];
         if (how == PARAMS_WRITE) {
             fn(ctx, r.offset, staging, len);
             int begin, end, width = slice_unit_width(sl);
@@ -1996,8 +2020,8 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
             CUDA_CHECK(cudaMemcpyAsync(mine, staging + (size_t)begin * width, (size_t)(end - begin) * width * sizeof(float),
                                        cudaMemcpyHostToDevice, m->stream));
         } else {  // the ranks' padded blocks one after another: the slice, then the padding
-            NCCL_CHECK(ncclAllGather(mine, m->grad_working, slice_block_floats(sl, world), ncclFloat, m->comm, m->stream));
-            CUDA_CHECK(cudaMemcpyAsync(staging, m->grad_working, len * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+            NCCL_CHECK(ncclAllGather(mine, m->shard.grad_working, slice_block_floats(sl, world), ncclFloat, m->exchange.comm, m->stream));
+            CUDA_CHECK(cudaMemcpyAsync(staging, m->shard.grad_working, len * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
         }
         WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");  // staging is free (write) or filled (read)
         if (how != PARAMS_WRITE) { fn(ctx, r.offset, staging, len); }
@@ -2007,7 +2031,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
         copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->weight_floats, m->stream);
     }
     if (how != PARAMS_WRITE) {
-        CUDA_CHECK(cudaMemsetAsync(m->grad_working, 0, shard_layout(c, world).working * sizeof(float), m->stream));
+        CUDA_CHECK(cudaMemsetAsync(m->shard.grad_working, 0, shard_layout(c, world).working * sizeof(float), m->stream));
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
@@ -2023,7 +2047,7 @@ template <typename floatX>
 static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
     if (offloads_shard(m)) {
         HostStep h = host_step_of(m);
-        host_zero3_stream(&h, how == PARAMS_WRITE, m->ckpt_staging, fn, ctx);
+        host_zero3_stream(&h, how == PARAMS_WRITE, m->zero3.ckpt_staging, fn, ctx);
         if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }
         return;
     }
@@ -2057,7 +2081,7 @@ const float* gpt2_probs(GPT2* m, int position) {
 // --offload optimizer: the next backward's gradients replace the host's (no pass over them)
 template <typename floatX>
 static void model_zero_grad(Model<floatX>* m) {
-    if (m->offload_opt == OPT_OFFLOAD_GRADS) { m->first_micro_step = 1; return; }
+    if (m->offload_opt == OPT_OFFLOAD_GRADS) { m->opt_offload.first_micro_step = 1; return; }
     size_t n = m->grad_floats;  // ZeRO-2: the shard (the working buffer is zero already)
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(n * sizeof(float)), "gradients");
     CUDA_CHECK(cudaMemsetAsync(m->grads_memory, 0, n * sizeof(float), m->stream));
@@ -2074,16 +2098,16 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 }
 
 double gpt2_copy_wait_ms(GPT2* m) {
-    if (m->bf16) { return m->bf16->wait_marks != NULL ? copy_wait_ms(m->bf16) : -1.0; }
-    return m->f32->wait_marks != NULL ? copy_wait_ms(m->f32) : -1.0;
+    if (m->bf16) { return m->bf16->offload.wait_marks != NULL ? copy_wait_ms(m->bf16) : -1.0; }
+    return m->f32->offload.wait_marks != NULL ? copy_wait_ms(m->f32) : -1.0;
 }
 
 // the next backward is the step's last: its gradients are reduced (NCCL) or sent to the host as
 // each layer's are final (the offloaded shard's come down after the backward, all at once)
 template <typename floatX>
 static void model_reduce_during_backward(Model<floatX>* m) {
-    m->reduce_in_backward = m->comm != NULL;
-    m->send_in_backward = m->offload_opt == OPT_OFFLOAD_STATE && !offloads_shard(m);
+    m->exchange.reduce_in_backward = m->exchange.comm != NULL;
+    m->opt_offload.send_in_backward = m->offload_opt == OPT_OFFLOAD_STATE && !offloads_shard(m);
 }
 
 void gpt2_reduce_during_backward(GPT2* m) {

@@ -25,6 +25,7 @@ results are bitwise reproducible. NH must divide C.
 
 #include <math.h>
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 #include "matmul.cuh"
 
 #define ATTENTION_BLOCK 256          // threads per block of the copy kernels
@@ -200,6 +201,7 @@ void attention_weights_forward_cuda(floatX* att, const floatX* qkv, int B, int T
 template <typename floatX>
 void attention_forward_cuda(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH, floatX* scratch,
                             const MatmulContext* ctx, cudaStream_t stream) {
+    prof_kernel(stream, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(floatX)), "matmul");
     attention_weights_forward_cuda(att, qkv, B, T, C, NH, scratch, ctx, stream);
     if (B * T == 0) { return; }
     int hs = C / NH;
@@ -219,6 +221,7 @@ void attention_forward_cuda(floatX* out, floatX* att, const floatX* qkv, int B, 
 template <typename floatX>
 void attention_backward_cuda(floatX* dqkv, floatX* datt, const floatX* dout, const floatX* qkv, const floatX* att,
                              int B, int T, int C, int NH, floatX* scratch, const MatmulContext* ctx, cudaStream_t stream) {
+    prof_kernel(stream, PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, sizeof(floatX)), "matmul");
     attention_check_heads("attention_backward_cuda", C, NH);
     if (B * T == 0) { return; }
     int hs = C / NH, BNH = B * NH;

@@ -23,6 +23,7 @@ losses and logits' gradient are bitwise those of the two kernels.
 #define CUDA_CLASSIFIER_CUH
 
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 
 #define CLASSIFIER_FORWARD_BLOCK 512
 #define CLASSIFIER_BACKWARD_BLOCK 256
@@ -148,6 +149,7 @@ __global__ void softmax_row_kernel(float* probs, const floatX* logits, const flo
 template <typename floatX>
 void classifier_forward_cuda(float* losses, float* row_max, float* row_sum, const floatX* logits, const int* targets,
                              int B, int T, int V, int Vp, cudaStream_t stream) {
+    prof_kernel(stream, PROF_CLASSIFIER, prof_classifier((size_t)B * T, V, Vp, sizeof(floatX)), "forward (softmax, cross-entropy)");
     if (V < 1 || V > Vp) { fail("classifier_forward_cuda: V=%d must be in [1, Vp=%d]", V, Vp); }
     if (B * T == 0) { return; }
     const int VEC = Packed128<floatX>::size;
@@ -162,6 +164,7 @@ void classifier_forward_cuda(float* losses, float* row_max, float* row_sum, cons
 template <typename floatX>
 void classifier_backward_cuda(floatX* dlogits, const floatX* logits, const float* row_max, const float* row_sum,
                               const int* targets, float dloss, int B, int T, int V, int Vp, cudaStream_t stream) {
+    prof_kernel(stream, PROF_CLASSIFIER, prof_classifier((size_t)B * T, V, Vp, sizeof(floatX)), "backward");
     if (V < 1 || V > Vp) { fail("classifier_backward_cuda: V=%d must be in [1, Vp=%d]", V, Vp); }
     if (B * T == 0) { return; }
     const int VEC = Packed128<floatX>::size;
@@ -178,6 +181,7 @@ void classifier_backward_cuda(floatX* dlogits, const floatX* logits, const float
 template <typename floatX>
 void classifier_fused_cuda(float* losses, floatX* logits, const int* targets, float dloss, int B, int T, int V, int Vp,
                            cudaStream_t stream) {
+    prof_kernel(stream, PROF_CLASSIFIER, prof_classifier((size_t)B * T, V, Vp, sizeof(floatX)), "forward and backward, fused (--loss-chunk)");
     if (V < 1 || V > Vp) { fail("classifier_fused_cuda: V=%d must be in [1, Vp=%d]", V, Vp); }
     if (B * T == 0) { return; }
     const int VEC = Packed128<floatX>::size;

@@ -18,6 +18,7 @@ that are not 16-byte aligned are read element by element.
 #define CUDA_ENCODER_CUH
 
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 
 #define ENCODER_BLOCK 128
 
@@ -93,6 +94,7 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int
 template <typename floatX>
 void encoder_forward_cuda(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
                           cudaStream_t stream) {
+    prof_kernel(stream, PROF_ENCODER, prof_encoder_forward((size_t)B * T, C, sizeof(floatX)), "forward");
     const int VEC = Packed128<floatX>::size;
     bool vector = C % VEC == 0 && is_aligned16(out) && is_aligned16(wte) && is_aligned16(wpe);
     size_t threads = (size_t)B * T * ceil_div(C, VEC);
@@ -141,6 +143,7 @@ static int encoder_buckets(const int* inp, int BT, int* out) {
 template <typename floatX>
 void encoder_backward_cuda(float* dwte, float* dwpe, const floatX* dout, const int* inp, int B, int T, int C,
                            int* scratch, cudaStream_t stream) {
+    prof_kernel(stream, PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(floatX)), "backward");
     int BT = B * T;
     if (BT == 0 || C == 0) { return; }
     const int VEC = Packed128<floatX>::size;

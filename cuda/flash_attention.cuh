@@ -49,6 +49,7 @@ says so).
 #include <math.h>
 #include <type_traits>
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 #include "ptx.cuh"
 #ifndef FLASH_NO_TENSOR_CORES
 #include <mma.h>
@@ -1115,6 +1116,7 @@ static void flash_backward_launch(floatX* dqkv, const floatX* dout, const floatX
 // out (B,T,C) = causal attention of qkv (B,T,3C); lse (B,NH,T) the rows' log-sum-exp (fp32)
 template <typename floatX>
 void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+    prof_kernel(stream, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(floatX)), "flash");
     FlashAccess wide[] = {{"qkv", qkv, FLASH_WIDE_ALIGN, FLASH_WIDE_READS}, {"out", out, flash_store_align<floatX>(), "stores"}};
     flash_check("flash_attention_forward_cuda", C, NH, wide, 2);
     if (B * T == 0) { return; }
@@ -1126,6 +1128,7 @@ void flash_attention_forward_cuda(floatX* out, float* lse, const floatX* qkv, in
 template <typename floatX>
 void flash_attention_backward_cuda(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                    int B, int T, int C, int NH, float* scratch, cudaStream_t stream) {
+    prof_kernel(stream, PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, sizeof(floatX)), "flash");
     FlashAccess wide[] = {{"qkv", qkv, FLASH_WIDE_ALIGN, FLASH_WIDE_READS}, {"dout", dout, FLASH_WIDE_ALIGN, FLASH_WIDE_READS},
                           {"dqkv", dqkv, flash_store_align<floatX>(), "stores"}};
     flash_check("flash_attention_backward_cuda", C, NH, wide, 3);

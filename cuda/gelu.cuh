@@ -15,6 +15,7 @@ the fc-projection GEMM's fallback (cuda/matmul.cuh) where cuBLASLt refuses its D
 #define CUDA_GELU_CUH
 
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 #include "../llmc/model_config.h"  // GELU_SCALE, GELU_CUBIC: the model's, one set for both backends
 
 #define GELU_BLOCK 256
@@ -76,6 +77,7 @@ __global__ void gelu_backward_inplace_kernel(floatX* d, const floatX* inp, size_
 // out (N) = gelu(inp (N))
 template <typename floatX>
 void gelu_forward_cuda(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
+    prof_kernel(stream, PROF_GELU, prof_gelu_forward(N, sizeof(floatX)), "forward");
     if (N == 0) { return; }
     const size_t VEC = Packed128<floatX>::size;
     bool vector = is_aligned16(out) && is_aligned16(inp);
@@ -87,6 +89,7 @@ void gelu_forward_cuda(floatX* out, const floatX* inp, size_t N, cudaStream_t st
 // dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers
 template <typename floatX>
 void gelu_backward_cuda(floatX* dinp, const floatX* inp, const floatX* dout, size_t N, cudaStream_t stream) {
+    prof_kernel(stream, PROF_GELU, prof_gelu_backward(N, sizeof(floatX)), "backward");
     if (N == 0) { return; }
     const size_t VEC = Packed128<floatX>::size;
     bool vector = is_aligned16(dinp) && is_aligned16(inp) && is_aligned16(dout);

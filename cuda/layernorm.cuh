@@ -18,6 +18,7 @@ holds for one row group (2 C floats, C <= 29,000 on an H100, opting in above 48 
 #define CUDA_LAYERNORM_CUH
 
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 #include "../llmc/model_config.h"  // LAYERNORM_EPS: the model's, one epsilon for both backends
 
 #define LAYERNORM_FORWARD_WARPS 4        // rows per block of the forward
@@ -203,6 +204,7 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
 template <typename floatX>
 void layernorm_forward_cuda(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
                             const floatX* bias, int B, int T, int C, cudaStream_t stream) {
+    prof_kernel(stream, PROF_LAYERNORM, prof_layernorm_forward((size_t)B * T, C, sizeof(floatX)), "forward");
     int N = B * T;
     if (N == 0) { return; }
     const int VEC = Packed128<floatX>::size;
@@ -219,6 +221,7 @@ template <typename floatX>
 void residual_layernorm_forward_cuda(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* a,
                                      const floatX* b, const floatX* weight, const floatX* bias, int B, int T, int C,
                                      cudaStream_t stream) {
+    prof_kernel(stream, PROF_LAYERNORM, prof_residual_layernorm_forward((size_t)B * T, C, sizeof(floatX)), "forward, fused with the residual");
     int N = B * T;
     if (N == 0) { return; }
     const int VEC = Packed128<floatX>::size;
@@ -263,6 +266,7 @@ template <typename floatX>
 void layernorm_backward_cuda(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
                              const floatX* weight, const float* mean, const float* rstd, int B, int T, int C,
                              float* scratch, cudaStream_t stream) {
+    prof_kernel(stream, PROF_LAYERNORM, prof_layernorm_backward((size_t)B * T, C, sizeof(floatX)), "backward");
     int N = B * T;
     if (N == 0 || C == 0) { return; }
     const int VEC = Packed128<floatX>::size;

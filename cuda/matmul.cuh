@@ -55,6 +55,7 @@ changes what a call costs, never what it computes. matmul_context_free destroys 
 #define CUDA_MATMUL_CUH
 
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 #include "gelu.cuh"  // gelu_backward_inplace_cuda: the GELU backward where cuBLASLt refuses DGELU
 
 #define MATMUL_WORKSPACE_BYTES (32u << 20)  // cuBLASLt's workspace, as NVIDIA recommends for Hopper
@@ -297,6 +298,7 @@ __global__ void matmul_bias_partials_kernel(float* partials, const floatX* dout,
 template <typename floatX>
 void matmul_forward_cuda(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int B, int T, int C,
                          int OC, const MatmulContext* ctx, cudaStream_t stream) {
+    prof_kernel(stream, PROF_MATMUL, prof_matmul_forward((size_t)B * T, C, OC, sizeof(floatX)), PROF_MATMUL_FORWARD, (size_t)B * T, C, OC);
     cudaDataType type = cuda_data_type<floatX>();
     matmul_lt(ctx, true, false, OC, B * T, C, 1.0f, weight, C, 0, inp, C, 0, 0.0f, out, OC, 0, 1, type, type, bias,
               stream);
@@ -341,6 +343,8 @@ template <typename floatX>
 void matmul_backward_cuda(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
                           const floatX* weight, int B, int T, int C, int OC, float* scratch, const MatmulContext* ctx,
                           cudaStream_t stream, MatmulDinp dinp_mode = MATMUL_DINP_ADD, const floatX* gelu_inp = NULL) {
+    prof_kernel(stream, PROF_MATMUL, prof_matmul_backward((size_t)B * T, C, OC, sizeof(floatX)), PROF_MATMUL_BACKWARD "%s", (size_t)B * T, C, OC,
+                dinp_mode == MATMUL_DINP_SET_DGELU ? " (with gelu backward)" : "");
     int BT = B * T;
     cudaDataType type = cuda_data_type<floatX>();
     // column-major: dinp^T (C,BT) (+)= weight^T (C,OC) @ dout^T (OC,BT)

@@ -101,4 +101,8 @@ static void prof_gpu_collect(void) {
     *p = empty;
 }
 
+// a layer's launcher (cuda/*.cuh) marks its own range, as its first line: the layers run on the
+// compute stream (the side streams' copies and collectives are marked where they are issued)
+#define prof_kernel(stream, kind, cost, ...) prof_gpu_mark(stream, PROF_STREAM_COMPUTE, kind, cost, __VA_ARGS__)
+
 #endif // CUDA_PROFILE_CUH

@@ -11,6 +11,7 @@ caller does by passing one gradient buffer to both branches, as on the CPU.)
 #define CUDA_RESIDUAL_CUH
 
 #include "common.cuh"
+#include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 
 #define RESIDUAL_BLOCK 256
 
@@ -34,6 +35,7 @@ __global__ void residual_forward_kernel(floatX* out, const floatX* a, const floa
 // out (N) = a (N) + b (N)
 template <typename floatX>
 void residual_forward_cuda(floatX* out, const floatX* a, const floatX* b, size_t N, cudaStream_t stream) {
+    prof_kernel(stream, PROF_RESIDUAL, prof_residual_forward(N, sizeof(floatX)), "forward");
     if (N == 0) { return; }
     const size_t VEC = Packed128<floatX>::size;
     bool vector = is_aligned16(out) && is_aligned16(a) && is_aligned16(b);
