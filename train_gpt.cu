@@ -266,12 +266,16 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
         if (r > reduce) { reduce = r; }
     }
     if (encoder_backward_scratch_ints(B, T) > reduce) { reduce = encoder_backward_scratch_ints(B, T); }  // ints, as floats
-    ScratchBytes s = {2 * align_up(BT * sizeof(int)), align_up((size_t)Vp * F), align_up(reduce * F),
-                      align_up(flash ? flash_attention_scratch_floats(B, T, NH) * sizeof(float)
-                                     : attention_scratch_floats(B, T, C, NH) * elem),
-                      align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
-                      align_up((size_t)param_slice_count(c) * sizeof(double)), align_up(MATMUL_WORKSPACE_BYTES),
-                      align_up(factored_model_scratch_bytes(c))};
+    ScratchBytes s = {
+        .batch = 2 * align_up(BT * sizeof(int)),
+        .probs = align_up((size_t)Vp * F),
+        .reduce = align_up(reduce * F),
+        .attention = align_up(flash ? flash_attention_scratch_floats(B, T, NH) * sizeof(float) : attention_scratch_floats(B, T, C, NH) * elem),
+        .norm = align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
+        .norm_parts = align_up((size_t)param_slice_count(c) * sizeof(double)),
+        .matmul = align_up(MATMUL_WORKSPACE_BYTES),
+        .optimizer = align_up(factored_model_scratch_bytes(c)),
+    };
     return s;
 }
 
@@ -1326,8 +1330,9 @@ static int offloads_shard(const Model<floatX>* m) { return m->offload_opt != OPT
 // shards, nothing gathered there) under either stage: the GPU gathers the weights
 template <typename floatX>
 static HostStep host_step_of(Model<floatX>* m) {
-    HostStep h = {&m->config, m->dist, offloads_shard(m) ? ZERO_3 : m->zero, m->optimizer, m->num_parameters, m->master_memory,
-                  m->opt_offload.host_grads, m->opt_memory, NULL};  // the exchange a slice at a time: no pack in host memory
+    HostStep h = {.config = &m->config, .dist = m->dist, .zero = offloads_shard(m) ? ZERO_3 : m->zero, .optimizer = m->optimizer,
+                  .num_parameters = m->num_parameters, .params = m->master_memory, .grads = m->opt_offload.host_grads,
+                  .state = m->opt_memory, .pack = NULL};  // the exchange a slice at a time: no pack in host memory
     return h;
 }
 
@@ -1650,7 +1655,7 @@ static float model_grad_norm(Model<floatX>* m) {
         return (float)sqrt(sum);
     }
     int nslices = param_slice_count(&m->config);
-    OptSharding z = {m->dist.rank, m->dist.world, NULL, NULL, 0, 0};
+    OptSharding z = {.rank = m->dist.rank, .world = m->dist.world, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0};
     for (int k = 0; k < nslices; k++) {
         size_t offset;
         OptShard sh = slice_shard(&m->slices[k], &z, &offset);
@@ -1698,7 +1703,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     if (clip != 1.0f) { scale_cuda(m->grads_memory, clip, m->grad_floats, m->stream); }
     const OptimizerHyper* h = &s->hyper;
     int use_beta1 = h->adafactor.beta1 > 0.0;
-    OptSharding z = {0, 1, NULL, NULL, 0, 0};
+    OptSharding z = OPT_UNSHARDED;
     if (zero_shards_state(m->zero)) { z.rank = m->dist.rank; z.world = m->dist.world; }
     const ParamSlice* slices = m->slices;
     float* st = m->opt_memory;
@@ -1889,7 +1894,9 @@ CostModel gpt2_cost_model(Precision p) {
         which = "an " COST_DEFAULT_GPU " (no GPU of the table here)";
     }
     double peak = p == PRECISION_BF16 ? row->bf16 : row->fp32;
-    CostModel m = {COST_ASSUMED_MFU * peak, row->memory_bw, PCIE_BW, HOST_MEMORY_BW_PER_GPU, GPU_LINK_BW, "", "", "", "", ""};
+    CostModel m = {.flops = COST_ASSUMED_MFU * peak, .memory_bw = row->memory_bw, .host_bw = PCIE_BW,
+                   .host_memory_bw = HOST_MEMORY_BW_PER_GPU, .link_bw = GPU_LINK_BW,
+                   .flops_note = "", .memory_note = "", .host_note = "", .host_memory_note = "", .link_note = ""};
     snprintf(m.flops_note, sizeof(m.flops_note), "%.0f%% of the %s peak %.0f TFLOP/s of %s", 100.0 * COST_ASSUMED_MFU,
              PRECISION_NAMES[p], peak / 1e12, which);
     snprintf(m.memory_note, sizeof(m.memory_note), "the memory of %s", which);
@@ -1940,7 +1947,9 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     int C = c->channels, NH = c->num_heads;
     size_t X = precision_bytes(precision), F = sizeof(float);
     // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
-    const ActPolicy all = {0, 0, flash, 0, flash, loss_chunk}, gelu = {0, 1, flash, 0, flash, 0}, attn = {0, 0, 1, 0, flash, 0};
+    const ActPolicy all = {.segment = 0, .gelu = 0, .attn = flash, .offload = 0, .flash = flash, .loss_chunk = loss_chunk};
+    const ActPolicy gelu = {.segment = 0, .gelu = 1, .attn = flash, .offload = 0, .flash = flash, .loss_chunk = 0};
+    const ActPolicy attn = {.segment = 0, .gelu = 0, .attn = 1, .offload = 0, .flash = flash, .loss_chunk = 0};
     size_t layer = layer_block_bytes(B, T, C, NH, X, &all);
     size_t hs[NUM_HEAD_ACTS], head = 0, bs[NUM_BACKWARD_BUFFERS], backward = 0;
     int K = act_head_rows(&all, (size_t)B * T);
@@ -1955,10 +1964,25 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     // (no dfch_gelu: 9BTC where the CPU has 13)
     const char* backward_formula = precision == PRECISION_BF16 ? (flash ? "2(9BTC)" : "2(9BTC + B NH T^2)")
                                                                : (flash ? "4(9BTC)" : "4(9BTC + B NH T^2)");
-    BackendLayout l = {precision == PRECISION_BF16 ? F + X : F, F, layer, layer - layer_block_bytes(B, T, C, NH, X, &gelu),
-                       layer - layer_block_bytes(B, T, C, NH, X, &attn), align_up((size_t)B * T * C * X), head, backward,
-                       layer_formula, backward_formula, scratch_total(&sb) + host_scratch, F, 1, X,
-                       precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)", K, 1};
+    BackendLayout l = {
+        .param_bytes = precision == PRECISION_BF16 ? F + X : F,  // the fp32 master and the bf16 working copy
+        .grad_bytes = F,
+        .layer = layer,
+        .layer_gelu = layer - layer_block_bytes(B, T, C, NH, X, &gelu),
+        .layer_att = layer - layer_block_bytes(B, T, C, NH, X, &attn),
+        .residual = align_up((size_t)B * T * C * X),
+        .head = head,
+        .backward = backward,
+        .layer_formula = layer_formula,
+        .backward_formula = backward_formula,
+        .backend_scratch = scratch_total(&sb) + host_scratch,
+        .host_copy_bytes = F,
+        .host_copies_opt = 1,
+        .working_bytes = X,
+        .head_formula = precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)",
+        .head_rows = K,
+        .zero3_prefetch = 1,
+    };
     return l;
 }
 

@@ -7,7 +7,8 @@ every rank's updated blocks gathered; and the CPU's ZeRO-2 and 3 exchanges durin
 weights, the gradients and the optimizer state live in host memory and the CPU updates them: one
 code for both, so the offloaded update is the CPU reference's own arithmetic.
 
-    HostStep h = {&cfg, dist, ZERO_1, OPT_ADAMW, P, params, grads, state, pack};
+    HostStep h = {.config = &cfg, .dist = dist, .zero = ZERO_1, .optimizer = OPT_ADAMW, .num_parameters = P,
+                  .params = params, .grads = grads, .state = state, .pack = pack};
     host_reduce_grads(&h);                    // MPI: all-reduce, or reduce-scatter (ZeRO-1)
     float norm = host_grad_norm(&h);
     host_update(&h, &step_config, norm, NULL, NULL);
@@ -43,8 +44,9 @@ typedef struct {
 // how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1
 static OptSharding host_sharding(const HostStep* h) {
     if (!zero_shards_state(h->zero)) { return OPT_UNSHARDED; }
-    OptSharding z = {h->dist.rank, h->dist.world, dist_allreduce_sum_doubles, dist_allgather_floats_world,
-                     zero_shards_grads(h->zero), h->zero == ZERO_3};
+    OptSharding z = {.rank = h->dist.rank, .world = h->dist.world, .sum = dist_allreduce_sum_doubles,
+                     .gather = dist_allgather_floats_world, .grads_compact = zero_shards_grads(h->zero),
+                     .params_compact = h->zero == ZERO_3};
     return z;
 }
 

@@ -56,7 +56,7 @@ typedef struct {
     int loss_chunk;  // --loss-chunk: tokens per chunk of the classifier and its loss, 0 = all at once
 } ActPolicy;
 
-static const ActPolicy ACT_KEEP_ALL = {0, 0, 0, 0, 0, 0};  // plain training, attention weights kept, logits whole
+static const ActPolicy ACT_KEEP_ALL = {.segment = 0, .gelu = 0, .attn = 0, .offload = 0, .flash = 0, .loss_chunk = 0};  // plain training, attention weights kept, logits whole
 
 static int act_min(int a, int b) { return a < b ? a : b; }
 
@@ -79,7 +79,7 @@ static int act_slot_of(const ActPolicy* p, int L, int l) {
 // parses --recompute (comma-separated: none | sqrt | K | gelu | attn) and --offload for a
 // model of L layers, with flash attention or not; stops with a message on anything it cannot honour
 static ActPolicy act_policy_parse(const char* spec, int offload, int L, int flash) {
-    ActPolicy p = {0, 0, 0, 0, 0, 0};
+    ActPolicy p = ACT_KEEP_ALL;
     char buf[64];
     if (strlen(spec) >= sizeof(buf)) { fail("--recompute '%s': too long", spec); }
     strcpy(buf, spec);
@@ -220,7 +220,8 @@ typedef struct {
 } ActBackwardPlan;
 
 static ActBackwardPlan act_before_backward(const ActPolicy* p, int L, int l) {
-    ActBackwardPlan bp = {-1, -1, -1, -1, {-1, -1}};
+    ActBackwardPlan bp = {.restore_segment = -1, .recompute_segment = -1, .recompute_first = -1, .recompute_last = -1,
+                          .fetch = {-1, -1}};
     int k = p->segment;
     if (k > 0) {
         int s = l / k, first = s * k, last = act_min(L, first + k) - 1;

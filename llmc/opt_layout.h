@@ -264,7 +264,7 @@ typedef struct {
     int params_compact;  // ZeRO-3: the weights too, in the same layout
 } OptSharding;
 
-static const OptSharding OPT_UNSHARDED = {0, 1, NULL, NULL, 0, 0};
+static const OptSharding OPT_UNSHARDED = {.rank = 0, .world = 1, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0};
 
 static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
 static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
@@ -311,7 +311,8 @@ static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use
 // floats of optimizer state of one rank out of `world` (1: unsharded); use_beta1 matters to Adafactor only
 static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
     ParamSlice* s = param_slices_alloc(c);
-    OptSharding z = {0, world, NULL, NULL, 0, 0};  // every rank's state has rank 0's size
+    OptSharding z = OPT_UNSHARDED;
+    z.world = world;  // every rank's state has rank 0's size
     size_t total = 0, offset;
     for (int k = 0; k < param_slice_count(c); k++) {
         OptShard sh = slice_shard(&s[k], &z, &offset);

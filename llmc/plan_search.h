@@ -6,8 +6,8 @@ predicted step cost relative to plain training; the combinations that fit both b
 first, by cost, and the fastest that fits is recommended with its command line, generated from
 the options (flags.h: options_to_args).
 
-    PlanSearch s = {&options, world, budget, "--max-memory 24GiB", "available host memory",
-                    cost_model, argv[0], plan_fn, ctx};
+    PlanSearch s = {.base = &options, .world = world, .budget = budget, .device_from = "--max-memory 24GiB",
+                    .host_from = "available host memory", .cost = cost_model, .prog = argv[0], .plan = plan_fn, .ctx = ctx};
     plan_search(&s);   // prints; allocates nothing
 
 A combination is a set of flag values applied to the given options through set_flag; plan_fn

@@ -30,17 +30,19 @@ static OptimizerHyper optimizer_hyper(const TrainOptions* o, OptimizerKind kind,
     OptimizerHyper h;
     memset(&h, 0, sizeof(h));
     if (kind == OPT_ADAMW) {
-        AdamWHyper a = {lr, o->beta1, o->beta2, o->eps, o->weight_decay};
+        AdamWHyper a = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = o->weight_decay};
         h.adamw = a;
     } else if (kind == OPT_ADAFACTOR) {
         // --relative-step: lr = min(1e-2, 1/sqrt(t)) * max(eps2, RMS(p)) and -l is ignored;
         // otherwise the scheduled -l (as HF Trainer uses Adafactor)
         int rel = o->relative_step;
-        AdafactorHyper a = {rel ? 0.0 : lr, o->adafactor_beta1, ADAFACTOR_DECAY_RATE, o->eps1, ADAFACTOR_EPS2,
-                            ADAFACTOR_CLIP_THRESHOLD, o->weight_decay, rel, rel};
+        AdafactorHyper a = {.lr = rel ? 0.0 : lr, .beta1 = o->adafactor_beta1, .decay_rate = ADAFACTOR_DECAY_RATE,
+                            .eps1 = o->eps1, .eps2 = ADAFACTOR_EPS2, .clip_threshold = ADAFACTOR_CLIP_THRESHOLD,
+                            .weight_decay = o->weight_decay, .scale_parameter = rel, .relative_step = rel};
         h.adafactor = a;
     } else {
-        CAMEHyper c = {lr, CAME_BETA1, CAME_BETA2, CAME_BETA3, o->eps1, CAME_EPS2, CAME_CLIP_THRESHOLD, o->weight_decay};
+        CAMEHyper c = {.lr = lr, .beta1 = CAME_BETA1, .beta2 = CAME_BETA2, .beta3 = CAME_BETA3, .eps1 = o->eps1,
+                       .eps2 = CAME_EPS2, .clip_threshold = CAME_CLIP_THRESHOLD, .weight_decay = o->weight_decay};
         h.came = c;
     }
     return h;

@@ -370,7 +370,9 @@ static void state_check_finite(const char* path, const ModelSetup* s, const floa
     size_t bad = first_non_finite(state, n);
     if (bad == n) { return; }
     ParamSlice* slices = param_slices_alloc(&s->config);
-    OptSharding z = {s->dist.rank, zero_shards_state(s->zero) ? s->dist.world : 1, NULL, NULL, 0, 0};
+    OptSharding z = OPT_UNSHARDED;
+    z.rank = s->dist.rank;
+    z.world = zero_shards_state(s->zero) ? s->dist.world : 1;
     size_t begin = 0, offset, floats = 0;
     int k = 0;
     for (; k < param_slice_count(&s->config); k++) {
@@ -1042,8 +1044,9 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     gpt2_check_setup(s);
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
-    PlanInputs in = {s->B, s->T, 1 + r->has_val, s->optimizer, s->use_beta1, s->act, s->offload_optimizer, world, o->zero,
-                     gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk)};
+    PlanInputs in = {.B = s->B, .T = s->T, .num_loaders = 1 + r->has_val, .optimizer = s->optimizer, .use_beta1 = s->use_beta1,
+                     .act = s->act, .offload_optimizer = s->offload_optimizer, .world = world, .zero = o->zero,
+                     .layout = gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk)};
     r->plan = plan_memory(&s->config, in);
 }
 
@@ -1555,8 +1558,9 @@ static CostModel cost_model_of(const TrainOptions* o, Precision p) {
 // the budget (the fastest combination), or what else to change when none does
 static void fitting_flags_hint(const TrainOptions* o, const Dist* dist, MemBudget budget, char* out, size_t n) {
     PlanContext ctx = {dist, dist->world};
-    PlanSearch s = {o, dist->world, budget, "the GPU's free memory", "the host's available memory",
-                    cost_model_of(o, precision_from_flag(o->precision)), "", plan_options, &ctx};
+    PlanSearch s = {.base = o, .world = dist->world, .budget = budget, .device_from = "the GPU's free memory",
+                    .host_from = "the host's available memory", .cost = cost_model_of(o, precision_from_flag(o->precision)),
+                    .prog = "", .plan = plan_options, .ctx = &ctx};
     char flags[256];
     if (!plan_search_fastest(&s, flags, sizeof(flags))) {
         int fp32 = precision_from_flag(o->precision) == PRECISION_FP32 && gpt2_default_precision() == PRECISION_BF16;
@@ -1578,7 +1582,8 @@ static void print_plan(const Run* r, const Dist* dist, int world, const char* pr
                c->channels, c->num_heads, c->padded_vocab_size, r->setup.B, r->setup.T, PRECISION_NAMES[r->setup.precision],
                gpt2_backend_name(), world);
         PlanContext ctx = {dist, world};
-        PlanSearch s = {o, world, b.budget, b.device_from, b.host_from, cost_model_of(o, r->setup.precision), prog, plan_options, &ctx};
+        PlanSearch s = {.base = o, .world = world, .budget = b.budget, .device_from = b.device_from, .host_from = b.host_from,
+                        .cost = cost_model_of(o, r->setup.precision), .prog = prog, .plan = plan_options, .ctx = &ctx};
         plan_search(&s);
         return;
     }
