@@ -519,7 +519,8 @@ void gpt2_reduce_grads(GPT2* m) {
 float gpt2_grad_norm(GPT2* m) {
     HostStep h = gpt2_host_step(m);
     prof_mark(PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
-    float norm = host_grad_norm(&h);
+    // the whole model's gradients here (summed over the ranks already), or ZeRO's blocks (cpu/host_step.h)
+    float norm = zero_shards_state(m->zero.stage) ? host_grad_norm(&h) : global_norm(m->grads_memory, m->num_parameters);
     prof_close();
     return norm;
 }

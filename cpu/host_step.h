@@ -13,7 +13,7 @@ code for both, so the offloaded update is the CPU reference's own arithmetic.
     float norm = host_grad_norm(&h);
     host_update(&h, &step_config, norm, NULL, NULL);
 
-Determinism: the norm is summed in double over a fixed partition (NORM_CHUNKS parts) and the
+Determinism: the norm is summed in double over a fixed partition (NORM_CHUNKS parts: optimizers.h) and the
 optimizers sum the same way, so nothing depends on the number of OpenMP threads.
 */
 #ifndef CPU_HOST_STEP_H
@@ -154,8 +154,6 @@ static void host_reduce_grads(const HostStep* h) {
     else { dist_allreduce_sum_floats(h->grads, h->num_parameters); }
 }
 
-#define NORM_CHUNKS 256  // fixed partition of the sum of squares: same result for any thread count
-
 // global L2 norm of all gradients, summed in double over a fixed partition. ZeRO-1: each
 // rank sums the squares of its blocks (the only reduced gradients it has), then the ranks add.
 static float host_grad_norm(const HostStep* h) {
@@ -176,16 +174,7 @@ static float host_grad_norm(const HostStep* h) {
         dist_allreduce_sum_doubles(&total, 1);
         return (float)sqrt(total);
     }
-    double partial[NORM_CHUNKS];
-    size_t n = h->num_parameters, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
-    #pragma omp parallel for
-    for (int k = 0; k < NORM_CHUNKS; k++) {
-        size_t begin = (size_t)k * chunk < n ? (size_t)k * chunk : n, end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
-        partial[k] = sum_squares_lanes(h->grads + begin, end - begin);
-    }
-    double total = 0.0;
-    for (int k = 0; k < NORM_CHUNKS; k++) { total += partial[k]; }
-    return (float)sqrt(total);
+    return global_norm(h->grads, h->num_parameters);
 }
 
 // clips the gradients to s->grad_clip given their norm, takes one optimizer step over this

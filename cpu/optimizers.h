@@ -382,6 +382,23 @@ static void adamw_update_part(float* param, const float* grad, float* state, con
                  (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, t);
 }
 
+// the gradients' global L2 norm, summed in double over a fixed partition: the same result for
+// any thread count
+#define NORM_CHUNKS 256
+
+static float global_norm(const float* g, size_t n) {
+    double partial[NORM_CHUNKS];
+    size_t chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
+    #pragma omp parallel for
+    for (int k = 0; k < NORM_CHUNKS; k++) {
+        size_t begin = (size_t)k * chunk < n ? (size_t)k * chunk : n, end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
+        partial[k] = sum_squares_lanes(g + begin, end - begin);
+    }
+    double total = 0.0;
+    for (int k = 0; k < NORM_CHUNKS; k++) { total += partial[k]; }
+    return (float)sqrt(total);
+}
+
 // AdamW over the whole model in one process (or a rank that keeps it whole: no ZeRO), gradients
 // already clipped: a direct call of adamw_update per slice, whose m and v lie side by side in state
 // (opt_layout.h's layout; wte's slice is its V real rows, so the padded rows are skipped)

@@ -383,6 +383,71 @@ def check_path(readme, text, t):
         functions += len(names)
     if good:
         t.ok(f"path: {good} entries of README's path through the code: their {functions} functions are defined in the files named", good)
+    check_path_length(readme, text, sources, t)
+
+
+# the afternoon README promises, in lines of the functions a path names and in files (issue 32's
+# measure): the plain CPU step, main to the AdamW update, and the CUDA step
+PATH_STEPS = {"**The CPU step**": (900, 5), "**The CUDA step**": (1500, None)}
+
+
+def definition_lines(text, name):
+    """the lines of NAME's definition in TEXT (its first line to its closing brace; a macro: 1)"""
+    if re.search(DEFINE_RE.format(re.escape(name)), text, re.M):
+        return 1
+    for m in re.finditer(r"\b" + re.escape(name) + r"\s*\(", text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        prefix = text[start:m.start()]
+        if prefix[:1].isspace() or re.search(r"[=;\".]|->|//|/\*|^\*|\breturn\b", prefix):
+            continue
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        rest = text[i + 1:]
+        if not rest.lstrip().startswith("{"):
+            continue
+        j = i + 1 + rest.index("{")
+        depth = 0
+        while j < len(text):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        return text.count("\n", start, j) + 1
+    return 0
+
+
+def check_path_length(readme, text, sources, t):
+    """each step's path (its entries up to "Skip on a first reading") stays within its lines and files"""
+    lines = text.split("\n")
+    for heading, (most_lines, most_files) in PATH_STEPS.items():
+        try:
+            first = next(i for i, l in enumerate(lines) if l.startswith(heading))
+        except StopIteration:
+            t.fail(f"path: {rel(readme)} has no paragraph starting {heading}")
+            continue
+        total, files = 0, set()
+        for line in lines[first + 1:]:
+            if line.startswith("Skip on a first reading") or line.startswith("## "):
+                break
+            m = PATH_ENTRY_RE.match(line)
+            if m is None:
+                continue
+            full = os.path.normpath(os.path.join(ROOT, m.group(1)))
+            if full not in sources:
+                continue
+            files.add(m.group(1))
+            total += sum(definition_lines(sources[full], n) for n in re.findall(r"`(\w+)`", m.group(2)))
+        step = heading.strip("*")
+        within = total <= most_lines and (most_files is None or len(files) <= most_files)
+        limit = f"at most {most_lines} lines" + (f" over at most {most_files} files" if most_files else "")
+        if within:
+            t.ok(f"path: {step}: {total} lines of functions over {len(files)} files ({limit})")
+        else:
+            t.fail(f"path: {step}: {total} lines over {len(files)} files ({', '.join(sorted(files))}): more than {limit}")
 
 
 # ----------------------------------------------------------------------------
