@@ -922,24 +922,25 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
     float* scratch = m->reduce_scratch;
+    floatX *dln2 = m->dbtc, *datty = m->dbtc, *dln1 = m->dbtc;  // one buffer, three gradients in turn
     if (m->act.gelu || (m->act.attn && !m->act.flash)) { recompute_dropped(m, a, B, T); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place. The fc
     // projection's dinp GEMM also takes the GELU backward: dfch = gelu'(fch) * (dresidual @ fcprojw)
     matmul_backward_cuda(m->dfch, g->fcprojw, g->fcprojb, m->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C, scratch,
                          mc, s, MATMUL_DINP_SET_DGELU, a->fch);
-    matmul_backward_cuda(m->dbtc, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s, MATMUL_DINP_SET);
-    layernorm_backward_cuda(m->dresidual, g->ln2w, g->ln2b, m->dbtc, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C, scratch, s);
+    matmul_backward_cuda(dln2, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s, MATMUL_DINP_SET);
+    layernorm_backward_cuda(m->dresidual, g->ln2w, g->ln2b, dln2, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C, scratch, s);
     // attention branch
-    matmul_backward_cuda(m->dbtc, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc,
+    matmul_backward_cuda(datty, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc,
                          s, MATMUL_DINP_SET);
     if (m->act.flash) {  // writes all of dqkv
-        flash_attention_backward_cuda(m->dqkv, m->dbtc, a->qkv, a->atty, layer_lse(a), B, T, C, NH, m->flash_scratch, s);
+        flash_attention_backward_cuda(m->dqkv, datty, a->qkv, a->atty, layer_lse(a), B, T, C, NH, m->flash_scratch, s);
     } else {  // adds into dqkv
         CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BTC * 3 * X, s));
-        attention_backward_cuda(m->dqkv, m->datt, m->dbtc, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
+        attention_backward_cuda(m->dqkv, m->datt, datty, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
     }
-    matmul_backward_cuda(m->dbtc, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s, MATMUL_DINP_SET);
-    layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, m->dbtc, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
+    matmul_backward_cuda(dln1, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s, MATMUL_DINP_SET);
+    layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
 }
 
 // ----------------------------------------------------------------------------
