@@ -1,0 +1,198 @@
+/*
+offload_optimizer.cuh: optimizer offload in the CUDA model (--offload optimizer[,gradients]; with
+--zero 2 or 3 the offloaded shard): gradients down, the host's step (cpu/host_step.h), new weights up.
+
+A part of train_gpt.cu, included where this section stands there: its functions take the model
+(struct Model) and are called at the plain model's named hooks. It does not compile alone.
+*/
+#ifndef CUDA_OFFLOAD_OPTIMIZER_CUH
+#define CUDA_OFFLOAD_OPTIMIZER_CUH
+
+// ----------------------------------------------------------------------------
+// optimizer offload (--offload optimizer; ZeRO-Offload, Ren et al. 2021): the fp32 master
+// weights, the step's gradients and the optimizer state are pinned host memory; the GPU keeps
+// the working weights and the gradients of the step, which build up there over the micro-steps
+// as in plain training. The last micro-step's backward sends each layer's gradients down on
+// grad_stream as soon as they are final, overlapping the layers still computing. The step is
+// the CPU reference's own code (cpu/host_step.h: MPI sums, norm, clipping, the update), and each
+// tensor's new weights go up, rounded to floatX, while the CPU updates the next, through two
+// pinned staging buffers in turn.
+//
+// --offload optimizer,gradients: the GPU keeps only the gradients of the outer tensors (wte, wpe, lnfw,
+// lnfb: wte's builds up over the whole backward) and of two layers. Every micro-step's backward
+// sends each layer's gradients down through the staging buffers, and the CPU adds them into the
+// step's gradients while the GPU computes the next layer.
+
+// a gradient group's pieces: layer l's slices of the per-layer tensors, or (l = OUTER_GROUP)
+// wte, wpe, lnfw, lnfb whole; one after another in a group buffer (on the GPU and in staging),
+// each at host_offset floats in the model's order
+#define OUTER_GROUP (-1)
+typedef struct { size_t host_offset, n; } GradPiece;
+
+static int grad_group_pieces(const GPT2Config* c, int l, GradPiece pieces[NUM_PARAMETER_TENSORS]) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_parameter_sizes(sizes, c);
+    int n = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        int per_layer = PARAMETER_IS_PER_LAYER[i];
+        if (per_layer == (l != OUTER_GROUP)) {
+            size_t each = per_layer ? sizes[i] / c->num_layers : sizes[i];
+            GradPiece piece = {offset + (per_layer ? (size_t)l * each : 0), each};
+            pieces[n++] = piece;
+        }
+        offset += sizes[i];
+    }
+    return n;
+}
+
+// layer gradients packed in a group buffer p: the per-layer tensors' slices in model order
+static LayerParams<float> packed_layer_grads(float* p, const GPT2Config* c) {
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    LayerParams<float> g;
+    float** ptrs[] = {&g.ln1w, &g.ln1b, &g.qkvw, &g.qkvb, &g.attprojw, &g.attprojb,
+                      &g.ln2w, &g.ln2b, &g.fcw, &g.fcb, &g.fcprojw, &g.fcprojb};
+    int n = grad_group_pieces(c, 0, pieces);
+    for (int i = 0; i < n; i++) { *ptrs[i] = p; p += pieces[i].n; }
+    return g;
+}
+
+// layer l's gradient buffer on the GPU, zeroed. The layer that used it last (l + 2) has left it:
+// the CPU took l + 2's gradients (waiting for their copy) right after it queued l + 1's backward,
+// before it queues this
+template <typename floatX>
+static LayerParams<float> layer_grads_on_device(Model<floatX>* m, int l) {
+    int b = l % 2;
+    CUDA_CHECK(cudaMemsetAsync(m->opt_offload.grad_layers[b], 0, layer_weights(&m->config) * sizeof(float), m->stream));
+    return packed_layer_grads(m->opt_offload.grad_layers[b], &m->config);
+}
+
+// queues the copy of a group's n gradients at src (GPU) into opt_staging[b], after everything the
+// compute stream has queued so far
+template <typename floatX>
+static void send_grads_down(Model<floatX>* m, const float* src, size_t n, int b) {
+    CUDA_CHECK(cudaEventRecord(m->opt_offload.grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->opt_offload.grad_stream, m->opt_offload.grads_ready, 0));
+    prof_gpu_mark(m->opt_offload.grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(float)), "gradients to the host");
+    CUDA_CHECK(cudaMemcpyAsync(m->opt_offload.opt_staging[b], src, n * sizeof(float), cudaMemcpyDeviceToHost, m->opt_offload.grad_stream));
+    prof_gpu_close(m->opt_offload.grad_stream, PROF_STREAM_GRADS);
+    CUDA_CHECK(cudaEventRecord(m->opt_offload.grads_down[b], m->opt_offload.grad_stream));
+}
+
+// the CPU waits for group l's gradients in opt_staging[b] and takes them into the step's: the
+// step's first micro-batch copies, later ones add (where plain training adds inside the GPU's
+// kernels, so a sum of micro-batches may round differently: tests/test_cuda_matrix.py, 1e-6)
+template <typename floatX>
+static void take_grads(Model<floatX>* m, int l, int b) {
+    WATCHED_WAIT(cudaEventSynchronize(m->opt_offload.grads_down[b]), "the gradients' copy to the host");
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    int n = grad_group_pieces(&m->config, l, pieces);
+    const float* src = m->opt_offload.opt_staging[b];
+    for (int i = 0; i < n; i++) {
+        float* dst = m->opt_offload.host_grads + pieces[i].host_offset;
+        size_t len = pieces[i].n;
+        if (m->opt_offload.first_micro_step) {
+            memcpy(dst, src, len * sizeof(float));
+        } else {
+            #pragma omp parallel for
+            for (size_t j = 0; j < len; j++) { dst[j] += src[j]; }
+        }
+        src += len;
+    }
+}
+
+// n new master weights (host, at src) up to floatX ones on the GPU (at dst), rounded on the CPU, in
+// chunks through the staging buffers in turn (a chunk waits for the upload that used its buffer
+// last); queued on the compute stream, so the next forward runs after them
+template <typename floatX>
+static void upload_weights(Model<floatX>* m, const float* src, floatX* dst, size_t count) {
+    for (size_t done = 0; done < count; done += m->opt_offload.opt_staging_floats) {
+        size_t n = count - done < m->opt_offload.opt_staging_floats ? count - done : m->opt_offload.opt_staging_floats;
+        int b = m->opt_offload.next_staging;
+        m->opt_offload.next_staging ^= 1;
+        WATCHED_WAIT(cudaEventSynchronize(m->opt_offload.staged_up[b]), "a staging buffer's copy to the device");
+        floatX* staged = (floatX*)m->opt_offload.opt_staging[b];
+        #pragma omp parallel for
+        for (size_t j = 0; j < n; j++) { staged[j] = from_float<floatX>(src[done + j]); }
+        CUDA_CHECK(cudaMemcpyAsync(dst + done, staged, n * sizeof(floatX), cudaMemcpyHostToDevice, m->stream));
+        CUDA_CHECK(cudaEventRecord(m->opt_offload.staged_up[b], m->stream));
+    }
+}
+
+// parameter tensor i's new master weights up to the GPU's working weights
+template <typename floatX>
+static void upload_tensor(Model<floatX>* m, int i) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_parameter_sizes(sizes, &m->config);
+    for (int k = 0; k < i; k++) { offset += sizes[k]; }
+    upload_weights(m, m->master_memory + offset, m->weights_memory + offset, sizes[i]);
+}
+
+template <typename floatX>
+static void upload_tensor_done(void* model, int i) { upload_tensor((Model<floatX>*)model, i); }
+
+// OPT_OFFLOAD_STATE, the last micro-step: group l's final gradients (OUTER_GROUP: wte, wpe, lnfw,
+// lnfb) straight into the host's, after everything the compute stream has queued so far
+template <typename floatX>
+static void send_final_grads(Model<floatX>* m, int l) {
+    CUDA_CHECK(cudaEventRecord(m->opt_offload.grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->opt_offload.grad_stream, m->opt_offload.grads_ready, 0));
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    int n = grad_group_pieces(&m->config, l, pieces);
+    for (int i = 0; i < n; i++) {
+        size_t off = pieces[i].host_offset;
+        prof_gpu_mark(m->opt_offload.grad_stream, PROF_STREAM_GRADS, PROF_OFFLOAD_COPY, prof_bytes(pieces[i].n * sizeof(float)), "gradients to the host");
+        CUDA_CHECK(cudaMemcpyAsync(m->opt_offload.host_grads + off, m->grads_memory + off, pieces[i].n * sizeof(float),
+                                   cudaMemcpyDeviceToHost, m->opt_offload.grad_stream));
+    }
+    prof_gpu_close(m->opt_offload.grad_stream, PROF_STREAM_GRADS);
+}
+
+// ----------------------------------------------------------------------------
+// the offloaded shard (--offload optimizer with --zero 2 or 3, ZeRO-Offload's way with a sharded
+// model): each rank offloads its own shard. The GPU reduce-scatters every micro-step's gradients
+// into its fp32 gradient shard, as ZeRO-2 does (NCCL, during the backward); in the step's last
+// backward each layer's part of the shard goes down to the host as soon as it is final (on the comm
+// stream, while the layers below compute: zero2_reduce), and the CPU takes the step on this rank's
+// blocks alone, as the CPU backend's ZeRO-3 does (cpu/host_step.h: the norm's parts added over the
+// ranks, the update of the compact shards of the master weights and of the state, nothing gathered
+// on the host). The new weights go up, rounded to floatX, into a floatX shard on the GPU (ZeRO-3:
+// its working shard) from which ZeRO-2 gathers the whole working weights (a collective per group)
+// and ZeRO-3 each layer when it is needed. The host holds 1/N of the master weights and of the
+// gradients, the GPU no fp32 master; checkpoints move the weights a slice at a time, gathered on
+// the host (host_zero3_stream).
+
+template <typename floatX>
+static int offloads_shard(const Model<floatX>* m) { return m->offload_opt != OPT_OFFLOAD_NONE && zero_shards_grads(m->zero); }
+
+// the host arrays of the step (cpu/host_step.h). The offloaded shard is ZeRO-3 to the host (compact
+// shards, nothing gathered there) under either stage: the GPU gathers the weights
+template <typename floatX>
+static HostStep host_step_of(Model<floatX>* m) {
+    HostStep h = {.config = &m->config, .dist = m->dist, .zero = offloads_shard(m) ? ZERO_3 : m->zero, .optimizer = m->optimizer,
+                  .num_parameters = m->num_parameters, .params = m->master_memory, .grads = m->opt_offload.host_grads,
+                  .state = m->opt_memory, .pack = NULL};  // the exchange a slice at a time: no pack in host memory
+    return h;
+}
+
+// the host's master shard up to the GPU's floatX shard; ZeRO-2 then gathers every rank's into the
+// whole working weights on the compute stream, ZeRO-3's gathered copies are stale. in_step: the
+// gathers are the step's, counted for step 1's line (a load's are not)
+template <typename floatX>
+static void upload_shard(Model<floatX>* m, int in_step) {
+    floatX* shard = m->zero == ZERO_3 ? m->weights_memory : m->weight_shard;
+    size_t n = shard_layout(&m->config, m->dist.world).shard;
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(floatX)), "weight shard from the host");
+    upload_weights(m, m->master_memory, shard, n);
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    if (m->zero == ZERO_3) { zero3_invalidate(m); return; }
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(floatX)),
+                  "NCCL all-gather of the new weights");
+    auto weights = [m](int k) { return m->weights_memory + m->slices[k].offset; };
+    for (int g = 0; g < m->shard.num_zero_groups; g++) {
+        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, shard, weights, (floatX*)m->shard.zero_pack, m->exchange.comm, m->stream);
+        m->exchange.weight_collectives += in_step;
+    }
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+}
+
+#endif // CUDA_OFFLOAD_OPTIMIZER_CUH

@@ -1,0 +1,97 @@
+/*
+zero3_weights.cuh: ZeRO-3 in the CUDA model (--zero 3): the weights gathered layer by layer on the comm
+stream, two layer buffers, the next layer prefetched while one computes.
+
+A part of train_gpt.cu, included where this section stands there: its functions take the model
+(struct Model) and are called at the plain model's named hooks. It does not compile alone.
+*/
+#ifndef CUDA_ZERO3_WEIGHTS_CUH
+#define CUDA_ZERO3_WEIGHTS_CUH
+
+// ----------------------------------------------------------------------------
+// ZeRO-3: a rank keeps its shards of the weights (fp32 master, floatX working: half the bytes in bf16,
+// and what is gathered); the kernels read a working copy. The outer tensors (wte, wpe, lnfw, lnfb) are gathered
+// once a step, before the encoder; each layer before its forward, its backward and each recompute,
+// into buffer l % 2, on the comm stream: one ncclAllGather of the floatX shard's layer part into the
+// pack, then the unpack into the buffer (cuda/zero.cuh). While layer l computes, the next layer the
+// schedule needs is gathered into the other buffer (the forward: l + 1; the backward: l - 1, or the
+// first layer of the segment recomputed next). Events order the two streams: the compute stream
+// waits for a buffer's gather (gathered[b]) before it reads it; the comm stream waits for a buffer's
+// last reader (released[b], recorded after each layer's kernels) before it overwrites it, and at the
+// step's first gather for the update that wrote the shard (compute_mark). The update moves the shards
+// only; the gathered copies are stale after it (buf_layer, outer_gathered).
+
+// the comm stream waits for everything queued on the compute stream so far
+template <typename floatX>
+static void comm_after_compute(Model<floatX>* m) {
+    CUDA_CHECK(cudaEventRecord(m->zero3.compute_mark, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->zero3.compute_mark, 0));
+}
+
+// wte, wpe, lnfw, lnfb into the working copy, once a step (the encoder and the head read them)
+template <typename floatX>
+static void zero3_gather_outer(Model<floatX>* m) {
+    if (m->zero != ZERO_3 || m->zero3.outer_gathered) { return; }
+    comm_after_compute(m);  // the update has written the shard, and the last step's outer tensors are read
+    prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(outer_weights(&m->config) * sizeof(floatX)),
+                  "ZeRO-3: wte, wpe, lnf all-gather");
+    auto outer = [m](int k) { return param_tensor(&m->weights, m->slices[k].tensor); };
+    for (int g = m->config.num_layers; g < m->shard.num_zero_groups; g++) {
+        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, m->weights_memory, outer, (floatX*)m->shard.zero_pack, m->exchange.comm, m->exchange.comm_stream);
+        m->exchange.weight_collectives++;
+    }
+    prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
+    CUDA_CHECK(cudaEventRecord(m->zero3.outer_ready, m->exchange.comm_stream));
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the ZeRO-3 outer tensors");
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->zero3.outer_ready, 0));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    m->zero3.outer_gathered = 1;
+}
+
+// queues layer l's gather into buffer l % 2 on the comm stream, unless the buffer holds l already
+// (or is being gathered into): after the buffer's last reader queued so far
+template <typename floatX>
+static void zero3_gather_layer(Model<floatX>* m, int l) {
+    int b = l % 2;
+    if (m->zero3.buf_layer[b] == l) { return; }
+    CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->zero3.released[b], 0));
+    prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(layer_weights(&m->config) * sizeof(floatX)),
+                  "ZeRO-3: layer %d all-gather", l);
+    auto layer = [m, b](int k) { return param_tensor(&m->zero3.layer_buf[b], m->slices[k].tensor); };
+    zero_gather_shard(&m->shard.zero_groups[l], m->dist.world, m->weights_memory, layer, (floatX*)m->shard.zero_pack, m->exchange.comm, m->exchange.comm_stream);
+    prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
+    CUDA_CHECK(cudaEventRecord(m->zero3.gathered[b], m->exchange.comm_stream));
+    m->zero3.buf_layer[b] = l;
+    m->exchange.weight_collectives++;
+}
+
+// layer l's weights for the kernels queued next: the model's, or (ZeRO-3) buffer l % 2, gathered
+// (or its prefetch) awaited by the compute stream
+template <typename floatX>
+static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
+    int C = m->config.channels;
+    if (m->zero != ZERO_3) { return layer_params(&m->weights, l, C); }
+    zero3_gather_layer(m, l);
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for layer %d's gather", l);
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->zero3.gathered[l % 2], 0));
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    return layer_params(&m->zero3.layer_buf[l % 2], 0, C);
+}
+
+// ZeRO-3: the kernels queued so far are layer l's buffer's last readers; then the gather of layer
+// `next` (-1: none) may start in the other buffer, or in this one once they are done
+template <typename floatX>
+static void zero3_release(Model<floatX>* m, int l, int next) {
+    if (m->zero != ZERO_3) { return; }
+    CUDA_CHECK(cudaEventRecord(m->zero3.released[l % 2], m->stream));
+    if (next >= 0) { zero3_gather_layer(m, next); }
+}
+
+// the gathered copies are stale: the shard has moved on (the update, a checkpoint's load)
+template <typename floatX>
+static void zero3_invalidate(Model<floatX>* m) {
+    m->zero3.outer_gathered = 0;
+    m->zero3.buf_layer[0] = m->zero3.buf_layer[1] = -1;
+}
+
+#endif // CUDA_ZERO3_WEIGHTS_CUH
