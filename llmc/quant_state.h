@@ -120,7 +120,15 @@ static QStateFormat qstate_effective_format(QStateFormat requested, size_t n) {
 }
 
 // blocks of the 8-bit format for n elements (the last may be short)
-static size_t qstate_blocks(size_t n) { return (n + QSTATE_BLOCK - 1) / QSTATE_BLOCK; }
+static QSTATE_HD inline size_t qstate_blocks(size_t n) { return (n + QSTATE_BLOCK - 1) / QSTATE_BLOCK; }
+
+// the quiet NaN a refused block's absmax holds: one bit pattern on every backend
+static QSTATE_HD inline float qstate_nan(void) {
+    uint32_t b = 0x7fc00000U;
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
 
 // bytes of one moment of n elements in format f (8bit: the codes, then the absmax floats)
 static size_t qstate_moment_bytes(QStateFormat f, size_t n) {
@@ -217,7 +225,7 @@ static size_t qstate_quantize_block(const QStateMap* m, const float* x, int n, u
         if (!isfinite(x[i])) { bad++; }
         amax = fmaxf(amax, fabsf(x[i]));
     }
-    if (bad > 0) { amax = NAN; }
+    if (bad > 0) { amax = qstate_nan(); }
     *absmax = amax;
     for (int i = 0; i < n; i++) {
         codes[i] = (uint8_t)(bad > 0 || amax == 0.0f ? m->zero : qstate_nearest(m->up, x[i] / amax));

@@ -212,6 +212,35 @@ static void test_no_zero_v(void) {
     check(ok, title, "%s", "a value became 0, or 0 did not");
 }
 
+// blocks of absmax 3 whose values straddle every threshold: for each up[j], the smallest v with
+// v / 3 >= up[j] and the value below it; qstate_quantize = the reference's quantization (a quotient
+// computed any other way than IEEE division lands on the other side of some of them)
+static void test_quantize_thresholds(QMapKind kind) {
+    const QStateMap* m = &qstate_maps()->map[kind];
+    size_t n = 3 * QSTATE_BLOCK, nb = 3;
+    float x[3 * QSTATE_BLOCK], absmax[3], ref_absmax[3];
+    uint8_t codes[3 * QSTATE_BLOCK], ref_codes[3 * QSTATE_BLOCK];
+    for (size_t i = 0, j = 0; i < n; i++) {
+        if (i % QSTATE_BLOCK == 0) {
+            x[i] = 3.0f;
+            continue;
+        }
+        float v = m->up[j / 2] * 3.0f;
+        while (v / 3.0f >= m->up[j / 2]) { v = nextafterf(v, -INFINITY); }
+        while (v / 3.0f < m->up[j / 2]) { v = nextafterf(v, INFINITY); }
+        x[i] = j % 2 == 0 ? v : nextafterf(v, -INFINITY);
+        j = (j + 1) % (2 * (QSTATE_CODES - 1));
+    }
+    size_t refused = qstate_quantize(m, x, n, codes, absmax);
+    ref_quantize(kind, x, n, ref_codes, ref_absmax);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) { differ += codes[i] != ref_codes[i]; }
+    char title[160];
+    snprintf(title, sizeof title, "quantize %s: values straddling every threshold (absmax 3) get the reference's codes",
+             kind == QMAP_SIGNED ? "signed" : "unsigned");
+    check(refused == 0 && differ == 0 && bits_equal(absmax, ref_absmax, nb * sizeof(float)), title, "%zu codes differ", differ);
+}
+
 // ----------------------------------------------------------------------------
 // quantize / dequantize: the error within the map's bound
 
@@ -744,6 +773,8 @@ int main(void) {
     test_map(QMAP_UNSIGNED);
     test_ties();
     test_no_zero_v();
+    test_quantize_thresholds(QMAP_SIGNED);
+    test_quantize_thresholds(QMAP_UNSIGNED);
     test_round_trip_random();
     test_round_trip_adversarial();
     test_bf16_rounding();
