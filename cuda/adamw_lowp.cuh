@@ -1,7 +1,8 @@
 /*
 adamw_lowp.cuh: AdamW on optimizer state in 8 bits or bf16 on the device (llmc/quant_state.h),
 mirroring adamw_update_8bit and adamw_update_bf16 of cpu/optimizers_lowp.h, and the block-wise
-quantization of a tensor on its own (qstate_quantize / qstate_dequantize there).
+quantization of a tensor on its own (qstate_quantize / qstate_dequantize there) and bf16's rounding
+(qstate_bf16_load_cuda / qstate_bf16_store_cuda: what cuda/factored_lowp.cuh stages M through).
 
     QStateMaps* d_maps = qstate_maps_upload();            // once: both maps in device memory (cudaFree it)
     unsigned long long* d_bad;                            // device counter of refused values, zeroed by the caller
@@ -231,6 +232,23 @@ static __global__ void qstate_dequantize_kernel(float* x, const uint8_t* codes, 
     if (i < n) { x[i] = __fmul_rn(code[codes[i]], absmax[i / QSTATE_BLOCK]); }
 }
 
+// x (n) = the fp32 values of bf16 bits h (n), a thread per element. bytes: 6 n; FLOPs: none
+static __global__ void qstate_bf16_load_kernel(float* x, const uint16_t* h, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { x[i] = qstate_bf16_to_float(h[i]); }
+}
+
+// h (n) = x (n) rounded to bf16 with the bits of (s.seed, step, stream, s.index_base + i) (as cpu
+// qmoment_put_block); refused values added to *bad. bytes: 6 n; FLOPs: about 30 integer ops n
+static __global__ void qstate_bf16_store_kernel(uint16_t* h, const float* x, size_t n, QStateStream s, uint32_t step,
+                                                uint32_t stream, unsigned long long* bad) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float v = x[i];
+    h[i] = qstate_bf16_round(v, qstate_random16(s.seed, step, stream, (uint64_t)(s.index_base + i)));
+    if (!isfinite(v)) { atomicAdd(bad, 1ULL); }
+}
+
 // ----------------------------------------------------------------------------
 // kernel launchers
 
@@ -292,6 +310,23 @@ static void qstate_dequantize_cuda(float* x, const uint8_t* codes, const float* 
     if (n == 0) { return; }
     size_t blocks = ceil_div(n, (size_t)LOWP_THREADS);
     qstate_dequantize_kernel<<<(unsigned)blocks, LOWP_THREADS, 0, stream>>>(x, codes, absmax, n, kind, d_maps);
+    CUDA_CHECK_LAUNCH();
+}
+
+// x (n, device) = the values of bf16 bits h (n)
+static void qstate_bf16_load_cuda(float* x, const uint16_t* h, size_t n, cudaStream_t stream) {
+    if (n == 0) { return; }
+    qstate_bf16_load_kernel<<<(unsigned)ceil_div(n, (size_t)LOWP_BF16_THREADS), LOWP_BF16_THREADS, 0, stream>>>(x, h, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// h (n, device) = x (n) rounded to bf16 with the bits of stream `stream` (QStateStreamId) of s at
+// step; the count of refused values is added to *bad
+static void qstate_bf16_store_cuda(uint16_t* h, const float* x, size_t n, QStateStream s, int step, QStateStreamId stream,
+                                   unsigned long long* bad, cudaStream_t cuda_stream) {
+    if (n == 0) { return; }
+    qstate_bf16_store_kernel<<<(unsigned)ceil_div(n, (size_t)LOWP_BF16_THREADS), LOWP_BF16_THREADS, 0, cuda_stream>>>(
+        h, x, n, s, (uint32_t)step, (uint32_t)stream, bad);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,18 +1,20 @@
 /*
 test_optimizer_lowp.cu: the kernels of cuda/adamw_lowp.cuh against cpu/optimizers_lowp.h and
-llmc/quant_state.h, byte for byte: block-wise quantize and dequantize (random blocks, and blocks of
-zeros, -0, a huge value, denormals, NaN, Inf, and values straddling every rounding threshold), and three AdamW steps on 8-bit and on bf16 state
-(from zeroed state and from a random one, with a NaN gradient), the refused counts equal too. Sizes
-with a short last block (7 blocks + 77), a single block, fewer elements than a lane holds, more
-blocks than the grid has warps (201: its warps take several each); buffers one element off their
-alignment. The CPU functions are held to the test's own references by
+llmc/quant_state.h, byte for byte: block-wise quantize and dequantize (random blocks; blocks of
+zeros, -0, a huge value, denormals, NaN, Inf; values straddling every rounding threshold), and three
+AdamW steps on 8-bit and on bf16 state (from zeroed state and from a random one, with a NaN
+gradient), the refused counts equal too. Sizes with a short last block (7 blocks + 77), a single
+block, fewer elements than a lane holds, more blocks than the grid has warps (201: its warps take
+several each); buffers one element off their alignment. Adafactor and CAME with an 8-bit or bf16
+first moment (cuda/factored_lowp.cuh) against the fp32 device update on the dequantized moment,
+stored as the CPU stores it. The CPU functions are held to the test's own references by
 tests/test_quant_state.c.
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_optimizer_lowp && ./build/emu/dev/cuda/test_optimizer_lowp
 */
 #include "dev/cuda/kernel_test.h"
 #include "cpu/optimizers_lowp.h"
-#include "cuda/adamw_lowp.cuh"
+#include "cuda/factored_lowp.cuh"
 
 struct Case { size_t n; int offset; };  // offset: elements past an aligned start (floats 4 bytes, codes 1)
 static const Case CASES[] = {{7 * QSTATE_BLOCK + 77, 0}, {7 * QSTATE_BLOCK + 77, 1}, {QSTATE_BLOCK, 0}, {5, 1},
@@ -188,6 +190,73 @@ static void test_adamw_bf16(const Case& c, int nan_grad) {
     for (void* p : {(void*)pb, (void*)gb, (void*)mb, (void*)vb, (void*)d_bad}) { CUDA_CHECK(cudaFree(p)); }
 }
 
+// one step of Adafactor (came 0) or CAME (came 1) with M in format f on a whole (rows, cols) slice:
+// cuda/factored_lowp.cuh against the fp32 device update (adafactor_update_m_cuda, came_update_m_cuda)
+// on the dequantized M, whose new M the host then quantizes (or rounds) as the CPU does
+static void test_factored(int came, int rows, int cols, QStateFormat f, const QStateMaps* d_maps) {
+    ParamSlice slice = {0, -1, rows, cols, 0};
+    size_t offset;
+    OptShard sh = slice_shard(&slice, &OPT_UNSHARDED, &offset);
+    size_t n = (size_t)rows * cols, nb = qstate_blocks(n);
+    size_t second = came ? came_state_floats(&sh) - n : adafactor_state_floats(&sh, 0);
+    const AdafactorHyper af = {1e-2, 0.9, ADAFACTOR_DECAY_RATE, 1e-30, ADAFACTOR_EPS2, 1.0, 0.1, 1, 0};
+    const CAMEHyper ch = {1e-3, CAME_BETA1, CAME_BETA2, CAME_BETA3, 1e-30, CAME_EPS2, CAME_CLIP_THRESHOLD, 0.01};
+    const int t = 3;
+    std::vector<float> p = random_vector(n, 5), g = random_vector(n, 6, 1e-2f), m0 = random_vector(n, 7, 1e-3f);
+    std::vector<float> v0 = random_vector(second, 8, 1e-4f);
+    for (float& x : v0) { x = 2e-4f + fabsf(x); }  // earlier steps' statistics (> 0)
+    // M before the step, in format f, and its values
+    const QStateMap* map = &qstate_maps()->map[QMAP_SIGNED];
+    std::vector<uint8_t> codes(n);
+    std::vector<float> absmax(nb), mdeq(n);
+    std::vector<uint16_t> h(n);
+    qstate_quantize(map, m0.data(), n, codes.data(), absmax.data());
+    for (size_t i = 0; i < n; i++) {
+        h[i] = qstate_bf16_round(m0[i], (uint32_t)(i * 7919 % 65536));
+        mdeq[i] = f == QSTATE_BF16 ? qstate_bf16_to_float(h[i]) : qstate_dequantize_one(map->code, codes[i], absmax[i / QSTATE_BLOCK]);
+    }
+    float *d_p = upload<float>(p), *d_pref = upload<float>(p), *d_g = upload<float>(g), *d_mref = upload<float>(mdeq);
+    float *d_v = upload<float>(v0), *d_vref = upload<float>(v0), *d_absmax = upload<float>(absmax);
+    float* d_staging = device_alloc<float>(n);
+    uint8_t* d_codes = device_alloc<uint8_t>(n);
+    uint16_t* d_h = device_alloc<uint16_t>(n);
+    CUDA_CHECK(cudaMemcpy(d_codes, codes.data(), n, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_h, h.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    void* scratch = device_alloc<char>(factored_scratch_bytes(&sh));
+    unsigned long long* d_bad = device_alloc<unsigned long long>(1);
+    CUDA_CHECK(cudaMemset(d_bad, 0, sizeof(unsigned long long)));
+    QMoment M = {f, {d_codes, d_absmax}, d_h, {99, 4000}};
+    FactoredLowp lp = {d_maps, d_bad, d_staging};
+    if (came) {
+        came_update_m_cuda(d_pref, d_g, d_mref, d_vref, &sh, &ch, scratch, NULL, 0);
+        came_update_lowp_cuda(d_p, d_g, d_v, &M, &sh, &ch, t, scratch, NULL, &lp, 0);
+    } else {
+        adafactor_update_m_cuda(d_pref, d_g, d_vref, d_mref, &sh, &af, t, scratch, NULL, 0);
+        adafactor_update_lowp_cuda(d_p, d_g, d_v, &M, &sh, &af, t, scratch, NULL, &lp, 0);
+    }
+    // the fp32 update's new M, stored as the CPU stores it
+    std::vector<float> mnew = download(d_mref, n);
+    bool same_m;
+    if (f == QSTATE_BF16) {
+        for (size_t i = 0; i < n; i++) { h[i] = qstate_bf16_round(mnew[i], qstate_random16(99, t, QSTATE_STREAM_M, 4000 + i)); }
+        same_m = same_as_host(d_h, h.data(), n);
+    } else {
+        qstate_quantize(map, mnew.data(), n, codes.data(), absmax.data());
+        same_m = same_as_host(d_codes, codes.data(), n) && same_as_host(d_absmax, absmax.data(), nb);
+    }
+    bool same_p = same_bits(d_p, d_pref, n), same_v = same_bits(d_v, d_vref, second);
+    unsigned long long refused = read_counter(d_bad);
+    char name[200];
+    snprintf(name, sizeof name, "%s_update_lowp_cuda %s M (%d x %d): = the fp32 device update on the dequantized M, "
+             "stored as the CPU stores it, bytes", came ? "came" : "adafactor", QSTATE_FORMAT_NAMES[f], rows, cols);
+    check(same_p && same_v && same_m && refused == 0, name, "weights %d, second moment %d, M %d (1 = equal), refused %llu",
+          same_p, same_v, same_m, refused);
+    for (void* q : {(void*)d_p, (void*)d_pref, (void*)d_g, (void*)d_mref, (void*)d_v, (void*)d_vref, (void*)d_absmax,
+                    (void*)d_staging, (void*)d_codes, (void*)d_h, scratch, (void*)d_bad}) {
+        CUDA_CHECK(cudaFree(q));
+    }
+}
+
 // GPT-2 d12's 124M parameters on a GPU: AdamW on 8-bit and on bf16 state
 static void bench_lowp(const QStateMaps* d_maps) {
 #ifdef CUDA_EMU
@@ -228,6 +297,12 @@ int main() {
         test_adamw_8bit(c, 1, 1, d_maps);
         test_adamw_bf16(c, 0);
         test_adamw_bf16(c, 1);
+    }
+    for (int f = QSTATE_BF16; f <= QSTATE_8BIT; f++) {
+        for (int came = 0; came <= 1; came++) {
+            test_factored(came, 70, 37, (QStateFormat)f, d_maps);  // rows cut across blocks; 16-byte packs off
+            test_factored(came, 1, 1030, (QStateFormat)f, d_maps);  // a vector
+        }
     }
     bench_lowp(d_maps);
     CUDA_CHECK(cudaFree(d_maps));
