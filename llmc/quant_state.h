@@ -16,25 +16,25 @@ Formats of one moment of n elements (QStateFormat), bytes per element:
 AdamW keeps two moments: 8, 4 and 2 + 8/256 = 2.03 bytes per parameter.
 
 The 8-bit format (Dettmers, Lewis, Shleifer, Zettlemoyer, "8-bit Optimizers via Block-wise
-Quantization", ICLR 2022; section "Block-wise Quantization", 2.1, and "Dynamic Quantization", 2.2,
-which extends the "Dynamic Tree Quantization" of 1.3; bitsandbytes' create_dynamic_map builds it):
+Quantization", ICLR 2022: the sections "Block-wise Quantization" and "Dynamic Quantization", which
+extends their "Dynamic Tree Quantization"; bitsandbytes' create_dynamic_map builds the same map):
   - A moment is cut into blocks of QSTATE_BLOCK elements from its first element (the last block may
     be short). Block b keeps N_b = max |x_i| over the block (fp32) and, per element, the index
     (0..255) of the code nearest to x_i / N_b in a map of 256 sorted values in [-1, 1].
-  - The map (dynamic quantization): with s sign bits (1 for the signed map, 0 for the unsigned) and
-    7 - s + 1 bits left, a code with e leading zero bits (e = 0..6) after the sign, then an indicator
-    bit 1, has 2^(6 - e + (1 - s)) fraction values: the midpoints of that many equal steps from 0.1
-    to 1, scaled by 10^-e. In numbers, decade k = 0..6 (scale 10^(k - 6)) holds F = 2^k (signed,
-    each with both signs) or 2^(k + 1) (unsigned) values
+  - The map (dynamic quantization): a code is s sign bits (1 for the signed map, 0 for the
+    unsigned), then e zero bits (e = 0..6), an indicator bit 1, and 7 - s - e fraction bits: one of
+    the 2^(7 - s - e) midpoints of as many equal steps from 0.1 to 1, scaled by 10^-e. In numbers,
+    decade k = 0..6 (scale 10^(k - 6)) holds F = 2^k (signed, each with both signs) or 2^(k + 1)
+    (unsigned) values
         10^(k - 6) * (0.1 + 0.9 (j + 1/2) / F),   j = 0 .. F - 1,
     and the map adds 0 and 1: 2 (1 + 2 + ... + 64) + 2 = 256 signed codes (from -0.99297 to 1),
     2 + 4 + ... + 128 + 2 = 256 unsigned ones (0 to 1). Each value is computed in double and rounded
-    to fp32 once (bitsandbytes computes in fp32: the same values within an ulp). The first moment
-    uses the signed map, the second (never negative) the unsigned one: the sign bit becomes one more
-    fraction bit (the paper's reason for "dynamic" over "dynamic tree" quantization).
-    Precision: relative steps of 0.9 / F within a decade, so the top decade (0.1..1 of the block's
-    maximum) is kept to within 0.7% of the maximum (signed) or 0.35% (unsigned), and values below
-    about 10^-7 of the maximum become 0.
+    to fp32 once (bitsandbytes computes them in fp32 steps, so a value of its may differ in the last
+    bit). The first moment uses the signed map, the second (never negative) the unsigned one: the
+    sign bit becomes one more fraction bit (the paper's reason for "dynamic" over "dynamic tree"
+    quantization). Precision: relative steps of 0.9 / F within a decade, so the top decade (0.1..1
+    of the block's maximum) is kept to within 0.7% of the maximum (signed) or 0.35% (unsigned); a
+    first moment below 2.75e-7 of the maximum becomes 0.
   - Rounding: to the nearest code, ties (x exactly halfway, in exact arithmetic) to the even index,
     with one exception: the unsigned map (the second moment) never rounds a positive value to 0, but
     to its smallest positive code, 3.25e-7. A v stored as 0 under an m that is not makes the next
@@ -42,9 +42,10 @@ which extends the "Dynamic Tree Quantization" of 1.3; bitsandbytes' create_dynam
     4-bit States" (NeurIPS 2023) call it the zero-point problem and drop 0 from v's map. Measured
     here: after 300 steps of d6 on TinyShakespeare (fp32 AdamW), 0.72% of wte's v (140k values, all
     but 45 in blocks that straddle the rows of two tokens, C = 384: v spans up to 10^11 in such a
-    block) would round to 0 while their m does not; on a quadratic whose curvatures span 4 decades within a block, 8-bit AdamW
-    with plain nearest rounding diverged (tests/test_quant_state.c). Storing such a v too large
-    only shortens that element's step. bitsandbytes rounds v to the nearest code, 0 included.
+    block) would round to 0 while their m does not; on a quadratic whose curvatures span 4 decades
+    within a block, 8-bit AdamW with plain nearest rounding diverged (tests/test_quant_state.c).
+    Storing such a v too large only shortens that element's step. bitsandbytes rounds v to the
+    nearest code, 0 included.
     Each gap between codes j and j + 1 is stored as up[j], the smallest fp32 value that rounds to
     code j + 1 (computed on the host from the exact midpoint, in double: the midpoint of two
     neighbouring codes is exact there; the unsigned map's up[0] is the smallest positive fp32).
@@ -65,20 +66,25 @@ because: (1) one outlier (an embedding row's spike) coarsens 255 neighbours, not
 GPU a block is one warp (32 lanes x 8 elements) and its absmax one warp reduction, with no shared
 memory or barrier; (3) ZeRO shards and rows cut at block boundaries more often (768, 1024, 2304,
 3072 are multiples of 256, not of 2,048). The cost, an fp32 per 256 elements, is 1.6% of the 8-bit
-state (0.03 of 2.03 bytes per AdamW parameter): d12's 124M parameters need 241 MiB instead of 237.
+state (0.03 of 2.03 bytes per AdamW parameter): d12's AdamW state is 241.7 MiB (949.4 in fp32),
+3.7 MiB of it absmax.
 
 The bf16 format: the top 16 bits of the fp32 value after adding 16 random bits to its low half
 (stochastic rounding: rounds up with probability equal to the discarded fraction, so the stored
 moment is unbiased). Not round-to-nearest-even: an EMA with beta close to 1 moves by (1 - beta) of
 the difference each step, and bf16's half step is 2^-9 of the value, so with beta2 = 0.999 nearest
-rounding can never lower v (a decrease of at most 0.001 v is always rounded away) and v only
-ratchets up; simulated on 20,000 elements of N(0, 1) gradients for 4,000 steps, nearest rounding
-ended 44% above the fp32 v at beta2 = 0.999 and 4.5% at 0.99, stochastic rounding 3% and 1.4%
-(at the default 0.95 both within 0.6%). The random bits come from a counter-based hash of (seed,
-step, stream, element index), not a generator's state: the same bits on every backend, for any
-thread count or ZeRO cut (the index is the element's place in its tensor: index_base + i), and
-after a resume (nothing to save). NaN is stored as bf16's quiet NaN and counted; Inf stays Inf
-and is counted; a value that would round past the largest finite bf16 is truncated instead.
+rounding can never lower v (a decrease of at most 0.001 v is always rounded away) and v ratchets
+up: an EMA of N(0, 1)^2 with beta 0.999 over 3,000 steps ends 30% above fp32's with nearest
+rounding, 2.7% from it on average (bias -0.03%) with stochastic rounding (tests/test_quant_state.c,
+where AdamW in bf16 also tracks fp32 AdamW on a quadratic to 0.3% at beta2 = 0.999, 0.03% at 0.95).
+The random bits come from a counter-based hash of (seed, step, stream, element index), not a
+generator's state: the same bits on every backend, for any thread count or ZeRO cut (the index is
+the element's place in its tensor: index_base + i), and after a resume (nothing to save). NaN is
+stored as bf16's quiet NaN and counted; Inf stays Inf and is counted; a value that would round
+past the largest finite bf16 is truncated instead.
+The 8-bit format keeps nearest rounding (the paper's, bitsandbytes'), and so the same lag: on that
+quadratic with beta2 = 0.999 its v ends at 0.72 of fp32's and the loss 24% above; at 0.95 within
+0.5% (doc/optimizer_state.md).
 
 Small tensors: bitsandbytes keeps tensors under 4,096 elements in fp32 (min_8bit_size); so does
 qstate_effective_format (biases and LayerNorms: their state is a few kB either way).
