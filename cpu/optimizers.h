@@ -59,20 +59,23 @@ OPT_PARTS * cols doubles) and stop with a message if the host is out of memory.
 // t is the step number starting at 1. For each of the n entries:
 //   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
 //   p -= lr * ( (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * p )
+// adamw_element is one entry (*m and *v updated in place, the new p returned), shared with the
+// 8-bit and bf16 state of cpu/optimizers_lowp.h; the step's constants (AdamWCoeffs) are opt_layout.h's
+static inline float adamw_element(float p, float g, float* m, float* v, const AdamWCoeffs* s) {
+    float mi = s->beta1 * *m + (1.0f - s->beta1) * g;
+    float vi = s->beta2 * *v + (1.0f - s->beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    float mhat = mi / s->bc1, vhat = vi / s->bc2;
+    return p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + s->weight_decay * p);
+}
+
+// every entry of params, grads, m, v (n)
 static void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
                          float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    float bc1 = 1.0f - powf(beta1, (float)t);
-    float bc2 = 1.0f - powf(beta2, (float)t);
+    AdamWCoeffs s = adamw_coeffs(lr, beta1, beta2, eps, weight_decay, t);
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * params[i]);
-    }
+    for (size_t i = 0; i < n; i++) { params[i] = adamw_element(params[i], grads[i], &m[i], &v[i], &s); }
 }
 
 // ----------------------------------------------------------------------------

@@ -448,26 +448,34 @@ static void clip_sum_cuda(double* sum_u2, const float* g, const OptShard* sh, co
 // as cpu adafactor_update: param and grad (rows, cols), state in the layout of opt_layout.h (factored:
 // R, Cc [, M]; vector: V [, M]); t = 1, 2, ...; scratch: factored_scratch_bytes(sh) bytes; comm: the
 // ranks that share the slice (unused when sh->world is 1). The sums of p^2 (RMS(p), taken before the
-// step changes p) and of U^2 cross the ranks together, just before the update that reads them
-static void adafactor_update_cuda(float* param, const float* grad, float* state, const OptShard* sh,
-                                  const AdafactorHyper* h, int t, void* scratch, ncclComm_t comm, cudaStream_t stream) {
+// step changes p) and of U^2 cross the ranks together, just before the update that reads them.
+// adafactor_update_m_cuda takes the first moment M (rows, cols) wherever the caller keeps it (NULL:
+// none) and `second` the rest of the state (R, Cc; V): cuda/factored_lowp.cuh passes an fp32 copy
+// of an 8-bit or bf16 M; adafactor_update_cuda finds M in the state, after the second moment
+static void adafactor_update_m_cuda(float* param, const float* grad, float* second, float* M, const OptShard* sh,
+                                    const AdafactorHyper* h, int t, void* scratch, ncclComm_t comm, cudaStream_t stream) {
     factored_check_comm(sh, comm, "adafactor_update_cuda");
     FactoredScratch w;
     factored_scratch_carve((char*)scratch, sh, &w);
     int rows = sh->rows, cols = sh->cols;
     size_t n = (size_t)rows * cols;
     if (h->scale_parameter) { global_norm_squared_cuda(w.sums, param, n, w.partials, stream); }  // p before the step
-    second_moment_cuda(state, grad, sh, (float)h->eps1, opt_ema_coeffs(adafactor_beta2(h, t)), &w, comm, stream);
+    second_moment_cuda(second, grad, sh, (float)h->eps1, opt_ema_coeffs(adafactor_beta2(h, t)), &w, comm, stream);
     clip_sum_cuda(w.sums + 1, grad, sh, &w, stream);
     int first = h->scale_parameter ? 0 : 1;  // sums[0]: p^2 (scale_parameter only), sums[1]: U^2
     opt_sum_across_cuda(w.sums + first, 2 - first, sh, comm, stream);
-    float* M = h->beta1 > 0.0 ? state + adafactor_state_floats(sh, 0) : NULL;
     AdafactorStep st = {(float)adafactor_step_size(h, t), (float)h->eps2, h->scale_parameter, (float)h->clip_threshold,
                         h->weight_decay, opt_ema_coeffs(h->beta1)};
     bool vector = factored_vector(param, grad, M, cols) && is_aligned16(w.scale_col);
     adafactor_apply_kernel<<<opt_row_blocks(rows), opt_threads(cols), 0, stream>>>(
         param, grad, M, sh->factored ? w.scale_row : NULL, w.scale_col, rows, cols, w.sums, (double)sh->total, st, vector);
     CUDA_CHECK_LAUNCH();
+}
+
+static void adafactor_update_cuda(float* param, const float* grad, float* state, const OptShard* sh,
+                                  const AdafactorHyper* h, int t, void* scratch, ncclComm_t comm, cudaStream_t stream) {
+    float* M = h->beta1 > 0.0 ? state + adafactor_state_floats(sh, 0) : NULL;
+    adafactor_update_m_cuda(param, grad, state, M, sh, h, t, scratch, comm, stream);
 }
 
 #endif // CUDA_ADAFACTOR_CUH

@@ -76,15 +76,16 @@ static __global__ void came_apply_kernel(float* param, const float* grad, float*
 // factored_scratch_bytes(sh) bytes; comm: the ranks that share the slice (unused when sh->world is 1).
 // Steps (cpu/optimizers.h): 1-2 the second moment and U's scales, 3 the clip divisor's sum (over the
 // whole slice before the residual reads it), then a matrix's 4-5 (ema(M, U) and the residual's EMAs,
-// whose scales replace U's) in one pass, and 6-7 the update (a vector's 4 with it)
-static void came_update_cuda(float* param, const float* grad, float* state, const OptShard* sh, const CAMEHyper* h,
-                             void* scratch, ncclComm_t comm, cudaStream_t stream) {
+// whose scales replace U's) in one pass, and 6-7 the update (a vector's 4 with it). came_update_m_cuda
+// takes the first moment M (rows, cols) wherever the caller keeps it and v the rest of the state
+// (factored: R, Cc, Rr, Rc; vector: V): cuda/factored_lowp.cuh passes an fp32 copy of an 8-bit or
+// bf16 M; came_update_cuda finds both in the state, M first
+static void came_update_m_cuda(float* param, const float* grad, float* M, float* v, const OptShard* sh, const CAMEHyper* h,
+                               void* scratch, ncclComm_t comm, cudaStream_t stream) {
     factored_check_comm(sh, comm, "came_update_cuda");
     FactoredScratch w;
     factored_scratch_carve((char*)scratch, sh, &w);
     int rows = sh->rows, cols = sh->cols;
-    float* M = state;
-    float* v = state + sh->state_units * sh->width;  // factored: R, Cc, Rr, Rc; vector: V
     second_moment_cuda(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w, comm, stream);
     clip_sum_cuda(w.sums + 1, grad, sh, &w, stream);
     opt_sum_across_cuda(w.sums + 1, 1, sh, comm, stream);
@@ -101,6 +102,11 @@ static void came_update_cuda(float* param, const float* grad, float* state, cons
     came_apply_kernel<<<opt_row_blocks(rows), opt_threads(cols), 0, stream>>>(
         param, grad, M, sh->factored ? w.scale_row : NULL, w.scale_col, rows, cols, w.sums + 1, (double)sh->total, st, vector);
     CUDA_CHECK_LAUNCH();
+}
+
+static void came_update_cuda(float* param, const float* grad, float* state, const OptShard* sh, const CAMEHyper* h,
+                             void* scratch, ncclComm_t comm, cudaStream_t stream) {
+    came_update_m_cuda(param, grad, state, state + sh->state_units * sh->width, sh, h, scratch, comm, stream);
 }
 
 #endif // CUDA_CAME_CUH

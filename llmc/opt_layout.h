@@ -82,6 +82,16 @@ typedef struct {
     double weight_decay;    // decoupled, 2-D weights only
 } AdamWHyper;
 
+// the constants of one AdamW step in fp32: the hyperparameters where they meet the tensors, and
+// step t's bias corrections 1 - beta^t by powf (every backend's: cpu/optimizers.h, cuda/adamw_lowp.cuh)
+typedef struct { float lr, beta1, beta2, eps, weight_decay, bc1, bc2; } AdamWCoeffs;
+
+static AdamWCoeffs adamw_coeffs(float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    AdamWCoeffs s = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay,
+                     .bc1 = 1.0f - powf(beta1, (float)t), .bc2 = 1.0f - powf(beta2, (float)t)};
+    return s;
+}
+
 #define ADAFACTOR_MAX_RELATIVE_STEP 1e-2  // relative step: lr_t = min(this, 1/sqrt(t))
 
 typedef struct {
