@@ -31,11 +31,12 @@ What an operation costs (the constants: TL_CONSTANTS below, one table, each with
             gemm_tile x gemm_tile over `sms`), times k / (k + gemm_k_half); or its operands' bytes at
             HBM bandwidth when that takes longer; plus kernel_launch_us
   kernel    its share of the profile range open on its stream (cuda/profile.cuh tells the emulator
-            each range's FLOPs and bytes, llmc/profile.h's formulas): max(FLOPs / rate, bytes / HBM
-            bandwidth), rate the fp32 CUDA-core peak (attention: the bf16 tensor peak times
-            attention_fraction), less what the range's own-priced operations (GEMMs, memsets,
-            device copies) took, split evenly over its kernels as counted the last time the range ran
-            (the first time, its first kernel takes it all); plus kernel_launch_us. A kernel outside
+            each range's FLOPs and bytes, llmc/profile.h's formulas): the range's FLOPs and bytes less
+            those of its operations priced by their own shapes (GEMMs, memsets, device copies), then
+            max(FLOPs / rate, bytes / HBM bandwidth), rate the fp32 CUDA-core peak (attention: the
+            bf16 tensor peak times attention_fraction), split evenly over its kernels as counted the
+            last time the range ran (the first time, its first kernel takes it all); plus
+            kernel_launch_us. A kernel outside
             every range: kernel_launch_us and 8 bytes a thread at HBM bandwidth (counted as unpriced)
   memset    bytes at HBM bandwidth (+ launch); device-to-device copy: read and write at HBM bandwidth
   copy      bytes at the copy engine's rate (above)
@@ -211,12 +212,13 @@ struct tl_track { std::string name; bool named; };
 // a profile range open on a stream (cuda/profile.cuh): what its kernels share
 struct tl_range {
     std::string name;
-    double seconds;        // max(FLOPs / rate, bytes / HBM bandwidth)
+    double flops, bytes;   // the range's (llmc/profile.h's formulas)
+    double rate;           // FLOP/s of its kernels
     int technique;
-    double self_priced;    // seconds of the GEMMs, memsets and device copies in it so far
+    double self_flops, self_bytes;   // of the GEMMs, memsets and device copies in it so far, priced by their own shapes
     int kernels;           // kernels in it so far
 };
-struct tl_range_history { int kernels; double self_priced; };
+struct tl_range_history { int kernels; double self_flops, self_bytes; };
 
 // a host range (llmc/profile.h's CPU clock)
 struct tl_host_range {
@@ -271,7 +273,8 @@ static void rerate_copies(double t) {
     bool both = up != nullptr && down != nullptr && !up->pageable && !down->pageable;
     for (emu_tl_op* op : {up, down}) {
         if (op == nullptr) { continue; }
-        double rate = (op->pageable ? K(TL_PAGEABLE_GB_S) : both ? K(TL_PINNED_BOTH_GB_S) / 2.0 : K(TL_PINNED_GB_S)) * 1e9;
+        double pinned = both ? std::min(K(TL_PINNED_GB_S), K(TL_PINNED_BOTH_GB_S) / 2.0) : K(TL_PINNED_GB_S);
+        double rate = (op->pageable ? K(TL_PAGEABLE_GB_S) : pinned) * 1e9;
         op->left -= op->rate * (t - op->since);
         if (op->left < 0.0) { op->left = 0.0; }
         op->since = t;
@@ -415,12 +418,16 @@ static double kernel_seconds(const void* stream, const emu_work& w) {
     }
     tl_range& r = it->second;
     r.kernels++;
+    // what the range's own-priced operations do not account for, at the kernels' limits
+    auto rest = [&](double self_flops, double self_bytes) {
+        return std::max(std::max(0.0, r.flops - self_flops) / r.rate, hbm_seconds(std::max(0.0, r.bytes - self_bytes)));
+    };
     auto h = S.range_history.find(r.name);
     double share;
     if (h != S.range_history.end()) {
-        share = std::max(0.0, r.seconds - h->second.self_priced) / std::max(1, h->second.kernels);
+        share = rest(h->second.self_flops, h->second.self_bytes) / std::max(1, h->second.kernels);
     } else {
-        share = r.kernels == 1 ? std::max(0.0, r.seconds - r.self_priced) : 0.0;
+        share = r.kernels == 1 ? rest(r.self_flops, r.self_bytes) : 0.0;
     }
     return launch + share;
 }
@@ -446,12 +453,10 @@ static void price(emu_tl_op* op, const void* stream, const emu_work& w) {
         case EMU_WORK_GEMM:
             op->cat = "gemm";
             op->need = launch + gemm_seconds(w);
-            if (r != nullptr) { r->self_priced += op->need - launch; }
             break;
         case EMU_WORK_MEMSET:
             op->cat = "memset";
             op->need = launch + hbm_seconds(w.bytes);
-            if (r != nullptr) { r->self_priced += op->need - launch; }
             break;
         case EMU_WORK_COPY:
             op->pageable = w.pageable;
@@ -463,7 +468,7 @@ static void price(emu_tl_op* op, const void* stream, const emu_work& w) {
             } else if (w.dir == EMU_COPY_D2D) {
                 op->cat = "memcpy DtoD";
                 op->need = launch + hbm_seconds(2.0 * w.bytes);
-                if (r != nullptr) { r->self_priced += op->need - launch; }
+                op->bytes = 2.0 * w.bytes;
             } else {
                 op->engine = TL_NONE;   // host to host: the host's own memcpy
                 op->cat = "memcpy HtoH";
@@ -478,7 +483,13 @@ static void price(emu_tl_op* op, const void* stream, const emu_work& w) {
             S.nranks = std::max(S.nranks, w.nranks);
             break;
     }
-    if (r != nullptr) { op->name = r->name; }
+    if (r != nullptr) {
+        op->name = r->name;
+        if (op->engine == TL_COMPUTE && w.kind != EMU_WORK_KERNEL) {   // its own shape priced it
+            r->self_flops += op->flops;
+            r->self_bytes += op->bytes;
+        }
+    }
 }
 
 static void trace_at_exit();
@@ -544,14 +555,14 @@ void emu_timeline_range(cudaStream_t stream, const char* stream_name, const char
         S.tracks[t].named = true;
     }
     double rate = tensor ? K(TL_BF16_TFLOPS) * 1e12 * K(TL_ATTENTION_FRACTION) : K(TL_FP32_TFLOPS) * 1e12;
-    S.open_range[key] = tl_range{name, std::max(flops / rate, hbm_seconds(bytes)), technique, 0.0, 0};
+    S.open_range[key] = tl_range{name, flops, bytes, rate, technique, 0.0, 0.0, 0};
 }
 
 void emu_timeline_range_end(cudaStream_t stream) {
     if (!emu_timeline_on()) { return; }
     auto it = S.open_range.find(emu_stream_key(stream));
     if (it == S.open_range.end()) { return; }
-    S.range_history[it->second.name] = tl_range_history{it->second.kernels, it->second.self_priced};
+    S.range_history[it->second.name] = tl_range_history{it->second.kernels, it->second.self_flops, it->second.self_bytes};
     S.open_range.erase(it);
 }
 
