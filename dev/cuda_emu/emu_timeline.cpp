@@ -748,7 +748,8 @@ void emu_timeline_json(FILE* f, double tokens) {
 
 // the Chrome trace (chrome://tracing, ui.perfetto.dev) of the operations that ran in [from, to):
 // one thread a stream (tid 0 the host), complete events ("X") in microseconds, each with its
-// sequence number and those of the operations it waited for ("after"), and a flow arrow for
+// sequence number and those of the operations it waited for ("after", their streams "after_tids"),
+// and a flow arrow for
 // every dependency across streams
 static void write_trace(FILE* f, double from, double to) {
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"gpu\": ");
@@ -771,6 +772,8 @@ static void write_trace(FILE* f, double from, double to) {
         json_string(f, op.what);
         fprintf(f, ", \"after\": [");
         for (size_t i = 0; i < op.deps.size(); i++) { fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)op.deps[i]->seq); }
+        fprintf(f, "], \"after_tids\": [");   // their streams (those before the trace's start too)
+        for (size_t i = 0; i < op.deps.size(); i++) { fprintf(f, "%s%d", i ? ", " : "", op.deps[i]->track); }
         fprintf(f, "]");
         if (op.technique != EMU_TECHNIQUE_NONE) { fprintf(f, ", \"technique\": \"%s\"", TL_TECHNIQUE_NAMES[op.technique]); }
         if (op.bytes > 0.0) { fprintf(f, ", \"bytes\": %.0f", op.bytes); }
