@@ -20,6 +20,7 @@ blocks come back from the host) and on d12 at B=16 T=1024:
 """
 
 import json
+import os
 import random
 import re
 import sys
@@ -138,6 +139,20 @@ def reaches(by_seq, op, tid, hops):
 
 
 # ----------------------------------------------------------------------------
+# doc/timeline.md's table of the constants is the code's
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+with open(os.path.join(ROOT, "dev", "cuda_emu", "emu_timeline.cpp")) as f:
+    code = [(m.group(1), [float(x) for x in m.group(2).split(",")], m.group(3))
+            for m in re.finditer(r'\{TL_\w+, "(\w+)", \{([^}]*)\}, "((?:[^"\\]|\\.)*)"\},', f.read())]
+with open(os.path.join(ROOT, "doc", "timeline.md")) as f:
+    doc = [(m.group(1), [float(m.group(i)) for i in (2, 3, 4)], m.group(5))
+           for m in re.finditer(r"^\| `(\w+)` \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| (.*) \|$", f.read(), re.M)]
+s.check("doc/timeline.md's constants are emu_timeline.cpp's (names, values, sources)", code and code == doc,
+        f"code {len(code)} rows, doc {len(doc)}: first difference "
+        f"{next(((c, d) for c, d in zip(code, doc) if c != d), None)}")
+
+# ----------------------------------------------------------------------------
 # one rank, --offload 1: copies on the copy stream, the compute stream waiting for them
 
 name, out = "--offload 1", "off"
@@ -190,6 +205,29 @@ else:
             s.check(f"{name}: the collectives are in the trace, as the exchange", coll and all(
                 e["args"].get("technique") == "exchange" for e in coll), str(coll[:2]))
             s.check(f"{name}: profile.json counts their time", js["timeline"]["total_s"]["exchange"] > 0.0, str(js["timeline"]))
+
+# ----------------------------------------------------------------------------
+# scripts/compare_flags.py --predict: the predicted step beside each flag set's memory
+
+cf = s.path("compare")
+cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare_flags.py"), "--trainer", CUDA, "--predict", "h100",
+       "-e", f"{FIX}/model_deep.bin", "-i", f"{FIX}/train.bin", "-b", str(B), "-t", str(T), "-x", "2",
+       "--extra", "-k ''", "--flags", "", "--flags", "--offload 1", "--out", cf]
+r = s.expect_ok("compare_flags.py --predict h100: runs", cmd)
+if r:
+    with open(os.path.join(cf, "compare_flags.md")) as f:
+        md = f.read()
+    rows = [line.split(" | ") for line in md.splitlines() if line.startswith("| (plain)") or line.startswith("| `--offload 1`")]
+    head = next((line.split(" | ") for line in md.splitlines() if line.startswith("| flags")), [])
+    col = next((i for i, h in enumerate(head) if h.startswith("predicted ms/step (h100)")), None)
+    s.check("compare_flags.py --predict h100: a predicted ms/step column, named as predicted, for every flag set",
+            col is not None and len(rows) == 2 and all(float(x[col]) > 0.0 for x in rows) and "PREDICTED" in md, md[-1500:])
+    s.check("compare_flags.py --predict h100: --offload 1's predicted step is longer than the plain one's",
+            col is not None and len(rows) == 2 and float(rows[1][col]) > float(rows[0][col]), str(rows))
+r = s.run([sys.executable, os.path.join(ROOT, "scripts", "compare_flags.py"), "--trainer", CUDA, "--modelled",
+           "-e", f"{FIX}/model.bin", "-i", f"{FIX}/train.bin", "--out", s.path("compare2")])
+s.check("compare_flags.py --modelled without --predict stops, saying it needs a GPU to model",
+        r.rc == 1 and "--modelled needs --predict" in r.err, f"exit {r.rc}: {r.err[-300:]}")
 
 # ----------------------------------------------------------------------------
 # timing only: a d12 step at B=16 T=1024, modelled, not run

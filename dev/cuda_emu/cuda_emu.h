@@ -353,6 +353,10 @@ void emu_timeline_print(FILE* f, double tokens);
 void emu_timeline_json(FILE* f, double tokens);
 // the step's Chrome trace (ui.perfetto.dev), written to path
 void emu_timeline_trace(const char* path);
+// whether the device's work runs (CUDA_EMU_EXECUTE, default 1) or is only modelled (0): then whatever
+// the program reads back from the device is zeros, and work of its own on values it never reads back
+// (a weight initialization, a checksum of the weights) may be skipped
+bool emu_device_executes();
 
 // the C++ conveniences cuda_runtime.h declares for nvcc only
 template <typename T>

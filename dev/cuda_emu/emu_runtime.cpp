@@ -123,6 +123,8 @@ const emu_settings& emu_config() {
     return settings;
 }
 
+bool emu_device_executes() { return emu_config().execute; }
+
 // ----------------------------------------------------------------------------
 // errors
 

@@ -111,7 +111,7 @@ static const tl_constant TL_CONSTANTS[TL_NUM_KEYS] = {
     {TL_IB_GB_S, "ib_gb_s", {45, 22, 45}, "estimate: NCCL bus bandwidth between nodes, GB/s: 400 Gb/s NDR (A100: 200 Gb/s HDR) per GPU, 90% reached"},
     {TL_IB_ALPHA_US, "ib_alpha_us", {6.0, 6.0, 6.0}, "estimate: latency of one ring step between nodes, microseconds"},
     {TL_GPUS_PER_NODE, "gpus_per_node", {8, 8, 8}, "GPUs a node's NVLink joins (HGX boards)"},
-    {TL_MEMORY_MIB, "memory_mib", {81079, 81050, 143771}, "device memory, MiB: cudaMemGetInfo on the H100 (GPU.md); A100 80GB, H200 141GB (data sheets)"},
+    {TL_MEMORY_MIB, "memory_mib", {81079, 81920, 142336}, "device memory, MiB: cudaMemGetInfo on the H100 (GPU.md); A100 80 GiB (data sheet); H200 about 139 GiB (what the H200 machines this project is sometimes lent report)"},
 };
 
 struct tl_model {
@@ -692,10 +692,12 @@ void emu_timeline_print(FILE* f, double tokens) {
         if (S.nranks > 1) { fprintf(f, " a rank (%.0f for %d ranks)", tokens * S.nranks / s.step, S.nranks); }
     }
     fprintf(f, "\n  busy in the step:");
+    const char* sep = " ";
     for (size_t t = 0; t < S.tracks.size(); t++) {
-        if (s.busy[t] <= 0.0 && t != 0) { continue; }
-        fprintf(f, " %s %.3f ms (%.0f%%)%s", S.tracks[t].name.c_str(), s.busy[t] * 1e3,
-                s.step > 0.0 ? 100.0 * s.busy[t] / s.step : 0.0, t + 1 < S.tracks.size() ? "," : "");
+        if (s.busy[t] <= 0.0 && t != 0) { continue; }   // a stream idle in the step (the host is always named)
+        fprintf(f, "%s%s %.3f ms (%.0f%%)", sep, S.tracks[t].name.c_str(), s.busy[t] * 1e3,
+                s.step > 0.0 ? 100.0 * s.busy[t] / s.step : 0.0);
+        sep = ", ";
     }
     fprintf(f, "\n  | %-15s | %10s | %10s | %8s |\n", "technique", "total ms", "exposed ms", "exposed");
     for (int k = 1; k < EMU_NUM_TECHNIQUES; k++) {
