@@ -105,7 +105,7 @@ static void prof_timeline_json(FILE* f, double tokens) {
 
 static void prof_timeline_print(FILE* f, double tokens) {
     emu_timeline_print(f, tokens);
-    fprintf(f, "  (the Chrome trace of the step, trace.json, is written beside profile.json: ui.perfetto.dev opens it)\n");
+    fprintf(f, "  (with -o, the step's Chrome trace, trace.json, is written beside profile.json: ui.perfetto.dev opens it)\n");
 }
 
 // llmc/profile.h's second clock, set before main when the timeline is on

@@ -241,21 +241,23 @@ static void prof_close(void) {
 
 // the CPU clock: a range of `kind` named by fmt starts here and runs to the next mark or prof_close
 PROF_PRINTF(3, 4) static void prof_mark(ProfKind kind, ProfCost cost, const char* fmt, ...) {
-    if (g_prof_hooks.host_range) {
-        char name[PROF_NAME_LEN];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(name, sizeof(name), fmt, ap);
-        va_end(ap);
-        g_prof_hooks.host_range(kind, cost, name);
-    }
-    if (!g_prof.active) { return; }
-    prof_close();
+    if (!g_prof.active && !g_prof_hooks.host_range) { return; }
+    prof_close();   // the open range ends here, on both clocks
     va_list ap;
     va_start(ap, fmt);
-    g_prof.open = prof_count_v(kind, 0, cost, fmt, ap);
+    if (g_prof_hooks.host_range) {
+        char name[PROF_NAME_LEN];
+        va_list again;
+        va_copy(again, ap);
+        vsnprintf(name, sizeof(name), fmt, again);
+        va_end(again);
+        g_prof_hooks.host_range(kind, cost, name);
+    }
+    if (g_prof.active) {
+        g_prof.open = prof_count_v(kind, 0, cost, fmt, ap);
+        g_prof.open_since = prof_now();
+    }
     va_end(ap);
-    g_prof.open_since = prof_now();
 }
 
 // starts the profile of `step` (1-based); timing says how the backend times its ranges

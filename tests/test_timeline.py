@@ -189,6 +189,38 @@ if r:
                 f"trace: {exposed} of {length(offload) * 1e-6} s; profile.json: {tl['exposed_s']['offload']} of {tl['total_s']['offload']}")
 
 # ----------------------------------------------------------------------------
+# one rank, --offload optimizer: the host's update, counted at the host's bandwidth
+
+name, out = "--offload optimizer", "optoff"
+r = same_as_without(name, ["--offload", "optimizer"], out)
+if r:
+    js, trace = check_report(name, r, f"{out}_timeline")
+    if trace:
+        names, ops, by_seq = check_trace(name, trace, ["compute", "host"])
+        host = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "host"
+                and e["args"].get("technique") == "optimizer_host"]
+        tl = js["timeline"]
+        s.check(f"{name}: the host's update is on the host's track, its time the optimizer_host total",
+                host and abs(sum(e["dur"] for e in host) * 1e-6 - tl["total_s"]["optimizer_host"]) < 1e-8
+                and tl["total_s"]["optimizer_host"] > 0.0, f"{host[:2]}; {tl}")
+        update = next((e for e in js["entries"] if e["kind"] == "optimizer" and "on the host" in e["name"]), None)
+        # its bytes at the H100 machine's host bandwidth (87 GB/s), and the CUDA calls the host makes
+        # meanwhile (host_call_us, 2 us each): what is left after the bytes is a whole number of calls
+        calls = (tl["total_s"]["optimizer_host"] - update["bytes"] / 87e9) / 2e-6 if update else -1.0
+        s.check(f"{name}: ... which is its bytes at the host's 87 GB/s and the 2 us of each CUDA call it makes meanwhile",
+                calls > -1e-3 and abs(calls - round(calls)) < 1e-3,
+                f"{tl['total_s']['optimizer_host']} s for {update and update['bytes']} bytes: {calls} calls")
+        # the update uploads each tensor as it is done: placed by the host's own time, the first upload
+        # starts in the first half of the update and the last in the second (all at its start or all
+        # at its end would be the host's cost charged at its end or at its start)
+        if host:
+            start, end = host[0]["ts"], host[0]["ts"] + host[0]["dur"]
+            ups = sorted(e["ts"] for e in ops if e["cat"] == "memcpy HtoD" and start - EPS_US <= e["ts"] <= end + EPS_US)
+            middle = (start + end) / 2
+            s.check(f"{name}: the uploads the host makes during its update spread over it",
+                    len(ups) > 1 and ups[0] < middle < ups[-1], f"uploads at {ups}, update {start}..{end}")
+
+# ----------------------------------------------------------------------------
 # two ranks, --zero 2: the reduce-scatters on the NCCL stream, counted as the exchange
 
 launcher, why = e2e.mpi_launcher(CUDA)
