@@ -307,6 +307,7 @@ void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& co
 static const size_t DEVICE_ALIGNMENT = 256;  // what cudaMalloc guarantees
 static std::map<uintptr_t, size_t> device_allocations;  // start -> bytes
 static std::map<uintptr_t, size_t> pinned_allocations;  // page-locked host ranges
+static std::map<uintptr_t, size_t> untouched_pinned;    // CUDA_EMU_EXECUTE=0: those cudaHostAlloc mmap'd
 static size_t device_bytes_used = 0;
 
 // CUDA_EMU_EXECUTE=0: memory that nothing touches costs no RAM (pages come at first touch, zeros)
@@ -385,6 +386,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
     void* p = emu_config().execute ? aligned_alloc(DEVICE_ALIGNMENT, rounded) : untouched_alloc(rounded);
     if (p == nullptr) { return record(cudaErrorMemoryAllocation); }
     pinned_allocations[(uintptr_t)p] = rounded;
+    if (!emu_config().execute) { untouched_pinned[(uintptr_t)p] = rounded; }
     *ptr = p;
     return cudaSuccess;
 }
@@ -397,6 +399,7 @@ cudaError_t cudaFreeHost(void* ptr) {
     if (it == pinned_allocations.end()) { return record(cudaErrorInvalidValue); }
     size_t bytes = it->second;
     pinned_allocations.erase(it);
+    untouched_pinned.erase((uintptr_t)ptr);
     emu_device_drain();
     emu_tl_host_waits_for_device();
     if (emu_config().execute) { free(ptr); } else { untouched_free(ptr, bytes); }
@@ -426,12 +429,12 @@ static cudaError_t check_copy(void* dst, const void* src, size_t bytes, enum cud
     return cudaErrorInvalidValue;
 }
 
-// CUDA_EMU_EXECUTE=0: a copy from the device leaves zeros (whole pages of a pinned buffer dropped:
-// they read as zeros and hold no memory; the rest cleared)
+// CUDA_EMU_EXECUTE=0: a copy from the device leaves zeros (whole pages of a cudaHostAlloc buffer
+// dropped: they read as zeros and hold no memory; the rest, and other memory, cleared)
 static void zero_host(void* dst, size_t bytes) {
     uintptr_t a = (uintptr_t)dst, end = a + bytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t first = (a + page - 1) / page * page, last = end / page * page;
-    if (emu_is_pinned_range(dst, bytes) && last > first) {
+    if (in_ranges(untouched_pinned, dst, bytes) && last > first) {   // our own mmap'd pages (not a registered buffer's)
         memset(dst, 0, first - a);
         madvise((void*)first, last - first, MADV_DONTNEED);
         memset((void*)last, 0, end - last);
