@@ -4,6 +4,7 @@
 #   make test         build and run every test; the last line reads "N passed, N failed"
 #   make bench        d12 and default-model throughput against OpenBLAS's sgemm (scripts/bench.sh)
 #   make bench-flags  each memory flag's step time and memory on d12 (scripts/bench_flags.sh)
+#   make bench-timeline  predicted on an H100's timeline (the emulated device, modelled only): each technique's exposed share, d12 and d48, --offload 1 and --zero 1/2/3 on 8 ranks
 #   make USE_BLAS=1   build train_gpt with cblas_sgemm (OpenBLAS) for the matmuls instead of cpu/matmul.h
 #   make MPI=0        build train_gpt without MPI (default: with mpicc when installed; mpirun -np N ./train_gpt)
 #   make build/prepare_tokens  text, folders of .txt/.jsonl, or stdin into token shards (dev/data/prepare_tokens.c)
@@ -53,7 +54,7 @@ MPI_STAMP = build/mpi_setting
 MPI_SETTING = MPI=$(MPI) CC=$(TRAIN_CC)
 $(shell mkdir -p build && if [ "$$(cat $(MPI_STAMP) 2>/dev/null)" != "$(MPI_SETTING)" ]; then echo "$(MPI_SETTING)" > $(MPI_STAMP); fi)
 
-.PHONY: all run data test bench bench-flags bench-tokenize bench-fuzz check-headers cuda-build-check build-check clean help
+.PHONY: all run data test bench bench-flags bench-timeline bench-tokenize bench-fuzz check-headers cuda-build-check build-check clean help
 all: train_gpt
 
 # the CPU trainer (with MPI when available: see MPI above)
@@ -210,6 +211,12 @@ bench: train_gpt build/bench_matmul $(DATA)
 
 bench-flags: train_gpt $(DATA)
 	bash scripts/bench_flags.sh
+
+# the share of each technique's copies and collectives the compute stream does not hide, on the
+# emulated device's timeline of an H100 (scripts/bench_timeline.py; doc/timeline.md): predicted, not
+# measured; ARGS="--only d12" for one model
+bench-timeline: build/emu/train_gpt $(DATA)
+	$(PYTHON) scripts/bench_timeline.py $(ARGS)
 
 # prepare_tokens' MB/s on 1 thread and all, beside tiktoken's on one thread, same text (100 MB of
 # TinyShakespeare; ARGS="--mb 20" or "--input FILE"), then 2 MB of letters without white space, one

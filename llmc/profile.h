@@ -17,6 +17,11 @@ step's time outside every range: host work, synchronization, launch gaps) add up
 ranges on the other streams (copies, NCCL) overlap the compute stream and are listed apart.
 When no profile is being taken (g_prof.active == 0) a mark costs a branch.
 
+A second clock may watch (g_prof_hooks, set by cuda/profile.cuh on the emulated device when its
+timeline models a GPU, dev/cuda_emu/emu_timeline.cpp): it is told of every host range, profiled or not
+(their bytes are the host's modelled work), gives the step its time, and adds its own lines to the
+table and its own object to the JSON. Unset (the CPU trainer, a real GPU), nothing changes.
+
 Bytes and FLOPs are what the operation must move and do at least (each tensor read or written
 once; a causal attention's half of the T x T products), not what a kernel happens to do, so the
 GB/s and TFLOP/s columns say how close each kind comes to the machine's limits.
@@ -77,6 +82,7 @@ typedef struct {
 
 typedef struct {
     int active;                  // between prof_begin and prof_end: marks count
+    double tokens;               // this rank's tokens in the step (prof_encoder_forward counts them)
     int step;                    // the profiled step (1-based)
     char backend[64], timing[128];
     int n;
@@ -88,6 +94,17 @@ typedef struct {
 } Profile;
 
 static Profile g_prof;
+
+// the second clock (see the top); NULL members: none
+typedef struct {
+    void (*host_range)(ProfKind kind, ProfCost cost, const char* name);   // a CPU-clock range starts
+    void (*host_close)(void);                                               // ... and ends
+    void (*step_begin)(void);
+    double (*step_end)(void);              // the step's seconds on this clock
+    void (*print)(FILE* f, double tokens); // after the table
+    void (*json)(FILE* f, double tokens);  // members of the JSON object, each followed by ", "
+} ProfHooks;
+static ProfHooks g_prof_hooks;
 
 static double prof_now(void) {
     struct timespec ts;
@@ -153,8 +170,10 @@ static ProfCost prof_classifier(size_t BT, int V, int Vp, size_t elem) {
     ProfCost c = {2.0 * BT * Vp * elem + 8.0 * BT, 5.0 * BT * V};
     return c;
 }
+// (every forward pass starts here: while a profile is taken it counts the step's tokens)
 static ProfCost prof_encoder_forward(size_t BT, int C, size_t elem) {
     ProfCost c = {3.0 * BT * C * elem + 4.0 * BT, (double)BT * C};
+    if (g_prof.active) { g_prof.tokens += (double)BT; }
     return c;
 }
 // dwte rows and dwpe (fp32 +=) from dout (BT,C)
@@ -222,6 +241,7 @@ static void prof_add(int entry, double seconds) { g_prof.e[entry].seconds += sec
 
 // the CPU clock: ends the open range (if any)
 static void prof_close(void) {
+    if (g_prof_hooks.host_close) { g_prof_hooks.host_close(); }
     if (!g_prof.active || g_prof.open < 0) { return; }
     prof_add(g_prof.open, prof_now() - g_prof.open_since);
     g_prof.open = -1;
@@ -229,13 +249,23 @@ static void prof_close(void) {
 
 // the CPU clock: a range of `kind` named by fmt starts here and runs to the next mark or prof_close
 PROF_PRINTF(3, 4) static void prof_mark(ProfKind kind, ProfCost cost, const char* fmt, ...) {
-    if (!g_prof.active) { return; }
-    prof_close();
+    if (!g_prof.active && !g_prof_hooks.host_range) { return; }
+    prof_close();   // the open range ends here, on both clocks
     va_list ap;
     va_start(ap, fmt);
-    g_prof.open = prof_count_v(kind, 0, cost, fmt, ap);
+    if (g_prof_hooks.host_range) {
+        char name[PROF_NAME_LEN];
+        va_list again;
+        va_copy(again, ap);
+        vsnprintf(name, sizeof(name), fmt, again);
+        va_end(again);
+        g_prof_hooks.host_range(kind, cost, name);
+    }
+    if (g_prof.active) {
+        g_prof.open = prof_count_v(kind, 0, cost, fmt, ap);
+        g_prof.open_since = prof_now();
+    }
     va_end(ap);
-    g_prof.open_since = prof_now();
 }
 
 // starts the profile of `step` (1-based); timing says how the backend times its ranges
@@ -246,11 +276,13 @@ static void prof_begin(int step, const char* backend, const char* timing) {
     snprintf(g_prof.timing, sizeof(g_prof.timing), "%s", timing);
     g_prof.open = -1;
     g_prof.active = 1;
+    if (g_prof_hooks.step_begin) { g_prof_hooks.step_begin(); }
 }
 
 // the step took step_seconds (its ranges' times all added): marks stop counting
 static void prof_end(double step_seconds) {
     prof_close();
+    if (g_prof_hooks.step_end) { step_seconds = g_prof_hooks.step_end(); }
     g_prof.active = 0;
     g_prof.step_seconds = step_seconds;
 }
@@ -352,10 +384,11 @@ static void prof_print(FILE* f) {
                 "bind, f: its FLOPs\n  (above 100%%: it moves memory better than the triad, or the machine was busier while the "
                 "limits were measured)\n  the limits: %s\n", g_prof.roof.gb_s, g_prof.roof.gflop_s, g_prof.roof.how);
     }
+    if (g_prof_hooks.print) { g_prof_hooks.print(f, g_prof.tokens); }
 }
 
 // the same as one JSON object: {"step", "backend", "timing", "step_ms", "other_ms", "roofline": {"gb_s", "gflop_s"}
-// (where measured), "entries": [{"kind", "name", "stream", "calls", "ms", "share", "bytes", "flops", "gb_s", "tflop_s",
+// (where measured), "timeline": {...} (the second clock's, where one watches), "entries": [{"kind", "name", "stream", "calls", "ms", "share", "bytes", "flops", "gb_s", "tflop_s",
 // "roofline_share" (where measured)}]}
 // ("share" of the step; entries of streams other than "compute" overlap it)
 static void prof_write_json(FILE* f) {
@@ -368,6 +401,7 @@ static void prof_write_json(FILE* f) {
     if (g_prof.roof.gb_s > 0.0) {
         fprintf(f, "\"roofline\": {\"gb_s\": %.3f, \"gflop_s\": %.3f, \"how\": \"%s\"}, ", g_prof.roof.gb_s, g_prof.roof.gflop_s, g_prof.roof.how);
     }
+    if (g_prof_hooks.json) { g_prof_hooks.json(f, g_prof.tokens); }
     fprintf(f, "\"entries\": [");
     for (int k = 0; k < g_prof.n; k++) {
         const ProfEntry* e = &g_prof.e[order[k]];

@@ -6,6 +6,7 @@ several flag sets, then writes a markdown table and two plots from the runs' log
     python3 scripts/compare_flags.py --flags "" --flags "--recompute sqrt" --flags "--offload 1"
     python3 scripts/compare_flags.py --flags-file my_sets.txt --trainer ./train_gpt_cu
     python3 scripts/compare_flags.py --trainer "mpirun -np 2 --allow-run-as-root ./train_gpt" --flags "--zero 1"
+    python3 scripts/compare_flags.py --trainer build/emu/train_gpt --predict h100 --modelled -e d12 -b 16 -t 1024 -x 2
 
 Each flag set is one run of the trainer (--trainer, ./train_gpt by default; any program with its
 flags: build/emu/train_gpt, ./train_gpt_cu) with the shape (-e, -b, -t, -x), the data (-i) and
@@ -23,10 +24,18 @@ Writes to --out (default out/compare_flags):
   memory_by_category.png    stacked bars of the measured memory by category (host ones hatched)
 The plots need matplotlib (pip install matplotlib); without it the table is still written.
 Timings are comparable only on a quiet machine, and only between runs of one invocation.
+
+--predict GPU (h100, a100, h200 or a constants file; the emulated trainer, build/emu/train_gpt): each
+run also plays on the emulated device's timeline of that GPU (CUDA_EMU_TIMELINE, doc/timeline.md) and
+profiles its last step: the table adds the PREDICTED ms/step and tokens/s (all ranks') on that GPU and
+the time each technique's copies, collectives and host update leave exposed. --modelled runs the device
+work as a model only (CUDA_EMU_EXECUTE=0: d12 at T=1024 in seconds; the losses are then 0, the memory
+the same plan). Predicted scheduling, not measured speed: the absolute times are estimates.
 """
 
 import argparse
 import glob
+import json
 import os
 import re
 import shlex
@@ -164,8 +173,21 @@ def remove_checkpoints(run_dir):
             os.remove(path)
 
 
+def predicted(run_dir):
+    """the timeline of the run's profile.json (--predict): {"step_s", "tok_s", "exposed_s"}, or None"""
+    try:
+        with open(os.path.join(run_dir, "profile.json")) as f:
+            tl = json.load(f).get("timeline")
+    except (OSError, ValueError):
+        return None
+    if not tl:
+        return None
+    return {"step_s": tl["step_s"], "tok_s": tl["tokens_per_s"] * tl.get("ranks", 1), "exposed_s": tl["exposed_s"]}
+
+
 def summarize(flags, run_dir, rc, error):
-    """a row's numbers from the run's log.jsonl: {"flags", "ms", "tok_s", "loss", "memory"} or "error" """
+    """a row's numbers from the run's log.jsonl: {"flags", "ms", "tok_s", "loss", "memory"} (and
+    "predicted" with --predict) or "error" """
     row = {"flags": flags, "dir": run_dir}
     if rc != 0:
         row["error"] = error
@@ -180,7 +202,7 @@ def summarize(flags, run_dir, rc, error):
         return row
     timed = run.steps[1:] if len(run.steps) > 1 else run.steps  # the first step pays for warm-up
     row.update(ms=statistics.median(r["ms"] for r in timed), tok_s=statistics.median(r["tokens_per_s"] for r in timed),
-               loss=run.steps[-1]["loss"], steps=len(run.steps), memory=run.memory)
+               loss=run.steps[-1]["loss"], steps=len(run.steps), memory=run.memory, predicted=predicted(run_dir))
     return row
 
 
@@ -216,6 +238,8 @@ def markdown(rows, base, args, header):
     unit_name, unit = table_unit(ok)
     fits = args.budget is not None
     head = ["flags", "ms/step", "tok/s", f"vs {set_name(base['flags'])}" if base else "vs plain", "final loss"]
+    if args.predict:
+        head += [f"predicted ms/step ({args.predict})", "predicted tok/s", "predicted exposed ms: offload / exchange / host update"]
     head += [runlog.category_label(c) for c in cols] + (["fits"] if fits else [])
     lines = header + ["", f"Memory in {unit_name}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -225,6 +249,11 @@ def markdown(rows, base, args, header):
             continue
         ratio = f"{r['ms'] / base['ms']:.2f}x" if base else "-"
         cells = [name, f"{r['ms']:.1f}", f"{r['tok_s']:.0f}", ratio, f"{r['loss']:.6f}"]
+        if args.predict:
+            p = r.get("predicted")
+            ex = p["exposed_s"] if p else {}
+            cells += [f"{p['step_s'] * 1e3:.2f}", f"{p['tok_s']:.0f}",
+                      " / ".join(f"{ex[k] * 1e3:.2f}" for k in ("offload", "exchange", "optimizer_host"))] if p else ["-"] * 3
         cells += [memory_cell(r, c, unit) for c in cols]
         if fits:
             cells.append("yes" if r["memory"]["measured"]["device_total"] <= args.budget else "no")
@@ -317,6 +346,10 @@ def parse_args(argv):
     ap.add_argument("--budget", type=parse_bytes, help="device memory budget, e.g. 24GiB: marks the sets that fit")
     ap.add_argument("--out", default="out/compare_flags", help="output folder (default out/compare_flags)")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
+    ap.add_argument("--predict", metavar="GPU", help="the emulated trainer only: also the PREDICTED step on this GPU's "
+                    "timeline (h100, a100, h200 or a constants file: CUDA_EMU_TIMELINE, doc/timeline.md)")
+    ap.add_argument("--modelled", action="store_true", help="with --predict: the device's work modelled, not run "
+                    "(CUDA_EMU_EXECUTE=0): large models in seconds, losses 0")
     return ap.parse_args(join_values(sys.argv[1:] if argv is None else argv, ("--flags", "--extra")))
 
 
@@ -348,9 +381,17 @@ def main(argv=None):
         print(f"error: no training data '{args.train}'\n  hint: make data (TinyShakespeare), or -i SHARDS",
               file=sys.stderr)
         return 1
+    if args.modelled and not args.predict:
+        print("error: --modelled needs --predict GPU (a model of which GPU)\n  hint: --predict h100", file=sys.stderr)
+        return 1
     sets = flag_sets(args)
     base_cmd = trainer + ["-e", args.model, "-b", str(args.batch), "-t", str(args.seq), "-x", str(args.steps),
                           "-i", args.train, "-j", "", "-v", "0", "-s", "0"] + shlex.split(args.extra)
+    if args.predict:   # the timeline's report comes with --profile: the last step (not the first, if there are more)
+        base_cmd += ["--profile", str(min(2, args.steps) if args.steps > 1 else 1)]
+        os.environ["CUDA_EMU_TIMELINE"] = args.predict
+        if args.modelled:
+            os.environ["CUDA_EMU_EXECUTE"] = "0"
     os.makedirs(args.out, exist_ok=True)
     earlier = remove_earlier_runs(args.out)
     if earlier:
@@ -370,7 +411,12 @@ def main(argv=None):
         rows.append(row)
         progress.done(f"failed: {row['error']}" if "error" in row else
                       f"{row['ms']:.1f} ms/step, {row['tok_s']:.0f} tok/s, device "
-                      f"{mib(row['memory']['measured']['device_total'])} MiB, loss {row['loss']:.4f}")
+                      f"{mib(row['memory']['measured']['device_total'])} MiB, loss {row['loss']:.4f}"
+                      + (f", predicted {row['predicted']['step_s'] * 1e3:.2f} ms/step on {args.predict}"
+                         if row.get("predicted") else ""))
+        if args.predict and "error" not in row and not row.get("predicted"):
+            row["error"] = ("no timeline in its profile.json: --predict needs the emulated trainer "
+                            "(--trainer build/emu/train_gpt)")
     ok = [r for r in rows if "error" not in r]
     base = next((r for r in ok if not r["flags"]), ok[0] if ok else None)
 
@@ -379,7 +425,11 @@ def main(argv=None):
               f"{time.strftime('%Y-%m-%d')}, {machine()}. Trainer `{args.trainer}`, data `{args.train}`"
               + (f", `{args.extra}`" if args.extra else "") + f". ms/step and tok/s are {timed_steps_text(args.steps)}; memory is the measured high-water mark of each category (log.jsonl's memory "
               "record), with the plan in parentheses where it differs; \"device total\" is every category but the "
-              "host ones. Command: `python3 scripts/" + os.path.basename(__file__) + " " +
+              "host ones." + (f" PREDICTED columns: the step on the emulated device's timeline of {args.predict} (doc/timeline.md): "
+                              "a model of scheduling, not a measurement; exposed: a technique's time while the compute stream "
+                              "runs no kernel." if args.predict else "")
+              + (" Device work modelled, not run (CUDA_EMU_EXECUTE=0): losses are 0." if args.modelled else "")
+              + " Command: `python3 scripts/" + os.path.basename(__file__) + " " +
               " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])) + "`."]
     table = os.path.join(args.out, "compare_flags.md")
     with open(table, "w") as f:

@@ -54,6 +54,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
      [PY, "tests/test_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
     ("--profile: the step's time by kind of work (CPU and emulated device)",
      [PY, "tests/test_profile.py", "./train_gpt", "./build/emu/train_gpt", "./test_gpt"], None),
+    ("the emulated device's timeline (CUDA_EMU_TIMELINE): bitwise the same, trace.json's streams and waits, a d12 step modelled only",
+     [PY, "tests/test_timeline.py", "./build/emu/train_gpt", "./test_gpt"], None),
     ("the rendezvous of --dist-init against hostile and mistaken peers (build/rendezvous_peer)",
      [PY, "tests/test_rendezvous.py", "./build/rendezvous_peer", "./test_gpt"], None),
     ("launching without MPI: srun, torchrun-style, --dist-init (emulated device)",

@@ -329,6 +329,35 @@ struct emu_launch_config {
 void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& config, const void* kernel,
                         std::function<void()> body);
 
+// the timeline (emu_timeline.cpp, CUDA_EMU_TIMELINE=h100|a100|h200|FILE): a model of the GPU's time
+// beside the emulation. The program's profile (cuda/profile.cuh, llmc/profile.h) tells it what its
+// ranges cost and which technique they serve; every call is a no-op when the timeline is off.
+enum { EMU_TECHNIQUE_NONE, EMU_TECHNIQUE_OFFLOAD, EMU_TECHNIQUE_EXCHANGE, EMU_TECHNIQUE_OPTIMIZER_HOST, EMU_NUM_TECHNIQUES };
+bool emu_timeline_on();
+// the GPU modelled (h100, a100, h200 or the constants file's path); NULL when the timeline is off
+const char* emu_timeline_gpu();
+// a range of work on a stream starts (ending the one open there): its kernels share its FLOPs and
+// bytes; tensor: its FLOPs run on the tensor cores (attention); stream_name names the stream's track
+void emu_timeline_range(cudaStream_t stream, const char* stream_name, const char* name, double flops, double bytes,
+                        int technique, int tensor);
+void emu_timeline_range_end(cudaStream_t stream);
+// the host's own work: bytes at the host's memory bandwidth, until the next host range or its end
+void emu_timeline_host_range(const char* name, double bytes, int technique);
+void emu_timeline_host_range_end();
+// the step the reports cover: from begin to end on the host's modelled clock; end returns its seconds
+void emu_timeline_step_begin();
+double emu_timeline_step_end();
+// the step's predicted time, tokens/s (tokens: this rank's in the step), busy and exposed times
+void emu_timeline_print(FILE* f, double tokens);
+// the same as the members of a JSON object: "timeline": {...}, (with the comma)
+void emu_timeline_json(FILE* f, double tokens);
+// the step's Chrome trace (ui.perfetto.dev), written to path
+void emu_timeline_trace(const char* path);
+// whether the device's work runs (CUDA_EMU_EXECUTE, default 1) or is only modelled (0): then whatever
+// the program reads back from the device is zeros, and work of its own on values it never reads back
+// (a weight initialization, a checksum of the weights) may be skipped
+bool emu_device_executes();
+
 // the C++ conveniences cuda_runtime.h declares for nvcc only
 template <typename T>
 cudaError_t cudaFuncSetAttribute(T* kernel, enum cudaFuncAttribute attr, int value) {

@@ -50,7 +50,7 @@ EMU_LDLIBS := -lm $(EMU_MPI_LDLIBS)
 
 EMU_SRCS := $(addprefix $(EMU_DIR)/,emu_fiber.cpp emu_kernel.cpp emu_stream.cpp emu_runtime.cpp \
                                       emu_blas.cpp emu_lt_rules.cpp emu_nccl.cpp emu_mpi.cpp emu_math.cpp emu_wmma.cpp \
-                                      emu_ptx.cpp)
+                                      emu_ptx.cpp emu_timeline.cpp)
 EMU_OBJS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_SRCS))
 EMU_HEADERS := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h)
 

@@ -244,7 +244,30 @@ static void reference_gemm(const gemm_problem& p) {
     }
 }
 
-static cublasStatus_t enqueue_gemm(cudaStream_t stream, const char* what, const gemm_problem& p) {
+static size_t type_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// the GEMM's cost on the timeline (emu_timeline.cpp): FLOPs, the operands' bytes, and the peak its
+// types run at (bf16 and fp16 operands, or fp32 ones with a 16-bit fast mode, on the tensor cores)
+static emu_work gemm_cost(const gemm_problem& p, cublasComputeType_t compute) {
+    emu_work w;
+    w.kind = EMU_WORK_GEMM;
+    w.m = p.m;
+    w.n = p.n;
+    w.k = p.k;
+    w.batch = p.batch;
+    double mats = p.batch;
+    w.flops = 2.0 * p.m * (double)p.n * p.k * mats;
+    w.bytes = mats * ((double)p.m * p.k * type_bytes(p.A.type) + (double)p.k * p.n * type_bytes(p.B.type) +
+                      (double)p.m * p.n * type_bytes(p.D.type) * (p.beta != 0.0f ? 2.0 : 1.0));
+    bool narrow = p.A.type != CUDA_R_32F && p.B.type != CUDA_R_32F;
+    if (narrow || compute == CUBLAS_COMPUTE_32F_FAST_16BF || compute == CUBLAS_COMPUTE_32F_FAST_16F) { w.peak = EMU_PEAK_BF16; }
+    else if (compute == CUBLAS_COMPUTE_32F_FAST_TF32) { w.peak = EMU_PEAK_TF32; }
+    else { w.peak = EMU_PEAK_FP32; }
+    return w;
+}
+
+static cublasStatus_t enqueue_gemm(cudaStream_t stream, const char* what, const gemm_problem& p,
+                                   cublasComputeType_t compute = CUBLAS_COMPUTE_32F) {
     if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) { return CUBLAS_STATUS_INVALID_VALUE; }
     if (!supported_type(p.A.type) || !supported_type(p.B.type) || !supported_type(p.D.type)) {
         return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -255,7 +278,11 @@ static cublasStatus_t enqueue_gemm(cudaStream_t stream, const char* what, const 
     if (p.A.ld < (a_rows > 1 ? a_rows : 1) || p.B.ld < (b_rows > 1 ? b_rows : 1) || p.D.ld < (p.m > 1 ? p.m : 1)) {
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    emu_enqueue(stream, what, [p] { reference_gemm(p); });
+    if (!emu_config().execute) {   // modelled, not run
+        emu_enqueue(stream, what, [] {}, gemm_cost(p, compute));
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    emu_enqueue(stream, what, [p] { reference_gemm(p); }, gemm_cost(p, compute));
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -335,7 +362,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     if (!supported_compute(computeType)) { return CUBLAS_STATUS_NOT_SUPPORTED; }
     gemm_problem p = plain_gemm(transa, transb, m, n, k, alpha, matrix{A, Atype, lda, 0}, matrix{B, Btype, ldb, 0},
                                 beta, matrix{C, Ctype, ldc, 0});
-    return enqueue_gemm(handle->stream, "cublasGemmEx", p);
+    return enqueue_gemm(handle->stream, "cublasGemmEx", p, computeType);
 }
 
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
@@ -349,7 +376,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     gemm_problem p = plain_gemm(transa, transb, m, n, k, alpha, matrix{A, Atype, lda, strideA},
                                 matrix{B, Btype, ldb, strideB}, beta, matrix{C, Ctype, ldc, strideC});
     p.batch = batchCount;
-    return enqueue_gemm(handle->stream, "cublasGemmStridedBatchedEx", p);
+    return enqueue_gemm(handle->stream, "cublasGemmStridedBatchedEx", p, computeType);
 }
 
 // ----------------------------------------------------------------------------
@@ -589,5 +616,5 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     p.B.data = B;
     p.C.data = C;
     p.D.data = D;
-    return enqueue_gemm(stream, "cublasLtMatmul", p);
+    return enqueue_gemm(stream, "cublasLtMatmul", p, d->compute);
 }

@@ -21,6 +21,7 @@ OS threads of its own.
 
 #include <functional>
 #include <string>
+#include <vector>
 
 [[noreturn]] void emu_fail_at(const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -47,14 +48,34 @@ struct emu_settings {
     emu_thread_order thread_order;// CUDA_EMU_THREAD_ORDER
     unsigned seed;                // CUDA_EMU_SEED
     int multiprocessors;          // CUDA_EMU_SMS: the SM count kernels size their grids from
+    const char* timeline;         // CUDA_EMU_TIMELINE: the GPU modelled (emu_timeline.cpp), NULL: none
+    bool execute;                 // CUDA_EMU_EXECUTE: 0 = device work is modelled only, not run
 };
 const emu_settings& emu_config();
 
 // ----------------------------------------------------------------------------
 // streams (emu_stream.cpp)
 
+// what one piece of device work costs the timeline (emu_timeline.cpp prices it)
+enum emu_work_kind { EMU_WORK_MARKER, EMU_WORK_KERNEL, EMU_WORK_GEMM, EMU_WORK_COPY, EMU_WORK_MEMSET, EMU_WORK_COLLECTIVE };
+enum emu_copy_dir { EMU_COPY_H2D, EMU_COPY_D2H, EMU_COPY_D2D, EMU_COPY_H2H };
+enum emu_collective_kind { EMU_ALL_REDUCE, EMU_REDUCE_SCATTER, EMU_ALL_GATHER, EMU_BROADCAST, EMU_REDUCE };
+enum emu_peak { EMU_PEAK_FP32, EMU_PEAK_TF32, EMU_PEAK_BF16 };   // which peak a GEMM's types run at
+struct emu_work {
+    emu_work_kind kind = EMU_WORK_MARKER;     // a marker (event record, wait, host function) takes no time
+    double flops = 0.0, bytes = 0.0;          // GEMM: 2mnk a matrix and its operands; copy, memset: bytes;
+                                              // collective: the whole buffer (all-gather's output, reduce-scatter's input)
+    size_t threads = 0;                       // kernel: grid x block
+    int m = 0, n = 0, k = 0, batch = 1;       // GEMM
+    emu_peak peak = EMU_PEAK_FP32;            // GEMM
+    emu_copy_dir dir = EMU_COPY_H2D;          // copy
+    bool pageable = false;                    // copy: from or to pageable host memory
+    emu_collective_kind collective = EMU_ALL_REDUCE;
+    int nranks = 1;                           // collective
+};
+
 // enqueue work on a stream; `what` names it in messages. Returns after it ran if the mode says so.
-void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> work);
+void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> work, const emu_work& cost = emu_work());
 // run everything the stream has queued so far (and whatever that depends on)
 void emu_stream_drain(cudaStream_t stream);
 // run all queued work of every stream
@@ -62,12 +83,38 @@ void emu_device_drain();
 // an NCCL collective: queued like any work, and also after the collective enqueued before it (any
 // stream, any communicator), so that every rank runs its collectives in the order it issued them.
 // Runs at once (after its stream's earlier work) unless the mode is late-nccl
-void emu_enqueue_collective(cudaStream_t stream, const char* what, std::function<void()> work);
+void emu_enqueue_collective(cudaStream_t stream, const char* what, std::function<void()> work, const emu_work& cost);
 // whether a collective is enqueued and has not run
 bool emu_collective_pending();
 // late-nccl: the host is about to wait for other ranks (an MPI call, a communicator's end), which may
 // wait for this rank's queued collectives: drain the device if one is pending (emu_mpi.cpp, emu_nccl.cpp)
 void emu_before_host_wait();
+
+// the key of a stream in the timeline (stream 0 and its aliases are one)
+const void* emu_stream_key(cudaStream_t stream);
+// the host waits for everything queued on the device so far (the timeline's clock moves with it)
+void emu_tl_host_waits_for_device();
+// the same for what is queued on one stream so far
+void emu_tl_host_waits_for_stream(cudaStream_t stream);
+
+// ----------------------------------------------------------------------------
+// the timeline (emu_timeline.cpp)
+
+struct emu_tl_op;   // one operation of the simulation
+// the operation queued on `stream` (legacy: the legacy default stream), after deps (nullptr ones skipped)
+emu_tl_op* emu_tl_enqueue(const void* stream, bool legacy, const char* what, const emu_work& w,
+                          const std::vector<emu_tl_op*>& deps);
+// the host waits until op is done on the modelled GPU (nullptr: returns)
+void emu_tl_host_wait(emu_tl_op* op);
+bool emu_tl_done(const emu_tl_op* op);
+double emu_tl_end_ms(const emu_tl_op* op);
+// seconds the emulator spent running queued work (not the host's own time)
+void emu_tl_emulation_wall(double seconds);
+// at the first CUDA call: the model read, the trace of CUDA_EMU_TRACE arranged
+void emu_timeline_init();
+// the device memory of a timeline setting's GPU (CUDA_EMU_MEMORY_BYTES' default under it)
+size_t emu_timeline_memory_bytes(const char* setting);
+void emu_timeline_set_rank(int rank);
 
 // ----------------------------------------------------------------------------
 // kernels (emu_kernel.cpp)

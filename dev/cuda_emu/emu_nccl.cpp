@@ -376,6 +376,7 @@ static ncclResult_t comm_init(ncclComm_t* comm, int nranks, const ncclUniqueId& 
     if (nranks < 1 || rank < 0 || rank >= nranks) { return ncclInvalidArgument; }
     ncclComm_t c = new ncclComm();
     c->rank = rank;
+    emu_timeline_set_rank(rank);   // the trace names its process after the rank
     c->nranks = nranks;
     c->device = emu_current_device();
     *comm = c;
@@ -568,13 +569,30 @@ static void stall_if_asked(ncclComm_t comm, const char* what) {
     raise(SIGSTOP);
 }
 
-// queue the collective on the stream: see "When" at the top of this file
-static ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, const char* what, std::function<void()> work) {
+// what a collective of `bytes` (the whole buffer: all-reduce's, reduce-scatter's input, all-gather's
+// output, broadcast's) costs on the timeline (emu_timeline.cpp: the ring's alpha-beta model)
+static emu_work collective_cost(ncclComm_t comm, emu_collective_kind kind, double bytes) {
+    emu_work w;
+    w.kind = EMU_WORK_COLLECTIVE;
+    w.collective = kind;
+    w.bytes = bytes;
+    w.nranks = comm->nranks;
+    return w;
+}
+
+// queue the collective on the stream: see "When" at the top of this file. CUDA_EMU_EXECUTE=0: it is
+// modelled, not run (no rank waits for another; the others get zeros where they read)
+static ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, const char* what, const emu_work& cost,
+                                   std::function<void()> work) {
+    if (!emu_config().execute) {
+        emu_enqueue_collective(stream, what, [] {}, cost);
+        return ncclSuccess;
+    }
     emu_enqueue_collective(stream, what, [comm, what, work] {
         if (comm->aborted) { return; }
         stall_if_asked(comm, what);
         work();
-    });
+    }, cost);
     return ncclSuccess;
 }
 
@@ -584,7 +602,7 @@ static ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, const c
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || !known_op(op)) { return ncclInvalidArgument; }
-    return run_collective(comm, stream, "ncclAllReduce", [=] {
+    return run_collective(comm, stream, "ncclAllReduce", collective_cost(comm, EMU_ALL_REDUCE, (double)count * element_bytes(type)), [=] {
         std::vector<char> all;
         exchange(comm, sendbuff, count * element_bytes(type), &all, "ncclAllReduce");
         reduce_ranks(all, count, 0, count, type, op, comm->nranks, recvbuff);
@@ -594,7 +612,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || !known_op(op)) { return ncclInvalidArgument; }
-    return run_collective(comm, stream, "ncclReduceScatter", [=] {
+    return run_collective(comm, stream, "ncclReduceScatter",
+                          collective_cost(comm, EMU_REDUCE_SCATTER, (double)recvcount * comm->nranks * element_bytes(type)), [=] {
         std::vector<char> all;
         size_t n = recvcount * comm->nranks;
         exchange(comm, sendbuff, n * element_bytes(type), &all, "ncclReduceScatter");
@@ -605,7 +624,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0) { return ncclInvalidArgument; }
-    return run_collective(comm, stream, "ncclAllGather", [=] {
+    return run_collective(comm, stream, "ncclAllGather",
+                          collective_cost(comm, EMU_ALL_GATHER, (double)sendcount * comm->nranks * element_bytes(type)), [=] {
         std::vector<char> all;  // a copy first: in place, sendbuff lies inside recvbuff
         exchange(comm, sendbuff, sendcount * element_bytes(type), &all, "ncclAllGather");
         memcpy(recvbuff, all.data(), all.size());
@@ -615,7 +635,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || root < 0 || root >= comm->nranks) { return ncclInvalidArgument; }
-    return run_collective(comm, stream, "ncclBroadcast", [=] {
+    return run_collective(comm, stream, "ncclBroadcast", collective_cost(comm, EMU_BROADCAST, (double)count * element_bytes(type)), [=] {
         size_t bytes = count * element_bytes(type);
         std::vector<char> all;  // only the root's sendbuff is valid; the others send their recvbuff
         exchange(comm, comm->rank == root ? sendbuff : recvbuff, bytes, &all, "ncclBroadcast");
@@ -630,7 +650,7 @@ ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
     if (element_bytes(type) == 0 || !known_op(op) || root < 0 || root >= comm->nranks) { return ncclInvalidArgument; }
-    return run_collective(comm, stream, "ncclReduce", [=] {
+    return run_collective(comm, stream, "ncclReduce", collective_cost(comm, EMU_REDUCE, (double)count * element_bytes(type)), [=] {
         std::vector<char> all;
         exchange(comm, sendbuff, count * element_bytes(type), &all, "ncclReduce");
         if (comm->rank == root) { reduce_ranks(all, count, 0, count, type, op, comm->nranks, recvbuff); }

@@ -13,10 +13,17 @@ Copies follow CUDA's rules on when the host may touch its buffer again:
     must not reuse the buffer before the stream is synchronized (CUDA_EMU_STREAMS=late catches it);
   - cudaMemcpyAsync from pageable memory stages the data at once (the host may reuse it), and
     into pageable memory returns after the copy, as the CUDA documentation describes.
+
+CUDA_EMU_EXECUTE=0 (with the timeline: emu_timeline.cpp): no kernel, GEMM, memset, device copy or
+collective runs; device memory is address space that nothing touches (mmap'd without backing, not
+filled), and a copy from the device writes zeros (pinned buffers by dropping their pages: they read
+as zeros and hold no memory). So the host reads zeros back, and a large model's step plays in seconds.
 */
 #include "emu_internal.h"
 
 #include <stdarg.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <map>
 #include <string>
 #include <vector>
@@ -92,13 +99,31 @@ static emu_settings read_settings() {
     }
     s.seed = (unsigned)strtoul(env_or("CUDA_EMU_SEED", "0"), nullptr, 10);
     if (s.seed == 0) { s.seed = DEFAULT_SEED; }  // xorshift needs a non-zero state
+    s.timeline = env_or("CUDA_EMU_TIMELINE", nullptr);
+    if (s.timeline != nullptr && (mem == nullptr || mem[0] == '\0')) {
+        s.device_memory_bytes = emu_timeline_memory_bytes(s.timeline);   // the modelled GPU's memory
+    }
+    std::string execute = env_or("CUDA_EMU_EXECUTE", "1");
+    if (execute != "0" && execute != "1") { emu_fail("CUDA_EMU_EXECUTE='%s': expected 1 (run the device's work) or 0 (model it only)", execute.c_str()); }
+    s.execute = execute == "1";
+    if (!s.execute && s.timeline == nullptr) {
+        emu_fail("CUDA_EMU_EXECUTE=0 without CUDA_EMU_TIMELINE: nothing would run and nothing be modelled\n"
+                 "  hint: CUDA_EMU_TIMELINE=h100 CUDA_EMU_EXECUTE=0 (dev/cuda_emu/README.md)");
+    }
     return s;
 }
 
 const emu_settings& emu_config() {
     static emu_settings settings = read_settings();
+    static bool started = false;
+    if (!started) {   // after the settings exist: the timeline reads them
+        started = true;
+        emu_timeline_init();
+    }
     return settings;
 }
+
+bool emu_device_executes() { return emu_config().execute; }
 
 // ----------------------------------------------------------------------------
 // errors
@@ -178,7 +203,7 @@ cudaError_t cudaSetDevice(int device) {
     current_device = device;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceReset(void) { emu_device_drain(); return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { emu_device_drain(); emu_tl_host_waits_for_device(); return cudaSuccess; }
 cudaError_t cudaDeviceSetLimit(enum cudaLimit, size_t) { return cudaSuccess; }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
@@ -265,8 +290,15 @@ void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& co
         record(cudaErrorInvalidValue);  // what CUDA reports for too much dynamic shared memory
         return;
     }
+    emu_work cost;
+    cost.kind = EMU_WORK_KERNEL;
+    cost.threads = (size_t)g.x * g.y * g.z * threads;
+    if (!emu_config().execute) {   // modelled, not run
+        emu_enqueue(config.stream, site.kernel, [] {}, cost);
+        return;
+    }
     emu_grid grid{site, g, b, config.dynamic_shared_bytes, std::move(body)};
-    emu_enqueue(config.stream, site.kernel, [grid] { emu_run_grid(grid); });
+    emu_enqueue(config.stream, site.kernel, [grid] { emu_run_grid(grid); }, cost);
 }
 
 // ----------------------------------------------------------------------------
@@ -275,7 +307,15 @@ void emu_enqueue_kernel(const emu_launch_site& site, const emu_launch_config& co
 static const size_t DEVICE_ALIGNMENT = 256;  // what cudaMalloc guarantees
 static std::map<uintptr_t, size_t> device_allocations;  // start -> bytes
 static std::map<uintptr_t, size_t> pinned_allocations;  // page-locked host ranges
+static std::map<uintptr_t, size_t> untouched_pinned;    // CUDA_EMU_EXECUTE=0: those cudaHostAlloc mmap'd
 static size_t device_bytes_used = 0;
+
+// CUDA_EMU_EXECUTE=0: memory that nothing touches costs no RAM (pages come at first touch, zeros)
+static void* untouched_alloc(size_t bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+}
+static void untouched_free(void* p, size_t bytes) { munmap(p, bytes); }
 
 static bool in_ranges(const std::map<uintptr_t, size_t>& ranges, const void* p, size_t bytes) {
     uintptr_t a = (uintptr_t)p;
@@ -295,9 +335,9 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
         *ptr = nullptr;
         return record(cudaErrorMemoryAllocation);
     }
-    void* p = aligned_alloc(DEVICE_ALIGNMENT, rounded);
+    void* p = emu_config().execute ? aligned_alloc(DEVICE_ALIGNMENT, rounded) : untouched_alloc(rounded);
     if (p == nullptr) { return record(cudaErrorMemoryAllocation); }
-    memset(p, EMU_UNWRITTEN_BYTE, rounded);
+    if (emu_config().execute) { memset(p, EMU_UNWRITTEN_BYTE, rounded); }
     device_allocations[(uintptr_t)p] = rounded;
     device_bytes_used += rounded;
     *ptr = p;
@@ -309,9 +349,10 @@ cudaError_t cudaFree(void* ptr) {
     auto it = device_allocations.find((uintptr_t)ptr);
     if (it == device_allocations.end()) { return record(cudaErrorInvalidDevicePointer); }
     emu_device_drain();  // cudaFree waits for the device, so queued work still sees the memory
+    emu_tl_host_waits_for_device();
     device_bytes_used -= it->second;
+    if (emu_config().execute) { free(ptr); } else { untouched_free(ptr, it->second); }
     device_allocations.erase(it);
-    free(ptr);
     return cudaSuccess;
 }
 
@@ -325,8 +366,8 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
     emu_enqueue(stream, "cudaFreeAsync", [ptr] {
         auto it = device_allocations.find((uintptr_t)ptr);
         device_bytes_used -= it->second;
+        if (emu_config().execute) { free(ptr); } else { untouched_free(ptr, it->second); }
         device_allocations.erase(it);
-        free(ptr);
     });
     return cudaSuccess;
 }
@@ -340,9 +381,12 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
     (void)flags;
     size_t rounded = (bytes + DEVICE_ALIGNMENT - 1) / DEVICE_ALIGNMENT * DEVICE_ALIGNMENT;
-    void* p = aligned_alloc(DEVICE_ALIGNMENT, rounded > 0 ? rounded : DEVICE_ALIGNMENT);
+    if (rounded == 0) { rounded = DEVICE_ALIGNMENT; }
+    // CUDA_EMU_EXECUTE=0: whole pages of its own, so that a copy from the device can drop them
+    void* p = emu_config().execute ? aligned_alloc(DEVICE_ALIGNMENT, rounded) : untouched_alloc(rounded);
     if (p == nullptr) { return record(cudaErrorMemoryAllocation); }
     pinned_allocations[(uintptr_t)p] = rounded;
+    if (!emu_config().execute) { untouched_pinned[(uintptr_t)p] = rounded; }
     *ptr = p;
     return cudaSuccess;
 }
@@ -351,9 +395,14 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr,
 
 cudaError_t cudaFreeHost(void* ptr) {
     if (ptr == nullptr) { return cudaSuccess; }
-    if (pinned_allocations.erase((uintptr_t)ptr) == 0) { return record(cudaErrorInvalidValue); }
+    auto it = pinned_allocations.find((uintptr_t)ptr);
+    if (it == pinned_allocations.end()) { return record(cudaErrorInvalidValue); }
+    size_t bytes = it->second;
+    pinned_allocations.erase(it);
+    untouched_pinned.erase((uintptr_t)ptr);
     emu_device_drain();
-    free(ptr);
+    emu_tl_host_waits_for_device();
+    if (emu_config().execute) { free(ptr); } else { untouched_free(ptr, bytes); }
     return cudaSuccess;
 }
 
@@ -380,33 +429,79 @@ static cudaError_t check_copy(void* dst, const void* src, size_t bytes, enum cud
     return cudaErrorInvalidValue;
 }
 
+// CUDA_EMU_EXECUTE=0: a copy from the device leaves zeros (whole pages of a cudaHostAlloc buffer
+// dropped: they read as zeros and hold no memory; the rest, and other memory, cleared)
+static void zero_host(void* dst, size_t bytes) {
+    uintptr_t a = (uintptr_t)dst, end = a + bytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t first = (a + page - 1) / page * page, last = end / page * page;
+    if (in_ranges(untouched_pinned, dst, bytes) && last > first) {   // our own mmap'd pages (not a registered buffer's)
+        memset(dst, 0, first - a);
+        madvise((void*)first, last - first, MADV_DONTNEED);
+        memset((void*)last, 0, end - last);
+    } else {
+        memset(dst, 0, bytes);
+    }
+}
+
+// a copy's direction and cost on the timeline
+static emu_work copy_cost(size_t bytes, bool src_device, bool dst_device, bool pageable) {
+    emu_work w;
+    w.kind = EMU_WORK_COPY;
+    w.bytes = (double)bytes;
+    w.pageable = pageable;
+    w.dir = src_device ? (dst_device ? EMU_COPY_D2D : EMU_COPY_D2H) : (dst_device ? EMU_COPY_H2D : EMU_COPY_H2H);
+    return w;
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
     if (bytes == 0) { return cudaSuccess; }
     cudaError_t e = check_copy(dst, src, bytes, kind);
     if (e != cudaSuccess) { return record(e); }
-    bool src_pageable = !emu_is_device_range(src, bytes) && !emu_is_pinned_range(src, bytes);
-    bool dst_pageable = !emu_is_device_range(dst, bytes) && !emu_is_pinned_range(dst, bytes);
+    bool src_device = emu_is_device_range(src, bytes), dst_device = emu_is_device_range(dst, bytes);
+    bool src_pageable = !src_device && !emu_is_pinned_range(src, bytes);
+    bool dst_pageable = !dst_device && !emu_is_pinned_range(dst, bytes);
+    emu_work cost = copy_cost(bytes, src_device, dst_device, (src_pageable && dst_device) || (dst_pageable && src_device));
+    if (!emu_config().execute && (src_device || dst_device)) {   // modelled; what the host gets back is zeros
+        bool to_host = src_device && !dst_device;
+        emu_enqueue(stream, "cudaMemcpyAsync", [dst, bytes, to_host] { if (to_host) { zero_host(dst, bytes); } }, cost);
+        if (dst_pageable) { emu_stream_drain(stream); }
+        if (cost.pageable) { emu_tl_host_waits_for_stream(stream); }   // the host waits for a pageable copy
+        return cudaSuccess;
+    }
     if (src_pageable) {
         // staged now: the host may reuse its buffer as soon as the call returns
         auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + bytes);
-        emu_enqueue(stream, "cudaMemcpyAsync", [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+        emu_enqueue(stream, "cudaMemcpyAsync", [dst, staged] { memcpy(dst, staged->data(), staged->size()); }, cost);
     } else {
-        emu_enqueue(stream, "cudaMemcpyAsync", [dst, src, bytes] { memcpy(dst, src, bytes); });
+        emu_enqueue(stream, "cudaMemcpyAsync", [dst, src, bytes] { memcpy(dst, src, bytes); }, cost);
     }
     if (dst_pageable) { emu_stream_drain(stream); }  // returns after the copy into pageable memory
+    // on the timeline the host waits for a pageable copy either way: CUDA stages it through a pinned
+    // buffer while the call returns only when the last of it is staged
+    if (cost.pageable) { emu_tl_host_waits_for_stream(stream); }
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, 0);
-    if (e == cudaSuccess) { emu_stream_drain(0); }
+    if (e == cudaSuccess) {
+        emu_stream_drain(0);
+        emu_tl_host_waits_for_stream(0);
+    }
     return e;
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
     if (bytes == 0) { return cudaSuccess; }
     if (!emu_is_device_range(dst, bytes)) { return record(cudaErrorInvalidValue); }
-    emu_enqueue(stream, "cudaMemsetAsync", [dst, value, bytes] { memset(dst, value, bytes); });
+    emu_work cost;
+    cost.kind = EMU_WORK_MEMSET;
+    cost.bytes = (double)bytes;
+    if (!emu_config().execute) {
+        emu_enqueue(stream, "cudaMemsetAsync", [] {}, cost);
+        return cudaSuccess;
+    }
+    emu_enqueue(stream, "cudaMemsetAsync", [dst, value, bytes] { memset(dst, value, bytes); }, cost);
     return cudaSuccess;
 }
 

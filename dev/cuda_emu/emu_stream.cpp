@@ -31,6 +31,11 @@ Dependencies an operation carries (and so what forcing it runs first):
   - an NCCL collective: the collective enqueued before it (in late-nccl the only mode where that one
     can still be pending).
 
+The timeline (CUDA_EMU_TIMELINE, emu_timeline.cpp) gets every operation too, with all of the
+dependencies above whether or not the emulation ran them already (in inorder mode it always has), and
+the host's waits: stream, event and device synchronization, and a query that finds work pending
+(counted as the wait of the polling loop that follows it).
+
 Invariant: an operation only ever depends on operations enqueued before it, so running the
 dependencies first always terminates.
 */
@@ -55,15 +60,17 @@ struct CUstream_st {
     std::deque<std::shared_ptr<emu_op>> queue;  // enqueued, not yet run, in order
     std::shared_ptr<emu_op> last;               // the latest operation enqueued (run or not)
     bool blocking;                              // synchronizes with the legacy default stream
+    emu_tl_op* tl_last;                         // the timeline: the latest operation enqueued
 };
 
 struct CUevent_st {
     std::shared_ptr<emu_op> record;             // the latest cudaEventRecord on it
     std::shared_ptr<double> time_ms;            // set when that record runs
     bool timing;
+    emu_tl_op* tl_record;                       // the timeline: that record
 };
 
-static CUstream_st legacy_default_stream = {{}, nullptr, true};
+static CUstream_st legacy_default_stream = {{}, nullptr, true, nullptr};
 static std::vector<CUstream_st*> streams = {&legacy_default_stream};
 static uint64_t next_seq = 1;
 static std::shared_ptr<emu_op> last_collective;   // the latest NCCL collective enqueued (run or not)
@@ -92,7 +99,13 @@ static void run_front(CUstream_st* s) {
     s->queue.pop_front();
     std::function<void()> work = std::move(op->work);
     running_work++;
-    work();
+    if (emu_timeline_on()) {   // the emulator's own time is not the host's (emu_timeline.cpp)
+        double t0 = now_ms();
+        work();
+        emu_tl_emulation_wall((now_ms() - t0) * 1e-3);
+    } else {
+        work();
+    }
     running_work--;
     op->done = true;
 }
@@ -103,11 +116,30 @@ static void run_until(const std::shared_ptr<emu_op>& target) {
 
 static bool deferred(emu_stream_mode m) { return m == EMU_STREAMS_LATE || m == EMU_STREAMS_LATE_NCCL; }
 
+const void* emu_stream_key(cudaStream_t stream) { return resolve(stream); }
+
+// the timeline's operation for what is being enqueued on s, with the dependencies that enqueue()
+// gives the emulated one, whether or not those ran already
+static void timeline_enqueue(CUstream_st* s, const char* what, const emu_work& cost, emu_tl_op* after) {
+    if (!emu_timeline_on()) { return; }
+    std::vector<emu_tl_op*> deps = {s->tl_last, after};
+    if (s == &legacy_default_stream) {
+        for (CUstream_st* other : streams) {
+            if (other != s && other->blocking) { deps.push_back(other->tl_last); }
+        }
+    } else if (s->blocking) {
+        deps.push_back(legacy_default_stream.tl_last);
+    }
+    s->tl_last = emu_tl_enqueue(s, s == &legacy_default_stream, what, cost, deps);
+}
+
 // enqueue, optionally also after one more operation (the record a stream waits for, or the
 // collective before a collective); returns the operation
 static std::shared_ptr<emu_op> enqueue(cudaStream_t stream, const char* what, std::function<void()> work,
-                                       std::shared_ptr<emu_op> after) {
+                                       std::shared_ptr<emu_op> after, const emu_work& cost = emu_work(),
+                                       emu_tl_op* tl_after = nullptr) {
     CUstream_st* s = resolve(stream);
+    timeline_enqueue(s, what, cost, tl_after);
     auto op = std::make_shared<emu_op>(emu_op{next_seq++, what, std::move(work), {}, s, false});
     if (pending(after)) { op->deps.push_back(after); }
     if (s == &legacy_default_stream) {
@@ -123,12 +155,12 @@ static std::shared_ptr<emu_op> enqueue(cudaStream_t stream, const char* what, st
     return op;
 }
 
-void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> work) {
-    enqueue(stream, what, std::move(work), nullptr);
+void emu_enqueue(cudaStream_t stream, const char* what, std::function<void()> work, const emu_work& cost) {
+    enqueue(stream, what, std::move(work), nullptr, cost);
 }
 
-void emu_enqueue_collective(cudaStream_t stream, const char* what, std::function<void()> work) {
-    last_collective = enqueue(stream, what, std::move(work), last_collective);
+void emu_enqueue_collective(cudaStream_t stream, const char* what, std::function<void()> work, const emu_work& cost) {
+    last_collective = enqueue(stream, what, std::move(work), last_collective, cost);
     if (emu_config().streams != EMU_STREAMS_LATE_NCCL) { run_until(last_collective); }
 }
 
@@ -142,6 +174,15 @@ void emu_before_host_wait() {
 
 void emu_stream_drain(cudaStream_t stream) {
     run_until(resolve(stream)->last);
+}
+
+void emu_tl_host_waits_for_stream(cudaStream_t stream) {
+    if (emu_timeline_on()) { emu_tl_host_wait(resolve(stream)->tl_last); }
+}
+
+void emu_tl_host_waits_for_device() {
+    if (!emu_timeline_on()) { return; }
+    for (CUstream_st* s : streams) { emu_tl_host_wait(s->tl_last); }
 }
 
 void emu_device_drain() {
@@ -158,7 +199,7 @@ void emu_device_drain() {
 // streams
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
-    CUstream_st* s = new CUstream_st{{}, nullptr, (flags & cudaStreamNonBlocking) == 0};
+    CUstream_st* s = new CUstream_st{{}, nullptr, (flags & cudaStreamNonBlocking) == 0, nullptr};
     streams.push_back(s);
     *stream = s;
     return cudaSuccess;
@@ -177,6 +218,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     CUstream_st* s = resolve(stream);
     if (s == &legacy_default_stream) { return cudaErrorInvalidResourceHandle; }
     run_until(s->last);  // CUDA finishes the queued work of a destroyed stream
+    emu_tl_host_waits_for_stream(s);
     streams.erase(std::find(streams.begin(), streams.end(), s));
     delete s;
     return cudaSuccess;
@@ -184,12 +226,18 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     emu_stream_drain(stream);
+    emu_tl_host_waits_for_stream(stream);
     return cudaSuccess;
 }
 
 // not ready while work is queued; asking makes it run, so a polling loop ends
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     CUstream_st* s = resolve(stream);
+    if (emu_timeline_on() && !emu_tl_done(s->tl_last) && s->tl_last != nullptr) {
+        emu_tl_host_wait(s->tl_last);   // the polling loop's wait
+        run_until(s->last);
+        return cudaErrorNotReady;
+    }
     if (!pending(s->last)) { return cudaSuccess; }
     run_until(s->last);
     return cudaErrorNotReady;
@@ -199,8 +247,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     (void)flags;
     if (event == nullptr) { return cudaErrorInvalidResourceHandle; }
     std::shared_ptr<emu_op> record = event->record;  // the record as of now, as CUDA captures it
-    if (!pending(record)) { return cudaSuccess; }
-    enqueue(stream, "cudaStreamWaitEvent", [] {}, record);
+    if (!pending(record)) {
+        timeline_enqueue(resolve(stream), "cudaStreamWaitEvent", emu_work(), event->tl_record);  // the emulation has nothing to wait for
+        return cudaSuccess;
+    }
+    enqueue(stream, "cudaStreamWaitEvent", [] {}, record, emu_work(), event->tl_record);
     return cudaSuccess;
 }
 
@@ -211,6 +262,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_
 
 cudaError_t cudaDeviceSynchronize(void) {
     emu_device_drain();
+    emu_tl_host_waits_for_device();
     return cudaSuccess;
 }
 
@@ -218,7 +270,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 // events
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-    *event = new CUevent_st{nullptr, std::make_shared<double>(0.0), (flags & cudaEventDisableTiming) == 0};
+    *event = new CUevent_st{nullptr, std::make_shared<double>(0.0), (flags & cudaEventDisableTiming) == 0, nullptr};
     return cudaSuccess;
 }
 
@@ -237,6 +289,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     event->time_ms = slot;
     emu_enqueue(stream, "cudaEventRecord", [slot] { *slot = now_ms(); });
     event->record = resolve(stream)->last;
+    event->tl_record = resolve(stream)->tl_last;
     return cudaSuccess;
 }
 
@@ -248,11 +301,17 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, uns
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     if (event == nullptr) { return cudaErrorInvalidResourceHandle; }
     run_until(event->record);
+    if (emu_timeline_on()) { emu_tl_host_wait(event->tl_record); }
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (event == nullptr) { return cudaErrorInvalidResourceHandle; }
+    if (emu_timeline_on() && event->tl_record != nullptr && !emu_tl_done(event->tl_record)) {
+        emu_tl_host_wait(event->tl_record);   // the polling loop's wait
+        run_until(event->record);
+        return cudaErrorNotReady;
+    }
     if (!pending(event->record)) { return cudaSuccess; }
     run_until(event->record);
     return cudaErrorNotReady;
@@ -262,6 +321,11 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     if (start == nullptr || end == nullptr || !start->timing || !end->timing) { return cudaErrorInvalidResourceHandle; }
     if (!start->record || !end->record) { return cudaErrorInvalidResourceHandle; }
     if (pending(start->record) || pending(end->record)) { return cudaErrorNotReady; }
+    if (emu_timeline_on()) {   // the modelled GPU's times
+        if (!emu_tl_done(start->tl_record) || !emu_tl_done(end->tl_record)) { return cudaErrorNotReady; }
+        *ms = (float)(emu_tl_end_ms(end->tl_record) - emu_tl_end_ms(start->tl_record));
+        return cudaSuccess;
+    }
     *ms = (float)(*end->time_ms - *start->time_ms);
     return cudaSuccess;
 }

@@ -57,6 +57,28 @@ expect_error "ptx: a cp.async into global memory stops the program" \
 expect_error "ptx: a cp.async from shared memory stops the program" \
     "source .* is in shared memory" $BIN/test_ptx cp-async-from-shared
 run "cuBLASLt: 288 descriptors answered as cuBLASLt 13.0 on an H100 did" -- $BIN/test_cublaslt_table
+# the timeline (emu_timeline.cpp): what an overlap saves, measured with CUDA events as on a GPU
+TIMELINE=(CUDA_EMU_TIMELINE=h100 CUDA_EMU_EXECUTE=0)
+run "timeline: a copy waited at once costs copy + kernel, an overlapped one the longer (h100, modelled only)" \
+    "${TIMELINE[@]}" -- $BIN/test_timeline
+run "timeline, late streams (the model follows the program's order, not the emulation's)" \
+    "${TIMELINE[@]}" CUDA_EMU_STREAMS=late -- $BIN/test_timeline
+SLOW_LINK=build/emu/timeline_slow_link.txt
+printf '# a link half as fast\npinned_gb_s 27.5\n' > $SLOW_LINK
+echo "== timeline: a constants file's pinned_gb_s is the copies' rate"
+out=$(env CUDA_EMU_TIMELINE=$SLOW_LINK CUDA_EMU_EXECUTE=0 $BIN/test_timeline 2>&1)
+if echo "$out" | grep -q "copy 2.4[0-9]* ms (27.[0-9] GB/s)"; then
+    echo "ok   timeline: a constants file's pinned_gb_s is the copies' rate"; passed=$((passed + 1))
+else
+    echo "$out"; echo "FAIL timeline: a constants file's pinned_gb_s is the copies' rate (2.4 ms at 27.5 GB/s)"; failed=$((failed + 1))
+fi
+printf 'pinned_gbs 27.5\n' > $SLOW_LINK
+expect_error "timeline: a constants file with an unknown name stops, naming the line" \
+    "timeline_slow_link.txt:1: expected 'name value'" env CUDA_EMU_TIMELINE=$SLOW_LINK $BIN/test_timeline
+expect_error "timeline: CUDA_EMU_EXECUTE=0 without a timeline stops, naming both" \
+    "CUDA_EMU_EXECUTE=0 without CUDA_EMU_TIMELINE" env CUDA_EMU_EXECUTE=0 $BIN/test_timeline
+expect_error "timeline: without CUDA_EMU_TIMELINE the test says its events need one" \
+    "the events need CUDA_EMU_TIMELINE" $BIN/test_timeline
 for mode in inorder early late late-nccl; do
     run "runtime, CUDA_EMU_STREAMS=$mode" CUDA_EMU_STREAMS=$mode CUDA_EMU_MEMORY_BYTES=$SMALL_DEVICE -- $BIN/test_runtime
 done
