@@ -138,6 +138,7 @@ void gpt2_dist_start(Dist* d, const char* method) {
          dist_built_with_mpi() ? "launch with mpirun, or srun --mpi=pmix (or pmi2)" : DIST_REBUILD_HINT);
 }
 size_t gpt2_device_free_bytes(void) { return 0; }
+int gpt2_device_is_modelled(void) { return 0; }
 size_t gpt2_device_bytes_used(size_t* accounted) { *accounted = 0; return 0; }
 double gpt2_peak_flops(Precision p) { (void)p; return 0.0; }
 // the CPU reduces after the backward (MPI calls block: nothing would overlap)

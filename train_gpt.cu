@@ -699,7 +699,9 @@ static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
     m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
     m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
-    memset(m->host_opt, 0, m->opt_floats * sizeof(float));  // a fresh run's state: zero (gpt2_sync sends it up with the weights)
+    // a fresh run's state: zero (gpt2_sync sends it up with the weights); a modelled device's pinned
+    // memory is fresh pages, zero already, that a memset would fill (d48: 12 GB of AdamW state)
+    if (!gpt2_device_is_modelled()) { memset(m->host_opt, 0, m->opt_floats * sizeof(float)); }
 }
 
 // --offload optimizer: the working weights on the GPU with the gradients of the outer tensors and of two
@@ -1317,6 +1319,12 @@ static const float* model_probs(Model<floatX>* m, int position) {
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
 int gpt2_zero_max_stage(void) { return ZERO_3; }
+
+#ifdef CUDA_EMU
+int gpt2_device_is_modelled(void) { return !emu_device_executes(); }
+#else
+int gpt2_device_is_modelled(void) { return 0; }
+#endif
 
 // free GPU memory at the first call, before any tensor: what gpt2_device_bytes_used counts from
 static size_t g_free_at_start = 0;

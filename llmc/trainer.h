@@ -121,6 +121,10 @@ void gpt2_dist_start(Dist* d, const char* method);
 // (its "device" categories are host memory)
 size_t gpt2_device_free_bytes(void);
 size_t gpt2_device_bytes_used(size_t* accounted);
+// 1 if the device's work is modelled, not run (the emulated device's CUDA_EMU_EXECUTE=0: what the
+// host reads back is zeros): the weights need no initialization nor checksum, and the host memory
+// the plan counts is the modelled machine's, not this one's
+int gpt2_device_is_modelled(void);
 double gpt2_peak_flops(Precision p);
 // 1 if the backend's "device" categories are a device's memory (CUDA, with a GPU present or
 // not); 0 if they are host memory like the rest (the CPU: one budget covers everything)
@@ -287,6 +291,10 @@ static uint64_t load_model_file(GPT2* m, FILE* f, const char* path, const GPT2Co
 // fills the allocated model's weights from -e (seeded initialisation or the file)
 static void gpt2_init_weights(GPT2* m, const TrainOptions* o) {
     GPT2Config cfg;
+    if (gpt2_device_is_modelled()) {   // nothing computes on them: a d84's 12 billion draws skipped
+        printf("the device is modelled, not run (CUDA_EMU_EXECUTE=0): the weights are left uninitialized\n");
+        return;
+    }
     if (model_is_preset(o, &cfg)) {
         WeightSource w = {.init = gpt2_param_init(&cfg, o->seed), .f = NULL, .path = NULL, .cfg = cfg, .version = 0, .hash = 0, .crc = 0};
         gpt2_params_stream(m, PARAMS_WRITE, weights_chunk, &w);
@@ -808,6 +816,7 @@ static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int loc
         fail("this run needs %.1f MiB of GPU memory (the memory plan's device total) but the GPU has %.1f MiB free\n"
              "  hint: %s", device / MIB, gpu_free / MIB, hint);
     }
+    if (gpt2_device_is_modelled()) { return; }   // the host memory is the modelled machine's: not checked here
     double avail = (double)mem_available();
     double host = (double)plan->bytes[MEM_OFFLOADED] * local_ranks;
     double total = (gpu_free > 0.0 ? (double)plan_host_bytes(plan->bytes) : (double)plan_total(plan)) * local_ranks;
@@ -1301,7 +1310,7 @@ static void train_setup(Run* r) {
     r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, r->start_step, &r->train, &r->sample_rng, &r->run_id) : 0;
     if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
     check_profile_step(r);
-    r->health.start_max_abs = params_digest(r->model, PARAMS_READ).max_abs;
+    r->health.start_max_abs = gpt2_device_is_modelled() ? 0.0f : params_digest(r->model, PARAMS_READ).max_abs;
     r->health.ckpt_step = o->resume ? r->start_step : -1;
     r->health.ckpt_max_abs = r->health.start_max_abs;
     set_exit_now_text(r->has_out ? o->out_dir : NULL, r->health.ckpt_step);
