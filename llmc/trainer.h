@@ -1200,7 +1200,7 @@ static void prepare_output_dir(Run* r) {
                  o->out_dir, c.files, c.newest_step, c.has_log ? ", and log.jsonl" : "");
         }
         char foreign[CHECKPOINT_PATH_LEN + 256];  // the directory and a file name in it
-        int foreign_step;
+        int foreign_step = 0;
         if (output_dir_foreign_file(o->out_dir, foreign, sizeof(foreign), &foreign_step)) {
             fail("'%s' is named like a file of checkpoint %d, but this trainer has no record of writing it (neither DONE_%08d nor "
                  "WRITING_%08d is beside it): it is not removed, and this run could write over it\n"

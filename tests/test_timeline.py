@@ -281,4 +281,17 @@ if r:
     s.check(f"{name}: the prediction is printed, its step longer than a millisecond", m and float(m.group(1)) > 1.0,
             r.out[-1500:])
 
+# a d48 step at B=8 T=1024 with --offload 1, modelled: the trainer skips the host work nothing reads
+# (gpt2_device_is_modelled: no weight initialization, digest or state memset, no check of this
+# machine's host memory, which the plan's 37 GB of host store would fail here)
+name = "CUDA_EMU_EXECUTE=0, d48 B=8 T=1024 --offload 1"
+cmd = [CUDA, "-e", "d48", "-i", s.path("d12_train.bin"), "-j", "", "-k", "", "-b", "8", "-t", "1024",
+       "--offload", "1", "-x", "2", "-v", "0", "-s", "0", "--profile", "2", "-o", ""]
+r = s.expect_ok(f"{name}: runs through its steps", cmd, env=dict(TIMELINE, CUDA_EMU_EXECUTE="0"))
+if r:
+    s.check(f"{name}: says the weights are left uninitialized (nothing computes on them)",
+            "the weights are left uninitialized" in r.out, r.out[:1500])
+    m = PREDICTED_RE.search(r.out)
+    s.check(f"{name}: the prediction is printed", m is not None and float(m.group(1)) > 1.0, r.out[-1500:])
+
 s.finish()
