@@ -315,27 +315,40 @@ PATH_ENTRY_FORM = "- `FILE` `FUNCTION`, `FUNCTION` — what it teaches"
 DEFINE_RE = r"^[ \t]*#[ \t]*define[ \t]+{}\b"
 
 
-def defines(text, name):
-    """whether C or C++ source text defines function (or macro) NAME: a line that begins (no
-    indentation: not a statement inside a body) with declaration words and NAME(, whose balanced
-    argument list is followed by `{`. A call (`x = f(...)`, `f(...);`, `return f(...)`) is not one,
-    nor a prototype (`...);`), nor a comment"""
-    if re.search(DEFINE_RE.format(re.escape(name)), text, re.M):
-        return True
+def definition_span(text, name):
+    """(start, end) of NAME's definition in C or C++ source TEXT, end at its closing brace (a
+    macro: its line), or None: a line that begins (no indentation: not a statement inside a body)
+    with declaration words and NAME(, whose balanced argument list is followed by `{`. A call
+    (`x = f(...)`, `f(...);`, `return f(...)`) is not one, nor a prototype (`...);`), nor a comment"""
+    macro = re.search(DEFINE_RE.format(re.escape(name)), text, re.M)
+    if macro:
+        return macro.start(), macro.end()
     for m in re.finditer(r"\b" + re.escape(name) + r"\s*\(", text):
         start = text.rfind("\n", 0, m.start()) + 1
         prefix = text[start:m.start()]
         if prefix[:1].isspace() or re.search(r"[=;\".]|->|//|/\*|^\*|\breturn\b", prefix):
             continue
-        depth, i = 0, m.end() - 1
-        while i < len(text):
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            if depth == 0:
-                break
-            i += 1
-        if text[i + 1:].lstrip().startswith("{"):
-            return True
-    return False
+        i = balanced_end(text, m.end() - 1, "(", ")")
+        rest = text[i + 1:]
+        if rest.lstrip().startswith("{"):
+            return start, balanced_end(text, i + 1 + rest.index("{"), "{", "}")
+    return None
+
+
+def balanced_end(text, i, opening, closing):
+    """the index of the bracket that closes the one at text[i]"""
+    depth = 0
+    while i < len(text):
+        depth += {opening: 1, closing: -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+        i += 1
+    return i
+
+
+def defines(text, name):
+    """whether C or C++ source TEXT defines function (or macro) NAME (definition_span)"""
+    return definition_span(text, name) is not None
 
 
 def path_entries(readme_text):
@@ -393,31 +406,8 @@ PATH_STEPS = {"**The CPU step**": (900, 5), "**The CUDA step**": (1500, None)}
 
 def definition_lines(text, name):
     """the lines of NAME's definition in TEXT (its first line to its closing brace; a macro: 1)"""
-    if re.search(DEFINE_RE.format(re.escape(name)), text, re.M):
-        return 1
-    for m in re.finditer(r"\b" + re.escape(name) + r"\s*\(", text):
-        start = text.rfind("\n", 0, m.start()) + 1
-        prefix = text[start:m.start()]
-        if prefix[:1].isspace() or re.search(r"[=;\".]|->|//|/\*|^\*|\breturn\b", prefix):
-            continue
-        depth, i = 0, m.end() - 1
-        while i < len(text):
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            if depth == 0:
-                break
-            i += 1
-        rest = text[i + 1:]
-        if not rest.lstrip().startswith("{"):
-            continue
-        j = i + 1 + rest.index("{")
-        depth = 0
-        while j < len(text):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                break
-            j += 1
-        return text.count("\n", start, j) + 1
-    return 0
+    span = definition_span(text, name)
+    return 0 if span is None else text.count("\n", span[0], span[1]) + 1
 
 
 def check_path_length(readme, text, sources, t):
