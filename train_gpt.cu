@@ -1032,10 +1032,10 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     const int S = PROF_STREAM_COMPUTE;
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
-    zero3_gather_outer(m);
+    zero3_gather_outer(m);                                  // hook: wte, wpe, lnf ready (ZeRO-3 gathers them)
     encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
     forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
-    if (loss_scale > 0.0f) { clear_outer_grads(m); }
+    if (loss_scale > 0.0f) { clear_outer_grads(m); }       // hook: --offload optimizer,gradients (--loss-chunk's head adds to them)
     // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
     int n_all = (int)BT, K = m->head_rows < n_all ? m->head_rows : n_all;
     for (int first = 0; first < n_all; first += K) {
