@@ -22,6 +22,7 @@ the Chrome trace, trace.json, beside profile.json).
 
 #include "common.cuh"
 #include "../llmc/profile.h"
+#include <unistd.h>  // readlink: the trace beside profile.json (the timeline)
 
 // the streams of the table (PROF_STREAM_NAMES): ranges on all but the compute stream overlap it
 enum { PROF_STREAM_COMPUTE = 0, PROF_STREAM_COPY = 1, PROF_STREAM_GRADS = 2, PROF_STREAM_NCCL = 3 };
