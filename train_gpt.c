@@ -334,7 +334,7 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
                            const LayerGrads* g, int B, int T, int C, int NH, const ActPolicy* pol) {
     size_t BTC = (size_t)B * T * C;
     float *dln2 = bwd->dbtc, *datty = bwd->dbtc, *dln1 = bwd->dbtc;  // one buffer, three gradients in turn
-    if (pol->gelu || pol->attn) { recompute_dropped(a, B, T, C, NH, pol); }
+    if (pol->gelu || (pol->attn && !pol->flash)) { recompute_dropped(a, B, T, C, NH, pol); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place
     memset(bwd->dfch_gelu, 0, BTC * 4 * sizeof(float));
     matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, bwd->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C);
