@@ -177,10 +177,6 @@ static float host_grad_norm(const HostStep* h) {
     return global_norm(h->grads, h->num_parameters);
 }
 
-// clips the gradients to s->grad_clip given their norm, takes one optimizer step over this
-// rank's part of every slice and (ZeRO-1) gathers the other ranks' blocks. tensor_done(ctx, i),
-// when given, is called as soon as parameter tensor i holds its new values (a GPU backend
-// sends each tensor up while the CPU updates the next)
 // scales the n gradients down to the norm clip when their norm grad_norm is above it (clip 0: never)
 static void host_clip_grads(float* grads, size_t n, float clip, float grad_norm) {
     if (clip <= 0.0f || grad_norm <= clip) { return; }
@@ -189,6 +185,10 @@ static void host_clip_grads(float* grads, size_t n, float clip, float grad_norm)
     for (size_t i = 0; i < n; i++) { grads[i] *= scale; }
 }
 
+// clips the gradients to s->grad_clip given their norm, takes one optimizer step over this
+// rank's part of every slice and (ZeRO-1) gathers the other ranks' blocks. tensor_done(ctx, i),
+// when given, is called as soon as parameter tensor i holds its new values (a GPU backend
+// sends each tensor up while the CPU updates the next)
 static void host_update(const HostStep* h, const StepConfig* s, float grad_norm, void (*tensor_done)(void*, int), void* ctx) {
     size_t n = zero_shards_grads(h->zero) ? shard_layout(h->config, h->dist.world).shard : h->num_parameters;
     host_clip_grads(h->grads, n, s->grad_clip, grad_norm);
