@@ -288,7 +288,8 @@ static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof
 // ----------------------------------------------------------------------------
 // NCCL: one process per GPU, the communicator bootstrapped over MPI (cuda/nccl.cuh)
 
-#define ALL_SLICES (-2)  // a layer filter that takes every slice (-1: wte, wpe, lnfw, lnfb; l: layer l's)
+#define OUTER_GROUP (-1)  // in place of a layer: wte, wpe, lnfw, lnfb (the outer slices)
+#define ALL_SLICES (-2)   // a layer filter that takes every slice (OUTER_GROUP: the outer slices; l: layer l's)
 
 // every slice of the model of layer `layer` (or ALL_SLICES) through call(offset in floats, floats):
 // --zero 0's all-reduce per slice (ZeRO's exchanges go a layer at a time: cuda/zero.cuh)
@@ -311,8 +312,11 @@ struct ActOffload {
     int* slot_layer;              // [slots] the layer each slot holds now, -1 none
     cudaStream_t copy_stream;
     cudaEvent_t* slot_saved;      // [slots] copy stream: the slot's block (or segment input) is in the host store
+    int* slot_saving;             // [slots] a copy out of the slot is queued that the compute stream has not waited for
     cudaEvent_t* slot_loaded;     // [slots] copy stream: the slot's block is back from the host store
-    cudaEvent_t staging_loaded;   // copy stream: the staging buffer holds the segment input asked for
+    int staging_segment[ACT_STAGING_BUFFERS];          // the segment input each staging buffer holds or
+                                                       // is being filled with, -1 none
+    cudaEvent_t staging_loaded[ACT_STAGING_BUFFERS];   // copy stream: staging[i] holds staging_segment[i]
     cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
     cudaEvent_t* wait_marks;      // [2 * OFFLOAD_MAX_WAITS] compute stream: before and after each wait for a copy
     int waits;                    // waits marked since the step began
@@ -339,6 +343,11 @@ struct ZeroShards {
     float* grad_working;          // ZeRO-2: a one-layer model's gradients (opt_layout.h's working buffer)
     size_t* shard_block_off;      // [slices] ZeRO-2 and 3: each slice's block in the shard (shard_block_offsets)
     cudaEvent_t working_taken;    // comm stream: the working gradients are packed (the compute stream may clear them)
+    cudaEvent_t updated;          // ZeRO-1, 2, compute stream: the update has written this rank's blocks
+    cudaEvent_t* gathered;        // ZeRO-1, 2: [L + 1] comm stream: layer l's updated weights ([L]: the outer
+                                  // slices') gathered from every rank and in the working weights
+    int next_gather;              // ZeRO-1, 2: the next group whose gather the last update left due, -1 none
+    int first_queued;             // ZeRO-1, 2 (AdamW): the outer slices' and layer 0's gathers were queued during the update
 };
 
 // ZeRO-3 (see "ZeRO-3" below): master_memory and weights_memory are this rank's shards (the
@@ -406,7 +415,8 @@ struct Model {
     floatX* att_shared;           // (B,NH,T,T) --recompute attn, else NULL
     floatX** seg_inputs;          // [segments] checkpointing: each segment's input; [0] = encoded; the
                                   // others in GPU memory, or with --offload in the pinned host store
-    floatX* staging;              // (B,T,C) checkpointing + offload: a segment input back from the host
+    floatX* staging[ACT_STAGING_BUFFERS];  // (B,T,C) each, checkpointing + offload: segment s's input back
+                                           // from the host in staging[s % 2]
     // the head, K = head_rows tokens at a time: K = B*T, or with --loss-chunk a chunk (act_policy.h)
     floatX* lnf;                  // (K,C)
     float *lnf_mean, *lnf_rstd;   // (B,T)
@@ -464,7 +474,7 @@ static LayerActs<floatX>* act_layer(Model<floatX>* m, int l) {
 template <typename floatX>
 static const floatX* segment_input(Model<floatX>* m, int s) {
     if (s == 0) { return m->encoded; }
-    return m->act.offload ? m->staging : m->seg_inputs[s];
+    return m->act.offload ? m->staging[s % ACT_STAGING_BUFFERS] : m->seg_inputs[s];
 }
 
 // layer l's input, while l's block is in the working set; l == L: the last block's output
@@ -481,21 +491,25 @@ static const floatX* layer_input(Model<floatX>* m, int l) {
 
 #define OFFLOAD_MAX_WAITS 4096  // timed waits for copies per step: a few per layer and micro-step
 
-// --offload: the pinned host store (every layer's block, or with checkpointing the segment
+// --offload: the pinned host store (every layer's block but the last three, or with checkpointing the segment
 // inputs but the first), the copy stream and its events
 template <typename floatX>
 static void alloc_host_store(Model<floatX>* m, int slots, int seg_kept, size_t R) {
     int L = m->config.num_layers;
-    size_t bytes = seg_kept ? seg_kept * R : (size_t)L * m->offload.layer_bytes;
+    size_t bytes = seg_kept ? seg_kept * R : (size_t)act_offloaded_layers(&m->act, L) * m->offload.layer_bytes;
     m->offload.host_store = (char*)mem_alloc(MEM_OFFLOADED, bytes);
     char* p = m->offload.host_store;
     for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = carve<floatX>(&p, R); }
     m->offload.slot_layer = (int*)malloc_check(slots * sizeof(int));
     m->offload.slot_saved = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
+    m->offload.slot_saving = (int*)calloc_check(slots, sizeof(int));
     m->offload.slot_loaded = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
     CUDA_CHECK(cudaStreamCreate(&m->offload.copy_stream));
-    const cudaEvent_t* all[] = {&m->offload.staging_loaded, &m->offload.compute_done};
-    for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags((cudaEvent_t*)all[i], cudaEventDisableTiming)); }
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.compute_done, cudaEventDisableTiming));
+    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) {
+        m->offload.staging_segment[i] = -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.staging_loaded[i], cudaEventDisableTiming));
+    }
     for (int i = 0; i < slots; i++) {
         m->offload.slot_layer[i] = -1;
         CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.slot_saved[i], cudaEventDisableTiming));
@@ -517,7 +531,7 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     int K = act_head_rows(pol, (size_t)B * T);
     head_act_bytes(hs, B, T, K, C, Vp, elem);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
-    size_t device_kept = pol->offload ? 0 : seg_kept * R, staging = pol->offload && seg_kept ? R : 0;
+    size_t device_kept = pol->offload ? 0 : seg_kept * R, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * R : 0;
     size_t total = R + slots * layer + gelu + att + device_kept + staging + head;
     m->acts_memory = (char*)mem_alloc(MEM_ACTIVATIONS, total);
     m->slots = (LayerActs<floatX>*)malloc_check(slots * sizeof(LayerActs<floatX>));  // pointers only, not counted
@@ -533,7 +547,7 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     }
     m->seg_inputs[0] = m->encoded;
     for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = pol->offload ? NULL : carve_tensor<floatX>(&p, R); }
-    m->staging = staging ? carve_tensor<floatX>(&p, staging) : NULL;
+    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { m->staging[i] = staging ? carve_tensor<floatX>(&p, R) : NULL; }
     m->lnf = carve_tensor<floatX>(&p, hs[0]);
     m->lnf_mean = carve_tensor<float>(&p, hs[1]);
     m->lnf_rstd = carve_tensor<float>(&p, hs[2]);
@@ -806,6 +820,13 @@ static Model<floatX>* model_create(const ModelSetup* s) {
         CUDA_CHECK(cudaEventCreateWithFlags(&m->exchange.reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->shard.working_taken, cudaEventDisableTiming));
     }
+    if (m->exchange.comm != NULL && zero_gathers_after_update(m)) {
+        int L = c->num_layers;
+        m->shard.next_gather = -1;  // none due before the first update
+        m->shard.gathered = (cudaEvent_t*)malloc_check((size_t)(L + 1) * sizeof(cudaEvent_t));
+        for (int i = 0; i <= L; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->shard.gathered[i], cudaEventDisableTiming)); }
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->shard.updated, cudaEventDisableTiming));
+    }
     if (m->exchange.comm != NULL && m->zero == ZERO_3) {
         cudaEvent_t* all[] = {&m->zero3.gathered[0], &m->zero3.gathered[1], &m->zero3.released[0], &m->zero3.released[1], &m->zero3.outer_ready, &m->zero3.compute_mark};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventCreateWithFlags(all[i], cudaEventDisableTiming)); }
@@ -843,10 +864,10 @@ static void model_destroy(Model<floatX>* m) {
     if (m->act.offload) {
         int slots = act_num_slots(&m->act, m->config.num_layers);
         for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(m->offload.slot_saved[i])); CUDA_CHECK(cudaEventDestroy(m->offload.slot_loaded[i])); }
-        CUDA_CHECK(cudaEventDestroy(m->offload.staging_loaded));
+        for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { CUDA_CHECK(cudaEventDestroy(m->offload.staging_loaded[i])); }
         CUDA_CHECK(cudaEventDestroy(m->offload.compute_done));
         CUDA_CHECK(cudaStreamDestroy(m->offload.copy_stream));
-        free(m->offload.slot_layer); free(m->offload.slot_saved); free(m->offload.slot_loaded);
+        free(m->offload.slot_layer); free(m->offload.slot_saved); free(m->offload.slot_loaded); free(m->offload.slot_saving);
         mem_free(m->offload.host_store);
     }
     matmul_context_free(&m->matmul);
@@ -855,6 +876,11 @@ static void model_destroy(Model<floatX>* m) {
         CUDA_CHECK(cudaEventDestroy(m->exchange.grads_final));
         CUDA_CHECK(cudaEventDestroy(m->exchange.reduced));
         CUDA_CHECK(cudaEventDestroy(m->shard.working_taken));
+        if (zero_gathers_after_update(m)) {
+            for (int i = 0; i <= m->config.num_layers; i++) { CUDA_CHECK(cudaEventDestroy(m->shard.gathered[i])); }
+            free(m->shard.gathered);
+            CUDA_CHECK(cudaEventDestroy(m->shard.updated));
+        }
         if (m->zero == ZERO_3) {
             cudaEvent_t all[] = {m->zero3.gathered[0], m->zero3.gathered[1], m->zero3.released[0], m->zero3.released[1], m->zero3.outer_ready, m->zero3.compute_mark};
             for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { CUDA_CHECK(cudaEventDestroy(all[i])); }
@@ -948,7 +974,16 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 // ----------------------------------------------------------------------------
 // the whole model
 
+#include "cuda/zero_gather.cuh"      // --zero 1, 2: the updated weights gathered during the next forward (zero_gather_updated)
 #include "cuda/zero3_weights.cuh"    // --zero 3: the weights gathered layer by layer (weights_of_layer, zero3_release)
+
+// hook: wte, wpe, lnfw, lnfb ready for the encoder and the head: ZeRO-3 gathers them, ZeRO-1 and 2
+// wait for the update's gather of them
+template <typename floatX>
+static void outer_weights_ready(Model<floatX>* m) {
+    zero3_gather_outer(m);
+    zero_wait_gathered(m, OUTER_GROUP);
+}
 
 #include "cuda/offload_activations.cuh"  // --offload activations, --recompute: the copy stream (store_after_forward, prepare_backward)
 
@@ -959,15 +994,15 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 // gathered while this one computes
 template <typename floatX>
 static void forward_layers(Model<floatX>* m, int first, int last, const floatX* x, int B, int T, int store) {
-    int C = m->config.channels, L = m->config.num_layers;
+    int C = m->config.channels;
     int ln1_done = 0;
     for (int l = first; l <= last; l++) {
         LayerParams<floatX> lp = weights_of_layer(m, l), np;
         LayerActs<floatX>* la = act_layer(m, l);
         // not under ZeRO-3, where the next layer's weights are still on their way
         LayerActs<floatX>* next = l < last && !m->act.offload && m->zero != ZERO_3 ? act_layer(m, l + 1) : NULL;
-        if (next != NULL) { np = layer_params(&m->weights, l + 1, C); }
-        if (m->act.offload) { compute_waits_for_copy(m, m->offload.slot_saved[act_slot_of(&m->act, L, l)]); }
+        if (next != NULL) { np = weights_of_layer(m, l + 1); }  // its ln1 (ZeRO-1, 2: once gathered)
+        if (m->act.offload) { wait_slot_saved(m, l); }
         block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
         zero3_release(m, l, l < last ? l + 1 : -1);
         ln1_done = next != NULL;
@@ -1032,7 +1067,7 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     const int S = PROF_STREAM_COMPUTE;
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
-    zero3_gather_outer(m);                                  // hook: wte, wpe, lnf ready (ZeRO-3 gathers them)
+    outer_weights_ready(m);                                 // hook: wte, wpe, lnf ready (ZeRO gathers them)
     encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
     forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
     if (loss_scale > 0.0f) { clear_outer_grads(m); }       // hook: --offload optimizer,gradients (--loss-chunk's head adds to them)
@@ -1184,6 +1219,7 @@ static float model_grad_norm(Model<floatX>* m) {
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     size_t X = sizeof(floatX);
+    zero_gathers_done(m);  // the last update's gathers (ZeRO-1, 2): the forward waited for them all
     if (offloads_shard(m)) {  // the CPU's step on this rank's shard, then the shard goes up
         HostStep h = host_step_of(m);
         prof_mark(PROF_OPTIMIZER, prof_optimizer(m->grad_floats, m->opt_floats, X), "%s on the host, this rank's shard",
@@ -1211,39 +1247,51 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     OptSharding z = OPT_UNSHARDED;
     if (zero_shards_state(m->zero)) { z.rank = m->dist.rank; z.world = m->dist.world; }
     const ParamSlice* slices = m->slices;
-    float* st = m->opt_memory;
-    for (int k = 0; k < param_slice_count(&m->config); k++) {
+    int ns = param_slice_count(&m->config);
+    size_t* state_at = (size_t*)malloc_check((size_t)ns * sizeof(size_t));  // each slice's state in opt_memory
+    size_t at = 0;
+    for (int k = 0; k < ns; k++) {
         size_t offset;
         OptShard sh = slice_shard(&slices[k], &z, &offset);
-        size_t n = (size_t)sh.rows * sh.cols;
-        float* p = m->zero == ZERO_3 ? m->master_memory + m->shard.shard_block_off[k] : m->master_memory + slices[k].offset + offset;
-        const float* g = grad_block(m, k, offset);
-        if (m->optimizer == OPT_ADAMW) {
-            const AdamWHyper* a = &h->adamw;
-            double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? a->weight_decay : 0.0;
-            if (n > 0) {
-                adamw_update_cuda(p, g, st, st + sh.state_units * sh.width, n, (float)a->lr, (float)a->beta1,
-                                  (float)a->beta2, (float)a->eps, (float)wd, s->t, m->stream);
-            }
-        } else if (m->optimizer == OPT_ADAFACTOR) {
-            adafactor_update_cuda(p, g, st, &sh, &h->adafactor, s->t, m->opt_scratch, m->exchange.comm, m->stream);
-        } else {
-            came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, m->exchange.comm, m->stream);
-        }
-        st += slice_state_floats(m->optimizer, &sh, use_beta1);
+        state_at[k] = at;
+        at += slice_state_floats(m->optimizer, &sh, use_beta1);
     }
+    // what the next forward reads first (the outer slices, layer 0) first: their gather may start while
+    // the other layers' update runs (cuda/zero_gather.cuh); each slice's update is its own, so the
+    // order changes no bit
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < ns; k++) {
+            if ((slice_is_outer(&slices[k]) || slices[k].layer == 0) != (pass == 0)) { continue; }
+            size_t offset;
+            OptShard sh = slice_shard(&slices[k], &z, &offset);
+            size_t n = (size_t)sh.rows * sh.cols;
+            float* p = m->zero == ZERO_3 ? m->master_memory + m->shard.shard_block_off[k] : m->master_memory + slices[k].offset + offset;
+            const float* g = grad_block(m, k, offset);
+            float* st = m->opt_memory + state_at[k];
+            if (m->optimizer == OPT_ADAMW) {
+                const AdamWHyper* a = &h->adamw;
+                double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? a->weight_decay : 0.0;
+                if (n > 0) {
+                    adamw_update_cuda(p, g, st, st + sh.state_units * sh.width, n, (float)a->lr, (float)a->beta1,
+                                      (float)a->beta2, (float)a->eps, (float)wd, s->t, m->stream);
+                }
+            } else if (m->optimizer == OPT_ADAFACTOR) {
+                adafactor_update_cuda(p, g, st, &sh, &h->adafactor, s->t, m->opt_scratch, m->exchange.comm, m->stream);
+            } else {
+                came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, m->exchange.comm, m->stream);
+            }
+        }
+        if (pass == 0) { zero_first_updated(m); }  // hook: ZeRO-1, 2 (AdamW) gather them at once
+    }
+    free(state_at);
     if (m->zero == ZERO_3) {  // the shard only: the next forward gathers what it reads
         print_zero_collectives(m, s->t);
         zero3_invalidate(m);
-    } else if (zero_shards_state(m->zero) && m->exchange.comm != NULL) {
-        prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
-                      "NCCL all-gather of the updated blocks");
-        auto master = [m](int k) { return m->master_memory + m->slices[k].offset; };
-        for (int g = 0; g < m->shard.num_zero_groups; g++) {
-            zero_all_gather(&m->shard.zero_groups[g], m->dist.rank, m->dist.world, master, m->shard.zero_pack, m->exchange.comm, m->stream);
-            m->exchange.weight_collectives++;
-        }
+    } else if (zero_shards_state(m->zero) && m->exchange.comm != NULL) {  // the working weights follow each gather
+        prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+        zero_update_done(m);  // the next forward gathers the blocks (cuda/zero_gather.cuh)
         print_zero_collectives(m, s->t);
+        return;
     }
     if ((void*)m->weights_memory != (void*)m->master_memory) {
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_bytes(m->weight_floats * (4.0 + X)), "working weights from the master");
@@ -1278,6 +1326,7 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
 template <typename floatX>
 static void model_sync(Model<floatX>* m, SyncDirection dir) {
     size_t P = m->num_parameters;
+    zero_gathers_done(m);  // ZeRO-1, 2: the weights are whole again
     size_t opt_bytes = m->opt_floats * sizeof(float);  // 0: a model for sampling has no optimizer state
     if (m->offload_opt) {  // the host holds the master weights and the state: the GPU's weights follow them
         if (dir == SYNC_FROM_HOST && offloads_shard(m)) { upload_shard(m, 0); }

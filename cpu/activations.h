@@ -59,7 +59,8 @@ typedef struct {
     float* att_shared;   // (B,NH,T,T) --recompute attn (not flash): the one attention-weight buffer, else NULL
     float** seg_inputs;  // [segments] checkpointing: each segment's input; [0] = encoded, the
                          // others in device memory, or in the host store with offload
-    float* staging;      // (B,T,C) checkpointing + offload: the segment input back from the host
+    float* staging[ACT_STAGING_BUFFERS];  // (B,T,C) each, checkpointing + offload: segment s's input back
+                                          // from the host in staging[s % 2]
     float* host_layers;  // (L, layer_floats) offload without checkpointing: every layer's block
     // the head (the final LayerNorm and the classifier), K = head_rows tokens at a time: K = B*T,
     // or with --loss-chunk a chunk (act_policy.h)
@@ -126,7 +127,7 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     int seg_kept = pol->segment > 0 ? segments - 1 : 0;  // segment inputs besides the embeddings
     a->layer_floats = act_layer_floats(B, T, C, NH, pol);
     size_t gelu = pol->gelu ? BTC * 4 : 0, att = act_shared_att_elems(pol, B, T, NH);
-    size_t device_kept = pol->offload ? 0 : seg_kept * BTC, staging = pol->offload && seg_kept ? BTC : 0;
+    size_t device_kept = pol->offload ? 0 : seg_kept * BTC, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * BTC : 0;
     int K = act_head_rows(pol, BT);
     size_t head = act_head_floats(B, T, C, Vp, K);
     size_t total = BTC + slots * a->layer_floats + gelu + att + device_kept + staging + head;
@@ -148,7 +149,7 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     }
     a->seg_inputs[0] = a->encoded;
     for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : act_carve(&p, BTC); }
-    a->staging = staging ? act_carve(&p, staging) : NULL;
+    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { a->staging[i] = staging ? act_carve(&p, BTC) : NULL; }
     a->lnf = act_carve(&p, (size_t)K * C);
     a->lnf_mean = act_carve(&p, BT);
     a->lnf_rstd = act_carve(&p, BT);
@@ -157,7 +158,7 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     a->head_rows = K;
     a->probs_first = -1;
     if (!pol->offload) { return; }
-    size_t host = seg_kept ? seg_kept * BTC : (size_t)L * a->layer_floats;
+    size_t host = seg_kept ? seg_kept * BTC : (size_t)act_offloaded_layers(pol, L) * a->layer_floats;
     a->host_memory = (float*)mem_calloc(MEM_OFFLOADED, host * sizeof(float));
     p = a->host_memory;
     if (seg_kept) {
@@ -180,10 +181,10 @@ static LayerActs* act_layer(const Activations* a, int l) {
     return &a->slots[act_slot_of(&a->pol, a->num_layers, l)];
 }
 
-// segment s's input in device memory: the embeddings, the kept tensor, or (offload) the staging buffer
+// segment s's input in device memory: the embeddings, the kept tensor, or (offload) its staging buffer
 static float* act_segment_input(const Activations* a, int s) {
     if (s == 0) { return a->encoded; }
-    return a->pol.offload ? a->staging : a->seg_inputs[s];
+    return a->pol.offload ? a->staging[s % ACT_STAGING_BUFFERS] : a->seg_inputs[s];
 }
 
 // layer l's input, while l's block is in the working set; l == L: the last block's output
@@ -202,13 +203,13 @@ static const float* act_layer_input(const Activations* a, int l) {
 // Nothing in plain training
 static void act_after_layer_forward(Activations* a, int l, size_t BTC) {
     ActStore st = act_after_forward(&a->pol, a->num_layers, l);
+    if (a->pol.offload && a->pol.segment == 0) { a->slot_layer[act_slot_of(&a->pol, a->num_layers, l)] = l; }  // stored or not
     if (st.segment_input < 0 && st.offload_layer < 0) { return; }
     LayerActs* la = act_layer(a, l);
     prof_mark(PROF_OFFLOAD_COPY, prof_bytes(2.0 * (st.segment_input >= 0 ? BTC : a->layer_floats) * sizeof(float)), "after forward");
     if (st.segment_input >= 0) { memcpy(a->seg_inputs[st.segment_input], la->residual3, BTC * sizeof(float)); }
     if (st.offload_layer >= 0) {
         memcpy(a->host_layers + (size_t)l * a->layer_floats, la->ln1, a->layer_floats * sizeof(float));
-        a->slot_layer[act_slot_of(&a->pol, a->num_layers, l)] = l;
     }
 }
 
@@ -230,7 +231,7 @@ static ActRecompute act_bring_back(Activations* a, int l, size_t BTC) {
     ActBackwardPlan bp = act_before_backward(&a->pol, a->num_layers, l);
     if (bp.restore_segment >= 0) {
         prof_mark(PROF_OFFLOAD_COPY, prof_bytes(2.0 * BTC * sizeof(float)), "before backward");
-        memcpy(a->staging, a->seg_inputs[bp.restore_segment], BTC * sizeof(float));
+        memcpy(act_segment_input(a, bp.restore_segment), a->seg_inputs[bp.restore_segment], BTC * sizeof(float));
     }
     for (int i = 0; i < 2; i++) {
         if (bp.fetch[i] >= 0) { act_fetch_layer(a, bp.fetch[i]); }

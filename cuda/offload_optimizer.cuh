@@ -26,7 +26,6 @@ A part of train_gpt.cu, included where this section stands there: its functions 
 // a gradient group's pieces: layer l's slices of the per-layer tensors, or (l = OUTER_GROUP)
 // wte, wpe, lnfw, lnfb whole; one after another in a group buffer (on the GPU and in staging),
 // each at host_offset floats in the model's order
-#define OUTER_GROUP (-1)
 typedef struct { size_t host_offset, n; } GradPiece;
 
 static int grad_group_pieces(const GPT2Config* c, int l, GradPiece pieces[NUM_PARAMETER_TENSORS]) {

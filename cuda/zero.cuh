@@ -125,15 +125,20 @@ __global__ void zero_pack_kernel(T* pack, ZeroArgs<T> a, int r0, int r1) {
     }
 }
 
-// the slices' real elements of ranks r0..r1-1's blocks = pack (the padding is dropped)
-template <typename T>
-__global__ void zero_unpack_kernel(ZeroArgs<T> a, const T* pack, int r0, int r1) {
+// the slices' real elements of ranks r0..r1-1's blocks = pack (the padding is dropped); with
+// has_copy, the same elements of a second set of slices (W: the bf16 working weights) = those
+// values rounded as copy_to_floatX_cuda rounds them (in the same pass: no kernel per slice after)
+template <typename T, typename W>
+__global__ void zero_unpack_kernel(ZeroArgs<T> a, ZeroArgs<W> copy, int has_copy, const T* pack, int r0, int r1) {
     size_t n = (size_t)(r1 - r0) * a.g.part, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         int r = r0 + (int)(i / a.g.part), p;
         size_t q = i % a.g.part;
         long long idx = zero_element(&a.g, r, q, &p);
-        if (idx >= 0) { a.base[p][idx] = pack[(size_t)r * a.g.part + q]; }
+        if (idx < 0) { continue; }
+        T v = pack[(size_t)r * a.g.part + q];
+        a.base[p][idx] = v;
+        if (has_copy) { copy.base[p][idx] = from_float<W>((float)v); }
     }
 }
 
@@ -172,12 +177,17 @@ static void zero_pack_cuda(const ZeroGroup* g, int r0, int r1, F slice_ptr, T* p
     CUDA_CHECK_LAUNCH();
 }
 
-// ranks r0..r1-1's blocks of the group's slices := their parts of pack
-template <typename T, typename F>
-static void zero_unpack_cuda(const ZeroGroup* g, int r0, int r1, F slice_ptr, const T* pack, cudaStream_t stream) {
+// ranks r0..r1-1's blocks of the group's slices := their parts of pack; and with copy_ptr (slice k's
+// address in a second, W-typed set of the slices, NULL for none) the same blocks there, rounded
+template <typename T, typename F, typename W = T>
+static void zero_unpack_cuda(const ZeroGroup* g, int r0, int r1, F slice_ptr, const T* pack, cudaStream_t stream,
+                             W* (*copy_ptr)(void*, int) = NULL, void* copy_ctx = NULL) {
     size_t n = (size_t)(r1 - r0) * g->part;
     if (n == 0) { return; }
-    zero_unpack_kernel<T><<<zero_grid(n), ZERO_BLOCK, 0, stream>>>(zero_args<T>(g, slice_ptr), pack, r0, r1);
+    ZeroArgs<W> copy;
+    memset(&copy, 0, sizeof(copy));
+    if (copy_ptr != NULL) { copy = zero_args<W>(g, [copy_ptr, copy_ctx](int k) { return copy_ptr(copy_ctx, k); }); }
+    zero_unpack_kernel<T, W><<<zero_grid(n), ZERO_BLOCK, 0, stream>>>(zero_args<T>(g, slice_ptr), copy, copy_ptr != NULL, pack, r0, r1);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -197,14 +207,15 @@ static void zero_reduce_scatter(const ZeroGroup* g, int rank, float* pack, ncclC
     NCCL_CHECK(ncclReduceScatter(pack, mine, g->part, ncclFloat, ncclSum, comm, stream));
 }
 
-// this rank's blocks to every rank: packed, all-gathered, every rank's unpacked into the slices
-template <typename F>
+// this rank's blocks to every rank: packed, all-gathered, every rank's unpacked into the slices (and
+// with copy_ptr into a W-typed copy of them too: zero_unpack_cuda)
+template <typename F, typename W = float>
 static void zero_all_gather(const ZeroGroup* g, int rank, int world, F slice_ptr, float* pack, ncclComm_t comm,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, W* (*copy_ptr)(void*, int) = NULL, void* copy_ctx = NULL) {
     zero_pack_cuda(g, rank, rank + 1, slice_ptr, pack, stream);
     float* mine = pack + (size_t)rank * g->part;
     NCCL_CHECK(ncclAllGather(mine, pack, g->part, ncclFloat, comm, stream));
-    zero_unpack_cuda(g, 0, world, slice_ptr, pack, stream);
+    zero_unpack_cuda(g, 0, world, slice_ptr, (const float*)pack, stream, copy_ptr, copy_ctx);
 }
 
 // ZeRO-3: group g's working weights (T: floatX) to every rank from the ranks' shards. This rank's part

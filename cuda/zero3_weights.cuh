@@ -65,12 +65,15 @@ static void zero3_gather_layer(Model<floatX>* m, int l) {
     m->exchange.weight_collectives++;
 }
 
-// layer l's weights for the kernels queued next: the model's, or (ZeRO-3) buffer l % 2, gathered
-// (or its prefetch) awaited by the compute stream
+// layer l's weights for the kernels queued next: the model's (ZeRO-1 and 2: once the update's gather of
+// them is done), or (ZeRO-3) buffer l % 2, gathered (or its prefetch) awaited by the compute stream
 template <typename floatX>
 static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
     int C = m->config.channels;
-    if (m->zero != ZERO_3) { return layer_params(&m->weights, l, C); }
+    if (m->zero != ZERO_3) {
+        zero_wait_gathered(m, l);  // ZeRO-1, 2: the update's gather of l (cuda/zero_gather.cuh)
+        return layer_params(&m->weights, l, C);
+    }
     zero3_gather_layer(m, l);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for layer %d's gather", l);
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->zero3.gathered[l % 2], 0));

@@ -18,9 +18,10 @@ them from fch and from q, k (the softmax of q k^T) just before it needs them.
 
 Offload: the kept activations move to a host store after forward and come back before
 backward. Without checkpointing, each layer's whole block moves and the working set is
-two layer buffers (one computing, one moving); with checkpointing, the segment inputs
-move and the working set is the k layers a segment recomputes into, plus one staging
-buffer for the input being recomputed from.
+three layer buffers (layer l's backward reads l's block and l-1's, while l-2's comes
+back into the third); the last three layers never move. With checkpointing, the segment
+inputs move and the working set is the k layers a segment recomputes into, plus two
+staging buffers: the input being recomputed from, and the next one on its way back.
 
 Flash attention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention
 with IO-Awareness"; --attention flash): attention runs block by block with an online softmax,
@@ -65,10 +66,25 @@ static int act_num_segments(const ActPolicy* p, int L) {
     return p->segment > 0 ? (L + p->segment - 1) / p->segment : 1;
 }
 
-// layer buffers in the working set: k with checkpointing, two with offload, else L
+// Offload without checkpointing keeps three layer buffers: layer l's backward reads its own block
+// and its input (l-1's block), and the third receives l-2's block from the host while l computes
+// (the CUDA backend's copy stream; the CPU, whose copies are memcpys, shares the schedule). The
+// last three layers are never stored: their buffers still hold them when the backward begins
+#define ACT_OFFLOAD_SLOTS 3
+// checkpointing + offload: segment inputs come back from the host into two staging buffers, the
+// next segment's arriving while the one before it is recomputed and runs its backward
+#define ACT_STAGING_BUFFERS 2
+
+// layer buffers in the working set: k with checkpointing, ACT_OFFLOAD_SLOTS with offload, else L
 static int act_num_slots(const ActPolicy* p, int L) {
     if (p->segment > 0) { return act_min(p->segment, L); }
-    return p->offload ? act_min(2, L) : L;
+    return p->offload ? act_min(ACT_OFFLOAD_SLOTS, L) : L;
+}
+
+// offload without checkpointing: the layers whose blocks go to the host store, 0 .. this - 1
+// (the others stay in their buffers until their backward)
+static int act_offloaded_layers(const ActPolicy* p, int L) {
+    return p->offload && p->segment == 0 ? L - act_num_slots(p, L) : 0;
 }
 
 // the working-set buffer that layer l computes into
@@ -202,7 +218,7 @@ static ActStore act_after_forward(const ActPolicy* p, int L, int l) {
     int k = p->segment;
     if (k > 0) {
         if ((l + 1) % k == 0 && l + 1 < L) { st.segment_input = (l + 1) / k; }
-    } else if (p->offload) {
+    } else if (l < act_offloaded_layers(p, L)) {
         st.offload_layer = l;
     }
     return st;
@@ -216,21 +232,29 @@ typedef struct {
                                           // input (-1: none; the last segment is still in place)
     int recompute_first, recompute_last;  // its layers
     int fetch[2];                         // offload: bring these layers' blocks back (l, then its
-                                          // input's layer l-1), unless still in their slots (-1: none)
+                                          // input's layer l-1), unless still in their slots (-1: none,
+                                          // or a last layer, never stored)
+    int prefetch;                         // offload: a block that may come back while l computes
+                                          // (l-2, into the slot l+1's backward is done with; -1: none)
+    int prefetch_segment;                 // checkpointing + offload: the next segment input that may
+                                          // come back while this segment computes (-1: none)
 } ActBackwardPlan;
 
 static ActBackwardPlan act_before_backward(const ActPolicy* p, int L, int l) {
     ActBackwardPlan bp = {.restore_segment = -1, .recompute_segment = -1, .recompute_first = -1, .recompute_last = -1,
-                          .fetch = {-1, -1}};
+                          .fetch = {-1, -1}, .prefetch = -1, .prefetch_segment = -1};
     int k = p->segment;
     if (k > 0) {
         int s = l / k, first = s * k, last = act_min(L, first + k) - 1;
         if (l != last) { return bp; }  // the segment was recomputed at its last layer
         if (p->offload && s > 0) { bp.restore_segment = s; }
+        if (p->offload && s > 1) { bp.prefetch_segment = s - 1; }
         if (s < act_num_segments(p, L) - 1) { bp.recompute_segment = s; bp.recompute_first = first; bp.recompute_last = last; }
     } else if (p->offload) {
-        bp.fetch[0] = l;
-        bp.fetch[1] = l > 0 ? l - 1 : -1;
+        int stored = act_offloaded_layers(p, L);
+        bp.fetch[0] = l < stored ? l : -1;
+        bp.fetch[1] = l - 1 >= 0 && l - 1 < stored ? l - 1 : -1;
+        bp.prefetch = l - 2 >= 0 && l - 2 < stored ? l - 2 : -1;
     }
     return bp;
 }

@@ -278,27 +278,28 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     // and the attention weights from it and keeps one shared buffer of each instead. The
     // embedding output (one residual tensor R) is layer 0's input. Checkpointing keeps
     // segments - 1 more segment inputs (R each); offload moves them (or, without
-    // checkpointing, every layer's block) to the host and keeps one staging buffer for a
-    // segment input on its way back. Then the head: final LayerNorm, logits, losses.
+    // checkpointing, every layer's block but the last three) to the host and keeps two staging
+    // buffers for segment inputs on their way back. Then the head: final LayerNorm, logits, losses.
     const ActPolicy* ap = &in.act;
     size_t R = lay->residual, head = lay->head;
     size_t A = lay->layer - (ap->gelu ? lay->layer_gelu : 0) - (ap->attn ? lay->layer_att : 0);
     size_t shared = (ap->gelu ? lay->layer_gelu : 0) + (ap->attn ? lay->layer_att : 0);
     size_t slots = act_num_slots(ap, (int)L), segments = act_num_segments(ap, (int)L);
     size_t kept = ap->segment > 0 ? segments - 1 : 0;
-    size_t device_kept = ap->offload ? (kept > 0 ? 1 : 0) : kept;
+    size_t device_kept = ap->offload ? (kept > 0 ? ACT_STAGING_BUFFERS : 0) : kept;
+    size_t offloaded = (size_t)act_offloaded_layers(ap, (int)L);
     p.bytes[MEM_ACTIVATIONS] = R + slots * A + shared + device_kept * R + head;
     char* f = p.formula[MEM_ACTIVATIONS];
     snprintf(f, PLAN_FORMULA_LEN, "R + %zu A", slots);
-    if (device_kept > 0 && ap->offload) { plan_append(f, " + R staging"); }
+    if (device_kept > 0 && ap->offload) { plan_append(f, " + %zu R staging", device_kept); }
     if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu R kept", kept); }
     if (ap->gelu) { plan_append(f, " + gelu"); }
     if (ap->attn && !ap->flash) { plan_append(f, " + attn"); }
     plan_append(f, ap->loss_chunk > 0 ? " + head of K=%d tokens" : " + head", lay->head_rows);
-    p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * R : L * A) : 0;
+    p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * R : offloaded * A) : 0;
     if (!ap->offload) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "no --offload"); }
     else if (kept > 0) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu R: segment inputs", kept); }
-    else { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu A: every layer's block", L); }
+    else { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu A: every layer's block but the last %d", offloaded, act_num_slots(ap, (int)L)); }
     p.layer_bytes = A;
     p.residual_bytes = R;
     p.head_bytes = head;
