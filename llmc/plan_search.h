@@ -58,6 +58,7 @@ typedef struct {
 
 static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--optimizer", {"adamw", "adafactor", "came"}, 1, 1},
+    {"--optimizer-state", {"fp32", "bf16", "8bit"}, 1, 1},
     {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1, 0},
     {"--offload", {"0", "activations", "optimizer", "activations,optimizer", "optimizer,gradients", "activations,optimizer,gradients"}, 1, 0},
     {"--zero", {"0", "1", "2", "3"}, 2, 0},
