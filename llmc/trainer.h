@@ -1126,8 +1126,9 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
     PlanInputs in = {.B = s->B, .T = s->T, .num_loaders = 1 + r->has_val, .optimizer = s->optimizer, .use_beta1 = s->use_beta1,
-                     .state_format = s->state_format, .act = s->act, .offload_optimizer = s->offload_optimizer, .world = world, .zero = o->zero,
-                     .layout = gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk)};
+                     .act = s->act, .offload_optimizer = s->offload_optimizer, .world = world, .zero = o->zero,
+                     .layout = gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk),
+                     .state_format = s->state_format};
     r->plan = plan_memory(&s->config, in);
 }
 
