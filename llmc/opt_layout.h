@@ -322,8 +322,9 @@ static int slice_cut_units(const ParamSlice* s, QStateFormat f) {
 }
 
 // the units of slice s a rank's part is sized for: ceil(units / world), rounded up to slice_cut_units
+// when there is a cut (world > 1)
 static int slice_units_per_rank(const ParamSlice* s, int world, QStateFormat f) {
-    int cut = slice_cut_units(s, f), per = shard_units_per_rank(slice_units(s), world);
+    int cut = world > 1 ? slice_cut_units(s, f) : 1, per = shard_units_per_rank(slice_units(s), world);
     return (per + cut - 1) / cut * cut;
 }
 
