@@ -414,20 +414,21 @@ static int slice_state_pieces(OptimizerKind kind, const OptShard* sh, int use_be
     return use_beta1 ? 2 : 1;
 }
 
-// the count of non-finite values in piece p (at `at`) of part sh: fp32 floats, bf16 values, or an
-// 8-bit moment's absmax (a refused block's is NaN; its codes are any bytes)
-static size_t state_piece_non_finite(const StatePiece* p, const OptShard* sh, const float* at) {
-    size_t bad = 0, n = sh->state_units * sh->width;
-    if (!p->is_moment || sh->format == QSTATE_FP32) {
-        for (size_t i = 0; i < p->floats; i++) { bad += !isfinite(at[i]); }
-    } else if (sh->format == QSTATE_BF16) {
-        const uint16_t* h = (const uint16_t*)at;
-        for (size_t i = 0; i < n; i++) { bad += !isfinite(qstate_bf16_to_float(h[i])); }
-    } else {
-        QMoment M = qmoment_at((float*)at, sh->format, n, (QStateStream){0, 0});
-        for (size_t b = 0; b < qstate_blocks(n); b++) { bad += !isfinite(M.q.absmax[b]); }
+// where piece p (at `at`) of part sh first holds a non-finite value: its index in the piece's units
+// (returned; *units = how many it has, *what = "float", "bf16 value" or "8-bit block's absmax": a
+// refused block's is NaN, its codes are any bytes), the value in *value; *units when none
+static size_t state_piece_non_finite(const StatePiece* p, const OptShard* sh, const float* at, size_t* units, const char** what,
+                                     float* value) {
+    size_t n = sh->state_units * sh->width;
+    QStateFormat f = p->is_moment ? sh->format : QSTATE_FP32;
+    QMoment M = qmoment_at((float*)at, f == QSTATE_FP32 ? QSTATE_8BIT : f, n, (QStateStream){0, 0});
+    *what = f == QSTATE_FP32 ? "float" : f == QSTATE_BF16 ? "bf16 value" : "8-bit block's absmax";
+    *units = f == QSTATE_FP32 ? p->floats : f == QSTATE_BF16 ? n : qstate_blocks(n);
+    for (size_t i = 0; i < *units; i++) {
+        *value = f == QSTATE_FP32 ? at[i] : f == QSTATE_BF16 ? qstate_bf16_to_float(M.bf16[i]) : M.q.absmax[i];
+        if (!isfinite(*value)) { return i; }
     }
-    return bad;
+    return *units;
 }
 
 // moment piece p of a part of n_units elements, from format `from` (at src) into format `to` (at dst):

@@ -402,15 +402,20 @@ static void state_check_finite(const char* path, const ModelSetup* s, QStateForm
         OptShard sh = slice_shard(&slices[k], &z, &offset);
         StatePiece pieces[MAX_STATE_PIECES];
         int n = slice_state_pieces(s->optimizer, &sh, s->use_beta1, pieces);
+        size_t before = 0, total = slice_state_floats(s->optimizer, &sh, s->use_beta1), units;
         for (int i = 0; i < n; i++) {
-            size_t bad = state_piece_non_finite(&pieces[i], &sh, state);
-            if (bad > 0) {
+            const char* what;
+            float value;
+            size_t bad = state_piece_non_finite(&pieces[i], &sh, state, &units, &what, &value);
+            int floats = strcmp(what, "float") == 0;  // then counted over the slice's state, as the layout lays it
+            if (bad < units) {
                 char name[SLICE_NAME_LEN];
                 slice_name(&slices[k], name, sizeof(name));
-                fail("state file '%s': the optimizer state of %s holds %zu non-finite value(s) (%s state%s): it cannot train\n"
-                     "  hint: it was written after its run diverged; resume from an earlier checkpoint", path, name, bad,
-                     QSTATE_FORMAT_NAMES[sh.format], sh.format == QSTATE_8BIT && pieces[i].is_moment ? ", a refused block's absmax" : "");
+                fail("state file '%s': the optimizer state of %s, %s %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
+                     "  hint: it was written after its run diverged; resume from an earlier checkpoint", path, name, what,
+                     floats ? before + bad : bad, floats ? total : units, value);
             }
+            before += pieces[i].floats;
             state += pieces[i].floats;
         }
     }
