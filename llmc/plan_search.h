@@ -65,7 +65,7 @@ static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--loss-chunk", {"0", PLAN_LOSS_CHUNK}, 1, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
-#define PLAN_MAX_CANDIDATES 2048
+#define PLAN_MAX_CANDIDATES 4096  // 3 optimizers x 3 state formats x 8 x 6 x 4 x 2 = 3,456 with ranks
 
 static int plan_dimension_size(const PlanDimension* d) {
     int n = 0;
