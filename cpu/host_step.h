@@ -1,6 +1,7 @@
 /*
 host_step.h: the end of a training step on host arrays: the ranks' gradients summed over
-MPI, their global norm, clipping, one optimizer step (cpu/optimizers.h) and, under ZeRO-1 and 2,
+MPI, their global norm, clipping, one optimizer step over every slice (optimizer_step: cpu/optimizers.h
+in fp32, cpu/optimizers_lowp.h for --optimizer-state bf16 and 8bit) and, under ZeRO-1 and 2,
 every rank's updated blocks gathered; and the CPU's ZeRO-2 and 3 exchanges during the step
 (each layer's gradients reduce-scattered, each layer's weights gathered). The CPU backend's step
 (train_gpt.c), and the CUDA backend's under --offload optimizer (train_gpt.cu), where the master
