@@ -639,7 +639,8 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     DataLoader dl;
     dataloader_init(&dl, shard, B, T, last_rank.rank, world, cfg->vocab_size);
     int* gen = sample_buffer_alloc(T);
-    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol->flash, pol->loss_chunk)};
+    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol->flash, pol->loss_chunk),
+                     QSTATE_FP32};
     MemPlan p = plan_memory(cfg, in);
     int same = 1;
     char detail[256] = "", pn[64];

@@ -112,6 +112,7 @@ struct GPT2 {
     int use_beta1;            // Adafactor: keeps a first moment
     float* opt_memory;        // optimizer state, one block (layout: llmc/opt_layout.h)
     size_t opt_floats;
+    QStateFormat state_format;  // its moments' format (--optimizer-state: cpu/optimizers_lowp.h)
     Activations acts;         // what forward keeps, and where (cpu/activations.h: --recompute, --offload)
     BackwardBuffers bwd;
     float* bwd_memory;
@@ -226,7 +227,8 @@ static void gpt2_alloc_training(GPT2* m, const ModelSetup* s) {
     point_parameters(&m->grads, grads, &layout);
     m->optimizer = s->optimizer;
     m->use_beta1 = s->use_beta1;
-    m->opt_floats = optimizer_state_floats(c, s->optimizer, s->use_beta1, zero_shards_state(m->zero.stage) ? m->dist.world : 1);
+    m->state_format = s->state_format;
+    m->opt_floats = optimizer_state_floats_as(c, s->optimizer, s->use_beta1, zero_shards_state(m->zero.stage) ? m->dist.world : 1, s->state_format);
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     act_alloc(&m->acts, &s->act, c, s->B, s->T);
     size_t bsizes[NUM_BACKWARD_BUFFERS], btotal = 0;
@@ -247,6 +249,7 @@ GPT2* gpt2_create(const ModelSetup* s) {
     m->num_parameters = gpt2_num_parameters(&s->config);
     m->dist = s->dist;
     m->zero.stage = s->zero;
+    m->zero.format = s->state_format;  // an 8-bit state's blocks decide ZeRO's cut
     int layers;
     GPT2Config layout = s->config;  // what the layers read: the whole model, or (ZeRO-3) a one-layer working copy
     float* weights = zero_alloc_weights(&m->zero, &s->config, s->dist.world, &m->params_memory, &layers);
@@ -276,7 +279,7 @@ void gpt2_destroy(GPT2* m) {
 static HostStep gpt2_host_step(GPT2* m) {
     HostStep h = {.config = &m->config, .dist = m->dist, .zero = m->zero.stage, .optimizer = m->optimizer,
                   .num_parameters = m->num_parameters, .params = m->params_memory, .grads = m->grads_memory,
-                  .state = m->opt_memory, .pack = m->zero.pack};
+                  .state = m->opt_memory, .format = m->state_format, .pack = m->zero.pack};
     return h;
 }
 
@@ -528,11 +531,11 @@ float gpt2_grad_norm(GPT2* m) {
 void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
     HostStep h = gpt2_host_step(m);
     prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, sizeof(float)), "%s", OPTIMIZER_NAMES[m->optimizer]);
-    if (m->optimizer == OPT_ADAMW && m->zero.stage == ZERO_0) {  // the whole model on this rank: AdamW directly
+    if (m->optimizer == OPT_ADAMW && m->zero.stage == ZERO_0 && m->state_format == QSTATE_FP32) {  // the whole model, fp32: AdamW directly
         host_clip_grads(m->grads_memory, m->num_parameters, s->grad_clip, grad_norm);
         adamw_step(m->params_memory, m->grads_memory, m->opt_memory, &m->config, &s->hyper.adamw, s->t);
     } else {
-        host_update(&h, s, grad_norm, NULL, NULL);  // Adafactor, CAME; ZeRO's sharded update (cpu/host_step.h)
+        host_update(&h, s, grad_norm, NULL, NULL);  // Adafactor, CAME; ZeRO; bf16 or 8-bit state (cpu/host_step.h)
     }
     prof_close();
     zero_step_done(&m->zero, &h, s->t);

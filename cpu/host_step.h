@@ -1,6 +1,7 @@
 /*
 host_step.h: the end of a training step on host arrays: the ranks' gradients summed over
-MPI, their global norm, clipping, one optimizer step (cpu/optimizers.h) and, under ZeRO-1 and 2,
+MPI, their global norm, clipping, one optimizer step over every slice (optimizer_step: cpu/optimizers.h
+in fp32, cpu/optimizers_lowp.h for --optimizer-state bf16 and 8bit) and, under ZeRO-1 and 2,
 every rank's updated blocks gathered; and the CPU's ZeRO-2 and 3 exchanges during the step
 (each layer's gradients reduce-scattered, each layer's weights gathered). The CPU backend's step
 (train_gpt.c), and the CUDA backend's under --offload optimizer (train_gpt.cu), where the master
@@ -26,6 +27,7 @@ optimizers sum the same way, so nothing depends on the number of OpenMP threads.
 #include "../llmc/opt_layout.h"
 #include "../llmc/schedule.h"
 #include "optimizers.h"
+#include "optimizers_lowp.h"  // --optimizer-state bf16, 8bit
 
 typedef struct {
     const GPT2Config* config;
@@ -37,17 +39,20 @@ typedef struct {
     float* grads;             // (P) fp32 gradients of this rank's micro-batches, summed by host_reduce_grads;
                               // ZeRO-2 and 3: this rank's reduced blocks only (opt_layout.h's gradient shard)
     float* state;             // this rank's optimizer state (opt_layout.h)
+    QStateFormat format;      // its moments' format (--optimizer-state); under ZeRO it also decides the cut
     float* pack;              // ZeRO-1/2: one layer's blocks rank by rank (opt_layout.h's ShardLayout.pack floats): the
                               // exchanges go a layer at a time through it; NULL: a slice at a time (GPU --offload optimizer)
 } HostStep;
 
 // how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1
 static OptSharding host_sharding(const HostStep* h) {
-    if (!zero_shards_state(h->zero)) { return OPT_UNSHARDED; }
-    OptSharding z = {.rank = h->dist.rank, .world = h->dist.world, .sum = dist_allreduce_sum_doubles,
-                     .gather = dist_allgather_floats_world, .grads_compact = zero_shards_grads(h->zero),
-                     .params_compact = h->zero == ZERO_3};
-    return z;
+    OptSharding z = OPT_UNSHARDED;
+    z.format = h->format;
+    if (!zero_shards_state(h->zero)) { return z; }
+    OptSharding sharded = {.rank = h->dist.rank, .world = h->dist.world, .sum = dist_allreduce_sum_doubles,
+                           .gather = dist_allgather_floats_world, .grads_compact = zero_shards_grads(h->zero),
+                           .params_compact = h->zero == ZERO_3, .format = h->format};
+    return sharded;
 }
 
 // the slices of a model with where each rank's block lies in a shard (opt_layout.h's
@@ -58,9 +63,9 @@ typedef struct {
     ShardLayout z;
 } ShardMap;
 
-static ShardMap shard_map(const GPT2Config* c, int world) {
-    ShardMap m = {param_slices_alloc(c), (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t)), shard_layout(c, world)};
-    shard_block_offsets(c, world, m.at);
+static ShardMap shard_map(const GPT2Config* c, int world, QStateFormat f) {
+    ShardMap m = {param_slices_alloc(c), (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t)), shard_layout_as(c, world, f)};
+    shard_block_offsets_as(c, world, f, m.at);
     return m;
 }
 
@@ -83,14 +88,14 @@ static void layer_slice_ptrs(const GPT2Config* c, const ParamSlice* s, int l, fl
 // layer l's 12 slices (at ptrs) and rank r's blocks of them side by side in part (each padded to its
 // block size, as the shards are): to_part 1 copies from the slices into part (the padding zeroed),
 // 0 from part back into the slices
-static void zero_layer_blocks(const GPT2Config* c, const ParamSlice* s, int l, int r, int world, float* const ptrs[12], float* part,
-                              int to_part) {
+static void zero_layer_blocks(const GPT2Config* c, const ParamSlice* s, int l, int r, int world, QStateFormat f, float* const ptrs[12],
+                              float* part, int to_part) {
     int L = c->num_layers;
     for (int i = 0; i < 12; i++) {
         const ParamSlice* sl = &s[2 + i * L + l];
         int begin, end, width = slice_unit_width(sl);
-        shard_range(slice_units(sl), r, world, &begin, &end);
-        size_t have = (size_t)(end - begin) * width, block = slice_block_floats(sl, world);
+        slice_range(sl, r, world, f, &begin, &end);
+        size_t have = (size_t)(end - begin) * width, block = slice_block_floats_as(sl, world, f);
         float* mine = ptrs[i] + (size_t)begin * width;
         if (to_part) {
             memcpy(part, mine, have * sizeof(float));
@@ -109,7 +114,7 @@ static void host_for_each_slice_block(const HostStep* h, float* memory, int oute
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
     for (int k = 0; k < param_slice_count(h->config); k++) {
         if (outer_only && !slice_is_outer(&s[k])) { continue; }
-        slice_part_counts(&s[k], h->dist.world, counts);
+        slice_part_counts(&s[k], h->dist.world, h->format, counts);
         part(memory + s[k].offset, counts, h->dist);
     }
     free(counts);
@@ -127,19 +132,19 @@ static void host_exchange_blocks(const HostStep* h, float* memory, int reduce) {
     }
     const GPT2Config* c = h->config;
     int world = h->dist.world, rank = h->dist.rank;
-    ShardMap m = shard_map(c, world);
+    ShardMap m = shard_map(c, world, h->format);
     size_t part = m.z.layer_part;
     for (int l = 0; l < c->num_layers; l++) {
         float* ptrs[12];
         layer_slice_ptrs(c, m.slices, l, memory, 0, ptrs);
         if (reduce) {  // every rank's blocks in, the sums of this rank's out (MPI leaves them first)
-            for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, h->pack + (size_t)r * part, 1); }
+            for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, h->format, ptrs, h->pack + (size_t)r * part, 1); }
             dist_reduce_scatter_block_floats(h->pack, (int)part, h->dist);
-            zero_layer_blocks(c, m.slices, l, rank, world, ptrs, h->pack, 0);
+            zero_layer_blocks(c, m.slices, l, rank, world, h->format, ptrs, h->pack, 0);
         } else {       // this rank's blocks in, every rank's out
-            zero_layer_blocks(c, m.slices, l, rank, world, ptrs, h->pack + (size_t)rank * part, 1);
+            zero_layer_blocks(c, m.slices, l, rank, world, h->format, ptrs, h->pack + (size_t)rank * part, 1);
             dist_allgather_block_floats(h->pack, (int)part, h->dist);
-            for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, h->pack + (size_t)r * part, 0); }
+            for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, h->format, ptrs, h->pack + (size_t)r * part, 0); }
         }
     }
     shard_map_free(&m);
@@ -161,7 +166,7 @@ static float host_grad_norm(const HostStep* h) {
         OptSharding z = host_sharding(h);
         ParamSlice* s = param_slices_alloc(h->config);
         size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));
-        shard_block_offsets(h->config, h->dist.world, goff);
+        shard_block_offsets_as(h->config, h->dist.world, h->format, goff);
         double total = 0.0;
         for (int k = 0; k < param_slice_count(h->config); k++) {
             size_t offset;
@@ -185,12 +190,63 @@ static void host_clip_grads(float* grads, size_t n, float clip, float grad_norm)
     for (size_t i = 0; i < n; i++) { grads[i] *= scale; }
 }
 
+// stops the run: the new moments of slice sl held `refused` non-finite values at step t, which a
+// low-precision state cannot keep as numbers (fp32 state would carry them into the weights silently)
+static void lowp_refused_fail(const ParamSlice* sl, size_t refused, QStateFormat f, int t) {
+    char name[SLICE_NAME_LEN];
+    slice_name(sl, name, sizeof(name));
+    fail("step %d: the optimizer's new moments of %s hold %zu non-finite value(s) (NaN or Inf), which %s state refuses\n"
+         "  hint: the run diverged (its gradients or weights are not finite); resume from an earlier checkpoint with a lower -l\n"
+         "  or a smaller --grad-clip", t, name, refused, QSTATE_FORMAT_NAMES[f]);
+}
+
+// ----------------------------------------------------------------------------
+// the step over every slice (Adafactor, CAME, any optimizer under ZeRO or with bf16 or 8-bit state)
+
+// one optimizer step over this process's part of every slice (gradients already clipped);
+// t = 1, 2, ...; z = &OPT_UNSHARDED for the whole model. tensor_done(ctx, i), if not NULL, is
+// called when the last slice of parameter tensor i is updated (the slices go tensor by tensor)
+static void optimizer_step(OptimizerKind kind, float* params, const float* grads, float* state,
+                           const GPT2Config* c, const OptimizerHyper* h, int t, const OptSharding* z,
+                           void (*tensor_done)(void*, int), void* ctx) {
+    ParamSlice* s = param_slices_alloc(c);
+    int use_beta1 = h->adafactor.beta1 > 0.0;
+    float* st = state;
+    size_t* goff = NULL;  // ZeRO-2 and 3: each slice's block in the gradient (ZeRO-3: and weight) shard (opt_layout.h)
+    if (z->grads_compact || z->params_compact) {
+        goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
+        shard_block_offsets_as(c, z->world, z->format, goff);
+    }
+    for (int k = 0; k < param_slice_count(c); k++) {
+        size_t offset;
+        OptShard sh = slice_shard(&s[k], z, &offset);
+        float* p = z->params_compact ? params + goff[k] : params + s[k].offset + offset;
+        const float* g = z->grads_compact ? grads + goff[k] : grads + s[k].offset + offset;
+        if (sh.format != QSTATE_FP32) {  // --optimizer-state bf16, 8bit (cpu/optimizers_lowp.h)
+            QStateStream stream = {.seed = (uint32_t)k, .index_base = offset};
+            size_t refused = lowp_update_part(kind, p, g, st, &sh, h, PARAMETER_IS_MATRIX[s[k].tensor], t, stream);
+            if (refused > 0) { lowp_refused_fail(&s[k], refused, sh.format, t); }
+        } else if (kind == OPT_ADAMW) {
+            adamw_update_part(p, g, st, &sh, &h->adamw, PARAMETER_IS_MATRIX[s[k].tensor], t);
+        } else if (kind == OPT_ADAFACTOR) {
+            adafactor_update(p, g, st, &sh, &h->adafactor, t);
+        } else {
+            came_update(p, g, st, &sh, &h->came);
+        }
+        st += slice_state_floats(kind, &sh, use_beta1);
+        int last_of_tensor = k + 1 == param_slice_count(c) || s[k + 1].tensor != s[k].tensor;
+        if (tensor_done != NULL && last_of_tensor) { tensor_done(ctx, s[k].tensor); }
+    }
+    free(goff);
+    free(s);
+}
+
 // clips the gradients to s->grad_clip given their norm, takes one optimizer step over this
 // rank's part of every slice and (ZeRO-1) gathers the other ranks' blocks. tensor_done(ctx, i),
 // when given, is called as soon as parameter tensor i holds its new values (a GPU backend
 // sends each tensor up while the CPU updates the next)
 static void host_update(const HostStep* h, const StepConfig* s, float grad_norm, void (*tensor_done)(void*, int), void* ctx) {
-    size_t n = zero_shards_grads(h->zero) ? shard_layout(h->config, h->dist.world).shard : h->num_parameters;
+    size_t n = zero_shards_grads(h->zero) ? shard_layout_as(h->config, h->dist.world, h->format).shard : h->num_parameters;
     host_clip_grads(h->grads, n, s->grad_clip, grad_norm);
     OptSharding z = host_sharding(h);
     int sharded = zero_shards_state(h->zero);
@@ -216,11 +272,11 @@ static void host_update(const HostStep* h, const StepConfig* s, float grad_norm,
 static void host_zero2_reduce_layer(const HostStep* h, float* layer, int l, float* pack) {
     const GPT2Config* c = h->config;
     int world = h->dist.world;
-    ShardMap m = shard_map(c, world);
+    ShardMap m = shard_map(c, world, h->format);
     size_t part = m.z.layer_part;
     float* ptrs[12];
     layer_slice_ptrs(c, m.slices, l, layer, 1, ptrs);
-    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, pack + (size_t)r * part, 1); }
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, h->format, ptrs, pack + (size_t)r * part, 1); }
     dist_reduce_scatter_block_floats(pack, (int)part, h->dist);
     float* shard = h->grads + m.at[2 + l];  // the layer's first slice, ln1w: the layer's blocks follow it
     #pragma omp parallel for
@@ -246,11 +302,11 @@ static OuterSlices outer_slices(const GPT2Config* c) {
 // over the ranks, in place; this rank's blocks added to the shard
 static void host_zero2_reduce_outer(const HostStep* h, float* working) {
     int world = h->dist.world;
-    ShardMap m = shard_map(h->config, world);
+    ShardMap m = shard_map(h->config, world, h->format);
     OuterSlices hs = outer_slices(h->config);
     int* counts = (int*)malloc_check((size_t)world * sizeof(int));
     for (int j = 0; j < 4; j++) {
-        slice_part_counts(&m.slices[hs.slice[j]], world, counts);
+        slice_part_counts(&m.slices[hs.slice[j]], world, h->format, counts);
         float* buf = working + hs.working_at[j];
         dist_reduce_scatter_floats(buf, counts, h->dist);
         const float* mine = buf + dist_part_offset(counts, h->dist.rank);
@@ -272,26 +328,26 @@ static void host_zero2_reduce_outer(const HostStep* h, float* working) {
 static void host_zero3_gather_layer(const HostStep* h, float* layer, int l, float* pack) {
     const GPT2Config* c = h->config;
     int world = h->dist.world;
-    ShardMap m = shard_map(c, world);
+    ShardMap m = shard_map(c, world, h->format);
     size_t part = m.z.layer_part;
     memcpy(pack + (size_t)h->dist.rank * part, h->params + m.at[2 + l], part * sizeof(float));
     dist_allgather_block_floats(pack, (int)part, h->dist);
     float* ptrs[12];
     layer_slice_ptrs(c, m.slices, l, layer, 1, ptrs);
-    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, ptrs, pack + (size_t)r * part, 0); }
+    for (int r = 0; r < world; r++) { zero_layer_blocks(c, m.slices, l, r, world, h->format, ptrs, pack + (size_t)r * part, 0); }
     shard_map_free(&m);
 }
 
 // slice sl's weights, whole, into dst from every rank's block (this rank's: block, in the shard)
 static void zero3_gather_slice(const HostStep* h, const ParamSlice* sl, const float* block, float* dst, int* counts) {
-    slice_part_counts(sl, h->dist.world, counts);
+    slice_part_counts(sl, h->dist.world, h->format, counts);
     memcpy(dst + dist_part_offset(counts, h->dist.rank), block, (size_t)counts[h->dist.rank] * sizeof(float));
     dist_allgather_floats(dst, counts, h->dist);
 }
 
 // wte, wpe, lnfw, lnfb gathered into the working copy (a one-layer model's layout)
 static void host_zero3_gather_outer(const HostStep* h, float* working) {
-    ShardMap m = shard_map(h->config, h->dist.world);
+    ShardMap m = shard_map(h->config, h->dist.world, h->format);
     OuterSlices hs = outer_slices(h->config);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
     for (int j = 0; j < 4; j++) {
@@ -307,7 +363,7 @@ static void host_zero3_gather_outer(const HostStep* h, float* working) {
 // rank's blocks for fn to read, or (write) filled by fn and this rank's block kept. wte's padded
 // rows, which no slice holds, go by as zeros
 static void host_zero3_stream(const HostStep* h, int write, float* staging, void (*fn)(void*, size_t, float*, size_t), void* ctx) {
-    ShardMap m = shard_map(h->config, h->dist.world);
+    ShardMap m = shard_map(h->config, h->dist.world, h->format);
     WeightRun* runs = (WeightRun*)malloc_check((size_t)(param_slice_count(h->config) + 1) * sizeof(WeightRun));
     int n = weight_runs(h->config, m.slices, runs);
     int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
@@ -322,7 +378,7 @@ static void host_zero3_stream(const HostStep* h, int write, float* staging, void
         float* mine = h->params + m.at[r.slice];
         if (write) {
             fn(ctx, r.offset, staging, r.n);
-            slice_part_counts(sl, h->dist.world, counts);
+            slice_part_counts(sl, h->dist.world, h->format, counts);
             memcpy(mine, staging + dist_part_offset(counts, h->dist.rank), (size_t)counts[h->dist.rank] * sizeof(float));
         } else {
             zero3_gather_slice(h, sl, mine, staging, counts);

@@ -4,7 +4,8 @@ with the state layout and ZeRO-1 sharding of llmc/opt_layout.h.
 
     size_t n = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);        // zeroed before step 1
     float* state = calloc(n, sizeof(float));
-    optimizer_step(OPT_CAME, params, grads, state, &cfg, &hyper, t, &OPT_UNSHARDED, NULL, NULL); // t = 1, 2, ...
+    came_update(param, grad, state, &shard, &hyper.came);   // one slice part (OptShard: llmc/opt_layout.h)
+    // the step over every slice, in any state format: optimizer_step (cpu/host_step.h)
 
 Order of operations, per parameter p (rows, cols) with gradient g, step t = 1, 2, ...
 (the transcriptions in dev/reference/make_reference.py, checked there against the packages;
@@ -350,7 +351,7 @@ static void came_moment_vector(float* M, const float* g, int n, float clip, cons
 static void came_update(float* param, const float* grad, float* state, const OptShard* sh, const CAMEHyper* h) {
     int rows = sh->rows, cols = sh->cols;
     float* M = state;
-    float* v = state + sh->state_units * sh->width;  // factored: R, Cc, Rr, Rc; vector: V
+    float* v = state + opt_moment_floats(sh);  // factored: R, Cc, Rr, Rc; vector: V
     OptWorkspace w = opt_workspace_alloc(sh);
     opt_second_moment(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w);
     float clip = opt_clip_divisor(grad, &w, sh, (float)h->clip_threshold);
@@ -381,7 +382,7 @@ static void came_update(float* param, const float* grad, float* state, const Opt
 static void adamw_update_part(float* param, const float* grad, float* state, const OptShard* sh,
                               const AdamWHyper* h, int is_matrix_tensor, int t) {
     double wd = is_matrix_tensor ? h->weight_decay : 0.0;
-    adamw_update(param, grad, state, state + sh->state_units * sh->width, (size_t)sh->rows * sh->cols,
+    adamw_update(param, grad, state, state + opt_moment_floats(sh), (size_t)sh->rows * sh->cols,
                  (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, t);
 }
 
@@ -414,43 +415,6 @@ static void adamw_step(float* params, const float* grads, float* state, const GP
                      (float)h->lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)wd, t);
         state += 2 * n;
     }
-    free(s);
-}
-
-// ----------------------------------------------------------------------------
-// the step over every slice (Adafactor, CAME, and any optimizer under ZeRO: cpu/host_step.h)
-
-// one optimizer step over this process's part of every slice (gradients already clipped);
-// t = 1, 2, ...; z = &OPT_UNSHARDED for the whole model. tensor_done(ctx, i), if not NULL, is
-// called when the last slice of parameter tensor i is updated (the slices go tensor by tensor)
-static void optimizer_step(OptimizerKind kind, float* params, const float* grads, float* state,
-                           const GPT2Config* c, const OptimizerHyper* h, int t, const OptSharding* z,
-                           void (*tensor_done)(void*, int), void* ctx) {
-    ParamSlice* s = param_slices_alloc(c);
-    int use_beta1 = h->adafactor.beta1 > 0.0;
-    float* st = state;
-    size_t* goff = NULL;  // ZeRO-2 and 3: each slice's block in the gradient (ZeRO-3: and weight) shard (opt_layout.h)
-    if (z->grads_compact || z->params_compact) {
-        goff = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-        shard_block_offsets(c, z->world, goff);
-    }
-    for (int k = 0; k < param_slice_count(c); k++) {
-        size_t offset;
-        OptShard sh = slice_shard(&s[k], z, &offset);
-        float* p = z->params_compact ? params + goff[k] : params + s[k].offset + offset;
-        const float* g = z->grads_compact ? grads + goff[k] : grads + s[k].offset + offset;
-        if (kind == OPT_ADAMW) {
-            adamw_update_part(p, g, st, &sh, &h->adamw, PARAMETER_IS_MATRIX[s[k].tensor], t);
-        } else if (kind == OPT_ADAFACTOR) {
-            adafactor_update(p, g, st, &sh, &h->adafactor, t);
-        } else {
-            came_update(p, g, st, &sh, &h->came);
-        }
-        st += slice_state_floats(kind, &sh, use_beta1);
-        int last_of_tensor = k + 1 == param_slice_count(c) || s[k + 1].tensor != s[k].tensor;
-        if (tensor_done != NULL && last_of_tensor) { tensor_done(ctx, s[k].tensor); }
-    }
-    free(goff);
     free(s);
 }
 

@@ -208,4 +208,31 @@ static size_t came_update_lowp(float* param, const float* grad, float* second, Q
     return bad;
 }
 
+// ----------------------------------------------------------------------------
+// one slice part in the state block (llmc/opt_layout.h's layout, moments in sh->format, bf16 or 8bit):
+// AdamW's m, v; Adafactor's R, Cc | V, then M; CAME's M, then R, Cc, Rr, Rc | V. stream: bf16's rounding
+// bits (the slice's seed, the part's first element in the slice). Returns the count of refused moments
+
+static size_t lowp_update_part(OptimizerKind kind, float* param, const float* grad, float* state, const OptShard* sh,
+                               const OptimizerHyper* h, int is_matrix_tensor, int t, QStateStream stream) {
+    size_t n = (size_t)sh->rows * sh->cols, units = sh->state_units * sh->width;
+    if (kind == OPT_ADAMW) {
+        const AdamWHyper* a = &h->adamw;
+        double wd = is_matrix_tensor ? a->weight_decay : 0.0;  // as adamw_update_part
+        QMoment m = qmoment_at(state, sh->format, units, stream);
+        QMoment v = qmoment_at(state + opt_moment_floats(sh), sh->format, units, stream);
+        if (sh->format == QSTATE_8BIT) {
+            return adamw_update_8bit(param, grad, m.q, v.q, n, (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->eps, (float)wd, t);
+        }
+        return adamw_update_bf16(param, grad, m.bf16, v.bf16, n, (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->eps,
+                                 (float)wd, t, stream);
+    }
+    if (kind == OPT_ADAFACTOR) {  // beta1 > 0: the trainer refuses a low-precision format without a first moment
+        QMoment M = qmoment_at(state + adafactor_state_floats(sh, 0), sh->format, units, stream);
+        return adafactor_update_lowp(param, grad, state, &M, sh, &h->adafactor, t);
+    }
+    QMoment M = qmoment_at(state, sh->format, units, stream);
+    return came_update_lowp(param, grad, state + opt_moment_floats(sh), &M, sh, &h->came, t);
+}
+
 #endif // CPU_OPTIMIZERS_LOWP_H

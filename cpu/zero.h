@@ -35,6 +35,7 @@ backward. The CPU waits for each collective: it has no second stream to overlap 
 
 typedef struct {
     ZeroStage stage;
+    QStateFormat format;    // the optimizer state's (--optimizer-state): 8-bit state moves the cut (llmc/opt_layout.h)
     float* grad_working;    // ZeRO-2, 3: the backward's own gradients, a one-layer model's layout (not reduced)
     float* pack;            // ZeRO-1, 2, 3: one layer's blocks rank by rank, for its reduce-scatter and all-gather
     float* weight_working;  // ZeRO-3: the weights the kernels read, a one-layer model's layout
@@ -60,7 +61,7 @@ static float* zero_alloc_weights(CpuZero* z, const GPT2Config* c, int world, flo
         return *shard;
     }
     GPT2Config one = zero_one_layer(c);
-    *shard = (float*)mem_calloc(MEM_PARAMETERS, shard_layout(c, world).shard * sizeof(float));
+    *shard = (float*)mem_calloc(MEM_PARAMETERS, shard_layout_as(c, world, z->format).shard * sizeof(float));
     z->weight_working = (float*)mem_calloc(MEM_PARAMETERS, gpt2_num_parameters(&one) * sizeof(float));
     z->gathered_layer = -1;
     *layers = 1;
@@ -71,7 +72,7 @@ static float* zero_alloc_weights(CpuZero* z, const GPT2Config* c, int world, flo
 // *shard and the working buffer returned (*layers = 1); ZeRO-1 and up also get the pack. Returns
 // the floats of *shard in *floats
 static float* zero_alloc_grads(CpuZero* z, const GPT2Config* c, int world, float** shard, size_t* floats, int* layers) {
-    ShardLayout sl = shard_layout(c, world);
+    ShardLayout sl = shard_layout_as(c, world, z->format);
     if (zero_shards_state(z->stage)) { z->pack = (float*)mem_calloc(MEM_GRADIENTS, sl.pack * sizeof(float)); }
     if (!zero_shards_grads(z->stage)) {
         *floats = gpt2_num_parameters(c);
@@ -126,7 +127,7 @@ static int zero_layer_weights_ready(CpuZero* z, const HostStep* h, int l) {
     if (z->gathered_layer != l) {
         size_t at, n;
         zero_working_layer(h->config, &at, &n);
-        prof_mark(PROF_COLLECTIVE, prof_bytes(shard_layout(h->config, h->dist.world).pack * sizeof(float)), "ZeRO-3: layer %d all-gather", l);
+        prof_mark(PROF_COLLECTIVE, prof_bytes(shard_layout_as(h->config, h->dist.world, h->format).pack * sizeof(float)), "ZeRO-3: layer %d all-gather", l);
         host_zero3_gather_layer(h, z->weight_working + at, l, z->pack);
         z->gathers++;
         z->gathered_layer = l;
@@ -146,7 +147,7 @@ static void zero_layer_grads_done(CpuZero* z, const HostStep* h, int l) {
     size_t at, n;
     zero_working_layer(h->config, &at, &n);
     float* layer = z->grad_working + at;
-    prof_mark(PROF_COLLECTIVE, prof_bytes(shard_layout(h->config, h->dist.world).pack * sizeof(float)), "ZeRO-2: layer %d reduce-scatter", l);
+    prof_mark(PROF_COLLECTIVE, prof_bytes(shard_layout_as(h->config, h->dist.world, h->format).pack * sizeof(float)), "ZeRO-2: layer %d reduce-scatter", l);
     host_zero2_reduce_layer(h, layer, l, z->pack);
     z->reduces++;
     memset(layer, 0, n * sizeof(float));
@@ -158,7 +159,7 @@ static void zero_layer_grads_done(CpuZero* z, const HostStep* h, int l) {
 // the classifier's wte gradient into it)
 static void zero_outer_grads_done(CpuZero* z, const HostStep* h) {
     if (!zero_shards_grads(z->stage)) { return; }
-    size_t working = shard_layout(h->config, h->dist.world).working;
+    size_t working = shard_layout_as(h->config, h->dist.world, h->format).working;
     prof_mark(PROF_COLLECTIVE, prof_bytes(working * sizeof(float)), "ZeRO-2: wte, wpe, lnf reduce-scatter");
     host_zero2_reduce_outer(h, z->grad_working);
     z->reduces += 4;  // wte, wpe, lnfw, lnfb
@@ -174,7 +175,7 @@ static void zero_step_done(CpuZero* z, const HostStep* h, int t) {
     long step = g_dist_collectives - z->step_collectives;
     const GPT2Config* c = h->config;
     if (zero_shards_grads(z->stage) && t == 1 && h->dist.rank == 0) {
-        ShardLayout sl = shard_layout(c, h->dist.world);
+        ShardLayout sl = shard_layout_as(c, h->dist.world, h->format);
         printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers, %ld collectives in all (L = %d); "
                "gradients per rank: shard %zu of %zu floats, working buffer %zu, pack %zu", (int)z->stage, z->reduces,
                z->gathers, step, c->num_layers, sl.shard, gpt2_num_parameters(c), sl.working, sl.pack);

@@ -12,8 +12,10 @@ Training-state file (this project's own): header 256 x int32 (STATE_SLOT_*, 64-b
 values in two slots, low half first): magic, version, processes, rank, step, data
 position, sampling RNG, optimizer-state length, parameter count, ZeRO stage, the run's
 identity (a random 64-bit id chosen when the run started, the same in every file it
-writes), the hash of the weights of the checkpoint's model file and the file's CRC-32
-(version 4); then the optimizer state (fp32). A resume never combines files of two runs, or of
+writes), the hash of the weights of the checkpoint's model file, the file's CRC-32
+(version 4) and the optimizer state's format (version 5: QStateFormat, llmc/quant_state.h; older
+files are fp32); then the optimizer state, a block of floats in opt_layout.h's layout (bf16 and
+8-bit moments packed into it). A resume never combines files of two runs, or of
 two steps: each rank's state names rank 0's run, and the weights read hash to what the state
 recorded. With
 several ranks every rank writes its own state file (its data position; under ZeRO-1 its
@@ -72,7 +74,8 @@ enum {
 #define MODEL_CHECKSUM_CRC32 0x32335243  // "CR32" in the file's bytes (fp32 files only)
 
 #define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
-#define STATE_VERSION 4   // 4: the file's checksum
+#define STATE_VERSION 5   // 5: the optimizer state's format
+#define STATE_VERSION_FP32_STATE 4   // 4: the file's checksum; fp32 state; still read
 #define STATE_VERSION_NO_CHECKSUM 3  // 3: the run identity and the hash of the checkpoint's weights; still read
 #define STATE_VERSION_NO_IDENTITY 2  // 2: optimizer state per slice for every optimizer (AdamW too), ZeRO stage; still read
 #define STATE_REGEN_HINT "a training-state file is written by this trainer's checkpoints (-o, -n); resume with the version that wrote it"
@@ -87,6 +90,7 @@ enum {
     STATE_SLOT_RUN_ID = 18,          // 64-bit: slots 18, 19 (version 3)
     STATE_SLOT_MODEL_HASH = 20,      // 64-bit: slots 20, 21 (version 3)
     STATE_SLOT_CHECKSUM = 22,        // version 4: the CRC-32 of the whole file with this slot 0
+    STATE_SLOT_OPT_FORMAT = 23,      // version 5: QStateFormat of the optimizer's moments (older: fp32)
 };
 
 // ----------------------------------------------------------------------------
@@ -353,6 +357,7 @@ typedef struct {
     uint64_t rng;               // sampling RNG
     uint64_t num_params;        // checked against the model
     size_t opt_floats;          // length of the optimizer state
+    int opt_format;             // QStateFormat of its moments (--optimizer-state; 0 = fp32, all before version 5)
     int zero;                   // ZeroStage of the run that wrote it
     uint64_t run_id;            // the run that wrote it: random, chosen when the run started (0: version 2, unknown)
     uint64_t model_hash;        // params_hash of the weights of the same checkpoint's model file (0: unknown)
@@ -385,6 +390,7 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     h[STATE_SLOT_ZERO] = s->zero;
     header_set64(h, STATE_SLOT_RUN_ID, s->run_id);
     header_set64(h, STATE_SLOT_MODEL_HASH, s->model_hash);
+    h[STATE_SLOT_OPT_FORMAT] = s->opt_format;
     h[STATE_SLOT_CHECKSUM] = (int)crc32_update(state_header_crc(h), opt_state, s->opt_floats * sizeof(float));
     AtomicFile a;
     atomic_open(&a, path);
@@ -398,7 +404,8 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     FILE* f = fopen_check(path, "rb");
     int h[FILE_HEADER_INTS];
     *size = file_header_read(f, path, "training-state file", STATE_MAGIC, STATE_REGEN_HINT, h);
-    if (h[STATE_SLOT_VERSION] != STATE_VERSION_NO_IDENTITY && h[STATE_SLOT_VERSION] != STATE_VERSION_NO_CHECKSUM) {
+    int version = h[STATE_SLOT_VERSION];
+    if (version != STATE_VERSION_NO_IDENTITY && version != STATE_VERSION_NO_CHECKSUM && version != STATE_VERSION_FP32_STATE) {
         file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
     }
     s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
@@ -414,7 +421,12 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     int identity = h[STATE_SLOT_VERSION] != STATE_VERSION_NO_IDENTITY;
     s->run_id = identity ? header_get64(h, STATE_SLOT_RUN_ID) : 0;
     s->model_hash = identity ? header_get64(h, STATE_SLOT_MODEL_HASH) : 0;
-    s->has_checksum = h[STATE_SLOT_VERSION] == STATE_VERSION;
+    s->has_checksum = version >= STATE_VERSION_FP32_STATE;
+    s->opt_format = version >= STATE_VERSION ? h[STATE_SLOT_OPT_FORMAT] : QSTATE_FP32;
+    if (s->opt_format < 0 || s->opt_format >= NUM_QSTATE_FORMATS) {
+        fail("state file '%s': optimizer-state format %d in its header is none of fp32, bf16, 8bit (0..%d): corrupt\n  hint: %s",
+             path, s->opt_format, NUM_QSTATE_FORMATS - 1, STATE_REGEN_HINT);
+    }
     s->checksum = (uint32_t)h[STATE_SLOT_CHECKSUM];
     s->header_crc = state_header_crc(h);
     return f;
@@ -680,18 +692,20 @@ static int state_file_whole(const char* path, int rank, int step, const int* h0,
     long header = (long)(FILE_HEADER_INTS * sizeof(int));
     size_t got = fread(h, sizeof(int), FILE_HEADER_INTS, f);
     uint32_t crc = got == FILE_HEADER_INTS ? state_header_crc(h) : 0;
-    int whole = got == FILE_HEADER_INTS && h[STATE_SLOT_VERSION] == STATE_VERSION &&  // (older versions record no checksum)
+    int checksummed = got == FILE_HEADER_INTS && h[STATE_SLOT_VERSION] >= STATE_VERSION_FP32_STATE;  // (older versions record none)
+    int whole = checksummed && h[STATE_SLOT_VERSION] <= STATE_VERSION &&
                 file_crc32(f, &crc, (size_t)(st.st_size - header));
     fclose(f);
     long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
     int version = got == FILE_HEADER_INTS ? h[STATE_SLOT_VERSION] : 0;
     if (got != FILE_HEADER_INTS || h[STATE_SLOT_MAGIC] != STATE_MAGIC || st.st_size != want ||
-        (version != STATE_VERSION && version != STATE_VERSION_NO_CHECKSUM && version != STATE_VERSION_NO_IDENTITY)) {
+        (version != STATE_VERSION && version != STATE_VERSION_FP32_STATE && version != STATE_VERSION_NO_CHECKSUM &&
+         version != STATE_VERSION_NO_IDENTITY)) {
         snprintf(why, n, "rank %d's state file '%s' (%lld bytes) is not a whole state file: truncated or corrupt", rank, path, (long long)st.st_size);
         return 0;
     }
     // then the checksum, before what the header says (its rank, step, run) is believed
-    if (version == STATE_VERSION && (!whole || crc != (uint32_t)h[STATE_SLOT_CHECKSUM])) {
+    if (checksummed && (!whole || crc != (uint32_t)h[STATE_SLOT_CHECKSUM])) {
         snprintf(why, n, "rank %d's state file '%s' is damaged: its CRC-32 is 0x%08x, but its header recorded 0x%08x when it "
                  "was written (%s)", rank, path, crc, (uint32_t)h[STATE_SLOT_CHECKSUM], DAMAGED_HINT);
         return 0;

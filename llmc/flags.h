@@ -53,6 +53,7 @@ typedef struct {
     int relative_step;               // Adafactor: relative step size instead of -l
     float adafactor_beta1;           // Adafactor: first-moment decay, 0 = none (least memory)
     float eps1;                      // Adafactor, CAME: added to g^2 before the second moment
+    char optimizer_state[PATH_MAX_LEN];  // fp32 | bf16 | 8bit: the optimizer's moments (llmc/quant_state.h)
     // what forward keeps for backward (llmc/act_policy.h)
     char recompute[PATH_MAX_LEN];    // none | sqrt | K | gelu | attn, comma-separated
     char offload[PATH_MAX_LEN];      // what moves to host memory, a comma list of activations (or 1), optimizer, gradients; 0 = none
@@ -114,6 +115,7 @@ static TrainOptions options_default(void) {
     o.relative_step = 0;
     o.adafactor_beta1 = 0.0f;
     o.eps1 = 1e-30f;                 // Adafactor (Shazeer & Stern) and CAME (eps[0]) both use 1e-30
+    strcpy(o.optimizer_state, "fp32");
     strcpy(o.recompute, "none");
     strcpy(o.offload, "0");
     o.loss_chunk = 0;
@@ -180,6 +182,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--optimizer",     FLAG_STRING, OPT(optimizer),        "adamw | adafactor | came (Adafactor, CAME: papers' betas and eps)"},
     {NULL, "--relative-step", FLAG_SWITCH, OPT(relative_step),    "Adafactor: step min(1e-2, 1/sqrt(t)) x RMS(param) instead of -l"},
     {NULL, "--adafactor-beta1", FLAG_FLOAT, OPT(adafactor_beta1), "Adafactor: first-moment decay, 0 = none"},
+    {NULL, "--optimizer-state", FLAG_STRING, OPT(optimizer_state), "fp32 | bf16 | 8bit: the optimizer's moments (AdamW's m, v; Adafactor's and CAME's first moment), bf16 stochastically rounded, 8bit block-wise (doc/optimizer_state.md); CPU only for now"},
     {NULL, "--eps1",          FLAG_FLOAT,  OPT(eps1),             "Adafactor, CAME: added to g^2 (the papers' 1e-30)"},
     {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding; 2 = ZeRO-2: and gradients; 3 = ZeRO-3: and weights"},
     {NULL, "--check-replicas", FLAG_SWITCH, OPT(check_replicas),   "check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},

@@ -38,6 +38,13 @@ statistics Cc and Rc its ceil(cols / world) columns (M stays rows*cols):
     CAME matrix:      M (rows*cols), R (rows), Cc (cols), Rr (rows), Rc (cols)
     CAME vector:      M (n), V (n)
   (CAME's names in the package: exp_avg, exp_avg_sq_row/col, exp_avg_res_row/col, exp_avg_sq.)
+The moments m, v and M are kept in the state's format (--optimizer-state, QStateFormat:
+llmc/quant_state.h, doc/optimizer_state.md): fp32, bf16 or 8bit, each moment taking
+qstate_moment_floats(format, n) floats of the block (8bit: its codes, then its blocks' absmax), a
+slice under QSTATE_MIN_ELEMENTS elements fp32 whatever the format; R, Cc, Rr, Rc and V stay fp32.
+Under 8bit a ZeRO cut falls only on a block boundary of an 8-bit slice (slice_cut_units), so that
+every part's blocks are the whole slice's blocks and sharded runs equal unsharded ones bit for bit;
+fp32 and bf16 slices are cut as they always were.
 
 Hyperparameters are doubles, as the packages' Python floats: each is rounded to fp32 where it
 meets a tensor, and an EMA's 1 - beta is taken in double before rounding.
@@ -48,9 +55,11 @@ meets a tensor, and an EMA's 1 - beta is taken in double before rounding.
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include "utils.h"
 #include "model_config.h"
+#include "quant_state.h"
 
 typedef enum { OPT_ADAMW, OPT_ADAFACTOR, OPT_CAME, NUM_OPTIMIZERS } OptimizerKind;
 static const char* OPTIMIZER_NAMES[NUM_OPTIMIZERS] = {"adamw", "adafactor", "came"};
@@ -154,11 +163,15 @@ typedef void (*OptGatherFn)(float* buf, const int* counts);
 // ZeRO-1 cuts `units` (rows, elements or columns) into world blocks of ceil(units / world)
 static int shard_units_per_rank(int units, int world) { return (units + world - 1) / world; }
 
-// rank's units [*begin, *end) of a slice of `units`
-static void shard_range(int units, int rank, int world, int* begin, int* end) {
-    int per = shard_units_per_rank(units, world);
+// rank's units [*begin, *end) of `units` cut into blocks of `per`
+static void units_range(int units, int per, int rank, int* begin, int* end) {
     *begin = rank * per < units ? rank * per : units;
     *end = (rank + 1) * per < units ? (rank + 1) * per : units;
+}
+
+// rank's units [*begin, *end) of a slice of `units`
+static void shard_range(int units, int rank, int world, int* begin, int* end) {
+    units_range(units, shard_units_per_rank(units, world), rank, begin, end);
 }
 
 // the part of one slice that this process updates: all of it, or under ZeRO-1 a block of
@@ -178,6 +191,7 @@ typedef struct {
     int rank, world;      // of the processes that share the slice
     OptSumFn sum;         // NULL: this part is the whole slice
     OptGatherFn gather;   // NULL: this part is the whole slice
+    QStateFormat format;  // the format its moments are kept in (qstate_effective_format of the whole slice)
 } OptShard;
 
 // a slice (rows, cols) is a matrix unless one side is 1 (then a vector, handled as (1, n))
@@ -186,18 +200,23 @@ static int opt_is_matrix(int rows, int cols) { return rows > 1 && cols > 1; }
 // ----------------------------------------------------------------------------
 // floats of state each optimizer keeps for a part of one slice (the layout at the top)
 
+// floats of one moment (m, v, M) of a part: state_units * width elements in the part's format
+static size_t opt_moment_floats(const OptShard* sh) { return qstate_moment_floats(sh->format, sh->state_units * sh->width); }
+
 static size_t adafactor_state_floats(const OptShard* sh, int use_beta1) {
     size_t n = sh->state_units * sh->width;
     size_t second = sh->factored ? sh->state_units + sh->col_units : n;
-    return second + (use_beta1 ? n : 0);
+    return second + (use_beta1 ? opt_moment_floats(sh) : 0);
 }
 
-static size_t came_state_floats(const OptShard* sh) {
-    size_t n = sh->state_units * sh->width;
-    return n + (sh->factored ? 2 * (sh->state_units + sh->col_units) : n);
+// CAME's second moments (R, Cc, Rr, Rc of a matrix; V of a vector), fp32, after M
+static size_t came_second_floats(const OptShard* sh) {
+    return sh->factored ? 2 * (sh->state_units + sh->col_units) : sh->state_units * sh->width;
 }
 
-static size_t adamw_state_floats(const OptShard* sh) { return 2 * sh->state_units * sh->width; }
+static size_t came_state_floats(const OptShard* sh) { return opt_moment_floats(sh) + came_second_floats(sh); }
+
+static size_t adamw_state_floats(const OptShard* sh) { return 2 * opt_moment_floats(sh); }
 
 // the model's optimizer parameters: the 16 tensors split into layer slices
 
@@ -232,6 +251,14 @@ static void param_slices(ParamSlice* s, const GPT2Config* c) {
         }
         off += sizes[i];
     }
+}
+
+#define SLICE_NAME_LEN 48
+
+// a slice's name for messages: "qkvw of layer 3", "wte"
+static void slice_name(const ParamSlice* s, char* out, size_t n) {
+    if (s->layer >= 0) { snprintf(out, n, "%s of layer %d", PARAMETER_NAMES[s->tensor], s->layer); }
+    else { snprintf(out, n, "%s", PARAMETER_NAMES[s->tensor]); }
 }
 
 // the slice list of a model (free() it)
@@ -272,23 +299,51 @@ typedef struct {
     OptGatherFn gather;  // gathers the column statistics' shards; NULL when world is 1
     int grads_compact;   // ZeRO-2 and 3: the gradients hold this rank's blocks only, at shard_block_offsets
     int params_compact;  // ZeRO-3: the weights too, in the same layout
+    QStateFormat format; // the state's format (--optimizer-state): where its 8-bit blocks lie decides the cut
 } OptSharding;
 
-static const OptSharding OPT_UNSHARDED = {.rank = 0, .world = 1, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0};
+static const OptSharding OPT_UNSHARDED = {.rank = 0, .world = 1, .sum = NULL, .gather = NULL, .grads_compact = 0,
+                                          .params_compact = 0, .format = QSTATE_FP32};
 
 static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
 static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
+
+// the format slice s's moments are kept in when the state's format is f (small slices: fp32)
+static QStateFormat slice_format(const ParamSlice* s, QStateFormat f) { return qstate_effective_format(f, (size_t)s->rows * s->cols); }
+
+// the units a rank's part of slice s comes in multiples of: 1, or for a slice kept in 8 bits the
+// fewest units that hold whole QSTATE_BLOCK-element blocks (QSTATE_BLOCK / the largest power of two
+// that divides the unit's width), so that every part starts on a block boundary of the slice
+static int slice_cut_units(const ParamSlice* s, QStateFormat f) {
+    if (slice_format(s, f) != QSTATE_8BIT) { return 1; }
+    int cut = QSTATE_BLOCK, width = slice_unit_width(s);
+    while (cut > 1 && width % 2 == 0) { cut /= 2; width /= 2; }
+    return cut;
+}
+
+// the units of slice s a rank's part is sized for: ceil(units / world), rounded up to slice_cut_units
+// when there is a cut (world > 1)
+static int slice_units_per_rank(const ParamSlice* s, int world, QStateFormat f) {
+    int cut = world > 1 ? slice_cut_units(s, f) : 1, per = shard_units_per_rank(slice_units(s), world);
+    return (per + cut - 1) / cut * cut;
+}
+
+// rank's units [*begin, *end) of slice s under state format f
+static void slice_range(const ParamSlice* s, int rank, int world, QStateFormat f, int* begin, int* end) {
+    units_range(slice_units(s), slice_units_per_rank(s, world, f), rank, begin, end);
+}
+
 // rank z->rank's part of slice s; *offset = floats from the slice's start to the part's
 static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* offset) {
-    int units = slice_units(s), width = slice_unit_width(s), begin, end;
-    shard_range(units, z->rank, z->world, &begin, &end);
+    int width = slice_unit_width(s), begin, end;
+    slice_range(s, z->rank, z->world, z->format, &begin, &end);
     OptShard sh;
     sh.factored = opt_is_matrix(s->rows, s->cols);
     sh.rows = sh.factored ? end - begin : 1;
     sh.cols = sh.factored ? s->cols : end - begin;
     sh.total_rows = sh.factored ? s->rows : 1;
     sh.total = (size_t)s->rows * s->cols;
-    sh.state_units = (size_t)shard_units_per_rank(units, z->world);
+    sh.state_units = (size_t)slice_units_per_rank(s, z->world, z->format);
     sh.width = width;
     int col_end;
     shard_range(s->cols, z->rank, z->world, &sh.col_begin, &col_end);
@@ -298,16 +353,17 @@ static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* o
     sh.world = z->world;
     sh.sum = z->sum;
     sh.gather = z->gather;
+    sh.format = slice_format(s, z->format);
     *offset = (size_t)begin * width;
     return sh;
 }
 
-// counts[r] = floats of rank r's part of slice s, r = 0..world-1 (for the collectives)
-static void slice_part_counts(const ParamSlice* s, int world, int* counts) {
+// counts[r] = floats of rank r's part of slice s, r = 0..world-1 (for the collectives), state format f
+static void slice_part_counts(const ParamSlice* s, int world, QStateFormat f, int* counts) {
     if ((size_t)s->rows * s->cols > (size_t)INT_MAX) { fail("a slice of %d x %d floats is beyond MPI's int counts", s->rows, s->cols); }
     for (int r = 0; r < world; r++) {
         int begin, end;
-        shard_range(slice_units(s), r, world, &begin, &end);
+        slice_range(s, r, world, f, &begin, &end);
         counts[r] = (end - begin) * slice_unit_width(s);
     }
 }
@@ -318,11 +374,13 @@ static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use
     return kind == OPT_ADAFACTOR ? adafactor_state_floats(sh, use_beta1) : came_state_floats(sh);
 }
 
-// floats of optimizer state of one rank out of `world` (1: unsharded); use_beta1 matters to Adafactor only
-static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
+// floats of optimizer state of one rank out of `world` (1: unsharded) in state format f; use_beta1
+// matters to Adafactor only
+static size_t optimizer_state_floats_as(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world, QStateFormat f) {
     ParamSlice* s = param_slices_alloc(c);
     OptSharding z = OPT_UNSHARDED;
     z.world = world;  // every rank's state has rank 0's size
+    z.format = f;
     size_t total = 0, offset;
     for (int k = 0; k < param_slice_count(c); k++) {
         OptShard sh = slice_shard(&s[k], &z, &offset);
@@ -330,6 +388,101 @@ static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, in
     }
     free(s);
     return total;
+}
+
+// ----------------------------------------------------------------------------
+// a slice part's state as pieces, for what reads it whole (checkpoints: llmc/trainer.h): in the
+// layout's order, each a moment (m, v, M: n_units elements in the part's format, through the
+// signed or unsigned map) or fp32 floats (Adafactor's and CAME's second moments)
+
+typedef struct {
+    int is_moment;
+    QMapKind map;   // a moment's: QMAP_SIGNED for m and M, QMAP_UNSIGNED for v
+    size_t floats;  // floats of the block it takes
+} StatePiece;
+
+#define MAX_STATE_PIECES 2
+
+// fills pieces[] for part sh of a slice; returns how many
+static int slice_state_pieces(OptimizerKind kind, const OptShard* sh, int use_beta1, StatePiece* pieces) {
+    StatePiece m = {1, QMAP_SIGNED, opt_moment_floats(sh)}, v = {1, QMAP_UNSIGNED, opt_moment_floats(sh)};
+    if (kind == OPT_ADAMW) { pieces[0] = m; pieces[1] = v; return 2; }
+    if (kind == OPT_CAME) { StatePiece second = {0, QMAP_SIGNED, came_second_floats(sh)}; pieces[0] = m; pieces[1] = second; return 2; }
+    StatePiece second = {0, QMAP_SIGNED, adafactor_state_floats(sh, 0)};
+    pieces[0] = second;
+    pieces[1] = m;
+    return use_beta1 ? 2 : 1;
+}
+
+// where piece p (at `at`) of part sh first holds a non-finite value: its index in the piece's units
+// (returned; *units = how many it has, *what = "float", "bf16 value" or "8-bit block's absmax": a
+// refused block's is NaN, its codes are any bytes), the value in *value; *units when none
+static size_t state_piece_non_finite(const StatePiece* p, const OptShard* sh, const float* at, size_t* units, const char** what,
+                                     float* value) {
+    size_t n = sh->state_units * sh->width;
+    QStateFormat f = p->is_moment ? sh->format : QSTATE_FP32;
+    QMoment M = qmoment_at((float*)at, f == QSTATE_FP32 ? QSTATE_8BIT : f, n, (QStateStream){0, 0});
+    *what = f == QSTATE_FP32 ? "float" : f == QSTATE_BF16 ? "bf16 value" : "8-bit block's absmax";
+    *units = f == QSTATE_FP32 ? p->floats : f == QSTATE_BF16 ? n : qstate_blocks(n);
+    for (size_t i = 0; i < *units; i++) {
+        *value = f == QSTATE_FP32 ? at[i] : f == QSTATE_BF16 ? qstate_bf16_to_float(M.bf16[i]) : M.q.absmax[i];
+        if (!isfinite(*value)) { return i; }
+    }
+    return *units;
+}
+
+// moment piece p of a part of n_units elements, from format `from` (at src) into format `to` (at dst):
+// read as fp32, then rounded (bf16: the bits of step 0, which no training step draws) or quantized
+static void state_moment_convert(const StatePiece* p, size_t n_units, QStateFormat from, const float* src, QStateFormat to,
+                                 float* dst, QStateStream stream, float* scratch) {
+    const QStateMap* map = &qstate_maps()->map[p->map];
+    QMoment in = qmoment_at((float*)src, from, n_units, stream), out = qmoment_at(dst, to, n_units, stream);
+    if (from == QSTATE_FP32) { memcpy(scratch, src, n_units * sizeof(float)); }
+    else if (from == QSTATE_BF16) { for (size_t i = 0; i < n_units; i++) { scratch[i] = qstate_bf16_to_float(in.bf16[i]); } }
+    else { qstate_dequantize(map, in.q.codes, in.q.absmax, n_units, scratch); }
+    QStateStreamId id = p->map == QMAP_SIGNED ? QSTATE_STREAM_M : QSTATE_STREAM_V;
+    if (to == QSTATE_FP32) { memcpy(dst, scratch, n_units * sizeof(float)); }
+    else if (to == QSTATE_8BIT) { qstate_quantize(map, scratch, n_units, out.q.codes, out.q.absmax); }
+    else {
+        for (size_t i = 0; i < n_units; i++) {
+            out.bf16[i] = qstate_bf16_round(scratch[i], qstate_random16(stream.seed, 0, id, stream.index_base + i));
+        }
+    }
+}
+
+// this rank's state (src, in z_from's format) converted into z_to's format (dst), slice by slice;
+// returns 0, or (the cuts differ: ZeRO with 8-bit state) the slice + 1 where the two cuts part
+static int opt_state_convert(const GPT2Config* c, OptimizerKind kind, int use_beta1, const OptSharding* z_from, const float* src,
+                             const OptSharding* z_to, float* dst) {
+    ParamSlice* s = param_slices_alloc(c);
+    int bad_slice = 0;
+    for (int k = 0; k < param_slice_count(c) && bad_slice == 0; k++) {
+        size_t off_from, off_to;
+        OptShard a = slice_shard(&s[k], z_from, &off_from), b = slice_shard(&s[k], z_to, &off_to);
+        if (a.state_units != b.state_units || off_from != off_to) { bad_slice = k + 1; break; }
+        StatePiece pa[MAX_STATE_PIECES], pb[MAX_STATE_PIECES];
+        int n = slice_state_pieces(kind, &a, use_beta1, pa);
+        slice_state_pieces(kind, &b, use_beta1, pb);
+        size_t units = a.state_units * a.width;
+        float* scratch = (float*)malloc_check((units > 0 ? units : 1) * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            QStateStream stream = {.seed = (uint32_t)k, .index_base = off_to};
+            if (pa[i].is_moment) { state_moment_convert(&pa[i], units, a.format, src, b.format, dst, stream, scratch); }
+            else { memcpy(dst, src, pa[i].floats * sizeof(float)); }
+            src += pa[i].floats;
+            dst += pb[i].floats;
+        }
+        free(scratch);
+    }
+    free(s);
+    return bad_slice;
+}
+
+// The world-only forms below (optimizer_state_floats, slice_block_floats, shard_block_offsets,
+// shard_layout) are the fp32 state's cut: the CUDA backend's, which keeps fp32 state only until it is
+// wired to cuda/adamw_lowp.cuh (doc/optimizer_state.md); the CPU passes its format to the _as forms.
+static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world) {
+    return optimizer_state_floats_as(c, kind, use_beta1, world, QSTATE_FP32);
 }
 
 // ----------------------------------------------------------------------------
@@ -349,31 +502,33 @@ static size_t optimizer_state_floats(const GPT2Config* c, OptimizerKind kind, in
 // layer at a time, gathered from every rank's blocks through the same `pack` before the layer's
 // forward (and again before its backward).
 
-// floats of rank's padded block of slice s
-static size_t slice_block_floats(const ParamSlice* s, int world) {
-    return (size_t)shard_units_per_rank(slice_units(s), world) * slice_unit_width(s);
+// floats of rank's padded block of slice s under state format f
+static size_t slice_block_floats_as(const ParamSlice* s, int world, QStateFormat f) {
+    return (size_t)slice_units_per_rank(s, world, f) * slice_unit_width(s);
 }
+static size_t slice_block_floats(const ParamSlice* s, int world) { return slice_block_floats_as(s, world, QSTATE_FP32); }
 
 // the slices that are no layer's: wte, wpe, lnfw, lnfb (indices in checkpoint order)
 static int slice_is_outer(const ParamSlice* s) { return s->layer < 0; }
 
-// off[k] = floats from the gradient shard's start to slice k's block, k in checkpoint order;
-// returns the shard's floats
-static size_t shard_block_offsets(const GPT2Config* c, int world, size_t* off) {
+// off[k] = floats from the gradient shard's start to slice k's block, k in checkpoint order, under
+// state format f; returns the shard's floats
+static size_t shard_block_offsets_as(const GPT2Config* c, int world, QStateFormat f, size_t* off) {
     ParamSlice* s = param_slices_alloc(c);
     int n = param_slice_count(c);
     size_t at = 0;
     for (int k = 0; k < n; k++) {
-        if (slice_is_outer(&s[k])) { off[k] = at; at += slice_block_floats(&s[k], world); }
+        if (slice_is_outer(&s[k])) { off[k] = at; at += slice_block_floats_as(&s[k], world, f); }
     }
     for (int l = 0; l < c->num_layers; l++) {
         for (int k = 0; k < n; k++) {
-            if (s[k].layer == l) { off[k] = at; at += slice_block_floats(&s[k], world); }
+            if (s[k].layer == l) { off[k] = at; at += slice_block_floats_as(&s[k], world, f); }
         }
     }
     free(s);
     return at;
 }
+static size_t shard_block_offsets(const GPT2Config* c, int world, size_t* off) { return shard_block_offsets_as(c, world, QSTATE_FP32, off); }
 
 typedef struct {
     size_t shard;       // this rank's blocks of every slice, reduced (what the optimizer reads)
@@ -382,11 +537,11 @@ typedef struct {
     size_t pack;        // world * layer_part: one layer's gradients rank by rank for its reduce-scatter
 } ShardLayout;
 
-// the gradient floats a rank of `world` keeps under ZeRO-2 (the planner counts the same)
-static ShardLayout shard_layout(const GPT2Config* c, int world) {
+// the gradient floats a rank of `world` keeps under ZeRO-2 with state format f (the planner counts the same)
+static ShardLayout shard_layout_as(const GPT2Config* c, int world, QStateFormat f) {
     ShardLayout z;
     size_t* off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-    z.shard = shard_block_offsets(c, world, off);
+    z.shard = shard_block_offsets_as(c, world, f, off);
     free(off);
     GPT2Config one = *c;
     one.num_layers = 1;
@@ -394,12 +549,13 @@ static ShardLayout shard_layout(const GPT2Config* c, int world) {
     ParamSlice* s = param_slices_alloc(&one);
     z.layer_part = 0;
     for (int k = 0; k < param_slice_count(&one); k++) {
-        if (!slice_is_outer(&s[k])) { z.layer_part += slice_block_floats(&s[k], world); }
+        if (!slice_is_outer(&s[k])) { z.layer_part += slice_block_floats_as(&s[k], world, f); }
     }
     free(s);
     z.pack = (size_t)world * z.layer_part;
     return z;
 }
+static ShardLayout shard_layout(const GPT2Config* c, int world) { return shard_layout_as(c, world, QSTATE_FP32); }
 
 static size_t shard_layout_floats(const ShardLayout* z) { return z->shard + z->working + z->pack; }
 

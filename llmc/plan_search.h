@@ -58,13 +58,14 @@ typedef struct {
 
 static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--optimizer", {"adamw", "adafactor", "came"}, 1, 1},
+    {"--optimizer-state", {"fp32", "bf16", "8bit"}, 1, 1},
     {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1, 0},
     {"--offload", {"0", "activations", "optimizer", "activations,optimizer", "optimizer,gradients", "activations,optimizer,gradients"}, 1, 0},
     {"--zero", {"0", "1", "2", "3"}, 2, 0},
     {"--loss-chunk", {"0", PLAN_LOSS_CHUNK}, 1, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
-#define PLAN_MAX_CANDIDATES 2048
+#define PLAN_MAX_CANDIDATES 4096  // 3 optimizers x 3 state formats x 8 x 6 x 4 x 2 = 3,456 with ranks
 
 static int plan_dimension_size(const PlanDimension* d) {
     int n = 0;

@@ -36,6 +36,7 @@ plan_fit says whether the plan fits a memory budget: what --plan's budget search
 #include "memory.h"
 #include "model_config.h"
 #include "act_policy.h"
+#include "opt_layout.h"
 
 // what one backend's tensors take, in bytes, for one (B,T); from its own size tables, each size with
 // the padding of that backend's alignment (the GPU carves every tensor at 256 bytes, train_gpt.cu's
@@ -72,6 +73,7 @@ typedef struct {
     int world;             // data-parallel ranks (0 or 1: one process)
     int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks, 2 = and the gradients, 3 = and the weights
     BackendLayout layout;  // the backend's bytes (train_gpt.c: gpt2_layout)
+    int state_format;      // QStateFormat (--optimizer-state): the moments in fp32, bf16 or 8 bits
 } PlanInputs;
 
 enum { PLAN_ADAMW = 0, PLAN_ADAFACTOR = 1, PLAN_CAME = 2 };  // = OptimizerKind (optimizers.h)
@@ -107,7 +109,23 @@ static void plan_append(char* f, const char* fmt, ...) {
     va_end(ap);
 }
 
-// the optimizer state of one rank, fp32 on every backend (opt_layout.h's layout)
+// --optimizer-state bf16, 8bit: the moments (AdamW's m and v; Adafactor's and CAME's M) of each slice
+// in qstate_moment_floats(format, n) floats, a slice under QSTATE_MIN_ELEMENTS (4,096) elements fp32
+// under 8bit, and under 8bit ZeRO's parts cut on block boundaries: counted slice by slice from
+// opt_layout.h's layout, the one the trainer allocates (no closed form has the per-slice rounding)
+static void plan_lowp_state(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in, size_t N) {
+    QStateFormat f = (QStateFormat)in->state_format;
+    p->bytes[MEM_OPTIMIZER] = optimizer_state_floats_as(cfg, (OptimizerKind)in->optimizer, in->use_beta1, (int)N, f) * sizeof(float);
+    const char* moments = in->optimizer == PLAN_ADAMW ? "m, v" : "M";
+    if (f == QSTATE_BF16) {
+        snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "bf16 %s: 2 bytes each a weight (of %s)", moments, N > 1 ? "E" : "Pu");
+    } else {
+        snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "8bit %s: 1 + 4/256 bytes each a weight, n < 4096: 4", moments);
+    }
+    if (in->optimizer != PLAN_ADAMW) { plan_append(p->formula[MEM_OPTIMIZER], "; 2nd moments fp32"); }
+}
+
+// the optimizer state of one rank (opt_layout.h's layout): fp32 here, bf16 and 8-bit moments in plan_lowp_state
 static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
     size_t L = cfg->num_layers, C = cfg->channels, maxT = cfg->max_seq_len, F = sizeof(float);
     // Every optimizer keeps state per slice (opt_layout.h): each layer's slice of a per-layer
@@ -140,6 +158,7 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
         formula = sharded ? "AdamW m, v, ZeRO-1 block: 8E" : "AdamW m, v: 8Pu";
     }
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
+    if (in->state_format != QSTATE_FP32) { plan_lowp_state(p, cfg, in, N); }
 }
 
 // A layer has Pl = 12C^2 + 13C weights, the rest Pr = (Vp + maxT)C + 2C.
@@ -152,7 +171,7 @@ static size_t plan_outer_weights(const GPT2Config* c) {
 // one layer's 12 slices; and the working buffer shaped as a one-layer model, Vp C + maxT C + 12C^2 + 15C
 typedef struct { size_t E, El, working; } PlanShard;
 
-static PlanShard plan_shard(const GPT2Config* cfg, size_t N) {
+static PlanShard plan_shard(const GPT2Config* cfg, size_t N, int state_format) {
     size_t L = cfg->num_layers, C = cfg->channels, maxT = cfg->max_seq_len;
     size_t V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     size_t cV = (V + N - 1) / N, cT = (maxT + N - 1) / N, c1 = (C + N - 1) / N;
@@ -161,6 +180,11 @@ static PlanShard plan_shard(const GPT2Config* cfg, size_t N) {
     s.El = c3 * C + c1 * C + c4 * C + c1 * 4 * C + 6 * c1 + c3 + c4;
     s.E = (cV + cT) * C + 2 * c1 + L * s.El;
     s.working = Vp * C + maxT * C + 12 * C * C + 15 * C;
+    if (state_format == QSTATE_8BIT && N > 1) {  // 8-bit slices' parts cut on block boundaries: opt_layout.h's own count
+        ShardLayout z = shard_layout_as(cfg, (int)N, QSTATE_8BIT);
+        s.E = z.shard;
+        s.El = z.layer_part;
+    }
     return s;
 }
 
@@ -169,7 +193,7 @@ static PlanShard plan_shard(const GPT2Config* cfg, size_t N) {
 // reduce-scatter (N Eℓ). ZeRO-1 (both backends, not with --offload optimizer, whose exchange is a slice at a
 // time): the model's gradients and the pack
 static void plan_zero2_gradients(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
-    PlanShard z = plan_shard(cfg, in->world);
+    PlanShard z = plan_shard(cfg, in->world, in->state_format);
     size_t N = in->world, F = sizeof(float);
     if (in->zero == 1) {
         p->bytes[MEM_GRADIENTS] += N * z.El * F;
@@ -196,7 +220,7 @@ static size_t plan_largest_slice(const GPT2Config* cfg) {
 // GPU: through the gradients' working buffer and a host copy of the largest slice, or of wte's
 // padded rows, in place of the whole model's): the whole model is never in one place
 static void plan_zero3_weights(MemPlan* p, const GPT2Config* cfg, const PlanInputs* in) {
-    PlanShard z = plan_shard(cfg, in->world);
+    PlanShard z = plan_shard(cfg, in->world, in->state_format);
     const BackendLayout* lay = &in->layout;
     size_t prefetch = lay->zero3_prefetch ? plan_layer_weights(cfg) : 0;
     size_t shard_bytes = in->offload_optimizer != OPT_OFFLOAD_NONE ? lay->working_bytes : lay->param_bytes;  // no fp32 master offloaded
@@ -229,7 +253,7 @@ static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, co
     OptOffload what = in->offload_optimizer;
     size_t F = sizeof(float), Pl = plan_layer_weights(c), Pr = plan_outer_weights(c);
     int shard = in->zero >= 2 && in->world > 1;
-    PlanShard z = plan_shard(c, in->world);
+    PlanShard z = plan_shard(c, in->world, in->state_format);
     size_t host = shard ? z.E : P;  // master weights and gradients in host memory
     size_t staging = shard ? z.El : Pl > Pr ? Pl : Pr;  // the shard's weights go up a layer's blocks at a time
     if (shard && in->zero == 2) {

@@ -145,6 +145,15 @@ static size_t qstate_moment_bytes(QStateFormat f, size_t n) {
     }
 }
 
+// floats one moment of n elements in format f takes in a state block of floats (the optimizers' state
+// is one float array: llmc/opt_layout.h): its bytes rounded up to whole floats, so that every moment,
+// and every 8-bit moment's absmax, starts 4-byte aligned
+static size_t qstate_moment_floats(QStateFormat f, size_t n) {
+    size_t F = sizeof(float);
+    if (f == QSTATE_8BIT) { return (n + F - 1) / F + qstate_blocks(n); }  // the codes padded, then the absmax
+    return (qstate_moment_bytes(f, n) + F - 1) / F;
+}
+
 // ----------------------------------------------------------------------------
 // the dynamic quantization maps
 
@@ -333,6 +342,16 @@ typedef struct {
     uint16_t* bf16;        // bf16: (n) bits
     QStateStream stream;   // bf16: where the rounding bits come from (stream QSTATE_STREAM_M)
 } QMoment;
+
+// the moment of n elements (sized for n_units >= n: a ZeRO part's padded size) in format f (bf16 or
+// 8bit) that starts at `at` in a state block: bf16's (n_units) bits; 8bit's codes (n_units, padded to
+// whole floats), then the absmax (qstate_blocks(n_units)). stream: bf16's rounding bits
+static QMoment qmoment_at(float* at, QStateFormat f, size_t n_units, QStateStream stream) {
+    QMoment M = {.format = f, .q = {NULL, NULL}, .bf16 = NULL, .stream = stream};
+    if (f == QSTATE_BF16) { M.bf16 = (uint16_t*)at; }
+    else { M.q.codes = (uint8_t*)at; M.q.absmax = at + (n_units + sizeof(float) - 1) / sizeof(float); }
+    return M;
+}
 
 // element k of M as fp32 (8bit: through the signed map m)
 static inline float qmoment_get(const QMoment* M, const QStateMap* m, size_t k) {

@@ -59,6 +59,15 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 
 typedef struct GPT2 GPT2;  // the backend's model: its tensors, in its memory
 
+// --optimizer-state bf16 and 8bit: the CPU backend keeps them; the CUDA backend (nvcc, or the
+// emulated device's build, which force-includes cuda_emu.h) keeps fp32 state until it calls
+// cuda/adamw_lowp.cuh and cuda/factored_lowp.cuh (doc/optimizer_state.md: what is left), and refuses them
+#if defined(__CUDACC__) || defined(CUDA_EMU)
+#define BACKEND_KEEPS_LOWP_STATE 0
+#else
+#define BACKEND_KEEPS_LOWP_STATE 1
+#endif
+
 // what the weights and activations are stored in; master weights, gradients of the weights,
 // optimizer state and every sum are fp32 in both
 typedef enum { PRECISION_FP32, PRECISION_BF16, NUM_PRECISIONS } Precision;
@@ -76,6 +85,7 @@ typedef struct {
     Precision precision;      // --precision
     OptimizerKind optimizer;
     int use_beta1;            // Adafactor keeps a first moment
+    QStateFormat state_format;  // --optimizer-state: the moments in fp32, bf16 or 8 bits (llmc/quant_state.h)
     ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload activations)
     OptOffload offload_optimizer;  // --offload optimizer[,gradients]: master weights, state, the update (and gradients) on the host
     Dist dist;                // this process among the data-parallel ranks
@@ -361,7 +371,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     if (s->dist.rank == 0) { atomic_commit(&model); }
     TrainState st = {.num_processes = s->dist.world, .rank = s->dist.rank, .step = step, .data_shard = (int)dl->shard,
                      .data_epoch = dl->epoch, .data_position = dl->position, .rng = rng, .num_params = P,
-                     .opt_floats = h.opt_floats, .zero = s->zero, .run_id = run_id, .model_hash = d.hash,
+                     .opt_floats = h.opt_floats, .opt_format = s->state_format, .zero = s->zero, .run_id = run_id, .model_hash = d.hash,
                      .has_checksum = 0, .checksum = 0, .header_crc = 0};  // (state_file_write computes the checksum)
     checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
     state_file_write(path, &st, h.opt_state);
@@ -372,30 +382,44 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     return d.max_abs;
 }
 
-// stops if the optimizer state read from path holds a NaN or infinity, naming the slice
-// (tensor and layer, opt_layout.h) whose state holds it
-static void state_check_finite(const char* path, const ModelSetup* s, const float* state, size_t n) {
-    size_t bad = first_non_finite(state, n);
-    if (bad == n) { return; }
-    ParamSlice* slices = param_slices_alloc(&s->config);
+// how this rank's state of setup s is cut and kept in format f (opt_layout.h)
+static OptSharding state_sharding(const ModelSetup* s, QStateFormat f) {
     OptSharding z = OPT_UNSHARDED;
     z.rank = s->dist.rank;
     z.world = zero_shards_state(s->zero) ? s->dist.world : 1;
-    size_t begin = 0, offset, floats = 0;
-    int k = 0;
-    for (; k < param_slice_count(&s->config); k++) {
+    z.format = f;
+    return z;
+}
+
+// stops if the optimizer state read from path (in format f) holds a NaN or infinity, naming the
+// slice (tensor and layer, opt_layout.h) whose state holds it: an fp32 value, a bf16 one, or an
+// 8-bit block's absmax (NaN: a block the quantizer refused)
+static void state_check_finite(const char* path, const ModelSetup* s, QStateFormat f, const float* state) {
+    ParamSlice* slices = param_slices_alloc(&s->config);
+    OptSharding z = state_sharding(s, f);
+    size_t offset;
+    for (int k = 0; k < param_slice_count(&s->config); k++) {
         OptShard sh = slice_shard(&slices[k], &z, &offset);
-        floats = slice_state_floats(s->optimizer, &sh, s->use_beta1);
-        if (bad < begin + floats) { break; }
-        begin += floats;
+        StatePiece pieces[MAX_STATE_PIECES];
+        int n = slice_state_pieces(s->optimizer, &sh, s->use_beta1, pieces);
+        size_t before = 0, total = slice_state_floats(s->optimizer, &sh, s->use_beta1), units;
+        for (int i = 0; i < n; i++) {
+            const char* what;
+            float value;
+            size_t bad = state_piece_non_finite(&pieces[i], &sh, state, &units, &what, &value);
+            int floats = strcmp(what, "float") == 0;  // then counted over the slice's state, as the layout lays it
+            if (bad < units) {
+                char name[SLICE_NAME_LEN];
+                slice_name(&slices[k], name, sizeof(name));
+                fail("state file '%s': the optimizer state of %s, %s %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
+                     "  hint: it was written after its run diverged; resume from an earlier checkpoint", path, name, what,
+                     floats ? before + bad : bad, floats ? total : units, value);
+            }
+            before += pieces[i].floats;
+            state += pieces[i].floats;
+        }
     }
-    char layer[32] = "";
-    if (slices[k].layer >= 0) { snprintf(layer, sizeof(layer), " of layer %d", slices[k].layer); }
-    const char* tensor = PARAMETER_NAMES[slices[k].tensor];
     free(slices);
-    fail("state file '%s': the optimizer state of %s%s, float %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
-         "  hint: it was written after its run diverged; resume from an earlier checkpoint",
-         path, tensor, layer, bad - begin, floats, state[bad]);
 }
 
 // the training state read from path against this run: the rank that wrote it, its step, the
@@ -458,15 +482,45 @@ static void state_check_identity(const char* path, const TrainState* st, uint64_
     }
 }
 
+// the optimizer state of path, written in format st->opt_format, into h.opt_state in this run's
+// format: read as it is, or (another format) read and converted, with a note
+static void state_read_as(const char* path, TrainState* st, const ModelSetup* s, HostView h) {
+    TrainState head;
+    state_file_read_header(path, &head);
+    QStateFormat from = (QStateFormat)head.opt_format, to = s->state_format;
+    if (from == to) {
+        state_file_read(path, st, h.opt_state, h.opt_floats);
+        state_check_finite(path, s, to, h.opt_state);
+        return;
+    }
+    size_t floats = optimizer_state_floats_as(&s->config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1, from);
+    float* file_state = (float*)malloc_check((floats > 0 ? floats : 1) * sizeof(float));
+    state_file_read(path, st, file_state, floats);
+    state_check_finite(path, s, from, file_state);
+    OptSharding z_from = state_sharding(s, from), z_to = state_sharding(s, to);
+    int bad = opt_state_convert(&s->config, s->optimizer, s->use_beta1, &z_from, file_state, &z_to, h.opt_state);
+    free(file_state);
+    if (bad > 0) {
+        fail("state file '%s' holds %s optimizer state; this run keeps %s, whose ZeRO cut of %d ranks differs (8-bit state cuts on block\n"
+             "  boundaries): a rank's part of slice %d is not the one the file holds\n  hint: resume with --optimizer-state %s (the file's);"
+             " a sharded checkpoint converts only where the two cuts agree", path, QSTATE_FORMAT_NAMES[from], QSTATE_FORMAT_NAMES[to],
+             s->dist.world, bad - 1, QSTATE_FORMAT_NAMES[from]);
+    }
+    if (s->dist.rank == 0) {
+        printf("note: the checkpoint's optimizer state is %s, this run keeps %s: converted (read as fp32, then %s)\n",
+               QSTATE_FORMAT_NAMES[from], QSTATE_FORMAT_NAMES[to], to == QSTATE_8BIT ? "quantized block by block"
+               : to == QSTATE_BF16 ? "rounded stochastically" : "kept");
+    }
+}
+
 // reads this rank's state file of checkpoint `step` (path) into st and h.opt_state, whose
 // weights (read from model_path) hash to model_hash, checks it against the run (run_id: rank 0's)
 // and moves the data loader to its position
 static void state_load(const char* path, TrainState* st, const ModelSetup* s, int step, uint64_t run_id,
                        const char* model_path, uint64_t model_hash, HostView h, DataLoader* dl) {
-    state_file_read(path, st, h.opt_state, h.opt_floats);
+    state_read_as(path, st, s, h);
     state_check_run(path, st, s, step);
     state_check_identity(path, st, run_id, model_path, model_hash);
-    state_check_finite(path, s, h.opt_state, h.opt_floats);
     if ((size_t)st->data_shard >= dl->num_shards) {
         fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
              path, st->data_shard, dl->num_shards);
@@ -743,6 +797,27 @@ static const struct { const char* flag; const char* readers; } OPTIMIZER_OWN_FLA
 // what Adafactor's relative step replaces: the scheduled learning rate
 static const char* const RELATIVE_STEP_REPLACES[] = {"--lr", "--warmup", "--final-lr-frac"};
 
+// --optimizer-state: a known format, a first moment for it to hold, and (to train) a backend that keeps it
+static void check_state_format(const TrainOptions* o) {
+    int f = qstate_format_from_name(o->optimizer_state);
+    if (f < 0) {
+        fail("--optimizer-state '%s': unknown; choose fp32 (the default), bf16 (half the moments' memory) or 8bit (about a quarter)",
+             o->optimizer_state);
+    }
+    if (f == QSTATE_FP32) { return; }
+    if (strcmp(o->optimizer, "adafactor") == 0 && !(o->adafactor_beta1 > 0.0f)) {
+        fail("--optimizer-state %s: Adafactor with --adafactor-beta1 0 keeps no first moment, and its factored second moments stay\n"
+             "  fp32: the flag would change nothing\n  hint: add --adafactor-beta1 0.9 (a first moment, kept in %s), or drop --optimizer-state",
+             o->optimizer_state, o->optimizer_state);
+    }
+    // --plan plans it where it is asked for (what the CUDA backend's state will take); a search's candidate is refused
+    if (!BACKEND_KEEPS_LOWP_STATE && !(o->plan_only && flag_given(o, "--optimizer-state"))) {
+        fail("--optimizer-state %s: the CPU backend only, for now; %s keeps fp32 optimizer state until its low-precision kernels\n"
+             "  are wired in (doc/optimizer_state.md)\n  hint: --optimizer-state fp32, or train with the CPU trainer (make train_gpt);"
+             " --plan plans it here", o->optimizer_state, gpt2_backend_name());
+    }
+}
+
 // stops on a flag given that the chosen optimizer (or --relative-step) does not read
 static void check_optimizer_flags(const TrainOptions* o) {
     for (size_t i = 0; i < sizeof(OPTIMIZER_OWN_FLAGS) / sizeof(OPTIMIZER_OWN_FLAGS[0]); i++) {
@@ -794,6 +869,7 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     if (!(o->peak_tflops >= 0.0f) || isinf(o->peak_tflops)) { fail("--peak-tflops %g: a peak in TFLOP/s, > 0, or 0 for the GPU's own", o->peak_tflops); }
     if (optimizer_from_name(o->optimizer) < 0) { fail("--optimizer '%s': unknown; choose adamw, adafactor or came", o->optimizer); }
     check_optimizer_flags(o);
+    check_state_format(o);
     if (o->resume && o->out_dir[0] == '\0') { fail("-y 1 needs the output directory to resume from (-o)"); }
     if (o->overwrite && o->resume) { fail("-y 1 continues the run in -o, --overwrite 1 removes it: choose one"); }
     if (o->overwrite && o->out_dir[0] == '\0') { fail("--overwrite 1 starts over in the output directory, but -o is \"\" (none)"); }
@@ -1043,6 +1119,7 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     s->T = o->seq_len;
     s->optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
     s->use_beta1 = s->optimizer == OPT_ADAFACTOR && o->adafactor_beta1 > 0.0f;
+    s->state_format = (QStateFormat)qstate_format_from_name(o->optimizer_state);
     int offload_acts;
     offload_parse(o->offload, &offload_acts, &s->offload_optimizer);
     s->act = act_policy_parse(o->recompute, offload_acts, s->config.num_layers, attention_from_flag(o->attention, &s->config));
@@ -1055,7 +1132,8 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     r->has_out = o->out_dir[0] != '\0';
     PlanInputs in = {.B = s->B, .T = s->T, .num_loaders = 1 + r->has_val, .optimizer = s->optimizer, .use_beta1 = s->use_beta1,
                      .act = s->act, .offload_optimizer = s->offload_optimizer, .world = world, .zero = o->zero,
-                     .layout = gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk)};
+                     .layout = gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk),
+                     .state_format = s->state_format};
     r->plan = plan_memory(&s->config, in);
 }
 
@@ -1219,7 +1297,8 @@ static void prepare_output_dir(Run* r) {
         run_inputs_free(&in);
         // room for one checkpoint (the model file and every rank's state file), before any training
         const ModelSetup* s = &r->setup;
-        size_t opt_floats = optimizer_state_floats(&s->config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1);
+        size_t opt_floats = optimizer_state_floats_as(&s->config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1,
+                                                      s->state_format);
         char what[128];
         snprintf(what, sizeof(what), "one checkpoint (the model file and %d state file(s))", s->dist.world);
         check_free_space(o->out_dir, checkpoint_bytes(&s->config, opt_floats, s->dist.world), what);

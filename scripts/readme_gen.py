@@ -121,7 +121,7 @@ RECOMMEND = [  # build, program attribute, model, B, budgets (GiB)
 
 def flags_text(flags, keep_optimizer=False):
     """{"--optimizer": "adamw", "--recompute": "none", ...} -> "`--recompute sqrt`" (what differs from plain)"""
-    plain = {"--optimizer": "adamw", "--recompute": "none", "--offload": "0", "--zero": "0", "--loss-chunk": "0"}
+    plain = {"--optimizer": "adamw", "--optimizer-state": "fp32", "--recompute": "none", "--offload": "0", "--zero": "0", "--loss-chunk": "0"}
     parts = [f"{k} {v}" for k, v in flags.items() if plain.get(k) != v and not (keep_optimizer and k == "--optimizer")]
     return f"`{' '.join(parts)}`" if parts else "(plain)"
 

@@ -36,6 +36,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
     ("memory budgets (--plan --max-memory)",
      [PY, "tests/test_plan_budget.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),
+    ("optimizer state in bf16 and 8 bits, end to end (--optimizer-state)",
+     [PY, "tests/test_optimizer_state.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),
     ("golden checkpoints", [PY, "tests/test_golden.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
     # 2,800 cases a target: ten targets in about the time seven took at 4,000 (make bench-fuzz: 100,000 each)
     ("fuzzer of the readers and flags (ASan+UBSan)", ["./build/fuzz", "./test_gpt", "2800"], None),

@@ -18,6 +18,7 @@ failure. The CUDA kernels are held to these CPU functions byte for byte by dev/c
 #include <stdlib.h>
 #include <string.h>
 #include "../cpu/optimizers_lowp.h"
+#include "../cpu/host_step.h"  // optimizer_step: the trainer's step over the state block (--optimizer-state)
 #include "check.h"
 
 // ----------------------------------------------------------------------------
@@ -435,13 +436,13 @@ static void test_bf16_ema_tracks(void) {
 static const float LR = 1e-2f, BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f, WD = 0.1f;
 
 // the reference: AdamW written out here (cpu/optimizers.h's formula), on the dequantized state
-static void ref_adamw(float* p, const float* g, float* m, float* v, size_t n, int t) {
+static void ref_adamw(float* p, const float* g, float* m, float* v, size_t n, int t, float wd) {
     float bc1 = 1.0f - powf(BETA1, (float)t), bc2 = 1.0f - powf(BETA2, (float)t);
     for (size_t i = 0; i < n; i++) {
         m[i] = BETA1 * m[i] + (1.0f - BETA1) * g[i];
         v[i] = BETA2 * v[i] + (1.0f - BETA2) * g[i] * g[i];
         float mhat = m[i] / bc1, vhat = v[i] / bc2;
-        p[i] = p[i] - LR * (mhat / (sqrtf(vhat) + EPS) + WD * p[i]);
+        p[i] = p[i] - LR * (mhat / (sqrtf(vhat) + EPS) + wd * p[i]);
     }
 }
 
@@ -491,7 +492,7 @@ static void test_adamw_8bit_step(size_t n, int t) {
     memcpy(fm, rm, n * sizeof(float));
     memcpy(fv, rv, n * sizeof(float));
     memcpy(fp, c.p, n * sizeof(float));
-    ref_adamw(rp, c.g, rm, rv, n, t);
+    ref_adamw(rp, c.g, rm, rv, n, t, WD);
     adamw_update(fp, c.g, fm, fv, n, LR, BETA1, BETA2, EPS, WD, t);
     ref_quantize(QMAP_SIGNED, rm, n, rmc, rma);
     ref_quantize(QMAP_UNSIGNED, rv, n, rvc, rva);
@@ -527,7 +528,7 @@ static void test_adamw_bf16_step(size_t n, int t) {
         rv[i] = qstate_bf16_to_float(v[i]);
     }
     memcpy(rp, c.p, n * sizeof(float));
-    ref_adamw(rp, c.g, rm, rv, n, t);
+    ref_adamw(rp, c.g, rm, rv, n, t, WD);
     size_t bad = adamw_update_bf16(c.p, c.g, m, v, n, LR, BETA1, BETA2, EPS, WD, t, st);
     int differ = 0;
     for (size_t i = 0; i < n; i++) {
@@ -768,6 +769,199 @@ static void test_quadratic_tracking(float beta2, Tolerance tol8, const char* why
 
 // ----------------------------------------------------------------------------
 
+// ----------------------------------------------------------------------------
+// the trainer's step (cpu/host_step.h's optimizer_step over llmc/opt_layout.h's state block) on a
+// one-layer model, against the reference slice by slice, each slice's moments read from where this
+// test computes they lie
+
+// a one-layer model whose matrices are kept in 8 bits (>= 4,096 elements) and vectors in fp32; rows
+// of 66 (2 x 33) take 128 to end on an 8-bit block boundary, of 264 (8 x 33) 32, so ZeRO's cuts move
+// (3 ranks: wte's 34 rows a rank become 128, all rank 0's), and wpe's 63 x 66 codes do not fill whole floats
+static GPT2Config wired_config(void) {
+    GPT2Config c = {.max_seq_len = 63, .vocab_size = 100, .padded_vocab_size = 128, .num_layers = 1, .num_heads = 2, .channels = 66};
+    return c;
+}
+
+// floats of one moment of n elements kept as `requested` asks, as this test reads the layout: fp32 (n),
+// bf16 (n halves in whole floats), 8bit (n codes in whole floats, then one absmax a 256-element block);
+// tensors under 4,096 elements fp32 under 8bit
+static size_t ref_moment_floats(QStateFormat requested, size_t n, QStateFormat* kept) {
+    *kept = requested == QSTATE_8BIT && n < 4096 ? QSTATE_FP32 : requested;
+    if (*kept == QSTATE_BF16) { return (n + 1) / 2; }
+    if (*kept == QSTATE_8BIT) { return (n + 3) / 4 + (n + 255) / 256; }
+    return n;
+}
+
+// one reference AdamW step of step t on a moment pair of n elements in format f at m_at, v_at (read,
+// updated, written back), weights p, gradients g; seed: bf16's rounding bits (the slice's index)
+static void ref_wired_moments(QStateFormat f, float* m_at, float* v_at, float* p, const float* g, size_t n, int t, float wd, uint32_t seed) {
+    const QStateMaps* maps = qstate_maps();
+    float *m = alloc_floats(n), *v = alloc_floats(n);
+    uint16_t *mh = (uint16_t*)m_at, *vh = (uint16_t*)v_at;
+    uint8_t *mc = (uint8_t*)m_at, *vc = (uint8_t*)v_at;
+    float *ma = m_at + (n + 3) / 4, *va = v_at + (n + 3) / 4;
+    for (size_t i = 0; i < n; i++) {
+        if (f == QSTATE_FP32) { m[i] = m_at[i]; v[i] = v_at[i]; }
+        else if (f == QSTATE_BF16) { m[i] = qstate_bf16_to_float(mh[i]); v[i] = qstate_bf16_to_float(vh[i]); }
+        else { m[i] = ref_dequantize(maps->map[QMAP_SIGNED].code, mc, ma, i); v[i] = ref_dequantize(maps->map[QMAP_UNSIGNED].code, vc, va, i); }
+    }
+    ref_adamw(p, g, m, v, n, t, wd);
+    if (f == QSTATE_FP32) { memcpy(m_at, m, n * sizeof(float)); memcpy(v_at, v, n * sizeof(float)); }
+    else if (f == QSTATE_8BIT) { ref_quantize(QMAP_SIGNED, m, n, mc, ma); ref_quantize(QMAP_UNSIGNED, v, n, vc, va); }
+    else {
+        for (size_t i = 0; i < n; i++) {
+            float rm = ref_bf16_round(m[i], qstate_random16(seed, (uint32_t)t, QSTATE_STREAM_M, i));
+            float rv = ref_bf16_round(v[i], qstate_random16(seed, (uint32_t)t, QSTATE_STREAM_V, i));
+            mh[i] = (uint16_t)(qstate_float_bits(rm) >> 16);
+            vh[i] = (uint16_t)(qstate_float_bits(rv) >> 16);
+        }
+    }
+    free(m);
+    free(v);
+}
+
+// the model's weights and gradients, random (wte's padded rows zero, as the trainer keeps them)
+static void wired_case(const GPT2Config* c, float* p, float* g, uint64_t seed) {
+    size_t P = gpt2_num_parameters(c);
+    uint64_t r = seed;
+    for (size_t i = 0; i < P; i++) { p[i] = rng_uniform(&r); g[i] = 1e-2f * rng_normal(&r); }
+}
+
+static OptimizerHyper wired_hyper(void) {
+    OptimizerHyper h;
+    memset(&h, 0, sizeof(h));
+    AdamWHyper a = {.lr = LR, .beta1 = BETA1, .beta2 = BETA2, .eps = EPS, .weight_decay = WD};
+    h.adamw = a;
+    return h;
+}
+
+// two steps through optimizer_step from zeroed state; the second against the reference on the state
+// the first left
+static void test_wired_step(QStateFormat f) {
+    GPT2Config c = wired_config();
+    size_t P = gpt2_num_parameters(&c), floats = optimizer_state_floats_as(&c, OPT_ADAMW, 0, 1, f);
+    float *p = alloc_floats(P), *g = alloc_floats(P), *rp = alloc_floats(P);
+    float *state = (float*)calloc(floats, sizeof(float)), *ref = alloc_floats(floats);
+    wired_case(&c, p, g, 42);
+    OptimizerHyper h = wired_hyper();
+    OptSharding z = OPT_UNSHARDED;
+    z.format = f;
+    optimizer_step(OPT_ADAMW, p, g, state, &c, &h, 1, &z, NULL, NULL);
+    memcpy(rp, p, P * sizeof(float));
+    memcpy(ref, state, floats * sizeof(float));
+    optimizer_step(OPT_ADAMW, p, g, state, &c, &h, 2, &z, NULL, NULL);
+    ParamSlice* s = param_slices_alloc(&c);
+    size_t at = 0;
+    for (int k = 0; k < param_slice_count(&c); k++) {
+        size_t n = (size_t)s[k].rows * s[k].cols;
+        QStateFormat kept;
+        size_t mf = ref_moment_floats(f, n, &kept);
+        float wd = PARAMETER_IS_MATRIX[s[k].tensor] ? WD : 0.0f;
+        ref_wired_moments(kept, ref + at, ref + at + mf, rp + s[k].offset, g + s[k].offset, n, 2, wd, (uint32_t)k);
+        at += 2 * mf;
+    }
+    free(s);
+    char title[200];
+    snprintf(title, sizeof title, "--optimizer-state %s: the trainer's step (optimizer_step over the state block) = the reference slice by "
+             "slice, weights and state bitwise (%zu floats, the layout as this test reads it)", QSTATE_FORMAT_NAMES[f], floats);
+    check(at == floats && bits_equal(p, rp, P * sizeof(float)) && bits_equal(state, ref, floats * sizeof(float)), title,
+          "layout %zu of %zu floats, weights %s, state %s", at, floats, bits_equal(p, rp, P * sizeof(float)) ? "equal" : "differ",
+          bits_equal(state, ref, floats * sizeof(float)) ? "equal" : "differs");
+    free(p); free(g); free(rp); free(state); free(ref);
+}
+
+// ZeRO's cut: each of 3 ranks updates its part of every slice (parts of 8-bit slices start on block
+// boundaries) and the union of their weights equals the unsharded step's
+static void test_wired_cut(QStateFormat f) {
+    GPT2Config c = wired_config();
+    int world = 3;
+    size_t P = gpt2_num_parameters(&c), one = optimizer_state_floats_as(&c, OPT_ADAMW, 0, 1, f);
+    size_t per = optimizer_state_floats_as(&c, OPT_ADAMW, 0, world, f);
+    float *p1 = alloc_floats(P), *g = alloc_floats(P), *state1 = (float*)calloc(one, sizeof(float));
+    wired_case(&c, p1, g, 7);
+    OptimizerHyper h = wired_hyper();
+    OptSharding z1 = OPT_UNSHARDED;
+    z1.format = f;
+    float* pr[3];
+    float* staters[3];
+    for (int r = 0; r < world; r++) { pr[r] = alloc_floats(P); memcpy(pr[r], p1, P * sizeof(float)); staters[r] = (float*)calloc(per, sizeof(float)); }
+    ParamSlice* s = param_slices_alloc(&c);
+    int moved = 0, differ = 0;
+    for (int t = 1; t <= 2; t++) {
+        optimizer_step(OPT_ADAMW, p1, g, state1, &c, &h, t, &z1, NULL, NULL);
+        for (int r = 0; r < world; r++) {
+            OptSharding z = {.rank = r, .world = world, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0, .format = f};
+            optimizer_step(OPT_ADAMW, pr[r], g, staters[r], &c, &h, t, &z, NULL, NULL);
+        }
+    }
+    for (int k = 0; k < param_slice_count(&c); k++) {
+        moved += slice_units_per_rank(&s[k], world, f) != shard_units_per_rank(slice_units(&s[k]), world);
+        for (int r = 0; r < world; r++) {
+            int b, e;
+            slice_range(&s[k], r, world, f, &b, &e);
+            size_t w = (size_t)slice_unit_width(&s[k]), from = s[k].offset + (size_t)b * w, n = (size_t)(e - b) * w;
+            differ += !bits_equal(pr[r] + from, p1 + from, n * sizeof(float));
+        }
+    }
+    free(s);
+    char title[200];
+    snprintf(title, sizeof title, "--optimizer-state %s, ZeRO's cut on 3 ranks (%d slices' cuts moved to block boundaries): "
+             "every rank's part after 2 steps = the unsharded step, bitwise", QSTATE_FORMAT_NAMES[f], moved);
+    check(differ == 0 && (f != QSTATE_8BIT || moved > 0), title, "%d parts differ, %d cuts moved", differ, moved);
+    for (int r = 0; r < world; r++) { free(pr[r]); free(staters[r]); }
+    free(p1); free(g); free(state1);
+}
+
+// a resume into another format: opt_state_convert from fp32 into f equals the reference's quantizing
+// (8bit) or rounding with step 0's bits (bf16) slice by slice, and back into fp32 its reading
+static void test_state_convert(QStateFormat f) {
+    GPT2Config c = wired_config();
+    size_t n32 = optimizer_state_floats_as(&c, OPT_ADAMW, 0, 1, QSTATE_FP32), nf = optimizer_state_floats_as(&c, OPT_ADAMW, 0, 1, f);
+    float *src = alloc_floats(n32), *low = (float*)calloc(nf, sizeof(float)), *back = alloc_floats(n32), *ref = (float*)calloc(nf, sizeof(float));
+    float* ref_back = alloc_floats(n32);
+    uint64_t r = 99;
+    for (size_t i = 0; i < n32; i++) { src[i] = 1e-3f * rng_normal(&r); }
+    ParamSlice* s = param_slices_alloc(&c);
+    size_t at32 = 0, at = 0;
+    for (int k = 0; k < param_slice_count(&c); k++) {
+        size_t n = (size_t)s[k].rows * s[k].cols;
+        for (size_t i = 0; i < n; i++) { src[at32 + n + i] = fabsf(src[at32 + n + i]); }  // v >= 0
+        QStateFormat kept;
+        size_t mf = ref_moment_floats(f, n, &kept);
+        for (int mv = 0; mv < 2; mv++) {
+            const float* x = src + at32 + (size_t)mv * n;
+            float* out = ref + at + (size_t)mv * mf;
+            float* rb = ref_back + at32 + (size_t)mv * n;
+            QMapKind kind = mv ? QMAP_UNSIGNED : QMAP_SIGNED;
+            if (kept == QSTATE_FP32) { memcpy(out, x, n * sizeof(float)); memcpy(rb, x, n * sizeof(float)); continue; }
+            if (kept == QSTATE_8BIT) {
+                ref_quantize(kind, x, n, (uint8_t*)out, out + (n + 3) / 4);
+                for (size_t i = 0; i < n; i++) { rb[i] = ref_dequantize(qstate_maps()->map[kind].code, (uint8_t*)out, out + (n + 3) / 4, i); }
+                continue;
+            }
+            for (size_t i = 0; i < n; i++) {
+                float y = ref_bf16_round(x[i], qstate_random16((uint32_t)k, 0, mv ? QSTATE_STREAM_V : QSTATE_STREAM_M, i));
+                ((uint16_t*)out)[i] = (uint16_t)(qstate_float_bits(y) >> 16);
+                rb[i] = y;
+            }
+        }
+        at32 += 2 * n;
+        at += 2 * mf;
+    }
+    free(s);
+    OptSharding z32 = OPT_UNSHARDED, zf = OPT_UNSHARDED;
+    zf.format = f;
+    int bad = opt_state_convert(&c, OPT_ADAMW, 0, &z32, src, &zf, low);
+    bad += opt_state_convert(&c, OPT_ADAMW, 0, &zf, low, &z32, back);
+    char title[200];
+    snprintf(title, sizeof title, "resume fp32 -> %s -> fp32 (opt_state_convert): the reference's %s, and its reading back, bitwise",
+             QSTATE_FORMAT_NAMES[f], f == QSTATE_8BIT ? "quantizing" : "rounding with step 0's bits");
+    check(bad == 0 && bits_equal(low, ref, nf * sizeof(float)) && bits_equal(back, ref_back, n32 * sizeof(float)), title,
+          "to %s: %s, back: %s", QSTATE_FORMAT_NAMES[f], bits_equal(low, ref, nf * sizeof(float)) ? "equal" : "differs",
+          bits_equal(back, ref_back, n32 * sizeof(float)) ? "equal" : "differs");
+    free(src); free(low); free(back); free(ref); free(ref_back);
+}
+
 int main(void) {
     test_map(QMAP_SIGNED);
     test_map(QMAP_UNSIGNED);
@@ -786,6 +980,11 @@ int main(void) {
     }
     test_thread_count();
     test_adamw_nonfinite();
+    for (int f = QSTATE_BF16; f <= QSTATE_8BIT; f++) {
+        test_wired_step((QStateFormat)f);
+        test_wired_cut((QStateFormat)f);
+        test_state_convert((QStateFormat)f);
+    }
     for (int f = QSTATE_BF16; f <= QSTATE_8BIT; f++) {
         test_factored_step(0, 48, 40, (QStateFormat)f);   // a matrix whose rows cut across blocks
         test_factored_step(0, 1, 700, (QStateFormat)f);   // a vector
