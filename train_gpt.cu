@@ -50,6 +50,7 @@ T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the 
 #include "cuda/residual.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/adamw.cuh"
+#include "cuda/adamw_lowp.cuh"
 #include "cuda/adafactor.cuh"
 #include "cuda/came.cuh"
 #include "cuda/global_norm.cuh"
@@ -253,8 +254,8 @@ static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 // (doubles, and the result; ZeRO-1: one per slice), cuBLASLt's workspace, and Adafactor's and
 // CAME's (the largest slice's: factored_model_scratch_bytes).
 // gpt2_layout is not told the optimizer, so every run carves the last one (d12: 1.5 MiB, which AdamW
-// leaves unused)
-typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul, optimizer; } ScratchBytes;
+// leaves unused), and the maps of --optimizer-state 8bit with the count of refused moments (4 KiB)
+typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul, optimizer, lowp; } ScratchBytes;
 
 static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem, int flash) {
     int C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -275,12 +276,13 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
         .norm_parts = align_up((size_t)param_slice_count(c) * sizeof(double)),
         .matmul = align_up(MATMUL_WORKSPACE_BYTES),
         .optimizer = align_up(factored_model_scratch_bytes(c)),
+        .lowp = align_up(sizeof(QStateMaps)) + align_up(sizeof(unsigned long long)),
     };
     return s;
 }
 
 static size_t scratch_total(const ScratchBytes* s) {
-    return s->batch + s->probs + s->reduce + s->attention + s->norm + s->norm_parts + s->matmul + s->optimizer;
+    return s->batch + s->probs + s->reduce + s->attention + s->norm + s->norm_parts + s->matmul + s->optimizer + s->lowp;
 }
 
 static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof(__nv_bfloat16) : sizeof(float); }
@@ -401,8 +403,10 @@ struct Model {
     float* grads_memory;          // (P) fp32
     Params<float> grads;
     size_t grad_floats;           // floats of grads_memory: P, or ZeRO-2's shard
-    float* opt_memory;            // optimizer state (opt_layout.h's layout), fp32
+    float* opt_memory;            // optimizer state (opt_layout.h's layout: fp32, or the moments in state_format)
     size_t opt_floats;
+    QStateFormat state_format;    // --optimizer-state (llmc/quant_state.h, cuda/adamw_lowp.cuh)
+    int lowp_step;                // the step whose update lowp_refused counts, 0 none
     OptimizerKind optimizer;
     ParamSlice* slices;           // [param_slice_count] the optimizer's slices (opt_layout.h)
     ActPolicy act;
@@ -439,6 +443,8 @@ struct Model {
     float* flash_scratch;         // --attention flash: a float per row (backward's D)
     double* norm_scratch;         // global norm partial sums; the last double is the result
     void* opt_scratch;            // Adafactor's and CAME's scales and partial sums (adafactor.cuh)
+    QStateMaps* lowp_maps;        // --optimizer-state 8bit: the maps of quant_state.h (uploaded when used)
+    unsigned long long* lowp_refused;  // --optimizer-state bf16, 8bit: non-finite new moments, counted by the update
     // host: copies for checkpoints, one row of probabilities, the losses of a forward
     float* host_params;           // (P)
     float* host_opt;              // (opt_floats)
@@ -591,6 +597,8 @@ static void alloc_scratch(Model<floatX>* m, int B, int T) {
     m->exchange.norm_parts = carve_tensor<double>(&p, sb.norm_parts);
     matmul_context_init(&m->matmul, carve_tensor<char>(&p, sb.matmul), sb.matmul);  // a cuBLASLt handle, our workspace
     m->opt_scratch = carve_tensor<char>(&p, sb.optimizer);
+    m->lowp_maps = carve_tensor<QStateMaps>(&p, align_up(sizeof(QStateMaps)));
+    m->lowp_refused = carve_tensor<unsigned long long>(&p, align_up(sizeof(unsigned long long)));
 }
 
 // the fp32 gradients, zeroed: the model's (P), and under ZeRO-1 the pack (cuda/zero.cuh); under ZeRO-2
@@ -782,6 +790,26 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.grads_down[i], cudaEventDisableTiming)); }
 }
 
+// --optimizer-state bf16 or 8bit on this backend: AdamW's moments on the GPU (cuda/adamw_lowp.cuh), and
+// every optimizer's on the host with --offload optimizer (cpu/host_step.h). Not yet: Adafactor's and
+// CAME's first moment on the GPU (cuda/factored_lowp.cuh stages it through a buffer the planner does
+// not count), and 8-bit state under the GPU's ZeRO on several ranks (its shards must be cut at the
+// 8-bit blocks' boundaries: opt_layout.h's _as layouts, which cuda/zero.cuh does not take yet)
+static void lowp_check_supported(const ModelSetup* s) {
+    const char* f = QSTATE_FORMAT_NAMES[s->state_format];
+    int host_cuts = s->offload_optimizer != OPT_OFFLOAD_NONE && !zero_shards_grads(s->zero);  // the host updates (and cuts) the state
+    if (s->offload_optimizer == OPT_OFFLOAD_NONE && s->optimizer != OPT_ADAMW) {
+        fail("--optimizer-state %s with %s: the CUDA backend keeps only AdamW's moments in %s on the GPU, for now\n"
+             "  hint: --optimizer adamw, --offload optimizer (the host keeps %s state for every optimizer), or the CPU trainer",
+             f, OPTIMIZER_NAMES[s->optimizer], f, f);
+    }
+    if (s->state_format == QSTATE_8BIT && zero_shards_state(s->zero) && s->dist.world > 1 && !host_cuts) {
+        fail("--optimizer-state 8bit with --zero %d on %d ranks: the CUDA backend does not yet cut ZeRO's shards at the 8-bit blocks'\n"
+             "  boundaries\n  hint: --optimizer-state bf16 (the same cut as fp32), --zero 0, or --offload optimizer without --zero 2 or 3",
+             (int)s->zero, s->dist.world);
+    }
+}
+
 template <typename floatX>
 static Model<floatX>* model_create(const ModelSetup* s) {
     Model<floatX>* m = (Model<floatX>*)malloc_check(sizeof(Model<floatX>));
@@ -800,11 +828,17 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     // weights: fp32 master, and for bf16 a working copy; for training gradients, optimizer state
     int training = s->use == MODEL_FOR_TRAINING;  // else sampling: forward only
     m->offload_opt = s->offload_optimizer;
-    m->opt_floats = training ? optimizer_state_floats(c, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1) : 0;
+    m->state_format = s->state_format;
+    m->opt_floats = training ? optimizer_state_floats_as(c, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1,
+                                                         s->state_format) : 0;
     if (m->offload_opt) { alloc_offloaded_optimizer(m); } else { alloc_optimizer_on_device(m, training); }
     alloc_activations(m, s->B, s->T, &s->act);
     if (training) { alloc_backward(m, s->B, s->T); }
     alloc_scratch(m, s->B, s->T);
+    if (training && m->state_format == QSTATE_8BIT && !m->offload_opt) {
+        CUDA_CHECK(cudaMemcpy(m->lowp_maps, qstate_maps(), sizeof(QStateMaps), cudaMemcpyHostToDevice));
+    }
+    CUDA_CHECK(cudaMemset(m->lowp_refused, 0, sizeof(unsigned long long)));
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
     if (m->act.offload) {  // timed waits for copies (gpt2_copy_wait_ms)
@@ -1177,6 +1211,7 @@ static float* grad_block(Model<floatX>* m, int k, size_t offset) {
 // the squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add
 template <typename floatX>
 static float model_grad_norm(Model<floatX>* m) {
+    lowp_check_refused(m);
     if (m->offload_opt) {
         HostStep h = host_step_of(m);
         prof_mark(PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "on the host");
@@ -1209,6 +1244,43 @@ static float model_grad_norm(Model<floatX>* m) {
     free(parts);
     dist_allreduce_sum_doubles(&sum, 1);
     return (float)sqrt(sum);
+}
+
+// --optimizer-state bf16 or 8bit: AdamW on slice k's part (p, g: n weights and gradients; st: its state,
+// the two moments in sh->format), as cpu/optimizers_lowp.h's lowp_update_part, with the CPU's rounding
+// stream (the slice's index, the part's first element); non-finite new moments counted in lowp_refused
+template <typename floatX>
+static void adamw_update_lowp_slice(Model<floatX>* m, int k, float* p, const float* g, float* st, const OptShard* sh,
+                                    const AdamWHyper* a, int t, size_t offset) {
+    size_t n = (size_t)sh->rows * sh->cols, units = sh->state_units * sh->width;
+    if (n == 0) { return; }
+    float wd = PARAMETER_IS_MATRIX[m->slices[k].tensor] ? (float)a->weight_decay : 0.0f;
+    QStateStream qs = {.seed = (uint32_t)k, .index_base = offset};
+    QMoment mo = qmoment_at(st, sh->format, units, qs), v = qmoment_at(st + opt_moment_floats(sh), sh->format, units, qs);
+    if (sh->format == QSTATE_8BIT) {
+        adamw_update_8bit_cuda(p, g, mo.q, v.q, n, (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->eps, wd, t, m->lowp_maps,
+                               m->lowp_refused, m->stream);
+    } else {
+        adamw_update_bf16_cuda(p, g, mo.bf16, v.bf16, n, (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->eps, wd, t, qs,
+                               m->lowp_refused, m->stream);
+    }
+}
+
+// the last update's count of non-finite new moments (--optimizer-state bf16, 8bit): read where the
+// host waits for the compute stream anyway (the next gradient norm, a checkpoint's copy), and the
+// run stopped if there are any: the fp32 state would have carried the NaN into the weights silently
+template <typename floatX>
+static void lowp_check_refused(Model<floatX>* m) {
+    if (m->lowp_step == 0) { return; }
+    unsigned long long refused = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&refused, m->lowp_refused, sizeof(refused), cudaMemcpyDeviceToHost, m->stream));
+    WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
+    if (refused > 0) {
+        fail("step %d: the optimizer's new moments hold %llu non-finite value(s) (NaN or Inf), which %s state refuses\n"
+             "  hint: the run diverged (its gradients or weights are not finite); resume from an earlier checkpoint with a lower -l\n"
+             "  or a smaller --grad-clip", m->lowp_step, refused, QSTATE_FORMAT_NAMES[m->state_format]);
+    }
+    m->lowp_step = 0;
 }
 
 // clips the gradients and takes one step of the model's optimizer per slice (under ZeRO-1 and 2 on
@@ -1246,6 +1318,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     int use_beta1 = h->adafactor.beta1 > 0.0;
     OptSharding z = OPT_UNSHARDED;
     if (zero_shards_state(m->zero)) { z.rank = m->dist.rank; z.world = m->dist.world; }
+    z.format = m->state_format;  // each slice's moments in it (small slices fp32): the state's offsets follow
     const ParamSlice* slices = m->slices;
     int ns = param_slice_count(&m->config);
     size_t* state_at = (size_t*)malloc_check((size_t)ns * sizeof(size_t));  // each slice's state in opt_memory
@@ -1268,7 +1341,9 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
             float* p = m->zero == ZERO_3 ? m->master_memory + m->shard.shard_block_off[k] : m->master_memory + slices[k].offset + offset;
             const float* g = grad_block(m, k, offset);
             float* st = m->opt_memory + state_at[k];
-            if (m->optimizer == OPT_ADAMW) {
+            if (sh.format != QSTATE_FP32) {  // --optimizer-state bf16, 8bit: AdamW (lowp_check_supported)
+                adamw_update_lowp_slice(m, k, p, g, st, &sh, &h->adamw, s->t, offset);
+            } else if (m->optimizer == OPT_ADAMW) {
                 const AdamWHyper* a = &h->adamw;
                 double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? a->weight_decay : 0.0;
                 if (n > 0) {
@@ -1284,6 +1359,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         if (pass == 0) { zero_first_updated(m); }  // hook: ZeRO-1, 2 (AdamW) gather them at once
     }
     free(state_at);
+    m->lowp_step = m->state_format != QSTATE_FP32 ? s->t : 0;  // its refused moments are read at the next sync (lowp_check_refused)
     if (m->zero == ZERO_3) {  // the shard only: the next forward gathers what it reads
         print_zero_collectives(m, s->t);
         zero3_invalidate(m);
@@ -1327,6 +1403,7 @@ template <typename floatX>
 static void model_sync(Model<floatX>* m, SyncDirection dir) {
     size_t P = m->num_parameters;
     zero_gathers_done(m);  // ZeRO-1, 2: the weights are whole again
+    lowp_check_refused(m);
     size_t opt_bytes = m->opt_floats * sizeof(float);  // 0: a model for sampling has no optimizer state
     if (m->offload_opt) {  // the host holds the master weights and the state: the GPU's weights follow them
         if (dir == SYNC_FROM_HOST && offloads_shard(m)) { upload_shard(m, 0); }
@@ -1473,6 +1550,7 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 // and 3; every other setup the shared checks let through runs
 void gpt2_check_setup(const ModelSetup* s) {
     if (!s->offload_optimizer || zero_shards_grads(s->zero)) { nccl_check_built(&s->dist); }
+    if (s->state_format != QSTATE_FP32) { lowp_check_supported(s); }
     if (s->offload_optimizer == OPT_OFFLOAD_GRADS && zero_shards_grads(s->zero)) {
         fail("--zero %d with --offload optimizer,gradients: under ZeRO-2 and 3 the GPU keeps only its 1/N shard of the reduced "
              "gradients (NCCL reduce-scatters every micro-step's into it) and the host takes that shard once a step; \",gradients\" "

@@ -59,14 +59,6 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 
 typedef struct GPT2 GPT2;  // the backend's model: its tensors, in its memory
 
-// --optimizer-state bf16 and 8bit: the CPU backend keeps them; the CUDA backend (nvcc, or the
-// emulated device's build, which force-includes cuda_emu.h) keeps fp32 state until it calls
-// cuda/adamw_lowp.cuh and cuda/factored_lowp.cuh (doc/optimizer_state.md: what is left), and refuses them
-#if defined(__CUDACC__) || defined(CUDA_EMU)
-#define BACKEND_KEEPS_LOWP_STATE 0
-#else
-#define BACKEND_KEEPS_LOWP_STATE 1
-#endif
 
 // what the weights and activations are stored in; master weights, gradients of the weights,
 // optimizer state and every sum are fp32 in both
@@ -809,12 +801,6 @@ static void check_state_format(const TrainOptions* o) {
         fail("--optimizer-state %s: Adafactor with --adafactor-beta1 0 keeps no first moment, and its factored second moments stay\n"
              "  fp32: the flag would change nothing\n  hint: add --adafactor-beta1 0.9 (a first moment, kept in %s), or drop --optimizer-state",
              o->optimizer_state, o->optimizer_state);
-    }
-    // --plan plans it where it is asked for (what the CUDA backend's state will take); a search's candidate is refused
-    if (!BACKEND_KEEPS_LOWP_STATE && !(o->plan_only && flag_given(o, "--optimizer-state"))) {
-        fail("--optimizer-state %s: the CPU backend only, for now; %s keeps fp32 optimizer state until its low-precision kernels\n"
-             "  are wired in (doc/optimizer_state.md)\n  hint: --optimizer-state fp32, or train with the CPU trainer (make train_gpt);"
-             " --plan plans it here", o->optimizer_state, gpt2_backend_name());
     }
 }
 

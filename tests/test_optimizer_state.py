@@ -2,7 +2,9 @@
 the flag accepted and refused, the state's memory planned = measured, ZeRO 1, 2 and 3 on 2 ranks
 bit for bit the run of --zero 0, a resume in the same format bit for bit the straight run, a resume
 into another format converted with a note, old (version 4) state files read as fp32, and the CUDA
-trainer's refusal until its side is wired (the emulated build).
+trainer (the emulated build): AdamW's bf16 and 8-bit moments on the GPU near the CPU's, resumed exactly,
+bf16 under --zero 2 bit for bit --zero 0, every optimizer's with --offload optimizer, and what it
+refuses for now.
 
     python3 tests/test_optimizer_state.py ./train_gpt ./test_gpt ./build/emu/train_gpt
 
@@ -51,18 +53,56 @@ s.check("--help lists --optimizer-state", "--optimizer-state" in r.out + r.err, 
 for opt in (["adafactor", "--adafactor-beta1", "0.9"], ["came"]):
     s.expect_ok(f"--optimizer {' '.join(opt)} --optimizer-state 8bit trains", BASE + ["--optimizer", *opt, "--optimizer-state", "8bit", "-o", ""])
 
-# the CUDA trainer keeps fp32 state until its side is wired (doc/optimizer_state.md): it refuses the
-# formats to train, and plans them when asked (what its state will take)
+# the CUDA trainer (emulated): AdamW's moments in bf16 and 8 bits on the GPU (cuda/adamw_lowp.cuh), every
+# optimizer's on the host with --offload optimizer; what it does not do yet it refuses, saying what does
+CUDA_FLAGS = FLAGS + ["--precision", "fp32"]
+LOSS_RTOL = 1e-4  # tests/test_cuda.py's: the GPU's GEMMs add in another order than the CPU's
 if EMU and os.path.isfile(EMU):
+    cpu_runs = {}
     for f in FORMATS:
-        s.expect_fail(f"CUDA trainer (emulated): --optimizer-state {f} refused, CPU only for now",
-                      "the CPU backend only, for now", [EMU] + FLAGS + ["--optimizer-state", f, "-o", ""])
+        C, G = f"{W}/cpu_{f}", f"{W}/emu_{f}"
+        if not (s.expect_ok(f"CPU {f}: 6 steps (the reference of the CUDA trainer's)", BASE + ["--precision", "fp32", "--optimizer-state", f, "-o", C])
+                and s.expect_ok(f"CUDA trainer (emulated) {f}: 6 steps of AdamW", [EMU] + CUDA_FLAGS + ["--optimizer-state", f, "-o", G])):
+            continue
+        s.check_memory(f"CUDA trainer (emulated) {f}: memory measured = planned", G)
+        lc, lg = [[row[1] for row in e2e.train_rows(d)] for d in (C, G)]
+        s.check(f"CUDA trainer (emulated) {f}: the 6 losses within {LOSS_RTOL:g} of the CPU's in {f}",
+                len(lc) == len(lg) == 6 and all(abs(x - y) <= LOSS_RTOL * abs(y) for x, y in zip(lg, lc)), f"{lg} vs {lc}")
+        st = ckpt(G, "state", 6, "_00000.bin")
+        s.check(f"CUDA trainer (emulated) {f}: its state file records the format and is the CPU's size",
+                os.path.isfile(st) and header_slot(st, STATE_SLOT_OPT_FORMAT) == FORMAT_CODES[f]
+                and os.path.getsize(st) == os.path.getsize(ckpt(C, "state", 6, "_00000.bin")), "format or size differs")
+        R = f"{W}/emu_{f}_resume"
+        os.makedirs(R)
+        for part in (ckpt(G, "model", 3, ".bin"), ckpt(G, "state", 3, "_00000.bin"), ckpt(G, "DONE", 3)):
+            shutil.copy(part, R)
+        r = s.run([EMU] + CUDA_FLAGS + ["--optimizer-state", f, "-o", R, "-y", "1"])
+        s.check(f"CUDA trainer (emulated) {f}: resumed from step 3, model and state at step 6 bit for bit",
+                r.rc == 0 and same_bytes(ckpt(G, "model", 6, ".bin"), ckpt(R, "model", 6, ".bin"))
+                and e2e.same_state(ckpt(G, "state", 6, "_00000.bin"), ckpt(R, "state", 6, "_00000.bin")), (r.out + r.err)[-300:])
+    G = f"{W}/emu_came_offload"
+    if s.expect_ok("CUDA trainer (emulated): --optimizer came --offload optimizer --optimizer-state 8bit (the host's update) trains",
+                   [EMU] + CUDA_FLAGS + ["--optimizer", "came", "--offload", "optimizer", "--optimizer-state", "8bit", "-o", G]):
+        s.check_memory("CUDA trainer (emulated) came 8bit, --offload optimizer: memory measured = planned", G)
+    s.expect_fail("CUDA trainer (emulated): --optimizer came --optimizer-state 8bit on the GPU refused, naming what works",
+                  "keeps only AdamW's moments in 8bit on the GPU", [EMU] + CUDA_FLAGS + ["--optimizer", "came", "--optimizer-state", "8bit", "-o", ""])
+    MPIRUN_EMU, why = e2e.mpi_launcher(EMU)
+    if MPIRUN_EMU is not None:
+        s.expect_fail("CUDA trainer (emulated): 8bit with --zero 1 on 2 ranks refused (the GPU's ZeRO cut is fp32's)",
+                      "does not yet cut ZeRO's shards", MPIRUN_EMU + ["2", EMU] + CUDA_FLAGS + ["-d", "64", "--optimizer-state", "8bit", "--zero", "1", "-o", ""])
+        ref, d = f"{W}/emu_n2_bf16_z0", f"{W}/emu_n2_bf16_z2"
+        if (s.expect_ok("CUDA trainer (emulated): bf16 state, 2 ranks --zero 0", MPIRUN_EMU + ["2", EMU] + CUDA_FLAGS + ["-d", "64", "--optimizer-state", "bf16", "-o", ref])
+                and s.expect_ok("CUDA trainer (emulated): bf16 state, 2 ranks --zero 2", MPIRUN_EMU + ["2", EMU] + CUDA_FLAGS + ["-d", "64", "--optimizer-state", "bf16", "--zero", "2", "-o", d])):
+            s.check("CUDA trainer (emulated): bf16 state, --zero 2 = --zero 0 bit for bit on 2 ranks (each part's rounding stream is the tensor's)",
+                    same_bytes(ckpt(ref, "model", 6, ".bin"), ckpt(d, "model", 6, ".bin")), "cmp differs")
+    else:
+        s.skip("the CUDA trainer's ranks with low-precision state", why)
     r = s.expect_ok("CUDA trainer (emulated): --plan --optimizer-state 8bit plans it",
                     [EMU, "--plan", "-e", "d12", "-b", "4", "-t", "64", "--optimizer-state", "8bit"])
     if r:
         s.check("... its optimizer row is the 8-bit state", "8bit m, v" in r.out, [l for l in r.out.splitlines() if "optimizer" in l])
 else:
-    s.skip("the CUDA trainer's refusal", f"{EMU} not built (make build/emu/train_gpt)")
+    s.skip("the CUDA trainer's low-precision state", f"{EMU} not built (make build/emu/train_gpt)")
 
 # the issue's memory targets, planned (the plan of the fixture's runs is checked against their
 # measured memory below): d12 AdamW state at most 250 MiB under 8bit; d84 AdamW with --offload
