@@ -334,6 +334,7 @@ struct GradExchange {
     double* norm_parts;           // [slices] ZeRO-1: the sum of squares of this rank's block of each slice
     long grad_collectives;        // the gradients' and the weights' collectives since the last update (printed for step 1)
     long weight_collectives;
+    long next_weight_collectives; // ZeRO-3: the next forward's gathers the update queued (zero3_first_updated)
 };
 
 // ZeRO-1 and 2 (cuda/zero.cuh, see "ZeRO" below): one collective per layer through the pack; ZeRO-2:
@@ -1332,6 +1333,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     // what the next forward reads first (the outer slices, layer 0) first: their gather may start while
     // the other layers' update runs (cuda/zero_gather.cuh); each slice's update is its own, so the
     // order changes no bit
+    size_t made = 0;  // the working shard's floats already made from the master (ZeRO-3: zero3_first_updated)
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < ns; k++) {
             if ((slice_is_outer(&slices[k]) || slices[k].layer == 0) != (pass == 0)) { continue; }
@@ -1356,13 +1358,13 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
                 came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, m->exchange.comm, m->stream);
             }
         }
-        if (pass == 0) { zero_first_updated(m); }  // hook: ZeRO-1, 2 (AdamW) gather them at once
+        if (pass == 0) { zero_first_updated(m); made = zero3_first_updated(m); }  // hook: ZeRO (AdamW) gathers them at once
     }
     free(state_at);
     m->lowp_step = m->state_format != QSTATE_FP32 ? s->t : 0;  // its refused moments are read at the next sync (lowp_check_refused)
-    if (m->zero == ZERO_3) {  // the shard only: the next forward gathers what it reads
+    if (m->zero == ZERO_3) {  // the shard only: the next forward gathers what it reads (made: the first are on their way)
         print_zero_collectives(m, s->t);
-        zero3_invalidate(m);
+        if (made == 0) { zero3_invalidate(m); }
     } else if (zero_shards_state(m->zero) && m->exchange.comm != NULL) {  // the working weights follow each gather
         prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
         zero_update_done(m);  // the next forward gathers the blocks (cuda/zero_gather.cuh)
@@ -1371,7 +1373,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     }
     if ((void*)m->weights_memory != (void*)m->master_memory) {
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_bytes(m->weight_floats * (4.0 + X)), "working weights from the master");
-        copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->weight_floats, m->stream);
+        copy_to_floatX_cuda(m->weights_memory + made, m->master_memory + made, m->weight_floats - made, m->stream);
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
 }
@@ -1396,7 +1398,8 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
         }
     }
     m->exchange.grad_collectives = 0;
-    m->exchange.weight_collectives = 0;
+    m->exchange.weight_collectives = m->exchange.next_weight_collectives;
+    m->exchange.next_weight_collectives = 0;
 }
 
 template <typename floatX>

@@ -28,11 +28,11 @@ static void comm_after_compute(Model<floatX>* m) {
     CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->zero3.compute_mark, 0));
 }
 
-// wte, wpe, lnfw, lnfb into the working copy, once a step (the encoder and the head read them)
+// queues the gather of wte, wpe, lnfw, lnfb into the working copy on the comm stream, after the compute
+// stream's work so far (the update that wrote the shard; the last readers of the outer tensors)
 template <typename floatX>
-static void zero3_gather_outer(Model<floatX>* m) {
-    if (m->zero != ZERO_3 || m->zero3.outer_gathered) { return; }
-    comm_after_compute(m);  // the update has written the shard, and the last step's outer tensors are read
+static void zero3_queue_outer(Model<floatX>* m) {
+    comm_after_compute(m);
     prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(outer_weights(&m->config) * sizeof(floatX)),
                   "ZeRO-3: wte, wpe, lnf all-gather");
     auto outer = [m](int k) { return param_tensor(&m->weights, m->slices[k].tensor); };
@@ -42,10 +42,18 @@ static void zero3_gather_outer(Model<floatX>* m) {
     }
     prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
     CUDA_CHECK(cudaEventRecord(m->zero3.outer_ready, m->exchange.comm_stream));
+    m->zero3.outer_gathered = 1;
+}
+
+// wte, wpe, lnfw, lnfb in the working copy before the encoder: gathered once a step (here, or during
+// the update: zero3_first_updated), the compute stream waiting for them
+template <typename floatX>
+static void zero3_gather_outer(Model<floatX>* m) {
+    if (m->zero != ZERO_3) { return; }
+    if (!m->zero3.outer_gathered) { zero3_queue_outer(m); }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for the ZeRO-3 outer tensors");
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->zero3.outer_ready, 0));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    m->zero3.outer_gathered = 1;
 }
 
 // queues layer l's gather into buffer l % 2 on the comm stream, unless the buffer holds l already
@@ -88,6 +96,25 @@ static void zero3_release(Model<floatX>* m, int l, int next) {
     if (m->zero != ZERO_3) { return; }
     CUDA_CHECK(cudaEventRecord(m->zero3.released[l % 2], m->stream));
     if (next >= 0) { zero3_gather_layer(m, next); }
+}
+
+// the update of what the next forward reads first is queued (the outer slices and layer 0, which lead
+// the shard: shard_block_offsets): with AdamW, whose update makes no NCCL call of its own, their working
+// shard is made from the master and their gathers start at once, while the other layers' update
+// runs (as cuda/zero_gather.cuh's zero_first_updated for ZeRO-1 and 2); returns the shard's floats
+// made, which the update's own conversion then skips
+template <typename floatX>
+static size_t zero3_first_updated(Model<floatX>* m) {
+    if (m->zero != ZERO_3 || m->exchange.comm == NULL || m->optimizer != OPT_ADAMW) { return 0; }
+    size_t first = m->shard.zero_groups[0].shard_at + m->shard.zero_groups[0].part;
+    if ((void*)m->weights_memory != (void*)m->master_memory) { copy_to_floatX_cuda(m->weights_memory, m->master_memory, first, m->stream); }
+    zero3_invalidate(m);
+    long counted = m->exchange.weight_collectives;
+    zero3_queue_outer(m);
+    zero3_gather_layer(m, 0);
+    m->exchange.next_weight_collectives = m->exchange.weight_collectives - counted;  // the next forward's, counted with its step
+    m->exchange.weight_collectives = counted;
+    return first;
 }
 
 // the gathered copies are stale: the shard has moved on (the update, a checkpoint's load)
