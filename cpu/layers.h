@@ -31,7 +31,12 @@ Conventions (as in llm.c):
 #include "matmul.h"
 #include "gelu.h"      // one element of the GELU and its derivative
 #include "vecmath.h"   // exp_vec: the softmax at memory speed
+#include "layernorm_sums.h"  // LayerNorm's row sums, LN_ROWS rows side by side, each in llm.c's order
 #include "../llmc/profile.h"  // --profile: each layer marks its range (one line, its first), a branch when off
+
+// channels a thread owns in a parameter gradient summed over rows (LayerNorm's dw and db, the
+// encoder's dwte and dwpe): a row's block is 256 contiguous bytes
+#define CHANNEL_BLOCK 64
 
 
 // ----------------------------------------------------------------------------
@@ -53,17 +58,20 @@ static void encoder_forward(float* out, const int* inp, const float* wte, const 
 }
 
 // dwte (Vp,C) += scatter of dout (B,T,C) by token; dwpe (maxT,C) += sum over b
-// parallel over channels: each thread owns columns of dwte and dwpe
+// parallel over blocks of channels: each thread owns those columns of dwte and dwpe and adds the rows
+// in (b, t) order, a row's block at a time (contiguous: it vectorizes; every element's sum in that order)
 static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
                              int B, int T, int C) {
     prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), "backward");
     #pragma omp parallel for
-    for (int c = 0; c < C; c++) {
+    for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
+        int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
         for (int b = 0; b < B; b++) {
             for (int t = 0; t < T; t++) {
-                float d = dout[((size_t)b * T + t) * C + c];
-                dwte[(size_t)inp[b * T + t] * C + c] += d;
-                dwpe[(size_t)t * C + c] += d;
+                const float* d = dout + ((size_t)b * T + t) * C + c0;
+                float* dte = dwte + (size_t)inp[b * T + t] * C + c0;
+                float* dpe = dwpe + (size_t)t * C + c0;
+                for (int c = 0; c < n; c++) { dte[c] += d[c]; dpe[c] += d[c]; }
             }
         }
     }
@@ -76,58 +84,58 @@ static void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
 static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int B, int T, int C) {
     prof_mark(PROF_LAYERNORM, prof_layernorm_forward((size_t)B * T, C, sizeof(float)), "forward");
+    int BT = B * T;
     #pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
-        const float* x = inp + (size_t)bt * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) { m += x[c]; }
-        m /= C;
-        float v = 0.0f;
-        for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
-        v /= C;
-        float s = 1.0f / sqrtf(v + LAYERNORM_EPS);
-        float* o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; }
-        mean[bt] = m;
-        rstd[bt] = s;
+    for (int r0 = 0; r0 < BT; r0 += LN_ROWS) {
+        const float* x[LN_ROWS];
+        ln_row_group(x, inp, r0, BT, C);
+        float m[LN_ROWS], v[LN_ROWS];
+        ln_sum_rows(m, x, C);
+        for (int r = 0; r < LN_ROWS; r++) { m[r] /= C; }
+        ln_sum_squares(v, x, m, C);
+        for (int r = 0; r < LN_ROWS && r0 + r < BT; r++) {
+            float s = 1.0f / sqrtf(v[r] / C + LAYERNORM_EPS);
+            float* o = out + (size_t)(r0 + r) * C;
+            for (int c = 0; c < C; c++) { o[c] = (x[r][c] - m[r]) * s * weight[c] + bias[c]; }
+            mean[r0 + r] = m[r];
+            rstd[r0 + r] = s;
+        }
     }
 }
-
-#define LN_CHANNEL_BLOCK 64   // channels a thread owns in the parameter gradients: a row's block is 256 contiguous bytes
 
 // dinp (B,T,C) +=, dweight (C) +=, dbias (C) += from dout (B,T,C)
 static void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int B, int T, int C) {
     prof_mark(PROF_LAYERNORM, prof_layernorm_backward((size_t)B * T, C, sizeof(float)), "backward");
-    // input gradient: rows are independent
+    int BT = B * T;
+    // input gradient: rows are independent (LN_ROWS of them side by side, cpu/layernorm_sums.h)
     #pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
-        const float* dy = dout + (size_t)bt * C;
-        const float* x = inp + (size_t)bt * C;
-        float* dx = dinp + (size_t)bt * C;
-        float m = mean[bt], s = rstd[bt];
+    for (int r0 = 0; r0 < BT; r0 += LN_ROWS) {
+        const float *x[LN_ROWS], *dy[LN_ROWS];
+        ln_row_group(x, inp, r0, BT, C);
+        ln_row_group(dy, dout, r0, BT, C);
+        float m[LN_ROWS], s[LN_ROWS];
+        for (int r = 0; r < LN_ROWS; r++) { int bt = r0 + r < BT ? r0 + r : BT - 1; m[r] = mean[bt]; s[r] = rstd[bt]; }
         // the two means that the normalisation feeds back through
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float dnorm = weight[c] * dy[c];
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * (x[c] - m) * s;
-        }
-        dnorm_mean /= C;
-        dnorm_norm_mean /= C;
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * s;
-            float dnorm = weight[c] * dy[c];
-            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        float dnorm_mean[LN_ROWS], dnorm_norm_mean[LN_ROWS];
+        ln_sums_backward(dnorm_mean, dnorm_norm_mean, x, dy, weight, m, s, C);
+        for (int r = 0; r < LN_ROWS && r0 + r < BT; r++) {
+            float* dx = dinp + (size_t)(r0 + r) * C;
+            float dm = dnorm_mean[r] / C, dnm = dnorm_norm_mean[r] / C;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[r][c] - m[r]) * s[r];
+                float dnorm = weight[c] * dy[r][c];
+                dx[c] += (dnorm - dm - norm * dnm) * s[r];
+            }
         }
     }
     // parameter gradients: each thread owns a block of channels and sums over the rows in order,
     // a row's block at a time (contiguous: it vectorizes; each channel's sum is in the same order)
     #pragma omp parallel for
-    for (int c0 = 0; c0 < C; c0 += LN_CHANNEL_BLOCK) {
-        int n = C - c0 < LN_CHANNEL_BLOCK ? C - c0 : LN_CHANNEL_BLOCK;
-        float dw[LN_CHANNEL_BLOCK] = {0.0f}, db[LN_CHANNEL_BLOCK] = {0.0f};
+    for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
+        int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
+        float dw[CHANNEL_BLOCK] = {0.0f}, db[CHANNEL_BLOCK] = {0.0f};
         for (int bt = 0; bt < B * T; bt++) {
             const float* x = inp + (size_t)bt * C + c0;
             const float* dy = dout + (size_t)bt * C + c0;
