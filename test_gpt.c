@@ -4,8 +4,8 @@ its main) and checks it against an independent implementation:
 - logits, loss, all 16 gradients and 10 AdamW steps against PyTorch, and 10 steps
   of Adafactor (HF transformers) and CAME (came-pytorch) (dev/reference/tiny_*.bin,
   made by dev/reference/make_reference.py);
-- LayerNorm forward and backward and the encoder's backward bitwise equal to llm.c's plain
-  loops (their sums run side by side or by blocks, in the same order);
+- LayerNorm forward and backward, the encoder's backward and the attention bitwise equal to
+  llm.c's plain loops (their sums run side by side, by blocks or on transposed keys, in the same order);
 - a finite-difference check of the gradient of every parameter tensor;
 - model-file round trips (fp32, and bf16 read), tokenizer decoding, the data
   loader walking every token once per epoch, the memory planner against the
@@ -1604,10 +1604,90 @@ static void check_layer_orders(int B, int T, int C) {
     free(tok);
 }
 
+// the attention one key and one channel at a time (llm.c's loops; cpu/layers.h runs the dot products
+// on transposed keys and keeps running sums in registers): out (B,T,C), att (B,NH,T,T); the softmax
+// is cpu/layers.h's own (unchanged)
+static void llmc_attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+        const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+        float* a = att + (((size_t)b * NH + h) * T + t) * T;
+        for (int u = 0; u <= t; u++) {
+            const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+            float d = 0.0f;
+            for (int i = 0; i < hs; i++) { d += q[i] * k[i]; }
+            a[u] = d * scale;
+        }
+    }
+    causal_softmax_forward(att, att, B, NH, T);
+    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+        const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+        float* o = out + ((size_t)b * T + t) * C + h * hs;
+        for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+        for (int u = 0; u <= t; u++) {
+            const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+            for (int i = 0; i < hs; i++) { o[i] += a[u] * v[i]; }
+        }
+    }
+}
+
+// dqkv (B,T,3C) += from dout (B,T,C); datt (B,NH,T,T) scratch
+static void llmc_attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att,
+                                    int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+        const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+        float* da = datt + (((size_t)b * NH + h) * T + t) * T;
+        const float* dy = dout + ((size_t)b * T + t) * C + h * hs;
+        for (int u = 0; u <= t; u++) {
+            const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+            float* dv = dqkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+            float d = 0.0f;
+            for (int i = 0; i < hs; i++) { d += v[i] * dy[i]; dv[i] += a[u] * dy[i]; }
+            da[u] = d;
+        }
+        float dot = 0.0f;
+        for (int u = 0; u <= t; u++) { dot += a[u] * da[u]; }
+        for (int u = 0; u <= t; u++) { da[u] = a[u] * (da[u] - dot); }
+        const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+        float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+        for (int u = 0; u <= t; u++) {
+            const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+            float* dk = dqkv + ((size_t)b * T + u) * C3 + C + h * hs;
+            float g = da[u] * scale;
+            for (int i = 0; i < hs; i++) { dq[i] += g * k[i]; dk[i] += g * q[i]; }
+        }
+    }
+}
+
+static void check_attention_order(int B, int T, int C, int NH) {
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float* buf = (float*)calloc(3 * nq + 3 * no + 4 * na, sizeof(float));
+    float *qkv = buf, *dqkv = qkv + nq, *want_dqkv = dqkv + nq, *out = want_dqkv + nq, *want_out = out + no, *dout = want_out + no;
+    float *att = dout + no, *want_att = att + na, *datt = want_att + na, *want_datt = datt + na;
+    uint64_t rng = 7;
+    for (size_t i = 0; i < nq; i++) { qkv[i] = 2.0f * rand_uniform(&rng) - 1.0f; dqkv[i] = want_dqkv[i] = rand_uniform(&rng) - 0.5f; }
+    for (size_t i = 0; i < no; i++) { dout[i] = rand_uniform(&rng) - 0.5f; }
+    attention_forward(out, att, qkv, B, T, C, NH);
+    llmc_attention_forward(want_out, want_att, qkv, B, T, C, NH);
+    attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    llmc_attention_backward(want_dqkv, want_datt, dout, qkv, want_att, B, T, C, NH);
+    int out_same = memcmp(out, want_out, no * 4) == 0, att_same = memcmp(att, want_att, na * 4) == 0;
+    int dqkv_same = memcmp(dqkv, want_dqkv, nq * 4) == 0;
+    char name[128];
+    snprintf(name, sizeof(name), "layer orders (B=%d, T=%d, C=%d, NH=%d): attention bitwise as llm.c's loops", B, T, C, NH);
+    check(out_same && att_same && dqkv_same, name, "differs (out %d, att %d, dqkv %d)", !out_same, !att_same, !dqkv_same);
+    free(buf);
+}
+
 static void test_layer_orders(void) {
     check_layer_orders(3, 5, 37);    // 15 rows: a partial group of LN_ROWS; 37 channels: a partial vector block
     check_layer_orders(2, 8, 136);   // two whole channel blocks and a partial one
     check_layer_orders(1, 1, 7);     // one row, fewer channels than a vector block
+    check_attention_order(2, 19, 40, 2);  // hs = 20: a block of ATT_KEYS channels and 4 alone; 19 keys: padded to 32
+    check_attention_order(1, 5, 16, 2);   // hs = 8: every channel alone
 }
 
 int main(int argc, char** argv) {
