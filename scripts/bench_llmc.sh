@@ -68,7 +68,7 @@ run_ours() {
 mean_ms() { tail -n +2 | awk '{s += $3; n++} END {printf "%.1f", s / n}'; }
 best() { tr ' ' '\n' | grep . | sort -g | head -n 1; }
 
-echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" \
+echo "$(date -u +%Y-%m-%d), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" \
      "($(if grep -qw avx512f /proc/cpuinfo; then echo AVX-512; elif grep -qw avx2 /proc/cpuinfo; then echo 'AVX2, no AVX-512'; else echo 'no AVX2'; fi))," \
      "load before: $(cut -d' ' -f1-3 /proc/loadavg); OpenMP threads: ${OMP_NUM_THREADS:-all}"
 echo "d12 (124M) from one init, B=4, T=64, $STEPS steps, ms/step over steps 2..$STEPS, best of $ROUNDS round(s)"
