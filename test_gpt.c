@@ -4,6 +4,8 @@ its main) and checks it against an independent implementation:
 - logits, loss, all 16 gradients and 10 AdamW steps against PyTorch, and 10 steps
   of Adafactor (HF transformers) and CAME (came-pytorch) (dev/reference/tiny_*.bin,
   made by dev/reference/make_reference.py);
+- LayerNorm forward and backward, the encoder's backward and the attention bitwise equal to
+  llm.c's plain loops (their sums run side by side, by blocks or on transposed keys, in the same order);
 - a finite-difference check of the gradient of every parameter tensor;
 - model-file round trips (fp32, and bf16 read), tokenizer decoding, the data
   loader walking every token once per epoch, the memory planner against the
@@ -1517,6 +1519,178 @@ static int probs_stdin(const char* path) {
 
 // ----------------------------------------------------------------------------
 
+// ----------------------------------------------------------------------------
+// the layers that sum side by side (cpu/layernorm_sums.h: LN_ROWS rows at once; the encoder's and
+// LayerNorm's parameter gradients: blocks of channels) against the plain loops of llm.c's CPU
+// trainer, one row or one column at a time: bitwise, on shapes with partial groups and blocks
+
+static void llmc_layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                   const float* w, const float* b, int N, int C) {
+    for (int i = 0; i < N; i++) {
+        const float* x = inp + (size_t)i * C;
+        float m = 0.0f, v = 0.0f;
+        for (int c = 0; c < C; c++) { m += x[c]; }
+        m /= C;
+        for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
+        float s = 1.0f / sqrtf(v / C + LAYERNORM_EPS);
+        for (int c = 0; c < C; c++) { out[(size_t)i * C + c] = (x[c] - m) * s * w[c] + b[c]; }
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+static void llmc_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                    const float* w, const float* mean, const float* rstd, int N, int C) {
+    for (int i = 0; i < N; i++) {
+        const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
+        float dm = 0.0f, dnm = 0.0f;
+        for (int c = 0; c < C; c++) { float dn = w[c] * dy[c]; dm += dn; dnm += dn * (x[c] - mean[i]) * rstd[i]; }
+        dm /= C;
+        dnm /= C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - mean[i]) * rstd[i];
+            dinp[(size_t)i * C + c] += (w[c] * dy[c] - dm - norm * dnm) * rstd[i];
+        }
+    }
+    for (int c = 0; c < C; c++) {  // the sums over rows, in row order, one channel at a time
+        float sw = 0.0f, sb = 0.0f;
+        for (int i = 0; i < N; i++) { sw += (inp[(size_t)i * C + c] - mean[i]) * rstd[i] * dout[(size_t)i * C + c]; sb += dout[(size_t)i * C + c]; }
+        dw[c] += sw;
+        db[c] += sb;
+    }
+}
+
+static void llmc_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
+    for (int bt = 0; bt < B * T; bt++) {
+        for (int c = 0; c < C; c++) {
+            dwte[(size_t)inp[bt] * C + c] += dout[(size_t)bt * C + c];
+            dwpe[(size_t)(bt % T) * C + c] += dout[(size_t)bt * C + c];
+        }
+    }
+}
+
+#define ORDER_V 5   // the encoder's vocabulary: fewer tokens than positions, so tokens repeat
+
+static void check_layer_orders(int B, int T, int C) {
+    int N = B * T;
+    size_t n = (size_t)N * C, m = (size_t)(N + ORDER_V) * C;  // m: room for any of the tensors
+    float* buf = (float*)calloc(20 * m, sizeof(float));
+    float *x = buf, *dy = x + m, *out = dy + m, *want_out = out + m, *dx = want_out + m, *want_dx = dx + m;
+    float *dwte = want_dx + m, *want_dwte = dwte + m, *dwpe = want_dwte + m, *want_dwpe = dwpe + m;
+    float *w = want_dwpe + m, *b = w + m, *dw = b + m, *want_dw = dw + m, *db = want_dw + m, *want_db = db + m;
+    float *mean = want_db + m, *rstd = mean + m, *want_mean = rstd + m, *want_rstd = want_mean + m;
+    int* tok = (int*)malloc_check((size_t)N * sizeof(int));
+    uint64_t rng = 42;
+    for (size_t i = 0; i < n; i++) { x[i] = 3.0f * rand_uniform(&rng) - 1.0f; dy[i] = rand_uniform(&rng) - 0.5f; }
+    for (int c = 0; c < C; c++) { w[c] = rand_uniform(&rng) + 0.5f; b[c] = rand_uniform(&rng) - 0.5f; }
+    for (int i = 0; i < N; i++) { tok[i] = (i * 3) % ORDER_V; }
+    layernorm_forward(out, mean, rstd, x, w, b, B, T, C);
+    llmc_layernorm_forward(want_out, want_mean, want_rstd, x, w, b, N, C);
+    layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, B, T, C);
+    llmc_layernorm_backward(want_dx, want_dw, want_db, dy, x, w, want_mean, want_rstd, N, C);
+    encoder_backward(dwte, dwpe, dy, tok, B, T, C);
+    llmc_encoder_backward(want_dwte, want_dwpe, dy, tok, B, T, C);
+    char name[128];
+    snprintf(name, sizeof(name), "layer orders (B=%d, T=%d, C=%d): LayerNorm and the encoder bitwise as llm.c's loops", B, T, C);
+    int same = memcmp(out, want_out, n * sizeof(float)) == 0 && memcmp(mean, want_mean, N * sizeof(float)) == 0 &&
+               memcmp(rstd, want_rstd, N * sizeof(float)) == 0 && memcmp(dx, want_dx, n * sizeof(float)) == 0 &&
+               memcmp(dw, want_dw, C * sizeof(float)) == 0 && memcmp(db, want_db, C * sizeof(float)) == 0 &&
+               memcmp(dwte, want_dwte, (size_t)ORDER_V * C * sizeof(float)) == 0 &&
+               memcmp(dwpe, want_dwpe, (size_t)T * C * sizeof(float)) == 0;
+    check(same, name, "differs (out %d, mean %d, rstd %d, dx %d, dw %d, db %d, dwte %d, dwpe %d)",
+          memcmp(out, want_out, n * 4) != 0, memcmp(mean, want_mean, N * 4) != 0, memcmp(rstd, want_rstd, N * 4) != 0,
+          memcmp(dx, want_dx, n * 4) != 0, memcmp(dw, want_dw, C * 4) != 0, memcmp(db, want_db, C * 4) != 0,
+          memcmp(dwte, want_dwte, (size_t)ORDER_V * C * 4) != 0, memcmp(dwpe, want_dwpe, (size_t)T * C * 4) != 0);
+    free(buf);
+    free(tok);
+}
+
+// the attention one key and one channel at a time (llm.c's loops; cpu/layers.h runs the dot products
+// on transposed keys and keeps running sums in registers): out (B,T,C), att (B,NH,T,T); the softmax
+// is cpu/layers.h's own (unchanged)
+static void llmc_attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+        const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+        float* a = att + (((size_t)b * NH + h) * T + t) * T;
+        for (int u = 0; u <= t; u++) {
+            const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+            float d = 0.0f;
+            for (int i = 0; i < hs; i++) { d += q[i] * k[i]; }
+            a[u] = d * scale;
+        }
+    }
+    causal_softmax_forward(att, att, B, NH, T);
+    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+        const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+        float* o = out + ((size_t)b * T + t) * C + h * hs;
+        for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+        for (int u = 0; u <= t; u++) {
+            const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+            for (int i = 0; i < hs; i++) { o[i] += a[u] * v[i]; }
+        }
+    }
+}
+
+// dqkv (B,T,3C) += from dout (B,T,C); datt (B,NH,T,T) scratch
+static void llmc_attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att,
+                                    int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+        const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+        float* da = datt + (((size_t)b * NH + h) * T + t) * T;
+        const float* dy = dout + ((size_t)b * T + t) * C + h * hs;
+        for (int u = 0; u <= t; u++) {
+            const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+            float* dv = dqkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
+            float d = 0.0f;
+            for (int i = 0; i < hs; i++) { d += v[i] * dy[i]; dv[i] += a[u] * dy[i]; }
+            da[u] = d;
+        }
+        float dot = 0.0f;
+        for (int u = 0; u <= t; u++) { dot += a[u] * da[u]; }
+        for (int u = 0; u <= t; u++) { da[u] = a[u] * (da[u] - dot); }
+        const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+        float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+        for (int u = 0; u <= t; u++) {
+            const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
+            float* dk = dqkv + ((size_t)b * T + u) * C3 + C + h * hs;
+            float g = da[u] * scale;
+            for (int i = 0; i < hs; i++) { dq[i] += g * k[i]; dk[i] += g * q[i]; }
+        }
+    }
+}
+
+static void check_attention_order(int B, int T, int C, int NH) {
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float* buf = (float*)calloc(3 * nq + 3 * no + 4 * na, sizeof(float));
+    float *qkv = buf, *dqkv = qkv + nq, *want_dqkv = dqkv + nq, *out = want_dqkv + nq, *want_out = out + no, *dout = want_out + no;
+    float *att = dout + no, *want_att = att + na, *datt = want_att + na, *want_datt = datt + na;
+    uint64_t rng = 7;
+    for (size_t i = 0; i < nq; i++) { qkv[i] = 2.0f * rand_uniform(&rng) - 1.0f; dqkv[i] = want_dqkv[i] = rand_uniform(&rng) - 0.5f; }
+    for (size_t i = 0; i < no; i++) { dout[i] = rand_uniform(&rng) - 0.5f; }
+    attention_forward(out, att, qkv, B, T, C, NH);
+    llmc_attention_forward(want_out, want_att, qkv, B, T, C, NH);
+    attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    llmc_attention_backward(want_dqkv, want_datt, dout, qkv, want_att, B, T, C, NH);
+    int out_same = memcmp(out, want_out, no * 4) == 0, att_same = memcmp(att, want_att, na * 4) == 0;
+    int dqkv_same = memcmp(dqkv, want_dqkv, nq * 4) == 0;
+    char name[128];
+    snprintf(name, sizeof(name), "layer orders (B=%d, T=%d, C=%d, NH=%d): attention bitwise as llm.c's loops", B, T, C, NH);
+    check(out_same && att_same && dqkv_same, name, "differs (out %d, att %d, dqkv %d)", !out_same, !att_same, !dqkv_same);
+    free(buf);
+}
+
+static void test_layer_orders(void) {
+    check_layer_orders(3, 5, 37);    // 15 rows: a partial group of LN_ROWS; 37 channels: a partial vector block
+    check_layer_orders(2, 8, 136);   // two whole channel blocks and a partial one
+    check_layer_orders(1, 1, 7);     // one row, fewer channels than a vector block
+    check_attention_order(2, 19, 40, 2);  // hs = 20: a block of ATT_KEYS channels and 4 alone; 19 keys: padded to 32
+    check_attention_order(1, 5, 16, 2);   // hs = 8: every channel alone
+}
+
 int main(int argc, char** argv) {
     if (argc == 3 && strcmp(argv[1], "--write-fixtures") == 0) { write_fixtures(argv[2]); return 0; }
     if (argc == 5 && strcmp(argv[1], "--compare-models") == 0) { return compare_models(argv[2], argv[3], atof(argv[4])); }
@@ -1525,6 +1699,7 @@ int main(int argc, char** argv) {
     char dir[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();
+    test_layer_orders();
     test_finite_differences();
     test_model_files(dir);
     test_tokenizer(dir);

@@ -31,7 +31,12 @@ Conventions (as in llm.c):
 #include "matmul.h"
 #include "gelu.h"      // one element of the GELU and its derivative
 #include "vecmath.h"   // exp_vec: the softmax at memory speed
+#include "layernorm_sums.h"  // LayerNorm's row sums, LN_ROWS rows side by side, each in llm.c's order
 #include "../llmc/profile.h"  // --profile: each layer marks its range (one line, its first), a branch when off
+
+// channels a thread owns in a parameter gradient summed over rows (LayerNorm's dw and db, the
+// encoder's dwte and dwpe): a row's block is 256 contiguous bytes
+#define CHANNEL_BLOCK 64
 
 
 // ----------------------------------------------------------------------------
@@ -53,17 +58,20 @@ static void encoder_forward(float* out, const int* inp, const float* wte, const 
 }
 
 // dwte (Vp,C) += scatter of dout (B,T,C) by token; dwpe (maxT,C) += sum over b
-// parallel over channels: each thread owns columns of dwte and dwpe
+// parallel over blocks of channels: each thread owns those columns of dwte and dwpe and adds the rows
+// in (b, t) order, a row's block at a time (contiguous: it vectorizes; every element's sum in that order)
 static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
                              int B, int T, int C) {
     prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), "backward");
     #pragma omp parallel for
-    for (int c = 0; c < C; c++) {
+    for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
+        int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
         for (int b = 0; b < B; b++) {
             for (int t = 0; t < T; t++) {
-                float d = dout[((size_t)b * T + t) * C + c];
-                dwte[(size_t)inp[b * T + t] * C + c] += d;
-                dwpe[(size_t)t * C + c] += d;
+                const float* d = dout + ((size_t)b * T + t) * C + c0;
+                float* dte = dwte + (size_t)inp[b * T + t] * C + c0;
+                float* dpe = dwpe + (size_t)t * C + c0;
+                for (int c = 0; c < n; c++) { dte[c] += d[c]; dpe[c] += d[c]; }
             }
         }
     }
@@ -76,58 +84,58 @@ static void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
 static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int B, int T, int C) {
     prof_mark(PROF_LAYERNORM, prof_layernorm_forward((size_t)B * T, C, sizeof(float)), "forward");
+    int BT = B * T;
     #pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
-        const float* x = inp + (size_t)bt * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) { m += x[c]; }
-        m /= C;
-        float v = 0.0f;
-        for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
-        v /= C;
-        float s = 1.0f / sqrtf(v + LAYERNORM_EPS);
-        float* o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; }
-        mean[bt] = m;
-        rstd[bt] = s;
+    for (int r0 = 0; r0 < BT; r0 += LN_ROWS) {
+        const float* x[LN_ROWS];
+        ln_row_group(x, inp, r0, BT, C);
+        float m[LN_ROWS], v[LN_ROWS];
+        ln_sum_rows(m, x, C);
+        for (int r = 0; r < LN_ROWS; r++) { m[r] /= C; }
+        ln_sum_squares(v, x, m, C);
+        for (int r = 0; r < LN_ROWS && r0 + r < BT; r++) {
+            float s = 1.0f / sqrtf(v[r] / C + LAYERNORM_EPS);
+            float* o = out + (size_t)(r0 + r) * C;
+            for (int c = 0; c < C; c++) { o[c] = (x[r][c] - m[r]) * s * weight[c] + bias[c]; }
+            mean[r0 + r] = m[r];
+            rstd[r0 + r] = s;
+        }
     }
 }
-
-#define LN_CHANNEL_BLOCK 64   // channels a thread owns in the parameter gradients: a row's block is 256 contiguous bytes
 
 // dinp (B,T,C) +=, dweight (C) +=, dbias (C) += from dout (B,T,C)
 static void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int B, int T, int C) {
     prof_mark(PROF_LAYERNORM, prof_layernorm_backward((size_t)B * T, C, sizeof(float)), "backward");
-    // input gradient: rows are independent
+    int BT = B * T;
+    // input gradient: rows are independent (LN_ROWS of them side by side, cpu/layernorm_sums.h)
     #pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
-        const float* dy = dout + (size_t)bt * C;
-        const float* x = inp + (size_t)bt * C;
-        float* dx = dinp + (size_t)bt * C;
-        float m = mean[bt], s = rstd[bt];
+    for (int r0 = 0; r0 < BT; r0 += LN_ROWS) {
+        const float *x[LN_ROWS], *dy[LN_ROWS];
+        ln_row_group(x, inp, r0, BT, C);
+        ln_row_group(dy, dout, r0, BT, C);
+        float m[LN_ROWS], s[LN_ROWS];
+        for (int r = 0; r < LN_ROWS; r++) { int bt = r0 + r < BT ? r0 + r : BT - 1; m[r] = mean[bt]; s[r] = rstd[bt]; }
         // the two means that the normalisation feeds back through
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float dnorm = weight[c] * dy[c];
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * (x[c] - m) * s;
-        }
-        dnorm_mean /= C;
-        dnorm_norm_mean /= C;
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * s;
-            float dnorm = weight[c] * dy[c];
-            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        float dnorm_mean[LN_ROWS], dnorm_norm_mean[LN_ROWS];
+        ln_sums_backward(dnorm_mean, dnorm_norm_mean, x, dy, weight, m, s, C);
+        for (int r = 0; r < LN_ROWS && r0 + r < BT; r++) {
+            float* dx = dinp + (size_t)(r0 + r) * C;
+            float dm = dnorm_mean[r] / C, dnm = dnorm_norm_mean[r] / C;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[r][c] - m[r]) * s[r];
+                float dnorm = weight[c] * dy[r][c];
+                dx[c] += (dnorm - dm - norm * dnm) * s[r];
+            }
         }
     }
     // parameter gradients: each thread owns a block of channels and sums over the rows in order,
     // a row's block at a time (contiguous: it vectorizes; each channel's sum is in the same order)
     #pragma omp parallel for
-    for (int c0 = 0; c0 < C; c0 += LN_CHANNEL_BLOCK) {
-        int n = C - c0 < LN_CHANNEL_BLOCK ? C - c0 : LN_CHANNEL_BLOCK;
-        float dw[LN_CHANNEL_BLOCK] = {0.0f}, db[LN_CHANNEL_BLOCK] = {0.0f};
+    for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
+        int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
+        float dw[CHANNEL_BLOCK] = {0.0f}, db[CHANNEL_BLOCK] = {0.0f};
         for (int bt = 0; bt < B * T; bt++) {
             const float* x = inp + (size_t)bt * C + c0;
             const float* dy = dout + (size_t)bt * C + c0;
@@ -199,26 +207,86 @@ static void causal_softmax_forward(float* att, const float* preatt, int B, int N
     }
 }
 
+// A head's dot products s_u = sum_i x_i y_u[i] with each of its keys (or values) y_u run on the
+// keys transposed, yt[i*Tp + u] = y_u[i]: step i adds x_i yt[i*Tp + u] to ATT_KEYS running sums at
+// once (a vector over u, held in registers), in the order of i, so every s_u is bitwise the
+// one-key-at-a-time sum: vectorized without changing a bit.
+#define ATT_KEYS 16   // keys a step takes: two AVX2 vectors, one AVX-512 vector
+static int attention_padded_T(int T) { return (T + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS; }
+
+typedef enum { QKV_QUERY = 0, QKV_KEY = 1, QKV_VALUE = 2 } QkvPart;  // the thirds of a qkv row, in order
+
+// returns (hs, Tp) (free it): head h's keys or values (part) of sequence b in qkv (B,T,3C),
+// transposed; the Tp - T columns past the last position are zero
+static float* attention_head_transposed(const float* qkv, int b, int h, QkvPart part, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH, Tp = attention_padded_T(T);
+    float* yt = (float*)malloc_check((size_t)hs * Tp * sizeof(float));
+    for (int u = 0; u < T; u++) {
+        const float* y = qkv + ((size_t)b * T + u) * C3 + part * C + h * hs;
+        for (int i = 0; i < hs; i++) { yt[(size_t)i * Tp + u] = y[i]; }
+    }
+    for (int i = 0; i < hs; i++) {
+        for (int u = T; u < Tp; u++) { yt[(size_t)i * Tp + u] = 0.0f; }
+    }
+    return yt;
+}
+
+// s (n) writes s[u] = sum_i x[i] yt[i*Tp + u] for u < n <= Tp, each sum in the order of i
+static void attention_dots(float* s, const float* x, const float* yt, int n, int Tp, int hs) {
+    for (int u0 = 0; u0 < n; u0 += ATT_KEYS) {
+        float acc[ATT_KEYS] = {0.0f};
+        for (int i = 0; i < hs; i++) {
+            const float* y = yt + (size_t)i * Tp + u0;
+            float xi = x[i];
+            #pragma omp simd
+            for (int k = 0; k < ATT_KEYS; k++) { acc[k] += xi * y[k]; }
+        }
+        for (int k = 0; k < ATT_KEYS && u0 + k < n; k++) { s[u0 + k] = acc[k]; }
+    }
+}
+
+// o (hs) += sum_u a[u] v[u*ldv + i] over u < n, each term added in the order of u as one
+// o[i] += a[u] v[u][i] at a time would: ATT_KEYS outputs at a time keep their running sums in
+// registers over all of u (the last hs % ATT_KEYS one at a time)
+static void attention_weighted_sum(float* o, const float* a, const float* v, int n, int ldv, int hs) {
+    int i0 = 0;
+    for (; i0 + ATT_KEYS <= hs; i0 += ATT_KEYS) {
+        float acc[ATT_KEYS];
+        for (int k = 0; k < ATT_KEYS; k++) { acc[k] = o[i0 + k]; }
+        for (int u = 0; u < n; u++) {
+            const float* vu = v + (size_t)u * ldv + i0;
+            float au = a[u];
+            #pragma omp simd
+            for (int k = 0; k < ATT_KEYS; k++) { acc[k] += au * vu[k]; }
+        }
+        for (int k = 0; k < ATT_KEYS; k++) { o[i0 + k] = acc[k]; }
+    }
+    for (; i0 < hs; i0++) {
+        float sum = o[i0];
+        for (int u = 0; u < n; u++) { sum += a[u] * v[(size_t)u * ldv + i0]; }
+        o[i0] = sum;
+    }
+}
+
 // qkv (B,T,3C) holds q, k, v side by side, each split into NH heads of hs = C/NH.
 // att (B,NH,T,T) writes the attention weights softmax(q k^T / sqrt(hs), causal). On its
 // own it is what selective recompute (--recompute attn) runs again in backward.
 static void attention_weights_forward(float* att, const float* qkv, int B, int T, int C, int NH) {
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    // scores into att (as the pre-softmax preatt), then softmax in place
-    #pragma omp parallel for collapse(3)
+    // scores into att (as the pre-softmax preatt), then softmax in place; parallel over (b, h):
+    // a head's keys are transposed once for all its rows
+    #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
+            float* kt = attention_head_transposed(qkv, b, h, QKV_KEY, T, C, NH);
             for (int t = 0; t < T; t++) {
                 const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                for (int u = 0; u <= t; u++) {
-                    const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
-                    a[u] = s * scale;
-                }
+                attention_dots(a, q, kt, t + 1, attention_padded_T(T), hs);
+                for (int u = 0; u <= t; u++) { a[u] *= scale; }
             }
+            free(kt);
         }
     }
     causal_softmax_forward(att, att, B, NH, T);
@@ -230,17 +298,16 @@ static void attention_forward(float* out, float* att, const float* qkv, int B, i
     prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(float)), "matmul");
     int C3 = 3 * C, hs = C / NH;
     attention_weights_forward(att, qkv, B, T, C, NH);
+    // parallel over rows: a row owns its head's slice of out
     #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < T; t++) {
                 const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                const float* v = qkv + (size_t)b * T * C3 + 2 * C + h * hs;  // position u's values at v + u * C3
                 float* o = out + ((size_t)b * T + t) * C + h * hs;
                 for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
-                for (int u = 0; u <= t; u++) {
-                    const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) { o[i] += a[u] * v[i]; }
-                }
+                attention_weighted_sum(o, a, v, t + 1, C3, hs);
             }
         }
     }
@@ -257,32 +324,34 @@ static void attention_backward(float* dqkv, float* datt, const float* dout, cons
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
+            float* vt = attention_head_transposed(qkv, b, h, QKV_VALUE, T, C, NH);
+            float* g = (float*)malloc_check((size_t)T * sizeof(float));
             for (int t = 0; t < T; t++) {
                 const float* a = att + (((size_t)b * NH + h) * T + t) * T;
                 float* da = datt + (((size_t)b * NH + h) * T + t) * T;
                 const float* dy = dout + ((size_t)b * T + t) * C + h * hs;
                 // through the weighted sum of values: datt = dy . v, dv += att * dy
+                attention_dots(da, dy, vt, t + 1, attention_padded_T(T), hs);
                 for (int u = 0; u <= t; u++) {
-                    const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
                     float* dv = dqkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) { s += v[i] * dy[i]; dv[i] += a[u] * dy[i]; }
-                    da[u] = s;
+                    for (int i = 0; i < hs; i++) { dv[i] += a[u] * dy[i]; }
                 }
                 // through the softmax: dpre[u] = att[u] * (datt[u] - sum_j att[j] datt[j])
                 float dot = 0.0f;
                 for (int u = 0; u <= t; u++) { dot += a[u] * da[u]; }
                 for (int u = 0; u <= t; u++) { da[u] = a[u] * (da[u] - dot); }
-                // through the scores q.k * scale
+                // through the scores q.k * scale: g[u] = da[u] * scale, dq += sum_u g[u] k_u, dk_u += g[u] q
                 const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
                 for (int u = 0; u <= t; u++) {
-                    const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
                     float* dk = dqkv + ((size_t)b * T + u) * C3 + C + h * hs;
-                    float g = da[u] * scale;
-                    for (int i = 0; i < hs; i++) { dq[i] += g * k[i]; dk[i] += g * q[i]; }
+                    g[u] = da[u] * scale;
+                    for (int i = 0; i < hs; i++) { dk[i] += g[u] * q[i]; }
                 }
+                const float* k = qkv + (size_t)b * T * C3 + C + h * hs;  // position u's keys at k + u * C3
+                attention_weighted_sum(dqkv + ((size_t)b * T + t) * C3 + h * hs, g, k, t + 1, C3, hs);
             }
+            free(vt);
+            free(g);
         }
     }
 }

@@ -46,7 +46,7 @@ bench_model() {
 {
     echo "# CPU training benchmark"
     echo
-    echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($SIMD), OpenMP threads: ${OMP_NUM_THREADS:-all}."
+    echo "$(date -u +%Y-%m-%d), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($SIMD), OpenMP threads: ${OMP_NUM_THREADS:-all}."
     echo "OpenBLAS sgemm on the largest forward shape of d12 (the classifier) in this run: **$sgemm GFLOP/s**"
     echo "as installed, **$sgemm512 GFLOP/s** with its AVX-512 kernels forced (OPENBLAS_CORETYPE=SkylakeX)."
     echo "Memory: the STREAM triad over every thread, in the same run: **$triad GB/s** (cpu/roofline.h; --profile's roof column"
