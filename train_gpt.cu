@@ -1376,6 +1376,7 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         copy_to_floatX_cuda(m->weights_memory + made, m->master_memory + made, m->weight_floats - made, m->stream);
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    if (made > 0) { comm_after_compute(m); }  // ZeRO-3: the layers' gathers to come wait for the whole update, not its first part
 }
 
 // ZeRO-1, 2 and 3: the NCCL collectives of the gradients and the weights in step 1, counted
@@ -1666,6 +1667,10 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
     float* staging = m->zero3.ckpt_staging;
     WeightRun* runs = (WeightRun*)malloc_check((size_t)(param_slice_count(c) + 1) * sizeof(WeightRun));
     int n = weight_runs(c, m->slices, runs);
+    if (m->exchange.comm != NULL) {  // the comm stream's collectives first (the gathers the update queued: zero3_first_updated):
+        CUDA_CHECK(cudaEventRecord(m->exchange.reduced, m->exchange.comm_stream));  // one communicator, one collective at a time
+        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->exchange.reduced, 0));
+    }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)),
                   "ZeRO-3: the weights slice by slice, %s", how == PARAMS_WRITE ? "each rank's blocks kept" : "gathered");
     for (int i = 0; i < n; i++) {
