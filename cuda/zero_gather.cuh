@@ -45,7 +45,7 @@ static void gather_group(Model<floatX>* m, int g) {
     auto master = [m](int k) { return m->master_memory + m->slices[k].offset; };
     floatX* (*working)(void*, int) = (void*)m->weights_memory != (void*)m->master_memory ? working_slice<floatX> : NULL;
     prof_gpu_mark(m->exchange.comm_stream, PROF_STREAM_NCCL, PROF_COLLECTIVE, prof_bytes(m->shard.zero_groups[g].part * m->dist.world * sizeof(float)),
-                  "ZeRO all-gather of the updated blocks, overlapped");
+                  "ZeRO all-gather of the updated blocks");
     zero_all_gather(&m->shard.zero_groups[g], m->dist.rank, m->dist.world, master, m->shard.zero_pack, m->exchange.comm, m->exchange.comm_stream,
                     working, m);
     if (g == G - 1 || g < L) { CUDA_CHECK(cudaEventRecord(m->shard.gathered[g < L ? g : L], m->exchange.comm_stream)); }
