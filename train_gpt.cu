@@ -1286,9 +1286,10 @@ static void lowp_check_refused(Model<floatX>* m) {
 
 // clips the gradients and takes one step of the model's optimizer per slice (under ZeRO-1 and 2 on
 // this rank's block of each), as cpu/optimizers.h's optimizer_step (AdamW: weight decay on the 2-D
-// weights only; the padded wte rows never touched); ZeRO then sends every rank's updated blocks to
-// the others (an all-gather per group, queued after the update on the same stream); then the
-// working weights follow the master
+// weights only; the padded wte rows never touched), the slices the next forward reads first (the outer
+// ones, layer 0) first; ZeRO-1 and 2 then send every rank's updated blocks to the others on the comm
+// stream (an all-gather per group: cuda/zero_gather.cuh, mostly during the next forward), ZeRO-3's
+// next forward gathers what it reads; elsewhere the working weights follow the master
 template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     size_t X = sizeof(floatX);

@@ -11,7 +11,7 @@ A part of train_gpt.cu, included where this section stands there: its functions 
 // ----------------------------------------------------------------------------
 // ZeRO-3: a rank keeps its shards of the weights (fp32 master, floatX working: half the bytes in bf16,
 // and what is gathered); the kernels read a working copy. The outer tensors (wte, wpe, lnfw, lnfb) are gathered
-// once a step, before the encoder; each layer before its forward, its backward and each recompute,
+// once a step, before the encoder (with AdamW already during the update: zero3_first_updated); each layer before its forward, its backward and each recompute,
 // into buffer l % 2, on the comm stream: one ncclAllGather of the floatX shard's layer part into the
 // pack, then the unpack into the buffer (cuda/zero.cuh). While layer l computes, the next layer the
 // schedule needs is gathered into the other buffer (the forward: l + 1; the backward: l - 1, or the

@@ -13,7 +13,7 @@ A part of train_gpt.cu, included where this section stands there: its functions 
 // lnfw, lnfb); each exchange of a group is one NCCL collective through the pack. ZeRO-1 reduce-scatters
 // the gradients of the last micro-step's backward (the sums into this rank's blocks of the model's
 // gradients); ZeRO-2 every micro-step's, from the working buffer, the sums added to the gradient
-// shard; both then all-gather the updated master weights, group by group.
+// shard; both then all-gather the updated master weights, group by group (cuda/zero_gather.cuh).
 
 // the groups of `layer` [*g0, *g1): layer l's one, OUTER_GROUP the outer slices' rounds, ALL_SLICES every one
 template <typename floatX>
