@@ -535,7 +535,7 @@ void gpt2_update(GPT2* m, const StepConfig* s, float grad_norm) {
         host_clip_grads(m->grads_memory, m->num_parameters, s->grad_clip, grad_norm);
         adamw_step(m->params_memory, m->grads_memory, m->opt_memory, &m->config, &s->hyper.adamw, s->t);
     } else {
-        host_update(&h, s, grad_norm, NULL, NULL);  // Adafactor, CAME; ZeRO; bf16 or 8-bit state (cpu/host_step.h)
+        host_update(&h, s, grad_norm);  // Adafactor, CAME; ZeRO; bf16 or 8-bit state (cpu/host_step.h)
     }
     prof_close();
     zero_step_done(&m->zero, &h, s->t);

@@ -290,8 +290,6 @@ static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof
 // ----------------------------------------------------------------------------
 // NCCL: one process per GPU, the communicator bootstrapped over MPI (cuda/nccl.cuh)
 
-#define OUTER_GROUP (-1)  // in place of a layer: wte, wpe, lnfw, lnfb (the outer slices)
-#define ALL_SLICES (-2)   // a layer filter that takes every slice (OUTER_GROUP: the outer slices; l: layer l's)
 
 // every slice of the model of layer `layer` (or ALL_SLICES) through call(offset in floats, floats):
 // --zero 0's all-reduce per slice (ZeRO's exchanges go a layer at a time: cuda/zero.cuh)
@@ -387,6 +385,10 @@ struct OptOffloadState {
     cudaEvent_t grads_down[2];    // grad_stream: grad_layers[i] (or the outer tensors') copied into opt_staging[i]
     cudaEvent_t staged_up[2];     // stream: the upload out of opt_staging[i] is done
     cudaEvent_t grads_ready;      // stream: a group's gradients are computed (grad_stream waits for it)
+    int deferred;                 // the last step's host update is still to be made (by the next forward, group by group)
+    int next_group;               // the group it makes next, in the forward's order: 0 the outer slices, 1 + l layer l
+    StepConfig step;              // that update's step (t, hyperparameters, clipping) and gradient norm
+    float grad_norm;
 };
 
 // the model: the plain tensors first (as train_gpt.c's GPT2), then each technique's state
@@ -464,6 +466,11 @@ struct Model {
     Zero3Weights<floatX> zero3;   // --zero 3
     OptOffloadState opt_offload;  // --offload optimizer
 };
+
+// ZeRO's cut of the slices over the ranks (llmc/opt_layout.h): with 8-bit state each part starts on a
+// boundary of the state's blocks, so every layout of the gradients, weights and state follows the format
+template <typename floatX>
+static ShardLayout model_shard_layout(const Model<floatX>* m) { return shard_layout_as(&m->config, m->dist.world, m->state_format); }
 
 struct GPT2 {
     Precision precision;
@@ -609,7 +616,7 @@ template <typename floatX>
 static void alloc_gradients(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
     int world = m->dist.world, zero2 = zero_shards_grads(m->zero);
-    ShardLayout z = shard_layout(c, world);
+    ShardLayout z = model_shard_layout(m);
     m->grad_floats = zero2 ? z.shard : m->num_parameters;
     m->grads_memory = (float*)mem_alloc(MEM_GRADIENTS, m->grad_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->grads_memory, 0, m->grad_floats * sizeof(float)));
@@ -621,13 +628,13 @@ static void alloc_gradients(Model<floatX>* m) {
         CUDA_CHECK(cudaMemset(m->shard.grad_working, 0, z.working * sizeof(float)));
         point_params(&m->grads, m->shard.grad_working, &one);  // every layer's backward uses layer 0's place
         m->shard.shard_block_off = (size_t*)malloc_check((size_t)param_slice_count(c) * sizeof(size_t));
-        shard_block_offsets(c, world, m->shard.shard_block_off);
+        shard_block_offsets_as(c, world, m->state_format, m->shard.shard_block_off);
     } else {
         point_params(&m->grads, m->grads_memory, c);
     }
     if (zero_shards_state(m->zero)) {
         m->shard.zero_pack = (float*)mem_alloc(MEM_GRADIENTS, z.pack * sizeof(float));
-        m->shard.zero_groups = zero_groups(c, world, &m->shard.num_zero_groups);
+        m->shard.zero_groups = zero_groups(c, world, m->state_format, &m->shard.num_zero_groups);
     }
 }
 
@@ -663,7 +670,7 @@ static void alloc_ckpt_staging(Model<floatX>* m) {
 template <typename floatX>
 static void alloc_zero3_weights(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
-    ShardLayout z = shard_layout(c, m->dist.world);
+    ShardLayout z = model_shard_layout(m);
     GPT2Config one = *c;
     one.num_layers = 1;
     m->weight_floats = z.shard;
@@ -690,9 +697,9 @@ static void alloc_zero3_weights(Model<floatX>* m) {
 template <typename floatX>
 static void zero3_check_staging(const Model<floatX>* m) {
     const GPT2Config* c = &m->config;
-    ShardLayout z = shard_layout(c, m->dist.world);
+    ShardLayout z = model_shard_layout(m);
     for (int k = 0; k < param_slice_count(c); k++) {
-        size_t need = (size_t)m->dist.world * slice_block_floats(&m->slices[k], m->dist.world);
+        size_t need = (size_t)m->dist.world * slice_block_floats_as(&m->slices[k], m->dist.world, m->state_format);
         if (need > z.working) {
             fail("--zero 3 on %d ranks: slice %d's blocks (%zu floats) outgrow the gradients' working buffer (%zu), "
                  "through which checkpoints gather the weights\n  hint: fewer ranks", m->dist.world, k, need, z.working);
@@ -739,7 +746,7 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
     size_t P = m->num_parameters, Pl = layer_weights(c), Pr = outer_weights(c), C = c->channels;
     int shard = zero_shards_grads(m->zero);
-    size_t host = shard ? shard_layout(c, m->dist.world).shard : P;  // floats of the master weights and gradients on the host
+    size_t host = shard ? model_shard_layout(m).shard : P;  // floats of the master weights and gradients on the host
     if (m->zero == ZERO_3) {
         alloc_zero3_weights(m);
     } else {
@@ -771,7 +778,7 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     }
     // the staging buffers: a group of gradients on its way down, or a chunk of the new weights on its
     // way up (the offloaded shard, whose gradients go down from the GPU's shard: a rank's blocks of one layer)
-    m->opt_offload.opt_staging_floats = shard ? shard_layout(c, m->dist.world).layer_part : Pl > Pr ? Pl : Pr;
+    m->opt_offload.opt_staging_floats = shard ? model_shard_layout(m).layer_part : Pl > Pr ? Pl : Pr;
     m->opt_offload.opt_host_memory = (char*)mem_alloc(MEM_OPT_HOST, (2 * host + 2 * m->opt_offload.opt_staging_floats + m->opt_floats) * sizeof(float));
     char* p = m->opt_offload.opt_host_memory;
     m->master_memory = carve<float>(&p, host * sizeof(float));
@@ -791,23 +798,16 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.grads_down[i], cudaEventDisableTiming)); }
 }
 
-// --optimizer-state bf16 or 8bit on this backend: AdamW's moments on the GPU (cuda/adamw_lowp.cuh), and
-// every optimizer's on the host with --offload optimizer (cpu/host_step.h). Not yet: Adafactor's and
-// CAME's first moment on the GPU (cuda/factored_lowp.cuh stages it through a buffer the planner does
-// not count), and 8-bit state under the GPU's ZeRO on several ranks (its shards must be cut at the
-// 8-bit blocks' boundaries: opt_layout.h's _as layouts, which cuda/zero.cuh does not take yet)
+// --optimizer-state bf16 or 8bit on this backend: AdamW's moments on the GPU (cuda/adamw_lowp.cuh), under
+// any --zero (8-bit state cuts ZeRO's shards at its blocks' boundaries: model_shard_layout), and every
+// optimizer's on the host with --offload optimizer (cpu/host_step.h). Not yet: Adafactor's and CAME's
+// first moment on the GPU (cuda/factored_lowp.cuh stages it through a buffer the planner does not count)
 static void lowp_check_supported(const ModelSetup* s) {
     const char* f = QSTATE_FORMAT_NAMES[s->state_format];
-    int host_cuts = s->offload_optimizer != OPT_OFFLOAD_NONE && !zero_shards_grads(s->zero);  // the host updates (and cuts) the state
     if (s->offload_optimizer == OPT_OFFLOAD_NONE && s->optimizer != OPT_ADAMW) {
         fail("--optimizer-state %s with %s: the CUDA backend keeps only AdamW's moments in %s on the GPU, for now\n"
              "  hint: --optimizer adamw, --offload optimizer (the host keeps %s state for every optimizer), or the CPU trainer",
              f, OPTIMIZER_NAMES[s->optimizer], f, f);
-    }
-    if (s->state_format == QSTATE_8BIT && zero_shards_state(s->zero) && s->dist.world > 1 && !host_cuts) {
-        fail("--optimizer-state 8bit with --zero %d on %d ranks: the CUDA backend does not yet cut ZeRO's shards at the 8-bit blocks'\n"
-             "  boundaries\n  hint: --optimizer-state bf16 (the same cut as fp32), --zero 0, or --offload optimizer without --zero 2 or 3",
-             (int)s->zero, s->dist.world);
     }
 }
 
@@ -1011,11 +1011,13 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
 
 #include "cuda/zero_gather.cuh"      // --zero 1, 2: the updated weights gathered during the next forward (zero_gather_updated)
 #include "cuda/zero3_weights.cuh"    // --zero 3: the weights gathered layer by layer (weights_of_layer, zero3_release)
+#include "cuda/offload_optimizer.cuh"  // --offload optimizer[,gradients]: the host's step (offload_update_upto, send_final_grads, take_grads)
 
 // hook: wte, wpe, lnfw, lnfb ready for the encoder and the head: ZeRO-3 gathers them, ZeRO-1 and 2
 // wait for the update's gather of them
 template <typename floatX>
 static void outer_weights_ready(Model<floatX>* m) {
+    offload_update_upto(m, OUTER_GROUP);
     zero3_gather_outer(m);
     zero_wait_gathered(m, OUTER_GROUP);
 }
@@ -1036,6 +1038,7 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
         LayerActs<floatX>* la = act_layer(m, l);
         // not under ZeRO-3, where the next layer's weights are still on their way
         LayerActs<floatX>* next = l < last && !m->act.offload && m->zero != ZERO_3 ? act_layer(m, l + 1) : NULL;
+        offload_update_upto(m, next != NULL ? l + 1 : l);  // hook: --offload optimizer's deferred update of the weights read next
         if (next != NULL) { np = weights_of_layer(m, l + 1); }  // its ln1 (ZeRO-1, 2: once gathered)
         if (m->act.offload) { wait_slot_saved(m, l); }
         block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
@@ -1046,7 +1049,6 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
     }
 }
 
-#include "cuda/offload_optimizer.cuh"  // --offload optimizer[,gradients]: the host's step (send_final_grads, take_grads, upload_shard)
 
 // the mean of the (B,T) losses, added on the host in the CPU's order
 template <typename floatX>
@@ -1231,7 +1233,8 @@ static float model_grad_norm(Model<floatX>* m) {
         return (float)sqrt(sum);
     }
     int nslices = param_slice_count(&m->config);
-    OptSharding z = {.rank = m->dist.rank, .world = m->dist.world, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0};
+    OptSharding z = {.rank = m->dist.rank, .world = m->dist.world, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0,
+                     .format = m->state_format};
     for (int k = 0; k < nslices; k++) {
         size_t offset;
         OptShard sh = slice_shard(&m->slices[k], &z, &offset);
@@ -1298,18 +1301,20 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         HostStep h = host_step_of(m);
         prof_mark(PROF_OPTIMIZER, prof_optimizer(m->grad_floats, m->opt_floats, X), "%s on the host, this rank's shard",
                   OPTIMIZER_NAMES[m->optimizer]);
-        host_update(&h, s, grad_norm, NULL, NULL);
+        host_update(&h, s, grad_norm);
         prof_close();
         upload_shard(m, 1);
         print_zero_collectives(m, s->t);
         return;
     }
-    if (m->offload_opt) {  // the CPU's step; each tensor goes up as soon as it is updated
+    if (defers_update(m)) { defer_update(m, s, grad_norm); return; }  // the CPU's step, made by the next forward
+    if (m->offload_opt) {  // ZeRO-1: the CPU's step and the ranks' exchange, then the weights go up
         HostStep h = host_step_of(m);
-        prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s on the host, uploads",
+        prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s on the host, this rank's blocks",
                   OPTIMIZER_NAMES[m->optimizer]);
-        host_update(&h, s, grad_norm, upload_tensor_done<floatX>, m);
+        host_update(&h, s, grad_norm);
         prof_close();
+        upload_all(m);
         return;
     }
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s",
@@ -1389,14 +1394,14 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
         int L = m->config.num_layers;
         printf("ZeRO-%d: step 1: %ld gradient reduce-scatters, %ld weight all-gathers (L = %d, %d outer rounds); "
                "gradients per rank: %zu of %zu floats, pack %zu\n", (int)m->zero, m->exchange.grad_collectives, m->exchange.weight_collectives,
-               L, m->shard.num_zero_groups - L, m->grad_floats, m->num_parameters, shard_layout(&m->config, m->dist.world).pack);
+               L, m->shard.num_zero_groups - L, m->grad_floats, m->num_parameters, model_shard_layout(m).pack);
         if (m->zero == ZERO_3) {
             const char* what = m->offload_opt ? (sizeof(floatX) == sizeof(float) ? "fp32 master in host memory, and an fp32 shard on the GPU"
                                                                                   : "fp32 master in host memory, and a bf16 shard on the GPU")
                                               : (sizeof(floatX) == sizeof(float) ? "fp32 master, and the same floats read by the kernels"
                                                                                   : "fp32 master, and a bf16 shard");
             printf("ZeRO-3: weights per rank: shard %zu of %zu floats (%s), working copy %zu\n", m->weight_floats, m->num_parameters,
-                   what, shard_layout(&m->config, m->dist.world).working + layer_weights(&m->config));
+                   what, model_shard_layout(m).working + layer_weights(&m->config));
         }
     }
     m->exchange.grad_collectives = 0;
@@ -1407,14 +1412,13 @@ static void print_zero_collectives(Model<floatX>* m, int t) {
 template <typename floatX>
 static void model_sync(Model<floatX>* m, SyncDirection dir) {
     size_t P = m->num_parameters;
+    offload_update_finish(m);  // --offload optimizer: the last step's update, if the next forward has not made it
     zero_gathers_done(m);  // ZeRO-1, 2: the weights are whole again
     lowp_check_refused(m);
     size_t opt_bytes = m->opt_floats * sizeof(float);  // 0: a model for sampling has no optimizer state
     if (m->offload_opt) {  // the host holds the master weights and the state: the GPU's weights follow them
         if (dir == SYNC_FROM_HOST && offloads_shard(m)) { upload_shard(m, 0); }
-        else if (dir == SYNC_FROM_HOST) {
-            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { upload_tensor(m, i); }
-        }
+        else if (dir == SYNC_FROM_HOST) { upload_all(m); }
     } else if (dir == SYNC_TO_HOST) {  // ZeRO-3: no host copy of the weights (gpt2_params_stream moves them)
         if (m->host_params != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->host_params, m->master_memory, P * sizeof(float), cudaMemcpyDeviceToHost, m->stream)); }
         if (opt_bytes > 0) { CUDA_CHECK(cudaMemcpyAsync(m->host_opt, m->opt_memory, opt_bytes, cudaMemcpyDeviceToHost, m->stream)); }
@@ -1651,6 +1655,7 @@ void gpt2_destroy(GPT2* m) {
 
 HostView gpt2_host_view(GPT2* m) {
     HostView h;
+    if (m->bf16) { offload_update_finish(m->bf16); } else { offload_update_finish(m->f32); }  // the state the view shows is the last step's
     if (m->bf16) { HostView v = {m->bf16->host_opt, m->bf16->opt_floats}; h = v; }
     else { HostView v = {m->f32->host_opt, m->f32->opt_floats}; h = v; }
     return h;
@@ -1687,11 +1692,12 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
         if (how == PARAMS_WRITE) {
             fn(ctx, r.offset, staging, len);
             int begin, end, width = slice_unit_width(sl);
-            shard_range(slice_units(sl), rank, world, &begin, &end);
+            slice_range(sl, rank, world, m->state_format, &begin, &end);
             CUDA_CHECK(cudaMemcpyAsync(mine, staging + (size_t)begin * width, (size_t)(end - begin) * width * sizeof(float),
                                        cudaMemcpyHostToDevice, m->stream));
         } else {  // the ranks' padded blocks one after another: the slice, then the padding
-            NCCL_CHECK(ncclAllGather(mine, m->shard.grad_working, slice_block_floats(sl, world), ncclFloat, m->exchange.comm, m->stream));
+            NCCL_CHECK(ncclAllGather(mine, m->shard.grad_working, slice_block_floats_as(sl, world, m->state_format), ncclFloat, m->exchange.comm,
+                                     m->stream));
             CUDA_CHECK(cudaMemcpyAsync(staging, m->shard.grad_working, len * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
         }
         WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");  // staging is free (write) or filled (read)
@@ -1702,7 +1708,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
         copy_to_floatX_cuda(m->weights_memory, m->master_memory, m->weight_floats, m->stream);
     }
     if (how != PARAMS_WRITE) {
-        CUDA_CHECK(cudaMemsetAsync(m->shard.grad_working, 0, shard_layout(c, world).working * sizeof(float), m->stream));
+        CUDA_CHECK(cudaMemsetAsync(m->shard.grad_working, 0, model_shard_layout(m).working * sizeof(float), m->stream));
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
@@ -1716,6 +1722,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
 // backend's ZeRO-3 walk, gathered over the ranks on the host): a slice at a time
 template <typename floatX>
 static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    offload_update_finish(m);
     if (offloads_shard(m)) {
         HostStep h = host_step_of(m);
         host_zero3_stream(&h, how == PARAMS_WRITE, m->zero3.ckpt_staging, fn, ctx);

@@ -12,7 +12,7 @@ code for both, so the offloaded update is the CPU reference's own arithmetic.
                   .params = params, .grads = grads, .state = state, .pack = pack};
     host_reduce_grads(&h);                    // MPI: all-reduce, or reduce-scatter (ZeRO-1)
     float norm = host_grad_norm(&h);
-    host_update(&h, &step_config, norm, NULL, NULL);
+    host_update(&h, &step_config, norm);
 
 Determinism: the norm is summed in double over a fixed partition (NORM_CHUNKS parts: optimizers.h) and the
 optimizers sum the same way, so nothing depends on the number of OpenMP threads.
@@ -203,12 +203,13 @@ static void lowp_refused_fail(const ParamSlice* sl, size_t refused, QStateFormat
 // ----------------------------------------------------------------------------
 // the step over every slice (Adafactor, CAME, any optimizer under ZeRO or with bf16 or 8-bit state)
 
-// one optimizer step over this process's part of every slice (gradients already clipped);
-// t = 1, 2, ...; z = &OPT_UNSHARDED for the whole model. tensor_done(ctx, i), if not NULL, is
-// called when the last slice of parameter tensor i is updated (the slices go tensor by tensor)
+// one optimizer step over this process's part of the slices of `layer` (gradients already clipped):
+// ALL_SLICES every slice, OUTER_GROUP wte, wpe, lnfw and lnfb, l >= 0 layer l's 12. t = 1, 2, ...;
+// z = &OPT_UNSHARDED for the whole model. Each slice's update reads its own gradients and state only,
+// so a model updated layer by layer is bit for bit the model updated at once (the GPU's deferred
+// update under --offload optimizer: cuda/offload_optimizer.cuh)
 static void optimizer_step(OptimizerKind kind, float* params, const float* grads, float* state,
-                           const GPT2Config* c, const OptimizerHyper* h, int t, const OptSharding* z,
-                           void (*tensor_done)(void*, int), void* ctx) {
+                           const GPT2Config* c, const OptimizerHyper* h, int t, const OptSharding* z, int layer) {
     ParamSlice* s = param_slices_alloc(c);
     int use_beta1 = h->adafactor.beta1 > 0.0;
     float* st = state;
@@ -222,7 +223,8 @@ static void optimizer_step(OptimizerKind kind, float* params, const float* grads
         OptShard sh = slice_shard(&s[k], z, &offset);
         float* p = z->params_compact ? params + goff[k] : params + s[k].offset + offset;
         const float* g = z->grads_compact ? grads + goff[k] : grads + s[k].offset + offset;
-        if (sh.format != QSTATE_FP32) {  // --optimizer-state bf16, 8bit (cpu/optimizers_lowp.h)
+        if (layer != ALL_SLICES && s[k].layer != layer) {  // not asked for: its state is skipped
+        } else if (sh.format != QSTATE_FP32) {  // --optimizer-state bf16, 8bit (cpu/optimizers_lowp.h)
             QStateStream stream = {.seed = (uint32_t)k, .index_base = offset};
             size_t refused = lowp_update_part(kind, p, g, st, &sh, h, PARAMETER_IS_MATRIX[s[k].tensor], t, stream);
             if (refused > 0) { lowp_refused_fail(&s[k], refused, sh.format, t); }
@@ -234,29 +236,33 @@ static void optimizer_step(OptimizerKind kind, float* params, const float* grads
             came_update(p, g, st, &sh, &h->came);
         }
         st += slice_state_floats(kind, &sh, use_beta1);
-        int last_of_tensor = k + 1 == param_slice_count(c) || s[k + 1].tensor != s[k].tensor;
-        if (tensor_done != NULL && last_of_tensor) { tensor_done(ctx, s[k].tensor); }
     }
     free(goff);
     free(s);
 }
 
 // clips the gradients to s->grad_clip given their norm, takes one optimizer step over this
-// rank's part of every slice and (ZeRO-1) gathers the other ranks' blocks. tensor_done(ctx, i),
-// when given, is called as soon as parameter tensor i holds its new values (a GPU backend
-// sends each tensor up while the CPU updates the next)
-static void host_update(const HostStep* h, const StepConfig* s, float grad_norm, void (*tensor_done)(void*, int), void* ctx) {
+// rank's part of every slice and (ZeRO-1) gathers the other ranks' blocks
+static void host_update(const HostStep* h, const StepConfig* s, float grad_norm) {
     size_t n = zero_shards_grads(h->zero) ? shard_layout_as(h->config, h->dist.world, h->format).shard : h->num_parameters;
     host_clip_grads(h->grads, n, s->grad_clip, grad_norm);
     OptSharding z = host_sharding(h);
-    int sharded = zero_shards_state(h->zero);
-    optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z,
-                   sharded ? NULL : tensor_done, ctx);
+    optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z, ALL_SLICES);
     // ZeRO-1 and 2: every rank's updated blocks to every rank; ZeRO-3 keeps its own blocks only
-    if (sharded && h->zero != ZERO_3) { host_exchange_blocks(h, h->params, 0); }
-    if (sharded && tensor_done != NULL) {
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { tensor_done(ctx, i); }
+    if (zero_shards_state(h->zero) && h->zero != ZERO_3) { host_exchange_blocks(h, h->params, 0); }
+}
+
+// host_update of the slices of one `layer` (OUTER_GROUP or l) of a model whose state is not sharded
+// (no exchange follows): the same clipping and the same step, bit for bit, for that layer's slices
+static void host_update_layer(const HostStep* h, const StepConfig* s, float grad_norm, int layer) {
+    if (zero_shards_state(h->zero)) { fail("host_update_layer: the state is sharded (ZeRO-%d): update the whole model (host_update)", (int)h->zero); }
+    ParamSlice* sl = param_slices_alloc(h->config);
+    for (int k = 0; k < param_slice_count(h->config); k++) {
+        if (sl[k].layer == layer) { host_clip_grads(h->grads + sl[k].offset, (size_t)sl[k].rows * sl[k].cols, s->grad_clip, grad_norm); }
     }
+    free(sl);
+    OptSharding z = host_sharding(h);
+    optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z, layer);
 }
 
 // ----------------------------------------------------------------------------

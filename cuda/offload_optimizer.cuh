@@ -117,17 +117,89 @@ static void upload_weights(Model<floatX>* m, const float* src, floatX* dst, size
     }
 }
 
-// parameter tensor i's new master weights up to the GPU's working weights
+// group l's new master weights (layer l's slices, or OUTER_GROUP's tensors) up to the GPU's working
+// weights: rounded to floatX on the CPU into one staging buffer (a group fits: the buffers hold
+// max(Pl, Pr) floats), which waits for the upload that used it last, then a copy per tensor on the
+// compute stream, behind the kernels already queued there
 template <typename floatX>
-static void upload_tensor(Model<floatX>* m, int i) {
-    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
-    gpt2_parameter_sizes(sizes, &m->config);
-    for (int k = 0; k < i; k++) { offset += sizes[k]; }
-    upload_weights(m, m->master_memory + offset, m->weights_memory + offset, sizes[i]);
+static void upload_group(Model<floatX>* m, int l) {
+    GradPiece pieces[NUM_PARAMETER_TENSORS];
+    int n = grad_group_pieces(&m->config, l, pieces);
+    int b = m->opt_offload.next_staging;
+    m->opt_offload.next_staging ^= 1;
+    WATCHED_WAIT(cudaEventSynchronize(m->opt_offload.staged_up[b]), "a staging buffer's copy to the device");
+    floatX* staged = (floatX*)m->opt_offload.opt_staging[b];
+    for (int i = 0; i < n; i++) {  // the master weights and the working weights share the model's layout
+        const float* src = m->master_memory + pieces[i].host_offset;
+        #pragma omp parallel for
+        for (size_t j = 0; j < pieces[i].n; j++) { staged[j] = from_float<floatX>(src[j]); }
+        CUDA_CHECK(cudaMemcpyAsync(m->weights_memory + pieces[i].host_offset, staged, pieces[i].n * sizeof(floatX),
+                                   cudaMemcpyHostToDevice, m->stream));
+        staged += pieces[i].n;
+    }
+    CUDA_CHECK(cudaEventRecord(m->opt_offload.staged_up[b], m->stream));
 }
 
+// every group's new weights up (a load, or the update under ZeRO-1)
 template <typename floatX>
-static void upload_tensor_done(void* model, int i) { upload_tensor((Model<floatX>*)model, i); }
+static void upload_all(Model<floatX>* m) {
+    upload_group(m, OUTER_GROUP);
+    for (int l = 0; l < m->config.num_layers; l++) { upload_group(m, l); }
+}
+
+// ----------------------------------------------------------------------------
+// the deferred update (--offload optimizer, the state not sharded). The host's step is the slow part
+// (d12 on an H100 box: 45 ms of host memory traffic, against a 10 ms forward), and the GPU has
+// nothing to do while it runs: the next forward reads what it writes. So model_update only records
+// the step (its norm, t, hyperparameters), and the next forward makes it a group at a time, just
+// before it reads the group (offload_update_upto, at the hooks outer_weights_ready and forward_layers):
+// wte, wpe and lnf before the encoder, layer l's slices before l's block (and l + 1's first: l's last
+// kernel computes l + 1's ln1), each group's new weights up behind the kernels already queued. The
+// GPU then runs layer l while the host updates layer l + 1. Each slice's update reads only its own
+// gradients and state, so this is bit for bit the update at once (cpu/host_step.h's
+// host_update_layer). Whatever else reads the weights or the state (a checkpoint, the host view,
+// model_sync) first finishes it (offload_update_finish). Not with ZeRO-1, whose host exchange
+// follows the whole update, nor the offloaded shard (--zero 2, 3: upload_shard).
+
+template <typename floatX>
+static int defers_update(const Model<floatX>* m) { return m->offload_opt != OPT_OFFLOAD_NONE && !zero_shards_state(m->zero); }
+
+// the step's update is due: recorded for the next forward
+template <typename floatX>
+static void defer_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
+    m->opt_offload.step = *s;
+    m->opt_offload.grad_norm = grad_norm;
+    m->opt_offload.next_group = 0;
+    m->opt_offload.deferred = 1;
+}
+
+// the deferred update made and sent up for every group the forward reads up to `layer`'s
+// (OUTER_GROUP: the outer slices only)
+template <typename floatX>
+static void offload_update_upto(Model<floatX>* m, int layer) {
+    OptOffloadState* o = &m->opt_offload;
+    const GPT2Config* c = &m->config;
+    int last = layer == OUTER_GROUP ? 0 : 1 + layer;
+    while (o->deferred && o->next_group <= last) {
+        int l = o->next_group == 0 ? OUTER_GROUP : o->next_group - 1;
+        HostStep h = host_step_of(m);
+        size_t n = l == OUTER_GROUP ? outer_weights(c) : layer_weights(c);
+        size_t state = optimizer_state_floats_of(c, m->optimizer, o->step.hyper.adafactor.beta1 > 0.0, 1, m->state_format, l);
+        prof_mark(PROF_OPTIMIZER, prof_optimizer(n, state, sizeof(floatX)), "%s on the host, %s, then up", OPTIMIZER_NAMES[m->optimizer],
+                  l == OUTER_GROUP ? "wte, wpe, lnf" : "a layer");
+        host_update_layer(&h, &o->step, o->grad_norm, l);
+        prof_close();
+        upload_group(m, l);
+        o->next_group++;
+        o->deferred = o->next_group <= c->num_layers;
+    }
+}
+
+// whatever the next forward has not made of the deferred update, made now
+template <typename floatX>
+static void offload_update_finish(Model<floatX>* m) {
+    offload_update_upto(m, m->config.num_layers - 1);
+}
 
 // OPT_OFFLOAD_STATE, the last micro-step: group l's final gradients (OUTER_GROUP: wte, wpe, lnfw,
 // lnfb) straight into the host's, after everything the compute stream has queued so far
@@ -179,7 +251,7 @@ static HostStep host_step_of(Model<floatX>* m) {
 template <typename floatX>
 static void upload_shard(Model<floatX>* m, int in_step) {
     floatX* shard = m->zero == ZERO_3 ? m->weights_memory : m->weight_shard;
-    size_t n = shard_layout(&m->config, m->dist.world).shard;
+    size_t n = model_shard_layout(m).shard;
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(floatX)), "weight shard from the host");
     upload_weights(m, m->master_memory, shard, n);
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);

@@ -6,7 +6,7 @@ world) rows of a matrix or elements of a vector, the last rank's padded); a coll
 buffer of world equal parts, rank r's part holding everything rank r owns, so a small kernel packs
 the group's blocks rank by rank into `pack` (the padding zero) and another unpacks them.
 
-    ZeroGroup* g = zero_groups(&cfg, world, &n);                 // once: layers 0..L-1, then the outer slices' rounds
+    ZeroGroup* g = zero_groups(&cfg, world, f, &n);              // once: layers 0..L-1, then the outer slices' rounds
     zero_pack_cuda(&g[l], 0, world, slice_ptr, pack, stream);             // every rank's blocks, rank by rank
     zero_reduce_scatter(&g[l], rank, pack, comm, stream);                  // ncclReduceScatter, in place
     zero_unpack_cuda(&g[l], rank, rank + 1, slice_ptr, pack, stream);        // ZeRO-1: the sums into this rank's blocks
@@ -48,21 +48,22 @@ typedef struct {
     size_t shard_at;                   // ZeRO-2: where the part lies in the gradient shard
 } ZeroGroup;
 
-// adds floats [first, first + count) of slice k's blocks to group g
-static void zero_group_add(ZeroGroup* g, const ParamSlice* s, int k, int world, size_t first, size_t count) {
-    ZeroPiece p = {k, (size_t)s->rows * s->cols, slice_block_floats(s, world), first, count, g->part};
+// adds floats [first, first + count) of slice k's blocks (each `block` floats) to group g
+static void zero_group_add(ZeroGroup* g, const ParamSlice* s, int k, size_t block, size_t first, size_t count) {
+    ZeroPiece p = {k, (size_t)s->rows * s->cols, block, first, count, g->part};
     g->piece[g->n++] = p;
     g->part += count;
 }
 
-// the groups of a model: L layers, then the outer slices' rounds (*n of them in all; free() the array)
-static ZeroGroup* zero_groups(const GPT2Config* c, int world, int* n) {
+// the groups of a model: L layers, then the outer slices' rounds (*n of them in all; free() the array),
+// the slices cut as the state format f cuts them (opt_layout.h: 8-bit state's parts start on its blocks)
+static ZeroGroup* zero_groups(const GPT2Config* c, int world, QStateFormat f, int* n) {
     ParamSlice* s = param_slices_alloc(c);
     int ns = param_slice_count(c), L = c->num_layers;
     size_t* goff = (size_t*)malloc_check((size_t)ns * sizeof(size_t));
-    shard_block_offsets(c, world, goff);
-    size_t outer = 0, round = shard_layout(c, world).layer_part;  // a round: at most one layer's part
-    for (int k = 0; k < ns; k++) { outer += slice_is_outer(&s[k]) ? slice_block_floats(&s[k], world) : 0; }
+    shard_block_offsets_as(c, world, f, goff);
+    size_t outer = 0, round = shard_layout_as(c, world, f).layer_part;  // a round: at most one layer's part
+    for (int k = 0; k < ns; k++) { outer += slice_is_outer(&s[k]) ? slice_block_floats_as(&s[k], world, f) : 0; }
     int rounds = (int)((outer + round - 1) / round);
     ZeroGroup* g = (ZeroGroup*)calloc((size_t)(L + rounds), sizeof(ZeroGroup));
     if (g == NULL) { fail("out of memory"); }
@@ -70,17 +71,18 @@ static ZeroGroup* zero_groups(const GPT2Config* c, int world, int* n) {
         if (slice_is_outer(&s[k])) { continue; }
         ZeroGroup* lg = &g[s[k].layer];
         if (lg->n == 0) { lg->shard_at = goff[k]; }  // the layer's first slice: its blocks follow
-        zero_group_add(lg, &s[k], k, world, 0, slice_block_floats(&s[k], world));
+        size_t block = slice_block_floats_as(&s[k], world, f);
+        zero_group_add(lg, &s[k], k, block, 0, block);
     }
     size_t at = 0;  // the outer slices' blocks concatenated, cut into rounds
     for (int k = 0; k < ns; k++) {
         if (!slice_is_outer(&s[k])) { continue; }
-        size_t block = slice_block_floats(&s[k], world);
+        size_t block = slice_block_floats_as(&s[k], world, f);
         for (size_t first = 0; first < block;) {
             ZeroGroup* hg = &g[L + (int)(at / round)];
             if (hg->n == 0) { hg->shard_at = at; }
             size_t count = block - first < round - at % round ? block - first : round - at % round;
-            zero_group_add(hg, &s[k], k, world, first, count);
+            zero_group_add(hg, &s[k], k, block, first, count);
             first += count;
             at += count;
         }

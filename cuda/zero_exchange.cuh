@@ -77,7 +77,7 @@ static void zero2_reduce(Model<floatX>* m, int layer) {
     }
     prof_gpu_close(m->exchange.comm_stream, PROF_STREAM_NCCL);
     float* first = layer == OUTER_GROUP ? m->shard.grad_working : m->grads.ln1w;  // the layer: its 12 tensors, ln1w first
-    size_t floats = layer == OUTER_GROUP ? shard_layout(&m->config, m->dist.world).working : layer_weights(&m->config);
+    size_t floats = layer == OUTER_GROUP ? model_shard_layout(m).working : layer_weights(&m->config);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_ZEROING, prof_bytes(floats * sizeof(float)), "ZeRO-2 working gradients, once packed");
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->shard.working_taken, 0));
     CUDA_CHECK(cudaMemsetAsync(first, 0, floats * sizeof(float), m->stream));

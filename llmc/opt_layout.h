@@ -222,10 +222,13 @@ static size_t adamw_state_floats(const OptShard* sh) { return 2 * opt_moment_flo
 
 typedef struct {
     int tensor;      // index into PARAMETER_NAMES
-    int layer;       // -1 for wte, wpe, lnfw, lnfb
+    int layer;       // OUTER_GROUP for wte, wpe, lnfw, lnfb
     int rows, cols;  // rows == 1: a vector
     size_t offset;   // floats from the start of the parameters (and of the gradients)
 } ParamSlice;
+
+#define OUTER_GROUP (-1)  // the layer of wte, wpe, lnfw, lnfb: the outer slices, a group in place of a layer
+#define ALL_SLICES (-2)   // a layer filter that takes every slice (OUTER_GROUP: the outer slices; l: layer l's)
 
 // tensors 2 (ln1w) .. 13 (fcprojb) hold one slice per layer, layer-major
 static int tensor_is_per_layer(int i) { return i >= 2 && i <= 13; }
@@ -245,7 +248,7 @@ static void param_slices(ParamSlice* s, const GPT2Config* c) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         int layers = tensor_is_per_layer(i) ? c->num_layers : 1;
         for (int l = 0; l < layers; l++) {
-            ParamSlice p = {i, tensor_is_per_layer(i) ? l : -1, shape[i][0], shape[i][1],
+            ParamSlice p = {i, tensor_is_per_layer(i) ? l : OUTER_GROUP, shape[i][0], shape[i][1],
                             off + (size_t)l * shape[i][0] * shape[i][1]};
             s[n++] = p;
         }
@@ -374,9 +377,9 @@ static size_t slice_state_floats(OptimizerKind kind, const OptShard* sh, int use
     return kind == OPT_ADAFACTOR ? adafactor_state_floats(sh, use_beta1) : came_state_floats(sh);
 }
 
-// floats of optimizer state of one rank out of `world` (1: unsharded) in state format f; use_beta1
-// matters to Adafactor only
-static size_t optimizer_state_floats_as(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world, QStateFormat f) {
+// floats of optimizer state of one rank out of `world` (1: unsharded) in state format f for the
+// slices of `layer` (ALL_SLICES, OUTER_GROUP or l); use_beta1 matters to Adafactor only
+static size_t optimizer_state_floats_of(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world, QStateFormat f, int layer) {
     ParamSlice* s = param_slices_alloc(c);
     OptSharding z = OPT_UNSHARDED;
     z.world = world;  // every rank's state has rank 0's size
@@ -384,10 +387,15 @@ static size_t optimizer_state_floats_as(const GPT2Config* c, OptimizerKind kind,
     size_t total = 0, offset;
     for (int k = 0; k < param_slice_count(c); k++) {
         OptShard sh = slice_shard(&s[k], &z, &offset);
-        total += slice_state_floats(kind, &sh, use_beta1);
+        if (layer == ALL_SLICES || s[k].layer == layer) { total += slice_state_floats(kind, &sh, use_beta1); }
     }
     free(s);
     return total;
+}
+
+// the same for every slice
+static size_t optimizer_state_floats_as(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world, QStateFormat f) {
+    return optimizer_state_floats_of(c, kind, use_beta1, world, f, ALL_SLICES);
 }
 
 // ----------------------------------------------------------------------------
@@ -509,7 +517,7 @@ static size_t slice_block_floats_as(const ParamSlice* s, int world, QStateFormat
 static size_t slice_block_floats(const ParamSlice* s, int world) { return slice_block_floats_as(s, world, QSTATE_FP32); }
 
 // the slices that are no layer's: wte, wpe, lnfw, lnfb (indices in checkpoint order)
-static int slice_is_outer(const ParamSlice* s) { return s->layer < 0; }
+static int slice_is_outer(const ParamSlice* s) { return s->layer == OUTER_GROUP; }
 
 // off[k] = floats from the gradient shard's start to slice k's block, k in checkpoint order, under
 // state format f; returns the shard's floats

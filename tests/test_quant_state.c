@@ -846,10 +846,10 @@ static void test_wired_step(QStateFormat f) {
     OptimizerHyper h = wired_hyper();
     OptSharding z = OPT_UNSHARDED;
     z.format = f;
-    optimizer_step(OPT_ADAMW, p, g, state, &c, &h, 1, &z, NULL, NULL);
+    optimizer_step(OPT_ADAMW, p, g, state, &c, &h, 1, &z, ALL_SLICES);
     memcpy(rp, p, P * sizeof(float));
     memcpy(ref, state, floats * sizeof(float));
-    optimizer_step(OPT_ADAMW, p, g, state, &c, &h, 2, &z, NULL, NULL);
+    optimizer_step(OPT_ADAMW, p, g, state, &c, &h, 2, &z, ALL_SLICES);
     ParamSlice* s = param_slices_alloc(&c);
     size_t at = 0;
     for (int k = 0; k < param_slice_count(&c); k++) {
@@ -888,10 +888,10 @@ static void test_wired_cut(QStateFormat f) {
     ParamSlice* s = param_slices_alloc(&c);
     int moved = 0, differ = 0;
     for (int t = 1; t <= 2; t++) {
-        optimizer_step(OPT_ADAMW, p1, g, state1, &c, &h, t, &z1, NULL, NULL);
+        optimizer_step(OPT_ADAMW, p1, g, state1, &c, &h, t, &z1, ALL_SLICES);
         for (int r = 0; r < world; r++) {
             OptSharding z = {.rank = r, .world = world, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0, .format = f};
-            optimizer_step(OPT_ADAMW, pr[r], g, staters[r], &c, &h, t, &z, NULL, NULL);
+            optimizer_step(OPT_ADAMW, pr[r], g, staters[r], &c, &h, t, &z, ALL_SLICES);
         }
     }
     for (int k = 0; k < param_slice_count(&c); k++) {

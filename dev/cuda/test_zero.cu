@@ -2,7 +2,9 @@
 test_zero.cu: ZeRO's pack and unpack kernels and groups (cuda/zero.cuh) against the layout the
 optimizer reads (llmc/opt_layout.h: shard_range's blocks, shard_block_offsets' gradient shard), for
 1 to 5 ranks (uneven blocks, padding), on models whose head goes through the pack in one round and
-in several (a vocabulary large against the channels):
+in several (a vocabulary large against the channels), with the cut of fp32 (and bf16) state and the
+one of 8-bit state (--optimizer-state 8bit: a part of a slice of 4,096 elements or more starts on a
+block of 256 elements; 3 ranks cut the fixture's fcw at 48 rows, not 43):
   - the groups' parts tile the gradient shard: every float of [0, E) at exactly one (group, offset),
     and the head takes the rounds the model needs;
   - packing every rank's blocks of a buffer in the model's layout, group by group, and taking rank r's
@@ -28,30 +30,30 @@ static const ZeroCase CASES[] = {
     {{20, 1000, 1024, 3, 2, 24}, "V=1000 C=24 maxT=20: rows that no rank count divides, several rounds"},
 };
 
-// rank r's shard of x (the model's layout): each slice's block at shard_block_offsets' place, padded with zeros
-static std::vector<float> reference_shard(const GPT2Config* c, int world, int r, const std::vector<float>& x) {
+// rank r's shard of x (the model's layout) under state format f: each slice's block at shard_block_offsets' place, padded with zeros
+static std::vector<float> reference_shard(const GPT2Config* c, int world, QStateFormat f, int r, const std::vector<float>& x) {
     ParamSlice* s = param_slices_alloc(c);
     std::vector<size_t> goff(param_slice_count(c));
-    std::vector<float> shard(shard_block_offsets(c, world, goff.data()), 0.0f);
+    std::vector<float> shard(shard_block_offsets_as(c, world, f, goff.data()), 0.0f);
     for (int k = 0; k < param_slice_count(c); k++) {
         int begin, end, width = slice_unit_width(&s[k]);
-        shard_range(slice_units(&s[k]), r, world, &begin, &end);
+        slice_range(&s[k], r, world, f, &begin, &end);
         for (size_t i = 0; i < (size_t)(end - begin) * width; i++) { shard[goff[k] + i] = x[s[k].offset + (size_t)begin * width + i]; }
     }
     free(s);
     return shard;
 }
 
-static void test_case(const ZeroCase& zc, int world) {
+static void test_case(const ZeroCase& zc, int world, QStateFormat f) {
     const GPT2Config* c = &zc.c;
     size_t P = gpt2_num_parameters(c), C = c->channels;
     int ng, L = c->num_layers;
-    ZeroGroup* g = zero_groups(c, world, &ng);
+    ZeroGroup* g = zero_groups(c, world, f, &ng);
     ParamSlice* s = param_slices_alloc(c);
     std::vector<size_t> goff(param_slice_count(c));
-    size_t E = shard_block_offsets(c, world, goff.data()), most = 0;
-    char name[160];
-    snprintf(name, sizeof name, "zero %d rank(s), %s", world, zc.what);
+    size_t E = shard_block_offsets_as(c, world, f, goff.data()), most = 0;
+    char name[200];
+    snprintf(name, sizeof name, "zero %d rank(s), %s state, %s", world, QSTATE_FORMAT_NAMES[f], zc.what);
 
     std::vector<int> hits(E, 0);  // the groups tile the shard
     for (int j = 0; j < ng; j++) {
@@ -61,8 +63,8 @@ static void test_case(const ZeroCase& zc, int world) {
     size_t once = 0;
     for (size_t i = 0; i < E; i++) { once += hits[i] == 1; }
     check(once == E, name, "the groups' parts cover %zu of the shard's %zu floats once", once, E);
-    size_t head = 0, layer = shard_layout(c, world).layer_part;
-    for (int k = 0; k < param_slice_count(c); k++) { head += slice_is_outer(&s[k]) ? slice_block_floats(&s[k], world) : 0; }
+    size_t head = 0, layer = shard_layout_as(c, world, f).layer_part;
+    for (int k = 0; k < param_slice_count(c); k++) { head += slice_is_outer(&s[k]) ? slice_block_floats_as(&s[k], world, f) : 0; }
     check(ng - L == (int)ceil_div(head, layer) && most <= layer, name, "%d head rounds for a head of %zu floats a rank, a layer's part %zu",
           ng - L, head, layer);
 
@@ -86,7 +88,7 @@ static void test_case(const ZeroCase& zc, int world) {
         zero_unpack_cuda(&g[j], 0, world, ys, pack, 0);  // every rank's parts back: the all-gather's unpack
     }
     for (int r = 0; r < world; r++) {
-        std::vector<float> want = reference_shard(c, world, r, x);
+        std::vector<float> want = reference_shard(c, world, f, r, x);
         check(memcmp(got[r].data(), want.data(), E * sizeof(float)) == 0, name, "rank %d's parts are its shard (bit for bit)", r);
     }
     check(memcmp(download(d_y, P).data(), x.data(), P * sizeof(float)) == 0, name, "every rank's parts unpacked give back the buffer (bit for bit)");
@@ -101,7 +103,7 @@ static void test_case(const ZeroCase& zc, int world) {
     std::vector<float> y = download(d_y, P), want(P, 0.0f);
     for (int k = 0; k < param_slice_count(c); k++) {
         int begin, end, width = slice_unit_width(&s[k]);
-        shard_range(slice_units(&s[k]), r, world, &begin, &end);
+        slice_range(&s[k], r, world, f, &begin, &end);
         for (size_t i = (size_t)begin * width; i < (size_t)end * width; i++) { want[s[k].offset + i] = x[s[k].offset + i]; }
     }
     check(memcmp(y.data(), want.data(), P * sizeof(float)) == 0, name, "rank %d's parts unpacked write its blocks only", r);
@@ -112,7 +114,7 @@ static void test_case(const ZeroCase& zc, int world) {
     float* d_shard = upload<float>(shard);
     zero_pack_cuda(last, 0, world, xs, pack, 0);
     zero_add_cuda(d_shard + last->shard_at, pack + (size_t)r * last->part, last->part, 0);
-    std::vector<float> mine = reference_shard(c, world, r, x);
+    std::vector<float> mine = reference_shard(c, world, f, r, x);
     for (size_t q = 0; q < last->part; q++) { sum[last->shard_at + q] += mine[last->shard_at + q]; }
     check(memcmp(download(d_shard, E).data(), sum.data(), E * sizeof(float)) == 0, name, "a part added into the shard (bit for bit)");
 
@@ -126,7 +128,7 @@ static void test_case(const ZeroCase& zc, int world) {
     ParamSlice* s1 = param_slices_alloc(&one);
     std::vector<std::vector<__nv_bfloat16>> shard16(world, std::vector<__nv_bfloat16>(E));
     for (int q = 0; q < world; q++) {
-        std::vector<float> sh = reference_shard(c, world, q, x);
+        std::vector<float> sh = reference_shard(c, world, f, q, x);
         for (size_t i = 0; i < E; i++) { shard16[q][i] = __float2bfloat16(sh[i]); }
     }
     __nv_bfloat16* d_w = device_alloc<__nv_bfloat16>(P1);
@@ -171,9 +173,28 @@ static void test_case(const ZeroCase& zc, int world) {
     free(g);
 }
 
+// the 8-bit cut is not fp32's where it must not be: the fixture's fcw (128 x 32, 8-bit blocks of 8
+// rows) on 3 ranks in parts of 48 rows, where fp32's are 43
+static void test_cut_differs(void) {
+    const GPT2Config* c = &CASES[0].c;
+    ParamSlice* s = param_slices_alloc(c);
+    int k = 0;
+    while (!(s[k].tensor == 10 && s[k].layer == 0)) { k++; }  // fcw of layer 0
+    int b8, e8, b32, e32;
+    slice_range(&s[k], 1, 3, QSTATE_8BIT, &b8, &e8);
+    slice_range(&s[k], 1, 3, QSTATE_FP32, &b32, &e32);
+    check(b8 == 48 && e8 == 96 && b32 == 43 && e32 == 86, "zero 3 ranks, the fixture's fcw",
+          "rank 1's rows: 8-bit state [%d, %d) (blocks of 8 rows), fp32 [%d, %d)", b8, e8, b32, e32);
+    free(s);
+}
+
 int main() {
+    test_cut_differs();
     for (const ZeroCase& zc : CASES) {
-        for (int world = 1; world <= 5; world++) { test_case(zc, world); }
+        for (int world = 1; world <= 5; world++) {
+            test_case(zc, world, QSTATE_FP32);
+            test_case(zc, world, QSTATE_8BIT);
+        }
     }
     return check_summary();
 }
