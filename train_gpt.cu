@@ -53,6 +53,7 @@ T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the 
 #include "cuda/adamw_lowp.cuh"
 #include "cuda/adafactor.cuh"
 #include "cuda/came.cuh"
+#include "cuda/factored_lowp.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/scale.cuh"
 #include "cuda/profile.cuh"
@@ -448,6 +449,8 @@ struct Model {
     void* opt_scratch;            // Adafactor's and CAME's scales and partial sums (adafactor.cuh)
     QStateMaps* lowp_maps;        // --optimizer-state 8bit: the maps of quant_state.h (uploaded when used)
     unsigned long long* lowp_refused;  // --optimizer-state bf16, 8bit: non-finite new moments, counted by the update
+    float* lowp_m_staging;        // Adafactor, CAME with M in bf16 or 8 bits: M's fp32 copy during a slice's update
+                                  // (lowp_largest_part_floats; planned as scratch: BackendLayout.lowp_staging)
     // host: copies for checkpoints, one row of probabilities, the losses of a forward
     float* host_params;           // (P)
     float* host_opt;              // (opt_floats)
@@ -728,6 +731,10 @@ static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
     if (m->zero == ZERO_3) { zero3_check_staging(m); }
     m->opt_memory = (float*)mem_alloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     CUDA_CHECK(cudaMemset(m->opt_memory, 0, m->opt_floats * sizeof(float)));
+    if (m->optimizer != OPT_ADAMW && m->state_format != QSTATE_FP32) {  // cuda/factored_lowp.cuh's staging
+        size_t n = lowp_largest_part_floats(&m->config, zero_shards_state(m->zero) ? m->dist.world : 1, m->state_format);
+        m->lowp_m_staging = (float*)mem_alloc_from(MEM_SCRATCH, &MEM_DEVICE, n * sizeof(float));
+    }
     m->host_opt = (float*)mem_alloc(MEM_HOST_COPIES, m->opt_floats * sizeof(float));
     // a fresh run's state: zero (gpt2_sync sends it up with the weights); a modelled device's pinned
     // memory is fresh pages, zero already, that a memset would fill (d48: 12 GB of AdamW state)
@@ -798,19 +805,6 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.grads_down[i], cudaEventDisableTiming)); }
 }
 
-// --optimizer-state bf16 or 8bit on this backend: AdamW's moments on the GPU (cuda/adamw_lowp.cuh), under
-// any --zero (8-bit state cuts ZeRO's shards at its blocks' boundaries: model_shard_layout), and every
-// optimizer's on the host with --offload optimizer (cpu/host_step.h). Not yet: Adafactor's and CAME's
-// first moment on the GPU (cuda/factored_lowp.cuh stages it through a buffer the planner does not count)
-static void lowp_check_supported(const ModelSetup* s) {
-    const char* f = QSTATE_FORMAT_NAMES[s->state_format];
-    if (s->offload_optimizer == OPT_OFFLOAD_NONE && s->optimizer != OPT_ADAMW) {
-        fail("--optimizer-state %s with %s: the CUDA backend keeps only AdamW's moments in %s on the GPU, for now\n"
-             "  hint: --optimizer adamw, --offload optimizer (the host keeps %s state for every optimizer), or the CPU trainer",
-             f, OPTIMIZER_NAMES[s->optimizer], f, f);
-    }
-}
-
 template <typename floatX>
 static Model<floatX>* model_create(const ModelSetup* s) {
     Model<floatX>* m = (Model<floatX>*)malloc_check(sizeof(Model<floatX>));
@@ -836,7 +830,7 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     alloc_activations(m, s->B, s->T, &s->act);
     if (training) { alloc_backward(m, s->B, s->T); }
     alloc_scratch(m, s->B, s->T);
-    if (training && m->state_format == QSTATE_8BIT && !m->offload_opt) {
+    if (training && m->state_format == QSTATE_8BIT && !m->offload_opt) {  // the update's maps (cuda/adamw_lowp.cuh, factored_lowp.cuh)
         CUDA_CHECK(cudaMemcpy(m->lowp_maps, qstate_maps(), sizeof(QStateMaps), cudaMemcpyHostToDevice));
     }
     CUDA_CHECK(cudaMemset(m->lowp_refused, 0, sizeof(unsigned long long)));
@@ -888,7 +882,7 @@ static void model_destroy(Model<floatX>* m) {
     void* zero[] = {m->grads_memory, m->shard.grad_working, m->shard.zero_pack, m->zero3.weight_working, m->zero3.layer_buf_memory, m->zero3.ckpt_staging, m->weight_shard};
     for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) { mem_free(zero[i]); }
     free(m->slices); free(m->shard.zero_groups); free(m->shard.shard_block_off);
-    void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->host_probs, m->host_losses};
+    void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->lowp_m_staging, m->host_probs, m->host_losses};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     free(m->slots);
     free(m->seg_inputs);
@@ -1250,16 +1244,30 @@ static float model_grad_norm(Model<floatX>* m) {
     return (float)sqrt(sum);
 }
 
-// --optimizer-state bf16 or 8bit: AdamW on slice k's part (p, g: n weights and gradients; st: its state,
-// the two moments in sh->format), as cpu/optimizers_lowp.h's lowp_update_part, with the CPU's rounding
-// stream (the slice's index, the part's first element); non-finite new moments counted in lowp_refused
+// --optimizer-state bf16 or 8bit: slice k's part (p, g: n weights and gradients; st: its state, the
+// moments in sh->format) updated as cpu/optimizers_lowp.h's lowp_update_part updates it, with the CPU's
+// rounding stream (the slice's index, the part's first element): AdamW's two moments in one pass
+// (cuda/adamw_lowp.cuh), Adafactor's and CAME's first moment M through its fp32 copy in lowp_m_staging
+// (cuda/factored_lowp.cuh); non-finite new moments counted in lowp_refused
 template <typename floatX>
-static void adamw_update_lowp_slice(Model<floatX>* m, int k, float* p, const float* g, float* st, const OptShard* sh,
-                                    const AdamWHyper* a, int t, size_t offset) {
+static void update_lowp_slice(Model<floatX>* m, int k, float* p, const float* g, float* st, const OptShard* sh,
+                              const OptimizerHyper* h, int t, size_t offset) {
     size_t n = (size_t)sh->rows * sh->cols, units = sh->state_units * sh->width;
-    if (n == 0) { return; }
-    float wd = PARAMETER_IS_MATRIX[m->slices[k].tensor] ? (float)a->weight_decay : 0.0f;
     QStateStream qs = {.seed = (uint32_t)k, .index_base = offset};
+    FactoredLowp lp = {m->lowp_maps, m->lowp_refused, m->lowp_m_staging};
+    if (m->optimizer == OPT_ADAFACTOR) {  // beta1 > 0 (the trainer refuses a low-precision format without M): R, Cc or V, then M
+        QMoment M = qmoment_at(st + adafactor_state_floats(sh, 0), sh->format, units, qs);
+        adafactor_update_lowp_cuda(p, g, st, &M, sh, &h->adafactor, t, m->opt_scratch, m->exchange.comm, &lp, m->stream);
+        return;
+    }
+    if (m->optimizer == OPT_CAME) {  // M, then R, Cc, Rr, Rc or V
+        QMoment M = qmoment_at(st, sh->format, units, qs);
+        came_update_lowp_cuda(p, g, st + opt_moment_floats(sh), &M, sh, &h->came, t, m->opt_scratch, m->exchange.comm, &lp, m->stream);
+        return;
+    }
+    if (n == 0) { return; }
+    const AdamWHyper* a = &h->adamw;
+    float wd = PARAMETER_IS_MATRIX[m->slices[k].tensor] ? (float)a->weight_decay : 0.0f;
     QMoment mo = qmoment_at(st, sh->format, units, qs), v = qmoment_at(st + opt_moment_floats(sh), sh->format, units, qs);
     if (sh->format == QSTATE_8BIT) {
         adamw_update_8bit_cuda(p, g, mo.q, v.q, n, (float)a->lr, (float)a->beta1, (float)a->beta2, (float)a->eps, wd, t, m->lowp_maps,
@@ -1349,8 +1357,8 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
             float* p = m->zero == ZERO_3 ? m->master_memory + m->shard.shard_block_off[k] : m->master_memory + slices[k].offset + offset;
             const float* g = grad_block(m, k, offset);
             float* st = m->opt_memory + state_at[k];
-            if (sh.format != QSTATE_FP32) {  // --optimizer-state bf16, 8bit: AdamW (lowp_check_supported)
-                adamw_update_lowp_slice(m, k, p, g, st, &sh, &h->adamw, s->t, offset);
+            if (sh.format != QSTATE_FP32) {  // --optimizer-state bf16, 8bit
+                update_lowp_slice(m, k, p, g, st, &sh, h, s->t, offset);
             } else if (m->optimizer == OPT_ADAMW) {
                 const AdamWHyper* a = &h->adamw;
                 double wd = PARAMETER_IS_MATRIX[slices[k].tensor] ? a->weight_decay : 0.0;
@@ -1559,7 +1567,6 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 // and 3; every other setup the shared checks let through runs
 void gpt2_check_setup(const ModelSetup* s) {
     if (!s->offload_optimizer || zero_shards_grads(s->zero)) { nccl_check_built(&s->dist); }
-    if (s->state_format != QSTATE_FP32) { lowp_check_supported(s); }
     if (s->offload_optimizer == OPT_OFFLOAD_GRADS && zero_shards_grads(s->zero)) {
         fail("--zero %d with --offload optimizer,gradients: under ZeRO-2 and 3 the GPU keeps only its 1/N shard of the reduced "
              "gradients (NCCL reduce-scatters every micro-step's into it) and the host takes that shard once a step; \",gradients\" "
@@ -1629,6 +1636,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
         .head_formula = precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)",
         .head_rows = K,
         .zero3_prefetch = 1,
+        .lowp_staging = 1,
     };
     return l;
 }

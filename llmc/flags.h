@@ -182,7 +182,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--optimizer",     FLAG_STRING, OPT(optimizer),        "adamw | adafactor | came (Adafactor, CAME: papers' betas and eps)"},
     {NULL, "--relative-step", FLAG_SWITCH, OPT(relative_step),    "Adafactor: step min(1e-2, 1/sqrt(t)) x RMS(param) instead of -l"},
     {NULL, "--adafactor-beta1", FLAG_FLOAT, OPT(adafactor_beta1), "Adafactor: first-moment decay, 0 = none"},
-    {NULL, "--optimizer-state", FLAG_STRING, OPT(optimizer_state), "fp32 | bf16 | 8bit: the optimizer's moments (AdamW's m, v; Adafactor's and CAME's first moment), bf16 stochastically rounded, 8bit block-wise (doc/optimizer_state.md); GPU: AdamW, or any with --offload optimizer"},
+    {NULL, "--optimizer-state", FLAG_STRING, OPT(optimizer_state), "fp32 | bf16 | 8bit: the optimizer's moments (AdamW's m, v; Adafactor's and CAME's first moment), bf16 stochastically rounded, 8bit block-wise (doc/optimizer_state.md)"},
     {NULL, "--eps1",          FLAG_FLOAT,  OPT(eps1),             "Adafactor, CAME: added to g^2 (the papers' 1e-30)"},
     {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding; 2 = ZeRO-2: and gradients; 3 = ZeRO-3: and weights"},
     {NULL, "--check-replicas", FLAG_SWITCH, OPT(check_replicas),   "check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},

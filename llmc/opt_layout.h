@@ -393,6 +393,20 @@ static size_t optimizer_state_floats_of(const GPT2Config* c, OptimizerKind kind,
     return total;
 }
 
+// the floats of the largest part a rank of `world` keeps of a slice whose moments are in a
+// low-precision format under f (0 with f fp32, or if every slice is small enough to stay fp32): the GPU
+// updates Adafactor's and CAME's first moment through an fp32 copy of that size (cuda/factored_lowp.cuh)
+static size_t lowp_largest_part_floats(const GPT2Config* c, int world, QStateFormat f) {
+    ParamSlice* s = param_slices_alloc(c);
+    size_t most = 0;
+    for (int k = 0; k < param_slice_count(c); k++) {
+        size_t n = slice_format(&s[k], f) != QSTATE_FP32 ? (size_t)slice_units_per_rank(&s[k], world, f) * slice_unit_width(&s[k]) : 0;
+        most = n > most ? n : most;
+    }
+    free(s);
+    return most;
+}
+
 // the same for every slice
 static size_t optimizer_state_floats_as(const GPT2Config* c, OptimizerKind kind, int use_beta1, int world, QStateFormat f) {
     return optimizer_state_floats_of(c, kind, use_beta1, world, f, ALL_SLICES);

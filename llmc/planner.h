@@ -61,6 +61,8 @@ typedef struct {
     const char* head_formula;  // the head in bytes, e.g. "4(3BT + K(C + Vp))"
     int head_rows;           // K: the head's rows of logits (B*T, or a --loss-chunk's tokens)
     int zero3_prefetch;      // 1: ZeRO-3 gathers the next layer into a second layer buffer while one computes (the GPU; CPU 0)
+    int lowp_staging;        // 1: Adafactor's and CAME's first moment in bf16 or 8 bits is updated through an fp32
+                             // copy of the largest slice part (the GPU: cuda/factored_lowp.cuh; CPU 0: block by block)
 } BackendLayout;
 
 typedef struct {
@@ -123,6 +125,17 @@ static void plan_lowp_state(MemPlan* p, const GPT2Config* cfg, const PlanInputs*
         snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "8bit %s: 1 + 4/256 bytes each a weight, n < 4096: 4", moments);
     }
     if (in->optimizer != PLAN_ADAMW) { plan_append(p->formula[MEM_OPTIMIZER], "; 2nd moments fp32"); }
+}
+
+// the floats of the fp32 copy through which a GPU updates Adafactor's and CAME's first moment in bf16 or 8
+// bits (BackendLayout.lowp_staging; not with --offload optimizer, whose host updates it block by block)
+static size_t plan_lowp_staging_floats(const GPT2Config* cfg, const PlanInputs* in) {
+    if (!in->layout.lowp_staging || in->state_format == QSTATE_FP32 || in->optimizer == PLAN_ADAMW
+        || in->offload_optimizer != OPT_OFFLOAD_NONE) {
+        return 0;
+    }
+    int N = in->zero >= 1 && in->world > 1 ? in->world : 1;
+    return lowp_largest_part_floats(cfg, N, (QStateFormat)in->state_format);
 }
 
 // the optimizer state of one rank (opt_layout.h's layout): fp32 here, bf16 and 8-bit moments in plan_lowp_state
@@ -352,6 +365,11 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
                            + lay->backend_scratch;
     snprintf(p.formula[MEM_SCRATCH], PLAN_FORMULA_LEN, "loaders x (2(BT+1) + 8BT) + 4T%s",
              lay->backend_scratch ? " + backend scratch" : "");
+    size_t staging = plan_lowp_staging_floats(cfg, &in);
+    if (staging > 0) {
+        p.bytes[MEM_SCRATCH] += staging * sizeof(float);
+        plan_append(p.formula[MEM_SCRATCH], " + 4 x M's largest part (fp32 staging)");
+    }
     p.bytes[MEM_HOST_COPIES] = P * lay->host_copy_bytes + (lay->host_copies_opt ? p.bytes[MEM_OPTIMIZER] : 0);
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     if (in.zero == 3 && in.world > 1) { plan_zero3_weights(&p, cfg, &in); }
