@@ -1305,7 +1305,8 @@ template <typename floatX>
 static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     size_t X = sizeof(floatX);
     zero_gathers_done(m);  // the last update's gathers (ZeRO-1, 2): the forward waited for them all
-    if (offloads_shard(m)) {  // the CPU's step on this rank's shard, then the shard goes up
+    if (defers_update(m)) { defer_update(m, s, grad_norm); return; }  // the CPU's step, made by the next forward
+    if (offloads_shard(m)) {  // --zero 3: the CPU's step on this rank's shard, then the shard goes up
         HostStep h = host_step_of(m);
         prof_mark(PROF_OPTIMIZER, prof_optimizer(m->grad_floats, m->opt_floats, X), "%s on the host, this rank's shard",
                   OPTIMIZER_NAMES[m->optimizer]);
@@ -1315,7 +1316,6 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
         print_zero_collectives(m, s->t);
         return;
     }
-    if (defers_update(m)) { defer_update(m, s, grad_norm); return; }  // the CPU's step, made by the next forward
     if (m->offload_opt) {  // ZeRO-1: the CPU's step and the ranks' exchange, then the weights go up
         HostStep h = host_step_of(m);
         prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s on the host, this rank's blocks",

@@ -252,16 +252,26 @@ static void host_update(const HostStep* h, const StepConfig* s, float grad_norm)
     if (zero_shards_state(h->zero) && h->zero != ZERO_3) { host_exchange_blocks(h, h->params, 0); }
 }
 
-// host_update of the slices of one `layer` (OUTER_GROUP or l) of a model whose state is not sharded
-// (no exchange follows): the same clipping and the same step, bit for bit, for that layer's slices
+// host_update of the slices of one `layer` (OUTER_GROUP or l): the same clipping and the same step, bit
+// for bit, for that layer's slices. Not under ZeRO-1 and 2, whose exchange follows the whole update
+// (ZeRO-3's compact shards: this rank's blocks, their padding zero, as host_update's clipping leaves it)
 static void host_update_layer(const HostStep* h, const StepConfig* s, float grad_norm, int layer) {
-    if (zero_shards_state(h->zero)) { fail("host_update_layer: the state is sharded (ZeRO-%d): update the whole model (host_update)", (int)h->zero); }
-    ParamSlice* sl = param_slices_alloc(h->config);
-    for (int k = 0; k < param_slice_count(h->config); k++) {
-        if (sl[k].layer == layer) { host_clip_grads(h->grads + sl[k].offset, (size_t)sl[k].rows * sl[k].cols, s->grad_clip, grad_norm); }
+    if (zero_shards_state(h->zero) && h->zero != ZERO_3) {
+        fail("host_update_layer: ZeRO-%d exchanges the updated blocks after the whole update: update the whole model (host_update)", (int)h->zero);
     }
-    free(sl);
     OptSharding z = host_sharding(h);
+    ParamSlice* sl = param_slices_alloc(h->config);
+    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));  // ZeRO-3: each block in the shard
+    shard_block_offsets_as(h->config, z.world, h->format, goff);
+    for (int k = 0; k < param_slice_count(h->config); k++) {
+        if (sl[k].layer != layer) { continue; }
+        size_t offset;
+        OptShard sh = slice_shard(&sl[k], &z, &offset);
+        float* g = z.grads_compact ? h->grads + goff[k] : h->grads + sl[k].offset + offset;
+        host_clip_grads(g, (size_t)sh.rows * sh.cols, s->grad_clip, grad_norm);
+    }
+    free(goff);
+    free(sl);
     optimizer_step(h->optimizer, h->params, h->grads, h->state, h->config, &s->hyper, s->t, &z, layer);
 }
 

@@ -147,60 +147,6 @@ static void upload_all(Model<floatX>* m) {
     for (int l = 0; l < m->config.num_layers; l++) { upload_group(m, l); }
 }
 
-// ----------------------------------------------------------------------------
-// the deferred update (--offload optimizer, the state not sharded). The host's step is the slow part
-// (d12 on an H100 box: 45 ms of host memory traffic, against a 10 ms forward), and the GPU has
-// nothing to do while it runs: the next forward reads what it writes. So model_update only records
-// the step (its norm, t, hyperparameters), and the next forward makes it a group at a time, just
-// before it reads the group (offload_update_upto, at the hooks outer_weights_ready and forward_layers):
-// wte, wpe and lnf before the encoder, layer l's slices before l's block (and l + 1's first: l's last
-// kernel computes l + 1's ln1), each group's new weights up behind the kernels already queued. The
-// GPU then runs layer l while the host updates layer l + 1. Each slice's update reads only its own
-// gradients and state, so this is bit for bit the update at once (cpu/host_step.h's
-// host_update_layer). Whatever else reads the weights or the state (a checkpoint, the host view,
-// model_sync) first finishes it (offload_update_finish). Not with ZeRO-1, whose host exchange
-// follows the whole update, nor the offloaded shard (--zero 2, 3: upload_shard).
-
-template <typename floatX>
-static int defers_update(const Model<floatX>* m) { return m->offload_opt != OPT_OFFLOAD_NONE && !zero_shards_state(m->zero); }
-
-// the step's update is due: recorded for the next forward
-template <typename floatX>
-static void defer_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
-    m->opt_offload.step = *s;
-    m->opt_offload.grad_norm = grad_norm;
-    m->opt_offload.next_group = 0;
-    m->opt_offload.deferred = 1;
-}
-
-// the deferred update made and sent up for every group the forward reads up to `layer`'s
-// (OUTER_GROUP: the outer slices only)
-template <typename floatX>
-static void offload_update_upto(Model<floatX>* m, int layer) {
-    OptOffloadState* o = &m->opt_offload;
-    const GPT2Config* c = &m->config;
-    int last = layer == OUTER_GROUP ? 0 : 1 + layer;
-    while (o->deferred && o->next_group <= last) {
-        int l = o->next_group == 0 ? OUTER_GROUP : o->next_group - 1;
-        HostStep h = host_step_of(m);
-        size_t n = l == OUTER_GROUP ? outer_weights(c) : layer_weights(c);
-        size_t state = optimizer_state_floats_of(c, m->optimizer, o->step.hyper.adafactor.beta1 > 0.0, 1, m->state_format, l);
-        prof_mark(PROF_OPTIMIZER, prof_optimizer(n, state, sizeof(floatX)), "%s on the host, %s, then up", OPTIMIZER_NAMES[m->optimizer],
-                  l == OUTER_GROUP ? "wte, wpe, lnf" : "a layer");
-        host_update_layer(&h, &o->step, o->grad_norm, l);
-        prof_close();
-        upload_group(m, l);
-        o->next_group++;
-        o->deferred = o->next_group <= c->num_layers;
-    }
-}
-
-// whatever the next forward has not made of the deferred update, made now
-template <typename floatX>
-static void offload_update_finish(Model<floatX>* m) {
-    offload_update_upto(m, m->config.num_layers - 1);
-}
-
 // OPT_OFFLOAD_STATE, the last micro-step: group l's final gradients (OUTER_GROUP: wte, wpe, lnfw,
 // lnfb) straight into the host's, after everything the compute stream has queued so far
 template <typename floatX>
@@ -264,6 +210,89 @@ static void upload_shard(Model<floatX>* m, int in_step) {
         m->exchange.weight_collectives += in_step;
     }
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+}
+
+// ----------------------------------------------------------------------------
+// the deferred update (--offload optimizer without --zero, or with --zero 2). The host's step is the
+// slow part (d12 on an H100 box: 45 ms of host memory traffic, against a 10 ms forward), and the GPU
+// has nothing to do while it runs: the next forward reads what it writes. So model_update only
+// records the step (its norm, t, hyperparameters), and the next forward makes it a group at a time,
+// just before it reads the group (offload_update_upto, at the hooks outer_weights_ready and
+// forward_layers): wte, wpe and lnf before the encoder, layer l's slices before l's block (and l + 1's
+// first: l's last kernel computes l + 1's ln1), each group's new weights up behind the kernels already
+// queued (the offloaded shard under --zero 2: the group's part of the shard up, then its all-gather
+// into the working weights, on the compute stream as upload_shard does it). The GPU then runs layer l
+// while the host updates layer l + 1. Each slice's update reads only its own gradients and state, so
+// this is bit for bit the update at once (cpu/host_step.h's host_update_layer). Whatever else reads
+// the weights or the state (a checkpoint, the host view, model_sync) first finishes it
+// (offload_update_finish). Not under --zero 1, whose host exchange follows the whole update, nor under
+// --zero 3 with the offloaded shard, whose forward gathers each layer ahead on the comm stream (a
+// layer's gather would have to wait for its upload: not done).
+
+template <typename floatX>
+static int defers_update(const Model<floatX>* m) {
+    return m->offload_opt != OPT_OFFLOAD_NONE && (!zero_shards_state(m->zero) || m->zero == ZERO_2);
+}
+
+// the step's update is due: recorded for the next forward; under --zero 2 its gathers are counted with
+// the step that made them due (print_zero_collectives)
+template <typename floatX>
+static void defer_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
+    m->opt_offload.step = *s;
+    m->opt_offload.grad_norm = grad_norm;
+    m->opt_offload.next_group = 0;
+    m->opt_offload.deferred = 1;
+    if (offloads_shard(m)) {
+        m->exchange.weight_collectives += m->shard.num_zero_groups;
+        print_zero_collectives(m, s->t);
+    }
+}
+
+// the offloaded shard's groups of `layer` (layer l's one, OUTER_GROUP the outer slices' rounds): their
+// part of the host's master shard up to the GPU's floatX shard, then all-gathered into the working weights
+template <typename floatX>
+static void upload_shard_group(Model<floatX>* m, int layer) {
+    int g0, g1;
+    zero_group_range(m, layer, &g0, &g1);
+    const ZeroGroup* first = &m->shard.zero_groups[g0];
+    const ZeroGroup* last = &m->shard.zero_groups[g1 - 1];
+    size_t at = first->shard_at, n = last->shard_at + last->part - at;  // the groups' parts lie one after another in the shard
+    upload_weights(m, m->master_memory + at, m->weight_shard + at, n);
+    auto weights = [m](int k) { return m->weights_memory + m->slices[k].offset; };
+    for (int g = g0; g < g1; g++) {
+        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, m->weight_shard, weights, (floatX*)m->shard.zero_pack, m->exchange.comm,
+                          m->stream);
+    }
+}
+
+// the deferred update made and sent up for every group the forward reads up to `layer`'s
+// (OUTER_GROUP: the outer slices only)
+template <typename floatX>
+static void offload_update_upto(Model<floatX>* m, int layer) {
+    OptOffloadState* o = &m->opt_offload;
+    const GPT2Config* c = &m->config;
+    int last = layer == OUTER_GROUP ? 0 : 1 + layer;
+    while (o->deferred && o->next_group <= last) {
+        int l = o->next_group == 0 ? OUTER_GROUP : o->next_group - 1;
+        HostStep h = host_step_of(m);
+        int shard = offloads_shard(m);
+        size_t n = l == OUTER_GROUP ? outer_weights(c) : layer_weights(c);
+        size_t state = optimizer_state_floats_of(c, m->optimizer, o->step.hyper.adafactor.beta1 > 0.0, shard ? m->dist.world : 1,
+                                                 m->state_format, l);
+        prof_mark(PROF_OPTIMIZER, prof_optimizer(shard ? n / m->dist.world : n, state, sizeof(floatX)), "%s on the host, %s, then up",
+                  OPTIMIZER_NAMES[m->optimizer], l == OUTER_GROUP ? "wte, wpe, lnf" : "a layer");
+        host_update_layer(&h, &o->step, o->grad_norm, l);
+        prof_close();
+        if (shard) { upload_shard_group(m, l); } else { upload_group(m, l); }
+        o->next_group++;
+        o->deferred = o->next_group <= c->num_layers;
+    }
+}
+
+// whatever the next forward has not made of the deferred update, made now
+template <typename floatX>
+static void offload_update_finish(Model<floatX>* m) {
+    offload_update_upto(m, m->config.num_layers - 1);
 }
 
 #endif // CUDA_OFFLOAD_OPTIMIZER_CUH

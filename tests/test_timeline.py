@@ -250,6 +250,22 @@ else:
             s.check(f"{name}: the collectives are in the trace, as the exchange", coll and all(
                 e["args"].get("technique") == "exchange" for e in coll), str(coll[:2]))
             s.check(f"{name}: profile.json counts their time", js["timeline"]["total_s"]["exchange"] > 0.0, str(js["timeline"]))
+    # the offloaded shard under --zero 2: its host update deferred to the next forward, a group at a time,
+    # each group's blocks up and gathered before the next group's update
+    name, out = "2 ranks --zero 2 --offload optimizer", "z2opt"
+    cmd = launcher + ["2", CUDA, *BASE, "-e", f"{FIX}/model.bin", "--zero", "2", "--offload", "optimizer", "--profile", "2",
+                      "-o", s.path(out)]
+    if s.expect_ok(f"{name}: runs with CUDA_EMU_TIMELINE", cmd, env=TIMELINE):
+        trace = load_json(name, s.path(out, "trace.json"))
+        host = sorted((e for e in (trace or {}).get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") == "host"
+                       and e.get("args", {}).get("technique") == "optimizer_host"), key=lambda e: e["ts"])
+        # (a collective is named by the range it was queued in: the gathers by the forward's, the
+        # reduce-scatters by their own)
+        gathers = sorted(e["ts"] for e in (trace or {}).get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") == "collective"
+                         and "reduce" not in e.get("name", "") and host and e["ts"] >= host[0]["ts"])
+        s.check(f"{name}: the host's update is made a group at a time, a group's gather before the last group's update",
+                len(host) == L + 1 and gathers and gathers[0] < host[-1]["ts"],
+                f"{len(host)} host update ranges, gathers at {gathers[:3]}, the last update at {host[-1]['ts'] if host else None}")
 
 # ----------------------------------------------------------------------------
 # scripts/compare_flags.py --predict: the predicted step beside each flag set's memory
