@@ -386,6 +386,7 @@ struct OptOffloadState {
     cudaEvent_t grads_down[2];    // grad_stream: grad_layers[i] (or the outer tensors') copied into opt_staging[i]
     cudaEvent_t staged_up[2];     // stream: the upload out of opt_staging[i] is done
     cudaEvent_t grads_ready;      // stream: a group's gradients are computed (grad_stream waits for it)
+    cudaEvent_t uploaded;         // stream: a group of the offloaded shard is up (ZeRO-3's comm stream waits for it)
     int deferred;                 // the last step's host update is still to be made (by the next forward, group by group)
     int next_group;               // the group it makes next, in the forward's order: 0 the outer slices, 1 + l layer l
     StepConfig step;              // that update's step (t, hyperparameters, clipping) and gradient norm
@@ -799,6 +800,7 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     m->host_opt = m->opt_memory;
     m->opt_offload.first_micro_step = 1;
     for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.staged_up[i], cudaEventDisableTiming)); }
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.uploaded, cudaEventDisableTiming));
     if (shard) { return; }  // the gradient shard comes down on the comm stream (zero2_reduce)
     CUDA_CHECK(cudaStreamCreate(&m->opt_offload.grad_stream));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_offload.grads_ready, cudaEventDisableTiming));
@@ -869,6 +871,7 @@ static void model_destroy(Model<floatX>* m) {
     if (m->offload_opt) {  // the master weights, the host's gradients and the state: carved from one pinned block
         mem_free(m->opt_offload.opt_host_memory);
         for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->opt_offload.staged_up[i])); }
+        CUDA_CHECK(cudaEventDestroy(m->opt_offload.uploaded));
         if (m->opt_offload.grad_stream != NULL) {
             CUDA_CHECK(cudaEventDestroy(m->opt_offload.grads_ready));
             for (int i = 0; i < 2; i++) { CUDA_CHECK(cudaEventDestroy(m->opt_offload.grads_down[i])); }
@@ -1028,11 +1031,13 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
     int C = m->config.channels;
     int ln1_done = 0;
     for (int l = first; l <= last; l++) {
-        LayerParams<floatX> lp = weights_of_layer(m, l), np;
-        LayerActs<floatX>* la = act_layer(m, l);
         // not under ZeRO-3, where the next layer's weights are still on their way
         LayerActs<floatX>* next = l < last && !m->act.offload && m->zero != ZERO_3 ? act_layer(m, l + 1) : NULL;
-        offload_update_upto(m, next != NULL ? l + 1 : l);  // hook: --offload optimizer's deferred update of the weights read next
+        // hook: --offload optimizer's deferred update of the weights read next (ZeRO-3: and of those its
+        // prefetch gathers while l computes)
+        offload_update_upto(m, l < last && (next != NULL || m->zero == ZERO_3) ? l + 1 : l);
+        LayerParams<floatX> lp = weights_of_layer(m, l), np;
+        LayerActs<floatX>* la = act_layer(m, l);
         if (next != NULL) { np = weights_of_layer(m, l + 1); }  // its ln1 (ZeRO-1, 2: once gathered)
         if (m->act.offload) { wait_slot_saved(m, l); }
         block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
@@ -1306,16 +1311,6 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     size_t X = sizeof(floatX);
     zero_gathers_done(m);  // the last update's gathers (ZeRO-1, 2): the forward waited for them all
     if (defers_update(m)) { defer_update(m, s, grad_norm); return; }  // the CPU's step, made by the next forward
-    if (offloads_shard(m)) {  // --zero 3: the CPU's step on this rank's shard, then the shard goes up
-        HostStep h = host_step_of(m);
-        prof_mark(PROF_OPTIMIZER, prof_optimizer(m->grad_floats, m->opt_floats, X), "%s on the host, this rank's shard",
-                  OPTIMIZER_NAMES[m->optimizer]);
-        host_update(&h, s, grad_norm);
-        prof_close();
-        upload_shard(m, 1);
-        print_zero_collectives(m, s->t);
-        return;
-    }
     if (m->offload_opt) {  // ZeRO-1: the CPU's step and the ranks' exchange, then the weights go up
         HostStep h = host_step_of(m);
         prof_mark(PROF_OPTIMIZER, prof_optimizer(m->num_parameters, m->opt_floats, X), "%s on the host, this rank's blocks",
@@ -1425,7 +1420,7 @@ static void model_sync(Model<floatX>* m, SyncDirection dir) {
     lowp_check_refused(m);
     size_t opt_bytes = m->opt_floats * sizeof(float);  // 0: a model for sampling has no optimizer state
     if (m->offload_opt) {  // the host holds the master weights and the state: the GPU's weights follow them
-        if (dir == SYNC_FROM_HOST && offloads_shard(m)) { upload_shard(m, 0); }
+        if (dir == SYNC_FROM_HOST && offloads_shard(m)) { upload_shard(m); }
         else if (dir == SYNC_FROM_HOST) { upload_all(m); }
     } else if (dir == SYNC_TO_HOST) {  // ZeRO-3: no host copy of the weights (gpt2_params_stream moves them)
         if (m->host_params != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->host_params, m->master_memory, P * sizeof(float), cudaMemcpyDeviceToHost, m->stream)); }

@@ -191,27 +191,6 @@ static HostStep host_step_of(Model<floatX>* m) {
     return h;
 }
 
-// the host's master shard up to the GPU's floatX shard; ZeRO-2 then gathers every rank's into the
-// whole working weights on the compute stream, ZeRO-3's gathered copies are stale. in_step: the
-// gathers are the step's, counted for step 1's line (a load's are not)
-template <typename floatX>
-static void upload_shard(Model<floatX>* m, int in_step) {
-    floatX* shard = m->zero == ZERO_3 ? m->weights_memory : m->weight_shard;
-    size_t n = model_shard_layout(m).shard;
-    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(floatX)), "weight shard from the host");
-    upload_weights(m, m->master_memory, shard, n);
-    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    if (m->zero == ZERO_3) { zero3_invalidate(m); return; }
-    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(floatX)),
-                  "NCCL all-gather of the new weights");
-    auto weights = [m](int k) { return m->weights_memory + m->slices[k].offset; };
-    for (int g = 0; g < m->shard.num_zero_groups; g++) {
-        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, shard, weights, (floatX*)m->shard.zero_pack, m->exchange.comm, m->stream);
-        m->exchange.weight_collectives += in_step;
-    }
-    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-}
-
 // ----------------------------------------------------------------------------
 // the deferred update (--offload optimizer without --zero, or with --zero 2). The host's step is the
 // slow part (d12 on an H100 box: 45 ms of host memory traffic, against a 10 ms forward), and the GPU
@@ -221,21 +200,22 @@ static void upload_shard(Model<floatX>* m, int in_step) {
 // forward_layers): wte, wpe and lnf before the encoder, layer l's slices before l's block (and l + 1's
 // first: l's last kernel computes l + 1's ln1), each group's new weights up behind the kernels already
 // queued (the offloaded shard under --zero 2: the group's part of the shard up, then its all-gather
-// into the working weights, on the compute stream as upload_shard does it). The GPU then runs layer l
+// into the working weights: upload_shard_group). The GPU then runs layer l
 // while the host updates layer l + 1. Each slice's update reads only its own gradients and state, so
 // this is bit for bit the update at once (cpu/host_step.h's host_update_layer). Whatever else reads
 // the weights or the state (a checkpoint, the host view, model_sync) first finishes it
-// (offload_update_finish). Not under --zero 1, whose host exchange follows the whole update, nor under
-// --zero 3 with the offloaded shard, whose forward gathers each layer ahead on the comm stream (a
-// layer's gather would have to wait for its upload: not done).
+// (offload_update_finish). Under --zero 3 the forward gathers each layer from the shard on the comm
+// stream, the next one while a layer computes: so layer l + 1's group is updated and up before layer
+// l's kernels are queued, and the comm stream waits for its upload (the event `uploaded`), not for l's
+// kernels. Not under --zero 1, whose host exchange follows the whole update.
 
 template <typename floatX>
 static int defers_update(const Model<floatX>* m) {
-    return m->offload_opt != OPT_OFFLOAD_NONE && (!zero_shards_state(m->zero) || m->zero == ZERO_2);
+    return m->offload_opt != OPT_OFFLOAD_NONE && (!zero_shards_state(m->zero) || offloads_shard(m));
 }
 
 // the step's update is due: recorded for the next forward; under --zero 2 its gathers are counted with
-// the step that made them due (print_zero_collectives)
+// the step that made them due (print_zero_collectives), under --zero 3 the gathered copies are stale
 template <typename floatX>
 static void defer_update(Model<floatX>* m, const StepConfig* s, float grad_norm) {
     m->opt_offload.step = *s;
@@ -243,13 +223,14 @@ static void defer_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
     m->opt_offload.next_group = 0;
     m->opt_offload.deferred = 1;
     if (offloads_shard(m)) {
-        m->exchange.weight_collectives += m->shard.num_zero_groups;
+        if (m->zero == ZERO_2) { m->exchange.weight_collectives += m->shard.num_zero_groups; } else { zero3_invalidate(m); }
         print_zero_collectives(m, s->t);
     }
 }
 
 // the offloaded shard's groups of `layer` (layer l's one, OUTER_GROUP the outer slices' rounds): their
-// part of the host's master shard up to the GPU's floatX shard, then all-gathered into the working weights
+// part of the host's master shard up to the GPU's floatX shard; ZeRO-2 then all-gathers them into the
+// working weights on the compute stream, ZeRO-3's comm stream waits for them before its next gather
 template <typename floatX>
 static void upload_shard_group(Model<floatX>* m, int layer) {
     int g0, g1;
@@ -257,12 +238,31 @@ static void upload_shard_group(Model<floatX>* m, int layer) {
     const ZeroGroup* first = &m->shard.zero_groups[g0];
     const ZeroGroup* last = &m->shard.zero_groups[g1 - 1];
     size_t at = first->shard_at, n = last->shard_at + last->part - at;  // the groups' parts lie one after another in the shard
-    upload_weights(m, m->master_memory + at, m->weight_shard + at, n);
+    floatX* shard = m->zero == ZERO_3 ? m->weights_memory : m->weight_shard;
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(n * sizeof(floatX)), "weight shard from the host");
+    upload_weights(m, m->master_memory + at, shard + at, n);
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+    if (m->zero == ZERO_3) {
+        if (m->exchange.comm == NULL) { return; }
+        CUDA_CHECK(cudaEventRecord(m->opt_offload.uploaded, m->stream));
+        CUDA_CHECK(cudaStreamWaitEvent(m->exchange.comm_stream, m->opt_offload.uploaded, 0));
+        return;
+    }
+    prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(n * m->dist.world * sizeof(floatX)),
+                  "NCCL all-gather of the new weights");
     auto weights = [m](int k) { return m->weights_memory + m->slices[k].offset; };
     for (int g = g0; g < g1; g++) {
-        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, m->weight_shard, weights, (floatX*)m->shard.zero_pack, m->exchange.comm,
-                          m->stream);
+        zero_gather_shard(&m->shard.zero_groups[g], m->dist.world, shard, weights, (floatX*)m->shard.zero_pack, m->exchange.comm, m->stream);
     }
+    prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
+}
+
+// the whole shard up (a checkpoint's load), group by group; ZeRO-3's gathered copies are stale
+template <typename floatX>
+static void upload_shard(Model<floatX>* m) {
+    upload_shard_group(m, OUTER_GROUP);
+    for (int l = 0; l < m->config.num_layers; l++) { upload_shard_group(m, l); }
+    if (m->zero == ZERO_3) { zero3_invalidate(m); }
 }
 
 // the deferred update made and sent up for every group the forward reads up to `layer`'s

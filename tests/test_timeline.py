@@ -250,10 +250,12 @@ else:
             s.check(f"{name}: the collectives are in the trace, as the exchange", coll and all(
                 e["args"].get("technique") == "exchange" for e in coll), str(coll[:2]))
             s.check(f"{name}: profile.json counts their time", js["timeline"]["total_s"]["exchange"] > 0.0, str(js["timeline"]))
-    # the offloaded shard under --zero 2: its host update deferred to the next forward, a group at a time,
-    # each group's blocks up and gathered before the next group's update
-    name, out = "2 ranks --zero 2 --offload optimizer", "z2opt"
-    cmd = launcher + ["2", CUDA, *BASE, "-e", f"{FIX}/model.bin", "--zero", "2", "--offload", "optimizer", "--profile", "2",
+# the offloaded shard under --zero 2 and 3: its host update deferred to the next forward, a group at a
+# time, each group's blocks up and gathered (--zero 2; --zero 3: the layer's prefetch) before the next
+# group's update
+for z in ("2", "3") if launcher else ():
+    name, out = f"2 ranks --zero {z} --offload optimizer", f"z{z}opt"
+    cmd = launcher + ["2", CUDA, *BASE, "-e", f"{FIX}/model.bin", "--zero", z, "--offload", "optimizer", "--profile", "2",
                       "-o", s.path(out)]
     if s.expect_ok(f"{name}: runs with CUDA_EMU_TIMELINE", cmd, env=TIMELINE):
         trace = load_json(name, s.path(out, "trace.json"))
