@@ -1683,6 +1683,42 @@ static void check_attention_order(int B, int T, int C, int NH) {
     free(buf);
 }
 
+// the GELU's spans (8 lanes a step with AVX2) and exp_vec8 against the one-element functions they
+// mirror (cpu/gelu.h, cpu/vecmath.h): bitwise, on a sweep through exp's clamps and GELU's tails, an odd
+// count (a scalar tail), and the values at the edges (infinities, NaN, signed zeros, denormals)
+#define SPAN_LO (-100.0f)    // past both clamps of exp's argument (-2u < -87 and > 88)
+#define SPAN_STEP 1.0e-3f
+static void test_vector_spans(void) {
+    size_t n = (size_t)((-2.0f * SPAN_LO) / SPAN_STEP) + 3;  // 3: a partial vector at the end
+    float edges[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-40f, -1e-40f, EXP_VEC_MIN, EXP_VEC_MAX};
+    size_t ne = sizeof(edges) / sizeof(edges[0]), total = n + ne;
+    float* buf = (float*)malloc_check(6 * total * sizeof(float));
+    float *x = buf, *got = x + total, *want = got + total, *dout = want + total, *dgot = dout + total, *dwant = dgot + total;
+    for (size_t i = 0; i < n; i++) { x[i] = SPAN_LO + SPAN_STEP * (float)i; }
+    memcpy(x + n, edges, sizeof(edges));
+    uint64_t rng = 11;
+    for (size_t i = 0; i < total; i++) { dout[i] = rand_uniform(&rng) - 0.5f; dgot[i] = dwant[i] = rand_uniform(&rng); }
+    gelu_span(got, x, total);
+    for (size_t i = 0; i < total; i++) { want[i] = gelu_elem(x[i]); }
+    check(memcmp(got, want, total * sizeof(float)) == 0, "gelu_span: bitwise gelu_elem on a sweep of [-100, 100] and the edge values", "differs");
+    gelu_grad_span(dgot, x, dout, total);
+    for (size_t i = 0; i < total; i++) { dwant[i] += gelu_grad_elem(x[i]) * dout[i]; }
+    check(memcmp(dgot, dwant, total * sizeof(float)) == 0, "gelu_grad_span: bitwise gelu_grad_elem on the same inputs", "differs");
+#if defined(__AVX2__)
+    int same = 1;
+    for (size_t i = 0; i + VEC8 <= total; i += VEC8) {
+        float e[VEC8];
+        _mm256_storeu_ps(e, exp_vec8(clamp_vec8(_mm256_loadu_ps(x + i), EXP_VEC_MIN, EXP_VEC_MAX)));
+        for (int k = 0; k < VEC8; k++) {
+            float w = exp_vec(clamp_vec(x[i + k], EXP_VEC_MIN, EXP_VEC_MAX));
+            same &= memcmp(&e[k], &w, sizeof(float)) == 0;
+        }
+    }
+    check(same, "exp_vec8: bitwise exp_vec on the same inputs", "differs");
+#endif
+    free(buf);
+}
+
 static void test_layer_orders(void) {
     check_layer_orders(3, 5, 37);    // 15 rows: a partial group of LN_ROWS; 37 channels: a partial vector block
     check_layer_orders(2, 8, 136);   // two whole channel blocks and a partial one
@@ -1700,6 +1736,7 @@ int main(int argc, char** argv) {
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();
     test_layer_orders();
+    test_vector_spans();
     test_finite_differences();
     test_model_files(dir);
     test_tokenizer(dir);

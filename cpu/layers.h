@@ -433,21 +433,26 @@ static void attention_flash_backward(float* dqkv, const float* dout, const float
 }
 
 // ----------------------------------------------------------------------------
-// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = GELU_SCALE (x + GELU_CUBIC x^3), one element at a
-// time by cpu/gelu.h (x sigmoid(2u), an exp that vectorizes: these loops run at memory speed)
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = GELU_SCALE (x + GELU_CUBIC x^3), computed by
+// cpu/gelu.h (x sigmoid(2u), an exp in plain arithmetic, 8 elements a step with AVX2). Each thread owns
+// whole blocks of GELU_BLOCK elements (static schedule: one contiguous range a thread)
+
+#define GELU_BLOCK 4096   // elements a loop iteration hands gelu_span: whole vectors, 16 KB of input
 
 // out (N) = gelu(inp (N))
 static void gelu_forward(float* out, const float* inp, size_t N) {
     prof_mark(PROF_GELU, prof_gelu_forward(N, sizeof(float)), "forward");
     #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) { out[i] = gelu_elem(inp[i]); }
+    for (size_t i0 = 0; i0 < N; i0 += GELU_BLOCK) { gelu_span(out + i0, inp + i0, N - i0 < GELU_BLOCK ? N - i0 : GELU_BLOCK); }
 }
 
 // dinp (N) += gelu'(inp) * dout; dinp and dout must be distinct buffers
 static void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
     prof_mark(PROF_GELU, prof_gelu_backward(N, sizeof(float)), "backward");
     #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) { dinp[i] += gelu_grad_elem(inp[i]) * dout[i]; }
+    for (size_t i0 = 0; i0 < N; i0 += GELU_BLOCK) {
+        gelu_grad_span(dinp + i0, inp + i0, dout + i0, N - i0 < GELU_BLOCK ? N - i0 : GELU_BLOCK);
+    }
 }
 
 // ----------------------------------------------------------------------------

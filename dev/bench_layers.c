@@ -5,8 +5,8 @@ BENCH_REPEATS calls, so a busy moment of a shared machine counts less), its GB/s
 --profile counts (llmc/profile.h) and its share of the triad, the `roof` column of --profile
 without the rest of the step around it.
 
-    gcc -O3 -march=native -fno-math-errno -fno-trapping-math -fopenmp dev/bench_layers.c -o build/bench_layers -lm
-    ./build/bench_layers
+    make build/bench_layers && ./build/bench_layers     # the trainer's flags (-std=c11: no FMA contraction)
+    OMP_NUM_THREADS=1 ./build/bench_layers             # one core: steadier on a shared machine
 
 To compare two versions of cpu/layers.h in one run, build this file in each tree and run the two
 binaries one after the other (scripts/bench.sh does not: it times whole steps).
