@@ -1719,6 +1719,36 @@ static void test_vector_spans(void) {
     free(buf);
 }
 
+// the softmax's rows (cpu/layers.h: the exponentials and their lane sums in one pass, AVX2) against the
+// same arithmetic one element at a time: the max, exp_vec (0 below EXP_VEC_MIN), the sum in
+// SOFTMAX_LANES lanes then in order, one multiplication by its inverse: bitwise
+static void check_softmax_rows(int BT, int V, int Vp) {
+    size_t n = (size_t)BT * Vp;
+    float* buf = (float*)malloc_check(3 * n * sizeof(float));
+    float *logits = buf, *got = logits + n, *want = got + n;
+    uint64_t rng = 5;
+    for (size_t i = 0; i < n; i++) { logits[i] = 200.0f * rand_uniform(&rng) - 100.0f; }  // differences past -87 too
+    softmax_forward(got, logits, 1, BT, V, Vp);
+    for (int r = 0; r < BT; r++) {
+        const float* x = logits + (size_t)r * Vp;
+        float* p = want + (size_t)r * Vp;
+        float maxv = -INFINITY, lane[SOFTMAX_LANES] = {0.0f}, sum = 0.0f;
+        for (int i = 0; i < V; i++) { maxv = x[i] > maxv ? x[i] : maxv; }
+        for (int i = 0; i < V; i++) {
+            float d = x[i] - maxv;
+            p[i] = d < EXP_VEC_MIN ? 0.0f : exp_vec(clamp_vec(d, EXP_VEC_MIN, 0.0f));
+            lane[i % SOFTMAX_LANES] += p[i];
+        }
+        for (int k = 0; k < SOFTMAX_LANES; k++) { sum += lane[k]; }
+        for (int i = 0; i < V; i++) { p[i] *= 1.0f / sum; }
+        for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
+    }
+    char name[128];
+    snprintf(name, sizeof(name), "softmax rows (BT=%d, V=%d, Vp=%d): bitwise the one-element arithmetic", BT, V, Vp);
+    check(memcmp(got, want, n * sizeof(float)) == 0, name, "differs");
+    free(buf);
+}
+
 static void test_layer_orders(void) {
     check_layer_orders(3, 5, 37);    // 15 rows: a partial group of LN_ROWS; 37 channels: a partial vector block
     check_layer_orders(2, 8, 136);   // two whole channel blocks and a partial one
@@ -1737,6 +1767,9 @@ int main(int argc, char** argv) {
     test_against_pytorch();
     test_layer_orders();
     test_vector_spans();
+    check_softmax_rows(3, 37, 48);      // two whole blocks of 16 and a tail of 5; padding after V
+    check_softmax_rows(2, 16, 16);      // one whole block, no tail, no padding
+    check_softmax_rows(2, 7, 8);        // only the tail
     test_finite_differences();
     test_model_files(dir);
     test_tokenizer(dir);
