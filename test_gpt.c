@@ -1854,6 +1854,7 @@ int main(int argc, char** argv) {
     check_softmax_rows(3, 37, 48);      // two whole blocks of 16 and a tail of 5; padding after V
     check_softmax_rows(2, 16, 16);      // one whole block, no tail, no padding
     check_softmax_rows(2, 7, 8);        // only the tail
+    check(OPT_PARTS % OPT_SIDE == 0, "optimizer sums: the clip's groups of OPT_SIDE parts cover OPT_PARTS", "%d %% %d != 0", OPT_PARTS, OPT_SIDE);
     check_factored_sums(301, 300);      // parts of 4 and 5 rows (a partial group of OPT_ROWS), a partial column block
     check_factored_sums(37, 5);         // parts of 0 and 1 rows: the clip's groups have no common row
     test_finite_differences();

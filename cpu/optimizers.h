@@ -219,15 +219,15 @@ typedef struct {
 
 // x[j] = the statistic of row i's columns j0 .. j0 + nj - 1: no element waits on another, so the loop
 // vectorizes (CAME's division included), and x stays in L1 for the sums
-static inline void opt_stat_block(float* restrict x, OptStatKind kind, const OptStatArgs* a, size_t i, int j0, int nj, int cols) {
-    const float* restrict g = a->g + i * cols + j0;
+static inline void opt_stat_block(float* x, OptStatKind kind, const OptStatArgs* a, size_t i, int j0, int nj, int cols) {
+    const float* g = a->g + i * cols + j0;
     float eps = a->eps;
     if (kind == OPT_STAT_GRAD_SQ) {
         for (int j = 0; j < nj; j++) { x[j] = g[j] * g[j] + eps; }
         return;
     }
-    float* restrict M = a->M + i * cols + j0;
-    const float* restrict scale_col = a->w->scale_col + j0;
+    float* M = a->M + i * cols + j0;
+    const float* scale_col = a->w->scale_col + j0;
     float scale_row = a->w->scale_row[i], clip = a->clip;
     OptEma e1 = a->e1;
     for (int j = 0; j < nj; j++) {
@@ -316,8 +316,7 @@ static inline double opt_clip_elem(const float* g, const OptWorkspace* w, size_t
     return (double)u * u;
 }
 
-#define OPT_SIDE 4   // parts of the clip's sum that run side by side in one thread
-_Static_assert(OPT_PARTS % OPT_SIDE == 0, "the clip's groups of parts must cover OPT_PARTS");
+#define OPT_SIDE 4   // parts of the clip's sum that run side by side in one thread: OPT_PARTS is a multiple (test_gpt checks)
 
 // the sum of U_ij^2 over this part of the slice, U_ij = (scale_row_i * scale_col_j) g_ij, in double.
 // Each part's sum is one chain over its elements in (i, j) order; OPT_SIDE parts advance together, a
