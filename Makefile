@@ -174,6 +174,12 @@ build/test_quant_state: tests/test_quant_state.c tests/check.h $(HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# the per-element layers one at a time against the triad (dev/bench_layers.c), with the trainer's flags:
+# -std=c11 contracts no multiply-add into an FMA, so its numbers are the step's kernels'
+build/bench_layers: dev/bench_layers.c $(HEADERS)
+	@mkdir -p build
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
 build/bench_matmul: dev/bench_matmul.c $(HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS) -lopenblas

@@ -1683,6 +1683,156 @@ static void check_attention_order(int B, int T, int C, int NH) {
     free(buf);
 }
 
+// the GELU's spans (8 lanes a step with AVX2) and exp_vec8 against the one-element functions they
+// mirror (cpu/gelu.h, cpu/vecmath.h): bitwise, on a sweep through exp's clamps and GELU's tails, an odd
+// count (a scalar tail), and the values at the edges (infinities, NaN, signed zeros, denormals)
+#define SPAN_LO (-100.0f)    // past both clamps of exp's argument (-2u < -87 and > 88)
+#define SPAN_STEP 1.0e-3f
+static void test_vector_spans(void) {
+    size_t n = (size_t)((-2.0f * SPAN_LO) / SPAN_STEP) + 3;  // 3: a partial vector at the end
+    float edges[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-40f, -1e-40f, EXP_VEC_MIN, EXP_VEC_MAX};
+    size_t ne = sizeof(edges) / sizeof(edges[0]), total = n + ne;
+    float* buf = (float*)malloc_check(6 * total * sizeof(float));
+    float *x = buf, *got = x + total, *want = got + total, *dout = want + total, *dgot = dout + total, *dwant = dgot + total;
+    for (size_t i = 0; i < n; i++) { x[i] = SPAN_LO + SPAN_STEP * (float)i; }
+    memcpy(x + n, edges, sizeof(edges));
+    uint64_t rng = 11;
+    for (size_t i = 0; i < total; i++) { dout[i] = rand_uniform(&rng) - 0.5f; dgot[i] = dwant[i] = rand_uniform(&rng); }
+    gelu_span(got, x, total);
+    for (size_t i = 0; i < total; i++) { want[i] = gelu_elem(x[i]); }
+    check(memcmp(got, want, total * sizeof(float)) == 0, "gelu_span: bitwise gelu_elem on a sweep of [-100, 100] and the edge values", "differs");
+    gelu_grad_span(dgot, x, dout, total);
+    for (size_t i = 0; i < total; i++) { dwant[i] += gelu_grad_elem(x[i]) * dout[i]; }
+    check(memcmp(dgot, dwant, total * sizeof(float)) == 0, "gelu_grad_span: bitwise gelu_grad_elem on the same inputs", "differs");
+#if defined(__AVX2__)
+    int same = 1;
+    for (size_t i = 0; i + VEC8 <= total; i += VEC8) {
+        float e[VEC8];
+        _mm256_storeu_ps(e, exp_vec8(clamp_vec8(_mm256_loadu_ps(x + i), EXP_VEC_MIN, EXP_VEC_MAX)));
+        for (int k = 0; k < VEC8; k++) {
+            float w = exp_vec(clamp_vec(x[i + k], EXP_VEC_MIN, EXP_VEC_MAX));
+            same &= memcmp(&e[k], &w, sizeof(float)) == 0;
+        }
+    }
+    check(same, "exp_vec8: bitwise exp_vec on the same inputs", "differs");
+#endif
+    free(buf);
+}
+
+// the softmax's rows (cpu/layers.h: the exponentials and their lane sums in one pass, AVX2) against the
+// same arithmetic one element at a time: the max, exp_vec (0 below EXP_VEC_MIN), the sum in
+// SOFTMAX_LANES lanes then in order, one multiplication by its inverse: bitwise
+static void check_softmax_rows(int BT, int V, int Vp) {
+    size_t n = (size_t)BT * Vp;
+    float* buf = (float*)malloc_check(3 * n * sizeof(float));
+    float *logits = buf, *got = logits + n, *want = got + n;
+    uint64_t rng = 5;
+    for (size_t i = 0; i < n; i++) { logits[i] = 200.0f * rand_uniform(&rng) - 100.0f; }  // differences past -87 too
+    softmax_forward(got, logits, 1, BT, V, Vp);
+    for (int r = 0; r < BT; r++) {
+        const float* x = logits + (size_t)r * Vp;
+        float* p = want + (size_t)r * Vp;
+        float maxv = -INFINITY, lane[SOFTMAX_LANES] = {0.0f}, sum = 0.0f;
+        for (int i = 0; i < V; i++) { maxv = x[i] > maxv ? x[i] : maxv; }
+        for (int i = 0; i < V; i++) {
+            float d = x[i] - maxv;
+            p[i] = d < EXP_VEC_MIN ? 0.0f : exp_vec(clamp_vec(d, EXP_VEC_MIN, 0.0f));
+            lane[i % SOFTMAX_LANES] += p[i];
+        }
+        for (int k = 0; k < SOFTMAX_LANES; k++) { sum += lane[k]; }
+        for (int i = 0; i < V; i++) { p[i] *= 1.0f / sum; }
+        for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
+    }
+    char name[128];
+    snprintf(name, sizeof(name), "softmax rows (BT=%d, V=%d, Vp=%d): bitwise the one-element arithmetic", BT, V, Vp);
+    check(memcmp(got, want, n * sizeof(float)) == 0, name, "differs");
+    free(buf);
+}
+
+// the factored optimizers' sums (cpu/optimizers.h: OPT_ROWS rows side by side, by blocks of columns;
+// OPT_SIDE parts of the clip's sum side by side) against the same sums one row and one part at a time:
+// the second moment's and CAME's residual statistics, their column sums by parts (double), the first
+// moment and the clip divisor, bitwise
+static double ref_clip_sum_squares(const float* g, const OptWorkspace* w, const OptShard* sh) {
+    double total = 0.0;
+    for (int p = 0; p < OPT_PARTS; p++) {
+        size_t b, e;
+        opt_part((size_t)sh->rows, p, &b, &e);
+        double s = 0.0;
+        for (size_t i = b; i < e; i++) {
+            for (int j = 0; j < sh->cols; j++) { float u = (w->scale_row[i] * w->scale_col[j]) * g[i * sh->cols + j]; s += (double)u * u; }
+        }
+        total += s;
+    }
+    return total;
+}
+
+// one row at a time: row_stat = ema(row means), w->col_parts the column sums of each part, of
+// x = g^2 + eps (M == NULL) or CAME's residual (M updated)
+static void ref_factored_stat(float* row_stat, float* M, const float* g, const OptShard* sh, const OptWorkspace* sw,
+                              double* col_parts, float eps, float clip, OptEma e1, OptEma ema) {
+    int cols = sh->cols;
+    for (int p = 0; p < OPT_PARTS; p++) {
+        double* col_sum = col_parts + (size_t)p * cols;
+        for (int j = 0; j < cols; j++) { col_sum[j] = 0.0; }
+        size_t b, e;
+        opt_part((size_t)sh->rows, p, &b, &e);
+        for (size_t i = b; i < e; i++) {
+            double row_sum = 0.0;
+            for (int j = 0; j < cols; j++) {
+                size_t k = i * cols + j;
+                float x;
+                if (M == NULL) {
+                    x = g[k] * g[k] + eps;
+                } else {
+                    float u = (sw->scale_row[i] * sw->scale_col[j]) * g[k] / clip;
+                    M[k] = opt_ema(M[k], u, e1);
+                    float d = u - M[k];
+                    x = d * d + eps;
+                }
+                row_sum += x;
+                col_sum[j] += x;
+            }
+            row_stat[i] = opt_ema(row_stat[i], (float)(row_sum / cols), ema);
+        }
+    }
+}
+
+static void check_factored_sums(int rows, int cols) {
+    ParamSlice slice = {.tensor = 10, .layer = 0, .rows = rows, .cols = cols, .offset = 0};
+    size_t offset = 0, n = (size_t)rows * cols;
+    OptShard sh = slice_shard(&slice, &OPT_UNSHARDED, &offset);
+    float* buf = (float*)calloc(4 * n + 4 * (size_t)(rows + cols), sizeof(float));
+    float *g = buf, *M = g + n, *want_M = M + n, *R = want_M + n, *Cc = R + rows, *want_R = Cc + cols;
+    uint64_t rng = 3;
+    for (size_t i = 0; i < n; i++) {  // magnitudes over 6 decades: the double sums' order shows in their bits
+        g[i] = (rand_uniform(&rng) - 0.5f) * powf(10.0f, -6.0f * rand_uniform(&rng));
+        M[i] = want_M[i] = 1e-3f * (rand_uniform(&rng) - 0.5f);
+    }
+    OptWorkspace w = opt_workspace_alloc(&sh), want = opt_workspace_alloc(&sh);
+    OptEma ema = opt_ema_coeffs(0.9), e1 = opt_ema_coeffs(0.8);
+    float eps = 1e-12f, clip = 1.7f;
+    opt_ema_grad_sq_factored(R, Cc, g, &sh, eps, ema, &w);
+    ref_factored_stat(want_R, NULL, g, &sh, NULL, want.col_parts, eps, clip, e1, ema);
+    size_t parts_bytes = (size_t)OPT_PARTS * cols * sizeof(double);
+    int same_g2 = memcmp(R, want_R, rows * sizeof(float)) == 0 && memcmp(w.col_parts, want.col_parts, parts_bytes) == 0;
+    for (int i = 0; i < rows; i++) { w.scale_row[i] = want.scale_row[i] = 0.5f + rand_uniform(&rng); }
+    for (int j = 0; j < cols; j++) { w.scale_col[j] = want.scale_col[j] = 0.5f + rand_uniform(&rng); }
+    double got_clip = opt_clip_sum_squares(g, &w, &sh), want_clip = ref_clip_sum_squares(g, &want, &sh);
+    CAMEHyper h = {.beta1 = 0.8, .beta3 = 0.9, .eps2 = eps};
+    came_moment_and_residual(M, R, Cc, g, &sh, clip, &h, &w);
+    ref_factored_stat(want_R, want_M, g, &sh, &want, want.col_parts, eps, clip, e1, ema);
+    int same_res = memcmp(M, want_M, n * sizeof(float)) == 0 && memcmp(R, want_R, rows * sizeof(float)) == 0 &&
+                   memcmp(w.col_parts, want.col_parts, parts_bytes) == 0;
+    char name[160];
+    snprintf(name, sizeof(name), "optimizer sums (%d x %d): G's and CAME's residual statistics, the clip's sum bitwise one row and part at a time", rows, cols);
+    check(same_g2 && same_res && got_clip == want_clip, name, "differs (second moment %d, residual %d, clip's sum %.17g vs %.17g)",
+          !same_g2, !same_res, got_clip, want_clip);
+    opt_workspace_free(&w);
+    opt_workspace_free(&want);
+    free(buf);
+}
+
 static void test_layer_orders(void) {
     check_layer_orders(3, 5, 37);    // 15 rows: a partial group of LN_ROWS; 37 channels: a partial vector block
     check_layer_orders(2, 8, 136);   // two whole channel blocks and a partial one
@@ -1700,6 +1850,13 @@ int main(int argc, char** argv) {
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();
     test_layer_orders();
+    test_vector_spans();
+    check_softmax_rows(3, 37, 48);      // two whole blocks of 16 and a tail of 5; padding after V
+    check_softmax_rows(2, 16, 16);      // one whole block, no tail, no padding
+    check_softmax_rows(2, 7, 8);        // only the tail
+    check(OPT_PARTS % OPT_SIDE == 0, "optimizer sums: the clip's groups of OPT_SIDE parts cover OPT_PARTS", "%d %% %d != 0", OPT_PARTS, OPT_SIDE);
+    check_factored_sums(301, 300);      // parts of 4 and 5 rows (a partial group of OPT_ROWS), a partial column block
+    check_factored_sums(37, 5);         // parts of 0 and 1 rows: the clip's groups have no common row
     test_finite_differences();
     test_model_files(dir);
     test_tokenizer(dir);

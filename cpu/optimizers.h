@@ -194,28 +194,92 @@ static void opt_ema_col_means(float* col, OptWorkspace* w, const OptShard* sh, O
     }
 }
 
-// ema(R, row means of G), ema(Cc, column means of G), G = g^2 + eps1, g (rows, cols) this part
-static void opt_ema_grad_sq_factored(float* R, float* Cc, const float* g, const OptShard* sh,
-                                     float eps1, OptEma ema, OptWorkspace* w) {
+// The factored statistics (Adafactor's and CAME's G = g^2 + eps1, CAME's residual) of one element,
+// and the pass that sums them by rows and by columns. A row's sum is one chain of dependent adds (in
+// double) over its columns: one row at a time the pass waits on the adder's latency, not on memory.
+// OPT_ROWS rows run side by side instead, each row's chain still in the order of its columns and each
+// column's sum still in the order of the rows, so every sum is bitwise what one row at a time gives.
+#define OPT_ROWS 4   // rows of a part whose sums run side by side: independent chains the core overlaps
+
+typedef enum {
+    OPT_STAT_GRAD_SQ,   // G = g^2 + eps
+    OPT_STAT_RESIDUAL,  // CAME: u = (scale_row_i scale_col_j) g / clip; M = ema(M, u); (u - M)^2 + eps
+} OptStatKind;
+
+typedef struct {
+    const float* g;           // (rows, cols) this part's gradient
+    float eps;                // eps1 (G) or eps2 (residual)
+    float* M;                 // residual only: the first moment, updated in the same pass
+    const OptWorkspace* w;    // residual only: the second moment's scales
+    float clip;               // residual only: the update's clip divisor
+    OptEma e1;                // residual only: the first moment's EMA
+} OptStatArgs;
+
+#define OPT_COL_BLOCK 256   // columns of a row whose statistics are computed before they are summed
+
+// x[j] = the statistic of row i's columns j0 .. j0 + nj - 1: no element waits on another, so the loop
+// vectorizes (CAME's division included), and x stays in L1 for the sums
+static inline void opt_stat_block(float* x, OptStatKind kind, const OptStatArgs* a, size_t i, int j0, int nj, int cols) {
+    const float* g = a->g + i * cols + j0;
+    float eps = a->eps;
+    if (kind == OPT_STAT_GRAD_SQ) {
+        for (int j = 0; j < nj; j++) { x[j] = g[j] * g[j] + eps; }
+        return;
+    }
+    float* M = a->M + i * cols + j0;
+    const float* scale_col = a->w->scale_col + j0;
+    float scale_row = a->w->scale_row[i], clip = a->clip;
+    OptEma e1 = a->e1;
+    for (int j = 0; j < nj; j++) {
+        float u = (scale_row * scale_col[j]) * g[j] / clip;
+        float m = opt_ema(M[j], u, e1);
+        M[j] = m;
+        float d = u - m;
+        x[j] = d * d + eps;
+    }
+}
+
+// rows [i, i + nr) (nr <= OPT_ROWS) side by side: row_stat[i + r] = ema(itself, the row's mean), and
+// each row's elements added to col_sum in row order, a block of columns at a time (opt_stat_block)
+static inline void opt_stat_rows(float* row_stat, double* col_sum, size_t i, int nr, int cols, OptStatKind kind,
+                                 const OptStatArgs* a, OptEma ema) {
+    double row_sum[OPT_ROWS] = {0.0};
+    float x[OPT_ROWS][OPT_COL_BLOCK];
+    for (int j0 = 0; j0 < cols; j0 += OPT_COL_BLOCK) {
+        int nj = cols - j0 < OPT_COL_BLOCK ? cols - j0 : OPT_COL_BLOCK;
+        for (int r = 0; r < nr; r++) { opt_stat_block(x[r], kind, a, i + r, j0, nj, cols); }
+        for (int j = 0; j < nj; j++) {
+            for (int r = 0; r < nr; r++) {
+                row_sum[r] += x[r][j];
+                col_sum[j0 + j] += x[r][j];
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) { row_stat[i + r] = opt_ema(row_stat[i + r], (float)(row_sum[r] / cols), ema); }
+}
+
+// ema(row_stat, row means), ema(col_stat, column means) of the statistic over this part of a matrix;
+// the column sums by parts of the rows (w->col_parts), then opt_ema_col_means
+static inline void opt_ema_stat_factored(float* row_stat, float* col_stat, OptStatKind kind, const OptStatArgs* a,
+                                  const OptShard* sh, OptEma ema, OptWorkspace* w) {
     int cols = sh->cols;
     #pragma omp parallel for
     for (int p = 0; p < OPT_PARTS; p++) {
         double* col_sum = w->col_parts + (size_t)p * cols;
         for (int j = 0; j < cols; j++) { col_sum[j] = 0.0; }
-        size_t b, e;
+        size_t b, e, i;
         opt_part((size_t)sh->rows, p, &b, &e);
-        for (size_t i = b; i < e; i++) {
-            const float* gi = g + i * cols;
-            double row_sum = 0.0;
-            for (int j = 0; j < cols; j++) {
-                float G = gi[j] * gi[j] + eps1;
-                row_sum += G;
-                col_sum[j] += G;
-            }
-            R[i] = opt_ema(R[i], (float)(row_sum / cols), ema);
-        }
+        for (i = b; i + OPT_ROWS <= e; i += OPT_ROWS) { opt_stat_rows(row_stat, col_sum, i, OPT_ROWS, cols, kind, a, ema); }
+        if (i < e) { opt_stat_rows(row_stat, col_sum, i, (int)(e - i), cols, kind, a, ema); }
     }
-    opt_ema_col_means(Cc, w, sh, ema);
+    opt_ema_col_means(col_stat, w, sh, ema);
+}
+
+// ema(R, row means of G), ema(Cc, column means of G), G = g^2 + eps1, g (rows, cols) this part
+static void opt_ema_grad_sq_factored(float* R, float* Cc, const float* g, const OptShard* sh,
+                                     float eps1, OptEma ema, OptWorkspace* w) {
+    OptStatArgs a = {.g = g, .eps = eps1};
+    opt_ema_stat_factored(R, Cc, OPT_STAT_GRAD_SQ, &a, sh, ema, w);
 }
 
 // scale_row_i = rsqrt(R_i / mean(R)), scale_col_j = rsqrt(Cc_j): the factored rsqrt(V);
@@ -246,24 +310,47 @@ static void opt_second_moment(float* v, const float* g, const OptShard* sh, floa
     }
 }
 
-// max(1, RMS(U) / clip_threshold) for U_ij = (scale_row_i * scale_col_j) g_ij, RMS over the whole slice
-static float opt_clip_divisor(const float* g, const OptWorkspace* w, const OptShard* sh, float clip_threshold) {
+// U_ij^2 in double, U_ij = (scale_row_i * scale_col_j) g_ij
+static inline double opt_clip_elem(const float* g, const OptWorkspace* w, size_t i, int j, int cols) {
+    float u = (w->scale_row[i] * w->scale_col[j]) * g[i * cols + j];
+    return (double)u * u;
+}
+
+#define OPT_SIDE 4   // parts of the clip's sum that run side by side in one thread: OPT_PARTS is a multiple (test_gpt checks)
+
+// the sum of U_ij^2 over this part of the slice, U_ij = (scale_row_i * scale_col_j) g_ij, in double.
+// Each part's sum is one chain over its elements in (i, j) order; OPT_SIDE parts advance together, a
+// row of each in turn, so their chains overlap and each is bitwise what it was alone
+static double opt_clip_sum_squares(const float* g, const OptWorkspace* w, const OptShard* sh) {
     double part[OPT_PARTS], total = 0.0;
     int cols = sh->cols;
     #pragma omp parallel for
-    for (int p = 0; p < OPT_PARTS; p++) {
-        size_t b, e;
-        opt_part((size_t)sh->rows, p, &b, &e);
-        double s = 0.0;
-        for (size_t i = b; i < e; i++) {
+    for (int p0 = 0; p0 < OPT_PARTS; p0 += OPT_SIDE) {
+        size_t b[OPT_SIDE], e[OPT_SIDE], common = (size_t)sh->rows;  // the rows every part of the group has
+        double s[OPT_SIDE] = {0.0};
+        for (int q = 0; q < OPT_SIDE; q++) {
+            opt_part((size_t)sh->rows, p0 + q, &b[q], &e[q]);
+            common = e[q] - b[q] < common ? e[q] - b[q] : common;
+        }
+        for (size_t r = 0; r < common; r++) {
             for (int j = 0; j < cols; j++) {
-                float u = (w->scale_row[i] * w->scale_col[j]) * g[i * cols + j];
-                s += (double)u * u;
+                for (int q = 0; q < OPT_SIDE; q++) { s[q] += opt_clip_elem(g, w, b[q] + r, j, cols); }
             }
         }
-        part[p] = s;
+        for (int q = 0; q < OPT_SIDE; q++) {  // a part's rows past the common count (at most one), in order
+            for (size_t i = b[q] + common; i < e[q]; i++) {
+                for (int j = 0; j < cols; j++) { s[q] += opt_clip_elem(g, w, i, j, cols); }
+            }
+            part[p0 + q] = s[q];
+        }
     }
     for (int p = 0; p < OPT_PARTS; p++) { total += part[p]; }
+    return total;
+}
+
+// max(1, RMS(U) / clip_threshold), RMS over the whole slice (its parts' sums added across the processes)
+static float opt_clip_divisor(const float* g, const OptWorkspace* w, const OptShard* sh, float clip_threshold) {
+    double total = opt_clip_sum_squares(g, w, sh);
     opt_sum_across(sh->sum, &total, 1);
     float rms = (float)sqrt(total / (double)sh->total);
     return fmaxf(1.0f, rms / clip_threshold);
@@ -311,30 +398,8 @@ static void adafactor_update(float* param, const float* grad, float* state, cons
 // Res = (U - M)^2 + eps2, with U_ij = (scale_row_i scale_col_j) g_ij / clip
 static void came_moment_and_residual(float* M, float* Rr, float* Rc, const float* g, const OptShard* sh,
                                      float clip, const CAMEHyper* h, OptWorkspace* w) {
-    OptEma e1 = opt_ema_coeffs(h->beta1), e3 = opt_ema_coeffs(h->beta3);
-    float eps2 = (float)h->eps2;
-    int cols = sh->cols;
-    #pragma omp parallel for
-    for (int p = 0; p < OPT_PARTS; p++) {
-        double* col_sum = w->col_parts + (size_t)p * cols;
-        for (int j = 0; j < cols; j++) { col_sum[j] = 0.0; }
-        size_t b, e;
-        opt_part((size_t)sh->rows, p, &b, &e);
-        for (size_t i = b; i < e; i++) {
-            double row_sum = 0.0;
-            for (int j = 0; j < cols; j++) {
-                size_t k = i * cols + j;
-                float u = (w->scale_row[i] * w->scale_col[j]) * g[k] / clip;
-                M[k] = opt_ema(M[k], u, e1);
-                float d = u - M[k];
-                float res = d * d + eps2;
-                row_sum += res;
-                col_sum[j] += res;
-            }
-            Rr[i] = opt_ema(Rr[i], (float)(row_sum / cols), e3);
-        }
-    }
-    opt_ema_col_means(Rc, w, sh, e3);
+    OptStatArgs a = {.g = g, .eps = (float)h->eps2, .M = M, .w = w, .clip = clip, .e1 = opt_ema_coeffs(h->beta1)};
+    opt_ema_stat_factored(Rr, Rc, OPT_STAT_RESIDUAL, &a, sh, opt_ema_coeffs(h->beta3), w);
 }
 
 // step 4 of a vector: ema(M, U); its update is M itself (scales of 1)

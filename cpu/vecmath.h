@@ -12,6 +12,11 @@ Measured against double exp over [-87, 88] in steps of 1e-4: at most 1.40 ulp. N
 with -fno-math-errno and -fno-trapping-math (the Makefile's) gcc vectorizes it with AVX2 or AVX-512.
 The result is a function of x alone (the same operations in every lane and in a scalar tail), so a
 vectorized loop gives bitwise what a scalar one does.
+
+With AVX2, exp_vec8 and clamp_vec8 are the same operations written on 8 lanes, for the loops whose
+vectorization gcc spoils (it turns a clamp before a product into compares and blends: GELU's, cpu/gelu.h).
+They mirror exp_vec one operation for one, no fused multiply-add (the Makefile's -std=c11 contracts none),
+so they are bitwise exp_vec; test_gpt checks it on a sweep of inputs.
 */
 #ifndef CPU_VECMATH_H
 #define CPU_VECMATH_H
@@ -28,16 +33,24 @@ vectorized loop gives bitwise what a scalar one does.
 #define FLOAT_EXPONENT_BIAS 127
 #define FLOAT_MANTISSA_BITS 23
 
+// Cephes expf's polynomial: exp(r) = 1 + r + r^2 p(r) on |r| <= ln2/2, p's coefficients from the highest power
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
 // exp(x) for x in [EXP_VEC_MIN, EXP_VEC_MAX]
 static inline float exp_vec(float x) {
     float n = rintf(x * EXP_LOG2E);
     float r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
-    float p = 1.9875691500e-4f;    // Cephes expf: exp(r) = 1 + r + r^2 (p(r)) on |r| <= ln2/2
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    float p = EXP_P0;
+    p = p * r + EXP_P1;
+    p = p * r + EXP_P2;
+    p = p * r + EXP_P3;
+    p = p * r + EXP_P4;
+    p = p * r + EXP_P5;
     p = p * r * r + r + 1.0f;
     int32_t bits = ((int32_t)n + FLOAT_EXPONENT_BIAS) << FLOAT_MANTISSA_BITS;  // 2^n
     float two_n;
@@ -50,5 +63,32 @@ static inline float clamp_vec(float x, float lo, float hi) {
     x = x < lo ? lo : x;
     return x > hi ? hi : x;
 }
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define VEC8 8   // floats in an AVX2 vector
+
+// exp_vec on 8 lanes: each lane bitwise exp_vec of its x
+static inline __m256 exp_vec8(__m256 x) {
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_CUR_DIRECTION);  // rintf
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_HI))),
+                             _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_LO)));
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P1));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P2));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P3));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P4));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P5));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(FLOAT_EXPONENT_BIAS)),
+                                     FLOAT_MANTISSA_BITS);  // 2^n (n is whole: truncating it is (int32_t)n)
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// clamp_vec on 8 lanes: max(lo, x) returns x when x is NaN, as x < lo ? lo : x does; min likewise
+static inline __m256 clamp_vec8(__m256 x, float lo, float hi) {
+    return _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), x));
+}
+#endif
 
 #endif // CPU_VECMATH_H

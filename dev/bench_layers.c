@@ -1,12 +1,12 @@
 /*
 bench_layers.c: the CPU's per-element layers (cpu/layers.h) one at a time on the shapes of the d12
 step at B=4, T=64, against the STREAM triad measured in the same run: each kernel's time (best of
-BENCH_REPEATS calls, so a busy moment of a shared machine counts less), its GB/s by the bytes
---profile counts (llmc/profile.h) and its share of the triad, the `roof` column of --profile
+BENCH_REPEATS calls, so a busy moment of a shared machine counts less), its CPU time (the process's, best of the same calls: with one thread
+the time the core was ours), its GB/s by the bytes --profile counts (llmc/profile.h) and its share of the triad, the `roof` column of --profile
 without the rest of the step around it.
 
-    gcc -O3 -march=native -fno-math-errno -fno-trapping-math -fopenmp dev/bench_layers.c -o build/bench_layers -lm
-    ./build/bench_layers
+    make build/bench_layers && ./build/bench_layers     # the trainer's flags (-std=c11: no FMA contraction)
+    OMP_NUM_THREADS=1 ./build/bench_layers             # one core: steadier on a shared machine
 
 To compare two versions of cpu/layers.h in one run, build this file in each tree and run the two
 binaries one after the other (scripts/bench.sh does not: it times whole steps).
@@ -14,6 +14,7 @@ binaries one after the other (scripts/bench.sh does not: it times whole steps).
 #include <stdio.h>
 #include <stdlib.h>
 #include <omp.h>
+#include <time.h>
 #include "../cpu/layers.h"
 #include "../cpu/roofline.h"
 
@@ -21,11 +22,12 @@ binaries one after the other (scripts/bench.sh does not: it times whole steps).
 #define BENCH_T 64
 #define BENCH_C 768
 #define BENCH_NH 12
-#define BENCH_VP 50304          // wte's rows: the encoder gathers from all of them
+#define BENCH_V 50257           // the vocabulary: the softmax's row
+#define BENCH_VP 50304          // wte's rows: the encoder gathers from all of them; the logits' row
 #define BENCH_REPEATS 50
 
 typedef struct {
-    float *x, *y, *dy, *dx, *w, *b, *dw, *db, *mean, *rstd, *qkv, *dqkv, *att, *datt, *wte, *wpe, *dwte, *dwpe;
+    float *x, *y, *dy, *dx, *w, *b, *dw, *db, *mean, *rstd, *qkv, *dqkv, *att, *datt, *wte, *wpe, *dwte, *dwpe, *logits;
     int* tok;
 } BenchBufs;
 
@@ -43,15 +45,16 @@ static BenchBufs bench_alloc(void) {
         .mean = bench_floats(BT), .rstd = bench_floats(BT), .qkv = bench_floats(3 * BT * C), .dqkv = bench_floats(3 * BT * C),
         .att = bench_floats(att), .datt = bench_floats(att), .wte = bench_floats(BENCH_VP * C), .wpe = bench_floats(BENCH_T * C),
         .dwte = bench_floats(BENCH_VP * C), .dwpe = bench_floats(BENCH_T * C), .tok = (int*)malloc_check(BT * sizeof(int)),
+        .logits = bench_floats(BT * BENCH_VP),
     };
     for (size_t i = 0; i < BT; i++) { u.tok[i] = (int)((i * 7919u) % BENCH_VP); }
     return u;
 }
 
-typedef enum { K_LN_FWD, K_LN_BWD, K_ENC_FWD, K_ENC_BWD, K_ATT_FWD, K_ATT_BWD, K_GELU_FWD, K_GELU_BWD, K_COUNT } BenchKernel;
+typedef enum { K_LN_FWD, K_LN_BWD, K_ENC_FWD, K_ENC_BWD, K_ATT_FWD, K_ATT_BWD, K_GELU_FWD, K_GELU_BWD, K_SOFTMAX, K_COUNT } BenchKernel;
 static const char* K_NAME[K_COUNT] = {
     "layernorm forward", "layernorm backward", "encoder forward", "encoder backward",
-    "attention forward", "attention backward", "gelu forward", "gelu backward",
+    "attention forward", "attention backward", "gelu forward", "gelu backward", "softmax (in place)",
 };
 
 // runs kernel k once; returns the bytes and FLOPs --profile counts for it
@@ -67,8 +70,17 @@ static ProfCost bench_run(BenchKernel k, BenchBufs* u) {
     case K_ATT_BWD: attention_backward(u->dqkv, u->datt, u->dy, u->qkv, u->att, B, T, C, NH); return prof_attention_backward(B, T, C, sizeof(float));
     case K_GELU_FWD: gelu_forward(u->y, u->x, BT * C); return prof_gelu_forward(BT * C, sizeof(float));
     case K_GELU_BWD: gelu_backward(u->dx, u->x, u->dy, BT * C); return prof_gelu_backward(BT * C, sizeof(float));
+    case K_SOFTMAX: softmax_forward(u->logits, u->logits, B, T, BENCH_V, BENCH_VP); return prof_classifier(BT, BENCH_V, BENCH_VP, sizeof(float));
     default: return prof_bytes(0.0);
     }
+}
+
+// the process's CPU time: with one thread, a call's share of it leaves out the moments a shared machine
+// gave the core to someone else (the wall clock counts them), so one-thread comparisons hold under load
+static double bench_cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int main(void) {
@@ -76,19 +88,20 @@ int main(void) {
     ProfRoofline roof = cpu_roofline_measure();
     printf("%d thread(s); triad %.1f GB/s, GEMM %.1f GFLOP/s (cpu/roofline.h); d12 B=%d T=%d, best of %d calls\n\n",
            omp_get_max_threads(), roof.gb_s, roof.gflop_s, BENCH_B, BENCH_T, BENCH_REPEATS);
-    printf("| kernel | us | MB | GB/s | GFLOP/s | roof |\n|---|---|---|---|---|---|\n");
+    printf("| kernel | us | cpu us | MB | GB/s | GFLOP/s | roof |\n|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < K_COUNT; k++) {
-        double best = 1e30;
+        double best = 1e30, best_cpu = 1e30;
         ProfCost cost = bench_run((BenchKernel)k, &u);  // a warm-up call
         for (int rep = 0; rep < BENCH_REPEATS; rep++) {
-            double t0 = prof_now();
+            double t0 = prof_now(), c0 = bench_cpu_seconds();
             bench_run((BenchKernel)k, &u);
-            double t = prof_now() - t0;
+            double t = prof_now() - t0, c = bench_cpu_seconds() - c0;
             if (t < best) { best = t; }
+            if (c < best_cpu) { best_cpu = c; }
         }
         // the roof as --profile computes it: the least time at the two limits, over the time taken
         double t_mem = cost.bytes / (roof.gb_s * 1e9), t_flop = cost.flops / (roof.gflop_s * 1e9);
-        printf("| %s | %.1f | %.2f | %.1f | %.2f | %.0f%% %c |\n", K_NAME[k], best * 1e6, cost.bytes / 1e6,
+        printf("| %s | %.1f | %.1f | %.2f | %.1f | %.2f | %.0f%% %c |\n", K_NAME[k], best * 1e6, best_cpu * 1e6, cost.bytes / 1e6,
                cost.bytes / best / 1e9, cost.flops / best / 1e9, 100.0 * (t_mem > t_flop ? t_mem : t_flop) / best, t_mem > t_flop ? 'm' : 'f');
     }
     return 0;

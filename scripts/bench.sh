@@ -9,6 +9,9 @@ STEPS=${STEPS:-5}
 # the widest SIMD the kernels can use here: figures differ by 2-3x between the two
 SIMD=$(if grep -qw avx512f /proc/cpuinfo; then echo "AVX-512"; elif grep -qw avx2 /proc/cpuinfo; then echo "AVX2, no AVX-512"; else echo "no AVX2"; fi)
 OUT=${BENCH_OUT:-dev/bench_cpu.md}
+# the load average before and after: on a shared machine the same step runs 1x to 5x slower, so a
+# figure is read with the load it was taken under
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 DATA="-i data/tinyshakespeare/tiny_shakespeare_train.bin -j '' -o '' -s 0 -v 0"
 
 bench_out=$(./build/bench_matmul | tee /dev/stderr)
@@ -53,9 +56,12 @@ bench_model() {
     echo "gives each kernel its share of this bandwidth or of the GEMM rate, whichever binds)."
     echo "GFLOP/s counts 6 per parameter per token plus attention's 6 L T C (the causal half, as llm.c's MFU);"
     echo "ms/step, tok/s and GFLOP/s average steps 2..$STEPS. Command: \`make bench\` (STEPS=$STEPS)."
+    echo "Load average (1, 5, 15 min) before: $LOAD_BEFORE."
     echo
     echo "| model | B | T | ms/step | tok/s | GFLOP/s | of sgemm | of AVX-512 sgemm | peak RSS MiB |"
     echo "|---|---|---|---|---|---|---|---|---|"
     bench_model d12 4 64
     bench_model d6 4 64
+    echo
+    echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg)."
 } | tee "$OUT"
