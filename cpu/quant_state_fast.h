@@ -12,8 +12,9 @@ file to them.
 
 Why: the reference search, qstate_nearest, is 8 dependent compare-and-branch steps over 255
 thresholds, and which way each goes is a coin toss for the branch predictor, so about half of them
-mispredict. AdamW in 8 bits searches twice an element (m and v): measured, about 36 ns an element on
-one core (Zen 3), 0.8 GB/s for the update on two, where fp32 AdamW moves its state at about 8 GB/s.
+mispredict. AdamW in 8 bits searches twice an element (m and v), and its update ran at 0.2-0.8 GB/s,
+a tenth of fp32 AdamW's; with the table, 6 to 9 times faster (doc/optimizer_state.md; measured by
+dev/bench_quant_state.c, which checks the two byte for byte first).
 
 The lookup. The value searched is q = x / absmax, so |q| <= 1 (IEEE division is monotone and
 absmax / absmax = 1; larger magnitudes share 1's bucket, so any q but NaN is looked up right). Its fp32 bits, sign apart, are ordered as the magnitudes are; the exponent and
