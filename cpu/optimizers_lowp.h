@@ -17,7 +17,8 @@ reference of its own. The parameter update reads the new moments in fp32, before
 the EMA, scaled by beta.
 
 8bit: one pass per block of QSTATE_BLOCK elements, the blocks split over the OpenMP threads: read the
-codes, update the block's weights and moments in fp32, take the new absmax, write the codes. The
+codes, update the block's weights and moments in fp32, take the new absmax, write the codes (found
+by cpu/quant_state_fast.h's table: qstate_quantize_block's bytes, without its binary search). The
 blocks start at the first element of what is passed (a part of a tensor must start at a block
 boundary of the tensor for the result not to depend on the cut). bf16: elementwise, the rounding
 bits from (seed, step t, element index_base + i).
