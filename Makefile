@@ -180,6 +180,12 @@ build/bench_layers: dev/bench_layers.c $(HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# one AdamW step of d6's size in fp32, bf16 and 8-bit state, and the 8-bit one by binary search (before
+# cpu/quant_state_fast.h), checked byte for byte, then timed against the triad
+build/bench_quant_state: dev/bench_quant_state.c $(HEADERS)
+	@mkdir -p build
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
 build/bench_matmul: dev/bench_matmul.c $(HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS) -lopenblas

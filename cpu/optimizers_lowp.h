@@ -17,7 +17,8 @@ reference of its own. The parameter update reads the new moments in fp32, before
 the EMA, scaled by beta.
 
 8bit: one pass per block of QSTATE_BLOCK elements, the blocks split over the OpenMP threads: read the
-codes, update the block's weights and moments in fp32, take the new absmax, write the codes. The
+codes, update the block's weights and moments in fp32, take the new absmax, write the codes (found
+by cpu/quant_state_fast.h's table: qstate_quantize_block's bytes, without its binary search). The
 blocks start at the first element of what is passed (a part of a tensor must start at a block
 boundary of the tensor for the result not to depend on the cut). bf16: elementwise, the rounding
 bits from (seed, step t, element index_base + i).
@@ -35,6 +36,7 @@ would have carried the NaN into the weights silently). The results do not depend
 #include <stdint.h>
 #include "optimizers.h"
 #include "../llmc/quant_state.h"
+#include "quant_state_fast.h"
 
 // [begin, begin + *len) is block b of n elements
 static size_t lowp_block_range(size_t n, long long b, int* len) {
@@ -44,30 +46,51 @@ static size_t lowp_block_range(size_t n, long long b, int* len) {
 }
 
 // ----------------------------------------------------------------------------
+// a first moment M (QMoment: llmc/quant_state.h) in 8 bits or bf16, read and written
+
+// element k of M as fp32 (8bit: through the signed map f)
+static inline float qmoment_get(const QMoment* M, const QFastMap* f, size_t k) {
+    if (M->format == QSTATE_BF16) { return qstate_bf16_to_float(M->bf16[k]); }
+    return qstate_dequantize_one(f->code, M->q.codes[k], M->q.absmax[k / QSTATE_BLOCK]);
+}
+
+// stores x (len values) as block b of M (8bit: quantized through f, qstate_quantize_block's bytes;
+// bf16: rounded with step's bits); returns the count of non-finite values
+static size_t qmoment_put_block(QMoment* M, const QFastMap* f, size_t b, const float* x, int len, uint32_t step) {
+    size_t begin = b * QSTATE_BLOCK, bad = 0;
+    if (M->format == QSTATE_8BIT) { return qfast_quantize_block(f, x, len, M->q.codes + begin, M->q.absmax + b); }
+    for (int i = 0; i < len; i++) {
+        bad += !isfinite(x[i]);
+        uint64_t index = (uint64_t)(M->stream.index_base + begin + i);
+        M->bf16[begin + i] = qstate_bf16_round(x[i], qstate_random16(M->stream.seed, step, QSTATE_STREAM_M, index));
+    }
+    return bad;
+}
+
+// ----------------------------------------------------------------------------
 // AdamW: cpu/optimizers.h's adamw_update (its formula: adamw_element) on low-precision moments
 
 // m: first moment (signed map), v: second moment (unsigned map), each (n) codes and
 // (qstate_blocks(n)) absmax; returns the count of non-finite new moments
 static size_t adamw_update_8bit(float* params, const float* grads, QBlocks m, QBlocks v, size_t n,
                                 float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    const QStateMaps* maps = qstate_maps();
-    const QStateMap* ms = &maps->map[QMAP_SIGNED];
-    const QStateMap* vs = &maps->map[QMAP_UNSIGNED];
+    const QFastMaps* maps = qfast_maps();
+    const QFastMap* ms = &maps->map[QMAP_SIGNED];
+    const QFastMap* vs = &maps->map[QMAP_UNSIGNED];
     AdamWCoeffs s = adamw_coeffs(lr, beta1, beta2, eps, weight_decay, t);
     size_t bad = 0;
     #pragma omp parallel for reduction(+ : bad)
     for (long long b = 0; b < (long long)qstate_blocks(n); b++) {
         int len;
         size_t begin = lowp_block_range(n, b, &len);
-        float mb[QSTATE_BLOCK], vb[QSTATE_BLOCK];  // the block's new moments, fp32
-        for (int k = 0; k < len; k++) {
-            size_t i = begin + (size_t)k;
-            mb[k] = qstate_dequantize_one(ms->code, m.codes[i], m.absmax[b]);
-            vb[k] = qstate_dequantize_one(vs->code, v.codes[i], v.absmax[b]);
-            params[i] = adamw_element(params[i], grads[i], &mb[k], &vb[k], &s);
-        }
-        bad += qstate_quantize_block(ms, mb, len, m.codes + begin, m.absmax + b);
-        bad += qstate_quantize_block(vs, vb, len, v.codes + begin, v.absmax + b);
+        float mb[QSTATE_BLOCK], vb[QSTATE_BLOCK];  // the block's moments, fp32
+        qfast_dequantize_block(ms, m.codes + begin, m.absmax[b], len, mb);
+        qfast_dequantize_block(vs, v.codes + begin, v.absmax[b], len, vb);
+        float* p = params + begin;
+        const float* g = grads + begin;
+        for (int k = 0; k < len; k++) { p[k] = adamw_element(p[k], g[k], &mb[k], &vb[k], &s); }  // vectorized by the compiler
+        bad += qfast_quantize_block(ms, mb, len, m.codes + begin, m.absmax + b);
+        bad += qfast_quantize_block(vs, vb, len, v.codes + begin, v.absmax + b);
     }
     return bad;
 }
@@ -84,9 +107,9 @@ static size_t adamw_update_bf16(float* params, const float* grads, uint16_t* m, 
         float mi = qstate_bf16_to_float(m[i]), vi = qstate_bf16_to_float(v[i]);
         params[i] = adamw_element(params[i], grads[i], &mi, &vi, &st);
         bad += !isfinite(mi) + !isfinite(vi);
-        uint64_t index = (uint64_t)(s.index_base + (size_t)i);
-        m[i] = qstate_bf16_round(mi, qstate_random16(s.seed, (uint32_t)t, QSTATE_STREAM_M, index));
-        v[i] = qstate_bf16_round(vi, qstate_random16(s.seed, (uint32_t)t, QSTATE_STREAM_V, index));
+        uint32_t index_hash = qstate_index_hash((uint64_t)(s.index_base + (size_t)i));  // shared by m's and v's bits
+        m[i] = qstate_bf16_round(mi, qstate_random16_of(index_hash, s.seed, (uint32_t)t, QSTATE_STREAM_M));
+        v[i] = qstate_bf16_round(vi, qstate_random16_of(index_hash, s.seed, (uint32_t)t, QSTATE_STREAM_V));
     }
     return bad;
 }
@@ -99,7 +122,7 @@ static size_t adamw_update_bf16(float* params, const float* grads, uint16_t* m, 
 // one Adafactor step with beta1 > 0 (steps 1-7 of cpu/optimizers.h): second = R, Cc (a matrix) or V
 static size_t adafactor_update_lowp(float* param, const float* grad, float* second, QMoment* M, const OptShard* sh,
                                     const AdafactorHyper* h, int t) {
-    const QStateMap* map = &qstate_maps()->map[QMAP_SIGNED];
+    const QFastMap* map = &qfast_maps()->map[QMAP_SIGNED];
     size_t n = (size_t)sh->rows * sh->cols, bad = 0;
     int cols = sh->cols;
     float lr = adafactor_lr(param, n, sh, h, t);
@@ -132,7 +155,7 @@ static size_t adafactor_update_lowp(float* param, const float* grad, float* seco
 // M_ij = ema(M_ij, U_ij) feeds the residual (U - M)^2 + eps2, whose row and column means update Rr
 // and Rc; came_update_lowp's last pass computes the same new M again (the same operations on the
 // same stored M: the same bits) and stores it, so M is written once, a block at a time
-static void came_residual_lowp(const QMoment* M, const QStateMap* map, float* Rr, float* Rc, const float* g,
+static void came_residual_lowp(const QMoment* M, const QFastMap* map, float* Rr, float* Rc, const float* g,
                                const OptShard* sh, float clip, const CAMEHyper* h, OptWorkspace* w) {
     OptEma e1 = opt_ema_coeffs(h->beta1), e3 = opt_ema_coeffs(h->beta3);
     float eps2 = (float)h->eps2;
@@ -164,7 +187,7 @@ static void came_residual_lowp(const QMoment* M, const QStateMap* map, float* Rr
 // (CAME itself has no step count: t only draws bf16's rounding bits)
 static size_t came_update_lowp(float* param, const float* grad, float* second, QMoment* M, const OptShard* sh,
                                const CAMEHyper* h, int t) {
-    const QStateMap* map = &qstate_maps()->map[QMAP_SIGNED];
+    const QFastMap* map = &qfast_maps()->map[QMAP_SIGNED];
     size_t n = (size_t)sh->rows * sh->cols, bad = 0;
     int cols = sh->cols;
     OptWorkspace w = opt_workspace_alloc(sh);

@@ -50,7 +50,9 @@ extends their "Dynamic Tree Quantization"; bitsandbytes' create_dynamic_map buil
     code j + 1 (computed on the host from the exact midpoint, in double: the midpoint of two
     neighbouring codes is exact there; the unsigned map's up[0] is the smallest positive fp32).
     The code of x is then #{j : x >= up[j]}, found by a binary search of 8 comparisons
-    (qstate_nearest), which equals the exhaustive nearest search the tests do.
+    (qstate_nearest), which equals the exhaustive nearest search the tests do. The CPU's updates
+    read the same count from a table on x's fp32 bits (cpu/quant_state_fast.h: the same bytes,
+    several times faster); this file stays the definition, and the CUDA kernels search.
     x = value / N_b by IEEE division, a code back by code * N_b: every backend does the same two
     roundings, so their bytes agree.
   - A block of zeros (N_b = 0) keeps N_b = 0 and the code of 0. Denormal values are ordinary values
@@ -294,14 +296,24 @@ static QSTATE_HD inline uint32_t qstate_mix32(uint32_t x) {
     return x;
 }
 
-// 16 random bits for element `index` of a tensor at step `step` in stream `stream`
-static QSTATE_HD inline uint32_t qstate_random16(uint32_t seed, uint32_t step, uint32_t stream, uint64_t index) {
+// the first two of qstate_random16's five mixings, which depend on the element's index alone: an
+// update that rounds both moments of an element computes them once (two mixings of ten saved)
+static QSTATE_HD inline uint32_t qstate_index_hash(uint64_t index) {
     uint32_t h = qstate_mix32((uint32_t)index);
-    h = qstate_mix32(h ^ (uint32_t)(index >> 32) ^ 0x9e3779b9U);
-    h = qstate_mix32(h ^ stream * 0x85ebca6bU);
+    return qstate_mix32(h ^ (uint32_t)(index >> 32) ^ 0x9e3779b9U);
+}
+
+// qstate_random16 from the element's qstate_index_hash
+static QSTATE_HD inline uint32_t qstate_random16_of(uint32_t index_hash, uint32_t seed, uint32_t step, uint32_t stream) {
+    uint32_t h = qstate_mix32(index_hash ^ stream * 0x85ebca6bU);
     h = qstate_mix32(h ^ step);
     h = qstate_mix32(h ^ seed);
     return h >> 16;
+}
+
+// 16 random bits for element `index` of a tensor at step `step` in stream `stream`
+static QSTATE_HD inline uint32_t qstate_random16(uint32_t seed, uint32_t step, uint32_t stream, uint64_t index) {
+    return qstate_random16_of(qstate_index_hash(index), seed, step, stream);
 }
 
 static QSTATE_HD inline uint32_t qstate_float_bits(float x) {
@@ -329,7 +341,7 @@ static QSTATE_HD inline float qstate_bf16_to_float(uint16_t h) {
 
 // ----------------------------------------------------------------------------
 // one moment in a low-precision format, for the optimizers that keep a first moment beside
-// their own second moments (Adafactor, CAME: cpu/optimizers_lowp.h)
+// their own second moments (Adafactor, CAME: cpu/optimizers_lowp.h reads and writes it)
 
 typedef struct {
     uint8_t* codes;   // (n) indices into the map
@@ -351,25 +363,6 @@ static QMoment qmoment_at(float* at, QStateFormat f, size_t n_units, QStateStrea
     if (f == QSTATE_BF16) { M.bf16 = (uint16_t*)at; }
     else { M.q.codes = (uint8_t*)at; M.q.absmax = at + (n_units + sizeof(float) - 1) / sizeof(float); }
     return M;
-}
-
-// element k of M as fp32 (8bit: through the signed map m)
-static inline float qmoment_get(const QMoment* M, const QStateMap* m, size_t k) {
-    if (M->format == QSTATE_BF16) { return qstate_bf16_to_float(M->bf16[k]); }
-    return qstate_dequantize_one(m->code, M->q.codes[k], M->q.absmax[k / QSTATE_BLOCK]);
-}
-
-// stores x (len values) as block b of M (8bit: quantized through m; bf16: rounded with step's
-// bits); returns the count of non-finite values
-static size_t qmoment_put_block(QMoment* M, const QStateMap* m, size_t b, const float* x, int len, uint32_t step) {
-    size_t begin = b * QSTATE_BLOCK, bad = 0;
-    if (M->format == QSTATE_8BIT) { return qstate_quantize_block(m, x, len, M->q.codes + begin, M->q.absmax + b); }
-    for (int i = 0; i < len; i++) {
-        bad += !isfinite(x[i]);
-        uint64_t index = (uint64_t)(M->stream.index_base + begin + i);
-        M->bf16[begin + i] = qstate_bf16_round(x[i], qstate_random16(M->stream.seed, step, QSTATE_STREAM_M, index));
-    }
-    return bad;
 }
 
 #endif // LLMC_QUANT_STATE_H

@@ -1,7 +1,8 @@
 """test_optimizer_state.py: --optimizer-state fp32|bf16|8bit end to end (issue 35; doc/optimizer_state.md):
 the flag accepted and refused, the state's memory planned = measured, ZeRO 1, 2 and 3 on 2 ranks
 bit for bit the run of --zero 0, a resume in the same format bit for bit the straight run, a resume
-into another format converted with a note, old (version 4) state files read as fp32, and the CUDA
+into another format converted with a note, old (version 4) state files read as fp32, a run whose
+moments overflow stopped naming them (both backends), and the CUDA
 trainer (the emulated build): AdamW's bf16 and 8-bit moments on the GPU near the CPU's, resumed exactly,
 bf16 under --zero 2 bit for bit --zero 0, every optimizer's with --offload optimizer, and what it
 refuses for now.
@@ -212,7 +213,68 @@ s.check("a version 4 state file (before the format slot) resumes as fp32, bit fo
         r.rc == 0 and same_bytes(ckpt(runs["fp32"], "model", 6, ".bin"), ckpt(OLD, "model", 6, ".bin")), (r.out + r.err)[-300:])
 
 # ----------------------------------------------------------------------------
-# 3. ZeRO: 2 ranks, --zero 1, 2, 3 bit for bit --zero 0 (state, and under ZeRO-2 and 3 the gradients and
+# 3. refused moments: a gradient whose square overflows fp32 makes the new second moment Inf, which
+# bf16 and 8-bit state refuse to store. The run stops: the CPU naming the tensor at once, the CUDA
+# trainer naming the step at the next point where it waits for the GPU (the next gradient norm)
+
+# the fixture's tensors in its model file, after the 256-int header: (name, elements), in order
+MODEL_HEADER_BYTES = 1024
+OVERFLOW_GAIN = 1e30  # layer 1's ln2w: LayerNorm's output about 1e30, fc's input
+
+
+def fixture_tensors(T, V, L, C, Vp):
+    return [("wte", Vp * C), ("wpe", T * C), ("ln1w", L * C), ("ln1b", L * C), ("qkvw", L * 3 * C * C), ("qkvb", L * 3 * C),
+            ("attprojw", L * C * C), ("attprojb", L * C), ("ln2w", L * C), ("ln2b", L * C), ("fcw", L * 4 * C * C), ("fcb", L * 4 * C),
+            ("fcprojw", L * C * 4 * C), ("fcprojb", L * C), ("lnfw", C), ("lnfb", C)]
+
+
+def model_with_overflowing_gradient(path):
+    """the fixture's model with layer 1's ln2w = OVERFLOW_GAIN and its fcw = 0: the forward stays finite
+    (fc's output is its bias, the loss about log V), but fcw's gradient (ln2's output times fc's output
+    gradient) is near 1e26, and its square, in v's update, overflows fp32 (past 1.8e19). The gradient norm,
+    summed in double, stays finite, so the trainer's check of the loss and the norm lets it through
+    (with --grad-clip 0: clipping would scale it down)"""
+    with open(f"{FIX}/model.bin", "rb") as f:
+        data = bytearray(f.read())
+    _, _, T, V, L, _, C, Vp = struct.unpack_from("<8i", data, 0)
+    offset, at = {}, 0
+    for name, n in fixture_tensors(T, V, L, C, Vp):
+        offset[name] = at
+        at += n
+    assert MODEL_HEADER_BYTES + 4 * at == len(data), "the fixture's layout changed (test_gpt --write-fixtures)"
+    layer = 1
+    for i in range(C):
+        struct.pack_into("<f", data, MODEL_HEADER_BYTES + 4 * (offset["ln2w"] + layer * C + i), OVERFLOW_GAIN)
+    struct.pack_into(f"<{4 * C * C}f", data, MODEL_HEADER_BYTES + 4 * (offset["fcw"] + layer * 4 * C * C), *([0.0] * (4 * C * C)))
+    with open(path, "wb") as f:
+        f.write(data)
+    e2e.restamp_model(path)
+
+
+OVERFLOW_MODEL = f"{W}/model_overflow.bin"
+model_with_overflowing_gradient(OVERFLOW_MODEL)
+OVERFLOW_FLAGS = ["-e", OVERFLOW_MODEL] + FLAGS[2:] + ["-x", "3", "-u", "0", "--grad-clip", "0", "-o", ""]
+REFUSED_HINT = "hint: the run diverged"
+s.expect_ok("refused: control: fp32 state runs the overflowing model to the end (fcw's v is Inf, so its steps are 0: no check sees it)",
+            [TRAIN] + OVERFLOW_FLAGS + ["--optimizer-state", "fp32"])
+for f in FORMATS:
+    r = s.expect_fail(f"refused: CPU {f}: v overflows at step 1: the run stops naming the tensor and the count",
+                      f"step 1: the optimizer's new moments of fcw of layer 1 hold 4096 non-finite value(s) (NaN or Inf), which {f} state refuses",
+                      [TRAIN] + OVERFLOW_FLAGS + ["--optimizer-state", f])
+    s.check(f"refused: CPU {f}: ... with the hint (a lower -l, a smaller --grad-clip)",
+            REFUSED_HINT in r.err and "a lower -l" in r.err and "--grad-clip" in r.err, r.err[-300:])
+if EMU and os.path.isfile(EMU):
+    for f in FORMATS:
+        r = s.expect_fail(f"refused: CUDA trainer (emulated) {f}: v overflows at step 1: the run stops at step 2's gradient norm, naming step 1",
+                          f"step 1: the optimizer's new moments hold 4096 non-finite value(s) (NaN or Inf), which {f} state refuses",
+                          [EMU] + OVERFLOW_FLAGS + ["--precision", "fp32", "--optimizer-state", f])
+        s.check(f"refused: CUDA trainer (emulated) {f}: ... with the hint (a lower -l, a smaller --grad-clip)",
+                REFUSED_HINT in r.err and "a lower -l" in r.err and "--grad-clip" in r.err, r.err[-300:])
+else:
+    s.skip("refused: the CUDA trainer's refused moments", f"{EMU} not built (make build/emu/train_gpt)")
+
+# ----------------------------------------------------------------------------
+# 4. ZeRO: 2 ranks, --zero 1, 2, 3 bit for bit --zero 0 (state, and under ZeRO-2 and 3 the gradients and
 # weights, cut at 8-bit block boundaries). (On 3 ranks MPI adds the gradients in another order for each
 # --zero, in fp32 too; tests/test_quant_state.c checks the cut itself on 3 ranks, where it moves.)
 

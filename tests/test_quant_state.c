@@ -213,14 +213,9 @@ static void test_no_zero_v(void) {
     check(ok, title, "%s", "a value became 0, or 0 did not");
 }
 
-// blocks of absmax 3 whose values straddle every threshold: for each up[j], the smallest v with
-// v / 3 >= up[j] and the value below it; qstate_quantize = the reference's quantization (a quotient
-// computed any other way than IEEE division lands on the other side of some of them)
-static void test_quantize_thresholds(QMapKind kind) {
-    const QStateMap* m = &qstate_maps()->map[kind];
-    size_t n = 3 * QSTATE_BLOCK, nb = 3;
-    float x[3 * QSTATE_BLOCK], absmax[3], ref_absmax[3];
-    uint8_t codes[3 * QSTATE_BLOCK], ref_codes[3 * QSTATE_BLOCK];
+// x (n) in blocks whose first value is 3 (their absmax) and whose others straddle the thresholds of
+// m in turn: for each up[j], the smallest v with v / 3 >= up[j] (IEEE division), then the value below it
+static void straddling_values(const QStateMap* m, float* x, size_t n) {
     for (size_t i = 0, j = 0; i < n; i++) {
         if (i % QSTATE_BLOCK == 0) {
             x[i] = 3.0f;
@@ -232,6 +227,17 @@ static void test_quantize_thresholds(QMapKind kind) {
         x[i] = j % 2 == 0 ? v : nextafterf(v, -INFINITY);
         j = (j + 1) % (2 * (QSTATE_CODES - 1));
     }
+}
+
+// blocks of absmax 3 whose values straddle every threshold (straddling_values); qstate_quantize =
+// the reference's quantization (a quotient computed any other way than IEEE division lands on the
+// other side of some of them)
+static void test_quantize_thresholds(QMapKind kind) {
+    const QStateMap* m = &qstate_maps()->map[kind];
+    size_t n = 3 * QSTATE_BLOCK, nb = 3;
+    float x[3 * QSTATE_BLOCK], absmax[3], ref_absmax[3];
+    uint8_t codes[3 * QSTATE_BLOCK], ref_codes[3 * QSTATE_BLOCK];
+    straddling_values(m, x, n);
     size_t refused = qstate_quantize(m, x, n, codes, absmax);
     ref_quantize(kind, x, n, ref_codes, ref_absmax);
     size_t differ = 0;
@@ -240,6 +246,105 @@ static void test_quantize_thresholds(QMapKind kind) {
     snprintf(title, sizeof title, "quantize %s: values straddling every threshold (absmax 3) get the reference's codes",
              kind == QMAP_SIGNED ? "signed" : "unsigned");
     check(refused == 0 && differ == 0 && bits_equal(absmax, ref_absmax, nb * sizeof(float)), title, "%zu codes differ", differ);
+}
+
+// ----------------------------------------------------------------------------
+// the CPU's fast quantization (cpu/quant_state_fast.h) = llmc/quant_state.h's, byte for byte
+
+// qfast_nearest against qstate_nearest wherever either can change its answer. Both are step
+// functions of q: qstate_nearest steps at the thresholds up[j] alone, qfast_nearest at most there and
+// at its buckets' edges. So trying each threshold and the fp32 value below it and each bucket's
+// smallest and largest value (with -0, +-1, +-Inf and random values besides) tries every step of
+// either: equal there, they are equal on every fp32 but NaN (a quotient x / absmax is in [-1, 1];
+// past it, 1's bucket)
+static void test_fast_nearest(QMapKind kind) {
+    const QStateMap* m = &qstate_maps()->map[kind];
+    const QFastMap* f = &qfast_maps()->map[kind];
+    size_t tested = 0, differ = 0;
+    float first_bad = 0.0f;
+    #define TRY(q)                                                                            \
+        do {                                                                                  \
+            float q_ = (q);                                                                   \
+            if (isnan(q_)) { break; }                                                         \
+            tested++;                                                                         \
+            if (qfast_nearest(f, q_) != qstate_nearest(m->up, q_) && differ++ == 0) { first_bad = q_; } \
+        } while (0)
+    for (int j = 0; j + 1 < QSTATE_CODES; j++) {  // each threshold, and two fp32 values on either side
+        float q = m->up[j];
+        TRY(q); TRY(nextafterf(q, -INFINITY)); TRY(nextafterf(nextafterf(q, -INFINITY), -INFINITY)); TRY(nextafterf(q, INFINITY));
+    }
+    for (uint32_t sign = 0; sign < 2; sign++) {   // each bucket's edges: its first and last magnitude bits
+        for (uint32_t t = 0; t <= (QFAST_INF_BITS >> QFAST_SHIFT); t++) {
+            uint32_t s = sign << QFAST_SIGN_BIT, lo = t << QFAST_SHIFT, hi = lo + (1U << QFAST_SHIFT) - 1;
+            TRY(qfast_float_of(s | lo)); TRY(qfast_float_of(s | hi));
+        }
+    }
+    float special[] = {0.0f, -0.0f, 1.0f, -1.0f, FLT_TRUE_MIN, -FLT_TRUE_MIN, FLT_MIN, -FLT_MIN, 0x1p-25f, -0x1p-25f,
+                       FLT_MAX, -FLT_MAX, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) { TRY(special[i]); }
+    uint64_t s = 41 + kind;
+    for (int i = 0; i < 1000000; i++) {
+        float q = i % 3 == 0 ? rng_uniform(&s) : i % 3 == 1 ? rng_log_uniform(&s, -9.0, 0.0) : rng_log_uniform(&s, -45.0, 0.0);
+        TRY(kind == QMAP_UNSIGNED ? fabsf(q) : q);
+    }
+    #undef TRY
+    char title[200];
+    snprintf(title, sizeof title, "fast %s: the table lookup (cpu/quant_state_fast.h) = qstate_nearest at every threshold, "
+             "bucket edge and %d random values (%zu tried)", kind == QMAP_SIGNED ? "signed" : "unsigned", 1000000, tested);
+    check(differ == 0, title, "%zu differ, the first at %.9g (bits 0x%08x)", differ, first_bad, qstate_float_bits(first_bad));
+}
+
+// qfast_quantize_block and qfast_dequantize_block against qstate_quantize_block and
+// qstate_dequantize_one on blocks of every kind: codes, absmax bits, refused counts, values back
+static void test_fast_blocks(QMapKind kind) {
+    const QStateMap* m = &qstate_maps()->map[kind];
+    const QFastMap* f = &qfast_maps()->map[kind];
+    enum { KINDS = 11, LENGTHS = 5 };
+    static const char* NAMES[KINDS] = {"uniform", "log-uniform 1e-40..1e3", "straddling thresholds", "zeros and -0",
+                                       "denormals", "near FLT_MAX", "a NaN", "a -NaN", "an Inf", "a -Inf", "one huge value"};
+    int lengths[LENGTHS] = {QSTATE_BLOCK, QSTATE_BLOCK - 1, 9, 8, 1};  // whole, and short last blocks
+    float x[QSTATE_BLOCK], y[QSTATE_BLOCK], y_ref[QSTATE_BLOCK], straddle[QSTATE_BLOCK * 4];
+    uint8_t codes[QSTATE_BLOCK], ref_codes[QSTATE_BLOCK];
+    straddling_values(m, straddle, QSTATE_BLOCK * 4);
+    uint64_t s = 97 + kind;
+    int differ = 0, tried = 0;
+    const char* first_bad = NULL;
+    for (int rep = 0; rep < 200; rep++) {
+        for (int k = 0; k < KINDS; k++) {
+            for (int i = 0; i < QSTATE_BLOCK; i++) {
+                switch (k) {
+                    case 0: x[i] = rng_uniform(&s); break;
+                    case 1: x[i] = rng_log_uniform(&s, -40.0, 3.0); break;
+                    case 2: x[i] = straddle[(size_t)(rep % 4) * QSTATE_BLOCK + (size_t)i]; break;
+                    case 3: x[i] = i % 3 == 0 ? -0.0f : 0.0f; break;
+                    case 4: x[i] = rng_uniform(&s) * 1e-39f; break;
+                    case 5: x[i] = FLT_MAX * rng_uniform(&s); break;
+                    default: x[i] = rng_uniform(&s) * 1e-3f; break;
+                }
+                if (kind == QMAP_UNSIGNED) { x[i] = fabsf(x[i]); }
+            }
+            float poison[4] = {NAN, -NAN, INFINITY, -INFINITY};
+            int at = (int)(rng_next(&s) % QSTATE_BLOCK);
+            if (k >= 6 && k <= 9) { x[at] = poison[k - 6]; }
+            if (k == 10) { x[at] = 1e30f; }
+            for (int l = 0; l < LENGTHS; l++, tried++) {
+                int len = lengths[l];
+                float absmax = 0.0f, ref_absmax = 1.0f;
+                memset(codes, 0xAB, sizeof codes);
+                size_t bad = qfast_quantize_block(f, x, len, codes, &absmax);
+                size_t ref_bad = qstate_quantize_block(m, x, len, ref_codes, &ref_absmax);
+                qfast_dequantize_block(f, codes, absmax, len, y);
+                for (int i = 0; i < len; i++) { y_ref[i] = qstate_dequantize_one(m->code, ref_codes[i], ref_absmax); }
+                int same = bad == ref_bad && bits_equal(&absmax, &ref_absmax, sizeof absmax) && bits_equal(codes, ref_codes, (size_t)len) &&
+                           bits_equal(y, y_ref, (size_t)len * sizeof(float));
+                if (!same && differ++ == 0) { first_bad = NAMES[k]; }
+            }
+        }
+    }
+    char title[200];
+    snprintf(title, sizeof title, "fast %s: qfast_quantize_block / qfast_dequantize_block = quant_state.h's bytes on %d blocks "
+             "(random, straddling, zeros, denormals, FLT_MAX, NaN, Inf; lengths 256 .. 1)", kind == QMAP_SIGNED ? "signed" : "unsigned", tried);
+    check(differ == 0, title, "%d blocks differ, the first: %s", differ, first_bad ? first_bad : "");
 }
 
 // ----------------------------------------------------------------------------
@@ -969,6 +1074,10 @@ int main(void) {
     test_no_zero_v();
     test_quantize_thresholds(QMAP_SIGNED);
     test_quantize_thresholds(QMAP_UNSIGNED);
+    test_fast_nearest(QMAP_SIGNED);
+    test_fast_nearest(QMAP_UNSIGNED);
+    test_fast_blocks(QMAP_SIGNED);
+    test_fast_blocks(QMAP_UNSIGNED);
     test_round_trip_random();
     test_round_trip_adversarial();
     test_bf16_rounding();
