@@ -1294,8 +1294,7 @@ static void lowp_check_refused(Model<floatX>* m) {
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     if (refused > 0) {
         fail("step %d: the optimizer's new moments hold %llu non-finite value(s) (NaN or Inf), which %s state refuses\n"
-             "  hint: the run diverged (its gradients or weights are not finite); resume from an earlier checkpoint with a lower -l\n"
-             "  or a smaller --grad-clip", m->lowp_step, refused, QSTATE_FORMAT_NAMES[m->state_format]);
+             QSTATE_REFUSED_HINT, m->lowp_step, refused, QSTATE_FORMAT_NAMES[m->state_format]);
     }
     m->lowp_step = 0;
 }
@@ -1652,6 +1651,8 @@ GPT2* gpt2_create(const ModelSetup* s) {
 }
 
 void gpt2_destroy(GPT2* m) {
+    // the last update's refused moments, when nothing after it read them (no checkpoint, no next step)
+    if (m->bf16) { lowp_check_refused(m->bf16); } else { lowp_check_refused(m->f32); }
     if (m->bf16) { model_destroy(m->bf16); } else { model_destroy(m->f32); }
     free(m);
 }

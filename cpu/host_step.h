@@ -196,8 +196,7 @@ static void lowp_refused_fail(const ParamSlice* sl, size_t refused, QStateFormat
     char name[SLICE_NAME_LEN];
     slice_name(sl, name, sizeof(name));
     fail("step %d: the optimizer's new moments of %s hold %zu non-finite value(s) (NaN or Inf), which %s state refuses\n"
-         "  hint: the run diverged (its gradients or weights are not finite); resume from an earlier checkpoint with a lower -l\n"
-         "  or a smaller --grad-clip", t, name, refused, QSTATE_FORMAT_NAMES[f]);
+         QSTATE_REFUSED_HINT, t, name, refused, QSTATE_FORMAT_NAMES[f]);
 }
 
 // ----------------------------------------------------------------------------

@@ -130,6 +130,11 @@ static QStateFormat qstate_effective_format(QStateFormat requested, size_t n) {
 // blocks of the 8-bit format for n elements (the last may be short)
 static QSTATE_HD inline size_t qstate_blocks(size_t n) { return (n + QSTATE_BLOCK - 1) / QSTATE_BLOCK; }
 
+// the hint of the message that stops a run whose new moments were refused (every backend's)
+#define QSTATE_REFUSED_HINT \
+    "  hint: the run diverged (its gradients or weights are not finite, or a gradient is past about 1.8e19, whose square\n" \
+    "  fp32 cannot hold); resume from an earlier checkpoint with a lower -l or a smaller --grad-clip"
+
 // the quiet NaN a refused block's absmax holds: one bit pattern on every backend
 static QSTATE_HD inline float qstate_nan(void) {
     uint32_t b = 0x7fc00000U;

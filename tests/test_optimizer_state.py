@@ -270,6 +270,9 @@ if EMU and os.path.isfile(EMU):
                           [EMU] + OVERFLOW_FLAGS + ["--precision", "fp32", "--optimizer-state", f])
         s.check(f"refused: CUDA trainer (emulated) {f}: ... with the hint (a lower -l, a smaller --grad-clip)",
                 REFUSED_HINT in r.err and "a lower -l" in r.err and "--grad-clip" in r.err, r.err[-300:])
+        s.expect_fail(f"refused: CUDA trainer (emulated) {f}: in the run's last step, with no checkpoint after it: stops at the end",
+                      "step 1: the optimizer's new moments hold 4096 non-finite value(s)",
+                      [EMU] + OVERFLOW_FLAGS + ["-x", "1", "--precision", "fp32", "--optimizer-state", f])
 else:
     s.skip("refused: the CUDA trainer's refused moments", f"{EMU} not built (make build/emu/train_gpt)")
 
