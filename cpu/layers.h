@@ -478,7 +478,9 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
 // cache lines as it goes (next: that row, or NULL), so the two overlap.
 static void softmax_exp_row(float* p, const float* x, float maxv, int V, float lane[SOFTMAX_LANES], const float* next) {
     int i = 0;
-#if defined(__AVX2__)
+#if !defined(__AVX2__)
+    (void)next;  // the prefetch is the AVX2 loop's
+#else
     __m256 m = _mm256_set1_ps(maxv), lo = _mm256_loadu_ps(lane), hi = _mm256_loadu_ps(lane + VEC8);
     for (; i + SOFTMAX_LANES <= V; i += SOFTMAX_LANES) {
         if (next != NULL) { _mm_prefetch((const char*)(next + i), _MM_HINT_T1); }  // 16 floats: one 64-byte line

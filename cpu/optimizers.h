@@ -278,7 +278,7 @@ static inline void opt_ema_stat_factored(float* row_stat, float* col_stat, OptSt
 // ema(R, row means of G), ema(Cc, column means of G), G = g^2 + eps1, g (rows, cols) this part
 static void opt_ema_grad_sq_factored(float* R, float* Cc, const float* g, const OptShard* sh,
                                      float eps1, OptEma ema, OptWorkspace* w) {
-    OptStatArgs a = {.g = g, .eps = eps1};
+    OptStatArgs a = {.g = g, .eps = eps1, .M = NULL, .w = NULL, .clip = 1.0f, .e1 = {0.0f, 0.0f}};  // the residual's fields unused
     opt_ema_stat_factored(R, Cc, OPT_STAT_GRAD_SQ, &a, sh, ema, w);
 }
 
