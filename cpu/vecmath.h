@@ -52,7 +52,7 @@ static inline float exp_vec(float x) {
     p = p * r + EXP_P4;
     p = p * r + EXP_P5;
     p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + FLOAT_EXPONENT_BIAS) << FLOAT_MANTISSA_BITS;  // 2^n
+    uint32_t bits = (uint32_t)((int32_t)n + FLOAT_EXPONENT_BIAS) << FLOAT_MANTISSA_BITS;  // 2^n (unsigned: out of range, as a NaN's n, shifts no sign bit: no UB)
     float two_n;
     memcpy(&two_n, &bits, sizeof(two_n));
     return p * two_n;
