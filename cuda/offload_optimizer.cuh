@@ -14,9 +14,9 @@ A part of train_gpt.cu, included where this section stands there: its functions 
 // the working weights and the gradients of the step, which build up there over the micro-steps
 // as in plain training. The last micro-step's backward sends each layer's gradients down on
 // grad_stream as soon as they are final, overlapping the layers still computing. The step is
-// the CPU reference's own code (cpu/host_step.h: MPI sums, norm, clipping, the update), and each
-// tensor's new weights go up, rounded to floatX, while the CPU updates the next, through two
-// pinned staging buffers in turn.
+// the CPU reference's own code (cpu/host_step.h: MPI sums, norm, clipping, the update), made by
+// the next forward a group at a time (wte, wpe, lnf; then each layer: "the deferred update" below),
+// each group's new weights going up, rounded to floatX, through two pinned staging buffers in turn.
 //
 // --offload optimizer,gradients: the GPU keeps only the gradients of the outer tensors (wte, wpe, lnfw,
 // lnfb: wte's builds up over the whole backward) and of two layers. Every micro-step's backward
