@@ -279,7 +279,7 @@ static void offload_update_upto(Model<floatX>* m, int layer) {
         size_t n = l == OUTER_GROUP ? outer_weights(c) : layer_weights(c);
         size_t state = optimizer_state_floats_of(c, m->optimizer, o->step.hyper.adafactor.beta1 > 0.0, shard ? m->dist.world : 1,
                                                  m->state_format, l);
-        prof_mark(PROF_OPTIMIZER, prof_optimizer(shard ? n / m->dist.world : n, state, sizeof(floatX)), "%s on the host, %s, then up",
+        prof_mark_beside(PROF_OPTIMIZER, prof_optimizer(shard ? n / m->dist.world : n, state, sizeof(floatX)), "%s on the host, %s, then up",
                   OPTIMIZER_NAMES[m->optimizer], l == OUTER_GROUP ? "wte, wpe, lnf" : "a layer");
         host_update_layer(&h, &o->step, o->grad_norm, l);
         prof_close();

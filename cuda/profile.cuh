@@ -24,9 +24,6 @@ the Chrome trace, trace.json, beside profile.json).
 #include "../llmc/profile.h"
 #include <unistd.h>  // readlink: the trace beside profile.json (the timeline)
 
-// the streams of the table (PROF_STREAM_NAMES): ranges on all but the compute stream overlap it
-enum { PROF_STREAM_COMPUTE = 0, PROF_STREAM_COPY = 1, PROF_STREAM_GRADS = 2, PROF_STREAM_NCCL = 3 };
-
 typedef struct { int entry; cudaEvent_t start, stop; } ProfGpuRange;
 
 typedef struct {
@@ -37,7 +34,13 @@ typedef struct {
     int open[PROF_MAX_STREAMS];  // each stream's open range, -1: none
 } ProfGpu;
 
-static ProfGpu g_prof_gpu = {NULL, 0, 0, NULL, 0, 0, {-1, -1, -1, -1}};
+// nothing recorded, no stream's range open
+static ProfGpu prof_gpu_empty(void) {
+    ProfGpu p = {NULL, 0, 0, NULL, 0, 0, {0}};
+    for (int i = 0; i < PROF_MAX_STREAMS; i++) { p.open[i] = -1; }
+    return p;
+}
+static ProfGpu g_prof_gpu = prof_gpu_empty();
 
 // room for one more item in an array that doubles
 static void* prof_grow(void* p, int n, int* cap, size_t size) {
@@ -173,8 +176,7 @@ static void prof_gpu_collect(void) {
     for (int i = 0; i < p->n_events; i++) { CUDA_CHECK(cudaEventDestroy(p->events[i])); }
     free(p->ranges);
     free(p->events);
-    ProfGpu empty = {NULL, 0, 0, NULL, 0, 0, {-1, -1, -1, -1}};
-    *p = empty;
+    *p = prof_gpu_empty();
 }
 
 // a layer's launcher (cuda/*.cuh) marks its own range, as its first line: the layers run on the

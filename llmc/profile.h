@@ -47,8 +47,10 @@ static const char* const PROF_KIND_NAMES[NUM_PROF_KINDS] = {
 
 #define PROF_MAX_ENTRIES 128  // distinct (kind, name, stream) rows; more are added to the last
 #define PROF_NAME_LEN 64
-#define PROF_MAX_STREAMS 4    // 0: compute; the others overlap it
-static const char* const PROF_STREAM_NAMES[PROF_MAX_STREAMS] = {"compute", "copy", "gradients", "nccl"};
+// the streams of the table: ranges on all but the compute stream overlap it. The CPU backend has the
+// compute stream only; host: the host's own work while the GPU computes (the offloaded optimizer's update)
+enum { PROF_STREAM_COMPUTE, PROF_STREAM_COPY, PROF_STREAM_GRADS, PROF_STREAM_NCCL, PROF_STREAM_HOST, PROF_MAX_STREAMS };
+static const char* const PROF_STREAM_NAMES[PROF_MAX_STREAMS] = {"compute", "copy", "gradients", "nccl", "host"};
 
 typedef struct { double bytes, flops; } ProfCost;
 
@@ -247,12 +249,11 @@ static void prof_close(void) {
     g_prof.open = -1;
 }
 
-// the CPU clock: a range of `kind` named by fmt starts here and runs to the next mark or prof_close
-PROF_PRINTF(3, 4) static void prof_mark(ProfKind kind, ProfCost cost, const char* fmt, ...) {
+// the CPU clock: a range of `kind` named by fmt starts here on the table's `stream` and runs to the next
+// mark or prof_close
+static void prof_mark_v(int stream, ProfKind kind, ProfCost cost, const char* fmt, va_list ap) {
     if (!g_prof.active && !g_prof_hooks.host_range) { return; }
     prof_close();   // the open range ends here, on both clocks
-    va_list ap;
-    va_start(ap, fmt);
     if (g_prof_hooks.host_range) {
         char name[PROF_NAME_LEN];
         va_list again;
@@ -262,9 +263,25 @@ PROF_PRINTF(3, 4) static void prof_mark(ProfKind kind, ProfCost cost, const char
         g_prof_hooks.host_range(kind, cost, name);
     }
     if (g_prof.active) {
-        g_prof.open = prof_count_v(kind, 0, cost, fmt, ap);
+        g_prof.open = prof_count_v(kind, stream, cost, fmt, ap);
         g_prof.open_since = prof_now();
     }
+}
+
+// a range of the host's work, as the compute stream's share of the step
+PROF_PRINTF(3, 4) static void prof_mark(ProfKind kind, ProfCost cost, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    prof_mark_v(PROF_STREAM_COMPUTE, kind, cost, fmt, ap);
+    va_end(ap);
+}
+
+// a range of the host's work while the GPU computes (on the host stream: it overlaps the compute
+// stream's ranges, which would count the same time twice)
+PROF_PRINTF(3, 4) static void prof_mark_beside(ProfKind kind, ProfCost cost, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    prof_mark_v(PROF_STREAM_HOST, kind, cost, fmt, ap);
     va_end(ap);
 }
 

@@ -230,6 +230,12 @@ if res:
     down = entry(js, "offload copy", "gradients to the host", "gradients")
     s.check("gpu --offload optimizer,gradients: every micro-step's gradients down, on their own stream",
             down is not None and down["calls"] > 0, str(down))
+    # the previous step's host update runs inside this step's forward, group by group: beside the GPU's
+    # compute, so on the host stream (on the compute stream it would count the same time twice)
+    host = [e for e in js["entries"] if e["kind"] == "optimizer" and "on the host" in e["name"]]
+    s.check("gpu --offload optimizer,gradients: the previous step's host update, a group at a time, on the host stream",
+            host and all(e["stream"] == "host" for e in host) and sum(e["calls"] for e in host) == 1 + L,
+            str(host))
 
 launcher, why = e2e.mpi_launcher(TRAIN)
 if launcher is None:
