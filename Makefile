@@ -169,6 +169,11 @@ build/test_matmul: tests/test_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# the grid of tensor- and data-parallel groups (llmc/distributed.h) under MPI: tests/test_zero.py runs it on 4 ranks
+build/test_dist_grid: tests/test_dist_grid.c tests/check.h llmc/distributed.h llmc/utils.h $(MPI_STAMP)
+	@mkdir -p build
+	$(TRAIN_CC) $(CFLAGS) $(TRAIN_DEFS) $< -o $@ $(LDLIBS)
+
 # optimizer state in 8 bits and bf16 (llmc/quant_state.h, cpu/optimizers_lowp.h) against the test's own references
 build/test_quant_state: tests/test_quant_state.c tests/check.h $(HEADERS)
 	@mkdir -p build
@@ -215,7 +220,7 @@ build/emu_nompi/train_gpt:
 endif
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/test_quant_state build/fault_inject.so build/rendezvous_peer build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
+test: train_gpt test_gpt build/test_matmul build/test_quant_state build/test_dist_grid build/fault_inject.so build/rendezvous_peer build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)

@@ -98,7 +98,7 @@ static ModelSetup test_setup(const GPT2Config* cfg, int B, int T, OptimizerKind 
     s.optimizer = opt;
     s.use_beta1 = beta1;
     s.act = *pol;
-    Dist one = {0, 1};
+    Dist one = {0, 1, DIST_WORLD};
     s.dist = one;
     s.zero = ZERO_0;
     return s;
@@ -634,7 +634,7 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
                                           int world, const char* shard) {
     memset(&g_mem, 0, sizeof(g_mem));
     ModelSetup s = test_setup(cfg, B, T, (OptimizerKind)opt, beta1, pol);
-    Dist last_rank = {world - 1, world};  // the rank whose blocks are shortest: same state size
+    Dist last_rank = {world - 1, world, DIST_WORLD};  // the rank whose blocks are shortest: same state size
     s.dist = last_rank;
     s.zero = world > 1 ? ZERO_1 : ZERO_0;
     GPT2* m = gpt2_create(&s);

@@ -1,5 +1,5 @@
 /*
-distributed.h: data parallelism over ranks, as a handful of collective calls. Built with -DUSE_MPI
+distributed.h: the ranks and their groups, and a handful of collective calls over a group. Built with -DUSE_MPI
 (`make` does when mpicc exists) and started by an MPI launcher they are MPI collectives on
 MPI_COMM_WORLD; started by srun or torchrun-style variables without MPI, the backend carries them
 (the CUDA trainer over NCCL: DistCarrier); one process is the whole world and every call is a no-op,
@@ -10,7 +10,15 @@ so the trainer has a single code path.
     dist_allreduce_sum_floats(grads, n);         // every rank ends with the sum
     dist_reduce_scatter_floats(buf, counts, d);  // rank r ends with the sum of its part
     dist_allgather_floats(buf, counts, d);       // every rank ends with every part
+    DistGrid g = dist_grid(d, 2);                // tensor-parallel pairs of adjacent ranks, and the data-parallel groups across them
+    dist_allreduce_floats_over(x, n, g.tensor);  // the sum over this rank's pair only
     dist_finalize();
+
+A Dist is a group and this process's place in it; the collectives that take one run over its
+ranks only. The world is DIST_WORLD; dist_grid splits it into a grid: tensor-parallel groups of tp
+adjacent ranks (as on one machine's NVLink: they exchange every layer) and data-parallel groups
+across them (the ranks at the same place of every tensor group: they hold the same part of the model
+and sum their gradients, and --zero shards over them). With tp = 1 the data group is the world.
 
 Parts: buf holds the parts of all ranks in rank order, counts[r] floats for rank r;
 reduce-scatter and all-gather work in place on buf (rank r's part at the sum of
@@ -49,10 +57,23 @@ stops with the call, the MPI error text and file:line; mpirun then ends the othe
 static int g_dist_world = 1;  // the world of the last dist_init; collectives are no-ops at 1
 static int g_dist_world_of(void) { return g_dist_world; }
 
+// the groups of ranks (dist_grid): every process is in one of each
+typedef enum {
+    DIST_WORLD,   // every process
+    DIST_DATA,    // the ranks that hold the same part of the model and read different data
+    DIST_TENSOR,  // the ranks that split each layer's matrices (--tp), adjacent ranks
+    DIST_NUM_GROUPS
+} DistGroup;
+static const char* const DIST_GROUP_NAMES[DIST_NUM_GROUPS] = {"world", "data-parallel", "tensor-parallel"};
+
 typedef struct {
-    int rank;   // this process, 0..world-1
-    int world;  // number of processes
+    int rank;   // this process in the group, 0..world-1
+    int world;  // number of processes in the group
+    DistGroup group;  // which group ({rank, world} alone: the world's)
 } Dist;
+
+// the world, and this process's two groups in it
+typedef struct { Dist world, data, tensor; } DistGrid;
 
 // what the last dist_init found besides rank and world
 static const char* g_dist_source = "one process";  // who said so: "MPI", "slurm (...)", "torchrun-style (...)"
@@ -171,6 +192,22 @@ static void mpi_check_at(int rc, const char* call, const char* file, int line) {
     fail_at(file, line, "MPI call %s failed: %s\n  hint: did every rank start with the same flags?", call, text);
 }
 
+// each group's communicator (dist_grid splits them from the world; dist_finalize frees them)
+static MPI_Comm g_dist_comms[DIST_NUM_GROUPS];
+static int g_dist_comm_made[DIST_NUM_GROUPS];
+
+static MPI_Comm dist_comm(Dist d) {
+    if (d.group == DIST_WORLD) { return MPI_COMM_WORLD; }
+    if (!g_dist_comm_made[d.group]) { fail("a collective over the %s group before dist_grid made it (a bug)", DIST_GROUP_NAMES[d.group]); }
+    return g_dist_comms[d.group];
+}
+
+static void dist_free_groups(void) {
+    for (int g = 0; g < DIST_NUM_GROUPS; g++) {
+        if (g_dist_comm_made[g]) { mpi_check(MPI_Comm_free(&g_dist_comms[g])); g_dist_comm_made[g] = 0; }
+    }
+}
+
 #endif
 
 // a launcher variable as a count or rank (0 or more), -1 when unset; set but not a number stops
@@ -252,6 +289,7 @@ static int dist_env_place(DistPlace* p) {
 static void dist_init(Dist* d, int* argc, char*** argv) {
     d->rank = 0;
     d->world = 1;
+    d->group = DIST_WORLD;
     g_dist_source = "one process";
     g_dist_env_local_rank = 0;
     char said[64];
@@ -305,7 +343,7 @@ static void dist_finalize(void) {
 #ifdef USE_MPI
     int started = 0;
     MPI_Initialized(&started);
-    if (started) { mpi_check(MPI_Finalize()); }
+    if (started) { dist_free_groups(); mpi_check(MPI_Finalize()); }
 #endif
 }
 
@@ -321,21 +359,56 @@ static void dist_barrier(void) {
 
 #ifdef USE_MPI
 // MPI counts are ints: longer buffers are summed in chunks of at most INT_MAX elements
-static void dist_allreduce_sum(void* buf, size_t n, MPI_Datatype type, size_t elem_bytes) {
+static void dist_allreduce_sum(void* buf, size_t n, MPI_Datatype type, size_t elem_bytes, MPI_Comm comm) {
     for (size_t done = 0; done < n; ) {
         size_t k = n - done < (size_t)INT_MAX ? n - done : (size_t)INT_MAX;
-        mpi_check(MPI_Allreduce(MPI_IN_PLACE, (char*)buf + done * elem_bytes, (int)k, type, MPI_SUM, MPI_COMM_WORLD));
+        mpi_check(MPI_Allreduce(MPI_IN_PLACE, (char*)buf + done * elem_bytes, (int)k, type, MPI_SUM, comm));
         done += k;
     }
 }
 #endif
+
+// the carrier of a collective over group d, without MPI: it carries the world's only
+static const DistCarrier* dist_carrier_over(Dist d, const char* call) {
+    if (d.group != DIST_WORLD) {
+        fail("%s over a %s group of %d ranks: processes that MPI does not join (%s) exchange over the whole world only\n"
+             "  hint: launch with mpirun (or srun --mpi=pmix) for tensor parallelism", call, DIST_GROUP_NAMES[d.group], d.world, g_dist_source);
+    }
+    return dist_carrier(call);
+}
+
+// the world as a grid: tensor-parallel groups of tp adjacent ranks (rank r is place r % tp of group
+// r / tp) and data-parallel groups across them (place p of every tensor group). Every rank calls it
+// with the same tp; a rank's earlier grid is replaced
+static DistGrid dist_grid(Dist world, int tp) {
+    if (tp < 1 || world.world % tp != 0) {
+        fail("--tp %d: %d rank(s) do not split into tensor-parallel groups of %d\n"
+             "  hint: launch a multiple of %d ranks (mpirun -np %d), or give a --tp that divides %d", tp, world.world, tp,
+             tp < 1 ? 1 : tp, tp < 1 ? 1 : tp, world.world);
+    }
+    DistGrid g = {world, {world.rank / tp, world.world / tp, DIST_DATA}, {world.rank % tp, tp, DIST_TENSOR}};
+    if (tp == 1) { g.data = world; }  // the data group is the world: its collectives are the world's, as before
+    if (tp > 1 && dist_carried()) { dist_carrier_over(g.tensor, "dist_grid"); }  // stops, naming the launch
+#ifdef USE_MPI
+    dist_free_groups();
+    if (world.world > 1 && tp > 1) {
+        const int colors[DIST_NUM_GROUPS] = {0, world.rank % tp, world.rank / tp};  // ranks of one color form a group
+        for (int k = DIST_DATA; k <= DIST_TENSOR; k++) {
+            mpi_check(MPI_Comm_split(MPI_COMM_WORLD, colors[k], world.rank, &g_dist_comms[k]));
+            mpi_check(MPI_Comm_set_errhandler(g_dist_comms[k], MPI_ERRORS_RETURN));
+            g_dist_comm_made[k] = 1;
+        }
+    }
+#endif
+    return g;
+}
 
 // buf (n) := the sum of every rank's buf
 static void dist_allreduce_sum_floats(float* buf, size_t n) {
     if (g_dist_world > 1) { g_dist_collectives++; }
     if (dist_carried()) { dist_carrier("dist_allreduce_sum_floats")->allreduce(buf, n, DIST_FLOAT, DIST_SUM); return; }
 #ifdef USE_MPI
-    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float)); }
+    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float), MPI_COMM_WORLD); }
 #else
     (void)buf; (void)n;
 #endif
@@ -345,7 +418,19 @@ static void dist_allreduce_sum_doubles(double* buf, size_t n) {
     if (g_dist_world > 1) { g_dist_collectives++; }
     if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, DIST_DOUBLE, DIST_SUM); return; }
 #ifdef USE_MPI
-    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double)); }
+    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double), MPI_COMM_WORLD); }
+#else
+    (void)buf; (void)n;
+#endif
+}
+
+// buf (n) := the sum of buf over the ranks of group d
+static void dist_allreduce_floats_over(float* buf, size_t n, Dist d) {
+    if (d.world < 2) { return; }
+    g_dist_collectives++;
+    if (dist_carried()) { dist_carrier_over(d, "dist_allreduce_floats_over")->allreduce(buf, n, DIST_FLOAT, DIST_SUM); return; }
+#ifdef USE_MPI
+    dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float), dist_comm(d));
 #else
     (void)buf; (void)n;
 #endif
@@ -387,11 +472,11 @@ static size_t dist_part_offset(const int* counts, int rank) {
 // holding this rank's own, unreduced values)
 static void dist_reduce_scatter_floats(float* buf, const int* counts, Dist d) {
     if (d.world > 1) { g_dist_collectives++; }
-    if (d.world > 1 && dist_carried()) { dist_carrier("dist_reduce_scatter_floats")->reduce_scatter(buf, counts, d.rank, d.world); return; }
+    if (d.world > 1 && dist_carried()) { dist_carrier_over(d, "dist_reduce_scatter_floats")->reduce_scatter(buf, counts, d.rank, d.world); return; }
 #ifdef USE_MPI
     if (d.world > 1) {
         // in place, MPI leaves the result at the start of buf: move it to this rank's part
-        mpi_check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        mpi_check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, dist_comm(d)));
         memmove(buf + dist_part_offset(counts, d.rank), buf, (size_t)counts[d.rank] * sizeof(float));
     }
 #else
@@ -408,7 +493,7 @@ static void dist_reduce_scatter_block_floats(float* buf, int count, Dist d) {
     g_dist_collectives++;
     if (dist_carried()) { fail("dist_reduce_scatter_block_floats: ZeRO-2 runs under MPI only\n  hint: launch with mpirun, or use --zero 1"); }
 #ifdef USE_MPI
-    mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, dist_comm(d)));
 #else
     (void)buf; (void)count;
 #endif
@@ -421,7 +506,7 @@ static void dist_allgather_block_floats(float* buf, int count, Dist d) {
     g_dist_collectives++;
     if (dist_carried()) { fail("dist_allgather_block_floats: ZeRO-3 runs under MPI only\n  hint: launch with mpirun, or use --zero 1"); }
 #ifdef USE_MPI
-    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, MPI_FLOAT, MPI_COMM_WORLD));
+    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, MPI_FLOAT, dist_comm(d)));
 #else
     (void)buf; (void)count;
 #endif
@@ -430,12 +515,12 @@ static void dist_allgather_block_floats(float* buf, int count, Dist d) {
 // every rank's buf := the parts of all ranks, each from its owner
 static void dist_allgather_floats(float* buf, const int* counts, Dist d) {
     if (d.world > 1) { g_dist_collectives++; }
-    if (d.world > 1 && dist_carried()) { dist_carrier("dist_allgather_floats")->allgather(buf, counts, d.rank, d.world); return; }
+    if (d.world > 1 && dist_carried()) { dist_carrier_over(d, "dist_allgather_floats")->allgather(buf, counts, d.rank, d.world); return; }
 #ifdef USE_MPI
     if (d.world > 1) {
         int* displs = (int*)malloc_check((size_t)d.world * sizeof(int));
         for (int r = 0; r < d.world; r++) { displs[r] = (int)dist_part_offset(counts, r); }
-        mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, MPI_COMM_WORLD));
+        mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, dist_comm(d)));
         free(displs);
     }
 #else
@@ -484,7 +569,7 @@ static void dist_broadcast_bytes(void* buf, size_t bytes, int root) {
 // the same over the world that dist_init started, for callers that hold no Dist (the
 // optimizer's hook): an in-place gather needs the counts, not this rank's number
 static void dist_allgather_floats_world(float* buf, const int* counts) {
-    Dist world = {0, g_dist_world};
+    Dist world = {0, g_dist_world, DIST_WORLD};
     dist_allgather_floats(buf, counts, world);
 }
 

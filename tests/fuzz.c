@@ -89,7 +89,7 @@ static void fuzz_state(const char* path) {
     s.B = FUZZ_B;
     s.T = FUZZ_T;
     s.optimizer = OPT_ADAMW;
-    Dist one = {0, 1};
+    Dist one = {0, 1, DIST_WORLD};
     s.dist = one;
     float* params = (float*)malloc_check(P * sizeof(float));
     HostView h = {NULL, optimizer_state_floats(&cfg, OPT_ADAMW, 0, 1)};
@@ -292,7 +292,7 @@ static void fuzz_flags_args(int argc, char** argv) {
     // --plan as the trainer runs it: with a budget, the search of every combination of the memory
     // flags under the fail() trap (nothing is allocated)
     if (o.plan_only) {
-        Dist single = {0, 1};
+        Dist single = {0, 1, DIST_WORLD};
         run_training(&o, &single, "train_gpt");
     }
 }

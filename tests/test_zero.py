@@ -5,7 +5,8 @@ every rank, and the misuses stop with a clear message. --zero 2 (ZeRO-2, section
 of the gradients: it trains as --zero 0 (bit for bit where the additions are the same), its memory
 is the plan, its collectives are counted, and its state files are ZeRO-1's. --zero 3 (ZeRO-3,
 section 2d) keeps a shard of the weights too, gathered layer by layer: the same checks, its weight
-gathers bounded per layer, recompute on top, and resume across the stages.
+gathers bounded per layer, recompute on top, and resume across the stages. Last, the grid of
+tensor- and data-parallel groups (build/test_dist_grid on 4 ranks: each group's collectives).
 
     python3 tests/test_zero.py ./train_gpt ./test_gpt ./build/train_gpt_nompi
 
@@ -523,5 +524,17 @@ if MPIRUN:
     s.check("settings: ... before any step", not re.search(r"^step ", r.out, re.M), r.out[-300:])
     s.expect_fail("settings: --zero 1 and --zero 0 on two ranks: named too", "--zero is 1 on rank 0, but 0 on rank 1",
                   MPIRUN[:-1] + ["-np", "1"] + BASE + ["--zero", "1", "-o", ""] + [":", "-np", "1"] + BASE + ["-o", ""])
+
+# 5. the grid of tensor-parallel and data-parallel groups (llmc/distributed.h's dist_grid, for --tp): each
+# group's collectives over its ranks only, on 4 ranks split every way (build/test_dist_grid's own checks)
+GRID = os.path.join(os.path.dirname(TRAIN), "build", "test_dist_grid")  # beside train_gpt (make test builds it)
+r = s.run(MPIRUN + ["4", GRID])
+checks = re.findall(r"^(ok  |FAIL) (.*)$", r.out, re.M)
+s.check("the grid's test program runs on 4 ranks and ends with its summary",
+        r.rc == 0 and checks and re.search(r"^\d+ passed, 0 failed$", r.out, re.M), (r.out + r.err)[-1500:])
+for status, text in checks:
+    s.check(f"grid: {text}", status == "ok  ", text)
+s.expect_fail("grid: tp 3 on 4 ranks stops", "--tp 3: 4 rank(s) do not split into tensor-parallel groups of 3",
+              MPIRUN + ["4", GRID, "3"])
 
 s.finish()

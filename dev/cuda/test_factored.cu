@@ -195,7 +195,7 @@ static void bench_factored() {
     const int rows = 3072, cols = 768;
 #endif
     size_t offset, n = (size_t)rows * cols;
-    Dist one = {0, 1};
+    Dist one = {0, 1, DIST_WORLD};
     OptShard sh = slice_part(rows, cols, one, &offset);
     float *d_p = upload<float>(random_vector(n, 1)), *d_g = upload<float>(random_vector(n, 2));
     float* d_state = upload<float>(std::vector<float>(n + came_state_floats(&sh), 0.0f));

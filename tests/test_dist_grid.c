@@ -1,0 +1,106 @@
+/*
+test_dist_grid.c: the grid of llmc/distributed.h (dist_grid) under MPI: the world split into
+tensor-parallel groups of tp adjacent ranks and data-parallel groups across them, and each
+collective that takes a group running over that group's ranks only.
+
+    mpirun -np 4 ./build/test_dist_grid        # every tp that divides 4: 1, 2, 4
+    mpirun -np 4 ./build/test_dist_grid 3      # a tp that does not divide the world: must stop
+
+Built without MPI (make MPI=0) it runs as one process, where only tp 1 divides the world.
+
+Each rank's values name the rank (rank r holds r + 1, or 100 r + i at place i), so a sum over the
+wrong ranks gives another number. Every rank checks its own results; rank 0 prints the checks and
+counts a check failed when it failed on any rank.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include "../llmc/distributed.h"
+#include "check.h"
+
+#define PART 3       // floats of one rank's part in the reduce-scatter and all-gather
+#define MAX_RANKS 4  // the buffers' room
+
+// a check that holds on every rank (rank 0 reports it)
+static void check_all(int ok, const char* name, int tp, int rank) {
+    float bad = !ok;
+    dist_allreduce_sum_floats(&bad, 1);
+    char full[160];
+    snprintf(full, sizeof(full), "tp %d: %s", tp, name);
+    if (rank == 0) { check(bad == 0.0f, full, "wrong on %.0f rank(s)", bad); }
+}
+
+// the world rank at place `place` of group g, seen from world rank r (the grid's own arithmetic, written again)
+static int member(DistGroup g, int r, int place, int tp) {
+    return g == DIST_TENSOR ? (r / tp) * tp + place : place * tp + r % tp;
+}
+
+static void test_grid(Dist world, int tp) {
+    int r = world.rank;
+    DistGrid g = dist_grid(world, tp);
+    check_all(g.tensor.world == tp && g.tensor.rank == r % tp && g.tensor.group == DIST_TENSOR,
+              "the tensor group: tp adjacent ranks, this rank at place rank % tp", tp, r);
+    check_all(g.data.world == world.world / tp && g.data.rank == r / tp,
+              "the data group: world / tp ranks, this rank at place rank / tp", tp, r);
+    check_all(g.world.rank == r && g.world.world == world.world, "the world as it was", tp, r);
+    if (tp == 1) { check_all(g.data.group == DIST_WORLD, "with tp 1 the data group is the world", tp, r); }
+
+    const Dist groups[2] = {g.tensor, g.data};
+    for (int k = 0; k < 2; k++) {
+        Dist d = groups[k];
+        const char* name = DIST_GROUP_NAMES[k == 0 ? DIST_TENSOR : DIST_DATA];
+        DistGroup which = k == 0 ? DIST_TENSOR : DIST_DATA;
+        char what[128];
+        // all-reduce: the sum of (rank + 1) over the group's members
+        float x[2] = {(float)(r + 1), -(float)(r + 1)};
+        float want = 0.0f;
+        for (int p = 0; p < d.world; p++) { want += (float)(member(which, r, p, tp) + 1); }
+        dist_allreduce_floats_over(x, 2, d);
+        snprintf(what, sizeof(what), "all-reduce over the %s group sums its ranks' values only", name);
+        check_all(x[0] == want && x[1] == -want, what, tp, r);
+        // reduce-scatter: place p's part summed over the group, 100 * (world rank) + i at element i
+        float buf[MAX_RANKS * PART];
+        int counts[MAX_RANKS];
+        for (int p = 0; p < d.world; p++) { counts[p] = PART; }
+        for (int i = 0; i < d.world * PART; i++) { buf[i] = (float)(100 * r + i); }
+        dist_reduce_scatter_floats(buf, counts, d);
+        int ok = 1;
+        for (int i = 0; i < PART; i++) {
+            int at = d.rank * PART + i;
+            float sum = 0.0f;
+            for (int p = 0; p < d.world; p++) { sum += (float)(100 * member(which, r, p, tp) + at); }
+            ok &= buf[at] == sum;
+        }
+        snprintf(what, sizeof(what), "reduce-scatter over the %s group: this rank's part, summed over the group", name);
+        check_all(ok, what, tp, r);
+        // all-gather: every part from its owner (owner's world rank in the values)
+        for (int i = 0; i < d.world * PART; i++) { buf[i] = -1.0f; }
+        for (int i = 0; i < PART; i++) { buf[d.rank * PART + i] = (float)(100 * r + i); }
+        dist_allgather_floats(buf, counts, d);
+        ok = 1;
+        for (int p = 0; p < d.world; p++) {
+            for (int i = 0; i < PART; i++) { ok &= buf[p * PART + i] == (float)(100 * member(which, r, p, tp) + i); }
+        }
+        snprintf(what, sizeof(what), "all-gather over the %s group: each part from its owner", name);
+        check_all(ok, what, tp, r);
+    }
+    // the world's own collectives are untouched by the grid
+    float y = 1.0f;
+    dist_allreduce_sum_floats(&y, 1);
+    check_all(y == (float)world.world, "the world's all-reduce still sums every rank", tp, r);
+}
+
+int main(int argc, char** argv) {
+    Dist world;
+    dist_init(&world, &argc, &argv);
+    if (world.world > MAX_RANKS) { fail("test_dist_grid: %d ranks; it is written for at most %d", world.world, MAX_RANKS); }
+    if (world.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { return 1; }
+    if (argc == 2) {  // a tp to try alone (one that must stop)
+        test_grid(world, atoi(argv[1]));
+    } else {
+        for (int tp = 1; tp <= world.world; tp++) {
+            if (world.world % tp == 0) { test_grid(world, tp); }
+        }
+    }
+    dist_finalize();
+    return world.rank == 0 ? check_summary() : 0;
+}
