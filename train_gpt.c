@@ -31,6 +31,7 @@ each, and live in their own files: --recompute and --offload activations in cpu/
 #include "cpu/host_step.h"
 #include "cpu/activations.h"  // what forward keeps for backward; --recompute, --offload activations
 #include "cpu/zero.h"         // --zero 1, 2, 3
+#include "cpu/tensor_parallel.h"  // a block's matrices split over ranks (Megatron-LM): the hooks in block_forward, block_backward
 #include "cpu/roofline.h"     // --profile's roof column: this machine's bandwidth and GEMM rate
 
 // ----------------------------------------------------------------------------
@@ -55,10 +56,11 @@ typedef struct {
     float* lnfb;     // (C)
 } ParameterTensors;
 
-// points the 16 tensors of p into memory, in model_config.h's order
-static void point_parameters(ParameterTensors* p, float* memory, const GPT2Config* cfg) {
+// points the 16 tensors of p into memory, in model_config.h's order: the whole model's, or (tp > 1)
+// one rank's slices of it (--tp: the shapes of cpu/tensor_parallel.h, Ct = C/tp in place of C)
+static void point_parameters(ParameterTensors* p, float* memory, const GPT2Config* cfg, int tp) {
     size_t sizes[NUM_PARAMETER_TENSORS];
-    gpt2_parameter_sizes(sizes, cfg);
+    tp_parameter_sizes(sizes, cfg, tp);
     float** ptrs[NUM_PARAMETER_TENSORS] = {
         &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
         &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
@@ -74,17 +76,17 @@ typedef struct {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerGrads;
 
-static LayerParams layer_params(const ParameterTensors* p, int l, int C) {
-    size_t c = C;
+static LayerParams layer_params(const ParameterTensors* p, int l, int C, int tp) {
+    size_t c = C, ct = c / (size_t)tp;  // ct: the channels of a rank's attention slice (--tp)
     LayerParams lp = {
-        p->ln1w + l * c, p->ln1b + l * c, p->qkvw + l * 3 * c * c, p->qkvb + l * 3 * c,
-        p->attprojw + l * c * c, p->attprojb + l * c, p->ln2w + l * c, p->ln2b + l * c,
-        p->fcw + l * 4 * c * c, p->fcb + l * 4 * c, p->fcprojw + l * 4 * c * c, p->fcprojb + l * c,
+        p->ln1w + l * c, p->ln1b + l * c, p->qkvw + l * 3 * ct * c, p->qkvb + l * 3 * ct,
+        p->attprojw + l * c * ct, p->attprojb + l * c, p->ln2w + l * c, p->ln2b + l * c,
+        p->fcw + l * 4 * ct * c, p->fcb + l * 4 * ct, p->fcprojw + l * 4 * c * ct, p->fcprojb + l * c,
     };
     return lp;
 }
-static LayerGrads layer_grads(const ParameterTensors* g, int l, int C) {
-    LayerParams lp = layer_params(g, l, C);  // same offsets, writable memory
+static LayerGrads layer_grads(const ParameterTensors* g, int l, int C, int tp) {
+    LayerParams lp = layer_params(g, l, C, tp);  // same offsets, writable memory
     LayerGrads lg;
     memcpy(&lg, &lp, sizeof(lg));
     return lg;
@@ -120,6 +122,7 @@ struct GPT2 {
     float mean_loss;          // of the last forward with targets
     Dist dist;                // this process among the data-parallel ranks (llmc/distributed.h)
     CpuZero zero;             // --zero 1, 2, 3: the shards' buffers (cpu/zero.h)
+    TensorParallel tp;        // the ranks that split each block's matrices (TP_NONE: this rank holds them whole)
 };
 
 // ----------------------------------------------------------------------------
@@ -224,7 +227,7 @@ static void gpt2_alloc_training(GPT2* m, const ModelSetup* s) {
     GPT2Config layout = *c;  // what the layers add into: the whole model, or (ZeRO-2, 3) a one-layer working buffer
     float* grads = zero_alloc_grads(&m->zero, c, m->dist.world, &m->grads_memory, &m->grad_floats, &grad_layers);
     layout.num_layers = grad_layers;
-    point_parameters(&m->grads, grads, &layout);
+    point_parameters(&m->grads, grads, &layout, m->tp.size);
     m->optimizer = s->optimizer;
     m->use_beta1 = s->use_beta1;
     m->state_format = s->state_format;
@@ -248,13 +251,14 @@ GPT2* gpt2_create(const ModelSetup* s) {
     m->config = s->config;
     m->num_parameters = gpt2_num_parameters(&s->config);
     m->dist = s->dist;
+    m->tp = TP_NONE;
     m->zero.stage = s->zero;
     m->zero.format = s->state_format;  // an 8-bit state's blocks decide ZeRO's cut
     int layers;
     GPT2Config layout = s->config;  // what the layers read: the whole model, or (ZeRO-3) a one-layer working copy
     float* weights = zero_alloc_weights(&m->zero, &s->config, s->dist.world, &m->params_memory, &layers);
     layout.num_layers = layers;
-    point_parameters(&m->params, weights, &layout);
+    point_parameters(&m->params, weights, &layout, m->tp.size);
     m->batch_size = s->B;
     m->seq_len = s->T;
     if (s->use == MODEL_FOR_TRAINING) {
@@ -300,32 +304,41 @@ void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
 
 // ----------------------------------------------------------------------------
 // one transformer block: x -> x + attn(ln1(x)) -> (that) + mlp(ln2(that))
+//
+// With --tp N (cpu/tensor_parallel.h) this rank computes Ct = C/N channels of the attention (NHt =
+// NH/N heads) and 4Ct of the MLP's hidden units: the shapes below say Ct and NHt, which are C and NH
+// without it. Its two row-parallel matmuls give partial sums, which the hook tp_sum adds over the
+// ranks (forward), as it adds the partial d(ln2) and d(ln1) (backward).
 
 // x (B,T,C) is the block's input; fills a (its residual3 is the block output)
 static void block_forward(LayerActs* a, const float* x, const LayerParams* p, int B, int T, int C, int NH,
-                          const ActPolicy* pol) {
+                          const ActPolicy* pol, const TensorParallel* tp) {
     size_t BTC = (size_t)B * T * C;
+    int Ct = C / tp->size, NHt = NH / tp->size;
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C);
-    matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C);
-    if (pol->flash) { attention_flash_forward(a->atty, a->lse, a->qkv, B, T, C, NH); }
-    else { attention_forward(a->atty, a->att, a->qkv, B, T, C, NH); }
-    matmul_forward(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C);
+    matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * Ct);                  // (B,T,3Ct)
+    if (pol->flash) { attention_flash_forward(a->atty, a->lse, a->qkv, B, T, Ct, NHt); }  // (B,T,Ct)
+    else { attention_forward(a->atty, a->att, a->qkv, B, T, Ct, NHt); }
+    matmul_forward(a->residual2, a->atty, p->attprojw, tp_row_bias(tp, p->attprojb), B, T, Ct, C);
+    tp_sum(tp, a->residual2, BTC);  // hook: --tp's partial projections added
     residual_forward(a->residual2, x, a->residual2, BTC);  // in place: residual2 = x + projection
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C);
-    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C);
-    gelu_forward(a->fch_gelu, a->fch, BTC * 4);
-    matmul_forward(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C);
+    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * Ct);                    // (B,T,4Ct)
+    gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * 4 * Ct);
+    matmul_forward(a->residual3, a->fch_gelu, p->fcprojw, tp_row_bias(tp, p->fcprojb), B, T, 4 * Ct, C);
+    tp_sum(tp, a->residual3, BTC);  // hook
     residual_forward(a->residual3, a->residual2, a->residual3, BTC);
 }
 
 // --recompute gelu, attn (selective recompute): what this layer's forward did not keep, again into
 // the shared buffers, before its backward reads it
-static void recompute_dropped(const LayerActs* a, int B, int T, int C, int NH, const ActPolicy* pol) {
+static void recompute_dropped(const LayerActs* a, int B, int T, int C, int NH, const ActPolicy* pol, const TensorParallel* tp) {
+    int Ct = C / tp->size, NHt = NH / tp->size;
     prof_context("recompute");
-    if (pol->gelu) { gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * 4 * C); }
+    if (pol->gelu) { gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * 4 * Ct); }
     if (pol->attn && !pol->flash) {
-        prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(float)), "weights");
-        attention_weights_forward(a->att, a->qkv, B, T, C, NH);
+        prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, Ct, sizeof(float)), "weights");
+        attention_weights_forward(a->att, a->qkv, B, T, Ct, NHt);
     }
     prof_context(NULL);
 }
@@ -334,26 +347,29 @@ static void recompute_dropped(const LayerActs* a, int B, int T, int C, int NH, c
 // Parameter gradients accumulate into g. The scratch buffers are cleared before each
 // backward that adds (+=) into them.
 static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float* x, const LayerParams* p,
-                           const LayerGrads* g, int B, int T, int C, int NH, const ActPolicy* pol) {
-    size_t BTC = (size_t)B * T * C;
+                           const LayerGrads* g, int B, int T, int C, int NH, const ActPolicy* pol, const TensorParallel* tp) {
+    size_t BTC = (size_t)B * T * C, BTCt = BTC / (size_t)tp->size;
+    int Ct = C / tp->size, NHt = NH / tp->size;
     float *dln2 = bwd->dbtc, *datty = bwd->dbtc, *dln1 = bwd->dbtc;  // one buffer, three gradients in turn
-    if (pol->gelu || (pol->attn && !pol->flash)) { recompute_dropped(a, B, T, C, NH, pol); }
+    if (pol->gelu || (pol->attn && !pol->flash)) { recompute_dropped(a, B, T, C, NH, pol, tp); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place
-    memset(bwd->dfch_gelu, 0, BTC * 4 * sizeof(float));
-    matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, bwd->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C);
-    memset(bwd->dfch, 0, BTC * 4 * sizeof(float));
-    gelu_backward(bwd->dfch, a->fch, bwd->dfch_gelu, BTC * 4);
+    memset(bwd->dfch_gelu, 0, BTCt * 4 * sizeof(float));
+    matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, bwd->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * Ct, C);
+    memset(bwd->dfch, 0, BTCt * 4 * sizeof(float));
+    gelu_backward(bwd->dfch, a->fch, bwd->dfch_gelu, BTCt * 4);
     memset(dln2, 0, BTC * sizeof(float));
-    matmul_backward(dln2, g->fcw, g->fcb, bwd->dfch, a->ln2, p->fcw, B, T, C, 4 * C);
+    matmul_backward(dln2, g->fcw, g->fcb, bwd->dfch, a->ln2, p->fcw, B, T, C, 4 * Ct);
+    tp_sum(tp, dln2, BTC);  // hook: --tp's partial input gradients added
     layernorm_backward(bwd->dresidual, g->ln2w, g->ln2b, dln2, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C);
     // attention branch
-    memset(datty, 0, BTC * sizeof(float));
-    matmul_backward(datty, g->attprojw, g->attprojb, bwd->dresidual, a->atty, p->attprojw, B, T, C, C);
-    memset(bwd->dqkv, 0, BTC * 3 * sizeof(float));
-    if (pol->flash) { attention_flash_backward(bwd->dqkv, datty, a->qkv, a->atty, a->lse, B, T, C, NH); }
-    else { attention_backward(bwd->dqkv, bwd->datt, datty, a->qkv, a->att, B, T, C, NH); }
+    memset(datty, 0, BTCt * sizeof(float));
+    matmul_backward(datty, g->attprojw, g->attprojb, bwd->dresidual, a->atty, p->attprojw, B, T, Ct, C);
+    memset(bwd->dqkv, 0, BTCt * 3 * sizeof(float));
+    if (pol->flash) { attention_flash_backward(bwd->dqkv, datty, a->qkv, a->atty, a->lse, B, T, Ct, NHt); }
+    else { attention_backward(bwd->dqkv, bwd->datt, datty, a->qkv, a->att, B, T, Ct, NHt); }
     memset(dln1, 0, BTC * sizeof(float));
-    matmul_backward(dln1, g->qkvw, g->qkvb, bwd->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C);
+    matmul_backward(dln1, g->qkvw, g->qkvb, bwd->dqkv, a->ln1, p->qkvw, B, T, C, 3 * Ct);
+    tp_sum(tp, dln1, BTC);  // hook
     layernorm_backward(bwd->dresidual, g->ln1w, g->ln1b, dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C);
 }
 
@@ -366,7 +382,7 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
 // hook: layer l's weights, ready for its forward or backward
 static LayerParams layer_weights_ready(GPT2* m, int l) {
     HostStep h = gpt2_host_step(m);
-    return layer_params(&m->params, zero_layer_weights_ready(&m->zero, &h, l), m->config.channels);
+    return layer_params(&m->params, zero_layer_weights_ready(&m->zero, &h, l), m->config.channels, m->tp.size);
 }
 
 // layers first..last forward from x into the working set (store: the schedule keeps what it says;
@@ -376,7 +392,7 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
     for (int l = first; l <= last; l++) {
         LayerParams lp = layer_weights_ready(m, l);
         LayerActs* la = act_layer(&m->acts, l);
-        block_forward(la, x, &lp, B, T, C, NH, &m->acts.pol);
+        block_forward(la, x, &lp, B, T, C, NH, &m->acts.pol, &m->tp);
         if (store) { act_after_layer_forward(&m->acts, l, (size_t)B * T * C); }
         x = la->residual3;
     }
@@ -501,8 +517,8 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     for (int l = L - 1; l >= 0; l--) {
         layer_activations_ready(m, l, B, T);  // hook
         LayerParams lp = layer_weights_ready(m, l);  // hook
-        LayerGrads lg = layer_grads(&m->grads, zero_layer_grads_at(&m->zero, l), C);
-        block_backward(bwd, act_layer(a, l), act_layer_input(a, l), &lp, &lg, B, T, C, NH, &a->pol);
+        LayerGrads lg = layer_grads(&m->grads, zero_layer_grads_at(&m->zero, l), C, m->tp.size);
+        block_backward(bwd, act_layer(a, l), act_layer_input(a, l), &lp, &lg, B, T, C, NH, &a->pol, &m->tp);
         zero_layer_grads_done(&m->zero, &h, l);  // hook
     }
     encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C);

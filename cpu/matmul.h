@@ -51,6 +51,7 @@ emulation tests include it). With -DUSE_BLAS, mm_sgemm forwards to cblas_sgemm
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <pthread.h>  // each thread's packing buffers freed at its end
 #include "../llmc/utils.h"
 
 typedef enum { MM_N = 0, MM_T = 1 } mm_trans; // op(X) = X or X^T
@@ -412,11 +413,23 @@ static int mm_block_step(int range, int max_block, int unit) {
 #define MM_THREAD_LOCAL _Thread_local
 #endif
 
-// each thread's packing buffers, made at its first call and kept for the program's life
+// each thread's packing buffers, made at its first call and kept for the thread's life
 // (1.25 MiB a thread): allocating them per call cost 100-450 page faults a call, a few %
 // of a layer's time. 64-byte aligned so packed B rows take aligned vector loads.
 // Thread-local, so calls from several threads at once (inside a caller's parallel loop)
-// are safe.
+// are safe; freed when the thread ends (OpenMP ends threads when a later team is smaller)
+static pthread_key_t mm_buffers_key;
+static pthread_once_t mm_buffers_once = PTHREAD_ONCE_INIT;
+static void mm_free_buffers(void* p) {
+    float** bufs = (float**)p;
+    free(bufs[0]);
+    free(bufs[1]);
+    free(bufs);
+}
+static void mm_make_buffers_key(void) {
+    if (pthread_key_create(&mm_buffers_key, mm_free_buffers) != 0) { fail("mm_sgemm: pthread_key_create failed"); }
+}
+
 static void mm_pack_buffers(float** Ap, float** Bp) {
     static MM_THREAD_LOCAL float* a_buf = NULL;
     static MM_THREAD_LOCAL float* b_buf = NULL;
@@ -426,9 +439,14 @@ static void mm_pack_buffers(float** Ap, float** Bp) {
         size_t b_bytes = (size_t)mm_round_up(MM_NC, MM_NR) * MM_KC * sizeof(float);
         a_buf = (float*)aligned_alloc(64, (a_bytes + 63) / 64 * 64);
         b_buf = (float*)aligned_alloc(64, (b_bytes + 63) / 64 * 64);
-        if (a_buf == NULL || b_buf == NULL) {
+        float** bufs = (float**)malloc(2 * sizeof(float*));
+        if (a_buf == NULL || b_buf == NULL || bufs == NULL) {
             fail("mm_sgemm: out of memory for packing buffers (%zu + %zu bytes)", a_bytes, b_bytes);
         }
+        bufs[0] = a_buf;
+        bufs[1] = b_buf;
+        pthread_once(&mm_buffers_once, mm_make_buffers_key);
+        pthread_setspecific(mm_buffers_key, bufs);  // mm_free_buffers at the thread's end
     }
     *Ap = a_buf;
     *Bp = b_buf;
