@@ -169,8 +169,8 @@ build/test_matmul: tests/test_matmul.c cpu/matmul.h llmc/utils.h
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-# the grid of tensor- and data-parallel groups (llmc/distributed.h) under MPI: tests/test_zero.py runs it on 4 ranks
-build/test_dist_grid: tests/test_dist_grid.c tests/check.h llmc/distributed.h llmc/utils.h $(MPI_STAMP)
+# the grid of tensor- and data-parallel groups (llmc/distributed.h) and --tp's block over MPI: tests/test_zero.py runs it on 4 ranks
+build/test_dist_grid: tests/test_dist_grid.c tests/check.h tests/tp_block.h train_gpt.c $(HEADERS) $(MPI_STAMP)
 	@mkdir -p build
 	$(TRAIN_CC) $(CFLAGS) $(TRAIN_DEFS) $< -o $@ $(LDLIBS)
 

@@ -787,11 +787,7 @@ static void test_recompute_offload_bitwise(void) {
 // sums add the slices' partial products in another order), and the same bits on every rank where
 // the ranks hold the same tensors
 
-#define TP_B 2
-#define TP_T 8
-#define TP_RTOL 1e-5
-static const GPT2Config TP_MODEL = {.max_seq_len = TP_T, .vocab_size = 64, .padded_vocab_size = 128, .num_layers = 1,
-                                    .num_heads = 4, .channels = 32};
+#include "tests/tp_block.h"
 
 // the group's sum as an all-reduce would make it: every rank's buffer added in rank order (the same
 // bits on every rank), between barriers of the team
@@ -810,75 +806,20 @@ static void tp_team_sum(float* buf, size_t n, void* ctx) {
     memcpy(buf, team->sums[r], n * sizeof(float));
 }
 
-// one rank's block: its activations, backward buffers, slices and their gradients
-typedef struct {
-    LayerActs a;
-    BackwardBuffers bwd;
-    float *params, *grads, *acts, *bufs;
-} TpBlock;
-
-static void tp_block_alloc(TpBlock* b, const float* whole, int rank, int n, int flash) {
-    const GPT2Config* c = &TP_MODEL;
-    size_t BT = (size_t)TP_B * TP_T, C = c->channels, Ct = C / n, NHt = c->num_heads / n, P = tp_num_parameters(c, n);
-    b->params = (float*)malloc_check(P * sizeof(float));
-    b->grads = (float*)calloc(P, sizeof(float));
-    tp_split_params(b->params, whole, c, rank, n);
-    size_t sizes[] = {BT * C, BT, BT, BT * 3 * Ct, BT * Ct, TP_B * NHt * TP_T * TP_T, TP_B * NHt * TP_T, BT * C, BT * C, BT, BT,
-                      BT * 4 * Ct, BT * 4 * Ct, BT * C};
-    float** ptrs[] = {&b->a.ln1, &b->a.ln1_mean, &b->a.ln1_rstd, &b->a.qkv, &b->a.atty, &b->a.att, &b->a.lse, &b->a.residual2,
-                      &b->a.ln2, &b->a.ln2_mean, &b->a.ln2_rstd, &b->a.fch, &b->a.fch_gelu, &b->a.residual3};
-    size_t total = 0, k = sizeof(sizes) / sizeof(sizes[0]);
-    for (size_t i = 0; i < k; i++) { total += sizes[i]; }
-    float* p = b->acts = (float*)calloc(total, sizeof(float));
-    for (size_t i = 0; i < k; i++) { *ptrs[i] = p; p += sizes[i]; }
-    if (flash) { b->a.att = NULL; } else { b->a.lse = NULL; }
-    size_t bsizes[] = {BT * C, BT * C, BT * 3 * Ct, BT * 4 * Ct, BT * 4 * Ct, TP_B * NHt * TP_T * TP_T};
-    float** bptrs[] = {&b->bwd.dresidual, &b->bwd.dbtc, &b->bwd.dqkv, &b->bwd.dfch_gelu, &b->bwd.dfch, &b->bwd.datt};
-    total = 0;
-    for (size_t i = 0; i < 6; i++) { total += bsizes[i]; }
-    p = b->bufs = (float*)calloc(total, sizeof(float));
-    for (size_t i = 0; i < 6; i++) { *bptrs[i] = p; p += bsizes[i]; }
-}
-
-// the block forward from x, then backward from dy (into bwd.dresidual: d(x) on return)
-static void tp_block_run(TpBlock* b, const float* x, const float* dy, int rank, int n, const ActPolicy* pol, TpTeam* team) {
-    const GPT2Config* c = &TP_MODEL;
-    TensorParallel tp = {rank, n, tp_team_sum, team};
-    ParameterTensors pt, gt;
-    point_parameters(&pt, b->params, c, n);
-    point_parameters(&gt, b->grads, c, n);
-    LayerParams lp = layer_params(&pt, 0, c->channels, n);
-    LayerGrads lg = layer_grads(&gt, 0, c->channels, n);
-    block_forward(&b->a, x, &lp, TP_B, TP_T, c->channels, c->num_heads, pol, &tp);
-    memcpy(b->bwd.dresidual, dy, (size_t)TP_B * TP_T * c->channels * sizeof(float));
-    block_backward(&b->bwd, &b->a, x, &lp, &lg, TP_B, TP_T, c->channels, c->num_heads, pol, &tp);
-}
-
-static void tp_block_free(TpBlock* b) { free(b->params); free(b->grads); free(b->acts); free(b->bufs); }
-
-static double tp_rel_dist(const float* a, const float* b, size_t n) {
-    double d = 0.0, m = 0.0;
-    for (size_t i = 0; i < n; i++) { d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]); m += (double)b[i] * b[i]; }
-    return m > 0.0 ? sqrt(d / m) : sqrt(d);
-}
-
 static void test_tensor_parallel_block(void) {
     const GPT2Config* c = &TP_MODEL;
     size_t P = gpt2_num_parameters(c), BTC = (size_t)TP_B * TP_T * c->channels;
     float* whole = (float*)malloc_check(P * sizeof(float));
     float* x = (float*)malloc_check(BTC * sizeof(float));
     float* dy = (float*)malloc_check(BTC * sizeof(float));
-    float* joined = (float*)malloc_check(P * sizeof(float));
-    uint64_t rng = 36;
-    for (size_t i = 0; i < P; i++) { whole[i] = 0.2f * rand_uniform(&rng) - 0.1f; }  // biases and LayerNorms too: not 0 or 1
-    for (size_t i = 0; i < BTC; i++) { x[i] = 2.0f * rand_uniform(&rng) - 1.0f; dy[i] = rand_uniform(&rng) - 0.5f; }
+    tp_test_inputs(whole, x, dy);
     check(tp_refusal(c, 3) != NULL && strstr(tp_refusal(c, 3), "4 heads") && tp_refusal(c, 2) == NULL && tp_refusal(c, 4) == NULL,
           "--tp: 3 ranks refused for 4 heads (whole heads each), 2 and 4 taken", "%s", tp_refusal(c, 3) ? tp_refusal(c, 3) : "(none)");
     for (int flash = 0; flash < 2; flash++) {
         const ActPolicy pol = {.attn = flash, .flash = flash};
         TpBlock plain;
         tp_block_alloc(&plain, whole, 0, 1, flash);
-        tp_block_run(&plain, x, dy, 0, 1, &pol, NULL);
+        tp_block_run(&plain, x, dy, &pol, TP_NONE);
         for (int n = 2; n <= 4; n += 2) {
             TpBlock ranks[4];
             TpTeam team;
@@ -891,51 +832,26 @@ static void test_tensor_parallel_block(void) {
             {
                 #pragma omp single
                 team_size = omp_get_num_threads();
-                if (team_size == n) { tp_block_run(&ranks[omp_get_thread_num()], x, dy, omp_get_thread_num(), n, &pol, &team); }
+                TensorParallel tp = {omp_get_thread_num(), n, tp_team_sum, &team};
+                if (team_size == n) { tp_block_run(&ranks[tp.rank], x, dy, &pol, tp); }
             }
             char name[256];
             snprintf(name, sizeof(name), "--tp %d%s: a team of %d threads plays the ranks", n, flash ? " (flash)" : "", n);
             check(team_size == n, name, "OpenMP gave %d threads", team_size);
             if (team_size == n) {
-                // the output and d(input): whole on every rank, within TP_RTOL of the plain block, the same bits on all
-                int same = 1;
-                for (int r = 1; r < n; r++) {
-                    same &= memcmp(ranks[r].a.residual3, ranks[0].a.residual3, BTC * sizeof(float)) == 0;
-                    same &= memcmp(ranks[r].bwd.dresidual, ranks[0].bwd.dresidual, BTC * sizeof(float)) == 0;
+                int same = 1, worst_at = 0, at;
+                double worst = 0.0;
+                for (int r = 0; r < n; r++) {
+                    same &= tp_block_shared_hash(&ranks[r], n) == tp_block_shared_hash(&ranks[0], n);
+                    double d = tp_block_grad_dist(&ranks[r], plain.grads, r, n, &at);
+                    if (d > worst) { worst = d; worst_at = at; }
                 }
                 double dout = tp_rel_dist(ranks[0].a.residual3, plain.a.residual3, BTC);
                 double dx = tp_rel_dist(ranks[0].bwd.dresidual, plain.bwd.dresidual, BTC);
-                snprintf(name, sizeof(name), "--tp %d%s: the block's output and d(input) within %g of the plain block's, the same bits on every rank",
-                         n, flash ? " (flash)" : "", TP_RTOL);
-                check(same && dout < TP_RTOL && dx < TP_RTOL, name, "same %d, output %.3g, d(input) %.3g", same, dout, dx);
-                // the gradients: every rank's slices joined into the whole layout, against the plain block's
-                memset(joined, 0, P * sizeof(float));
-                for (int r = n - 1; r >= 0; r--) { tp_join_params(joined, ranks[r].grads, c, r, n); }  // rank 0's whole tensors last
-                size_t sizes[NUM_PARAMETER_TENSORS], off = 0, whole_tensors = 0;
-                gpt2_parameter_sizes(sizes, c);
-                double worst = 0.0;
-                int worst_at = 0;
-                for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-                    if (i >= 2 && i <= 13) {  // the block's tensors (the embeddings and lnf have no gradient here)
-                        double d = tp_rel_dist(joined + off, plain.grads + off, sizes[i]);
-                        if (d > worst) { worst = d; worst_at = i; }
-                    }
-                    off += sizes[i];
-                }
-                for (int r = 1; r < n; r++) {  // the whole tensors' gradients: the same bits on every rank
-                    size_t mine_off = 0, mine[NUM_PARAMETER_TENSORS];
-                    tp_parameter_sizes(mine, c, n);
-                    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-                        if (TP_SPLIT[i] == TP_WHOLE) {
-                            whole_tensors += memcmp(ranks[r].grads + mine_off, ranks[0].grads + mine_off, mine[i] * sizeof(float)) != 0;
-                        }
-                        mine_off += mine[i];
-                    }
-                }
-                snprintf(name, sizeof(name), "--tp %d%s: every gradient of the block within %g of the plain block's (the slices joined), "
-                         "the whole tensors' the same bits on every rank", n, flash ? " (flash)" : "", TP_RTOL);
-                check(worst < TP_RTOL && whole_tensors == 0, name, "worst %.3g in %s; %zu whole tensors differ between ranks", worst,
-                      PARAMETER_NAMES[worst_at], whole_tensors);
+                snprintf(name, sizeof(name), "--tp %d%s: the block's output, d(input) and every gradient within %g of the plain block's, "
+                         "the whole tensors the same bits on every rank", n, flash ? " (flash)" : "", TP_RTOL);
+                check(same && dout < TP_RTOL && dx < TP_RTOL && worst < TP_RTOL, name, "same %d, output %.3g, d(input) %.3g, "
+                      "gradients %.3g (%s)", same, dout, dx, worst, PARAMETER_NAMES[worst_at]);
             }
             for (int r = 0; r < n; r++) { tp_block_free(&ranks[r]); free(team.sums[r]); }
         }
@@ -944,7 +860,7 @@ static void test_tensor_parallel_block(void) {
     // the split and the join are each other's inverse, for every tensor
     int n = 4;
     float* mine = (float*)malloc_check(tp_num_parameters(c, n) * sizeof(float));
-    memset(joined, 0, P * sizeof(float));
+    float* joined = (float*)calloc(P, sizeof(float));
     for (int r = 0; r < n; r++) { tp_split_params(mine, whole, c, r, n); tp_join_params(joined, mine, c, r, n); }
     check(memcmp(joined, whole, P * sizeof(float)) == 0 && tp_num_parameters(c, 1) == P,
           "--tp 4: the four ranks' slices joined are the whole model, bit for bit", "%s", "differs");

@@ -30,6 +30,7 @@ too (tp_split_params, tp_join_params): a checkpoint is the whole model, whatever
 
 #include <stddef.h>
 #include <string.h>
+#include "../llmc/distributed.h"
 #include "../llmc/model_config.h"
 #include "../llmc/utils.h"
 
@@ -43,6 +44,16 @@ typedef struct {
 } TensorParallel;
 
 static const TensorParallel TP_NONE = {0, 1, NULL, NULL};
+
+// the sum over a tensor-parallel group of processes (group: its Dist, from dist_grid): MPI's all-reduce,
+// which gives every rank of the group the same bits (tests/test_dist_grid.c checks it)
+static void tp_dist_sum(float* buf, size_t n, void* group) { dist_allreduce_floats_over(buf, n, *(const Dist*)group); }
+
+// this rank in its tensor-parallel group (the group's Dist must outlive it)
+static TensorParallel tp_of_group(const Dist* tensor) {
+    TensorParallel tp = {tensor->rank, tensor->world, tp_dist_sum, (void*)tensor};
+    return tp;
+}
 
 // hook: the partial results of a row-parallel matmul (forward), or the partial input gradients of a
 // column-parallel one (backward), summed over the group

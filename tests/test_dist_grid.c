@@ -1,7 +1,9 @@
 /*
 test_dist_grid.c: the grid of llmc/distributed.h (dist_grid) under MPI: the world split into
 tensor-parallel groups of tp adjacent ranks and data-parallel groups across them, and each
-collective that takes a group running over that group's ranks only.
+collective that takes a group running over that group's ranks only. Then --tp's block
+(cpu/tensor_parallel.h) over each tensor-parallel group's processes, summed by MPI, against the
+whole block: as test_gpt.c checks it with threads (tests/tp_block.h), here with the real sum.
 
     mpirun -np 4 ./build/test_dist_grid        # every tp that divides 4: 1, 2, 4
     mpirun -np 4 ./build/test_dist_grid 3      # a tp that does not divide the world: must stop
@@ -12,10 +14,10 @@ Each rank's values name the rank (rank r holds r + 1, or 100 r + i at place i), 
 wrong ranks gives another number. Every rank checks its own results; rank 0 prints the checks and
 counts a check failed when it failed on any rank.
 */
-#include <stdio.h>
-#include <stdlib.h>
-#include "../llmc/distributed.h"
+#define TESTING
+#include "../train_gpt.c"
 #include "check.h"
+#include "tp_block.h"
 
 #define PART 3       // floats of one rank's part in the reduce-scatter and all-gather
 #define MAX_RANKS 4  // the buffers' room
@@ -24,7 +26,7 @@ counts a check failed when it failed on any rank.
 static void check_all(int ok, const char* name, int tp, int rank) {
     float bad = !ok;
     dist_allreduce_sum_floats(&bad, 1);
-    char full[160];
+    char full[256];
     snprintf(full, sizeof(full), "tp %d: %s", tp, name);
     if (rank == 0) { check(bad == 0.0f, full, "wrong on %.0f rank(s)", bad); }
 }
@@ -89,6 +91,41 @@ static void test_grid(Dist world, int tp) {
     check_all(y == (float)world.world, "the world's all-reduce still sums every rank", tp, r);
 }
 
+// the block on this rank's slices, its group's sums by MPI, against the whole block computed here
+static void test_block(Dist world, int tp) {
+    int r = world.rank;
+    DistGrid g = dist_grid(world, tp);
+    const GPT2Config* c = &TP_MODEL;
+    size_t P = gpt2_num_parameters(c), BTC = (size_t)TP_B * TP_T * c->channels;
+    float* whole = (float*)malloc_check(P * sizeof(float));
+    float* x = (float*)malloc_check(BTC * sizeof(float));
+    float* dy = (float*)malloc_check(BTC * sizeof(float));
+    tp_test_inputs(whole, x, dy);  // the same on every rank: the same seed
+    for (int flash = 0; flash < 2; flash++) {
+        const ActPolicy pol = {.attn = flash, .flash = flash};
+        TpBlock plain, mine;
+        tp_block_alloc(&plain, whole, 0, 1, flash);
+        tp_block_run(&plain, x, dy, &pol, TP_NONE);
+        tp_block_alloc(&mine, whole, g.tensor.rank, tp, flash);
+        tp_block_run(&mine, x, dy, &pol, tp_of_group(&g.tensor));
+        int at;
+        double grads = tp_block_grad_dist(&mine, plain.grads, g.tensor.rank, tp, &at);
+        double out = tp_rel_dist(mine.a.residual3, plain.a.residual3, BTC), dx = tp_rel_dist(mine.bwd.dresidual, plain.bwd.dresidual, BTC);
+        char what[200];
+        snprintf(what, sizeof(what), "the block%s over MPI: its output, d(input) and gradient slices within %g of the whole block's",
+                 flash ? " (flash)" : "", TP_RTOL);
+        check_all(out < TP_RTOL && dx < TP_RTOL && grads < TP_RTOL, what, tp, r);
+        uint64_t lo, hi;
+        dist_min_max_u64(tp_block_shared_hash(&mine, tp), &lo, &hi);
+        snprintf(what, sizeof(what), "the block%s over MPI: the output, d(input) and the whole tensors' gradients the same bits on every rank",
+                 flash ? " (flash)" : "");
+        check_all(lo == hi, what, tp, r);
+        tp_block_free(&plain);
+        tp_block_free(&mine);
+    }
+    free(whole); free(x); free(dy);
+}
+
 int main(int argc, char** argv) {
     Dist world;
     dist_init(&world, &argc, &argv);
@@ -99,6 +136,7 @@ int main(int argc, char** argv) {
     } else {
         for (int tp = 1; tp <= world.world; tp++) {
             if (world.world % tp == 0) { test_grid(world, tp); }
+            if (world.world % tp == 0 && tp > 1 && !tp_refusal(&TP_MODEL, tp)) { test_block(world, tp); }
         }
     }
     dist_finalize();
