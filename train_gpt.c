@@ -12,7 +12,9 @@ in cpu/layers.h, AdamW in cpu/optimizers.h; the loop, flags, files and memory ac
 shared (llmc/trainer.h). The memory techniques enter the plain model at named hooks, one line
 each, and live in their own files: --recompute and --offload activations in cpu/activations.h
 (the schedule: llmc/act_policy.h), --zero in cpu/zero.h (its exchanges: cpu/host_step.h),
---loss-chunk in forward's head loop; --profile's marks are inside the layers.
+--loss-chunk in forward's head loop; --profile's marks are inside the layers. Tensor
+parallelism's split of a block (cpu/tensor_parallel.h, doc/tensor_parallel.md) enters the block at
+the hook tp_sum; it is built and tested, but no flag turns it on yet: m->tp is TP_NONE.
 
     make train_gpt && ./train_gpt             # d6 on TinyShakespeare (make run prepares the data)
     ./train_gpt -e d12 -b 4 -t 64             # GPT-2 124M
