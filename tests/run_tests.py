@@ -72,11 +72,13 @@ SUITES = [  # name, command, and for an optional suite the file without which it
 ]
 
 
-# The suites that mostly wait (sockets, deadlines, watchdogs, MPI's start-up: the rendezvous used 4 s of
-# CPU in 73 s, the launchers 39 s in 163 s, the checkpoints of several ranks 22 s in 71 s on the 2-core
-# machine) run one after another in a second lane beside the others, their output shown whole when each
-# ends; every other suite runs alone, in order
-BESIDE = ("the rendezvous of --dist-init", "launching without MPI", "checkpoints of several ranks")
+# The suites that leave a core idle most of the time (sockets, deadlines, watchdogs, several ranks'
+# start-up and waits: on the 2-core machine the rendezvous used 4 s of CPU in 73 s, the launchers 39 s
+# in 163 s, the checkpoints of several ranks 22 s in 71 s, the MPI ranks of --zero 20 s in 49 s, the
+# emulated NCCL's ranks 136 s in 172 s) run one after another in a second lane beside the others,
+# their output shown whole when each ends; every other suite runs alone, in order
+BESIDE = ("the rendezvous of --dist-init", "launching without MPI", "checkpoints of several ranks", "data parallel (MPI",
+          "CUDA ZeRO-1, 2 and 3")
 
 
 def run_suite(name, cmd, show=None):
