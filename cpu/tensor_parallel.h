@@ -1,8 +1,8 @@
 /*
 tensor_parallel.h: tensor parallelism as Megatron-LM splits a GPT block (Shoeybi et al. 2019,
 "Megatron-LM", section 3): the ranks of a tensor-parallel group (llmc/distributed.h's DIST_TENSOR)
-each hold a slice of every layer's four matrices and compute with it, and two sums over the group
-a block (forward and backward alike) join what the slices computed.
+each hold a slice of every layer's four matrices and compute with it; two sums over the group in
+each block's forward, and two in its backward, join what the slices computed.
 
     attention: qkv = ln1 @ qkvw^T    column-parallel: rank r holds the rows of its heads (NH/N heads,
                                      C/N channels of each of q, k and v), and computes those heads
@@ -34,7 +34,7 @@ too (tp_split_params, tp_join_params): a checkpoint is the whole model, whatever
 #include "../llmc/model_config.h"
 #include "../llmc/utils.h"
 
-// buf (n) := the sum of buf over the group's ranks, in rank order, the same bits on every rank
+// buf (n) := the sum of buf over the group's ranks, with the same bits on every rank
 typedef void (*TpSumFn)(float* buf, size_t n, void* ctx);
 
 typedef struct {
