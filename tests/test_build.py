@@ -1,5 +1,6 @@
 """test_build.py: the CUDA trainer builds on the boxes users have, each build made for real (nvcc for
-GPU_ARCH, and the emulated device) into build/variants/ and run where it can (`make build-check`; CI):
+GPU_ARCH, and the emulated device) into build/variants/ (the one without MPI into build/emu_nompi/,
+which `make test` uses too) and run where it can (`make build-check`; CI):
   - an MPI whose mpicxx prints what nvcc stops on (-pthread, -Wl,-rpath -Wl,DIR,
     -Wl,--enable-new-dtags, as stock OpenMPI and HPC-X do; a fake mpicxx first on PATH, with the
     real include and library folders): nvcc builds the trainer (the rpath reaches the linker),
@@ -144,9 +145,11 @@ elif make("the emulated trainer builds without NCCL (NCCL=0)", emu, None, ["NCCL
 # ----------------------------------------------------------------------------
 # no MPI: several processes started by a launcher stop at start-up
 
-emu = f"{VARIANTS}/nompi/emu/train_gpt"
+# built where `make test` builds the same trainer (its rule: MPI=0 EMU_BUILD=build/emu_nompi), so that
+# CI's `make test` after `make build-check` finds it made
+emu = "build/emu_nompi/train_gpt"
 NOMPI = "was built without MPI"
-if make("the emulated trainer builds without MPI (MPI=0)", emu, None, ["MPI=0", f"EMU_BUILD={VARIANTS}/nompi/emu"]).rc == 0:
+if make("the emulated trainer builds without MPI (MPI=0)", emu, None, ["MPI=0", "EMU_BUILD=build/emu_nompi"]).rc == 0:
     s.expect_ok("without MPI: a plain run trains", [emu] + TRAIN + ["-o", s.path("nompi1")])
     # (srun's and torchrun-style variables it joins over NCCL: tests/test_launch.py)
     for var in ("OMPI_COMM_WORLD_SIZE=2", "PMI_SIZE=4", "PMIX_RANK=1"):
