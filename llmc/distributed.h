@@ -403,27 +403,6 @@ static DistGrid dist_grid(Dist world, int tp) {
     return g;
 }
 
-// buf (n) := the sum of every rank's buf
-static void dist_allreduce_sum_floats(float* buf, size_t n) {
-    if (g_dist_world > 1) { g_dist_collectives++; }
-    if (dist_carried()) { dist_carrier("dist_allreduce_sum_floats")->allreduce(buf, n, DIST_FLOAT, DIST_SUM); return; }
-#ifdef USE_MPI
-    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float), MPI_COMM_WORLD); }
-#else
-    (void)buf; (void)n;
-#endif
-}
-
-static void dist_allreduce_sum_doubles(double* buf, size_t n) {
-    if (g_dist_world > 1) { g_dist_collectives++; }
-    if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, DIST_DOUBLE, DIST_SUM); return; }
-#ifdef USE_MPI
-    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double), MPI_COMM_WORLD); }
-#else
-    (void)buf; (void)n;
-#endif
-}
-
 // buf (n) := the sum of buf over the ranks of group d
 static void dist_allreduce_floats_over(float* buf, size_t n, Dist d) {
     if (d.world < 2) { return; }
@@ -431,6 +410,22 @@ static void dist_allreduce_floats_over(float* buf, size_t n, Dist d) {
     if (dist_carried()) { dist_carrier_over(d, "dist_allreduce_floats_over")->allreduce(buf, n, DIST_FLOAT, DIST_SUM); return; }
 #ifdef USE_MPI
     dist_allreduce_sum(buf, n, MPI_FLOAT, sizeof(float), dist_comm(d));
+#else
+    (void)buf; (void)n;
+#endif
+}
+
+// buf (n) := the sum of every rank's buf
+static void dist_allreduce_sum_floats(float* buf, size_t n) {
+    Dist world = {0, g_dist_world, DIST_WORLD};  // the rank does not matter to a sum
+    dist_allreduce_floats_over(buf, n, world);
+}
+
+static void dist_allreduce_sum_doubles(double* buf, size_t n) {
+    if (g_dist_world > 1) { g_dist_collectives++; }
+    if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, DIST_DOUBLE, DIST_SUM); return; }
+#ifdef USE_MPI
+    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double), MPI_COMM_WORLD); }
 #else
     (void)buf; (void)n;
 #endif
