@@ -669,9 +669,9 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
 
 static void test_memory_plan(const char* dir) {
     GPT2Config shapes[3] = {
-        {16, 101, 128, 2, 4, 48},
-        {64, 50257, 50304, 3, 6, 96},
-        {32, 300, 384, 1, 1, 8},
+        {16, 101, 128, 2, 4, 48, 1},
+        {64, 50257, 50304, 3, 6, 96, 1},
+        {32, 300, 384, 1, 1, 8, 1},
     };
     int BTs[3][2] = {{3, 11}, {2, 64}, {5, 1}};
     char shard[CHECKPOINT_PATH_LEN];
@@ -708,7 +708,7 @@ static void test_memory_plan(const char* dir) {
 
 #define POLICY_STEPS 3
 // L=5: uneven segments for k=2 (2,2,1) and k=3 (3,2)
-static const GPT2Config POLICY_MODEL = {16, 101, 128, 5, 4, 32};
+static const GPT2Config POLICY_MODEL = {16, 101, 128, 5, 4, 32, 1};
 
 // POLICY_STEPS AdamW steps of a random POLICY_MODEL on a fixed batch; fills the losses
 // (POLICY_STEPS), the last gradients and the final weights (P each)
@@ -859,10 +859,11 @@ static void test_tensor_parallel_block(void) {
     }
     // the split and the join are each other's inverse, for every tensor
     int n = 4;
-    float* mine = (float*)malloc_check(tp_num_parameters(c, n) * sizeof(float));
+    GPT2Config rc = tp_rank_config(c, n), one = tp_rank_config(c, 1);
+    float* mine = (float*)malloc_check(gpt2_num_parameters(&rc) * sizeof(float));
     float* joined = (float*)calloc(P, sizeof(float));
     for (int r = 0; r < n; r++) { tp_split_params(mine, whole, c, r, n); tp_join_params(joined, mine, c, r, n); }
-    check(memcmp(joined, whole, P * sizeof(float)) == 0 && tp_num_parameters(c, 1) == P,
+    check(memcmp(joined, whole, P * sizeof(float)) == 0 && gpt2_num_parameters(&one) == P,
           "--tp 4: the four ranks' slices joined are the whole model, bit for bit", "%s", "differs");
     free(mine);
     free(whole); free(x); free(dy); free(joined);
@@ -1174,7 +1175,7 @@ static void test_usage_lists_every_flag(void) {
 // shape whose memory plan would not is stopped before planning
 
 static const GPT2Config LARGEST_MODEL = {MODEL_LIMIT_SEQ_LEN, MODEL_LIMIT_VOCAB, MODEL_LIMIT_VOCAB,
-                                         MODEL_LIMIT_LAYERS, MODEL_LIMIT_CHANNELS, MODEL_LIMIT_CHANNELS};
+                                         MODEL_LIMIT_LAYERS, MODEL_LIMIT_CHANNELS, MODEL_LIMIT_CHANNELS, 1};
 
 static void plan_size_of_largest(void* arg) {
     TrainOptions o = options_default();
@@ -1185,7 +1186,7 @@ static void plan_size_of_largest(void* arg) {
 }
 
 static void config_check_wrapping(void* arg) {
-    GPT2Config c = {984263313, 1, 984263312, 178956966, 1, 2147483647};  // the header of issue 12
+    GPT2Config c = {984263313, 1, 984263312, 178956966, 1, 2147483647, 1};  // the header of issue 12
     (void)arg;
     gpt2_config_check(&c, "wrapping.bin");
 }
@@ -1210,7 +1211,7 @@ static void free_space_for_too_much(void* dir) {
 }
 
 static void test_checkpoint_space(const char* dir) {
-    GPT2Config cfg = {32, 64, 128, 2, 4, 32};
+    GPT2Config cfg = {32, 64, 128, 2, 4, 32, 1};
     size_t P = gpt2_num_parameters(&cfg), opt_floats = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);
     float* zeros = (float*)calloc_check(P > opt_floats ? P : opt_floats, sizeof(float));
     char path[CHECKPOINT_PATH_LEN];
@@ -1235,7 +1236,7 @@ static void test_checkpoint_space(const char* dir) {
 // a checkpoint is never written from non-finite weights (the run then stops, saying why)
 
 static void test_checkpoint_not_finite(const char* dir) {
-    GPT2Config cfg = {16, 101, 128, 1, 4, 32};
+    GPT2Config cfg = {16, 101, 128, 1, 4, 32, 1};
     ModelSetup setup = test_setup(&cfg, 2, 8, OPT_ADAMW, 0, &ACT_KEEP_ALL);
     GPT2* m = test_model(&setup, NULL, 3);
     DataLoader dl;
@@ -1314,7 +1315,7 @@ static void test_sampler(void) {
 // a model allocated for sampling holds the weights and forward's activations only, and its
 // probabilities are bitwise those of the same model allocated for training
 static void test_sampling_model(void) {
-    GPT2Config cfg = {32, 64, 128, 2, 4, 32};  // maxT, V, Vp, L, NH, C: the fixture's shape
+    GPT2Config cfg = {32, 64, 128, 2, 4, 32, 1};  // maxT, V, Vp, L, NH, C: the fixture's shape
     int T = 8, tokens[8] = {3, 1, 4, 1, 5, 9, 2, 6};
     ModelSetup train = test_setup(&cfg, 1, T, OPT_ADAMW, 0, &ACT_KEEP_ALL), sample = train;
     sample.use = MODEL_FOR_SAMPLING;
@@ -1442,7 +1443,7 @@ static void write_fuzz_corpus(const char* dir) {
 static void write_fixtures(const char* dir) {
     mkdir(dir, 0755);
     // heads of hs = 16: the GPU's flash attention runs them (model_hs8.bin's it does not)
-    GPT2Config cfg = {32, FIXTURE_V, 128, 2, 2, 32};  // maxT, V, Vp, L, NH, C
+    GPT2Config cfg = {32, FIXTURE_V, 128, 2, 2, 32, 1};  // maxT, V, Vp, L, NH, C
     float* params = (float*)malloc_check(gpt2_num_parameters(&cfg) * sizeof(float));
     gpt2_init_params(params, &cfg, 42);
     write_model_variant(dir, "model.bin", &cfg, params, -1, 0, 0);

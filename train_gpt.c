@@ -58,11 +58,11 @@ typedef struct {
     float* lnfb;     // (C)
 } ParameterTensors;
 
-// points the 16 tensors of p into memory, in model_config.h's order: the whole model's, or (tp > 1)
-// one rank's slices of it (--tp: the shapes of cpu/tensor_parallel.h, Ct = C/tp in place of C)
-static void point_parameters(ParameterTensors* p, float* memory, const GPT2Config* cfg, int tp) {
+// points the 16 tensors of p into memory, in model_config.h's order: the whole model's, or (cfg->tp > 1)
+// one rank's slices of it (--tp: the shapes of gpt2_tensor_shape, Ct = C/tp in place of C)
+static void point_parameters(ParameterTensors* p, float* memory, const GPT2Config* cfg) {
     size_t sizes[NUM_PARAMETER_TENSORS];
-    tp_parameter_sizes(sizes, cfg, tp);
+    gpt2_parameter_sizes(sizes, cfg);
     float** ptrs[NUM_PARAMETER_TENSORS] = {
         &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
         &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
@@ -78,17 +78,22 @@ typedef struct {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerGrads;
 
-static LayerParams layer_params(const ParameterTensors* p, int l, int C, int tp) {
-    size_t c = C, ct = c / (size_t)tp;  // ct: the channels of a rank's attention slice (--tp)
+// layer l's slice of each per-layer tensor of p (shapes: cfg's, a rank's slices with --tp)
+static LayerParams layer_params(const ParameterTensors* p, int l, const GPT2Config* cfg) {
+    size_t at[NUM_PARAMETER_TENSORS];  // floats of one layer of each tensor
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t rows, cols;
+        gpt2_tensor_shape(i, cfg, &rows, &cols);
+        at[i] = (size_t)l * rows * cols;
+    }
     LayerParams lp = {
-        p->ln1w + l * c, p->ln1b + l * c, p->qkvw + l * 3 * ct * c, p->qkvb + l * 3 * ct,
-        p->attprojw + l * c * ct, p->attprojb + l * c, p->ln2w + l * c, p->ln2b + l * c,
-        p->fcw + l * 4 * ct * c, p->fcb + l * 4 * ct, p->fcprojw + l * 4 * c * ct, p->fcprojb + l * c,
+        p->ln1w + at[2], p->ln1b + at[3], p->qkvw + at[4], p->qkvb + at[5], p->attprojw + at[6], p->attprojb + at[7],
+        p->ln2w + at[8], p->ln2b + at[9], p->fcw + at[10], p->fcb + at[11], p->fcprojw + at[12], p->fcprojb + at[13],
     };
     return lp;
 }
-static LayerGrads layer_grads(const ParameterTensors* g, int l, int C, int tp) {
-    LayerParams lp = layer_params(g, l, C, tp);  // same offsets, writable memory
+static LayerGrads layer_grads(const ParameterTensors* g, int l, const GPT2Config* cfg) {
+    LayerParams lp = layer_params(g, l, cfg);  // same offsets, writable memory
     LayerGrads lg;
     memcpy(&lg, &lp, sizeof(lg));
     return lg;
@@ -188,27 +193,30 @@ void gpt2_check_setup(const ModelSetup* s) {
     }
 }
 
-// the CPU's tensors in bytes, for the memory planner: everything fp32
+// the CPU's tensors in bytes, for the memory planner: everything fp32; c: the whole model, or with
+// --tp (c->tp = N > 1) a rank's slices, whose blocks hold NH/N heads and 4C/N hidden units
 BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash, int loss_chunk) {
     (void)precision;  // fp32 only (gpt2_check_setup)
-    int C = c->channels, NH = c->num_heads;
+    int C = c->channels, NH = c->num_heads, N = gpt2_tp(c);
     // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
     const ActPolicy all = {.attn = flash, .flash = flash, .loss_chunk = loss_chunk};
     const ActPolicy gelu = {.gelu = 1, .attn = flash, .flash = flash}, attn = {.attn = 1, .flash = flash};
     int K = act_head_rows(&all, (size_t)B * T);
-    size_t F = sizeof(float), layer = act_layer_floats(B, T, C, NH, &all);
+    size_t F = sizeof(float), layer = act_layer_floats(B, T, C, NH, N, &all);
     size_t bwd[NUM_BACKWARD_BUFFERS], backward = 0;
-    backward_buffer_elems(bwd, B, T, C, NH, &all);
+    backward_buffer_elems(bwd, B, T, C, NH, N, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bwd[i]; }
     BackendLayout l = {
         .param_bytes = F, .grad_bytes = F, .layer = layer * F,
-        .layer_gelu = (layer - act_layer_floats(B, T, C, NH, &gelu)) * F,
-        .layer_att = (layer - act_layer_floats(B, T, C, NH, &attn)) * F,
+        .layer_gelu = (layer - act_layer_floats(B, T, C, NH, N, &gelu)) * F,
+        .layer_att = (layer - act_layer_floats(B, T, C, NH, N, &attn)) * F,
         .residual = (size_t)B * T * C * F,
         .head = act_head_floats(B, T, C, c->padded_vocab_size, K) * F,
         .backward = backward * F,
-        .layer_formula = flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)",
-        .backward_formula = flash ? "4(13BTC)" : "4(13BTC + B NH T^2)",
+        .layer_formula = N > 1 ? (flash ? "4(4BTC + 12BTC/N + 4BT + B NH T/N)" : "4(4BTC + 12BTC/N + 4BT + B NH T^2/N)")
+                               : (flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)"),
+        .backward_formula = N > 1 ? (flash ? "4(2BTC + 11BTC/N)" : "4(2BTC + 11BTC/N + B NH T^2/N)")
+                                  : (flash ? "4(13BTC)" : "4(13BTC + B NH T^2)"),
         .working_bytes = F,  // the CPU's kernels read the fp32 weights themselves
         .head_formula = "4(3BT + K(C + Vp))", .head_rows = K,
     };
@@ -229,7 +237,7 @@ static void gpt2_alloc_training(GPT2* m, const ModelSetup* s) {
     GPT2Config layout = *c;  // what the layers add into: the whole model, or (ZeRO-2, 3) a one-layer working buffer
     float* grads = zero_alloc_grads(&m->zero, c, m->dist.world, &m->grads_memory, &m->grad_floats, &grad_layers);
     layout.num_layers = grad_layers;
-    point_parameters(&m->grads, grads, &layout, m->tp.size);
+    point_parameters(&m->grads, grads, &layout);
     m->optimizer = s->optimizer;
     m->use_beta1 = s->use_beta1;
     m->state_format = s->state_format;
@@ -237,7 +245,7 @@ static void gpt2_alloc_training(GPT2* m, const ModelSetup* s) {
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
     act_alloc(&m->acts, &s->act, c, s->B, s->T);
     size_t bsizes[NUM_BACKWARD_BUFFERS], btotal = 0;
-    backward_buffer_elems(bsizes, s->B, s->T, C, NH, &s->act);
+    backward_buffer_elems(bsizes, s->B, s->T, C, NH, gpt2_tp(c), &s->act);
     float** bptrs[NUM_BACKWARD_BUFFERS] = {&m->bwd.dresidual, &m->bwd.dbtc, &m->bwd.dqkv, &m->bwd.dfch_gelu, &m->bwd.dfch, &m->bwd.datt};
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { btotal += bsizes[i]; }
     m->bwd_memory = (float*)mem_calloc(MEM_ACT_GRADIENTS, btotal * sizeof(float));
@@ -260,7 +268,7 @@ GPT2* gpt2_create(const ModelSetup* s) {
     GPT2Config layout = s->config;  // what the layers read: the whole model, or (ZeRO-3) a one-layer working copy
     float* weights = zero_alloc_weights(&m->zero, &s->config, s->dist.world, &m->params_memory, &layers);
     layout.num_layers = layers;
-    point_parameters(&m->params, weights, &layout, m->tp.size);
+    point_parameters(&m->params, weights, &layout);
     m->batch_size = s->B;
     m->seq_len = s->T;
     if (s->use == MODEL_FOR_TRAINING) {
@@ -384,7 +392,7 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
 // hook: layer l's weights, ready for its forward or backward
 static LayerParams layer_weights_ready(GPT2* m, int l) {
     HostStep h = gpt2_host_step(m);
-    return layer_params(&m->params, zero_layer_weights_ready(&m->zero, &h, l), m->config.channels, m->tp.size);
+    return layer_params(&m->params, zero_layer_weights_ready(&m->zero, &h, l), &m->config);
 }
 
 // layers first..last forward from x into the working set (store: the schedule keeps what it says;
@@ -519,7 +527,7 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     for (int l = L - 1; l >= 0; l--) {
         layer_activations_ready(m, l, B, T);  // hook
         LayerParams lp = layer_weights_ready(m, l);  // hook
-        LayerGrads lg = layer_grads(&m->grads, zero_layer_grads_at(&m->zero, l), C, m->tp.size);
+        LayerGrads lg = layer_grads(&m->grads, zero_layer_grads_at(&m->zero, l), &m->config);
         block_backward(bwd, act_layer(a, l), act_layer_input(a, l), &lp, &lg, B, T, C, NH, &a->pol, &m->tp);
         zero_layer_grads_done(&m->zero, &h, l);  // hook
     }

@@ -198,7 +198,7 @@ static T* carve_tensor(char** p, size_t bytes) {
 // floatX of elem bytes, the LayerNorm statistics fp32
 
 static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
-    layer_act_elems(s, B, T, C, NH, pol);
+    layer_act_elems(s, B, T, C, NH, 1, pol);  // the whole block: no --tp on the GPU yet
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { s[i] = align_up(s[i] * (layer_act_is_stat(i, pol) ? sizeof(float) : elem)); }
 }
 
@@ -243,7 +243,7 @@ static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int K, int C, 
 #define BWD_DFCH_GELU 3  // dfch_gelu's index in act_policy.h's table
 static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, size_t elem,
                                   const ActPolicy* pol) {
-    backward_buffer_elems(s, B, T, C, NH, pol);
+    backward_buffer_elems(s, B, T, C, NH, 1, pol);  // no --tp on the GPU yet
     s[BWD_DFCH_GELU] = 0;
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { s[i] = align_up(s[i] * elem); }
 }

@@ -55,8 +55,8 @@ typedef struct {
     LayerActs* slots;    // [act_num_slots] the working set of layer blocks
     int* slot_layer;     // [act_num_slots] offload: the layer each slot holds now, -1 none
     size_t layer_floats; // one layer block
-    float* gelu_shared;  // (B,T,4C) --recompute gelu: the one GELU output buffer, else NULL
-    float* att_shared;   // (B,NH,T,T) --recompute attn (not flash): the one attention-weight buffer, else NULL
+    float* gelu_shared;  // (B,T,4C) (--tp: 4C/N) --recompute gelu: the one GELU output buffer, else NULL
+    float* att_shared;   // (B,NH,T,T) (--tp: NH/N) --recompute attn (not flash): the one attention-weight buffer, else NULL
     float** seg_inputs;  // [segments] checkpointing: each segment's input; [0] = encoded, the
                          // others in device memory, or in the host store with offload
     float* staging[ACT_STAGING_BUFFERS];  // (B,T,C) each, checkpointing + offload: segment s's input back
@@ -80,9 +80,9 @@ typedef struct {
 
 // points a's tensors into memory (act_policy.h's table of their sizes: all fp32 here); returns
 // the block's floats
-static size_t act_point_layer(LayerActs* a, float* memory, int B, int T, int C, int NH, const ActPolicy* pol) {
+static size_t act_point_layer(LayerActs* a, float* memory, int B, int T, int C, int NH, int tp, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
-    layer_act_elems(s, B, T, C, NH, pol);
+    layer_act_elems(s, B, T, C, NH, tp, pol);
     float** ptrs[NUM_LAYER_ACTS] = {
         &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att, &a->residual2,
         &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu, &a->residual3,
@@ -93,10 +93,10 @@ static size_t act_point_layer(LayerActs* a, float* memory, int B, int T, int C, 
     return total;
 }
 
-// floats of one layer's block under a policy
-static size_t act_layer_floats(int B, int T, int C, int NH, const ActPolicy* pol) {
+// floats of one layer's block under a policy (tp: --tp's ranks, 1 without)
+static size_t act_layer_floats(int B, int T, int C, int NH, int tp, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
-    layer_act_elems(s, B, T, C, NH, pol);
+    layer_act_elems(s, B, T, C, NH, tp, pol);
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { total += s[i]; }
     return total;
 }
@@ -116,17 +116,18 @@ static float* act_carve(float** p, size_t n) {
 }
 
 // the activations for micro-batches of (B,T) under the policy: device memory (working set,
-// shared buffers, kept segment inputs, staging, head) and the host store (offload)
+// shared buffers, kept segment inputs, staging, head) and the host store (offload); c: the whole
+// model's shape, or with --tp (c->tp > 1) a rank's, whose blocks hold its heads and hidden units
 static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c, int B, int T) {
-    int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size, tp = gpt2_tp(c);
     size_t BT = (size_t)B * T, BTC = BT * C;
     memset(a, 0, sizeof(*a));
     a->pol = *pol;
     a->num_layers = L;
     int slots = act_num_slots(pol, L), segments = act_num_segments(pol, L);
     int seg_kept = pol->segment > 0 ? segments - 1 : 0;  // segment inputs besides the embeddings
-    a->layer_floats = act_layer_floats(B, T, C, NH, pol);
-    size_t gelu = pol->gelu ? BTC * 4 : 0, att = act_shared_att_elems(pol, B, T, NH);
+    a->layer_floats = act_layer_floats(B, T, C, NH, tp, pol);
+    size_t gelu = pol->gelu ? BTC * 4 / tp : 0, att = act_shared_att_elems(pol, B, T, NH / tp);
     size_t device_kept = pol->offload ? 0 : seg_kept * BTC, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * BTC : 0;
     int K = act_head_rows(pol, BT);
     size_t head = act_head_floats(B, T, C, Vp, K);
@@ -138,7 +139,7 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     float* p = a->device_memory;
     a->encoded = act_carve(&p, BTC);
     for (int i = 0; i < slots; i++) {
-        p += act_point_layer(&a->slots[i], p, B, T, C, NH, pol);
+        p += act_point_layer(&a->slots[i], p, B, T, C, NH, tp, pol);
         a->slot_layer[i] = -1;
     }
     a->gelu_shared = pol->gelu ? act_carve(&p, gelu) : NULL;

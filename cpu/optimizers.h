@@ -86,6 +86,20 @@ static void opt_sum_across(OptSumFn sum, double* x, size_t n) {
     if (sum != NULL) { sum(x, n); }
 }
 
+// --tp: adds x (n) across the tensor-parallel group when the statistic spans the tensor's parts there
+// (split: 1); a split slice without the group's sum would be updated from its own part alone: stop
+static void opt_sum_tp(const OptShard* sh, int split, double* x, size_t n) {
+    if (!split) { return; }
+    if (sh->tp_sum == NULL) { fail("an optimizer step over a tensor split by --tp, without the tensor-parallel group's sum (a bug)"); }
+    sh->tp_sum(x, n);
+}
+
+// a sum over every element of the slice: this part's, added across the ZeRO ranks and the --tp group
+static void opt_sum_elements(const OptShard* sh, double* x, size_t n) {
+    opt_sum_across(sh->sum, x, n);
+    opt_sum_tp(sh, sh->tp_rows || sh->tp_cols, x, n);
+}
+
 #define OPT_PARTS 64  // every sum is split into this many parts, added in order
 
 // [begin, end) of part p of n items
@@ -131,7 +145,7 @@ static double opt_sum_squares(const float* x, size_t n) {
 // RMS over the whole slice, of which x (n) is this process's part
 static float opt_rms(const float* x, size_t n, const OptShard* sh) {
     double s = opt_sum_squares(x, n);
-    opt_sum_across(sh->sum, &s, 1);
+    opt_sum_elements(sh, &s, 1);
     return (float)sqrt(s / (double)sh->total);
 }
 
@@ -142,6 +156,7 @@ static float opt_rms(const float* x, size_t n, const OptShard* sh) {
 typedef struct {
     float* scale_row;   // (rows) of this part
     float* scale_col;   // (cols)
+    double* row_sum;    // (rows) a statistic's sums over each row's columns (--tp: added across the group); matrices only
     double* col_parts;  // (OPT_PARTS, cols) column sums of each part of the rows; matrices only
     double* col_sum;    // (cols) their total over the parts and the processes; matrices only
     float* col_full;    // (cols) a column statistic whole, gathered from its shards; matrices only
@@ -152,6 +167,7 @@ static OptWorkspace opt_workspace_alloc(const OptShard* sh) {
     int rows = sh->rows > 1 ? sh->rows : 1;  // scale_row[0] exists even for an empty part
     w.scale_row = (float*)malloc_check((size_t)rows * sizeof(float));
     w.scale_col = (float*)malloc_check((size_t)sh->cols * sizeof(float));
+    w.row_sum = sh->factored ? (double*)malloc_check((size_t)rows * sizeof(double)) : NULL;
     w.col_parts = sh->factored ? (double*)malloc_check((size_t)OPT_PARTS * sh->cols * sizeof(double)) : NULL;
     w.col_sum = sh->factored ? (double*)malloc_check((size_t)sh->cols * sizeof(double)) : NULL;
     w.col_full = sh->factored ? (float*)malloc_check((size_t)sh->cols * sizeof(float)) : NULL;
@@ -161,6 +177,7 @@ static OptWorkspace opt_workspace_alloc(const OptShard* sh) {
 static void opt_workspace_free(OptWorkspace* w) {
     free(w->scale_row);
     free(w->scale_col);
+    free(w->row_sum);
     free(w->col_parts);
     free(w->col_sum);
     free(w->col_full);
@@ -177,6 +194,7 @@ static void opt_ema_col_means(float* col, OptWorkspace* w, const OptShard* sh, O
         w->col_sum[j] = s;
     }
     opt_sum_across(sh->sum, w->col_sum, (size_t)cols);
+    opt_sum_tp(sh, sh->tp_rows, w->col_sum, (size_t)cols);  // --tp: the group's rows of a column-parallel matrix
     for (int c = 0; c < sh->col_count; c++) {
         int j = sh->col_begin + c;
         col[c] = opt_ema(col[c], (float)(w->col_sum[j] / sh->total_rows), ema);
@@ -239,10 +257,10 @@ static inline void opt_stat_block(float* x, OptStatKind kind, const OptStatArgs*
     }
 }
 
-// rows [i, i + nr) (nr <= OPT_ROWS) side by side: row_stat[i + r] = ema(itself, the row's mean), and
+// rows [i, i + nr) (nr <= OPT_ROWS) side by side: row_sums[i + r] = the sum of the row's elements, and
 // each row's elements added to col_sum in row order, a block of columns at a time (opt_stat_block)
-static inline void opt_stat_rows(float* row_stat, double* col_sum, size_t i, int nr, int cols, OptStatKind kind,
-                                 const OptStatArgs* a, OptEma ema) {
+static inline void opt_stat_rows(double* row_sums, double* col_sum, size_t i, int nr, int cols, OptStatKind kind,
+                                 const OptStatArgs* a) {
     double row_sum[OPT_ROWS] = {0.0};
     float x[OPT_ROWS][OPT_COL_BLOCK];
     for (int j0 = 0; j0 < cols; j0 += OPT_COL_BLOCK) {
@@ -255,11 +273,12 @@ static inline void opt_stat_rows(float* row_stat, double* col_sum, size_t i, int
             }
         }
     }
-    for (int r = 0; r < nr; r++) { row_stat[i + r] = opt_ema(row_stat[i + r], (float)(row_sum[r] / cols), ema); }
+    for (int r = 0; r < nr; r++) { row_sums[i + r] = row_sum[r]; }
 }
 
 // ema(row_stat, row means), ema(col_stat, column means) of the statistic over this part of a matrix;
-// the column sums by parts of the rows (w->col_parts), then opt_ema_col_means
+// the row sums (--tp: with the group's columns of a row-parallel matrix added) and the column sums by
+// parts of the rows (w->col_parts), then opt_ema_col_means
 static inline void opt_ema_stat_factored(float* row_stat, float* col_stat, OptStatKind kind, const OptStatArgs* a,
                                   const OptShard* sh, OptEma ema, OptWorkspace* w) {
     int cols = sh->cols;
@@ -269,9 +288,11 @@ static inline void opt_ema_stat_factored(float* row_stat, float* col_stat, OptSt
         for (int j = 0; j < cols; j++) { col_sum[j] = 0.0; }
         size_t b, e, i;
         opt_part((size_t)sh->rows, p, &b, &e);
-        for (i = b; i + OPT_ROWS <= e; i += OPT_ROWS) { opt_stat_rows(row_stat, col_sum, i, OPT_ROWS, cols, kind, a, ema); }
-        if (i < e) { opt_stat_rows(row_stat, col_sum, i, (int)(e - i), cols, kind, a, ema); }
+        for (i = b; i + OPT_ROWS <= e; i += OPT_ROWS) { opt_stat_rows(w->row_sum, col_sum, i, OPT_ROWS, cols, kind, a); }
+        if (i < e) { opt_stat_rows(w->row_sum, col_sum, i, (int)(e - i), cols, kind, a); }
     }
+    opt_sum_tp(sh, sh->tp_cols, w->row_sum, (size_t)sh->rows);
+    for (int i = 0; i < sh->rows; i++) { row_stat[i] = opt_ema(row_stat[i], (float)(w->row_sum[i] / sh->total_cols), ema); }
     opt_ema_col_means(col_stat, w, sh, ema);
 }
 
@@ -288,6 +309,7 @@ static void opt_factored_scales(float* scale_row, float* scale_col, const float*
     double s = 0.0;
     for (int i = 0; i < sh->rows; i++) { s += R[i]; }
     opt_sum_across(sh->sum, &s, 1);
+    opt_sum_tp(sh, sh->tp_rows, &s, 1);  // --tp: the group's rows of a column-parallel matrix
     float mean = (float)(s / sh->total_rows);
     for (int i = 0; i < sh->rows; i++) { scale_row[i] = opt_rsqrt(R[i] / mean); }
     for (int j = 0; j < sh->cols; j++) { scale_col[j] = opt_rsqrt(Cc[j]); }
@@ -351,7 +373,7 @@ static double opt_clip_sum_squares(const float* g, const OptWorkspace* w, const 
 // max(1, RMS(U) / clip_threshold), RMS over the whole slice (its parts' sums added across the processes)
 static float opt_clip_divisor(const float* g, const OptWorkspace* w, const OptShard* sh, float clip_threshold) {
     double total = opt_clip_sum_squares(g, w, sh);
-    opt_sum_across(sh->sum, &total, 1);
+    opt_sum_elements(sh, &total, 1);
     float rms = (float)sqrt(total / (double)sh->total);
     return fmaxf(1.0f, rms / clip_threshold);
 }

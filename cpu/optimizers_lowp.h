@@ -177,9 +177,11 @@ static void came_residual_lowp(const QMoment* M, const QFastMap* map, float* Rr,
                 row_sum += res;
                 col_sum[j] += res;
             }
-            Rr[i] = opt_ema(Rr[i], (float)(row_sum / cols), e3);
+            w->row_sum[i] = row_sum;
         }
     }
+    opt_sum_tp(sh, sh->tp_cols, w->row_sum, (size_t)sh->rows);  // --tp: the group's columns of a row-parallel matrix
+    for (int i = 0; i < sh->rows; i++) { Rr[i] = opt_ema(Rr[i], (float)(w->row_sum[i] / sh->total_cols), e3); }
     opt_ema_col_means(Rc, w, sh, e3);
 }
 

@@ -21,7 +21,8 @@ With one rank (TP_NONE) the sums do nothing and the bias goes in as before: the 
 The split of the whole model's tensors (the checkpoint's) into a rank's slices and back is here
 too (tp_split_params, tp_join_params): a checkpoint is the whole model, whatever --tp wrote it.
 
-    float* mine = malloc(tp_num_parameters(&cfg, n) * sizeof(float));
+    GPT2Config rc = tp_rank_config(&cfg, n);             // one rank's shapes
+    float* mine = malloc(gpt2_num_parameters(&rc) * sizeof(float));
     tp_split_params(mine, whole, &cfg, rank, n);   // rank's slices of every tensor
     tp_join_params(whole, mine, &cfg, rank, n);    // and back (rank 0 joins every rank's)
 */
@@ -65,34 +66,14 @@ static void tp_sum(const TensorParallel* tp, float* buf, size_t n) {
 static const float* tp_row_bias(const TensorParallel* tp, const float* bias) { return tp->rank == 0 ? bias : NULL; }
 
 // ----------------------------------------------------------------------------
-// the slices: how --tp cuts each parameter tensor (in model_config.h's order)
+// the slices: how --tp cuts each parameter tensor (model_config.h's PARAMETER_TP_SPLIT; a rank's
+// shapes are those of its config, whose tp is the group's size: gpt2_tensor_shape)
 
-typedef enum {
-    TP_WHOLE,     // every rank holds it all (embeddings, LayerNorms, the row-parallel biases)
-    TP_ROWS,      // rank r holds rows r/N..(r+1)/N of each layer's (rows, cols): a column-parallel matrix, its bias
-    TP_ROWS_QKV,  // the same within each of q, k and v (the rows of rank r's heads)
-    TP_COLUMNS,   // rank r holds columns r/N..(r+1)/N of every row: a row-parallel matrix
-} TpSplit;
-
-static const TpSplit TP_SPLIT[NUM_PARAMETER_TENSORS] = {
-    TP_WHOLE, TP_WHOLE, TP_WHOLE, TP_WHOLE,   // wte, wpe, ln1w, ln1b
-    TP_ROWS_QKV, TP_ROWS_QKV,                 // qkvw (3C, C), qkvb (3C)
-    TP_COLUMNS, TP_WHOLE, TP_WHOLE, TP_WHOLE, // attprojw (C, C), attprojb, ln2w, ln2b
-    TP_ROWS, TP_ROWS,                         // fcw (4C, C), fcb (4C)
-    TP_COLUMNS, TP_WHOLE, TP_WHOLE, TP_WHOLE, // fcprojw (C, 4C), fcprojb, lnfw, lnfb
-};
-
-// tensor i of one layer (or the outer tensors whole) as (rows, cols) in the whole model; vectors are
-// (n, 1), so that a split by rows cuts them as it cuts their matrix
-static void tp_tensor_shape(int i, const GPT2Config* c, size_t* rows, size_t* cols) {
-    size_t C = c->channels;
-    const size_t shape[NUM_PARAMETER_TENSORS][2] = {
-        {(size_t)c->padded_vocab_size, C}, {(size_t)c->max_seq_len, C}, {C, 1}, {C, 1},  // wte, wpe, ln1w, ln1b
-        {3 * C, C}, {3 * C, 1}, {C, C}, {C, 1}, {C, 1}, {C, 1},                           // qkvw, qkvb, attprojw, attprojb, ln2w, ln2b
-        {4 * C, C}, {4 * C, 1}, {C, 4 * C}, {C, 1}, {C, 1}, {C, 1},                       // fcw, fcb, fcprojw, fcprojb, lnfw, lnfb
-    };
-    *rows = shape[i][0];
-    *cols = shape[i][1];
+// the config of one rank's slices of the model c split over n ranks
+static GPT2Config tp_rank_config(const GPT2Config* c, int n) {
+    GPT2Config r = *c;
+    r.tp = n;
+    return r;
 }
 
 // why the model cannot be split over n ranks, or NULL: every slice must be whole heads and channels
@@ -104,24 +85,6 @@ static const char* tp_refusal(const GPT2Config* c, int n) {
         return why;
     }
     return NULL;  // NH | C, so C, 3C and 4C split too
-}
-
-// floats of tensor i on one rank of n (all layers)
-static size_t tp_tensor_floats(int i, const GPT2Config* c, int n) {
-    size_t rows, cols;
-    tp_tensor_shape(i, c, &rows, &cols);
-    size_t layers = PARAMETER_IS_PER_LAYER[i] ? (size_t)c->num_layers : 1;
-    return layers * rows * cols / (TP_SPLIT[i] == TP_WHOLE ? 1 : (size_t)n);
-}
-
-static void tp_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const GPT2Config* c, int n) {
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { sizes[i] = tp_tensor_floats(i, c, n); }
-}
-
-static size_t tp_num_parameters(const GPT2Config* c, int n) {
-    size_t total = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { total += tp_tensor_floats(i, c, n); }
-    return total;
 }
 
 // rank's slice of one layer's (rows, cols) tensor between the whole (whole) and the slice (mine):
@@ -146,17 +109,16 @@ static void tp_copy_slice(float* mine, float* whole, size_t rows, size_t cols, T
 
 // every tensor of the whole model's params, rank's slice into mine, or (to_slice 0) back
 static void tp_move_params(float* mine, float* whole, const GPT2Config* c, int rank, int n, int to_slice) {
-    size_t whole_sizes[NUM_PARAMETER_TENSORS];
-    gpt2_parameter_sizes(whole_sizes, c);
+    GPT2Config rc = tp_rank_config(c, n), wc = tp_rank_config(c, 1);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t rows, cols, layers = PARAMETER_IS_PER_LAYER[i] ? (size_t)c->num_layers : 1;
-        tp_tensor_shape(i, c, &rows, &cols);
-        size_t slice = tp_tensor_floats(i, c, n) / layers;
+        size_t rows, cols, slice_rows, slice_cols, layers = PARAMETER_IS_PER_LAYER[i] ? (size_t)c->num_layers : 1;
+        gpt2_tensor_shape(i, &wc, &rows, &cols);
+        gpt2_tensor_shape(i, &rc, &slice_rows, &slice_cols);
         for (size_t l = 0; l < layers; l++) {
-            tp_copy_slice(mine + l * slice, whole + l * rows * cols, rows, cols, TP_SPLIT[i], rank, n, to_slice);
+            tp_copy_slice(mine + l * slice_rows * slice_cols, whole + l * rows * cols, rows, cols, PARAMETER_TP_SPLIT[i], rank, n, to_slice);
         }
-        mine += tp_tensor_floats(i, c, n);
-        whole += whole_sizes[i];
+        mine += layers * slice_rows * slice_cols;
+        whole += layers * rows * cols;
     }
 }
 

@@ -139,7 +139,9 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L, int flas
 // att (B,NH,T,T), residual2 (B,T,C), ln2 (B,T,C), ln2_mean, ln2_rstd (B,T), fch (B,T,4C),
 // fch_gelu (B,T,4C), residual3 (B,T,C). Selective recompute keeps no attention weights or GELU
 // output in the block (one shared buffer of each serves every layer); flash attention keeps
-// the rows' log-sum-exp (B,NH,T) in att's place and no shared buffer.
+// the rows' log-sum-exp (B,NH,T) in att's place and no shared buffer. With --tp N (tp = N) a rank
+// computes NH/N heads and 4C/N hidden units: qkv (B,T,3C/N), atty (B,T,C/N), att (B,NH/N,T,T),
+// fch and fch_gelu (B,T,4C/N); the LayerNorms and the residual stream stay whole.
 
 #define NUM_LAYER_ACTS 13
 #define LAYER_ACT_ATT 5   // the attention weights' entry (flash: the log-sum-exp)
@@ -152,29 +154,30 @@ static int layer_act_is_stat(int i, const ActPolicy* pol) {
 }
 
 // the one buffer of attention weights that selective recompute shares between layers (elements;
-// 0 when each layer keeps its own, or flash attention keeps none)
+// 0 when each layer keeps its own, or flash attention keeps none); NH: a rank's heads with --tp
 static size_t act_shared_att_elems(const ActPolicy* pol, int B, int T, int NH) {
     return pol->attn && !pol->flash ? (size_t)B * NH * T * T : 0;
 }
 
-static void layer_act_elems(size_t n[NUM_LAYER_ACTS], int B, int T, int C, int NH, const ActPolicy* pol) {
-    size_t BT = (size_t)B * T;
-    size_t att = pol->flash ? (size_t)B * NH * T : pol->attn ? 0 : (size_t)B * NH * T * T;
-    size_t gelu = pol->gelu ? 0 : BT * 4 * C;
+static void layer_act_elems(size_t n[NUM_LAYER_ACTS], int B, int T, int C, int NH, int tp, const ActPolicy* pol) {
+    size_t BT = (size_t)B * T, Ct = (size_t)C / tp, NHt = (size_t)NH / tp;
+    size_t att = pol->flash ? (size_t)B * NHt * T : pol->attn ? 0 : (size_t)B * NHt * T * T;
+    size_t gelu = pol->gelu ? 0 : BT * 4 * Ct;
     size_t sizes[NUM_LAYER_ACTS] = {
-        BT * C, BT, BT, BT * 3 * C, BT * C, att, BT * C,
-        BT * C, BT, BT, BT * 4 * C, gelu, BT * C,
+        BT * C, BT, BT, BT * 3 * Ct, BT * Ct, att, BT * C,
+        BT * C, BT, BT, BT * 4 * Ct, gelu, BT * C,
     };
     memcpy(n, sizes, sizeof(sizes));
 }
 
 // backward's buffers, one layer's worth, reused by every layer: dresidual, dbtc (B,T,C),
-// dqkv (B,T,3C), dfch_gelu, dfch (B,T,4C), datt (B,NH,T,T; none with flash attention)
+// dqkv (B,T,3C), dfch_gelu, dfch (B,T,4C), datt (B,NH,T,T; none with flash attention); with --tp
+// a rank's: dqkv (B,T,3C/N), dfch_gelu, dfch (B,T,4C/N), datt (B,NH/N,T,T)
 #define NUM_BACKWARD_BUFFERS 6
-static void backward_buffer_elems(size_t n[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, const ActPolicy* pol) {
-    size_t BTC = (size_t)B * T * C;
-    size_t datt = pol->flash ? 0 : (size_t)B * NH * T * T;
-    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTC, 4 * BTC, 4 * BTC, datt};
+static void backward_buffer_elems(size_t n[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, int tp, const ActPolicy* pol) {
+    size_t BTC = (size_t)B * T * C, BTCt = BTC / tp;
+    size_t datt = pol->flash ? 0 : (size_t)B * (NH / tp) * T * T;
+    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTCt, 4 * BTCt, 4 * BTCt, datt};
     memcpy(n, sizes, sizeof(sizes));
 }
 

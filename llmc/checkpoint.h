@@ -227,6 +227,7 @@ static FILE* model_file_open(const char* path, GPT2Config* cfg, int* version) {
     cfg->num_heads = h[MODEL_SLOT_NUM_HEADS];
     cfg->channels = h[MODEL_SLOT_CHANNELS];
     cfg->padded_vocab_size = h[MODEL_SLOT_PADDED_VOCAB];
+    cfg->tp = 1;  // a file holds the whole model
     gpt2_config_check(cfg, path);
     size_t bytes_per = *version == MODEL_VERSION_FP32 ? sizeof(float) : sizeof(uint16_t);
     long expected = (long)sizeof(h) + (long)(gpt2_num_parameters(cfg) * bytes_per);

@@ -36,7 +36,12 @@ typedef struct {
     int num_layers;         // L
     int num_heads;          // NH
     int channels;           // C
+    int tp;                 // --tp: the ranks each layer's matrices are split over (Megatron-LM); the tensors this
+                            // config sizes are then one rank's slices of them (gpt2_tensor_shape). 0 or 1: whole
 } GPT2Config;
+
+// the ranks a config's layers are split over: 1 for the whole model (a file's, a preset's)
+static int gpt2_tp(const GPT2Config* c) { return c->tp > 1 ? c->tp : 1; }
 
 static int gpt2_padded_vocab(int V) {
     return (V + VOCAB_PAD_MULTIPLE - 1) / VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE;
@@ -78,6 +83,7 @@ static int gpt2_config_preset(GPT2Config* cfg, const char* name) {
             cfg->num_layers = GPT2_PRESETS[i].layers;
             cfg->channels = GPT2_PRESETS[i].channels;
             cfg->num_heads = GPT2_PRESETS[i].heads;
+            cfg->tp = 1;
             return 1;
         }
     }
@@ -128,25 +134,49 @@ static const int PARAMETER_IS_MATRIX[NUM_PARAMETER_TENSORS] = {1,1,0,0,1,0,1,0,0
 // which tensors hold one slice per layer (the rest: wte, wpe, lnfw, lnfb)
 static const int PARAMETER_IS_PER_LAYER[NUM_PARAMETER_TENSORS] = {0,0,1,1,1,1,1,1,1,1,1,1,1,1,0,0};
 
-// number of floats of each tensor; per-layer tensors hold all L layers, layer-major
+// --tp (cpu/tensor_parallel.h): how each tensor is cut over the ranks of a tensor-parallel group.
+// A column-parallel matrix (qkvw, fcw) gives each rank rows (qkvw: its heads' rows in each of q, k
+// and v), and its bias the same elements; a row-parallel one (attprojw, fcprojw) gives each rank
+// columns. Everything else is whole on every rank
+typedef enum {
+    TP_WHOLE,     // every rank holds it all (embeddings, LayerNorms, the row-parallel biases)
+    TP_ROWS,      // rank r holds rows r/N..(r+1)/N of each layer's (rows, cols): a column-parallel matrix, its bias
+    TP_ROWS_QKV,  // the same within each of q, k and v (the rows of rank r's heads)
+    TP_COLUMNS,   // rank r holds columns r/N..(r+1)/N of every row: a row-parallel matrix
+} TpSplit;
+
+static const TpSplit PARAMETER_TP_SPLIT[NUM_PARAMETER_TENSORS] = {
+    TP_WHOLE, TP_WHOLE, TP_WHOLE, TP_WHOLE,   // wte, wpe, ln1w, ln1b
+    TP_ROWS_QKV, TP_ROWS_QKV,                 // qkvw (3C, C), qkvb (3C)
+    TP_COLUMNS, TP_WHOLE, TP_WHOLE, TP_WHOLE, // attprojw (C, C), attprojb, ln2w, ln2b
+    TP_ROWS, TP_ROWS,                         // fcw (4C, C), fcb (4C)
+    TP_COLUMNS, TP_WHOLE, TP_WHOLE, TP_WHOLE, // fcprojw (C, 4C), fcprojb, lnfw, lnfb
+};
+
+// tensor i of one layer (or an outer tensor) as (rows, cols): the whole model's, or (c->tp > 1) one
+// rank's slice of it. Vectors are (n, 1), so that a split by rows cuts them as it cuts their matrix
+static void gpt2_tensor_shape(int i, const GPT2Config* c, size_t* rows, size_t* cols) {
+    size_t C = c->channels, N = (size_t)gpt2_tp(c);
+    const size_t shape[NUM_PARAMETER_TENSORS][2] = {
+        {(size_t)c->padded_vocab_size, C}, {(size_t)c->max_seq_len, C}, {C, 1}, {C, 1},  // wte, wpe, ln1w, ln1b
+        {3 * C, C}, {3 * C, 1}, {C, C}, {C, 1}, {C, 1}, {C, 1},                           // qkvw, qkvb, attprojw, attprojb, ln2w, ln2b
+        {4 * C, C}, {4 * C, 1}, {C, 4 * C}, {C, 1}, {C, 1}, {C, 1},                       // fcw, fcb, fcprojw, fcprojb, lnfw, lnfb
+    };
+    *rows = shape[i][0];
+    *cols = shape[i][1];
+    if (PARAMETER_TP_SPLIT[i] == TP_COLUMNS) { *cols /= N; }
+    else if (PARAMETER_TP_SPLIT[i] != TP_WHOLE) { *rows /= N; }
+}
+
+// number of floats of each tensor; per-layer tensors hold all L layers, layer-major. With --tp
+// (c->tp > 1) a rank's slices: qkvw (L, 3C/N, C), qkvb (L, 3C/N), attprojw (L, C, C/N), fcw (L, 4C/N, C),
+// fcb (L, 4C/N), fcprojw (L, C, 4C/N)
 static void gpt2_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const GPT2Config* cfg) {
-    size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
-    sizes[0] = Vp * C;           // wte      (Vp, C)
-    sizes[1] = maxT * C;         // wpe      (maxT, C)
-    sizes[2] = L * C;            // ln1w     (L, C)
-    sizes[3] = L * C;            // ln1b     (L, C)
-    sizes[4] = L * (3 * C) * C;  // qkvw     (L, 3C, C)
-    sizes[5] = L * (3 * C);      // qkvb     (L, 3C)
-    sizes[6] = L * C * C;        // attprojw (L, C, C)
-    sizes[7] = L * C;            // attprojb (L, C)
-    sizes[8] = L * C;            // ln2w     (L, C)
-    sizes[9] = L * C;            // ln2b     (L, C)
-    sizes[10] = L * (4 * C) * C; // fcw      (L, 4C, C)
-    sizes[11] = L * (4 * C);     // fcb      (L, 4C)
-    sizes[12] = L * C * (4 * C); // fcprojw  (L, C, 4C)
-    sizes[13] = L * C;           // fcprojb  (L, C)
-    sizes[14] = C;               // lnfw     (C)
-    sizes[15] = C;               // lnfb     (C)
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t rows, cols, layers = PARAMETER_IS_PER_LAYER[i] ? (size_t)cfg->num_layers : 1;
+        gpt2_tensor_shape(i, cfg, &rows, &cols);
+        sizes[i] = layers * rows * cols;
+    }
 }
 
 static size_t gpt2_num_parameters(const GPT2Config* cfg) {
@@ -171,6 +201,7 @@ typedef struct {
 } ParamInit;
 
 static ParamInit gpt2_param_init(const GPT2Config* cfg, uint64_t seed) {
+    if (gpt2_tp(cfg) > 1) { fail("gpt2_param_init: the initialisation walks the whole model; this config is one rank's slices (--tp %d)", cfg->tp); }
     ParamInit it = {*cfg, RNG_SEED_MIX ^ seed, 0, 0};
     return it;
 }

@@ -192,6 +192,13 @@ typedef struct {
     OptSumFn sum;         // NULL: this part is the whole slice
     OptGatherFn gather;   // NULL: this part is the whole slice
     QStateFormat format;  // the format its moments are kept in (qstate_effective_format of the whole slice)
+    // --tp: the slice is this rank's part of a tensor split over a tensor-parallel group (model_config.h's
+    // TpSplit), whose other ranks hold its other rows (a column-parallel matrix; a split vector's other
+    // elements) or columns (a row-parallel matrix). total_rows, total_cols and total count the whole
+    // tensor; a statistic over the rows or columns the group splits adds the group's sums (tp_sum)
+    int tp_rows, tp_cols; // the group holds the other rows, or the other columns
+    int total_cols;       // columns of the whole tensor (a matrix)
+    OptSumFn tp_sum;      // adds across the tensor-parallel group; NULL: the slice is whole on this rank
 } OptShard;
 
 // a slice (rows, cols) is a matrix unless one side is 1 (then a vector, handled as (1, n))
@@ -223,8 +230,9 @@ static size_t adamw_state_floats(const OptShard* sh) { return 2 * opt_moment_flo
 typedef struct {
     int tensor;      // index into PARAMETER_NAMES
     int layer;       // OUTER_GROUP for wte, wpe, lnfw, lnfb
-    int rows, cols;  // rows == 1: a vector
+    int rows, cols;  // rows == 1: a vector; with --tp a rank's slice of the tensor (model_config.h's gpt2_tensor_shape)
     size_t offset;   // floats from the start of the parameters (and of the gradients)
+    int tp;          // the tensor-parallel ranks that hold the other slices of it (--tp), 1: this rank holds it whole
 } ParamSlice;
 
 #define OUTER_GROUP (-1)  // the layer of wte, wpe, lnfw, lnfb: the outer slices, a group in place of a layer
@@ -235,21 +243,21 @@ static int tensor_is_per_layer(int i) { return i >= 2 && i <= 13; }
 
 static int param_slice_count(const GPT2Config* c) { return 4 + 12 * c->num_layers; }
 
-// fills s[param_slice_count(c)] in checkpoint order; shapes as in gpt2_parameter_sizes
+// fills s[param_slice_count(c)] in checkpoint order; shapes as in gpt2_parameter_sizes (a rank's
+// slices with --tp), vectors as (1, n), wte over its V real rows
 static void param_slices(ParamSlice* s, const GPT2Config* c) {
-    int C = c->channels, V = c->vocab_size, maxT = c->max_seq_len;
-    const int shape[NUM_PARAMETER_TENSORS][2] = {
-        {V, C}, {maxT, C}, {1, C}, {1, C}, {3 * C, C}, {1, 3 * C}, {C, C}, {1, C},
-        {1, C}, {1, C}, {4 * C, C}, {1, 4 * C}, {C, 4 * C}, {1, C}, {1, C}, {1, C},
-    };  // wte: the V real rows only
     size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
     gpt2_parameter_sizes(sizes, c);
     int n = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t r, cl;
+        gpt2_tensor_shape(i, c, &r, &cl);
+        int rows = cl == 1 ? 1 : (int)r, cols = cl == 1 ? (int)r : (int)cl;  // a vector: (1, n)
+        if (i == 0) { rows = c->vocab_size; }  // wte: the V real rows only
         int layers = tensor_is_per_layer(i) ? c->num_layers : 1;
         for (int l = 0; l < layers; l++) {
-            ParamSlice p = {i, tensor_is_per_layer(i) ? l : OUTER_GROUP, shape[i][0], shape[i][1],
-                            off + (size_t)l * shape[i][0] * shape[i][1]};
+            ParamSlice p = {.tensor = i, .layer = tensor_is_per_layer(i) ? l : OUTER_GROUP, .rows = rows, .cols = cols,
+                            .offset = off + (size_t)l * r * cl, .tp = PARAMETER_TP_SPLIT[i] == TP_WHOLE ? 1 : gpt2_tp(c)};
             s[n++] = p;
         }
         off += sizes[i];
@@ -303,10 +311,11 @@ typedef struct {
     int grads_compact;   // ZeRO-2 and 3: the gradients hold this rank's blocks only, at shard_block_offsets
     int params_compact;  // ZeRO-3: the weights too, in the same layout
     QStateFormat format; // the state's format (--optimizer-state): where its 8-bit blocks lie decides the cut
+    OptSumFn tp_sum;     // --tp: adds across the tensor-parallel group (the slices split over it); NULL without
 } OptSharding;
 
 static const OptSharding OPT_UNSHARDED = {.rank = 0, .world = 1, .sum = NULL, .gather = NULL, .grads_compact = 0,
-                                          .params_compact = 0, .format = QSTATE_FP32};
+                                          .params_compact = 0, .format = QSTATE_FP32, .tp_sum = NULL};
 
 static int slice_units(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->rows : s->rows * s->cols; }
 static int slice_unit_width(const ParamSlice* s) { return opt_is_matrix(s->rows, s->cols) ? s->cols : 1; }
@@ -357,6 +366,13 @@ static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* o
     sh.sum = z->sum;
     sh.gather = z->gather;
     sh.format = slice_format(s, z->format);
+    TpSplit split = s->tp > 1 ? PARAMETER_TP_SPLIT[s->tensor] : TP_WHOLE;  // --tp: the whole tensor's other parts
+    sh.tp_rows = split == TP_ROWS || split == TP_ROWS_QKV;
+    sh.tp_cols = split == TP_COLUMNS;
+    sh.total_cols = s->cols * (sh.tp_cols ? s->tp : 1);
+    if (sh.tp_rows && sh.factored) { sh.total_rows *= s->tp; }
+    if (split != TP_WHOLE) { sh.total *= (size_t)s->tp; }
+    sh.tp_sum = split != TP_WHOLE ? z->tp_sum : NULL;
     *offset = (size_t)begin * width;
     return sh;
 }
