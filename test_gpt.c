@@ -813,8 +813,8 @@ static void test_tensor_parallel_block(void) {
     float* x = (float*)malloc_check(BTC * sizeof(float));
     float* dy = (float*)malloc_check(BTC * sizeof(float));
     tp_test_inputs(whole, x, dy);
-    check(tp_refusal(c, 3) != NULL && strstr(tp_refusal(c, 3), "4 heads") && tp_refusal(c, 2) == NULL && tp_refusal(c, 4) == NULL,
-          "--tp: 3 ranks refused for 4 heads (whole heads each), 2 and 4 taken", "%s", tp_refusal(c, 3) ? tp_refusal(c, 3) : "(none)");
+    check(gpt2_tp_refusal(c, 3) != NULL && strstr(gpt2_tp_refusal(c, 3), "4 heads") && gpt2_tp_refusal(c, 2) == NULL && gpt2_tp_refusal(c, 4) == NULL,
+          "--tp: 3 ranks refused for 4 heads (whole heads each), 2 and 4 taken", "%s", gpt2_tp_refusal(c, 3) ? gpt2_tp_refusal(c, 3) : "(none)");
     for (int flash = 0; flash < 2; flash++) {
         const ActPolicy pol = {.attn = flash, .flash = flash};
         TpBlock plain;
@@ -859,7 +859,7 @@ static void test_tensor_parallel_block(void) {
     }
     // the split and the join are each other's inverse, for every tensor
     int n = 4;
-    GPT2Config rc = tp_rank_config(c, n), one = tp_rank_config(c, 1);
+    GPT2Config rc = gpt2_rank_config(c, n), one = gpt2_rank_config(c, 1);
     float* mine = (float*)malloc_check(gpt2_num_parameters(&rc) * sizeof(float));
     float* joined = (float*)calloc(P, sizeof(float));
     for (int r = 0; r < n; r++) { tp_split_params(mine, whole, c, r, n); tp_join_params(joined, mine, c, r, n); }

@@ -129,7 +129,9 @@ struct GPT2 {
     float mean_loss;          // of the last forward with targets
     Dist dist;                // this process among the data-parallel ranks (llmc/distributed.h)
     CpuZero zero;             // --zero 1, 2, 3: the shards' buffers (cpu/zero.h)
-    TensorParallel tp;        // the ranks that split each block's matrices (TP_NONE: this rank holds them whole)
+    Dist tensor;              // --tp: this process in its tensor-parallel group ({0, 1}: none)
+    TensorParallel tp;        // its sums (cpu/tensor_parallel.h); TP_NONE: this rank holds each block's matrices whole
+    float* tp_staging;        // --tp: a split tensor's layer whole, as checkpoints move it (tp_staging_floats), else NULL
 };
 
 // ----------------------------------------------------------------------------
@@ -137,6 +139,7 @@ struct GPT2 {
 
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
 int gpt2_zero_max_stage(void) { return ZERO_3; }
+int gpt2_tp_max(void) { return INT_MAX; }  // any group whose ranks take whole heads (trainer.h checks)
 // no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
 void gpt2_select_device(const Dist* d) { (void)d; }
 // the CPU trainer's collectives go over MPI only (it has no NCCL)
@@ -258,15 +261,17 @@ static void gpt2_alloc_training(GPT2* m, const ModelSetup* s) {
 GPT2* gpt2_create(const ModelSetup* s) {
     GPT2* m = (GPT2*)malloc_check(sizeof(GPT2));
     memset(m, 0, sizeof(*m));
-    m->config = s->config;
-    m->num_parameters = gpt2_num_parameters(&s->config);
+    m->config = setup_rank_config(s);  // the whole model, or (--tp) this rank's slices of it
+    m->num_parameters = gpt2_num_parameters(&m->config);
     m->dist = s->dist;
-    m->tp = TP_NONE;
+    m->tensor = s->tensor;
+    m->tp = s->tensor.world > 1 ? tp_of_group(&m->tensor) : TP_NONE;
+    if (s->tensor.world > 1) { m->tp_staging = (float*)mem_alloc(MEM_PARAMETERS, tp_staging_floats(&m->config) * sizeof(float)); }
     m->zero.stage = s->zero;
     m->zero.format = s->state_format;  // an 8-bit state's blocks decide ZeRO's cut
     int layers;
-    GPT2Config layout = s->config;  // what the layers read: the whole model, or (ZeRO-3) a one-layer working copy
-    float* weights = zero_alloc_weights(&m->zero, &s->config, s->dist.world, &m->params_memory, &layers);
+    GPT2Config layout = m->config;  // what the layers read: the whole model, or (ZeRO-3) a one-layer working copy
+    float* weights = zero_alloc_weights(&m->zero, &m->config, s->dist.world, &m->params_memory, &layers);
     layout.num_layers = layers;
     point_parameters(&m->params, weights, &layout);
     m->batch_size = s->B;
@@ -274,7 +279,7 @@ GPT2* gpt2_create(const ModelSetup* s) {
     if (s->use == MODEL_FOR_TRAINING) {
         gpt2_alloc_training(m, s);
     } else {
-        act_alloc(&m->acts, &s->act, &s->config, s->B, s->T);  // forward only: no gradients, optimizer state or backward buffers
+        act_alloc(&m->acts, &s->act, &m->config, s->B, s->T);  // forward only: no gradients, optimizer state or backward buffers
     }
     return m;
 }
@@ -284,6 +289,7 @@ void gpt2_destroy(GPT2* m) {
     mem_free(m->grads_memory);
     mem_free(m->opt_memory);
     mem_free(m->bwd_memory);
+    mem_free(m->tp_staging);
     act_free(&m->acts);
     zero_free(&m->zero);
     free(m);
@@ -305,11 +311,22 @@ HostView gpt2_host_view(GPT2* m) {
 }
 void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
 
-// the weights for checkpoints: in place, one chunk (ZeRO-3: slice by slice, cpu/zero.h)
+// the weights for checkpoints: in place, one chunk (ZeRO-3: slice by slice, cpu/zero.h); with --tp
+// the whole model's, through the group's slices (cpu/tensor_parallel.h's stream)
 void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
-    if (m->zero.stage != ZERO_3) { fn(ctx, 0, m->params_memory, m->num_parameters); return; }
-    HostStep h = gpt2_host_step(m);
-    zero3_params_stream(&m->zero, &h, how == PARAMS_WRITE, fn, ctx);
+    TpStream t;
+    if (m->tp.size > 1) {
+        tp_stream_begin(&t, &m->config, m->tensor, m->tp_staging, how == PARAMS_WRITE, fn, ctx);
+        fn = tp_stream_chunk;
+        ctx = &t;
+    }
+    if (m->zero.stage != ZERO_3) {
+        fn(ctx, 0, m->params_memory, m->num_parameters);
+    } else {
+        HostStep h = gpt2_host_step(m);
+        zero3_params_stream(&m->zero, &h, how == PARAMS_WRITE, fn, ctx);
+    }
+    if (m->tp.size > 1) { tp_stream_end(&t); }
 }
 
 // ----------------------------------------------------------------------------
@@ -549,8 +566,8 @@ void gpt2_reduce_grads(GPT2* m) {
 float gpt2_grad_norm(GPT2* m) {
     HostStep h = gpt2_host_step(m);
     prof_mark(PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
-    // the whole model's gradients here (summed over the ranks already), or ZeRO's blocks (cpu/host_step.h)
-    float norm = zero_shards_state(m->zero.stage) ? host_grad_norm(&h) : global_norm(m->grads_memory, m->num_parameters);
+    // the whole model's gradients here (summed over the ranks already), ZeRO's blocks, or --tp's slices (cpu/host_step.h)
+    float norm = host_grad_norm(&h);
     prof_close();
     return norm;
 }

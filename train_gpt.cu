@@ -1456,6 +1456,8 @@ static const float* model_probs(Model<floatX>* m, int position) {
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
 int gpt2_zero_max_stage(void) { return ZERO_3; }
+// --tp: not on the GPU yet (its NCCL communicators per group, issue 36); the CPU trainer has it
+int gpt2_tp_max(void) { return 1; }
 
 #ifdef CUDA_EMU
 int gpt2_device_is_modelled(void) { return !emu_device_executes(); }

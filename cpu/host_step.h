@@ -31,7 +31,7 @@ optimizers sum the same way, so nothing depends on the number of OpenMP threads.
 
 typedef struct {
     const GPT2Config* config;
-    Dist dist;                // this process among the data-parallel ranks
+    Dist dist;                // this process among the data-parallel ranks (--tp: its data-parallel group)
     ZeroStage zero;           // ZERO_1 and up: this rank updates (and keeps state for) its blocks only
     OptimizerKind optimizer;
     size_t num_parameters;    // P
@@ -44,14 +44,18 @@ typedef struct {
                               // exchanges go a layer at a time through it; NULL: a slice at a time (GPU --offload optimizer)
 } HostStep;
 
-// how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1
+// how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1, over the
+// data-parallel group; with --tp (h->config->tp > 1) a split tensor's statistics add the tensor-parallel
+// group's parts
 static OptSharding host_sharding(const HostStep* h) {
+    OptSumFn tp_sum = gpt2_tp(h->config) > 1 ? dist_sum_doubles_tensor : NULL;
     OptSharding z = OPT_UNSHARDED;
     z.format = h->format;
+    z.tp_sum = tp_sum;
     if (!zero_shards_state(h->zero)) { return z; }
-    OptSharding sharded = {.rank = h->dist.rank, .world = h->dist.world, .sum = dist_allreduce_sum_doubles,
-                           .gather = dist_allgather_floats_world, .grads_compact = zero_shards_grads(h->zero),
-                           .params_compact = h->zero == ZERO_3, .format = h->format};
+    OptSharding sharded = {.rank = h->dist.rank, .world = h->dist.world, .sum = dist_sum_doubles_data,
+                           .gather = dist_allgather_floats_data, .grads_compact = zero_shards_grads(h->zero),
+                           .params_compact = h->zero == ZERO_3, .format = h->format, .tp_sum = tp_sum};
     return sharded;
 }
 
@@ -156,30 +160,36 @@ static void host_exchange_blocks(const HostStep* h, float* memory, int reduce) {
 static void host_reduce_grads(const HostStep* h) {
     if (h->dist.world == 1 || zero_shards_grads(h->zero)) { return; }  // ZeRO-2 and 3: reduced during the backward (host_zero2_*)
     if (h->zero == ZERO_1) { host_exchange_blocks(h, h->grads, 1); }
-    else { dist_allreduce_sum_floats(h->grads, h->num_parameters); }
+    else { dist_allreduce_floats_over(h->grads, h->num_parameters, h->dist); }
 }
 
 // global L2 norm of all gradients, summed in double over a fixed partition. ZeRO-1: each
 // rank sums the squares of its blocks (the only reduced gradients it has), then the ranks add.
+// --tp: the squares of the split tensors' slices are added over the tensor-parallel group, those of
+// the tensors every rank of it holds whole are counted once
 static float host_grad_norm(const HostStep* h) {
-    if (zero_shards_state(h->zero)) {  // ZeRO-2: the same blocks, in the gradient shard: the same sum
-        OptSharding z = host_sharding(h);
-        ParamSlice* s = param_slices_alloc(h->config);
-        size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));
-        shard_block_offsets_as(h->config, h->dist.world, h->format, goff);
-        double total = 0.0;
-        for (int k = 0; k < param_slice_count(h->config); k++) {
-            size_t offset;
-            OptShard sh = slice_shard(&s[k], &z, &offset);
-            const float* g = z.grads_compact ? h->grads + goff[k] : h->grads + s[k].offset + offset;
-            total += opt_sum_squares(g, (size_t)sh.rows * sh.cols);
-        }
-        free(goff);
-        free(s);
-        dist_allreduce_sum_doubles(&total, 1);
-        return (float)sqrt(total);
+    int tp = gpt2_tp(h->config) > 1;
+    if (!zero_shards_state(h->zero) && !tp) { return global_norm(h->grads, h->num_parameters); }
+    OptSharding z = host_sharding(h);  // ZeRO-2: the same blocks, in the gradient shard: the same sum
+    ParamSlice* s = param_slices_alloc(h->config);
+    size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));
+    shard_block_offsets_as(h->config, z.world, h->format, goff);
+    double total = 0.0, split = 0.0;  // split: the --tp slices' squares
+    for (int k = 0; k < param_slice_count(h->config); k++) {
+        size_t offset;
+        OptShard sh = slice_shard(&s[k], &z, &offset);
+        const float* g = z.grads_compact ? h->grads + goff[k] : h->grads + s[k].offset + offset;
+        double sq = opt_sum_squares(g, (size_t)sh.rows * sh.cols);
+        if (s[k].tp > 1) { split += sq; } else { total += sq; }
     }
-    return global_norm(h->grads, h->num_parameters);
+    free(goff);
+    free(s);
+    if (tp) {  // the group's sum gives every rank of it the same bits, and the whole tensors' are the same there
+        dist_sum_doubles_tensor(&split, 1);
+        total += split;
+    }
+    if (zero_shards_state(h->zero)) { dist_allreduce_doubles_over(&total, 1, h->dist); }
+    return (float)sqrt(total);
 }
 
 // scales the n gradients down to the norm clip when their norm grad_norm is above it (clip 0: never)

@@ -21,7 +21,7 @@ With one rank (TP_NONE) the sums do nothing and the bias goes in as before: the 
 The split of the whole model's tensors (the checkpoint's) into a rank's slices and back is here
 too (tp_split_params, tp_join_params): a checkpoint is the whole model, whatever --tp wrote it.
 
-    GPT2Config rc = tp_rank_config(&cfg, n);             // one rank's shapes
+    GPT2Config rc = gpt2_rank_config(&cfg, n);             // one rank's shapes
     float* mine = malloc(gpt2_num_parameters(&rc) * sizeof(float));
     tp_split_params(mine, whole, &cfg, rank, n);   // rank's slices of every tensor
     tp_join_params(whole, mine, &cfg, rank, n);    // and back (rank 0 joins every rank's)
@@ -33,6 +33,7 @@ too (tp_split_params, tp_join_params): a checkpoint is the whole model, whatever
 #include <string.h>
 #include "../llmc/distributed.h"
 #include "../llmc/model_config.h"
+#include "../llmc/opt_layout.h"
 #include "../llmc/utils.h"
 
 // buf (n) := the sum of buf over the group's ranks, with the same bits on every rank
@@ -67,25 +68,8 @@ static const float* tp_row_bias(const TensorParallel* tp, const float* bias) { r
 
 // ----------------------------------------------------------------------------
 // the slices: how --tp cuts each parameter tensor (model_config.h's PARAMETER_TP_SPLIT; a rank's
-// shapes are those of its config, whose tp is the group's size: gpt2_tensor_shape)
-
-// the config of one rank's slices of the model c split over n ranks
-static GPT2Config tp_rank_config(const GPT2Config* c, int n) {
-    GPT2Config r = *c;
-    r.tp = n;
-    return r;
-}
-
-// why the model cannot be split over n ranks, or NULL: every slice must be whole heads and channels
-static const char* tp_refusal(const GPT2Config* c, int n) {
-    static char why[160];
-    if (n < 1) { snprintf(why, sizeof(why), "--tp %d: a group has at least 1 rank", n); return why; }
-    if (c->num_heads % n != 0) {
-        snprintf(why, sizeof(why), "--tp %d: the model's %d heads do not split over %d ranks (each takes whole heads)", n, c->num_heads, n);
-        return why;
-    }
-    return NULL;  // NH | C, so C, 3C and 4C split too
-}
+// shapes are those of its config, gpt2_rank_config, whose tp is the group's size: gpt2_tensor_shape;
+// gpt2_tp_refusal says why a model does not split)
 
 // rank's slice of one layer's (rows, cols) tensor between the whole (whole) and the slice (mine):
 // to_slice 1 copies whole -> mine, 0 mine -> whole
@@ -109,7 +93,7 @@ static void tp_copy_slice(float* mine, float* whole, size_t rows, size_t cols, T
 
 // every tensor of the whole model's params, rank's slice into mine, or (to_slice 0) back
 static void tp_move_params(float* mine, float* whole, const GPT2Config* c, int rank, int n, int to_slice) {
-    GPT2Config rc = tp_rank_config(c, n), wc = tp_rank_config(c, 1);
+    GPT2Config rc = gpt2_rank_config(c, n), wc = gpt2_rank_config(c, 1);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         size_t rows, cols, slice_rows, slice_cols, layers = PARAMETER_IS_PER_LAYER[i] ? (size_t)c->num_layers : 1;
         gpt2_tensor_shape(i, &wc, &rows, &cols);
@@ -127,6 +111,96 @@ static void tp_split_params(float* mine, const float* whole, const GPT2Config* c
 }
 static void tp_join_params(float* whole, const float* mine, const GPT2Config* c, int rank, int n) {
     tp_move_params((float*)mine, whole, c, rank, n, 0);  // mine is only read
+}
+
+// ----------------------------------------------------------------------------
+// the whole model's weights from the group's slices, a run at a time (checkpoints, the replicas'
+// hash, the initialisation): the model file is the whole model whatever --tp wrote it. Every rank
+// of the group makes the same calls. A read gathers each split tensor's layer from the group's ranks
+// (an all-gather) and hands it on in the whole model's order; a write (the file or the seeded
+// initialisation fills the whole layer) keeps this rank's slice of it. The tensors every rank holds
+// whole go by as they are.
+
+typedef void (*TpChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);  // as trainer.h's ParamChunkFn
+
+// floats of the staging a stream needs: a split tensor's layer, whole (fcw and fcprojw: 4C^2)
+static size_t tp_staging_floats(const GPT2Config* c) { return 4 * (size_t)c->channels * c->channels; }
+
+typedef struct {
+    GPT2Config whole, rank;   // the model's shapes and this rank's (rank.tp: the group's size)
+    Dist group;               // the tensor-parallel group
+    ParamSlice* slices;       // the whole model's slices (which tensor each run is of)
+    WeightRun *runs, *whole_runs;  // the rank's weights and the whole model's, run by run: the same runs in order
+    int nruns, next;          // the runs, and the one the next chunk starts with
+    int* counts;              // (group.world) every rank's floats of the run being gathered
+    float* staging;           // (tp_staging_floats) a split tensor's layer, whole
+    int write;                // 1: the caller fills the whole model and each rank keeps its slices
+    TpChunkFn fn;             // the caller's, over the whole model
+    void* ctx;
+} TpStream;
+
+static void tp_stream_begin(TpStream* t, const GPT2Config* rank, Dist group, float* staging, int write, TpChunkFn fn, void* ctx) {
+    t->rank = *rank;
+    t->whole = gpt2_rank_config(rank, 1);
+    t->group = group;
+    t->slices = param_slices_alloc(&t->whole);
+    ParamSlice* rank_slices = param_slices_alloc(&t->rank);
+    t->runs = (WeightRun*)malloc_check((size_t)(param_slice_count(rank) + 1) * sizeof(WeightRun));
+    t->whole_runs = (WeightRun*)malloc_check((size_t)(param_slice_count(rank) + 1) * sizeof(WeightRun));
+    t->nruns = weight_runs(&t->rank, rank_slices, t->runs);
+    if (weight_runs(&t->whole, t->slices, t->whole_runs) != t->nruns) { fail("tp_stream_begin: the slices' runs differ from the model's (a bug)"); }
+    free(rank_slices);
+    t->next = 0;
+    t->counts = (int*)malloc_check((size_t)group.world * sizeof(int));
+    t->staging = staging;
+    t->write = write;
+    t->fn = fn;
+    t->ctx = ctx;
+}
+
+static void tp_stream_end(TpStream* t) {
+    if (t->next != t->nruns) { fail("tp_stream_end: %d of the %d runs of the weights went by (a bug)", t->next, t->nruns); }
+    free(t->slices);
+    free(t->runs);
+    free(t->whole_runs);
+    free(t->counts);
+}
+
+// one run: mine (r.n floats) is this rank's part of the whole model's run w
+static void tp_stream_run(TpStream* t, WeightRun r, WeightRun w, float* mine) {
+    TpSplit split = r.slice < 0 ? TP_WHOLE : PARAMETER_TP_SPLIT[t->slices[r.slice].tensor];
+    if (split == TP_WHOLE) { t->fn(t->ctx, w.offset, mine, r.n); return; }
+    size_t rows, cols, N = (size_t)t->group.world, rank = (size_t)t->group.rank;
+    gpt2_tensor_shape(t->slices[r.slice].tensor, &t->whole, &rows, &cols);
+    if (rows * cols != w.n || w.n != N * r.n || w.n > tp_staging_floats(&t->whole)) { fail("tp_stream_run: a slice of %zu floats of a %zu x %zu tensor (a bug)", r.n, rows, cols); }
+    if (t->write) {  // the whole layer from the caller, this rank's slice kept
+        t->fn(t->ctx, w.offset, t->staging, w.n);
+        tp_copy_slice(mine, t->staging, rows, cols, split, (int)rank, (int)N, 1);
+        return;
+    }
+    for (size_t q = 0; q < N; q++) { t->counts[q] = (int)r.n; }
+    memcpy(t->staging + rank * r.n, mine, r.n * sizeof(float));
+    dist_allgather_floats(t->staging, t->counts, t->group);  // rank q's slice at q * r.n
+    // handed on in the whole model's order: the rows of q in turn (within each of q, k and v), or each
+    // row's columns of q in turn
+    size_t parts = split == TP_COLUMNS ? rows : split == TP_ROWS_QKV ? 3 : 1, piece = r.n / parts, at = w.offset;
+    for (size_t p = 0; p < parts; p++) {
+        for (size_t q = 0; q < N; q++, at += piece) { t->fn(t->ctx, at, t->staging + q * r.n + p * piece, piece); }
+    }
+}
+
+// the caller's chunk of this rank's weights (offset, n: whole runs of them, in order) through the stream
+static void tp_stream_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
+    TpStream* t = (TpStream*)ctx;
+    for (size_t done = 0; done < n; ) {
+        if (t->next >= t->nruns || t->runs[t->next].offset != offset + done || t->runs[t->next].n > n - done) {
+            fail("tp_stream_chunk: a chunk of the weights that is not whole runs of them (a bug)");
+        }
+        WeightRun r = t->runs[t->next], w = t->whole_runs[t->next];
+        tp_stream_run(t, r, w, chunk + done);
+        done += r.n;
+        t->next++;
+    }
 }
 
 #endif // CPU_TENSOR_PARALLEL_H

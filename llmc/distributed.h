@@ -74,6 +74,9 @@ typedef struct {
 
 // the world, and this process's two groups in it
 typedef struct { Dist world, data, tensor; } DistGrid;
+// the grid dist_grid made last (before one: the world, whose data group is the world and whose
+// tensor-parallel groups are each one rank), for the hooks that hold no Dist (the optimizer's sums)
+static DistGrid g_dist_grid = {{0, 1, DIST_WORLD}, {0, 1, DIST_WORLD}, {0, 1, DIST_TENSOR}};
 
 // what the last dist_init found besides rank and world
 static const char* g_dist_source = "one process";  // who said so: "MPI", "slurm (...)", "torchrun-style (...)"
@@ -335,6 +338,8 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
     }
     g_dist_world = d->world;
     g_dist_by_env = by_env;
+    DistGrid one = {*d, *d, {0, 1, DIST_TENSOR}};  // no grid yet: the data group is the world
+    g_dist_grid = one;
 }
 
 static void dist_finalize(void) {
@@ -388,6 +393,7 @@ static DistGrid dist_grid(Dist world, int tp) {
     }
     DistGrid g = {world, {world.rank / tp, world.world / tp, DIST_DATA}, {world.rank % tp, tp, DIST_TENSOR}};
     if (tp == 1) { g.data = world; }  // the data group is the world: its collectives are the world's, as before
+    g_dist_grid = g;
     if (tp > 1 && dist_carried()) { dist_carrier_over(g.tensor, "dist_grid"); }  // stops, naming the launch
 #ifdef USE_MPI
     dist_free_groups();
@@ -421,15 +427,28 @@ static void dist_allreduce_sum_floats(float* buf, size_t n) {
     dist_allreduce_floats_over(buf, n, world);
 }
 
-static void dist_allreduce_sum_doubles(double* buf, size_t n) {
-    if (g_dist_world > 1) { g_dist_collectives++; }
-    if (dist_carried()) { dist_carrier("dist_allreduce_sum_doubles")->allreduce(buf, n, DIST_DOUBLE, DIST_SUM); return; }
+// buf (n doubles) := the sum of buf over the ranks of group d
+static void dist_allreduce_doubles_over(double* buf, size_t n, Dist d) {
+    if (d.world < 2) { return; }
+    g_dist_collectives++;
+    if (dist_carried()) { dist_carrier_over(d, "dist_allreduce_doubles_over")->allreduce(buf, n, DIST_DOUBLE, DIST_SUM); return; }
 #ifdef USE_MPI
-    if (g_dist_world > 1) { dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double), MPI_COMM_WORLD); }
+    dist_allreduce_sum(buf, n, MPI_DOUBLE, sizeof(double), dist_comm(d));
 #else
     (void)buf; (void)n;
 #endif
 }
+
+static void dist_allreduce_sum_doubles(double* buf, size_t n) {
+    Dist world = {0, g_dist_world, DIST_WORLD};
+    dist_allreduce_doubles_over(buf, n, world);
+}
+
+// the same over this rank's data-parallel or tensor-parallel group of the last grid (the world's, one
+// rank, before dist_grid), for the hooks that hold no Dist: the optimizer's sums across ZeRO's ranks and
+// across --tp's slices of a tensor (opt_layout.h's OptSumFn)
+static void dist_sum_doubles_data(double* buf, size_t n) { dist_allreduce_doubles_over(buf, n, g_dist_grid.data); }
+static void dist_sum_doubles_tensor(double* buf, size_t n) { dist_allreduce_doubles_over(buf, n, g_dist_grid.tensor); }
 
 // 1 if flag is nonzero on any rank (a signal may reach one rank before the others)
 static int dist_any(int flag) {
@@ -561,11 +580,13 @@ static void dist_broadcast_bytes(void* buf, size_t bytes, int root) {
 #endif
 }
 
-// the same over the world that dist_init started, for callers that hold no Dist (the
-// optimizer's hook): an in-place gather needs the counts, not this rank's number
+// the same over the world that dist_init started, or this rank's data-parallel group of the last
+// grid, for callers that hold no Dist (the optimizer's hook): an in-place gather needs the counts
 static void dist_allgather_floats_world(float* buf, const int* counts) {
     Dist world = {0, g_dist_world, DIST_WORLD};
+    world.rank = g_dist_grid.world.rank;
     dist_allgather_floats(buf, counts, world);
 }
+static void dist_allgather_floats_data(float* buf, const int* counts) { dist_allgather_floats(buf, counts, g_dist_grid.data); }
 
 #endif // LLMC_DISTRIBUTED_H

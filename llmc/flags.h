@@ -59,6 +59,7 @@ typedef struct {
     char offload[PATH_MAX_LEN];      // what moves to host memory, a comma list of activations (or 1), optimizer, gradients; 0 = none
     int loss_chunk;                  // tokens per chunk of the classifier and its loss (act_policy.h), 0 = all at once
     int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded, 2 = ZeRO-2 (gradients too)
+    int tp;                          // tensor parallel: each layer's matrices split over this many adjacent ranks (1 = none)
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
     char precision[PATH_MAX_LEN];    // fp32 | bf16 | "" = the backend's default (CPU: fp32, CUDA: bf16)
@@ -120,6 +121,7 @@ static TrainOptions options_default(void) {
     strcpy(o.offload, "0");
     o.loss_chunk = 0;
     o.zero = 0;
+    o.tp = 1;
     o.check_replicas = 0;
     o.plan_ranks = 0;
     strcpy(o.precision, "");
@@ -185,6 +187,7 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--optimizer-state", FLAG_STRING, OPT(optimizer_state), "fp32 | bf16 | 8bit: the optimizer's moments (AdamW's m, v; Adafactor's and CAME's first moment), bf16 stochastically rounded, 8bit block-wise (doc/optimizer_state.md)"},
     {NULL, "--eps1",          FLAG_FLOAT,  OPT(eps1),             "Adafactor, CAME: added to g^2 (the papers' 1e-30)"},
     {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding; 2 = ZeRO-2: and gradients; 3 = ZeRO-3: and weights"},
+    {NULL, "--tp",            FLAG_INT,    OPT(tp),               "tensor parallelism (Megatron-LM): each layer's matrices split over N adjacent ranks of mpirun -np (a multiple of N; heads divisible by N); --zero shards over the data-parallel ranks across them"},
     {NULL, "--check-replicas", FLAG_SWITCH, OPT(check_replicas),   "check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},
     {NULL, "--plan-ranks",    FLAG_INT,    OPT(plan_ranks),       "--plan for this many ranks (e.g. --zero 1 on a laptop); 0 = this run's"},
     {NULL, "--precision",     FLAG_STRING, OPT(precision),        "fp32 | bf16 (weights and activations; fp32 master weights, optimizer state and sums); \"\" = the backend's default: CPU fp32, CUDA bf16"},

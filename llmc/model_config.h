@@ -168,6 +168,25 @@ static void gpt2_tensor_shape(int i, const GPT2Config* c, size_t* rows, size_t* 
     else if (PARAMETER_TP_SPLIT[i] != TP_WHOLE) { *rows /= N; }
 }
 
+// the config of one rank's slices of the whole model c split over tp ranks (--tp; 1: the whole model)
+static GPT2Config gpt2_rank_config(const GPT2Config* c, int tp) {
+    GPT2Config r = *c;
+    r.tp = tp;
+    return r;
+}
+
+// why the model c cannot be split over tp ranks, or NULL: every rank takes whole heads (and so whole
+// channels of C, 3C and 4C: NH divides C)
+static const char* gpt2_tp_refusal(const GPT2Config* c, int tp) {
+    static char why[200];
+    if (tp < 1) { snprintf(why, sizeof(why), "--tp %d: a tensor-parallel group has at least 1 rank", tp); return why; }
+    if (c->num_heads % tp != 0) {
+        snprintf(why, sizeof(why), "--tp %d: the model's %d heads do not split over %d ranks (each takes whole heads)", tp, c->num_heads, tp);
+        return why;
+    }
+    return NULL;
+}
+
 // number of floats of each tensor; per-layer tensors hold all L layers, layer-major. With --tp
 // (c->tp > 1) a rank's slices: qkvw (L, 3C/N, C), qkvb (L, 3C/N), attprojw (L, C, C/N), fcw (L, 4C/N, C),
 // fcb (L, 4C/N), fcprojw (L, C, 4C/N)

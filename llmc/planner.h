@@ -172,12 +172,22 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     }
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
     if (in->state_format != QSTATE_FP32) { plan_lowp_state(p, cfg, in, N); }
+    else if (gpt2_tp(cfg) > 1) {  // --tp: a rank's slices, counted slice by slice from opt_layout.h's layout
+        p->bytes[MEM_OPTIMIZER] = optimizer_state_floats_as(cfg, (OptimizerKind)in->optimizer, in->use_beta1, (int)N, QSTATE_FP32) * F;
+        snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s of a rank's --tp slices (opt_layout.h's count)",
+                 in->optimizer == PLAN_ADAFACTOR ? "Adafactor" : in->optimizer == PLAN_CAME ? "CAME" : "AdamW m, v");
+    }
 }
 
-// A layer has Pl = 12C^2 + 13C weights, the rest Pr = (Vp + maxT)C + 2C.
-static size_t plan_layer_weights(const GPT2Config* c) { size_t C = c->channels; return 12 * C * C + 13 * C; }
-static size_t plan_outer_weights(const GPT2Config* c) {
+static size_t plan_outer_weights_of(const GPT2Config* c) {
     return ((size_t)c->padded_vocab_size + c->max_seq_len) * c->channels + 2 * (size_t)c->channels;
+}
+static size_t plan_outer_weights(const GPT2Config* c) { return plan_outer_weights_of(c); }
+// A layer has Pl = 12C^2 + 13C weights (--tp N: (12C^2 + 7C)/N + 6C, a rank's slices), the rest Pr = (Vp + maxT)C + 2C
+static size_t plan_layer_weights(const GPT2Config* c) {
+    GPT2Config one = *c;
+    one.num_layers = 1;
+    return gpt2_num_parameters(&one) - plan_outer_weights_of(c);
 }
 // A rank's shard under ZeRO-2 and 3 (opt_layout.h's shard_block_offsets, shard_layout): its padded
 // blocks of every slice, E floats, as the ZeRO-1 state counts them ([x] = ceil(x / N)); Eℓ of them
@@ -193,10 +203,13 @@ static PlanShard plan_shard(const GPT2Config* cfg, size_t N, int state_format) {
     s.El = c3 * C + c1 * C + c4 * C + c1 * 4 * C + 6 * c1 + c3 + c4;
     s.E = (cV + cT) * C + 2 * c1 + L * s.El;
     s.working = Vp * C + maxT * C + 12 * C * C + 15 * C;
-    if (state_format == QSTATE_8BIT && N > 1) {  // 8-bit slices' parts cut on block boundaries: opt_layout.h's own count
-        ShardLayout z = shard_layout_as(cfg, (int)N, QSTATE_8BIT);
+    // 8-bit slices' parts cut on block boundaries, and --tp's slices (one layer of a rank's slices in the
+    // working buffer): opt_layout.h's own count
+    if ((state_format == QSTATE_8BIT && N > 1) || gpt2_tp(cfg) > 1) {
+        ShardLayout z = shard_layout_as(cfg, (int)N, (QStateFormat)state_format);
         s.E = z.shard;
         s.El = z.layer_part;
+        s.working = z.working;
     }
     return s;
 }
@@ -297,15 +310,20 @@ static void plan_offload_optimizer(MemPlan* p, const GPT2Config* c, size_t P, co
     p->host_update_bytes = 2.0 * p->bytes[MEM_OPT_HOST];
 }
 
+// cfg: the model, or with --tp (cfg->tp = N > 1) a rank's slices of it, whose P, activations and
+// FLOPs are a rank's; in.world counts the data-parallel ranks (ZeRO's)
 static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
-    size_t L = cfg->num_layers, C = cfg->channels;
-    size_t Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
+    size_t L = cfg->num_layers, C = cfg->channels, N_tp = (size_t)gpt2_tp(cfg);
     size_t B = in.B, T = in.T, BT = B * T;
-    size_t P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
+    size_t P = gpt2_num_parameters(cfg);  // Vp C + maxT C + L(12C^2 + 13C) + 2C; --tp: a rank's slices
     const BackendLayout* lay = &in.layout;
     MemPlan p;
     p.bytes[MEM_PARAMETERS] = P * lay->param_bytes;
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
+    if (N_tp > 1) {  // --tp: a split tensor's layer whole (4C^2), through which checkpoints move the weights
+        p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
+        snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + 4C^2): a rank's --tp slices, a layer whole", lay->param_bytes);
+    }
     p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
     int zero_pack = in.zero >= 2 || (in.zero == 1 && in.offload_optimizer == OPT_OFFLOAD_NONE);
@@ -348,11 +366,12 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     // attention's backward on a GPU runs three tile products more than the stored weights' (the
     // scores twice, dout v^T once: 6TC; cuda/flash_attention.cuh; the CPU's runs the scores once
     // more, 2TC, which this estimate overstates)
-    double layer_forward = 24.0 * C * C + 4.0 * T * C;
+    // (--tp N: a rank's share, the matmuls' and the attention's 1/N; the classifier whole)
+    double layer_forward = (24.0 * C * C + 4.0 * T * C) / N_tp;
     double recomputed_layers = ap->segment > 0 ? (double)(segments - 1) * ap->segment : 0.0;
-    double attn_again = ap->flash ? 6.0 * T * C : ap->attn ? 2.0 * T * C : 0.0;
+    double attn_again = (ap->flash ? 6.0 * T * C : ap->attn ? 2.0 * T * C : 0.0) / N_tp;
     p.recompute_flops = BT * (recomputed_layers * layer_forward + L * attn_again);
-    p.step_flops = BT * (6.0 * P + 12.0 * L * T * C);
+    p.step_flops = BT * (6.0 * P + 12.0 * L * T * C / N_tp);
     // bytes moved: a recomputed GELU output or attention weights tensor is written and read once
     // more per layer; each offloaded byte goes to the host after forward and back before backward
     p.recompute_bytes = 2.0 * L * ((ap->gelu ? lay->layer_gelu : 0) + (ap->attn ? lay->layer_att : 0));
@@ -372,7 +391,13 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     }
     p.bytes[MEM_HOST_COPIES] = P * lay->host_copy_bytes + (lay->host_copies_opt ? p.bytes[MEM_OPTIMIZER] : 0);
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
-    if (in.zero == 3 && in.world > 1) { plan_zero3_weights(&p, cfg, &in); }
+    if (in.zero == 3 && in.world > 1) {
+        plan_zero3_weights(&p, cfg, &in);
+        if (N_tp > 1) {
+            p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
+            plan_append(p.formula[MEM_PARAMETERS], " + %zu(4C^2): --tp's layer whole", lay->param_bytes);
+        }
+    }
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");
     p.step_offload_bytes = p.host_update_bytes = 0.0;
@@ -389,6 +414,11 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         if (in.offload_optimizer != OPT_OFFLOAD_NONE) {  // the offloaded shard gathers the working precision's weights
             p.exchange_bytes = (N - 1.0) / N * (double)(P * lay->working_bytes);
         }
+    }
+    if (N_tp > 1) {  // --tp: each layer's two sums forward and two backward (and a recomputed layer's forward two again),
+        // of B T C activations each, every micro-step: a ring all-reduce over the group sends 2(N-1)/N of them
+        double sums = 4.0 * L + 2.0 * recomputed_layers;
+        p.exchange_micro_bytes += 2.0 * (N_tp - 1.0) / N_tp * sums * (double)BT * C * lay->working_bytes;
     }
     if (in.zero == 3 && N > 1) {  // ZeRO-3: no all-gather after the update; wte, wpe, lnf once a step, each
         // layer for its forward, its backward and each recompute of it, every micro-step; what is gathered

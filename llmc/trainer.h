@@ -80,10 +80,15 @@ typedef struct {
     QStateFormat state_format;  // --optimizer-state: the moments in fp32, bf16 or 8 bits (llmc/quant_state.h)
     ActPolicy act;            // what forward keeps for backward, and where (--recompute, --offload activations)
     OptOffload offload_optimizer;  // --offload optimizer[,gradients]: master weights, state, the update (and gradients) on the host
-    Dist dist;                // this process among the data-parallel ranks
+    Dist dist;                // this process among the data-parallel ranks (its data-parallel group: the world without --tp)
+    Dist world;               // every process: the files each rank writes, rank 0's output
+    Dist tensor;              // --tp: this process in its tensor-parallel group, which splits each layer ({0, 1}: none)
     ZeroStage zero;           // ZERO_1: this rank keeps its blocks of the optimizer state only
     ModelUse use;             // MODEL_FOR_SAMPLING: forward only (--sample)
 } ModelSetup;
+
+// the shapes of this rank's tensors: the model's, or with --tp its slices of them (model_config.h)
+static GPT2Config setup_rank_config(const ModelSetup* s) { return gpt2_rank_config(&s->config, s->tensor.world); }
 
 // this rank's optimizer state, in host memory, as the state files hold it (the CPU backend's
 // own tensor; a GPU's copy). The weights go through gpt2_params_stream
@@ -107,6 +112,8 @@ typedef void (*ParamChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);
 // the backend's name for messages ("the CPU backend"), its default precision, and whether it
 // trains in p; a setup it cannot train (a flag it does not implement) stops here with a message
 const char* gpt2_backend_name(void);
+// the largest --tp the backend splits a layer over (1: none yet)
+int gpt2_tp_max(void);
 // the highest --zero stage the backend builds (ZeroStage); the trainer refuses the ones above
 int gpt2_zero_max_stage(void);
 Precision gpt2_default_precision(void);
@@ -344,31 +351,33 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
                              uint64_t run_id) {
     // ZeRO-3's ranks hold no replicas (nor the offloaded shard's): the model is gathered from their blocks,
     // the same on every rank
-    if (s->dist.world > 1 && ranks_hold_replicas(s->zero, s->offload_optimizer)) { check_replicas(m, s->dist, step); }
+    if (s->world.world > 1 && ranks_hold_replicas(s->zero, s->offload_optimizer)) { check_replicas(m, s->world, step); }
     gpt2_sync(m, SYNC_TO_HOST);  // the weights' and the optimizer state's host copies (a GPU's)
     ParamsDigest d = params_digest(m, PARAMS_READ_AGAIN);
     HostView h = gpt2_host_view(m);
-    size_t P = gpt2_num_parameters(&s->config);
+    GPT2Config rank_config = setup_rank_config(s);
+    size_t P = gpt2_num_parameters(&rank_config);  // --tp: the rank's slices, which its state is of
     if (!isfinite(d.max_abs)) { return d.max_abs; }
-    if (s->dist.rank == 0) { checkpoint_mark_writing(dir, step); checkpoint_unmark_done(dir, step); }
+    int rank = s->world.rank;
+    if (rank == 0) { checkpoint_mark_writing(dir, step); checkpoint_unmark_done(dir, step); }
     dist_barrier();  // no rank writes a file of this step before its WRITING record, or while an old DONE marker stands
-    checkpoint_begin(dir, step, s->dist.rank);
+    checkpoint_begin(dir, step, rank);
     char path[CHECKPOINT_PATH_LEN];
     AtomicFile model;
-    if (s->dist.rank == 0) {
+    if (rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
         model_file_write_header(&model, path, &s->config, d.crc);
     }
-    gpt2_params_stream(m, PARAMS_READ_AGAIN, model_file_chunk, s->dist.rank == 0 ? &model : NULL);
-    if (s->dist.rank == 0) { atomic_commit(&model); }
-    TrainState st = {.num_processes = s->dist.world, .rank = s->dist.rank, .step = step, .data_shard = (int)dl->shard,
+    gpt2_params_stream(m, PARAMS_READ_AGAIN, model_file_chunk, rank == 0 ? &model : NULL);
+    if (rank == 0) { atomic_commit(&model); }
+    TrainState st = {.num_processes = s->world.world, .rank = rank, .step = step, .data_shard = (int)dl->shard,
                      .data_epoch = dl->epoch, .data_position = dl->position, .rng = rng, .num_params = P,
-                     .opt_floats = h.opt_floats, .opt_format = s->state_format, .zero = s->zero, .run_id = run_id, .model_hash = d.hash,
-                     .has_checksum = 0, .checksum = 0, .header_crc = 0};  // (state_file_write computes the checksum)
-    checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
+                     .opt_floats = h.opt_floats, .opt_format = s->state_format, .zero = s->zero, .tp = s->tensor.world,
+                     .run_id = run_id, .model_hash = d.hash, .has_checksum = 0, .checksum = 0, .header_crc = 0};  // (state_file_write computes the checksum)
+    checkpoint_path(path, sizeof(path), dir, "state", step, rank);
     state_file_write(path, &st, h.opt_state);
     dist_barrier();
-    if (s->dist.rank == 0) { checkpoint_mark_done(dir, step); checkpoint_unmark_writing(dir, step); }
+    if (rank == 0) { checkpoint_mark_done(dir, step); checkpoint_unmark_writing(dir, step); }
     checkpoint_end();
     printf("checkpoint: wrote step %d to %s/\n", step, dir);
     return d.max_abs;
@@ -387,10 +396,11 @@ static OptSharding state_sharding(const ModelSetup* s, QStateFormat f) {
 // slice (tensor and layer, opt_layout.h) whose state holds it: an fp32 value, a bf16 one, or an
 // 8-bit block's absmax (NaN: a block the quantizer refused)
 static void state_check_finite(const char* path, const ModelSetup* s, QStateFormat f, const float* state) {
-    ParamSlice* slices = param_slices_alloc(&s->config);
+    GPT2Config rank_config = setup_rank_config(s);
+    ParamSlice* slices = param_slices_alloc(&rank_config);
     OptSharding z = state_sharding(s, f);
     size_t offset;
-    for (int k = 0; k < param_slice_count(&s->config); k++) {
+    for (int k = 0; k < param_slice_count(&rank_config); k++) {
         OptShard sh = slice_shard(&slices[k], &z, &offset);
         StatePiece pieces[MAX_STATE_PIECES];
         int n = slice_state_pieces(s->optimizer, &sh, s->use_beta1, pieces);
@@ -415,23 +425,29 @@ static void state_check_finite(const char* path, const ModelSetup* s, QStateForm
 }
 
 // the training state read from path against this run: the rank that wrote it, its step, the
-// model's parameter count, the ranks and ZeRO stage, and its sampling RNG (xorshift never
+// model's parameter count, the ranks, --tp and ZeRO stage, and its sampling RNG (xorshift never
 // reaches 0); its data position is checked by state_check_data once the loader is there
 static void state_check_run(const char* path, const TrainState* st, const ModelSetup* s, int step) {
-    size_t P = gpt2_num_parameters(&s->config);
-    if (st->rank != s->dist.rank || st->step != step) {
+    GPT2Config rank_config = setup_rank_config(s);
+    size_t P = gpt2_num_parameters(&rank_config);  // --tp: the rank's slices
+    if (st->rank != s->world.rank || st->step != step) {
         fail("state file '%s' holds rank %d's state of step %d, but is read as rank %d's of step %d\n"
              "  hint: a state file renamed or copied from another checkpoint; use the checkpoint's own files", path,
-             st->rank, st->step, s->dist.rank, step);
+             st->rank, st->step, s->world.rank, step);
+    }
+    if (st->tp != s->tensor.world) {
+        fail("state file '%s' holds a rank's optimizer state for its slices of --tp %d; this run has --tp %d\n"
+             "  hint: resume with --tp %d (and the same ranks), or start a new run from the checkpoint's model file (-e), whose\n"
+             "  optimizer state starts anew", path, st->tp, s->tensor.world, st->tp);
     }
     if (st->num_params != P) {
         fail("state file '%s' was written for a model of %llu parameters; this model has %zu\n"
              "  hint: resume with the -e that wrote it", path, (unsigned long long)st->num_params, P);
     }
     // --zero 1, 2 and 3 keep the same state in the same layout: each resumes the others' files
-    if (st->num_processes != s->dist.world || zero_shards_state(st->zero) != zero_shards_state(s->zero)) {
+    if (st->num_processes != s->world.world || zero_shards_state(st->zero) != zero_shards_state(s->zero)) {
         fail("state file '%s' was written by %d rank(s) with --zero %d; this run has %d with --zero %d\n"
-             "  hint: resume with mpirun -np %d and --zero %d", path, st->num_processes, st->zero, s->dist.world,
+             "  hint: resume with mpirun -np %d and --zero %d", path, st->num_processes, st->zero, s->world.world,
              (int)s->zero, st->num_processes, st->zero);
     }
     if (st->rng == 0 || st->data_epoch < 0 || st->data_shard < 0) {
@@ -485,12 +501,13 @@ static void state_read_as(const char* path, TrainState* st, const ModelSetup* s,
         state_check_finite(path, s, to, h.opt_state);
         return;
     }
-    size_t floats = optimizer_state_floats_as(&s->config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1, from);
+    GPT2Config rank_config = setup_rank_config(s);
+    size_t floats = optimizer_state_floats_as(&rank_config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1, from);
     float* file_state = (float*)malloc_check((floats > 0 ? floats : 1) * sizeof(float));
     state_file_read(path, st, file_state, floats);
     state_check_finite(path, s, from, file_state);
     OptSharding z_from = state_sharding(s, from), z_to = state_sharding(s, to);
-    int bad = opt_state_convert(&s->config, s->optimizer, s->use_beta1, &z_from, file_state, &z_to, h.opt_state);
+    int bad = opt_state_convert(&rank_config, s->optimizer, s->use_beta1, &z_from, file_state, &z_to, h.opt_state);
     free(file_state);
     if (bad > 0) {
         fail("state file '%s' holds %s optimizer state; this run keeps %s, whose ZeRO cut of %d ranks differs (8-bit state cuts on block\n"
@@ -498,7 +515,7 @@ static void state_read_as(const char* path, TrainState* st, const ModelSetup* s,
              " a sharded checkpoint converts only where the two cuts agree", path, QSTATE_FORMAT_NAMES[from], QSTATE_FORMAT_NAMES[to],
              s->dist.world, bad - 1, QSTATE_FORMAT_NAMES[from]);
     }
-    if (s->dist.rank == 0) {
+    if (s->world.rank == 0) {
         printf("note: the checkpoint's optimizer state is %s, this run keeps %s: converted (read as fp32, then %s)\n",
                QSTATE_FORMAT_NAMES[from], QSTATE_FORMAT_NAMES[to], to == QSTATE_8BIT ? "quantized block by block"
                : to == QSTATE_BF16 ? "rounded stochastically" : "kept");
@@ -570,17 +587,22 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     TrainState st;
     checkpoint_path(path, sizeof(path), dir, "state", step, 0);
     state_file_read_header(path, &st);
-    if (st.num_processes != s->dist.world) {
+    if (st.num_processes != s->world.world) {
         fail("checkpoint '%s/' of step %d was written by %d rank(s); this run has %d\n"
              "  hint: resume with mpirun -np %d (each rank reads its own state file)",
-             dir, step, st.num_processes, s->dist.world, st.num_processes);
+             dir, step, st.num_processes, s->world.world, st.num_processes);
+    }
+    if (st.tp != s->tensor.world) {  // each rank's state is of its slices
+        fail("checkpoint '%s/' of step %d was written with --tp %d; this run has --tp %d\n"
+             "  hint: resume with --tp %d, or start a new run from its model file (-e %s), whose optimizer state starts anew",
+             dir, step, st.tp, s->tensor.world, st.tp, model_path);
     }
     if (zero_shards_state(st.zero) != zero_shards_state(s->zero)) {  // 1, 2 and 3: the same state files
         fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
              "  hint: resume with --zero %d", dir, step, st.zero, (int)s->zero, st.zero);
     }
     *run_id = st.run_id;
-    checkpoint_path(path, sizeof(path), dir, "state", step, s->dist.rank);
+    checkpoint_path(path, sizeof(path), dir, "state", step, s->world.rank);
     state_load(path, &st, s, step, *run_id, model_path, model_hash, h, dl);
     gpt2_sync(m, SYNC_FROM_HOST);
     *rng = st.rng;
@@ -661,7 +683,7 @@ static void sample_tokens(GPT2* m, const GPT2Config* c, int* window, int T, int 
 // the mean loss over `steps` batches of val, and over the ranks (each validates its own part);
 // NaN if a stop signal cut it short (on any rank). The ranks agree before each batch whether to go
 // on: under --zero 3 a forward gathers weights, so every rank must run as many as the others
-static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
+static float validation_loss(GPT2* m, DataLoader* val, int steps, Dist data) {
     dataloader_reset(val);
     double sum = 0.0;
     int done = 0;
@@ -669,15 +691,15 @@ static float validation_loss(GPT2* m, DataLoader* val, int steps, int world) {
         dataloader_next_batch(val);
         sum += gpt2_forward(m, val->inputs, val->targets, val->B, val->T);
     }
-    dist_allreduce_sum_doubles(&sum, 1);
+    dist_allreduce_doubles_over(&sum, 1, data);  // --tp: the ranks of a tensor group computed the same loss
     if (dist_any(done < steps)) { return NAN; }
-    return (float)(sum / steps / world);
+    return (float)(sum / steps / data.world);
 }
 
 // ----------------------------------------------------------------------------
 // the checks before anything is allocated
 
-// --zero against the build and the number of ranks (world: this run's, or --plan-ranks)
+// --zero against the build and the number of data-parallel ranks (world: this run's, or --plan-ranks', over --tp)
 static void check_zero_option(const TrainOptions* o, int world) {
     if (o->zero < ZERO_0 || o->zero > ZERO_3) {
         fail("--zero %d: unknown; choose 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: the state is sharded over the ranks),\n"
@@ -692,6 +714,11 @@ static void check_zero_option(const TrainOptions* o, int world) {
         if (!dist_built_with_mpi() && !o->plan_only) {
             fail("--zero %d shards the optimizer state across MPI ranks, but this train_gpt was built without MPI, so it needs mpirun\n"
                  "  hint: build with MPI (make, with mpicc installed) and launch with mpirun -np 2 ./train_gpt --zero %d ...", o->zero, o->zero);
+        }
+        if (o->tp > 1) {
+            fail("--zero %d shards the optimizer state across the data-parallel ranks, but --tp %d takes every rank of this run into one\n"
+                 "  tensor-parallel group: there is %d data-parallel rank\n  hint: launch 2 x %d ranks (mpirun -np %d), or use --zero 0",
+                 o->zero, o->tp, world, o->tp, 2 * o->tp);
         }
         fail("--zero %d shards the optimizer state across ranks, but this run has %d rank\n"
              "  hint: launch with mpirun -np 2 (or more) ./train_gpt ..., use --zero 0, or --plan --plan-ranks N", o->zero, world);
@@ -826,8 +853,26 @@ static void check_optimizer_flags(const TrainOptions* o) {
     }
 }
 
-// checks the options against each other, the model and the number of ranks (world);
-// returns the gradient accumulation steps of each rank
+// --tp against the backend, the ranks (world: this run's, or --plan-ranks) and the model: the ranks
+// must split into groups of --tp, and each rank of a group take whole heads
+static void check_tp_option(const TrainOptions* o, const GPT2Config* c, int world) {
+    if (o->tp < 1) { fail("--tp %d: the ranks each layer is split over, at least 1 (1: none)", o->tp); }
+    if (o->tp == 1) { return; }
+    if (o->tp > gpt2_tp_max()) {
+        fail("--tp %d: %s does not split layers over ranks yet\n  hint: the CPU trainer (./train_gpt) has --tp; or use --zero over the ranks",
+             o->tp, gpt2_backend_name());
+    }
+    if (world % o->tp != 0) {
+        fail("--tp %d: %d rank(s) do not split into tensor-parallel groups of %d\n"
+             "  hint: launch a multiple of %d ranks (mpirun -np %d)%s", o->tp, world, o->tp, o->tp, o->tp,
+             o->plan_only ? ", or --plan --plan-ranks N with N a multiple of --tp" : "");
+    }
+    const char* why = gpt2_tp_refusal(c, o->tp);
+    if (why != NULL) { fail("%s\n  hint: a --tp that divides NH = %d", why, c->num_heads); }
+}
+
+// checks the options against each other, the model and the number of data-parallel ranks (world:
+// with --tp, the ranks over --tp); returns the gradient accumulation steps of each rank
 static int check_options(const TrainOptions* o, const GPT2Config* c, int world) {
     check_zero_option(o, world);
     if (o->batch_size < 1) { fail("-b %d: the batch size must be >= 1", o->batch_size); }
@@ -862,19 +907,19 @@ static int check_options(const TrainOptions* o, const GPT2Config* c, int world) 
     return accum;
 }
 
-static void fitting_flags_hint(const TrainOptions* o, const Dist* dist, MemBudget budget, char* out, size_t n);
+static void fitting_flags_hint(const TrainOptions* o, const DistGrid* grid, MemBudget budget, char* out, size_t n);
 
 // stops before allocating anything if the plan cannot fit in the memory this machine has
 // available (on the CPU the "device" and the host store share it), for every rank on it; with
 // a GPU, its categories against the GPU's free memory, naming the flags that would fit it
 static void check_memory_fits(const MemPlan* plan, const ActPolicy* act, int local_ranks, const TrainOptions* o,
-                              const Dist* dist) {
+                              const DistGrid* grid) {
     double gpu_free = (double)gpt2_device_free_bytes(), device = (double)(plan_total(plan) - plan_host_bytes(plan->bytes));
     if (gpu_free > 0.0 && device > gpu_free) {
         size_t host_avail = mem_available();
         MemBudget budget = {(size_t)gpu_free, host_avail > 0 ? host_avail / (size_t)local_ranks : SIZE_MAX, 0};
         char hint[512];
-        fitting_flags_hint(o, dist, budget, hint, sizeof(hint));
+        fitting_flags_hint(o, grid, budget, hint, sizeof(hint));
         fail("this run needs %.1f MiB of GPU memory (the memory plan's device total) but the GPU has %.1f MiB free\n"
              "  hint: %s", device / MIB, gpu_free / MIB, hint);
     }
@@ -1050,6 +1095,11 @@ static void print_config(const Run* r) {
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len);
     printf("| parameters            | %zu (%.1fM)\n", P, P / 1e6);
     printf("| gradient accumulation | %d micro-steps of B*T = %d tokens\n", r->accum, o->batch_size * o->seq_len);
+    if (r->setup.tensor.world > 1) {
+        GPT2Config rank_config = setup_rank_config(&r->setup);
+        printf("| tensor parallel       | --tp %d: groups of %d adjacent ranks split each layer; a rank holds %zu parameters (%.1fM)\n",
+               r->setup.tensor.world, r->setup.tensor.world, gpt2_num_parameters(&rank_config), gpt2_num_parameters(&rank_config) / 1e6);
+    }
     printf("| data parallel         | %d rank(s) from %s, --zero %d%s\n", r->setup.dist.world, dist_source(),
            (int)r->setup.zero, r->setup.zero == ZERO_1 ? ": each rank keeps its blocks of the optimizer state"
                                : r->setup.zero == ZERO_2 ? ": each rank keeps its blocks of the optimizer state and of the gradients"
@@ -1096,11 +1146,13 @@ static int attention_from_flag(const char* name, const GPT2Config* c) {
 
 // the shape, optimizer, activation policy and ranks of the run, and its memory plan; for
 // --plan, world is --plan-ranks (a laptop plans for a cluster)
-static void plan_run(Run* r, const Dist* dist, int world) {
+static void plan_run(Run* r, const DistGrid* grid, int world) {
     const TrainOptions* o = r->o;
     ModelSetup* s = &r->setup;
     resolve_model_config(o, &s->config);
-    r->accum = check_options(o, &s->config, world);
+    check_tp_option(o, &s->config, world);
+    int data_ranks = world / o->tp;  // --tp: the data-parallel ranks, across the tensor-parallel groups
+    r->accum = check_options(o, &s->config, data_ranks);
     s->B = o->batch_size;
     s->T = o->seq_len;
     s->optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
@@ -1111,16 +1163,20 @@ static void plan_run(Run* r, const Dist* dist, int world) {
     s->act = act_policy_parse(o->recompute, offload_acts, s->config.num_layers, attention_from_flag(o->attention, &s->config));
     act_policy_set_loss_chunk(&s->act, o->loss_chunk);
     s->precision = precision_from_flag(o->precision);
-    s->dist = *dist;
+    s->dist = grid->data;
+    s->world = grid->world;
+    s->tensor = grid->tensor;
+    s->tensor.world = o->tp;  // (--plan --plan-ranks: the layout planned, no group made)
     s->zero = (ZeroStage)o->zero;
     gpt2_check_setup(s);
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
+    GPT2Config rank_config = setup_rank_config(s);  // --tp: what each rank holds and computes
     PlanInputs in = {.B = s->B, .T = s->T, .num_loaders = 1 + r->has_val, .optimizer = s->optimizer, .use_beta1 = s->use_beta1,
-                     .act = s->act, .offload_optimizer = s->offload_optimizer, .world = world, .zero = o->zero,
-                     .layout = gpt2_layout(&s->config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk),
+                     .act = s->act, .offload_optimizer = s->offload_optimizer, .world = data_ranks, .zero = o->zero,
+                     .layout = gpt2_layout(&rank_config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk),
                      .state_format = s->state_format};
-    r->plan = plan_memory(&s->config, in);
+    r->plan = plan_memory(&rank_config, in);
 }
 
 // the sampling buffer: one int per position (the planner's scratch row counts it)
@@ -1238,7 +1294,7 @@ static void prepare_output_dir(Run* r) {
     const TrainOptions* o = r->o;
     r->out_lock = -1;
     if (!r->has_out) { return; }
-    if (r->setup.dist.rank == 0) {
+    if (r->setup.world.rank == 0) {
         struct stat st;
         if (o->resume && stat(o->out_dir, &st) != 0) {
             fail("-y 1: output directory '%s': %s, so there is no run to resume\n  hint: check -o, or start without -y", o->out_dir,
@@ -1283,11 +1339,12 @@ static void prepare_output_dir(Run* r) {
         run_inputs_free(&in);
         // room for one checkpoint (the model file and every rank's state file), before any training
         const ModelSetup* s = &r->setup;
-        size_t opt_floats = optimizer_state_floats_as(&s->config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1,
+        GPT2Config rank_config = setup_rank_config(s);
+        size_t opt_floats = optimizer_state_floats_as(&rank_config, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1,
                                                       s->state_format);
         char what[128];
-        snprintf(what, sizeof(what), "one checkpoint (the model file and %d state file(s))", s->dist.world);
-        check_free_space(o->out_dir, checkpoint_bytes(&s->config, opt_floats, s->dist.world), what);
+        snprintf(what, sizeof(what), "one checkpoint (the model file and %d state file(s))", s->world.world);
+        check_free_space(o->out_dir, checkpoint_bytes(&s->config, opt_floats, s->world.world), what);
     }
     dist_barrier();  // the other ranks write their state files into it
 }
@@ -1329,7 +1386,7 @@ static void check_profile_step(const Run* r) {
 
 // --profile: after the profiled step, its table on stdout and, beside log.jsonl, OUT/profile.json (rank 0)
 static void profile_report(const Run* r) {
-    if (r->setup.dist.rank != 0) { return; }
+    if (r->setup.world.rank != 0) { return; }
     prof_set_roofline(gpt2_profile_roofline());
     prof_print(stdout);
     if (r->o->profile == r->start_step + 1) { printf("  (the run's first step: its time holds the warm-up)\n"); }
@@ -1348,9 +1405,10 @@ static void train_setup(Run* r) {
     const TrainOptions* o = r->o;
     const ModelSetup* s = &r->setup;
     check_input_files(o);
-    gpt2_select_device(&s->dist);
+    gpt2_select_device(&s->world);
     check_memory_budget(&r->plan, o);
-    check_memory_fits(&r->plan, &s->act, dist_local_ranks(), o, &s->dist);
+    DistGrid grid = {s->world, s->dist, s->tensor};
+    check_memory_fits(&r->plan, &s->act, dist_local_ranks(), o, &grid);
     prepare_output_dir(r);
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
     // threads' stacks (started by a first parallel region), the tokenizer
@@ -1366,14 +1424,14 @@ static void train_setup(Run* r) {
     r->gen_tokens = sample_buffer_alloc(s->T);
     r->max_steps = steps_to_train(r);
     r->sample_rng = sample_rng_seed(o->seed);
-    r->run_id = o->resume ? 0 : new_run_id(s->dist.rank);
+    r->run_id = o->resume ? 0 : new_run_id(s->world.rank);
     if (o->resume) {
-        int step = s->dist.rank == 0 ? resume_pick_step(o->out_dir, &s->config) : -1;
+        int step = s->world.rank == 0 ? resume_pick_step(o->out_dir, &s->config) : -1;
         dist_broadcast_bytes(&step, sizeof(step), 0);  // rank 0's pick, on every rank
         if (!resume_within_steps(r, step)) { return; }
     }
     r->start_step = o->resume ? resume_checkpoint(r->model, s, o->out_dir, r->start_step, &r->train, &r->sample_rng, &r->run_id) : 0;
-    if (r->run_id == 0) { r->run_id = new_run_id(s->dist.rank); }  // resumed from a version 2 state: one from now on
+    if (r->run_id == 0) { r->run_id = new_run_id(s->world.rank); }  // resumed from a version 2 state: one from now on
     check_profile_step(r);
     r->health.start_max_abs = gpt2_device_is_modelled() ? 0.0f : params_digest(r->model, PARAMS_READ).max_abs;
     r->health.ckpt_step = o->resume ? r->start_step : -1;
@@ -1384,7 +1442,7 @@ static void train_setup(Run* r) {
     printf("memory plan (bytes by category; measured after the first step):\n");
     print_memory_table(&r->plan, NULL);
     r->log = NULL;
-    if (r->has_out && s->dist.rank == 0) {
+    if (r->has_out && s->world.rank == 0) {
         char path[CHECKPOINT_PATH_LEN];
         snprintf(path, sizeof(path), "%s/log.jsonl", o->out_dir);
         if (o->resume) { r->log_has_start_val = log_truncate_after(path, r->start_step); }
@@ -1447,7 +1505,7 @@ static int between_steps(Run* r, int step, int cut_short) {
     const TrainOptions* o = r->o;
     int last = step >= r->max_steps && !cut_short;  // (never past it: resume_within_steps)
     if (r->has_val && o->val_every > 0 && (step % o->val_every == 0 || last) && !dist_any(g_stop_requested)) {
-        float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist.world);
+        float vl = validation_loss(r->model, &r->val, o->val_steps, r->setup.dist);
         if (isnan(vl)) {
             printf("step %5d | validation cut short by the stop signal (not logged)\n", step);
         } else {
@@ -1476,7 +1534,7 @@ static int between_steps(Run* r, int step, int cut_short) {
         r->health.ckpt_step = step;
         r->health.ckpt_max_abs = max_abs;
         set_exit_now_text(o->out_dir, step);
-        if (r->setup.dist.rank == 0 && o->keep_checkpoints > 0) { prune_checkpoints(o, step); }
+        if (r->setup.world.rank == 0 && o->keep_checkpoints > 0) { prune_checkpoints(o, step); }
     }
     if (stop) {
         char during[64] = "";
@@ -1509,7 +1567,7 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
     const ModelSetup* s = &r->setup;
     double tokens = (double)s->B * s->T * r->accum * s->dist.world;
     double flops = flops_per_token(&s->config, s->T) * tokens / seconds;   // all ranks
-    double mfu = r->peak_flops > 0.0 ? flops / (r->peak_flops * s->dist.world) : -1.0;
+    double mfu = r->peak_flops > 0.0 ? flops / (r->peak_flops * s->world.world) : -1.0;  // every rank's peak (--tp's too)
     double wait_ms = gpt2_copy_wait_ms(r->model);
     char extra[80] = "";
     if (mfu >= 0.0) { snprintf(extra, sizeof(extra), " | MFU %5.1f%%", 100.0 * mfu); }
@@ -1567,7 +1625,7 @@ static int train_step(Run* r, int step) {
         }
     }
     gpt2_reduce_grads(r->model);
-    dist_allreduce_sum_doubles(&loss, 1);
+    dist_allreduce_doubles_over(&loss, 1, s->dist);  // --tp: the ranks of a tensor group computed the same loss
     loss /= r->accum * world;
     float norm = gpt2_grad_norm(r->model);
     float lr = learning_rate_at(r->o, step, r->max_steps);
@@ -1583,7 +1641,7 @@ static int train_step(Run* r, int step) {
         gpt2_profile_end(r->model);
         prof_end(now_seconds() - t0);
     }
-    if (r->o->check_replicas && world > 1) { check_replicas(r->model, s->dist, step + 1); }
+    if (r->o->check_replicas && s->world.world > 1) { check_replicas(r->model, s->world, step + 1); }
     log_step(r, step, loss, norm, lr, now_seconds() - t0);
     if (profiling) { profile_report(r); }
     return 1;
@@ -1591,7 +1649,7 @@ static int train_step(Run* r, int step) {
 
 // the end-of-run replica check, the memory summary, and everything freed
 static void train_teardown(Run* r, int step) {
-    if (r->setup.dist.world > 1 && !r->has_out && ranks_hold_replicas(r->setup.zero, r->setup.offload_optimizer)) { check_replicas(r->model, r->setup.dist, step); }  // with -o, the last checkpoint checked
+    if (r->setup.world.world > 1 && !r->has_out && ranks_hold_replicas(r->setup.zero, r->setup.offload_optimizer)) { check_replicas(r->model, r->setup.world, step); }  // with -o, the last checkpoint checked
     size_t peak = mem_rss_peak();
     printf("peak RSS %.1f MiB = accounted tensors %.1f MiB + fixed overhead %.1f MiB (code, libraries, thread\n"
            "  stacks, tokenizer: measured before the first tensor) + %.1f MiB other (malloc arenas, stdio, page rounding)\n",
@@ -1607,13 +1665,13 @@ static void train_teardown(Run* r, int step) {
 }
 
 // --plan with a budget: one candidate's options planned as a run would plan them
-typedef struct { const Dist* dist; int world; } PlanContext;
+typedef struct { const DistGrid* grid; int world; } PlanContext;
 static void plan_options(const TrainOptions* o, void* ctx, MemPlan* plan, int* accum) {
     const PlanContext* pc = (const PlanContext*)ctx;
     Run r;
     memset(&r, 0, sizeof(r));
     r.o = o;
-    plan_run(&r, pc->dist, pc->world);
+    plan_run(&r, pc->grid, pc->world);
     *plan = r.plan;
     *accum = r.accum;
 }
@@ -1630,9 +1688,9 @@ static CostModel cost_model_of(const TrainOptions* o, Precision p) {
 
 // for the message of a run that does not fit: the memory flags of --plan's search that would fit
 // the budget (the fastest combination), or what else to change when none does
-static void fitting_flags_hint(const TrainOptions* o, const Dist* dist, MemBudget budget, char* out, size_t n) {
-    PlanContext ctx = {dist, dist->world};
-    PlanSearch s = {.base = o, .world = dist->world, .budget = budget, .device_from = "the GPU's free memory",
+static void fitting_flags_hint(const TrainOptions* o, const DistGrid* grid, MemBudget budget, char* out, size_t n) {
+    PlanContext ctx = {grid, grid->world.world};
+    PlanSearch s = {.base = o, .world = grid->world.world, .budget = budget, .device_from = "the GPU's free memory",
                     .host_from = "the host's available memory", .cost = cost_model_of(o, precision_from_flag(o->precision)),
                     .prog = "", .plan = plan_options, .ctx = &ctx};
     char flags[256];
@@ -1647,7 +1705,7 @@ static void fitting_flags_hint(const TrainOptions* o, const Dist* dist, MemBudge
 }
 
 // --plan: the memory table of these flags, or with a budget the search of the memory flags
-static void print_plan(const Run* r, const Dist* dist, int world, const char* prog) {
+static void print_plan(const Run* r, const DistGrid* grid, int world, const char* prog) {
     const TrainOptions* o = r->o;
     const GPT2Config* c = &r->setup.config;
     BudgetSource b;
@@ -1655,15 +1713,17 @@ static void print_plan(const Run* r, const Dist* dist, int world, const char* pr
         printf("memory budget search for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s), per rank of %d:\n", c->num_layers,
                c->channels, c->num_heads, c->padded_vocab_size, r->setup.B, r->setup.T, PRECISION_NAMES[r->setup.precision],
                gpt2_backend_name(), world);
-        PlanContext ctx = {dist, world};
+        PlanContext ctx = {grid, world};
         PlanSearch s = {.base = o, .world = world, .budget = b.budget, .device_from = b.device_from, .host_from = b.host_from,
                         .cost = cost_model_of(o, r->setup.precision), .prog = prog, .plan = plan_options, .ctx = &ctx};
         plan_search(&s);
         return;
     }
-    printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s, %s), per rank of %d, --zero %d:\n", c->num_layers,
+    char tp[48] = "";
+    if (o->tp > 1) { snprintf(tp, sizeof(tp), " (--tp %d: its slices)", o->tp); }
+    printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s, %s), per rank of %d%s, --zero %d:\n", c->num_layers,
            c->channels, c->num_heads, c->padded_vocab_size, r->setup.B, r->setup.T, o->optimizer,
-           PRECISION_NAMES[r->setup.precision], gpt2_backend_name(), world, o->zero);
+           PRECISION_NAMES[r->setup.precision], gpt2_backend_name(), world, tp, o->zero);
     print_memory_table(&r->plan, NULL);
 }
 
@@ -1673,10 +1733,17 @@ static int run_training(const TrainOptions* o, const Dist* dist, const char* pro
     memset(&r, 0, sizeof(r));
     r.o = o;
     int world = o->plan_only && o->plan_ranks > 0 ? o->plan_ranks : dist->world;
-    plan_run(&r, dist, world);
+    DistGrid grid = {*dist, *dist, {0, 1, DIST_TENSOR}};  // the world, before --tp splits it
+    plan_run(&r, &grid, world);  // checks --tp against the ranks and the model
     if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
-        print_plan(&r, dist, world, prog);
+        print_plan(&r, &grid, world, prog);
         return 0;
+    }
+    if (o->tp > 1) {  // the tensor-parallel groups and the data-parallel groups across them
+        grid = dist_grid(*dist, o->tp);
+        r.setup.dist = grid.data;
+        r.setup.world = grid.world;
+        r.setup.tensor = grid.tensor;
     }
     train_setup(&r);
     int step = r.start_step, done = 1;
@@ -1828,6 +1895,8 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     s.act.flash = attention_from_flag(o->attention, &s.config);
     act_policy_set_loss_chunk(&s.act, o->loss_chunk);
     s.dist = *dist;
+    s.world = *dist;
+    s.tensor = (Dist){0, 1, DIST_TENSOR};  // sampling is one process's: no --tp
     s.use = MODEL_FOR_SAMPLING;
     gpt2_check_setup(&s);
     int p;

@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
     } else {
         for (int tp = 1; tp <= world.world; tp++) {
             if (world.world % tp == 0) { test_grid(world, tp); }
-            if (world.world % tp == 0 && tp > 1 && !tp_refusal(&TP_MODEL, tp)) { test_block(world, tp); }
+            if (world.world % tp == 0 && tp > 1 && !gpt2_tp_refusal(&TP_MODEL, tp)) { test_block(world, tp); }
         }
     }
     dist_finalize();

@@ -24,7 +24,7 @@ typedef struct {
 
 static void tp_block_alloc(TpBlock* b, const float* whole, int rank, int n, int flash) {
     const GPT2Config* c = &TP_MODEL;
-    GPT2Config rc = tp_rank_config(c, n);
+    GPT2Config rc = gpt2_rank_config(c, n);
     size_t BT = (size_t)TP_B * TP_T, C = c->channels, Ct = C / n, NHt = c->num_heads / n, P = gpt2_num_parameters(&rc);
     b->params = (float*)malloc_check(P * sizeof(float));
     b->grads = (float*)calloc(P, sizeof(float));
@@ -49,7 +49,7 @@ static void tp_block_alloc(TpBlock* b, const float* whole, int rank, int n, int 
 // the block forward from x, then backward from dy (into bwd.dresidual: d(x) on return), as rank tp.rank of tp.size
 static void tp_block_run(TpBlock* b, const float* x, const float* dy, const ActPolicy* pol, TensorParallel tp) {
     const GPT2Config* c = &TP_MODEL;
-    GPT2Config rc = tp_rank_config(c, tp.size);
+    GPT2Config rc = gpt2_rank_config(c, tp.size);
     ParameterTensors pt, gt;
     point_parameters(&pt, b->params, &rc);
     point_parameters(&gt, b->grads, &rc);
@@ -80,7 +80,7 @@ static double tp_rel_dist(const float* a, const float* b, size_t n) {
 // gradients (plain_grads), over the block's tensors (the embeddings and lnf have none here); *worst_at: which
 static double tp_block_grad_dist(const TpBlock* b, const float* plain_grads, int rank, int n, int* worst_at) {
     const GPT2Config* c = &TP_MODEL;
-    GPT2Config rc = tp_rank_config(c, n);
+    GPT2Config rc = gpt2_rank_config(c, n);
     size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
     gpt2_parameter_sizes(sizes, &rc);
     float* want = (float*)malloc_check(gpt2_num_parameters(&rc) * sizeof(float));
@@ -103,7 +103,7 @@ static uint64_t tp_block_shared_hash(const TpBlock* b, int n) {
     size_t BTC = (size_t)TP_B * TP_T * c->channels, sizes[NUM_PARAMETER_TENSORS], off = 0;
     uint64_t h = params_hash_more(FNV64_OFFSET, b->a.residual3, BTC);
     h = params_hash_more(h, b->bwd.dresidual, BTC);
-    GPT2Config rc = tp_rank_config(c, n);
+    GPT2Config rc = gpt2_rank_config(c, n);
     gpt2_parameter_sizes(sizes, &rc);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (PARAMETER_TP_SPLIT[i] == TP_WHOLE) { h = params_hash_more(h, b->grads + off, sizes[i]); }
