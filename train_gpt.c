@@ -12,14 +12,15 @@ in cpu/layers.h, AdamW in cpu/optimizers.h; the loop, flags, files and memory ac
 shared (llmc/trainer.h). The memory techniques enter the plain model at named hooks, one line
 each, and live in their own files: --recompute and --offload activations in cpu/activations.h
 (the schedule: llmc/act_policy.h), --zero in cpu/zero.h (its exchanges: cpu/host_step.h),
---loss-chunk in forward's head loop; --profile's marks are inside the layers. Tensor
-parallelism's split of a block (cpu/tensor_parallel.h, doc/tensor_parallel.md) enters the block at
-the hook tp_sum; it is built and tested, but no flag turns it on yet: m->tp is TP_NONE.
+--loss-chunk in forward's head loop; --profile's marks are inside the layers. --tp N (tensor
+parallelism: cpu/tensor_parallel.h, doc/tensor_parallel.md) gives a rank its slices of each layer:
+its config's tp sizes every tensor, and the block adds the group's partial sums at the hook tp_sum.
 
     make train_gpt && ./train_gpt             # d6 on TinyShakespeare (make run prepares the data)
     ./train_gpt -e d12 -b 4 -t 64             # GPT-2 124M
     ./train_gpt --plan -e d48 -b 8 -t 1024 --optimizer adafactor --recompute sqrt
     mpirun -np 2 ./train_gpt -e d12 --zero 1  # data parallel, optimizer state sharded
+    mpirun -np 2 ./train_gpt -e d12 --tp 2    # tensor parallel: each layer's matrices split over 2 ranks
 */
 #include <math.h>
 #include <stdint.h>

@@ -19,7 +19,11 @@ its gradients are too: the sums give every rank the same bits (the caller's TpSu
 
 With one rank (TP_NONE) the sums do nothing and the bias goes in as before: the plain block.
 The split of the whole model's tensors (the checkpoint's) into a rank's slices and back is here
-too (tp_split_params, tp_join_params): a checkpoint is the whole model, whatever --tp wrote it.
+too (tp_split_params, tp_join_params), and the stream through which the trainer's checkpoints
+move the whole model from and to the group's slices (tp_stream_*): a checkpoint is the whole
+model, whatever --tp wrote it. Which tensor splits how, and a rank's shapes, are
+llmc/model_config.h's (PARAMETER_TP_SPLIT, gpt2_tensor_shape): the whole trainer sizes a rank's
+tensors from its config (gpt2_rank_config).
 
     GPT2Config rc = gpt2_rank_config(&cfg, n);             // one rank's shapes
     float* mine = malloc(gpt2_num_parameters(&rc) * sizeof(float));

@@ -37,7 +37,8 @@ if command -v mpirun >/dev/null && ldd ./train_gpt | grep -q libmpi; then
     CONFIGS+=("2 ranks, --zero 0|$MPIRUN --zero 0" "2 ranks, --zero 1|$MPIRUN --zero 1"
               "2 ranks, --zero 1 + adafactor|$MPIRUN --zero 1 --optimizer adafactor"
               "2 ranks, --zero 2 (and the gradients)|$MPIRUN --zero 2"
-              "2 ranks, --zero 3 (and the weights)|$MPIRUN --zero 3")
+              "2 ranks, --zero 3 (and the weights)|$MPIRUN --zero 3"
+              "2 ranks, --tp 2 (each layer's matrices split; one data-parallel rank)|$MPIRUN --tp 2")
 fi
 
 # the measured MiB of a memory-table row (the table printed after the first step)
