@@ -99,8 +99,9 @@ static ModelSetup test_setup(const GPT2Config* cfg, int B, int T, OptimizerKind 
     s.optimizer = opt;
     s.use_beta1 = beta1;
     s.act = *pol;
-    Dist one = {0, 1, DIST_WORLD};
-    s.dist = one;
+    Dist one = {0, 1, DIST_WORLD}, no_tp = {0, 1, DIST_TENSOR};
+    s.dist = s.world = one;
+    s.tensor = no_tp;
     s.zero = ZERO_0;
     return s;
 }
@@ -832,7 +833,7 @@ static void test_tensor_parallel_block(void) {
             {
                 #pragma omp single
                 team_size = omp_get_num_threads();
-                TensorParallel tp = {omp_get_thread_num(), n, tp_team_sum, &team};
+                TensorParallel tp = {omp_get_thread_num(), n, tp_team_sum, &team, NULL};
                 if (team_size == n) { tp_block_run(&ranks[tp.rank], x, dy, &pol, tp); }
             }
             char name[256];
@@ -1220,7 +1221,7 @@ static void test_checkpoint_space(const char* dir) {
     model_file_write(path, &cfg, zeros);
     stat(path, &model_st);
     TrainState st = {.num_processes = 1, .rank = 0, .step = 1, .rng = 1, .num_params = P, .opt_floats = opt_floats,
-                     .run_id = 1, .model_hash = 1};
+                     .tp = 1, .run_id = 1, .model_hash = 1};
     checkpoint_path(path, sizeof(path), dir, "state", 1, 0);
     state_file_write(path, &st, zeros);
     stat(path, &state_st);
@@ -1410,7 +1411,7 @@ static void write_fuzz_corpus(const char* dir) {
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_MODEL_FILE);
     model_file_write(path, &cfg, params);
     TrainState st = {.num_processes = 1, .rank = 0, .step = FUZZ_STEP, .data_position = (uint64_t)FUZZ_STEP * FUZZ_B * FUZZ_T,
-                     .rng = 12345, .num_params = P, .opt_floats = opt_floats, .run_id = FUZZ_RUN_ID,
+                     .rng = 12345, .num_params = P, .opt_floats = opt_floats, .tp = 1, .run_id = FUZZ_RUN_ID,
                      .model_hash = params_hash(params, P)};
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_STATE_FILE);
     state_file_write(path, &st, state);
@@ -1888,7 +1889,7 @@ static void ref_factored_stat(float* row_stat, float* M, const float* g, const O
 }
 
 static void check_factored_sums(int rows, int cols) {
-    ParamSlice slice = {.tensor = 10, .layer = 0, .rows = rows, .cols = cols, .offset = 0};
+    ParamSlice slice = param_slice_alone(10, rows, cols);
     size_t offset = 0, n = (size_t)rows * cols;
     OptShard sh = slice_shard(&slice, &OPT_UNSHARDED, &offset);
     float* buf = (float*)calloc(4 * n + 4 * (size_t)(rows + cols), sizeof(float));

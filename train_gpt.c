@@ -133,6 +133,7 @@ struct GPT2 {
     Dist tensor;              // --tp: this process in its tensor-parallel group ({0, 1}: none)
     TensorParallel tp;        // its sums (cpu/tensor_parallel.h); TP_NONE: this rank holds each block's matrices whole
     float* tp_staging;        // --tp: a split tensor's layer whole, as checkpoints move it (tp_staging_floats), else NULL
+    float* tp_probs;          // --tp: (Vp) one position's probabilities gathered whole from the group (gpt2_probs), else NULL
 };
 
 // ----------------------------------------------------------------------------
@@ -215,14 +216,15 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
         .layer_gelu = (layer - act_layer_floats(B, T, C, NH, N, &gelu)) * F,
         .layer_att = (layer - act_layer_floats(B, T, C, NH, N, &attn)) * F,
         .residual = (size_t)B * T * C * F,
-        .head = act_head_floats(B, T, C, c->padded_vocab_size, K) * F,
+        .head = act_head_floats(B, T, C, c->padded_vocab_size / N, K) * F,  // --tp: a rank's Vp/N columns of the logits
         .backward = backward * F,
         .layer_formula = N > 1 ? (flash ? "4(4BTC + 12BTC/N + 4BT + B NH T/N)" : "4(4BTC + 12BTC/N + 4BT + B NH T^2/N)")
                                : (flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)"),
         .backward_formula = N > 1 ? (flash ? "4(2BTC + 11BTC/N)" : "4(2BTC + 11BTC/N + B NH T^2/N)")
                                   : (flash ? "4(13BTC)" : "4(13BTC + B NH T^2)"),
         .working_bytes = F,  // the CPU's kernels read the fp32 weights themselves
-        .head_formula = "4(3BT + K(C + Vp))", .head_rows = K,
+        .head_formula = N > 1 ? "4(3BT + K(C + Vp/N))" : "4(3BT + K(C + Vp))", .head_rows = K,
+        .backend_scratch = N > 1 ? (size_t)c->padded_vocab_size * F : 0,  // --tp: one row of probabilities whole (sampling)
     };
     return l;
 }
@@ -267,7 +269,10 @@ GPT2* gpt2_create(const ModelSetup* s) {
     m->dist = s->dist;
     m->tensor = s->tensor;
     m->tp = s->tensor.world > 1 ? tp_of_group(&m->tensor) : TP_NONE;
-    if (s->tensor.world > 1) { m->tp_staging = (float*)mem_alloc(MEM_PARAMETERS, tp_staging_floats(&m->config) * sizeof(float)); }
+    if (s->tensor.world > 1) {
+        m->tp_staging = (float*)mem_alloc(MEM_PARAMETERS, tp_staging_floats(&m->config) * sizeof(float));
+        m->tp_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)m->config.padded_vocab_size * sizeof(float));
+    }
     m->zero.stage = s->zero;
     m->zero.format = s->state_format;  // an 8-bit state's blocks decide ZeRO's cut
     int layers;
@@ -291,6 +296,7 @@ void gpt2_destroy(GPT2* m) {
     mem_free(m->opt_memory);
     mem_free(m->bwd_memory);
     mem_free(m->tp_staging);
+    mem_free(m->tp_probs);
     act_free(&m->acts);
     zero_free(&m->zero);
     free(m);
@@ -438,21 +444,30 @@ static void layer_activations_ready(GPT2* m, int l, int B, int T) {
 // with targets (n) the losses (n). With loss_scale > 0 (--loss-chunk, training) also the head's
 // backward at once: the probabilities become the logits' gradient, d(lnf output) (n,C) is written
 // into dlnf and wte's gradient +=
+//
+// With --tp the classifier is split over the vocabulary (cpu/tensor_parallel.h): a rank's logits are
+// its Vp/N columns, the softmax's row maximum and sum are the group's, and the partial d(lnf output)
+// of a rank's columns is summed over the group (the hook tp_sum)
 static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float* dlnf, const float* x,
                          const int* targets, int n, float loss_scale) {
     const GPT2Config* c = &m->config;
-    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size / m->tp.size;  // --tp: a rank's columns
+    const TensorParallel* tp = &m->tp;
     Activations* a = &m->acts;
     float *logits = a->logits, *probs = a->logits, *dlogits = a->logits;  // one buffer, three meanings in turn
     layernorm_forward(a->lnf, mean, rstd, x, m->params.lnfw, m->params.lnfb, 1, n, C);
     matmul_forward(logits, a->lnf, m->params.wte, NULL, 1, n, C, Vp);
-    softmax_forward(probs, logits, 1, n, V, Vp);  // in place
+    if (tp->size > 1) { tp_softmax_forward(tp, probs, logits, n, V, Vp); }
+    else { softmax_forward(probs, logits, 1, n, V, Vp); }  // in place
     if (targets == NULL) { return; }
-    crossentropy_forward(losses, probs, targets, 1, n, Vp);
+    if (tp->size > 1) { tp_crossentropy_forward(tp, losses, probs, targets, n, Vp); }
+    else { crossentropy_forward(losses, probs, targets, 1, n, Vp); }
     if (loss_scale == 0.0f) { return; }
-    crossentropy_softmax_backward(dlogits, probs, targets, loss_scale, 1, n, V, Vp);  // in place
+    if (tp->size > 1) { tp_crossentropy_softmax_backward(tp, dlogits, probs, targets, loss_scale, n, V, Vp); }
+    else { crossentropy_softmax_backward(dlogits, probs, targets, loss_scale, 1, n, V, Vp); }  // in place
     memset(dlnf, 0, (size_t)n * C * sizeof(float));
     matmul_backward(dlnf, m->grads.wte, NULL, dlogits, a->lnf, m->params.wte, 1, n, C, Vp);
+    tp_sum(tp, dlnf, (size_t)n * C);  // hook: --tp's partial d(lnf output) of a rank's columns added
 }
 
 // inputs (B,T) token ids; targets (B,T) or NULL. Leaves the probabilities of the head's last
@@ -466,7 +481,11 @@ static float forward(GPT2* m, const int* inputs, const int* targets, int B, int 
     size_t BT = (size_t)B * T;
     HostStep h = gpt2_host_step(m);
     zero_outer_weights_ready(&m->zero, &h);  // hook: wte, wpe, lnf ready
-    encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+    if (m->tp.size > 1) {  // --tp: wte split over the vocabulary (cpu/tensor_parallel.h)
+        tp_encoder_forward(&m->tp, a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C, c->padded_vocab_size / m->tp.size);
+    } else {
+        encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
+    }
     forward_layers(m, 0, L - 1, a->encoded, B, T, 1);
     // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
     int K = a->head_rows < (int)BT ? a->head_rows : (int)BT;
@@ -506,7 +525,15 @@ const float* gpt2_probs(GPT2* m, int position) {
              "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
              position, a->probs_first, a->probs_end - 1);
     }
-    return a->logits + (size_t)(position - a->probs_first) * m->config.padded_vocab_size;
+    if (m->tp.size == 1) { return a->logits + (size_t)(position - a->probs_first) * m->config.padded_vocab_size; }
+    // --tp: the row's Vp/N columns of every rank of the group, gathered whole (every rank asks alike)
+    int Vr = m->config.padded_vocab_size / m->tp.size;
+    int* counts = (int*)malloc_check((size_t)m->tp.size * sizeof(int));
+    for (int q = 0; q < m->tp.size; q++) { counts[q] = Vr; }
+    memcpy(m->tp_probs + (size_t)m->tp.rank * Vr, a->logits + (size_t)(position - a->probs_first) * Vr, (size_t)Vr * sizeof(float));
+    dist_allgather_floats(m->tp_probs, counts, m->tensor);
+    free(counts);
+    return m->tp_probs;
 }
 
 void gpt2_zero_grad(GPT2* m) {
@@ -520,12 +547,16 @@ void gpt2_zero_grad(GPT2* m) {
 // logits' gradient, d(lnf output) goes into dlnf (B,T,C) and wte's gradient +=
 static void head_backward(GPT2* m, float* dlnf, const int* targets, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
+    const TensorParallel* tp = &m->tp;
+    int Vp = c->padded_vocab_size / tp->size;  // --tp: a rank's columns
     Activations* a = &m->acts;
     float *probs = a->logits, *dlogits = a->logits;
-    crossentropy_softmax_backward(dlogits, probs, targets, loss_scale, B, T, c->vocab_size, c->padded_vocab_size);  // in place
+    if (tp->size > 1) { tp_crossentropy_softmax_backward(tp, dlogits, probs, targets, loss_scale, B * T, c->vocab_size, Vp); }
+    else { crossentropy_softmax_backward(dlogits, probs, targets, loss_scale, B, T, c->vocab_size, Vp); }  // in place
     a->probs_first = -1;
     memset(dlnf, 0, (size_t)B * T * c->channels * sizeof(float));
-    matmul_backward(dlnf, m->grads.wte, NULL, dlogits, a->lnf, m->params.wte, B, T, c->channels, c->padded_vocab_size);
+    matmul_backward(dlnf, m->grads.wte, NULL, dlogits, a->lnf, m->params.wte, B, T, c->channels, Vp);
+    tp_sum(tp, dlnf, (size_t)B * T * c->channels);  // hook: --tp's partial d(lnf output) added
 }
 
 // accumulates into the gradients d(loss_scale * sum of position losses) for the batch
@@ -549,7 +580,8 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         block_backward(bwd, act_layer(a, l), act_layer_input(a, l), &lp, &lg, B, T, C, NH, &a->pol, &m->tp);
         zero_layer_grads_done(&m->zero, &h, l);  // hook
     }
-    encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C);
+    if (m->tp.size > 1) { tp_encoder_backward(&m->tp, m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C, c->padded_vocab_size / m->tp.size); }
+    else { encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C); }
     prof_close();
     zero_outer_grads_done(&m->zero, &h);  // hook
 }

@@ -67,7 +67,7 @@ typedef struct {
     float* lnf;          // (K,C) final LayerNorm output
     float* lnf_mean;     // (B,T)
     float* lnf_rstd;     // (B,T)
-    float* logits;       // (K,Vp) the logits; softmax turns them into probabilities in place (what forward
+    float* logits;       // (K,Vp) the logits (--tp: a rank's Vp/N columns of the vocabulary); softmax turns them into probabilities in place (what forward
                          // leaves), and the loss's backward the probabilities into the logits' gradient
     float* losses;       // (B,T) per-position cross-entropy
     int head_rows;       // K
@@ -119,7 +119,7 @@ static float* act_carve(float** p, size_t n) {
 // shared buffers, kept segment inputs, staging, head) and the host store (offload); c: the whole
 // model's shape, or with --tp (c->tp > 1) a rank's, whose blocks hold its heads and hidden units
 static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c, int B, int T) {
-    int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size, tp = gpt2_tp(c);
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, tp = gpt2_tp(c), Vp = c->padded_vocab_size / tp;  // --tp: a rank's columns
     size_t BT = (size_t)B * T, BTC = BT * C;
     memset(a, 0, sizeof(*a));
     a->pol = *pol;

@@ -38,37 +38,171 @@ tensors from its config (gpt2_rank_config).
 #include "../llmc/distributed.h"
 #include "../llmc/model_config.h"
 #include "../llmc/opt_layout.h"
+#include "../llmc/profile.h"
 #include "../llmc/utils.h"
+#include "layers.h"
 
-// buf (n) := the sum of buf over the group's ranks, with the same bits on every rank
+// buf (n) := the sum (or the largest, element by element) of buf over the group's ranks, with the
+// same bits on every rank
 typedef void (*TpSumFn)(float* buf, size_t n, void* ctx);
 
 typedef struct {
     int rank, size;  // this rank in the tensor-parallel group, and the group's size (1: no --tp)
     TpSumFn sum;     // the group's sum (size > 1)
     void* ctx;
+    TpSumFn max;     // the group's largest (the vocabulary-parallel softmax's row maximum)
 } TensorParallel;
 
-static const TensorParallel TP_NONE = {0, 1, NULL, NULL};
+static const TensorParallel TP_NONE = {0, 1, NULL, NULL, NULL};
 
 // the sum over a tensor-parallel group of processes (group: its Dist, from dist_grid): MPI's all-reduce,
-// which gives every rank of the group the same bits (tests/test_dist_grid.c checks it)
+// which gives every rank of the group the same bits (tests/test_dist_grid.c checks it); and the largest
 static void tp_dist_sum(float* buf, size_t n, void* group) { dist_allreduce_floats_over(buf, n, *(const Dist*)group); }
+static void tp_dist_max(float* buf, size_t n, void* group) { dist_allreduce_max_floats_over(buf, n, *(const Dist*)group); }
 
 // this rank in its tensor-parallel group (the group's Dist must outlive it)
 static TensorParallel tp_of_group(const Dist* tensor) {
-    TensorParallel tp = {tensor->rank, tensor->world, tp_dist_sum, (void*)tensor};
+    TensorParallel tp = {tensor->rank, tensor->world, tp_dist_sum, (void*)tensor, tp_dist_max};
     return tp;
 }
 
 // hook: the partial results of a row-parallel matmul (forward), or the partial input gradients of a
 // column-parallel one (backward), summed over the group
 static void tp_sum(const TensorParallel* tp, float* buf, size_t n) {
-    if (tp->size > 1) { tp->sum(buf, n, tp->ctx); }
+    if (tp->size == 1) { return; }
+    prof_mark(PROF_COLLECTIVE, prof_bytes((double)n * sizeof(float)), "--tp all-reduce");
+    tp->sum(buf, n, tp->ctx);
+    prof_close();
 }
 
 // a row-parallel matmul's bias: rank 0 adds it, so that the sum holds it once
 static const float* tp_row_bias(const TensorParallel* tp, const float* bias) { return tp->rank == 0 ? bias : NULL; }
+
+// ----------------------------------------------------------------------------
+// the vocabulary-parallel embedding and classifier (Megatron-LM's VocabParallelEmbedding and parallel
+// cross-entropy). wte (Vp, C) is split by rows: this rank holds the Vr = Vp/N rows of tokens
+// v0 = rank Vr .. v0 + Vr - 1, of which the real ones (< V) are `tp_real_rows`. The embedding adds the
+// rows of the tokens a rank holds (zeros for the others'), and the group's sum gives every rank the
+// whole embedding. The classifier's logits are a rank's columns (n, Vr): the softmax takes the row's
+// maximum and sum of exponentials over the group, so that no rank ever holds a whole row of logits,
+// and the loss of a position is that of the rank holding its target (the others add 0).
+
+// the real rows (tokens < V) of this rank's Vr rows of wte
+static int tp_real_rows(const TensorParallel* tp, int V, int Vr) {
+    int real = V - tp->rank * Vr;
+    return real < 0 ? 0 : real > Vr ? Vr : real;
+}
+
+// out (B,T,C) = wte[inp] + wpe[t], wte (Vr, C) this rank's rows: the embedding of each token the rank
+// holds, zeros for the others', summed over the group (one nonzero row each: the plain embedding's
+// bits), then wpe (maxT, C) added on every rank
+static void tp_encoder_forward(const TensorParallel* tp, float* out, const int* inp, const float* wte, const float* wpe,
+                               int B, int T, int C, int Vr) {
+    prof_mark(PROF_ENCODER, prof_encoder_forward((size_t)B * T, C, sizeof(float)), "forward (vocabulary-parallel)");
+    int v0 = tp->rank * Vr;
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        float* o = out + (size_t)bt * C;
+        int row = inp[bt] - v0;
+        if (row >= 0 && row < Vr) { memcpy(o, wte + (size_t)row * C, (size_t)C * sizeof(float)); }
+        else { memset(o, 0, (size_t)C * sizeof(float)); }
+    }
+    tp_sum(tp, out, (size_t)B * T * C);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            float* o = out + ((size_t)b * T + t) * C;
+            const float* pe = wpe + (size_t)t * C;
+            for (int c = 0; c < C; c++) { o[c] += pe[c]; }
+        }
+    }
+}
+
+// dwte (Vr, C) += dout (B,T,C) of the tokens this rank holds; dwpe (maxT, C) += the sum over b (every
+// rank the same). As encoder_backward: each thread owns a block of channels, the rows in (b, t) order
+static void tp_encoder_backward(const TensorParallel* tp, float* dwte, float* dwpe, const float* dout, const int* inp,
+                                int B, int T, int C, int Vr) {
+    prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), "backward (vocabulary-parallel)");
+    int v0 = tp->rank * Vr;
+    #pragma omp parallel for
+    for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
+        int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                const float* d = dout + ((size_t)b * T + t) * C + c0;
+                float* dpe = dwpe + (size_t)t * C + c0;
+                int row = inp[b * T + t] - v0;
+                for (int c = 0; c < n; c++) { dpe[c] += d[c]; }
+                if (row < 0 || row >= Vr) { continue; }
+                float* dte = dwte + (size_t)row * C + c0;
+                for (int c = 0; c < n; c++) { dte[c] += d[c]; }
+            }
+        }
+    }
+    prof_close();
+}
+
+// probs (n, Vr) := the softmax of each row of logits over the whole vocabulary, of which this rank holds
+// columns v0 .. v0 + Vr - 1 (n, Vr; zero past V); may be in place. The row's maximum and its sum of
+// exponentials are taken over the group (two all-reduces of n floats)
+static void tp_softmax_forward(const TensorParallel* tp, float* probs, const float* logits, int n, int V, int Vr) {
+    prof_mark(PROF_CLASSIFIER, prof_classifier((size_t)n, tp_real_rows(tp, V, Vr), Vr, sizeof(float)),
+              "forward (softmax, cross-entropy; vocabulary-parallel)");
+    int real = tp_real_rows(tp, V, Vr);
+    float* stats = (float*)malloc_check(2 * (size_t)(n > 0 ? n : 1) * sizeof(float));
+    float *row_max = stats, *row_sum = stats + n;
+    #pragma omp parallel for
+    for (int r = 0; r < n; r++) {
+        const float* x = logits + (size_t)r * Vr;
+        float m = -INFINITY;
+        for (int i = 0; i < real; i++) { m = x[i] > m ? x[i] : m; }
+        row_max[r] = m;
+    }
+    tp->max(row_max, (size_t)n, tp->ctx);
+    #pragma omp parallel for
+    for (int r = 0; r < n; r++) {
+        float lane[SOFTMAX_LANES] = {0.0f}, sum = 0.0f;
+        softmax_exp_row(probs + (size_t)r * Vr, logits + (size_t)r * Vr, row_max[r], real, lane, NULL);
+        for (int k = 0; k < SOFTMAX_LANES; k++) { sum += lane[k]; }
+        row_sum[r] = sum;
+    }
+    tp->sum(row_sum, (size_t)n, tp->ctx);
+    #pragma omp parallel for
+    for (int r = 0; r < n; r++) {
+        float* p = probs + (size_t)r * Vr, inv = 1.0f / row_sum[r];
+        for (int i = 0; i < real; i++) { p[i] *= inv; }
+        for (int i = real; i < Vr; i++) { p[i] = 0.0f; }
+    }
+    free(stats);
+    prof_close();
+}
+
+// losses (n) := -log probs[target] of each row, taken by the rank that holds the target (the others
+// give 0) and summed over the group: the same bits on every rank
+static void tp_crossentropy_forward(const TensorParallel* tp, float* losses, const float* probs, const int* targets, int n, int Vr) {
+    int v0 = tp->rank * Vr;
+    for (int r = 0; r < n; r++) {
+        int col = targets[r] - v0;
+        losses[r] = col >= 0 && col < Vr ? -logf(probs[(size_t)r * Vr + col]) : 0.0f;
+    }
+    tp->sum(losses, (size_t)n, tp->ctx);
+}
+
+// dlogits (n, Vr) := (probs - onehot(target)) * dloss on this rank's columns, zero past V (in place allowed)
+static void tp_crossentropy_softmax_backward(const TensorParallel* tp, float* dlogits, const float* probs, const int* targets,
+                                             float dloss, int n, int V, int Vr) {
+    prof_mark(PROF_CLASSIFIER, prof_classifier((size_t)n, tp_real_rows(tp, V, Vr), Vr, sizeof(float)), "backward (vocabulary-parallel)");
+    int v0 = tp->rank * Vr, real = tp_real_rows(tp, V, Vr);
+    #pragma omp parallel for
+    for (int r = 0; r < n; r++) {
+        const float* p = probs + (size_t)r * Vr;
+        float* d = dlogits + (size_t)r * Vr;
+        int col = targets[r] - v0;
+        for (int i = 0; i < real; i++) { d[i] = (p[i] - (i == col ? 1.0f : 0.0f)) * dloss; }
+        for (int i = real; i < Vr; i++) { d[i] = 0.0f; }
+    }
+    prof_close();
+}
 
 // ----------------------------------------------------------------------------
 // the slices: how --tp cuts each parameter tensor (model_config.h's PARAMETER_TP_SPLIT; a rank's
@@ -120,25 +254,28 @@ static void tp_join_params(float* whole, const float* mine, const GPT2Config* c,
 // ----------------------------------------------------------------------------
 // the whole model's weights from the group's slices, a run at a time (checkpoints, the replicas'
 // hash, the initialisation): the model file is the whole model whatever --tp wrote it. Every rank
-// of the group makes the same calls. A read gathers each split tensor's layer from the group's ranks
-// (an all-gather) and hands it on in the whole model's order; a write (the file or the seeded
-// initialisation fills the whole layer) keeps this rank's slice of it. The tensors every rank holds
-// whole go by as they are.
+// of the group makes the same calls. A read hands each split tensor's layer on in the whole model's
+// order: a tensor split by rows (fcw, fcb, wte) rank after rank, each rank's rows broadcast over the
+// group through the staging buffer a piece at a time; one whose ranks' parts interleave (qkvw, qkvb
+// within each of q, k and v; a row-parallel matrix's rows) gathered whole into it first (an
+// all-gather). A write (the file or the seeded initialisation fills the whole model) keeps this
+// rank's part of each. The tensors every rank holds whole go by as they are.
 
 typedef void (*TpChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);  // as trainer.h's ParamChunkFn
 
-// floats of the staging a stream needs: a split tensor's layer, whole (fcw and fcprojw: 4C^2)
+// floats of the staging a stream needs: an interleaved split tensor's layer, whole (fcprojw: 4C^2)
 static size_t tp_staging_floats(const GPT2Config* c) { return 4 * (size_t)c->channels * c->channels; }
 
 typedef struct {
     GPT2Config whole, rank;   // the model's shapes and this rank's (rank.tp: the group's size)
     Dist group;               // the tensor-parallel group
-    ParamSlice* slices;       // the whole model's slices (which tensor each run is of)
-    WeightRun *runs, *whole_runs;  // the rank's weights and the whole model's, run by run: the same runs in order
+    ParamSlice* slices;       // this rank's slices: each run's tensor and layer
+    WeightRun* runs;          // this rank's weights, run by run (a split model has no padding run: wte's rows are Vp/N)
     int nruns, next;          // the runs, and the one the next chunk starts with
-    int* counts;              // (group.world) every rank's floats of the run being gathered
-    float* staging;           // (tp_staging_floats) a split tensor's layer, whole
-    int write;                // 1: the caller fills the whole model and each rank keeps its slices
+    size_t whole_at[NUM_PARAMETER_TENSORS];  // where each tensor begins in the whole model
+    int* counts;              // (group.world) every rank's floats of a run being gathered
+    float* staging;           // (tp_staging_floats)
+    int write;                // 1: the caller fills the whole model and each rank keeps its part
     TpChunkFn fn;             // the caller's, over the whole model
     void* ctx;
 } TpStream;
@@ -147,13 +284,12 @@ static void tp_stream_begin(TpStream* t, const GPT2Config* rank, Dist group, flo
     t->rank = *rank;
     t->whole = gpt2_rank_config(rank, 1);
     t->group = group;
-    t->slices = param_slices_alloc(&t->whole);
-    ParamSlice* rank_slices = param_slices_alloc(&t->rank);
+    t->slices = param_slices_alloc(&t->rank);
     t->runs = (WeightRun*)malloc_check((size_t)(param_slice_count(rank) + 1) * sizeof(WeightRun));
-    t->whole_runs = (WeightRun*)malloc_check((size_t)(param_slice_count(rank) + 1) * sizeof(WeightRun));
-    t->nruns = weight_runs(&t->rank, rank_slices, t->runs);
-    if (weight_runs(&t->whole, t->slices, t->whole_runs) != t->nruns) { fail("tp_stream_begin: the slices' runs differ from the model's (a bug)"); }
-    free(rank_slices);
+    t->nruns = weight_runs(&t->rank, t->slices, t->runs);
+    size_t sizes[NUM_PARAMETER_TENSORS], at = 0;
+    gpt2_parameter_sizes(sizes, &t->whole);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { t->whole_at[i] = at; at += sizes[i]; }
     t->next = 0;
     t->counts = (int*)malloc_check((size_t)group.world * sizeof(int));
     t->staging = staging;
@@ -166,28 +302,52 @@ static void tp_stream_end(TpStream* t) {
     if (t->next != t->nruns) { fail("tp_stream_end: %d of the %d runs of the weights went by (a bug)", t->next, t->nruns); }
     free(t->slices);
     free(t->runs);
-    free(t->whole_runs);
     free(t->counts);
 }
 
-// one run: mine (r.n floats) is this rank's part of the whole model's run w
-static void tp_stream_run(TpStream* t, WeightRun r, WeightRun w, float* mine) {
-    TpSplit split = r.slice < 0 ? TP_WHOLE : PARAMETER_TP_SPLIT[t->slices[r.slice].tensor];
-    if (split == TP_WHOLE) { t->fn(t->ctx, w.offset, mine, r.n); return; }
+// a tensor split by rows: rank q's n floats (mine on rank q) are the whole's floats at + q n ...:
+// read, broadcast from each rank in turn a staging buffer at a time; write, each rank keeps its own
+static void tp_stream_rows(TpStream* t, float* mine, size_t n, size_t at) {
+    size_t piece = tp_staging_floats(&t->whole);
+    for (int q = 0; q < t->group.world; q++) {
+        for (size_t done = 0; done < n; done += piece) {
+            size_t len = n - done < piece ? n - done : piece, whole_at = at + (size_t)q * n + done;
+            if (t->write) {
+                t->fn(t->ctx, whole_at, t->staging, len);
+                if (q == t->group.rank) { memcpy(mine + done, t->staging, len * sizeof(float)); }
+            } else {
+                if (q == t->group.rank) { memcpy(t->staging, mine + done, len * sizeof(float)); }
+                dist_broadcast_floats_over(t->staging, len, q, t->group);
+                t->fn(t->ctx, whole_at, t->staging, len);
+            }
+        }
+    }
+}
+
+// one run of this rank's weights, r (mine: its r.n floats): slice r.slice's part of the whole model
+static void tp_stream_run(TpStream* t, WeightRun r, float* mine) {
+    if (r.slice < 0) { fail("tp_stream_run: a padding run in a split model (a bug: wte's rows are Vp/N there)"); }
+    const ParamSlice* sl = &t->slices[r.slice];
+    int i = sl->tensor, l = sl->layer < 0 ? 0 : sl->layer;
     size_t rows, cols, N = (size_t)t->group.world, rank = (size_t)t->group.rank;
-    gpt2_tensor_shape(t->slices[r.slice].tensor, &t->whole, &rows, &cols);
-    if (rows * cols != w.n || w.n != N * r.n || w.n > tp_staging_floats(&t->whole)) { fail("tp_stream_run: a slice of %zu floats of a %zu x %zu tensor (a bug)", r.n, rows, cols); }
-    if (t->write) {  // the whole layer from the caller, this rank's slice kept
-        t->fn(t->ctx, w.offset, t->staging, w.n);
+    gpt2_tensor_shape(i, &t->whole, &rows, &cols);
+    size_t at = t->whole_at[i] + (size_t)l * rows * cols;  // the whole layer of the tensor, in the whole model
+    TpSplit split = PARAMETER_TP_SPLIT[i];
+    if (split == TP_WHOLE) { t->fn(t->ctx, at, mine, r.n); return; }
+    if (rows * cols != N * r.n) { fail("tp_stream_run: a slice of %zu floats of a %zu x %zu tensor (a bug)", r.n, rows, cols); }
+    if (split == TP_ROWS) { tp_stream_rows(t, mine, r.n, at); return; }
+    if (rows * cols > tp_staging_floats(&t->whole)) { fail("tp_stream_run: %zu x %zu beyond the staging buffer (a bug)", rows, cols); }
+    if (t->write) {  // the whole layer from the caller, this rank's part kept
+        t->fn(t->ctx, at, t->staging, rows * cols);
         tp_copy_slice(mine, t->staging, rows, cols, split, (int)rank, (int)N, 1);
         return;
     }
     for (size_t q = 0; q < N; q++) { t->counts[q] = (int)r.n; }
     memcpy(t->staging + rank * r.n, mine, r.n * sizeof(float));
-    dist_allgather_floats(t->staging, t->counts, t->group);  // rank q's slice at q * r.n
-    // handed on in the whole model's order: the rows of q in turn (within each of q, k and v), or each
-    // row's columns of q in turn
-    size_t parts = split == TP_COLUMNS ? rows : split == TP_ROWS_QKV ? 3 : 1, piece = r.n / parts, at = w.offset;
+    dist_allgather_floats(t->staging, t->counts, t->group);  // rank q's part at q * r.n
+    // handed on in the whole model's order: within each of q, k and v the rows of rank after rank, or
+    // each row's columns of rank after rank
+    size_t parts = split == TP_COLUMNS ? rows : 3, piece = r.n / parts;
     for (size_t p = 0; p < parts; p++) {
         for (size_t q = 0; q < N; q++, at += piece) { t->fn(t->ctx, at, t->staging + q * r.n + p * piece, piece); }
     }
@@ -200,8 +360,8 @@ static void tp_stream_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
         if (t->next >= t->nruns || t->runs[t->next].offset != offset + done || t->runs[t->next].n > n - done) {
             fail("tp_stream_chunk: a chunk of the weights that is not whole runs of them (a bug)");
         }
-        WeightRun r = t->runs[t->next], w = t->whole_runs[t->next];
-        tp_stream_run(t, r, w, chunk + done);
+        WeightRun r = t->runs[t->next];
+        tp_stream_run(t, r, chunk + done);
         done += r.n;
         t->next++;
     }

@@ -379,6 +379,7 @@ static uint32_t state_header_crc(const int h[FILE_HEADER_INTS]) {
 }
 
 static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
+    if (s->tp < 1) { fail("state_file_write: --tp %d (a bug: 1 without --tp)", s->tp); }
     int h[FILE_HEADER_INTS] = {0};
     h[STATE_SLOT_MAGIC] = STATE_MAGIC;
     h[STATE_SLOT_VERSION] = STATE_VERSION;

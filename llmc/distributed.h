@@ -421,6 +421,22 @@ static void dist_allreduce_floats_over(float* buf, size_t n, Dist d) {
 #endif
 }
 
+// buf (n) := the largest of buf over the ranks of group d, element by element
+static void dist_allreduce_max_floats_over(float* buf, size_t n, Dist d) {
+    if (d.world < 2) { return; }
+    g_dist_collectives++;
+    if (dist_carried()) { dist_carrier_over(d, "dist_allreduce_max_floats_over")->allreduce(buf, n, DIST_FLOAT, DIST_MAX); return; }
+#ifdef USE_MPI
+    for (size_t done = 0; done < n; ) {  // MPI counts are ints
+        size_t k = n - done < (size_t)INT_MAX ? n - done : (size_t)INT_MAX;
+        mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + done, (int)k, MPI_FLOAT, MPI_MAX, dist_comm(d)));
+        done += k;
+    }
+#else
+    (void)buf; (void)n;
+#endif
+}
+
 // buf (n) := the sum of every rank's buf
 static void dist_allreduce_sum_floats(float* buf, size_t n) {
     Dist world = {0, g_dist_world, DIST_WORLD};  // the rank does not matter to a sum
@@ -566,6 +582,22 @@ static void dist_local(int* rank, int* ranks) {
 }
 static int dist_local_ranks(void) { int r, n; dist_local(&r, &n); return n; }
 static int dist_local_rank(void) { int r, n; dist_local(&r, &n); return r; }
+
+// buf (n floats) := the buf of rank root of group d, on every rank of d
+static void dist_broadcast_floats_over(float* buf, size_t n, int root, Dist d) {
+    if (d.world < 2) { return; }
+    g_dist_collectives++;
+    if (dist_carried()) { dist_carrier_over(d, "dist_broadcast_floats_over")->broadcast(buf, n * sizeof(float), root); return; }
+#ifdef USE_MPI
+    for (size_t done = 0; done < n; ) {  // MPI counts are ints
+        size_t k = n - done < (size_t)INT_MAX ? n - done : (size_t)INT_MAX;
+        mpi_check(MPI_Bcast(buf + done, (int)k, MPI_FLOAT, root, dist_comm(d)));
+        done += k;
+    }
+#else
+    (void)buf; (void)n; (void)root;
+#endif
+}
 
 // buf (bytes) := root's buf, on every rank (e.g. NCCL's unique id from rank 0)
 static void dist_broadcast_bytes(void* buf, size_t bytes, int root) {

@@ -137,7 +137,8 @@ static const int PARAMETER_IS_PER_LAYER[NUM_PARAMETER_TENSORS] = {0,0,1,1,1,1,1,
 // --tp (cpu/tensor_parallel.h): how each tensor is cut over the ranks of a tensor-parallel group.
 // A column-parallel matrix (qkvw, fcw) gives each rank rows (qkvw: its heads' rows in each of q, k
 // and v), and its bias the same elements; a row-parallel one (attprojw, fcprojw) gives each rank
-// columns. Everything else is whole on every rank
+// columns; wte gives each rank Vp/N rows of the vocabulary (the embedding and the classifier split
+// over the vocabulary, Megatron-LM's vocabulary-parallel layers). Everything else is whole on every rank
 typedef enum {
     TP_WHOLE,     // every rank holds it all (embeddings, LayerNorms, the row-parallel biases)
     TP_ROWS,      // rank r holds rows r/N..(r+1)/N of each layer's (rows, cols): a column-parallel matrix, its bias
@@ -146,7 +147,7 @@ typedef enum {
 } TpSplit;
 
 static const TpSplit PARAMETER_TP_SPLIT[NUM_PARAMETER_TENSORS] = {
-    TP_WHOLE, TP_WHOLE, TP_WHOLE, TP_WHOLE,   // wte, wpe, ln1w, ln1b
+    TP_ROWS, TP_WHOLE, TP_WHOLE, TP_WHOLE,    // wte (Vp, C): by the vocabulary; wpe, ln1w, ln1b
     TP_ROWS_QKV, TP_ROWS_QKV,                 // qkvw (3C, C), qkvb (3C)
     TP_COLUMNS, TP_WHOLE, TP_WHOLE, TP_WHOLE, // attprojw (C, C), attprojb, ln2w, ln2b
     TP_ROWS, TP_ROWS,                         // fcw (4C, C), fcb (4C)
@@ -176,12 +177,17 @@ static GPT2Config gpt2_rank_config(const GPT2Config* c, int tp) {
 }
 
 // why the model c cannot be split over tp ranks, or NULL: every rank takes whole heads (and so whole
-// channels of C, 3C and 4C: NH divides C)
+// channels of C, 3C and 4C: NH divides C) and an equal part of the padded vocabulary Vp
 static const char* gpt2_tp_refusal(const GPT2Config* c, int tp) {
     static char why[200];
     if (tp < 1) { snprintf(why, sizeof(why), "--tp %d: a tensor-parallel group has at least 1 rank", tp); return why; }
     if (c->num_heads % tp != 0) {
         snprintf(why, sizeof(why), "--tp %d: the model's %d heads do not split over %d ranks (each takes whole heads)", tp, c->num_heads, tp);
+        return why;
+    }
+    if (c->padded_vocab_size % tp != 0) {
+        snprintf(why, sizeof(why), "--tp %d: the model's padded vocabulary Vp = %d does not split over %d ranks (each takes Vp/%d rows of wte)",
+                 tp, c->padded_vocab_size, tp, tp);
         return why;
     }
     return NULL;

@@ -13,6 +13,11 @@ One optimizer "parameter" is one torch tensor of the reference (dev/reference/RE
 layer l's slice of a per-layer tensor is its own parameter (qkvw of layer l is its own
 (3C, C) matrix, ln1w of layer l its own (C) vector); wte is one (V, C) matrix over the
 UNPADDED rows (rows V..Vp-1 are never read or written: they stay zero); wpe is (maxT, C).
+With --tp a rank's slice of each tensor is its parameter (its rows or columns: model_config.h),
+whose statistics over the whole tensor add the group's parts (OptShard.tp_sum). Split over the
+vocabulary, wte's slice is a rank's Vp/N rows, the padded ones of the last ranks included: their
+gradient is always zero, so they stay zero, and the statistics count the V real rows only
+(ParamSlice.whole_rows), so they are the whole tensor's but for the zeros' eps1 terms.
 A slice with rows == 1 or cols == 1 is a vector; every other slice is a matrix (unlike torch,
 which factors every 2-D tensor: they differ only for a model with maxT == 1 or V == 1).
 Adafactor and CAME keep FACTORED second moments for matrices (a row and a column
@@ -233,10 +238,19 @@ typedef struct {
     int rows, cols;  // rows == 1: a vector; with --tp a rank's slice of the tensor (model_config.h's gpt2_tensor_shape)
     size_t offset;   // floats from the start of the parameters (and of the gradients)
     int tp;          // the tensor-parallel ranks that hold the other slices of it (--tp), 1: this rank holds it whole
+    int whole_rows;  // rows of the whole tensor that its statistics count (a matrix; wte: its V real rows); 1 for a vector
+    size_t whole;    // elements of the whole tensor that its statistics count
 } ParamSlice;
 
 #define OUTER_GROUP (-1)  // the layer of wte, wpe, lnfw, lnfb: the outer slices, a group in place of a layer
 #define ALL_SLICES (-2)   // a layer filter that takes every slice (OUTER_GROUP: the outer slices; l: layer l's)
+
+// a slice that is a whole tensor of its own, (rows, cols) at offset 0 (the optimizers' tests)
+static ParamSlice param_slice_alone(int tensor, int rows, int cols) {
+    ParamSlice s = {.tensor = tensor, .layer = OUTER_GROUP, .rows = rows, .cols = cols, .offset = 0, .tp = 1,
+                    .whole_rows = rows, .whole = (size_t)rows * cols};
+    return s;
+}
 
 // tensors 2 (ln1w) .. 13 (fcprojb) hold one slice per layer, layer-major
 static int tensor_is_per_layer(int i) { return i >= 2 && i <= 13; }
@@ -244,7 +258,8 @@ static int tensor_is_per_layer(int i) { return i >= 2 && i <= 13; }
 static int param_slice_count(const GPT2Config* c) { return 4 + 12 * c->num_layers; }
 
 // fills s[param_slice_count(c)] in checkpoint order; shapes as in gpt2_parameter_sizes (a rank's
-// slices with --tp), vectors as (1, n), wte over its V real rows
+// slices with --tp), vectors as (1, n), wte over its V real rows (--tp: a rank's Vp/N rows, the
+// statistics over the V real rows of the whole)
 static void param_slices(ParamSlice* s, const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS], off = 0;
     gpt2_parameter_sizes(sizes, c);
@@ -253,11 +268,18 @@ static void param_slices(ParamSlice* s, const GPT2Config* c) {
         size_t r, cl;
         gpt2_tensor_shape(i, c, &r, &cl);
         int rows = cl == 1 ? 1 : (int)r, cols = cl == 1 ? (int)r : (int)cl;  // a vector: (1, n)
-        if (i == 0) { rows = c->vocab_size; }  // wte: the V real rows only
+        int tp = PARAMETER_TP_SPLIT[i] == TP_WHOLE ? 1 : gpt2_tp(c);
+        int whole_rows = rows * (PARAMETER_TP_SPLIT[i] == TP_COLUMNS || cl == 1 ? 1 : tp);
+        size_t whole = (size_t)rows * cols * tp;
+        if (i == 0) {  // wte: the V real rows (one process: its slice; --tp: what the statistics count)
+            whole_rows = c->vocab_size;
+            whole = (size_t)c->vocab_size * cols;
+            if (tp == 1) { rows = c->vocab_size; }
+        }
         int layers = tensor_is_per_layer(i) ? c->num_layers : 1;
         for (int l = 0; l < layers; l++) {
             ParamSlice p = {.tensor = i, .layer = tensor_is_per_layer(i) ? l : OUTER_GROUP, .rows = rows, .cols = cols,
-                            .offset = off + (size_t)l * r * cl, .tp = PARAMETER_TP_SPLIT[i] == TP_WHOLE ? 1 : gpt2_tp(c)};
+                            .offset = off + (size_t)l * r * cl, .tp = tp, .whole_rows = whole_rows, .whole = whole};
             s[n++] = p;
         }
         off += sizes[i];
@@ -353,8 +375,6 @@ static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* o
     sh.factored = opt_is_matrix(s->rows, s->cols);
     sh.rows = sh.factored ? end - begin : 1;
     sh.cols = sh.factored ? s->cols : end - begin;
-    sh.total_rows = sh.factored ? s->rows : 1;
-    sh.total = (size_t)s->rows * s->cols;
     sh.state_units = (size_t)slice_units_per_rank(s, z->world, z->format);
     sh.width = width;
     int col_end;
@@ -369,9 +389,9 @@ static OptShard slice_shard(const ParamSlice* s, const OptSharding* z, size_t* o
     TpSplit split = s->tp > 1 ? PARAMETER_TP_SPLIT[s->tensor] : TP_WHOLE;  // --tp: the whole tensor's other parts
     sh.tp_rows = split == TP_ROWS || split == TP_ROWS_QKV;
     sh.tp_cols = split == TP_COLUMNS;
-    sh.total_cols = s->cols * (sh.tp_cols ? s->tp : 1);
-    if (sh.tp_rows && sh.factored) { sh.total_rows *= s->tp; }
-    if (split != TP_WHOLE) { sh.total *= (size_t)s->tp; }
+    sh.total_cols = sh.factored ? (int)(s->whole / (size_t)s->whole_rows) : 1;
+    sh.total_rows = sh.factored ? s->whole_rows : 1;
+    sh.total = s->whole;
     sh.tp_sum = split != TP_WHOLE ? z->tp_sum : NULL;
     *offset = (size_t)begin * width;
     return sh;

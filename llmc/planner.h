@@ -179,15 +179,17 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     }
 }
 
-static size_t plan_outer_weights_of(const GPT2Config* c) {
-    return ((size_t)c->padded_vocab_size + c->max_seq_len) * c->channels + 2 * (size_t)c->channels;
+// A layer has Pl = 12C^2 + 13C weights, the rest Pr = (Vp + maxT)C + 2C (--tp N: a rank's slices,
+// (12C^2 + 7C)/N + 6C and (Vp/N + maxT)C + 2C)
+static size_t plan_outer_weights(const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, c);
+    return sizes[0] + sizes[1] + sizes[NUM_PARAMETER_TENSORS - 2] + sizes[NUM_PARAMETER_TENSORS - 1];  // wte, wpe, lnfw, lnfb
 }
-static size_t plan_outer_weights(const GPT2Config* c) { return plan_outer_weights_of(c); }
-// A layer has Pl = 12C^2 + 13C weights (--tp N: (12C^2 + 7C)/N + 6C, a rank's slices), the rest Pr = (Vp + maxT)C + 2C
 static size_t plan_layer_weights(const GPT2Config* c) {
     GPT2Config one = *c;
     one.num_layers = 1;
-    return gpt2_num_parameters(&one) - plan_outer_weights_of(c);
+    return gpt2_num_parameters(&one) - plan_outer_weights(c);
 }
 // A rank's shard under ZeRO-2 and 3 (opt_layout.h's shard_block_offsets, shard_layout): its padded
 // blocks of every slice, E floats, as the ZeRO-1 state counts them ([x] = ceil(x / N)); Eℓ of them

@@ -868,7 +868,7 @@ static void check_tp_option(const TrainOptions* o, const GPT2Config* c, int worl
              o->plan_only ? ", or --plan --plan-ranks N with N a multiple of --tp" : "");
     }
     const char* why = gpt2_tp_refusal(c, o->tp);
-    if (why != NULL) { fail("%s\n  hint: a --tp that divides NH = %d", why, c->num_heads); }
+    if (why != NULL) { fail("%s\n  hint: a --tp that divides both NH = %d and Vp = %d", why, c->num_heads, c->padded_vocab_size); }
 }
 
 // checks the options against each other, the model and the number of data-parallel ranks (world:

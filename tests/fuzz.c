@@ -89,8 +89,9 @@ static void fuzz_state(const char* path) {
     s.B = FUZZ_B;
     s.T = FUZZ_T;
     s.optimizer = OPT_ADAMW;
-    Dist one = {0, 1, DIST_WORLD};
-    s.dist = one;
+    Dist one = {0, 1, DIST_WORLD}, no_tp = {0, 1, DIST_TENSOR};
+    s.dist = s.world = one;
+    s.tensor = no_tp;
     float* params = (float*)malloc_check(P * sizeof(float));
     HostView h = {NULL, optimizer_state_floats(&cfg, OPT_ADAMW, 0, 1)};
     h.opt_state = (float*)malloc_check(h.opt_floats * sizeof(float));

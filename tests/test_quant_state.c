@@ -758,7 +758,7 @@ static int moment_matches(const TestMoment* t, const float* want, size_t n, int 
 }
 
 static OptShard whole_slice(int rows, int cols) {
-    ParamSlice s = {0, -1, rows, cols, 0};
+    ParamSlice s = param_slice_alone(0, rows, cols);
     size_t offset;
     return slice_shard(&s, &OPT_UNSHARDED, &offset);
 }

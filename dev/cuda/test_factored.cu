@@ -74,7 +74,7 @@ static const Case CASES[] = {
 // d.rank's ZeRO-1 part, whose sums cross the ranks by the CPU trainer's MPI hooks (the device's by
 // NCCL); *offset: floats from the slice's start to the part's
 static OptShard slice_part(int rows, int cols, const Dist& d, size_t* offset) {
-    ParamSlice s = {0, -1, rows, cols, 0};
+    ParamSlice s = param_slice_alone(0, rows, cols);
     OptSharding z = {d.rank, d.world, dist_allreduce_sum_doubles, dist_allgather_floats_world, 0};
     return slice_shard(&s, d.world > 1 ? &z : &OPT_UNSHARDED, offset);
 }
@@ -212,7 +212,7 @@ static void bench_factored() {
 
 int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "sharded") == 0) {  // run_tests.sh: the message
-        ParamSlice s = {0, -1, 8, 4, 0};
+        ParamSlice s = param_slice_alone(0, 8, 4);
         OptSharding z = {0, 2, NULL, NULL, 0};
         size_t offset;
         OptShard sh = slice_shard(&s, &z, &offset);

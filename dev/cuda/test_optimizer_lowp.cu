@@ -194,7 +194,7 @@ static void test_adamw_bf16(const Case& c, int nan_grad) {
 // cuda/factored_lowp.cuh against the fp32 device update (adafactor_update_m_cuda, came_update_m_cuda)
 // on the dequantized M, whose new M the host then quantizes (or rounds) as the CPU does
 static void test_factored(int came, int rows, int cols, QStateFormat f, const QStateMaps* d_maps) {
-    ParamSlice slice = {0, -1, rows, cols, 0};
+    ParamSlice slice = param_slice_alone(0, rows, cols);
     size_t offset;
     OptShard sh = slice_shard(&slice, &OPT_UNSHARDED, &offset);
     size_t n = (size_t)rows * cols, nb = qstate_blocks(n);
