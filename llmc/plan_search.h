@@ -62,10 +62,11 @@ static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--recompute", {"none", "gelu", "attn", "gelu,attn", "sqrt", "sqrt,gelu,attn", "1", "1,gelu,attn"}, 1, 0},
     {"--offload", {"0", "activations", "optimizer", "activations,optimizer", "optimizer,gradients", "activations,optimizer,gradients"}, 1, 0},
     {"--zero", {"0", "1", "2", "3"}, 2, 0},
+    {"--tp", {"1", "2", "4", "8"}, 2, 0},  // a --tp that does not divide the ranks, the heads or Vp: refused, listed with why
     {"--loss-chunk", {"0", PLAN_LOSS_CHUNK}, 1, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
-#define PLAN_MAX_CANDIDATES 4096  // 3 optimizers x 3 state formats x 8 x 6 x 4 x 2 = 3,456 with ranks
+#define PLAN_MAX_CANDIDATES 16384  // 3 optimizers x 3 state formats x 8 x 6 x 4 x 4 x 2 = 13,824 with ranks
 
 static int plan_dimension_size(const PlanDimension* d) {
     int n = 0;
@@ -115,6 +116,10 @@ static void plan_candidate_options(const PlanSearch* s, const PlanCandidate* c, 
         if (f == NULL) { fail("plan_search.h: PLAN_DIMENSIONS names %s, which is not a flag", dim->flag); }
         set_flag(o, f, dim->values[c->value[d]]);
     }
+    // another --tp keeps the step's tokens: -d -1 means a micro-batch on every data-parallel rank, and
+    // --tp changes their number (world / tp), so the candidate says the base's total (B T world / its tp)
+    int64_t tokens = (int64_t)o->batch_size * o->seq_len * (s->world / (s->base->tp > 0 ? s->base->tp : 1));
+    if (o->tp != s->base->tp && o->total_batch_size == -1 && tokens <= INT_MAX) { o->total_batch_size = (int)tokens; }
 }
 
 // a fail() message on one line, without its hint

@@ -218,6 +218,32 @@ def zero8x80(a):
     return "\n".join(rows) + "\n"
 
 
+TP8_LAYOUTS = [(1, 0), (2, 0), (4, 0), (1, 3), (2, 1), (2, 3), (4, 1), (4, 3)]  # (--tp, --zero) on 8 ranks
+
+
+def tp8x80(a):
+    """per layout of 8 ranks (--tp and --zero over the 8 / tp data-parallel ranks), the largest preset the CPU
+    trainer plans within 80 GB a rank (fp32, AdamW, ZERO8_COMMON), and d84's plan a rank; a preset whose
+    heads or padded vocabulary --tp does not divide is skipped, and d84's cell says why"""
+    rows = ["| `--tp` | `--zero` | data-parallel ranks | largest preset in 80 GB a rank | its memory a rank | d84 a rank |",
+            "|---|---|---|---|---|---|"]
+    for tp, zero in TP8_LAYOUTS:
+        fits, d84 = None, None
+        for model in ZERO8_PRESETS:
+            out = run(a.train, ["--plan", "-e", model, "--tp", str(tp), "--zero", str(zero)] + ZERO8_COMMON, refusal="do not split over")
+            if out is None:
+                if model == "d84":
+                    d84 = "refused: --tp divides neither its heads nor Vp"
+                continue
+            b = table_bytes(out, "total")
+            if b <= ZERO8_BUDGET:
+                fits = (model, b)
+            if model == "d84":
+                d84 = f"{b / GIB:.1f} GiB"
+        rows.append(f"| {tp} | {zero} | {8 // tp} | {fits[0] if fits else 'none'} | {f'{fits[1] / GIB:.1f} GiB' if fits else '-'} | {d84} |")
+    return "\n".join(rows) + "\n"
+
+
 def compare_sets(a):
     """scripts/compare_flags.py's default flag sets"""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -226,7 +252,7 @@ def compare_sets(a):
 
 
 GENERATORS = {"compare_sets": compare_sets, "usage": usage, "presets": presets, "d48_40gib": d48_40gib, "recommendations": recommendations, "gpu80": gpu80,
-              "zero8x80": zero8x80}
+              "zero8x80": zero8x80, "tp8x80": tp8x80}
 
 
 # ----------------------------------------------------------------------------
