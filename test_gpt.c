@@ -591,10 +591,10 @@ static void test_dataloader(const char* dir) {
 // and together. Segment sizes beyond a model's L are clamped to L; a policy the trainer
 // refuses for a model (offload with one segment) is skipped.
 static const ActPolicy TEST_POLICIES[] = {
-    {0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0}, {3, 0, 0, 0, 0, 0}, {0, 1, 0, 0, 0, 0}, {0, 0, 1, 0, 0, 0}, {0, 1, 1, 0, 0, 0},
-    {2, 1, 1, 0, 0, 0}, {0, 0, 0, 1, 0, 0}, {0, 1, 1, 1, 0, 0}, {1, 0, 0, 1, 0, 0}, {2, 0, 1, 1, 0, 0}, {3, 1, 0, 1, 0, 0},
+    {0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0}, {3, 0, 0, 0, 0, 0, 0}, {0, 1, 0, 0, 0, 0, 0}, {0, 0, 1, 0, 0, 0, 0}, {0, 1, 1, 0, 0, 0, 0},
+    {2, 1, 1, 0, 0, 0, 0}, {0, 0, 0, 1, 0, 0, 0}, {0, 1, 1, 1, 0, 0, 0}, {1, 0, 0, 1, 0, 0, 0}, {2, 0, 1, 1, 0, 0, 0}, {3, 1, 0, 1, 0, 0, 0},
     // flash attention (attn is implied): alone, with gelu, checkpointing and offload
-    {0, 0, 1, 0, 1, 0}, {0, 1, 1, 0, 1, 0}, {2, 0, 1, 0, 1, 0}, {0, 0, 1, 1, 1, 0}, {1, 1, 1, 1, 1, 0},
+    {0, 0, 1, 0, 1, 0, 0}, {0, 1, 1, 0, 1, 0, 0}, {2, 0, 1, 0, 1, 0, 0}, {0, 0, 1, 1, 1, 0, 0}, {1, 1, 1, 1, 1, 0, 0},
 };
 #define NUM_TEST_POLICIES ((int)(sizeof(TEST_POLICIES) / sizeof(TEST_POLICIES[0])))
 
@@ -619,7 +619,8 @@ static void policy_name(char* out, size_t n, const ActPolicy* p) {
 static void check_layout_closed_form(const GPT2Config* c, int B, int T, int flash, int chunk) {
     size_t F = sizeof(float), BT = (size_t)B * T, BTC = BT * c->channels, att = (size_t)B * c->num_heads * T * T;
     size_t lse = (size_t)B * c->num_heads * T, K = chunk > 0 && (size_t)chunk < BT ? (size_t)chunk : BT;
-    BackendLayout l = gpt2_layout(c, B, T, PRECISION_FP32, flash, chunk);
+    const ActPolicy layout_policy = {.flash = flash, .loss_chunk = chunk};
+    BackendLayout l = gpt2_layout(c, B, T, PRECISION_FP32, &layout_policy);
     int ok = l.param_bytes == F && l.grad_bytes == F && l.layer == F * (16 * BTC + 4 * BT + (flash ? lse : att)) &&
              l.layer_gelu == F * 4 * BTC && l.layer_att == (flash ? 0 : F * att) && l.residual == F * BTC &&
              l.head == F * (K * c->channels + 3 * BT + K * c->padded_vocab_size) && l.head_rows == (int)K &&
@@ -643,7 +644,7 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     DataLoader dl;
     dataloader_init(&dl, shard, B, T, last_rank.rank, world, cfg->vocab_size);
     int* gen = sample_buffer_alloc(T);
-    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol->flash, pol->loss_chunk),
+    PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol),
                      QSTATE_FP32};
     MemPlan p = plan_memory(cfg, in);
     int same = 1;
@@ -747,12 +748,12 @@ static void test_recompute_offload_bitwise(void) {
     float* got_g = (float*)malloc_check(P * sizeof(float));
     float* got_p = (float*)malloc_check(P * sizeof(float));
     // plain training with each attention: the stored weights (matmul), then flash
-    const ActPolicy plain[2] = {{0, 0, 0, 0, 0, 0}, {0, 0, 1, 0, 1, 0}};
+    const ActPolicy plain[2] = {{0, 0, 0, 0, 0, 0, 0}, {0, 0, 1, 0, 1, 0, 0}};
     for (int flash = 0; flash < 2; flash++) {
         train_with_policy(&plain[flash], want_losses, want_g, want_p);
         // TEST_POLICIES of this attention after plain, then one segment of all 5 layers, and k=4 (4,1)
         // with gelu and offload
-        const ActPolicy more[2] = {{5, 0, flash, 0, flash, 0}, {4, 1, flash, 1, flash, 0}};
+        const ActPolicy more[2] = {{5, 0, flash, 0, flash, 0, 0}, {4, 1, flash, 1, flash, 0, 0}};
         for (int i = 1; i < NUM_TEST_POLICIES + 2; i++) {
             ActPolicy pol;
             if (i >= NUM_TEST_POLICIES) { pol = more[i - NUM_TEST_POLICIES]; }
@@ -833,7 +834,7 @@ static void test_tensor_parallel_block(void) {
             {
                 #pragma omp single
                 team_size = omp_get_num_threads();
-                TensorParallel tp = {omp_get_thread_num(), n, tp_team_sum, &team, NULL};
+                TensorParallel tp = {omp_get_thread_num(), n, tp_team_sum, &team, NULL, NULL, NULL, NULL, NULL};
                 if (team_size == n) { tp_block_run(&ranks[tp.rank], x, dy, &pol, tp); }
             }
             char name[256];
@@ -1005,9 +1006,9 @@ static void test_loss_chunk(void) {
     }
     // with every other memory flag: recompute, offload, flash attention change nothing of a chunked run
     for (int flash = 0; flash < 2; flash++) {
-        ActPolicy base = {0, 0, flash, 0, flash, 7};
+        ActPolicy base = {0, 0, flash, 0, flash, 7, 0};
         ChunkRun want = train_chunked(&base, OPT_ADAMW, 0, B, T);
-        const ActPolicy others[3] = {{1, 1, 1, 1, flash, 7}, {2, 0, 1, 0, flash, 7}, {0, 1, flash, 1, flash, 7}};
+        const ActPolicy others[3] = {{1, 1, 1, 1, flash, 7, 0}, {2, 0, 1, 0, flash, 7, 0}, {0, 1, flash, 1, flash, 7, 0}};
         for (int i = 0; i < 3; i++) {
             ChunkRun got = train_chunked(&others[i], OPT_ADAMW, 0, B, T);
             char pn[96];

@@ -14,7 +14,8 @@ each, and live in their own files: --recompute and --offload activations in cpu/
 (the schedule: llmc/act_policy.h), --zero in cpu/zero.h (its exchanges: cpu/host_step.h),
 --loss-chunk in forward's head loop; --profile's marks are inside the layers. --tp N (tensor
 parallelism: cpu/tensor_parallel.h, doc/tensor_parallel.md) gives a rank its slices of each layer:
-its config's tp sizes every tensor, and the block adds the group's partial sums at the hook tp_sum.
+its config's tp sizes every tensor, and the block adds the group's partial sums at the hook tp_reduce
+(with --sp a rank's rows of them, its rows met at tp_gather before the split matmuls).
 
     make train_gpt && ./train_gpt             # d6 on TinyShakespeare (make run prepares the data)
     ./train_gpt -e d12 -b 4 -t 64             # GPT-2 124M
@@ -199,15 +200,16 @@ void gpt2_check_setup(const ModelSetup* s) {
 }
 
 // the CPU's tensors in bytes, for the memory planner: everything fp32; c: the whole model, or with
-// --tp (c->tp = N > 1) a rank's slices, whose blocks hold NH/N heads and 4C/N hidden units
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash, int loss_chunk) {
+// --tp (c->tp = N > 1) a rank's slices, whose blocks hold NH/N heads and 4C/N hidden units; with --sp
+// (act->sp) the residual stream and the LayerNorms a rank's B T/N rows, and one (B,T,C) buffer where they meet
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, const ActPolicy* act) {
     (void)precision;  // fp32 only (gpt2_check_setup)
-    int C = c->channels, NH = c->num_heads, N = gpt2_tp(c);
+    int C = c->channels, NH = c->num_heads, N = gpt2_tp(c), flash = act->flash, sp = act->sp;
     // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
-    const ActPolicy all = {.attn = flash, .flash = flash, .loss_chunk = loss_chunk};
-    const ActPolicy gelu = {.gelu = 1, .attn = flash, .flash = flash}, attn = {.attn = 1, .flash = flash};
+    const ActPolicy all = {.attn = flash, .flash = flash, .loss_chunk = act->loss_chunk, .sp = sp};
+    const ActPolicy gelu = {.gelu = 1, .attn = flash, .flash = flash, .sp = sp}, attn = {.attn = 1, .flash = flash, .sp = sp};
     int K = act_head_rows(&all, (size_t)B * T);
-    size_t F = sizeof(float), layer = act_layer_floats(B, T, C, NH, N, &all);
+    size_t F = sizeof(float), layer = act_layer_floats(B, T, C, NH, N, &all), R = act_residual_rows(&all, (size_t)B * T, N);
     size_t bwd[NUM_BACKWARD_BUFFERS], backward = 0;
     backward_buffer_elems(bwd, B, T, C, NH, N, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bwd[i]; }
@@ -215,12 +217,15 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
         .param_bytes = F, .grad_bytes = F, .layer = layer * F,
         .layer_gelu = (layer - act_layer_floats(B, T, C, NH, N, &gelu)) * F,
         .layer_att = (layer - act_layer_floats(B, T, C, NH, N, &attn)) * F,
-        .residual = (size_t)B * T * C * F,
+        .residual = R * C * F,
+        .sp_gathered = act_sp_gathered_floats(&all, (size_t)B * T, C) * F,
         .head = act_head_floats(B, T, C, c->padded_vocab_size / N, K) * F,  // --tp: a rank's Vp/N columns of the logits
         .backward = backward * F,
-        .layer_formula = N > 1 ? (flash ? "4(4BTC + 12BTC/N + 4BT + B NH T/N)" : "4(4BTC + 12BTC/N + 4BT + B NH T^2/N)")
+        .layer_formula = sp ? (flash ? "4(4BTC/N + 12BTC/N + 4BT/N + B NH T/N)" : "4(4BTC/N + 12BTC/N + 4BT/N + B NH T^2/N)")
+                       : N > 1 ? (flash ? "4(4BTC + 12BTC/N + 4BT + B NH T/N)" : "4(4BTC + 12BTC/N + 4BT + B NH T^2/N)")
                                : (flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)"),
-        .backward_formula = N > 1 ? (flash ? "4(2BTC + 11BTC/N)" : "4(2BTC + 11BTC/N + B NH T^2/N)")
+        .backward_formula = sp ? (flash ? "4(BTC + BTC/N + 11BTC/N)" : "4(BTC + BTC/N + 11BTC/N + B NH T^2/N)")
+                          : N > 1 ? (flash ? "4(2BTC + 11BTC/N)" : "4(2BTC + 11BTC/N + B NH T^2/N)")
                                   : (flash ? "4(13BTC)" : "4(13BTC + B NH T^2)"),
         .working_bytes = F,  // the CPU's kernels read the fp32 weights themselves
         .head_formula = N > 1 ? "4(3BT + K(C + Vp/N))" : "4(3BT + K(C + Vp))", .head_rows = K,
@@ -268,7 +273,6 @@ GPT2* gpt2_create(const ModelSetup* s) {
     m->num_parameters = gpt2_num_parameters(&m->config);
     m->dist = s->dist;
     m->tensor = s->tensor;
-    m->tp = s->tensor.world > 1 ? tp_of_group(&m->tensor) : TP_NONE;
     if (s->tensor.world > 1) {
         m->tp_staging = (float*)mem_alloc(MEM_PARAMETERS, tp_staging_floats(&m->config) * sizeof(float));
         m->tp_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)m->config.padded_vocab_size * sizeof(float));
@@ -287,6 +291,8 @@ GPT2* gpt2_create(const ModelSetup* s) {
     } else {
         act_alloc(&m->acts, &s->act, &m->config, s->B, s->T);  // forward only: no gradients, optimizer state or backward buffers
     }
+    size_t BTC = (size_t)s->B * s->T * m->config.channels;  // --sp's rows meet in the activations' gathered buffer
+    m->tp = s->tensor.world > 1 ? tp_of_group(&m->tensor, m->acts.sp_gathered, BTC) : TP_NONE;
     return m;
 }
 
@@ -341,27 +347,33 @@ void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
 //
 // With --tp N (cpu/tensor_parallel.h) this rank computes Ct = C/N channels of the attention (NHt =
 // NH/N heads) and 4Ct of the MLP's hidden units: the shapes below say Ct and NHt, which are C and NH
-// without it. Its two row-parallel matmuls give partial sums, which the hook tp_sum adds over the
-// ranks (forward), as it adds the partial d(ln2) and d(ln1) (backward).
+// without it. Its two row-parallel matmuls give partial sums, which the hook tp_reduce adds over the
+// ranks (forward), as it adds the partial d(ln2) and d(ln1) (backward). With --sp the residual stream
+// and the LayerNorms are this rank's R = B T / N rows (R = B T without it): the hook tp_gather meets
+// the group's rows before each column-parallel matmul, and tp_reduce hands each rank its rows of the sums.
 
-// x (B,T,C) is the block's input; fills a (its residual3 is the block output)
+// x (R,C) is the block's input; fills a (its residual3 is the block output)
 static void block_forward(LayerActs* a, const float* x, const LayerParams* p, int B, int T, int C, int NH,
                           const ActPolicy* pol, const TensorParallel* tp) {
-    size_t BTC = (size_t)B * T * C;
+    size_t BTC = (size_t)B * T * C, R = tp_rows(tp, (size_t)B * T), RC = R * C;
     int Ct = C / tp->size, NHt = NH / tp->size;
-    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C);
-    matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * Ct);                  // (B,T,3Ct)
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, 1, (int)R, C);
+    const float* ln1 = tp_gather(tp, a->ln1, RC);  // hook: --sp's rows of every rank, (B,T,C)
+    matmul_forward(a->qkv, ln1, p->qkvw, p->qkvb, B, T, C, 3 * Ct);                     // (B,T,3Ct)
     if (pol->flash) { attention_flash_forward(a->atty, a->lse, a->qkv, B, T, Ct, NHt); }  // (B,T,Ct)
     else { attention_forward(a->atty, a->att, a->qkv, B, T, Ct, NHt); }
-    matmul_forward(a->residual2, a->atty, p->attprojw, tp_row_bias(tp, p->attprojb), B, T, Ct, C);
-    tp_sum(tp, a->residual2, BTC);  // hook: --tp's partial projections added
-    residual_forward(a->residual2, x, a->residual2, BTC);  // in place: residual2 = x + projection
-    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, B, T, C);
-    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * Ct);                    // (B,T,4Ct)
+    float* proj = tp_partial(tp, a->residual2);  // --sp: the partial projection of every row, before its rows are handed out
+    matmul_forward(proj, a->atty, p->attprojw, tp_row_bias(tp, p->attprojb), B, T, Ct, C);
+    tp_reduce(tp, proj, a->residual2, BTC);  // hook: --tp's partial projections added
+    residual_forward(a->residual2, x, a->residual2, RC);  // in place: residual2 = x + projection
+    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p->ln2w, p->ln2b, 1, (int)R, C);
+    const float* ln2 = tp_gather(tp, a->ln2, RC);  // hook
+    matmul_forward(a->fch, ln2, p->fcw, p->fcb, B, T, C, 4 * Ct);                       // (B,T,4Ct)
     gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * 4 * Ct);
-    matmul_forward(a->residual3, a->fch_gelu, p->fcprojw, tp_row_bias(tp, p->fcprojb), B, T, 4 * Ct, C);
-    tp_sum(tp, a->residual3, BTC);  // hook
-    residual_forward(a->residual3, a->residual2, a->residual3, BTC);
+    proj = tp_partial(tp, a->residual3);
+    matmul_forward(proj, a->fch_gelu, p->fcprojw, tp_row_bias(tp, p->fcprojb), B, T, 4 * Ct, C);
+    tp_reduce(tp, proj, a->residual3, BTC);  // hook
+    residual_forward(a->residual3, a->residual2, a->residual3, RC);
 }
 
 // --recompute gelu, attn (selective recompute): what this layer's forward did not keep, again into
@@ -377,34 +389,41 @@ static void recompute_dropped(const LayerActs* a, int B, int T, int C, int NH, c
     prof_context(NULL);
 }
 
-// on entry bwd->dresidual holds d(block output); on exit d(block input) (x).
+// on entry bwd->dresidual holds d(block output); on exit d(block input) (x), R rows each.
 // Parameter gradients accumulate into g. The scratch buffers are cleared before each
-// backward that adds (+=) into them.
+// backward that adds (+=) into them. With --sp the forward's gathered rows are gathered again
+// (tp_gather) where a matmul's backward reads them, and d(block output) of every row too
 static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float* x, const LayerParams* p,
                            const LayerGrads* g, int B, int T, int C, int NH, const ActPolicy* pol, const TensorParallel* tp) {
-    size_t BTC = (size_t)B * T * C, BTCt = BTC / (size_t)tp->size;
+    size_t BTC = (size_t)B * T * C, BTCt = BTC / (size_t)tp->size, R = tp_rows(tp, (size_t)B * T), RC = R * C;
     int Ct = C / tp->size, NHt = NH / tp->size;
     float *dln2 = bwd->dbtc, *datty = bwd->dbtc, *dln1 = bwd->dbtc;  // one buffer, three gradients in turn
     if (pol->gelu || (pol->attn && !pol->flash)) { recompute_dropped(a, B, T, C, NH, pol, tp); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place
+    const float* dout = tp_gather(tp, bwd->dresidual, RC);  // hook: --sp's d(block output) of every row
     memset(bwd->dfch_gelu, 0, BTCt * 4 * sizeof(float));
-    matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, bwd->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * Ct, C);
+    matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, dout, a->fch_gelu, p->fcprojw, B, T, 4 * Ct, C);
     memset(bwd->dfch, 0, BTCt * 4 * sizeof(float));
     gelu_backward(bwd->dfch, a->fch, bwd->dfch_gelu, BTCt * 4);
     memset(dln2, 0, BTC * sizeof(float));
-    matmul_backward(dln2, g->fcw, g->fcb, bwd->dfch, a->ln2, p->fcw, B, T, C, 4 * Ct);
-    tp_sum(tp, dln2, BTC);  // hook: --tp's partial input gradients added
-    layernorm_backward(bwd->dresidual, g->ln2w, g->ln2b, dln2, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C);
+    matmul_backward(dln2, g->fcw, g->fcb, bwd->dfch, tp_gather(tp, a->ln2, RC), p->fcw, B, T, C, 4 * Ct);
+    tp_reduce(tp, dln2, dln2, BTC);  // hook: --tp's partial input gradients added (--sp: this rank's rows)
+    TpNormGrads gn = tp_norm_grads(tp, g->ln2w, g->ln2b, C);  // --sp: a part of them, from this rank's rows
+    layernorm_backward(bwd->dresidual, gn.w, gn.b, dln2, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, 1, (int)R, C);
+    tp_norm_grads_done(tp, &gn, g->ln2w, g->ln2b, C);  // hook
     // attention branch
+    dout = tp_gather(tp, bwd->dresidual, RC);  // hook
     memset(datty, 0, BTCt * sizeof(float));
-    matmul_backward(datty, g->attprojw, g->attprojb, bwd->dresidual, a->atty, p->attprojw, B, T, Ct, C);
+    matmul_backward(datty, g->attprojw, g->attprojb, dout, a->atty, p->attprojw, B, T, Ct, C);
     memset(bwd->dqkv, 0, BTCt * 3 * sizeof(float));
     if (pol->flash) { attention_flash_backward(bwd->dqkv, datty, a->qkv, a->atty, a->lse, B, T, Ct, NHt); }
     else { attention_backward(bwd->dqkv, bwd->datt, datty, a->qkv, a->att, B, T, Ct, NHt); }
     memset(dln1, 0, BTC * sizeof(float));
-    matmul_backward(dln1, g->qkvw, g->qkvb, bwd->dqkv, a->ln1, p->qkvw, B, T, C, 3 * Ct);
-    tp_sum(tp, dln1, BTC);  // hook
-    layernorm_backward(bwd->dresidual, g->ln1w, g->ln1b, dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C);
+    matmul_backward(dln1, g->qkvw, g->qkvb, bwd->dqkv, tp_gather(tp, a->ln1, RC), p->qkvw, B, T, C, 3 * Ct);
+    tp_reduce(tp, dln1, dln1, BTC);  // hook
+    gn = tp_norm_grads(tp, g->ln1w, g->ln1b, C);
+    layernorm_backward(bwd->dresidual, gn.w, gn.b, dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, 1, (int)R, C);
+    tp_norm_grads_done(tp, &gn, g->ln1w, g->ln1b, C);  // hook
 }
 
 // ----------------------------------------------------------------------------
@@ -427,7 +446,7 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
         LayerParams lp = layer_weights_ready(m, l);
         LayerActs* la = act_layer(&m->acts, l);
         block_forward(la, x, &lp, B, T, C, NH, &m->acts.pol, &m->tp);
-        if (store) { act_after_layer_forward(&m->acts, l, (size_t)B * T * C); }
+        if (store) { act_after_layer_forward(&m->acts, l, tp_rows(&m->tp, (size_t)B * T) * C); }
         x = la->residual3;
     }
 }
@@ -435,7 +454,7 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
 // hook: before layer l's backward, its block and its input in the working set (cpu/activations.h);
 // a checkpointed segment runs forward again at its last layer
 static void layer_activations_ready(GPT2* m, int l, int B, int T) {
-    ActRecompute r = act_bring_back(&m->acts, l, (size_t)B * T * m->config.channels);
+    ActRecompute r = act_bring_back(&m->acts, l, tp_rows(&m->tp, (size_t)B * T) * m->config.channels);
     if (r.segment >= 0) { forward_layers(m, r.first, r.last, act_segment_input(&m->acts, r.segment), B, T, 0); }
 }
 
@@ -473,10 +492,30 @@ static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float
 // inputs (B,T) token ids; targets (B,T) or NULL. Leaves the probabilities of the head's last
 // K tokens (all of them without --loss-chunk) in acts.logits and, with targets, the per-position
 // losses; returns their mean (-1 without targets). loss_scale > 0: gpt2_forward_train's
+// --sp splits the B*T rows over the group: a sample's forward of 1..T tokens that do not split runs on
+// T padded up to a multiple of the group's size, token 0 after the text (causal attention: the text's
+// positions see none of them; their probabilities are never asked for); the trainer's checks keep that
+// within the allocated T (-t a multiple of --tp when training samples)
+static float forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
+static float forward_padded(GPT2* m, const int* inputs, int B, int T) {
+    int N = m->tp.size, Tp = (T + N - 1) / N * N;
+    if (B != 1 || Tp > m->seq_len) {
+        fail("--sp: a forward of B=%d x T=%d tokens does not split over the %d ranks' rows, and T padded to %d passes the allocated T=%d\n"
+             "  hint: a -t that is a multiple of --tp %d", B, T, N, Tp, m->seq_len, N);
+    }
+    int* padded = (int*)calloc((size_t)Tp, sizeof(int));  // token 0 after the text
+    if (padded == NULL) { fail("out of memory for %d tokens", Tp); }
+    memcpy(padded, inputs, (size_t)T * sizeof(int));
+    float loss = forward(m, padded, NULL, 1, Tp, 0.0f);
+    free(padded);
+    return loss;
+}
+
 static float forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
+    if (m->tp.gathered != NULL && (size_t)B * T % (size_t)m->tp.size != 0 && targets == NULL) { return forward_padded(m, inputs, B, T); }
     Activations* a = &m->acts;
     size_t BT = (size_t)B * T;
     HostStep h = gpt2_host_step(m);
@@ -487,9 +526,9 @@ static float forward(GPT2* m, const int* inputs, const int* targets, int B, int 
         encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
     }
     forward_layers(m, 0, L - 1, a->encoded, B, T, 1);
-    // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
+    // the head, K tokens at a time (one chunk of B*T without --loss-chunk), over every row (--sp: gathered)
     int K = a->head_rows < (int)BT ? a->head_rows : (int)BT;
-    const float* x = act_layer_input(a, L);
+    const float* x = tp_gather(&m->tp, act_layer_input(a, L), tp_rows(&m->tp, BT) * C);
     for (int first = 0; first < (int)BT; first += K) {
         int n = (int)BT - first < K ? (int)BT - first : K;
         size_t row = (size_t)first * C;
@@ -567,12 +606,15 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     Activations* a = &m->acts;
     BackwardBuffers* bwd = &m->bwd;
     HostStep h = gpt2_host_step(m);
-    float* dlnf = bwd->dbtc;
+    float* dlnf = bwd->dbtc;  // (B,T,C): the head reads every row
     if (a->pol.loss_chunk > 0) { act_take_head_grads(&a->head_grad_scale, loss_scale); }  // --loss-chunk: done in forward
     else { head_backward(m, dlnf, targets, B, T, loss_scale); }
-    memset(bwd->dresidual, 0, (size_t)B * T * C * sizeof(float));
-    layernorm_backward(bwd->dresidual, m->grads.lnfw, m->grads.lnfb, dlnf, act_layer_input(a, L),
-                       m->params.lnfw, a->lnf_mean, a->lnf_rstd, B, T, C);
+    size_t R = tp_rows(&m->tp, (size_t)B * T), first = tp_first_row(&m->tp, (size_t)B * T);  // --sp: this rank's rows
+    memset(bwd->dresidual, 0, R * C * sizeof(float));
+    TpNormGrads gn = tp_norm_grads(&m->tp, m->grads.lnfw, m->grads.lnfb, C);  // --sp: a part of them, from this rank's rows
+    layernorm_backward(bwd->dresidual, gn.w, gn.b, dlnf + first * C, act_layer_input(a, L), m->params.lnfw, a->lnf_mean + first,
+                       a->lnf_rstd + first, 1, (int)R, C);
+    tp_norm_grads_done(&m->tp, &gn, m->grads.lnfw, m->grads.lnfb, C);  // hook
     for (int l = L - 1; l >= 0; l--) {
         layer_activations_ready(m, l, B, T);  // hook
         LayerParams lp = layer_weights_ready(m, l);  // hook
@@ -580,7 +622,10 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         block_backward(bwd, act_layer(a, l), act_layer_input(a, l), &lp, &lg, B, T, C, NH, &a->pol, &m->tp);
         zero_layer_grads_done(&m->zero, &h, l);  // hook
     }
-    if (m->tp.size > 1) { tp_encoder_backward(&m->tp, m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C, c->padded_vocab_size / m->tp.size); }
+    if (m->tp.size > 1) {  // --tp: wte's rows of this rank, from d(embeddings) of every row (--sp: gathered)
+        tp_encoder_backward(&m->tp, m->grads.wte, m->grads.wpe, tp_gather(&m->tp, bwd->dresidual, R * C), inputs, B, T, C,
+                            c->padded_vocab_size / m->tp.size);
+    }
     else { encoder_backward(m->grads.wte, m->grads.wpe, bwd->dresidual, inputs, B, T, C); }
     prof_close();
     zero_outer_grads_done(&m->zero, &h);  // hook

@@ -1593,8 +1593,8 @@ void gpt2_select_device(const Dist* d) {
 const char* gpt2_flash_refusal(int head_size) { return flash_attention_refusal(head_size); }
 int gpt2_prefers_flash(void) { return 1; }
 
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, int flash, int loss_chunk) {
-    int C = c->channels, NH = c->num_heads;
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, const ActPolicy* act) {
+    int C = c->channels, NH = c->num_heads, flash = act->flash, loss_chunk = act->loss_chunk;  // (no --sp on the GPU: --tp is refused)
     size_t X = precision_bytes(precision), F = sizeof(float);
     // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
     const ActPolicy all = {.segment = 0, .gelu = 0, .attn = flash, .offload = 0, .flash = flash, .loss_chunk = loss_chunk};

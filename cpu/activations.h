@@ -51,7 +51,7 @@ typedef struct {
 typedef struct {
     ActPolicy pol;       // what forward keeps, and where (--recompute, --offload, --attention, --loss-chunk)
     int num_layers;      // L
-    float* encoded;      // (B,T,C) embeddings = input of layer 0 (and of segment 0)
+    float* encoded;      // (B,T,C) embeddings = input of layer 0 (and of segment 0); --sp: a rank's rows of them
     LayerActs* slots;    // [act_num_slots] the working set of layer blocks
     int* slot_layer;     // [act_num_slots] offload: the layer each slot holds now, -1 none
     size_t layer_floats; // one layer block
@@ -61,6 +61,7 @@ typedef struct {
                          // others in device memory, or in the host store with offload
     float* staging[ACT_STAGING_BUFFERS];  // (B,T,C) each, checkpointing + offload: segment s's input back
                                           // from the host in staging[s % 2]
+    float* sp_gathered;  // --sp: (B,T,C) + 2C, the rows of every rank of the group met (cpu/tensor_parallel.h), else NULL
     float* host_layers;  // (L, layer_floats) offload without checkpointing: every layer's block
     // the head (the final LayerNorm and the classifier), K = head_rows tokens at a time: K = B*T,
     // or with --loss-chunk a chunk (act_policy.h)
@@ -101,6 +102,10 @@ static size_t act_layer_floats(int B, int T, int C, int NH, int tp, const ActPol
     return total;
 }
 
+// --sp: the one buffer where the group's rows meet, (B,T,C), and 2C floats for a LayerNorm's parameter
+// gradients of a rank's rows (cpu/tensor_parallel.h); 0 without
+static size_t act_sp_gathered_floats(const ActPolicy* pol, size_t BT, int C) { return pol->sp ? BT * C + 2 * (size_t)C : 0; }
+
 // the head, K tokens at a time (K = B*T, or a --loss-chunk): the final LayerNorm's output (K,C) and
 // its statistics (B,T each), the logits (K,Vp), the losses (B,T)
 static size_t act_head_floats(int B, int T, int C, int Vp, int K) {
@@ -117,10 +122,12 @@ static float* act_carve(float** p, size_t n) {
 
 // the activations for micro-batches of (B,T) under the policy: device memory (working set,
 // shared buffers, kept segment inputs, staging, head) and the host store (offload); c: the whole
-// model's shape, or with --tp (c->tp > 1) a rank's, whose blocks hold its heads and hidden units
+// model's shape, or with --tp (c->tp > 1) a rank's, whose blocks hold its heads and hidden units;
+// with --sp the residual stream (the embeddings, the segment inputs) is a rank's rows, RC of BTC
+// floats, and the rows of every rank meet in one shared buffer (sp_gathered)
 static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c, int B, int T) {
     int L = c->num_layers, C = c->channels, NH = c->num_heads, tp = gpt2_tp(c), Vp = c->padded_vocab_size / tp;  // --tp: a rank's columns
-    size_t BT = (size_t)B * T, BTC = BT * C;
+    size_t BT = (size_t)B * T, BTC = BT * C, RC = act_residual_rows(pol, BT, tp) * C;
     memset(a, 0, sizeof(*a));
     a->pol = *pol;
     a->num_layers = L;
@@ -128,16 +135,16 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     int seg_kept = pol->segment > 0 ? segments - 1 : 0;  // segment inputs besides the embeddings
     a->layer_floats = act_layer_floats(B, T, C, NH, tp, pol);
     size_t gelu = pol->gelu ? BTC * 4 / tp : 0, att = act_shared_att_elems(pol, B, T, NH / tp);
-    size_t device_kept = pol->offload ? 0 : seg_kept * BTC, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * BTC : 0;
+    size_t device_kept = pol->offload ? 0 : seg_kept * RC, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * RC : 0;
     int K = act_head_rows(pol, BT);
-    size_t head = act_head_floats(B, T, C, Vp, K);
-    size_t total = BTC + slots * a->layer_floats + gelu + att + device_kept + staging + head;
+    size_t head = act_head_floats(B, T, C, Vp, K), gathered = act_sp_gathered_floats(pol, BT, C);
+    size_t total = RC + slots * a->layer_floats + gelu + att + device_kept + staging + gathered + head;
     a->device_memory = (float*)mem_calloc(MEM_ACTIVATIONS, total * sizeof(float));
     a->slots = (LayerActs*)malloc_check(slots * sizeof(LayerActs));  // pointers only, not counted
     a->slot_layer = (int*)malloc_check(slots * sizeof(int));
     a->seg_inputs = (float**)malloc_check(segments * sizeof(float*));
     float* p = a->device_memory;
-    a->encoded = act_carve(&p, BTC);
+    a->encoded = act_carve(&p, RC);
     for (int i = 0; i < slots; i++) {
         p += act_point_layer(&a->slots[i], p, B, T, C, NH, tp, pol);
         a->slot_layer[i] = -1;
@@ -149,8 +156,9 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
         if (att) { a->slots[i].att = a->att_shared; }
     }
     a->seg_inputs[0] = a->encoded;
-    for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : act_carve(&p, BTC); }
-    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { a->staging[i] = staging ? act_carve(&p, BTC) : NULL; }
+    for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : act_carve(&p, RC); }
+    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { a->staging[i] = staging ? act_carve(&p, RC) : NULL; }
+    a->sp_gathered = gathered ? act_carve(&p, gathered) : NULL;
     a->lnf = act_carve(&p, (size_t)K * C);
     a->lnf_mean = act_carve(&p, BT);
     a->lnf_rstd = act_carve(&p, BT);
@@ -159,11 +167,11 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     a->head_rows = K;
     a->probs_first = -1;
     if (!pol->offload) { return; }
-    size_t host = seg_kept ? seg_kept * BTC : (size_t)act_offloaded_layers(pol, L) * a->layer_floats;
+    size_t host = seg_kept ? seg_kept * RC : (size_t)act_offloaded_layers(pol, L) * a->layer_floats;
     a->host_memory = (float*)mem_calloc(MEM_OFFLOADED, host * sizeof(float));
     p = a->host_memory;
     if (seg_kept) {
-        for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = act_carve(&p, BTC); }
+        for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = act_carve(&p, RC); }
     } else {
         a->host_layers = a->host_memory;
     }

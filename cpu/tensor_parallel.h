@@ -43,7 +43,9 @@ tensors from its config (gpt2_rank_config).
 #include "layers.h"
 
 // buf (n) := the sum (or the largest, element by element) of buf over the group's ranks, with the
-// same bits on every rank
+// same bits on every rank. The sequence-parallel collectives take n floats a rank: buf holds every
+// rank's n in rank order; an all-gather fills all of them from this rank's, a reduce-scatter leaves
+// in buf's first n the group's sum of this rank's part
 typedef void (*TpSumFn)(float* buf, size_t n, void* ctx);
 
 typedef struct {
@@ -51,18 +53,33 @@ typedef struct {
     TpSumFn sum;     // the group's sum (size > 1)
     void* ctx;
     TpSumFn max;     // the group's largest (the vocabulary-parallel softmax's row maximum)
+    // --sp (sequence parallelism): the residual stream and the LayerNorms are a rank's rows of B*T
+    TpSumFn gather, reduce_scatter;
+    float* gathered;    // (B,T,C) where the group's rows meet (Activations.sp_gathered); NULL without --sp
+    float* norm_grads;  // (2C) a LayerNorm's weight and bias gradients of a rank's rows, after gathered's rows
 } TensorParallel;
 
-static const TensorParallel TP_NONE = {0, 1, NULL, NULL, NULL};
+static const TensorParallel TP_NONE = {0, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 
 // the sum over a tensor-parallel group of processes (group: its Dist, from dist_grid): MPI's all-reduce,
-// which gives every rank of the group the same bits (tests/test_dist_grid.c checks it); and the largest
+// which gives every rank of the group the same bits (tests/test_dist_grid.c checks it); the largest;
+// and --sp's all-gather and reduce-scatter (MPI's, in place)
 static void tp_dist_sum(float* buf, size_t n, void* group) { dist_allreduce_floats_over(buf, n, *(const Dist*)group); }
 static void tp_dist_max(float* buf, size_t n, void* group) { dist_allreduce_max_floats_over(buf, n, *(const Dist*)group); }
+static void tp_dist_gather(float* buf, size_t n, void* group) {
+    if (n > (size_t)INT_MAX) { fail("--sp: %zu floats a rank to gather, beyond MPI's int counts\n  hint: lower -b or -t", n); }
+    dist_allgather_block_floats(buf, (int)n, *(const Dist*)group);
+}
+static void tp_dist_reduce_scatter(float* buf, size_t n, void* group) {
+    if (n > (size_t)INT_MAX) { fail("--sp: %zu floats a rank to reduce-scatter, beyond MPI's int counts\n  hint: lower -b or -t", n); }
+    dist_reduce_scatter_block_floats(buf, (int)n, *(const Dist*)group);
+}
 
-// this rank in its tensor-parallel group (the group's Dist must outlive it)
-static TensorParallel tp_of_group(const Dist* tensor) {
-    TensorParallel tp = {tensor->rank, tensor->world, tp_dist_sum, (void*)tensor, tp_dist_max};
+// this rank in its tensor-parallel group (the group's Dist must outlive it); gathered: --sp's buffer
+// of (B,T,C) + 2C floats (Activations.sp_gathered), NULL without --sp
+static TensorParallel tp_of_group(const Dist* tensor, float* gathered, size_t BTC) {
+    TensorParallel tp = {tensor->rank, tensor->world, tp_dist_sum, (void*)tensor, tp_dist_max, tp_dist_gather, tp_dist_reduce_scatter,
+                         gathered, gathered ? gathered + BTC : NULL};
     return tp;
 }
 
@@ -73,6 +90,67 @@ static void tp_sum(const TensorParallel* tp, float* buf, size_t n) {
     prof_mark(PROF_COLLECTIVE, prof_bytes((double)n * sizeof(float)), "--tp all-reduce");
     tp->sum(buf, n, tp->ctx);
     prof_close();
+}
+
+// ----------------------------------------------------------------------------
+// --sp, sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+// Transformer Models", section 4.2.2): what every rank of the group holds whole without it (the
+// residual stream, the LayerNorms and their outputs) is split over the ranks' rows of B*T instead:
+// rank r holds rows r B T/N .. (r + 1) B T/N - 1. A LayerNorm and a residual add work row by row, so a
+// rank computes its rows. Before a column-parallel matmul the group's rows are gathered (an
+// all-gather: `tp_gather`), and after a row-parallel one its partial sums are reduce-scattered, each
+// rank taking the sum of its rows (`tp_reduce`), where --tp alone all-reduces: the same bytes move,
+// and the activations kept between the matmuls are 1/N a rank. In backward the two swap.
+
+// the rows of B*T this rank holds of the residual stream: all, or with --sp its 1/N; and the first
+static size_t tp_rows(const TensorParallel* tp, size_t BT) { return tp->gathered ? BT / (size_t)tp->size : BT; }
+static size_t tp_first_row(const TensorParallel* tp, size_t BT) { return tp->gathered ? (size_t)tp->rank * tp_rows(tp, BT) : 0; }
+
+// hook, before a column-parallel matmul: its input, (B,T,C). Without --sp it is `mine`; with --sp
+// `mine` is this rank's rows of it (n floats), gathered with every rank's into the gathered buffer
+static const float* tp_gather(const TensorParallel* tp, const float* mine, size_t n) {
+    if (tp->gathered == NULL) { return mine; }
+    prof_mark(PROF_COLLECTIVE, prof_bytes((double)n * tp->size * sizeof(float)), "--sp all-gather");
+    memcpy(tp->gathered + (size_t)tp->rank * n, mine, n * sizeof(float));
+    tp->gather(tp->gathered, n, tp->ctx);
+    prof_close();
+    return tp->gathered;
+}
+
+// where a row-parallel matmul writes its partial output (B,T,C): out itself, or with --sp the
+// gathered buffer (whose sums tp_reduce hands out by rows)
+static float* tp_partial(const TensorParallel* tp, float* out) { return tp->gathered ? tp->gathered : out; }
+
+// hook: the group's partial sums in `partial` (n = B T C floats) added: in place over every row (--tp:
+// then partial is out), or with --sp this rank's rows of the sum into out (n / N floats)
+static void tp_reduce(const TensorParallel* tp, float* partial, float* out, size_t n) {
+    if (tp->gathered == NULL) { tp_sum(tp, partial, n); return; }
+    size_t mine = n / (size_t)tp->size;
+    prof_mark(PROF_COLLECTIVE, prof_bytes((double)n * sizeof(float)), "--sp reduce-scatter");
+    tp->reduce_scatter(partial, mine, tp->ctx);  // this rank's rows of the sum, at partial's start
+    if (out != partial) { memcpy(out, partial, mine * sizeof(float)); }
+    prof_close();
+}
+
+// --sp: a LayerNorm's backward over this rank's rows gives a part of its weight's and bias's
+// gradients: they go to 2C scratch floats (zeroed here) and tp_norm_grads_done adds the group's sum
+// of them into the model's. Without --sp the model's own gradients (dw, db), += as always
+typedef struct { float *w, *b; } TpNormGrads;
+
+static TpNormGrads tp_norm_grads(const TensorParallel* tp, float* dw, float* db, int C) {
+    TpNormGrads g = {dw, db};
+    if (tp->gathered == NULL) { return g; }
+    memset(tp->norm_grads, 0, 2 * (size_t)C * sizeof(float));
+    g.w = tp->norm_grads;
+    g.b = tp->norm_grads + C;
+    return g;
+}
+
+// hook, after a LayerNorm's backward: --sp's parts of its parameter gradients summed and added
+static void tp_norm_grads_done(const TensorParallel* tp, const TpNormGrads* g, float* dw, float* db, int C) {
+    if (tp->gathered == NULL) { return; }
+    tp_sum(tp, tp->norm_grads, 2 * (size_t)C);
+    for (int c = 0; c < C; c++) { dw[c] += g->w[c]; db[c] += g->b[c]; }
 }
 
 // a row-parallel matmul's bias: rank 0 adds it, so that the sum holds it once
@@ -95,31 +173,32 @@ static int tp_real_rows(const TensorParallel* tp, int V, int Vr) {
 
 // out (B,T,C) = wte[inp] + wpe[t], wte (Vr, C) this rank's rows: the embedding of each token the rank
 // holds, zeros for the others', summed over the group (one nonzero row each: the plain embedding's
-// bits), then wpe (maxT, C) added on every rank
+// bits), then wpe (maxT, C) added on every rank. With --sp out is this rank's rows of it (reduce-scattered)
 static void tp_encoder_forward(const TensorParallel* tp, float* out, const int* inp, const float* wte, const float* wpe,
                                int B, int T, int C, int Vr) {
     prof_mark(PROF_ENCODER, prof_encoder_forward((size_t)B * T, C, sizeof(float)), "forward (vocabulary-parallel)");
     int v0 = tp->rank * Vr;
+    size_t BT = (size_t)B * T, first = tp_first_row(tp, BT);
+    float* full = tp_partial(tp, out);
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
-        float* o = out + (size_t)bt * C;
+        float* o = full + (size_t)bt * C;
         int row = inp[bt] - v0;
         if (row >= 0 && row < Vr) { memcpy(o, wte + (size_t)row * C, (size_t)C * sizeof(float)); }
         else { memset(o, 0, (size_t)C * sizeof(float)); }
     }
-    tp_sum(tp, out, (size_t)B * T * C);
-    #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            float* o = out + ((size_t)b * T + t) * C;
-            const float* pe = wpe + (size_t)t * C;
-            for (int c = 0; c < C; c++) { o[c] += pe[c]; }
-        }
+    tp_reduce(tp, full, out, BT * C);
+    #pragma omp parallel for
+    for (long long i = 0; i < (long long)tp_rows(tp, BT); i++) {  // this rank's rows: position (first + i) mod T
+        float* o = out + (size_t)i * C;
+        const float* pe = wpe + ((first + (size_t)i) % (size_t)T) * C;
+        for (int c = 0; c < C; c++) { o[c] += pe[c]; }
     }
 }
 
 // dwte (Vr, C) += dout (B,T,C) of the tokens this rank holds; dwpe (maxT, C) += the sum over b (every
-// rank the same). As encoder_backward: each thread owns a block of channels, the rows in (b, t) order
+// rank the same: dout is every row's, with --sp gathered first). As encoder_backward: each thread owns
+// a block of channels, the rows in (b, t) order
 static void tp_encoder_backward(const TensorParallel* tp, float* dwte, float* dwpe, const float* dout, const int* inp,
                                 int B, int T, int C, int Vr) {
     prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), "backward (vocabulary-parallel)");

@@ -55,9 +55,14 @@ typedef struct {
     int offload;   // kept activations live in the host store between forward and backward
     int flash;     // --attention flash: attention keeps each row's log-sum-exp (B,NH,T), not its weights
     int loss_chunk;  // --loss-chunk: tokens per chunk of the classifier and its loss, 0 = all at once
+    int sp;          // --sp (with --tp): the residual stream and the LayerNorms split over the tensor-parallel ranks' rows
 } ActPolicy;
 
-static const ActPolicy ACT_KEEP_ALL = {.segment = 0, .gelu = 0, .attn = 0, .offload = 0, .flash = 0, .loss_chunk = 0};  // plain training, attention weights kept, logits whole
+static const ActPolicy ACT_KEEP_ALL = {.segment = 0, .gelu = 0, .attn = 0, .offload = 0, .flash = 0, .loss_chunk = 0, .sp = 0};  // plain training, attention weights kept, logits whole
+
+// the rows (of B*T) of the residual stream and the LayerNorms a rank holds: all of them, or with --sp
+// (sequence parallelism, Korthikanti et al. 2022) its 1/tp of them (cpu/tensor_parallel.h)
+static size_t act_residual_rows(const ActPolicy* p, size_t BT, int tp) { return p->sp ? BT / (size_t)tp : BT; }
 
 static int act_min(int a, int b) { return a < b ? a : b; }
 
@@ -141,7 +146,8 @@ static ActPolicy act_policy_parse(const char* spec, int offload, int L, int flas
 // output in the block (one shared buffer of each serves every layer); flash attention keeps
 // the rows' log-sum-exp (B,NH,T) in att's place and no shared buffer. With --tp N (tp = N) a rank
 // computes NH/N heads and 4C/N hidden units: qkv (B,T,3C/N), atty (B,T,C/N), att (B,NH/N,T,T),
-// fch and fch_gelu (B,T,4C/N); the LayerNorms and the residual stream stay whole.
+// fch and fch_gelu (B,T,4C/N); the LayerNorms and the residual stream stay whole, or with --sp are
+// a rank's B T / N rows: ln1, residual2, ln2, residual3 (B T/N, C) and their statistics (B T/N).
 
 #define NUM_LAYER_ACTS 13
 #define LAYER_ACT_ATT 5   // the attention weights' entry (flash: the log-sum-exp)
@@ -160,24 +166,25 @@ static size_t act_shared_att_elems(const ActPolicy* pol, int B, int T, int NH) {
 }
 
 static void layer_act_elems(size_t n[NUM_LAYER_ACTS], int B, int T, int C, int NH, int tp, const ActPolicy* pol) {
-    size_t BT = (size_t)B * T, Ct = (size_t)C / tp, NHt = (size_t)NH / tp;
+    size_t BT = (size_t)B * T, Ct = (size_t)C / tp, NHt = (size_t)NH / tp, R = act_residual_rows(pol, BT, tp);
     size_t att = pol->flash ? (size_t)B * NHt * T : pol->attn ? 0 : (size_t)B * NHt * T * T;
     size_t gelu = pol->gelu ? 0 : BT * 4 * Ct;
     size_t sizes[NUM_LAYER_ACTS] = {
-        BT * C, BT, BT, BT * 3 * Ct, BT * Ct, att, BT * C,
-        BT * C, BT, BT, BT * 4 * Ct, gelu, BT * C,
+        R * C, R, R, BT * 3 * Ct, BT * Ct, att, R * C,
+        R * C, R, R, BT * 4 * Ct, gelu, R * C,
     };
     memcpy(n, sizes, sizeof(sizes));
 }
 
 // backward's buffers, one layer's worth, reused by every layer: dresidual, dbtc (B,T,C),
 // dqkv (B,T,3C), dfch_gelu, dfch (B,T,4C), datt (B,NH,T,T; none with flash attention); with --tp
-// a rank's: dqkv (B,T,3C/N), dfch_gelu, dfch (B,T,4C/N), datt (B,NH/N,T,T)
+// a rank's: dqkv (B,T,3C/N), dfch_gelu, dfch (B,T,4C/N), datt (B,NH/N,T,T); with --sp dresidual
+// is a rank's rows (B T/N, C)
 #define NUM_BACKWARD_BUFFERS 6
 static void backward_buffer_elems(size_t n[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, int tp, const ActPolicy* pol) {
-    size_t BTC = (size_t)B * T * C, BTCt = BTC / tp;
+    size_t BTC = (size_t)B * T * C, BTCt = BTC / tp, RC = act_residual_rows(pol, (size_t)B * T, tp) * C;
     size_t datt = pol->flash ? 0 : (size_t)B * (NH / tp) * T * T;
-    size_t sizes[NUM_BACKWARD_BUFFERS] = {BTC, BTC, 3 * BTCt, 4 * BTCt, 4 * BTCt, datt};
+    size_t sizes[NUM_BACKWARD_BUFFERS] = {RC, BTC, 3 * BTCt, 4 * BTCt, 4 * BTCt, datt};
     memcpy(n, sizes, sizeof(sizes));
 }
 
@@ -272,6 +279,7 @@ static void act_policy_describe(const ActPolicy* p, int L, char* out, size_t n) 
     else if (p->attn) { used += snprintf(out + used, n - used, "%sattn", used ? ", " : ""); }
     if (p->offload) { used += snprintf(out + used, n - used, "%soffload to host", used ? ", " : ""); }
     if (p->loss_chunk > 0) { used += snprintf(out + used, n - used, "%sloss in chunks of %d tokens", used ? ", " : "", p->loss_chunk); }
+    if (p->sp) { used += snprintf(out + used, n - used, "%s--sp: the residual stream a rank's rows", used ? ", " : ""); }
     if (used == 0) { snprintf(out, n, "none: every layer keeps its activations"); }
 }
 

@@ -55,6 +55,7 @@ typedef struct {
     const char* layer_formula;     // A in elements, e.g. "16BTC + 4BT + B NH T^2"
     const char* backward_formula;  // the backward buffers in bytes, e.g. "4(13BTC + B NH T^2)"
     size_t backend_scratch;  // the backend's own scratch: a GPU's reduction and attention buffers, the batch on the device
+    size_t sp_gathered;      // --sp: the one (B,T,C) buffer where the group's rows meet, and 2C floats (bytes); 0 without
     size_t host_copy_bytes;  // per weight: a GPU's host copy for checkpoints (CPU: 0, its weights are host memory)
     int host_copies_opt;     // 1: the optimizer state has a host copy too
     size_t working_bytes;    // per weight: the copy the kernels read, all a GPU keeps with --offload optimizer
@@ -345,9 +346,10 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t kept = ap->segment > 0 ? segments - 1 : 0;
     size_t device_kept = ap->offload ? (kept > 0 ? ACT_STAGING_BUFFERS : 0) : kept;
     size_t offloaded = (size_t)act_offloaded_layers(ap, (int)L);
-    p.bytes[MEM_ACTIVATIONS] = R + slots * A + shared + device_kept * R + head;
+    p.bytes[MEM_ACTIVATIONS] = R + slots * A + shared + device_kept * R + lay->sp_gathered + head;
     char* f = p.formula[MEM_ACTIVATIONS];
     snprintf(f, PLAN_FORMULA_LEN, "R + %zu A", slots);
+    if (lay->sp_gathered) { plan_append(f, " + 4(BTC + 2C) gathered (--sp; R = 4BTC/N)"); }
     if (device_kept > 0 && ap->offload) { plan_append(f, " + %zu R staging", device_kept); }
     if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu R kept", kept); }
     if (ap->gelu) { plan_append(f, " + gelu"); }
@@ -418,9 +420,11 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         }
     }
     if (N_tp > 1) {  // --tp: each layer's two sums forward and two backward (and a recomputed layer's forward two again),
-        // of B T C activations each, every micro-step: a ring all-reduce over the group sends 2(N-1)/N of them
-        double sums = 4.0 * L + 2.0 * recomputed_layers;
-        p.exchange_micro_bytes += 2.0 * (N_tp - 1.0) / N_tp * sums * (double)BT * C * lay->working_bytes;
+        // of B T C activations each, every micro-step: a ring all-reduce over the group sends 2(N-1)/N of them. --sp
+        // moves the same bytes forward (an all-gather and a reduce-scatter, (N-1)/N each, for each sum) and gathers
+        // again in backward what forward gathered (the LayerNorms' outputs) and d(block output) twice: 10 (N-1)/N a layer
+        double halves = ap->sp ? 10.0 * L + 4.0 * recomputed_layers : 8.0 * L + 4.0 * recomputed_layers;
+        p.exchange_micro_bytes += (N_tp - 1.0) / N_tp * halves * (double)BT * C * lay->working_bytes;
     }
     if (in.zero == 3 && N > 1) {  // ZeRO-3: no all-gather after the update; wte, wpe, lnf once a step, each
         // layer for its forward, its backward and each recompute of it, every micro-step; what is gathered
@@ -532,7 +536,7 @@ static void print_memory_table(const MemPlan* p, const MemStats* measured) {
     if (measured) { snprintf(m, sizeof(m), "%.2f MiB", measured->total_peak / MIB); }
     print_memory_row("total", plan_total(p), m, "");
     printf("%s", MEM_TABLE_RULE);
-    printf("activations: %s; A (one layer's block: %s) = %.2f MiB, R (BTC) = %.2f MiB,\n"
+    printf("activations: %s; A (one layer's block: %s) = %.2f MiB, R (a residual-stream tensor) = %.2f MiB,\n"
            "  head (the final LayerNorm's statistics, the losses, K tokens' lnf output and logits: %s) = %.2f MiB\n",
            p->act_policy, p->layer_formula, p->layer_bytes / MIB, p->residual_bytes / MIB, p->head_formula, p->head_bytes / MIB);
     if (p->recompute_flops > 0.0) {

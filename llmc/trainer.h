@@ -147,7 +147,7 @@ int gpt2_prefers_flash(void);
 CostModel gpt2_cost_model(Precision p);
 // the bytes of the backend's tensors for micro-batches of (B,T), for the memory plan; the head's
 // for chunks of loss_chunk tokens (--loss-chunk; 0: the whole batch)
-BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p, int flash, int loss_chunk);
+BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision p, const ActPolicy* act);  // act: its flash, loss_chunk, sp
 // allocates every tensor of a model (through memory.h, by category); the weights are unset
 GPT2* gpt2_create(const ModelSetup* s);
 void gpt2_destroy(GPT2* m);
@@ -853,10 +853,30 @@ static void check_optimizer_flags(const TrainOptions* o) {
     }
 }
 
+// --sp: with --tp, and B*T rows that split over its ranks (and T too when the run draws samples: a
+// sample's forward of 1..T tokens is padded to a multiple of --tp within T)
+static void check_sp_option(const TrainOptions* o) {
+    if (!o->sp) { return; }
+    if (o->tp < 2) {
+        fail("--sp splits the residual stream over the ranks of a tensor-parallel group, but this run has --tp %d\n"
+             "  hint: add --tp N (N ranks a group), or drop --sp", o->tp);
+    }
+    long long BT = (long long)o->batch_size * o->seq_len;
+    if (BT % o->tp != 0) {
+        fail("--sp: the B*T = %lld rows of a micro-batch do not split over --tp %d ranks\n  hint: a -b or -t that makes B*T a multiple of %d",
+             BT, o->tp, o->tp);
+    }
+    if (o->sample_every > 0 && o->seq_len % o->tp != 0) {
+        fail("--sp with samples (-s %d): a sample's forward pads its tokens to a multiple of --tp %d within -t %d, which is not one\n"
+             "  hint: -t a multiple of %d, or -s 0 (sample from a checkpoint with --sample)", o->sample_every, o->tp, o->seq_len, o->tp);
+    }
+}
+
 // --tp against the backend, the ranks (world: this run's, or --plan-ranks) and the model: the ranks
 // must split into groups of --tp, and each rank of a group take whole heads
 static void check_tp_option(const TrainOptions* o, const GPT2Config* c, int world) {
     if (o->tp < 1) { fail("--tp %d: the ranks each layer is split over, at least 1 (1: none)", o->tp); }
+    check_sp_option(o);
     if (o->tp == 1) { return; }
     if (o->tp > gpt2_tp_max()) {
         fail("--tp %d: %s does not split layers over ranks yet\n  hint: the CPU trainer (./train_gpt) has --tp; or use --zero over the ranks",
@@ -1162,6 +1182,7 @@ static void plan_run(Run* r, const DistGrid* grid, int world) {
     offload_parse(o->offload, &offload_acts, &s->offload_optimizer);
     s->act = act_policy_parse(o->recompute, offload_acts, s->config.num_layers, attention_from_flag(o->attention, &s->config));
     act_policy_set_loss_chunk(&s->act, o->loss_chunk);
+    s->act.sp = o->sp;  // --sp: the residual stream a rank's rows (cpu/tensor_parallel.h)
     s->precision = precision_from_flag(o->precision);
     s->dist = grid->data;
     s->world = grid->world;
@@ -1174,7 +1195,7 @@ static void plan_run(Run* r, const DistGrid* grid, int world) {
     GPT2Config rank_config = setup_rank_config(s);  // --tp: what each rank holds and computes
     PlanInputs in = {.B = s->B, .T = s->T, .num_loaders = 1 + r->has_val, .optimizer = s->optimizer, .use_beta1 = s->use_beta1,
                      .act = s->act, .offload_optimizer = s->offload_optimizer, .world = data_ranks, .zero = o->zero,
-                     .layout = gpt2_layout(&rank_config, s->B, s->T, s->precision, s->act.flash, s->act.loss_chunk),
+                     .layout = gpt2_layout(&rank_config, s->B, s->T, s->precision, &s->act),
                      .state_format = s->state_format};
     r->plan = plan_memory(&rank_config, in);
 }

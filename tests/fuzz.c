@@ -286,7 +286,7 @@ static void fuzz_flags_args(int argc, char** argv) {
     OptimizerKind kind = (OptimizerKind)optimizer_from_name(o.optimizer);
     Precision precision = precision_from_flag(o.precision);
     PlanInputs in = {o.batch_size, o.seq_len, 2, kind, kind == OPT_ADAFACTOR && o.adafactor_beta1 > 0.0f, act, offload_opt, world, o.zero,
-                     gpt2_layout(&cfg, o.batch_size, o.seq_len, precision, act.flash, act.loss_chunk),
+                     gpt2_layout(&cfg, o.batch_size, o.seq_len, precision, &act),
                      qstate_format_from_name(o.optimizer_state)};  // (check_options: a known format)
     MemPlan plan = plan_memory(&cfg, in);
     (void)plan;

@@ -107,7 +107,7 @@ static void test_block(Dist world, int tp) {
         tp_block_alloc(&plain, whole, 0, 1, flash);
         tp_block_run(&plain, x, dy, &pol, TP_NONE);
         tp_block_alloc(&mine, whole, g.tensor.rank, tp, flash);
-        tp_block_run(&mine, x, dy, &pol, tp_of_group(&g.tensor));
+        tp_block_run(&mine, x, dy, &pol, tp_of_group(&g.tensor, NULL, 0));
         int at;
         double grads = tp_block_grad_dist(&mine, plain.grads, g.tensor.rank, tp, &at);
         double out = tp_rel_dist(mine.a.residual3, plain.a.residual3, BTC), dx = tp_rel_dist(mine.bwd.dresidual, plain.bwd.dresidual, BTC);

@@ -114,6 +114,28 @@ if r1 and r2:
             a1 is not None and a2 is not None and a2 < a1, "not less")
     s.check("--plan names the layout", "(--tp 2: its slices)" in r2.out, r2.out[:300])
 
+# --sp: with --tp only, rows that split over its ranks, and a -t that a sample's padding fits in
+s.expect_fail("--sp without --tp", "but this run has --tp 1", BASE + ["--sp", "-o", ""])
+s.expect_fail("--sp: B*T = 15 rows over --tp 2", "the B*T = 15 rows of a micro-batch do not split over --tp 2 ranks",
+              [TRAIN, "--plan", "-e", "tiny", "-b", "1", "-t", "15", "--tp", "2", "--sp", "--plan-ranks", "2"])
+s.expect_fail("--sp with samples and -t 15 over --tp 2", "a sample's forward pads its tokens to a multiple of --tp 2 within -t 15",
+              [TRAIN, "--plan", "-e", "tiny", "-b", "2", "-t", "15", "-s", "5", "--tp", "2", "--sp", "--plan-ranks", "2"])
+# d12 at B=4, T=1024 on 2 ranks: --sp halves a residual-stream tensor (R) and the rows a layer keeps of it
+rt, rs = (s.expect_ok(f"--plan -e d12 -b 4 -t 1024 --tp 2{extra}", [TRAIN, "--plan", "-e", "d12", "-b", "4", "-t", "1024", "--tp", "2",
+                                                                      "--plan-ranks", "2"] + extra.split()) for extra in ("", " --sp"))
+if rt and rs:
+    def plan_value(out, what):
+        m = re.search(rf"{re.escape(what)} = ([0-9.]+) MiB", out)
+        return float(m.group(1)) if m else None
+    Rt, Rs = plan_value(rt.out, "R (a residual-stream tensor)"), plan_value(rs.out, "R (a residual-stream tensor)")  # planner.h's line
+    s.check(f"d12 --tp 2 --sp: a residual-stream tensor {Rs} MiB a rank, half of --tp 2's {Rt}", Rt and Rs and abs(Rs - Rt / 2) < 0.01,
+            rs.out[-400:])
+    At, As = (re.search(r"A \(one layer's block: [^)]*\)\) = ([0-9.]+) MiB", r.out) for r in (rt, rs))
+    d12_C, d12_BT = 768, 4 * 1024  # a layer keeps four (B,T,C) tensors and four (B,T) statistics of the residual stream: half each with --sp
+    want = float(At.group(1)) - 4 * (4 * d12_BT * d12_C + 4 * d12_BT) / 2 / 1048576 if At else None
+    s.check(f"d12 --tp 2 --sp: a layer's block {As.group(1) if As else None} MiB = --tp 2's less half its residual-stream rows ({want:.2f})",
+            At and As and abs(float(As.group(1)) - want) < 0.01, rs.out[-400:])
+
 MPIRUN, why_not = e2e.mpi_launcher(TRAIN)
 if MPIRUN is None:
     s.skip("the multi-rank checks (mpirun -np 2 and 4)", why_not)
@@ -187,6 +209,38 @@ for label, flags, lowp in (("flash attention, --loss-chunk 8", ["--attention", "
         models_close(f"{label}: --tp 2 vs one process", one, tp2, LOWP_MODEL_RTOL if lowp else MODEL_RTOL)
         s.check_memory(f"{label}: --tp 2: measured memory = planned", tp2)
 
+# --sp: each optimizer against one process; --tp 4; two data-parallel ranks (--zero 1 and 3, bitwise each
+# other); recompute and offload bitwise plain --sp; flash attention with --loss-chunk
+for name, opt in OPTIMIZERS.items():
+    SP = f"{W}/{name}_tp2_sp"
+    if tp_run(f"{name}: mpirun -np 2 --tp 2 --sp", 2, ["--optimizer", *opt, "--tp", "2", "--sp"] + batch(1), SP):
+        losses_close(f"{name}: --tp 2 --sp vs one process", f"{W}/{name}_one", SP)
+        models_close(f"{name}: --tp 2 --sp vs one process", f"{W}/{name}_one", SP)
+        s.check_memory(f"{name}: --tp 2 --sp: measured memory = planned", SP)
+for label, ranks, flags, ref in (("--tp 4 --sp", 4, ["--tp", "4", "--sp"] + batch(1), A1),
+                                 ("--tp 2 --sp, 2 data-parallel ranks, --zero 1", 4, ["--tp", "2", "--sp", "--zero", "1"] + batch(2), A2),
+                                 ("--tp 2 --sp, 2 data-parallel ranks, --zero 3", 4, ["--tp", "2", "--sp", "--zero", "3"] + batch(2), A2)):
+    out = f"{W}/adamw_" + re.sub(r"[^a-z0-9]+", "_", label)
+    if tp_run(f"adamw: mpirun -np {ranks} {label}", ranks, flags, out):
+        losses_close(f"adamw: {label} vs one process", ref, out)
+        models_close(f"adamw: {label} vs one process", ref, out)
+        s.check_memory(f"adamw: {label}: measured memory = planned", out)
+Z1, Z3 = f"{W}/adamw__tp_2_sp_2_data_parallel_ranks_zero_1", f"{W}/adamw__tp_2_sp_2_data_parallel_ranks_zero_3"
+s.check("adamw: --tp 2 --sp: --zero 3's model at step 10 bitwise --zero 1's",
+        same_bytes(ckpt(Z1, "model", STEPS, ".bin"), ckpt(Z3, "model", STEPS, ".bin")), "cmp differs")
+RS = f"{W}/adamw_tp2_sp_recompute_offload"
+if tp_run("adamw: --tp 2 --sp --recompute 1,gelu,attn --offload 1", 2, ["--tp", "2", "--sp", "--recompute", "1,gelu,attn", "--offload", "1"]
+          + batch(1), RS):
+    s.check("adamw: --tp 2 --sp with recompute and offload: the model at step 10 bitwise plain --sp's",
+            same_bytes(ckpt(RS, "model", STEPS, ".bin"), ckpt(f"{W}/adamw_tp2_sp", "model", STEPS, ".bin")), "cmp differs")
+    s.check_memory("adamw: --tp 2 --sp with recompute and offload: measured memory = planned", RS)
+FL = f"{W}/flash_sp_tp2"
+if tp_run("flash attention, --loss-chunk 8, --tp 2 --sp", 2, ["--attention", "flash", "--loss-chunk", "8", "--tp", "2", "--sp"] + batch(1), FL):
+    one = f"{W}/flash_attention_loss_chunk_8_one"
+    losses_close("flash attention, --loss-chunk 8: --tp 2 --sp vs one process", one, FL)
+    models_close("flash attention, --loss-chunk 8: --tp 2 --sp vs one process", one, FL)
+    s.check_memory("flash attention, --loss-chunk 8: --tp 2 --sp: measured memory = planned", FL)
+
 # a sample during training: every rank of the group asks for one position's probabilities, gathered whole
 # from the ranks' columns; with the same seed the same tokens as one process draws (their probabilities
 # agree to rounding, and a draw falls on a boundary between two tokens with a chance of about 1e-6)
@@ -200,6 +254,11 @@ if r1 and r2:
         return lines[at[0] + 1] if at and at[0] + 1 < len(lines) else None
     s.check("adamw: --tp 2's sample is one process's (the same tokens)", sample_of(r1.out) and sample_of(r1.out) == sample_of(r2.out),
             f"one process: {sample_of(r1.out)!r}; --tp 2: {sample_of(r2.out)!r}")
+    # --sp: a sample's forward of 1..T tokens, padded to a multiple of the group's size
+    r3 = tp_run("adamw: --tp 2 --sp draws a sample at step 5", 2, SAMPLE + ["--tp", "2", "--sp"] + batch(1), f"{W}/sample_tp2_sp")
+    if r3:
+        s.check("adamw: --tp 2 --sp's sample is one process's (the same tokens)", sample_of(r1.out) == sample_of(r3.out),
+                f"one process: {sample_of(r1.out)!r}; --tp 2 --sp: {sample_of(r3.out)!r}")
 
 # ----------------------------------------------------------------------------
 # 4. files: the model file is the whole model; a resume is bitwise; a resume into another --tp stops
@@ -216,6 +275,14 @@ if os.path.isfile(ckpt(T2, "DONE", 5)):
         for rank in (0, 1):
             s.check(f"adamw: --tp 2 resumed: rank {rank}'s state at step 10 the straight run's (but the run identity)",
                     same_state(ckpt(T2, "state", STEPS, f"_{rank:05d}.bin"), ckpt(R, "state", STEPS, f"_{rank:05d}.bin")), "differs")
+    SPR, SP2 = f"{W}/adamw_tp2_sp_resume", f"{W}/adamw_tp2_sp"
+    if os.path.isfile(ckpt(SP2, "DONE", 5)):
+        os.makedirs(SPR)
+        for f in [ckpt(SP2, "model", 5, ".bin"), ckpt(SP2, "DONE", 5), ckpt(SP2, "state", 5, "_00000.bin"), ckpt(SP2, "state", 5, "_00001.bin")]:
+            shutil.copy(f, SPR)
+        if tp_run("adamw: --tp 2 --sp resumes from step 5", 2, ["--tp", "2", "--sp"] + batch(1) + ["-y", "1"], SPR):
+            s.check("adamw: --tp 2 --sp resumed: the model at step 10 bitwise the straight run's",
+                    same_bytes(ckpt(SP2, "model", STEPS, ".bin"), ckpt(SPR, "model", STEPS, ".bin")), "cmp differs")
     s.expect_fail("a --tp 2 checkpoint resumed with --tp 1 on 2 ranks", "was written with --tp 2; this run has --tp 1",
                   MPIRUN + ["2"] + BASE + batch(2) + ["-x", "12", "-o", T2, "-y", "1"])
     # the whole model, in the whole model's order: one process starts from it as from one process's own
