@@ -358,7 +358,9 @@ static int print_timeline(const char* schedule, int N, int m) {
     PpPipeline p = pp_pipeline_new(pp_schedule_parse(schedule), N, m);
     PpSimResult r = pp_simulate(&p, PP_UNIT_COSTS, PP_SENDS_RENDEZVOUS);
     if (!r.finished) { fail("%s N=%d m=%d: %s", schedule, N, m, r.why); }
-    printf("# %s N=%d m=%d makespan %g bubble %.6f\n# stage op micro start end\n", schedule, N, m, r.makespan, pp_bubble_fraction(N, m));
+    printf("# %s N=%d m=%d makespan %g bubble %.6f\n# held", schedule, N, m, r.makespan, pp_bubble_fraction(N, m));
+    for (int s = 0; s < N; s++) { printf(" %d", pp_max_in_flight(pp_list(&p, s), p.count[s])); }  // micro-batches each stage holds at most
+    printf("\n# stage op micro start end\n");
     for (int s = 0; s < N; s++) {
         for (int k = 0; k < p.count[s]; k++) {
             const PpAction* a = &pp_list(&p, s)[k];
