@@ -259,6 +259,18 @@ static int pp_max_in_flight(const PpAction* a, int n) {
 // consecutive and i % slots tells them apart
 static int pp_act_slot(int micro, int slots) { return micro % slots; }
 
+// whether the backward at list index k finds its own forward still in the working buffers: the
+// stage's computation just before it (messages aside) was that micro-batch's forward. llmc/act_policy.h
+// counts on it (checkpointing does not recompute the last segment, offload never stores the last three
+// layers, and the head's backward reads the logits or --loss-chunk's d(lnf output) that the forward
+// left): where it does not hold, another micro-batch's forward has overwritten them in between. 1F1B:
+// on the last stage, and anywhere with m = 1; GPipe: with m = 1 only
+static int pp_forward_in_place(const PpAction* a, int k) {
+    int j = k - 1;
+    while (j >= 0 && a[j].op != PP_FORWARD && a[j].op != PP_BACKWARD) { j--; }
+    return a[k].op == PP_BACKWARD && j >= 0 && a[j].op == PP_FORWARD && a[j].micro == a[k].micro;
+}
+
 // the micro-batches in the order the stage's actions of kind op run them (PP_BACKWARD: the order in
 // which each of the stage's gradients receives its micro-batches' contributions; PP_FORWARD: that of
 // the classifier's part of wte with --loss-chunk, and of the losses); returns their number

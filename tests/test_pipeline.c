@@ -12,6 +12,7 @@ test_pipeline.c: pipeline parallelism's schedule (llmc/pipeline.h) and its simul
 - memory: the micro-batches a stage holds at once (simulated) against min(N - s, m) (1F1B) and m
   (GPipe), and pp_act_slot's slots never shared by two of them;
 - the order each gradient of a stage adds its micro-batches in: 0, 1, ... m-1, as in one process;
+- which backwards find their forward still in the working buffers (pp_forward_in_place);
 - why the exchanges: without them 1F1B deadlocks under rendezvous sends (exactly when N >= 2 and
   m >= 2), and finishes when a link buffers one message.
 
@@ -231,8 +232,9 @@ static double busy(const PpPipeline* p, int s) {
 
 // the checks of one schedule over every N and m
 typedef struct {
-    Tally once, order, paired, finishes, deps, makespan, bubble, in_flight, slots, accumulation;
+    Tally once, order, paired, finishes, deps, makespan, bubble, in_flight, slots, accumulation, in_place;
 } ScheduleTallies;
+#define NUM_SCHEDULE_CHECKS 11
 
 static void check_case(ScheduleTallies* t, PpSchedule sch, int N, int m) {
     const char* name = PP_SCHEDULE_NAMES[sch];
@@ -248,6 +250,10 @@ static void check_case(ScheduleTallies* t, PpSchedule sch, int N, int m) {
         int held = pp_max_in_flight(a, n), want = sch == PP_GPIPE ? m : (N - s < m ? N - s : m);
         tally(&t->in_flight, held == want, "%s N=%d m=%d stage %d: holds %d micro-batches, the formula %d", name, N, m, s, held, want);
         tally(&t->slots, slots_distinct(a, n, held, m), "%s N=%d m=%d stage %d: two micro-batches held at once share a slot of %d", name, N, m, s, held);
+        int in_place = 0, want_in_place = (sch == PP_1F1B && s == N - 1) || m == 1 ? m : 0;
+        for (int k = 0; k < n; k++) { in_place += pp_forward_in_place(a, k); }
+        tally(&t->in_place, in_place == want_in_place, "%s N=%d m=%d stage %d: %d backwards find their forward in place, not %d",
+              name, N, m, s, in_place, want_in_place);
         for (int op = PP_FORWARD; op <= PP_BACKWARD; op++) {
             int count = pp_accumulation_order(a, n, (PpOp)op, order), increasing = count == m;
             for (int i = 0; i < count && increasing; i++) { increasing = order[i] == i; }
@@ -277,7 +283,7 @@ static void check_case(ScheduleTallies* t, PpSchedule sch, int N, int m) {
 }
 
 static void test_schedule(PpSchedule sch) {
-    char names[10][200];
+    char names[NUM_SCHEDULE_CHECKS][200];
     const char* name = PP_SCHEDULE_NAMES[sch];
     snprintf(names[0], 200, "%s: each micro-batch's forward and backward once a stage, and the messages they imply once", name);
     snprintf(names[1], 200, "%s: each receive before the computation that reads it, each send after the one that writes it", name);
@@ -289,14 +295,17 @@ static void test_schedule(PpSchedule sch) {
     snprintf(names[7], 200, "%s: micro-batches held at once, simulated = %s", name, sch == PP_GPIPE ? "m" : "min(N - s, m)");
     snprintf(names[8], 200, "%s: pp_act_slot gives the micro-batches held at once distinct slots", name);
     snprintf(names[9], 200, "%s: every stage's forwards and backwards in micro-batch order 0..m-1 (gradients add up as in one process)", name);
+    snprintf(names[10], 200, "%s: backwards that find their forward in place: %s", name,
+             sch == PP_GPIPE ? "every one if m = 1, else none" : "every one on the last stage or with m = 1, else none");
     ScheduleTallies t;
     memset(&t, 0, sizeof(t));
-    Tally* all[10] = {&t.once, &t.order, &t.paired, &t.finishes, &t.deps, &t.makespan, &t.bubble, &t.in_flight, &t.slots, &t.accumulation};
-    for (int k = 0; k < 10; k++) { all[k]->name = names[k]; }
+    Tally* all[NUM_SCHEDULE_CHECKS] = {&t.once, &t.order, &t.paired, &t.finishes, &t.deps, &t.makespan, &t.bubble, &t.in_flight,
+                                       &t.slots, &t.accumulation, &t.in_place};
+    for (int k = 0; k < NUM_SCHEDULE_CHECKS; k++) { all[k]->name = names[k]; }
     for (int N = 1; N <= MAX_STAGES; N++) {
         for (int m = 1; m <= MAX_MICRO; m++) { check_case(&t, sch, N, m); }
     }
-    for (int k = 0; k < 10; k++) { tally_report(all[k]); }
+    for (int k = 0; k < NUM_SCHEDULE_CHECKS; k++) { tally_report(all[k]); }
 }
 
 // ----------------------------------------------------------------------------
