@@ -179,6 +179,12 @@ build/test_quant_state: tests/test_quant_state.c tests/check.h $(HEADERS)
 	@mkdir -p build
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# pipeline parallelism's schedules (llmc/pipeline.h) and their simulation with blocking messages (llmc/pipeline_sim.h):
+# every N in 1..8 stages, m in 1..16 micro-batches, both schedules; --print 1f1b 4 8 prints a timeline (scripts/plot_pipeline.py)
+build/test_pipeline: tests/test_pipeline.c tests/check.h llmc/pipeline.h llmc/pipeline_sim.h llmc/utils.h
+	@mkdir -p build
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
 # the per-element layers one at a time against the triad (dev/bench_layers.c), with the trainer's flags:
 # -std=c11 contracts no multiply-add into an FMA, so its numbers are the step's kernels'
 build/bench_layers: dev/bench_layers.c $(HEADERS)
@@ -220,7 +226,7 @@ build/emu_nompi/train_gpt:
 endif
 
 # every suite; tests/run_tests.py adds up their "N passed, N failed" lines (", N skipped" when any was)
-test: train_gpt test_gpt build/test_matmul build/test_quant_state build/test_dist_grid build/fault_inject.so build/rendezvous_peer build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
+test: train_gpt test_gpt build/test_matmul build/test_quant_state build/test_pipeline build/test_dist_grid build/fault_inject.so build/rendezvous_peer build/train_gpt_nompi build/fuzz build/test_gpt_asan build/emu/train_gpt build/emu_nompi/train_gpt build/prepare_tokens build/prepare_tokens_asan
 	$(PYTHON) tests/run_tests.py
 
 bench: train_gpt build/bench_matmul $(DATA)

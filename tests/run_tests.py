@@ -28,6 +28,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
     ("CPU trainer (test_gpt.c)", ["./test_gpt", "./train_gpt"], None),
     ("matmul", ["./build/test_matmul"], None),
     ("optimizer state in 8 bits and bf16 (llmc/quant_state.h, cpu/optimizers_lowp.h)", ["./build/test_quant_state"], None),
+    ("pipeline schedules, 1F1B and GPipe (llmc/pipeline.h, llmc/pipeline_sim.h)", ["./build/test_pipeline"], None),
     ("CLI and files", [PY, "tests/test_cli.py", "./train_gpt", "./test_gpt"], None),
     ("data parallel (MPI, --zero)",
      [PY, "tests/test_zero.py", "./train_gpt", "./test_gpt", "./build/train_gpt_nompi"], None),
