@@ -1771,11 +1771,39 @@ static void check_attention_order(int B, int T, int C, int NH) {
     free(buf);
 }
 
-// the GELU's spans (8 lanes a step with AVX2) and exp_vec8 against the one-element functions they
-// mirror (cpu/gelu.h, cpu/vecmath.h): bitwise, on a sweep through exp's clamps and GELU's tails, an odd
-// count (a scalar tail), and the values at the edges (infinities, NaN, signed zeros, denormals)
+// the GELU's spans (16 lanes a step with AVX-512, 8 with AVX2) and the vector exps against the one-element
+// functions they mirror (cpu/gelu.h, cpu/vecmath.h): bitwise, on a sweep through exp's clamps and GELU's
+// tails, an odd count (a scalar tail), and the values at the edges (infinities, NaN, signed zeros,
+// denormals); each vector width this machine has, so that an AVX-512 machine checks the AVX2 code too
 #define SPAN_LO (-100.0f)    // past both clamps of exp's argument (-2u < -87 and > 88)
 #define SPAN_STEP 1.0e-3f
+
+// how many lanes of the vector functions of width w (8 or 16) differ from the scalar ones over x (n)
+static int vector_exp_mismatches(const float* x, size_t n, int w) {
+    int bad = 0;
+    for (size_t i = 0; i + (size_t)w <= n; i += (size_t)w) {
+        float e[16], g[16];
+#if defined(__AVX512F__)
+        if (w == 16) {
+            _mm512_storeu_ps(e, exp_vec16(clamp_vec16(_mm512_loadu_ps(x + i), EXP_VEC_MIN, EXP_VEC_MAX)));
+            _mm512_storeu_ps(g, gelu_exp16(_mm512_loadu_ps(x + i)));
+        }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+        if (w == 8) {
+            _mm256_storeu_ps(e, exp_vec8(clamp_vec8(_mm256_loadu_ps(x + i), EXP_VEC_MIN, EXP_VEC_MAX)));
+            _mm256_storeu_ps(g, gelu_exp8(_mm256_loadu_ps(x + i)));
+        }
+#endif
+        for (int k = 0; k < w; k++) {
+            float we = exp_vec(clamp_vec(x[i + k], EXP_VEC_MIN, EXP_VEC_MAX)), wg = gelu_exp(x[i + k]);
+            bad += memcmp(&e[k], &we, sizeof(float)) != 0;
+            bad += memcmp(&g[k], &wg, sizeof(float)) != 0;
+        }
+    }
+    return bad;
+}
+
 static void test_vector_spans(void) {
     size_t n = (size_t)((-2.0f * SPAN_LO) / SPAN_STEP) + 3;  // 3: a partial vector at the end
     float edges[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-40f, -1e-40f, EXP_VEC_MIN, EXP_VEC_MAX};
@@ -1790,20 +1818,48 @@ static void test_vector_spans(void) {
     for (size_t i = 0; i < total; i++) { want[i] = gelu_elem(x[i]); }
     check(memcmp(got, want, total * sizeof(float)) == 0, "gelu_span: bitwise gelu_elem on a sweep of [-100, 100] and the edge values", "differs");
     gelu_grad_span(dgot, x, dout, total);
-    for (size_t i = 0; i < total; i++) { dwant[i] += gelu_grad_elem(x[i]) * dout[i]; }
-    check(memcmp(dgot, dwant, total * sizeof(float)) == 0, "gelu_grad_span: bitwise gelu_grad_elem on the same inputs", "differs");
-#if defined(__AVX2__)
-    int same = 1;
-    for (size_t i = 0; i + VEC8 <= total; i += VEC8) {
-        float e[VEC8];
-        _mm256_storeu_ps(e, exp_vec8(clamp_vec8(_mm256_loadu_ps(x + i), EXP_VEC_MIN, EXP_VEC_MAX)));
-        for (int k = 0; k < VEC8; k++) {
-            float w = exp_vec(clamp_vec(x[i + k], EXP_VEC_MIN, EXP_VEC_MAX));
-            same &= memcmp(&e[k], &w, sizeof(float)) == 0;
-        }
-    }
-    check(same, "exp_vec8: bitwise exp_vec on the same inputs", "differs");
+    for (size_t i = 0; i < total; i++) { dwant[i] = fmaf(gelu_grad_elem(x[i]), dout[i], dwant[i]); }
+    check(memcmp(dgot, dwant, total * sizeof(float)) == 0, "gelu_grad_span: bitwise gelu_grad_elem on the same inputs (one FMA)", "differs");
+#if defined(__AVX512F__)
+    int bad16 = vector_exp_mismatches(x, total, 16);
+    check(bad16 == 0, "exp_vec16, gelu_exp16: bitwise exp_vec and gelu_exp on the same inputs", "%d lanes differ", bad16);
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+    int bad8 = vector_exp_mismatches(x, total, 8);
+    check(bad8 == 0, "exp_vec8, gelu_exp8: bitwise exp_vec and gelu_exp on the same inputs", "%d lanes differ", bad8);
+#endif
+    free(buf);
+}
+
+// exp_vec, the GELU and its derivative against the same functions in double (an independent reference):
+// exp within EXP_ULPS units in the last place over [-87, 88]; the GELU within GELU_ATOL + GELU_RTOL |gelu|
+// over [-100, 100] (far below 0 gelu is x exp(-2u), relative error that of exp's argument), its derivative
+// within GELU_GRAD_ATOL + GELU_GRAD_RTOL |gelu'|
+#define EXP_ULPS 1.05
+#define GELU_ATOL 1e-7
+#define GELU_RTOL 1e-6
+#define GELU_GRAD_ATOL 3e-7
+#define GELU_GRAD_RTOL 6e-6
+static void test_vector_math_accuracy(void) {
+    double worst_ulps = 0.0;
+    for (float x = EXP_VEC_MIN; x <= EXP_VEC_MAX; x += 1e-3f) {
+        double e = exp((double)x), ulp = (double)nextafterf((float)e, INFINITY) - (double)(float)e;
+        worst_ulps = fmax(worst_ulps, fabs((double)exp_vec(x) - e) / ulp);
+    }
+    check(worst_ulps <= EXP_ULPS, "exp_vec: within 1.05 ulp of exp over [-87, 88]", "%.3f ulp", worst_ulps);
+    size_t n = (size_t)((-2.0f * SPAN_LO) / SPAN_STEP);
+    float* buf = (float*)malloc_check(4 * n * sizeof(float));
+    float *got = buf, *want = got + n, *dgot = want + n, *dwant = dgot + n;
+    for (size_t i = 0; i < n; i++) {
+        double x = SPAN_LO + SPAN_STEP * (double)i, u = GELU_SCALE * (x + GELU_CUBIC * x * x * x);
+        double s = 1.0 / (1.0 + exp(-2.0 * u));  // 0.5 (1 + tanh(u)), without its cancellation
+        want[i] = (float)(x * s);
+        dwant[i] = (float)(s + 2.0 * x * s * (1.0 - s) * GELU_SCALE * (1.0 + 3.0 * GELU_CUBIC * x * x));
+        got[i] = gelu_elem((float)x);
+        dgot[i] = gelu_grad_elem((float)x);
+    }
+    check_close("gelu_elem: GELU in double over [-100, 100]", got, want, n, GELU_ATOL, GELU_RTOL);
+    check_close("gelu_grad_elem: its derivative in double over [-100, 100]", dgot, dwant, n, GELU_GRAD_ATOL, GELU_GRAD_RTOL);
     free(buf);
 }
 
@@ -1939,6 +1995,7 @@ int main(int argc, char** argv) {
     test_against_pytorch();
     test_layer_orders();
     test_vector_spans();
+    test_vector_math_accuracy();
     check_softmax_rows(3, 37, 48);      // two whole blocks of 16 and a tail of 5; padding after V
     check_softmax_rows(2, 16, 16);      // one whole block, no tail, no padding
     check_softmax_rows(2, 7, 8);        // only the tail

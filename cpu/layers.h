@@ -472,13 +472,13 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
 
 // p[i] = exp(x[i] - maxv) for i < V: exp_vec where it is a normal float, 0 below (expf gives a denormal or 0
 // there), and lane[i % SOFTMAX_LANES] += p[i] in the order of i, in one pass (the row is read once, not twice).
-// With AVX2, two vectors of 8 make the 16 lanes (exp_vec8: bitwise exp_vec; test_gpt checks the softmax
+// With AVX2 and FMA, two vectors of 8 make the 16 lanes (exp_vec8: bitwise exp_vec; test_gpt checks the softmax
 // against this loop written one element at a time); the elements past the last 16 go one at a time.
 // This pass computes while the row's first (the max) waits on memory: it asks for the next row's
 // cache lines as it goes (next: that row, or NULL), so the two overlap.
 static void softmax_exp_row(float* p, const float* x, float maxv, int V, float lane[SOFTMAX_LANES], const float* next) {
     int i = 0;
-#if !defined(__AVX2__)
+#if !(defined(__AVX2__) && defined(__FMA__))
     (void)next;  // the prefetch is the AVX2 loop's
 #else
     __m256 m = _mm256_set1_ps(maxv), lo = _mm256_loadu_ps(lane), hi = _mm256_loadu_ps(lane + VEC8);
