@@ -1693,23 +1693,26 @@ static void check_layer_orders(int B, int T, int C) {
     free(tok);
 }
 
-// the attention one key and one channel at a time (llm.c's loops; cpu/layers.h runs the dot products
-// on transposed keys and keeps running sums in registers): out (B,T,C), att (B,NH,T,T); the softmax
-// is cpu/layers.h's own (unchanged)
+// the attention one key and one channel at a time (llm.c's loops, its softmax with expf included; cpu/layers.h
+// runs each head's products through cpu/matmul_small.h with fused multiply-adds, and the softmax with exp_vec):
+// out (B,T,C), att (B,NH,T,T)
 static void llmc_attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
         const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
         float* a = att + (((size_t)b * NH + h) * T + t) * T;
+        float maxv = -INFINITY, sum = 0.0f;
         for (int u = 0; u <= t; u++) {
             const float* k = qkv + ((size_t)b * T + u) * C3 + C + h * hs;
             float d = 0.0f;
             for (int i = 0; i < hs; i++) { d += q[i] * k[i]; }
             a[u] = d * scale;
+            if (a[u] > maxv) { maxv = a[u]; }
         }
+        for (int u = 0; u <= t; u++) { a[u] = expf(a[u] - maxv); sum += a[u]; }
+        for (int u = 0; u < T; u++) { a[u] = u <= t ? a[u] / sum : 0.0f; }
     }
-    causal_softmax_forward(att, att, B, NH, T);
     for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
         const float* a = att + (((size_t)b * NH + h) * T + t) * T;
         float* o = out + ((size_t)b * T + t) * C + h * hs;
@@ -1751,23 +1754,91 @@ static void llmc_attention_backward(float* dqkv, float* datt, const float* dout,
     }
 }
 
-static void check_attention_order(int B, int T, int C, int NH) {
+// the attention (forward: the weights, zero after t, and the output; backward: dqkv +=) against llm.c's loops,
+// within the float sums' rounding; and the weights alone (--recompute attn) bitwise the forward's
+#define ATT_ATOL 5e-7
+#define ATT_RTOL 5e-6
+static void check_attention_against_llmc(int B, int T, int C, int NH) {
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
-    float* buf = (float*)calloc(3 * nq + 3 * no + 4 * na, sizeof(float));
+    float* buf = (float*)calloc(3 * nq + 3 * no + 5 * na, sizeof(float));
     float *qkv = buf, *dqkv = qkv + nq, *want_dqkv = dqkv + nq, *out = want_dqkv + nq, *want_out = out + no, *dout = want_out + no;
-    float *att = dout + no, *want_att = att + na, *datt = want_att + na, *want_datt = datt + na;
+    float *att = dout + no, *want_att = att + na, *datt = want_att + na, *want_datt = datt + na, *att_alone = want_datt + na;
     uint64_t rng = 7;
     for (size_t i = 0; i < nq; i++) { qkv[i] = 2.0f * rand_uniform(&rng) - 1.0f; dqkv[i] = want_dqkv[i] = rand_uniform(&rng) - 0.5f; }
     for (size_t i = 0; i < no; i++) { dout[i] = rand_uniform(&rng) - 0.5f; }
+    for (size_t i = 0; i < na; i++) { att[i] = datt[i] = att_alone[i] = 1.0f; }  // every weight written, zeros after t included
     attention_forward(out, att, qkv, B, T, C, NH);
     llmc_attention_forward(want_out, want_att, qkv, B, T, C, NH);
+    attention_weights_forward(att_alone, qkv, B, T, C, NH);
     attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
-    llmc_attention_backward(want_dqkv, want_datt, dout, qkv, want_att, B, T, C, NH);
-    int out_same = memcmp(out, want_out, no * 4) == 0, att_same = memcmp(att, want_att, na * 4) == 0;
-    int dqkv_same = memcmp(dqkv, want_dqkv, nq * 4) == 0;
-    char name[128];
-    snprintf(name, sizeof(name), "layer orders (B=%d, T=%d, C=%d, NH=%d): attention bitwise as llm.c's loops", B, T, C, NH);
-    check(out_same && att_same && dqkv_same, name, "differs (out %d, att %d, dqkv %d)", !out_same, !att_same, !dqkv_same);
+    llmc_attention_backward(want_dqkv, want_datt, dout, qkv, att, B, T, C, NH);  // from the same weights
+    char name[160];
+    snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): the weights as llm.c's loops", B, T, C, NH);
+    check_close(name, att, want_att, na, ATT_ATOL, ATT_RTOL);
+    snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): the output as llm.c's loops", B, T, C, NH);
+    check_close(name, out, want_out, no, ATT_ATOL, ATT_RTOL);
+    snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): dqkv += as llm.c's loops", B, T, C, NH);
+    check_close(name, dqkv, want_dqkv, nq, ATT_ATOL, ATT_RTOL);
+    snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): attention_weights_forward bitwise the forward's weights", B, T, C, NH);
+    check(memcmp(att, att_alone, na * sizeof(float)) == 0, name, "differs");
+    free(buf);
+}
+
+// cpu/matmul_small.h: each element of c is its own sum over k in increasing order, one fmaf a step, then
+// times alpha (and added to c by one more): bitwise that, whatever the tile and vector width; nothing of c
+// outside (rows, cols) is touched; and its transpose and copy exact
+#define SMM_SENTINEL 12345.0f
+typedef struct { int rows, cols, k0, k1, transposed; SmmMode mode; float alpha; } SmmCase;
+
+static void check_small_matmul(const SmmCase* sc) {
+    int K = sc->k1 + 3, lda = sc->transposed ? sc->rows + 5 : K + 2, ldb = sc->cols + 7, ldc = sc->cols + 9;
+    size_t na = (size_t)(sc->transposed ? K : sc->rows) * lda, nb = (size_t)K * ldb, nc = (size_t)(sc->rows + 1) * ldc;
+    float* buf = (float*)malloc_check((na + nb + 2 * nc) * sizeof(float));
+    float *a = buf, *b = a + na, *c = b + nb, *want = c + nc;
+    uint64_t rng = 13;
+    for (size_t i = 0; i < na; i++) { a[i] = rand_uniform(&rng) - 0.5f; }
+    for (size_t i = 0; i < nb; i++) { b[i] = rand_uniform(&rng) - 0.5f; }
+    for (size_t i = 0; i < nc; i++) { c[i] = want[i] = (size_t)i % (size_t)ldc < (size_t)sc->cols && i < (size_t)sc->rows * ldc ? rand_uniform(&rng) : SMM_SENTINEL; }
+    int a_rs = sc->transposed ? 1 : lda, a_ks = sc->transposed ? lda : 1;
+    smm(c, ldc, a, a_rs, a_ks, b, ldb, sc->rows, sc->cols, sc->k0, sc->k1, sc->alpha, sc->mode);
+    for (int r = 0; r < sc->rows; r++) {
+        for (int j = 0; j < sc->cols; j++) {
+            float acc = 0.0f, *w = want + (size_t)r * ldc + j;
+            for (int k = sc->k0; k < sc->k1; k++) { acc = fmaf(a[(size_t)r * a_rs + (size_t)k * a_ks], b[(size_t)k * ldb + j], acc); }
+            *w = sc->mode == SMM_ADD ? fmaf(sc->alpha, acc, *w) : sc->alpha * acc;
+        }
+    }
+    char name[160];
+    snprintf(name, sizeof(name), "smm: %d x %d, k in [%d, %d), a%s, %s: bitwise the fmaf sums in k order, nothing else of c touched",
+             sc->rows, sc->cols, sc->k0, sc->k1, sc->transposed ? " transposed" : "", sc->mode == SMM_ADD ? "+=" : "=");
+    check(memcmp(c, want, nc * sizeof(float)) == 0, name, "differs");
+    free(buf);
+}
+
+static void test_small_matmul(void) {
+    const SmmCase cases[] = {
+        {7, 70, 3, 41, 0, SMM_WRITE, 0.5f},    // a partial tile of SMM_ROWS rows; two column tiles, the last partial
+        {4, 16, 0, 64, 1, SMM_ADD, 1.0f},      // a transposed, as the attention's dv and dk; a whole vector
+        {13, 129, 5, 9, 1, SMM_ADD, -2.0f},    // three column tiles (64 + 64 + 1 with AVX-512)
+        {1, 1, 0, 1, 0, SMM_WRITE, 1.0f},      // one element, one step
+        {3, 20, 6, 6, 0, SMM_WRITE, 1.0f},     // no k at all: c = 0
+        {5, 33, 2, 2, 1, SMM_ADD, 1.0f},       // no k, +=: c unchanged
+    };
+    for (int i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); i++) { check_small_matmul(&cases[i]); }
+    int rows = 19, cols = 37, lds = cols + 3, ldd = rows + 5;  // partial 8 x 8 blocks both ways
+    float* buf = (float*)calloc((size_t)rows * lds + 2 * (size_t)cols * ldd + (size_t)rows * lds, sizeof(float));
+    float *src = buf, *t = src + (size_t)rows * lds, *back = t + (size_t)cols * ldd, *copy = back + (size_t)cols * ldd;
+    uint64_t rng = 17;
+    for (int i = 0; i < rows * lds; i++) { src[i] = rand_uniform(&rng); }
+    smm_transpose(t, ldd, src, lds, rows, cols);
+    smm_copy(copy, lds, src, lds, rows, cols);
+    int same = 1;
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < cols; j++) {
+            same &= t[(size_t)j * ldd + i] == src[(size_t)i * lds + j] && copy[(size_t)i * lds + j] == src[(size_t)i * lds + j];
+        }
+    }
+    check(same, "smm_transpose, smm_copy: 19 x 37, every element in its place", "differs");
     free(buf);
 }
 
@@ -1863,9 +1934,10 @@ static void test_vector_math_accuracy(void) {
     free(buf);
 }
 
-// the softmax's rows (cpu/layers.h: the exponentials and their lane sums in one pass, AVX2) against the
-// same arithmetic one element at a time: the max, exp_vec (0 below EXP_VEC_MIN), the sum in
-// SOFTMAX_LANES lanes then in order, one multiplication by its inverse: bitwise
+// the softmax's rows (cpu/layers.h: the exponentials and their lane sums in one pass, 16 lanes with AVX-512,
+// two vectors of 8 with AVX2) against the same arithmetic one element at a time: the max, exp_vec (0 below
+// EXP_VEC_MIN), the sum in SOFTMAX_LANES lanes then pairwise (lane k + lane k + 8, then + 4, + 2, + 1), one
+// multiplication by its inverse: bitwise
 static void check_softmax_rows(int BT, int V, int Vp) {
     size_t n = (size_t)BT * Vp;
     float* buf = (float*)malloc_check(3 * n * sizeof(float));
@@ -1876,15 +1948,17 @@ static void check_softmax_rows(int BT, int V, int Vp) {
     for (int r = 0; r < BT; r++) {
         const float* x = logits + (size_t)r * Vp;
         float* p = want + (size_t)r * Vp;
-        float maxv = -INFINITY, lane[SOFTMAX_LANES] = {0.0f}, sum = 0.0f;
+        float maxv = -INFINITY, lane[SOFTMAX_LANES] = {0.0f};
         for (int i = 0; i < V; i++) { maxv = x[i] > maxv ? x[i] : maxv; }
         for (int i = 0; i < V; i++) {
             float d = x[i] - maxv;
             p[i] = d < EXP_VEC_MIN ? 0.0f : exp_vec(clamp_vec(d, EXP_VEC_MIN, 0.0f));
             lane[i % SOFTMAX_LANES] += p[i];
         }
-        for (int k = 0; k < SOFTMAX_LANES; k++) { sum += lane[k]; }
-        for (int i = 0; i < V; i++) { p[i] *= 1.0f / sum; }
+        for (int w = SOFTMAX_LANES / 2; w >= 1; w /= 2) {
+            for (int k = 0; k < w; k++) { lane[k] += lane[k + w]; }
+        }
+        for (int i = 0; i < V; i++) { p[i] *= 1.0f / lane[0]; }
         for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
     }
     char name[128];
@@ -1981,8 +2055,9 @@ static void test_layer_orders(void) {
     check_layer_orders(3, 5, 37);    // 15 rows: a partial group of LN_ROWS; 37 channels: a partial vector block
     check_layer_orders(2, 8, 136);   // two whole channel blocks and a partial one
     check_layer_orders(1, 1, 7);     // one row, fewer channels than a vector block
-    check_attention_order(2, 19, 40, 2);  // hs = 20: a block of ATT_KEYS channels and 4 alone; 19 keys: padded to 32
-    check_attention_order(1, 5, 16, 2);   // hs = 8: every channel alone
+    check_attention_against_llmc(2, 19, 40, 2);   // hs = 20, T = 19: partial vectors, and a partial block of SMM_ROWS rows
+    check_attention_against_llmc(1, 5, 16, 2);    // hs = 8: less than a vector
+    check_attention_against_llmc(1, 70, 160, 2);  // hs = 80, T = 70: past one tile's SMM_COLS columns both ways
 }
 
 int main(int argc, char** argv) {
@@ -1993,6 +2068,7 @@ int main(int argc, char** argv) {
     char dir[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();
+    test_small_matmul();
     test_layer_orders();
     test_vector_spans();
     test_vector_math_accuracy();
