@@ -104,53 +104,68 @@ static void layernorm_forward(float* out, float* mean, float* rstd, const float*
     }
 }
 
-// dinp (B,T,C) +=, dweight (C) +=, dbias (C) += from dout (B,T,C)
+// dinp (B,T,C) +=, dweight (C) +=, dbias (C) += from dout (B,T,C). One pass over the rows: each row's two
+// means (LN_ROWS rows side by side, cpu/layernorm_sums.h), its input gradient, and its terms of the
+// parameter gradients added into its part's sums (a fixed partition of LN_PART_ROWS rows: a part is one
+// thread's, its rows in order); then the parts' sums added in part order. So x and dout are read from
+// memory once, and the result is the same for any thread count (llm.c adds a channel's rows in one chain;
+// here a part's, then the parts: another order, the same sums to float rounding).
+#define LN_PART_ROWS (4 * LN_ROWS)
+
+// one row's input gradient dx (C) += and its terms of the parameter gradients dw, db (C) +=, from its x,
+// dy (C), mean m, rstd s and the two means dm, dnm; the pointers restrict: six arrays that might overlap
+// are more run-time checks than gcc makes before it vectorizes a loop
+static inline void ln_row_grads(float* __restrict dx, float* __restrict dw, float* __restrict db, const float* __restrict x,
+                                const float* __restrict dy, const float* __restrict w, float m, float s, float dm, float dnm, int C) {
+    for (int c = 0; c < C; c++) {
+        float norm = (x[c] - m) * s;
+        float dnorm = w[c] * dy[c];
+        dx[c] += (dnorm - dm - norm * dnm) * s;
+        dw[c] += norm * dy[c];
+        db[c] += dy[c];
+    }
+}
 static void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int B, int T, int C) {
     prof_mark(PROF_LAYERNORM, prof_layernorm_backward((size_t)B * T, C, sizeof(float)), "backward");
-    int BT = B * T;
-    // input gradient: rows are independent (LN_ROWS of them side by side, cpu/layernorm_sums.h)
+    int BT = B * T, parts = (BT + LN_PART_ROWS - 1) / LN_PART_ROWS;
+    float* part_sums = (float*)calloc((size_t)parts * 2 * C, sizeof(float));  // part p: its dweight (C), then its dbias (C)
+    if (part_sums == NULL) { fail("layernorm_backward: out of memory for %d parts' sums", parts); }
     #pragma omp parallel for
-    for (int r0 = 0; r0 < BT; r0 += LN_ROWS) {
-        const float *x[LN_ROWS], *dy[LN_ROWS];
-        ln_row_group(x, inp, r0, BT, C);
-        ln_row_group(dy, dout, r0, BT, C);
-        float m[LN_ROWS], s[LN_ROWS];
-        for (int r = 0; r < LN_ROWS; r++) { int bt = r0 + r < BT ? r0 + r : BT - 1; m[r] = mean[bt]; s[r] = rstd[bt]; }
-        // the two means that the normalisation feeds back through
-        float dnorm_mean[LN_ROWS], dnorm_norm_mean[LN_ROWS];
-        ln_sums_backward(dnorm_mean, dnorm_norm_mean, x, dy, weight, m, s, C);
-        for (int r = 0; r < LN_ROWS && r0 + r < BT; r++) {
-            float* dx = dinp + (size_t)(r0 + r) * C;
-            float dm = dnorm_mean[r] / C, dnm = dnorm_norm_mean[r] / C;
-            for (int c = 0; c < C; c++) {
-                float norm = (x[r][c] - m[r]) * s[r];
-                float dnorm = weight[c] * dy[r][c];
-                dx[c] += (dnorm - dm - norm * dnm) * s[r];
+    for (int p = 0; p < parts; p++) {
+        float *dw = part_sums + (size_t)p * 2 * C, *db = dw + C;
+        int end = (p + 1) * LN_PART_ROWS < BT ? (p + 1) * LN_PART_ROWS : BT;
+        for (int r0 = p * LN_PART_ROWS; r0 < end; r0 += LN_ROWS) {
+            const float *x[LN_ROWS], *dy[LN_ROWS];
+            ln_row_group(x, inp, r0, BT, C);
+            ln_row_group(dy, dout, r0, BT, C);
+            float m[LN_ROWS], s[LN_ROWS];
+            for (int r = 0; r < LN_ROWS; r++) { int bt = r0 + r < BT ? r0 + r : BT - 1; m[r] = mean[bt]; s[r] = rstd[bt]; }
+            // the two means that the normalisation feeds back through
+            float dnorm_mean[LN_ROWS], dnorm_norm_mean[LN_ROWS];
+            ln_sums_backward(dnorm_mean, dnorm_norm_mean, x, dy, weight, m, s, C);
+            for (int r = 0; r < LN_ROWS && r0 + r < end; r++) {
+                ln_row_grads(dinp + (size_t)(r0 + r) * C, dw, db, x[r], dy[r], weight, m[r], s[r],
+                             dnorm_mean[r] / C, dnorm_norm_mean[r] / C, C);
             }
         }
     }
-    // parameter gradients: each thread owns a block of channels and sums over the rows in order,
-    // a row's block at a time (contiguous: it vectorizes; each channel's sum is in the same order)
+    // the parts' sums, in part order: parallel over blocks of channels (a block's sums vectorize)
     #pragma omp parallel for
     for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
         int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
         float dw[CHANNEL_BLOCK] = {0.0f}, db[CHANNEL_BLOCK] = {0.0f};
-        for (int bt = 0; bt < B * T; bt++) {
-            const float* x = inp + (size_t)bt * C + c0;
-            const float* dy = dout + (size_t)bt * C + c0;
-            float m = mean[bt], s = rstd[bt];
-            for (int c = 0; c < n; c++) {
-                dw[c] += (x[c] - m) * s * dy[c];
-                db[c] += dy[c];
-            }
+        for (int p = 0; p < parts; p++) {
+            const float* sums = part_sums + (size_t)p * 2 * C + c0;
+            for (int c = 0; c < n; c++) { dw[c] += sums[c]; db[c] += sums[C + c]; }
         }
         for (int c = 0; c < n; c++) {
             dweight[c0 + c] += dw[c];
             if (dbias != NULL) { dbias[c0 + c] += db[c]; }
         }
     }
+    free(part_sums);
 }
 
 // ----------------------------------------------------------------------------
