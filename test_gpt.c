@@ -1974,6 +1974,28 @@ static void check_softmax_rows(int BT, int V, int Vp) {
     free(buf);
 }
 
+// the softmax backward's dot product (cpu/layers.h softmax_row_dot: 16 lanes with AVX-512, two vectors of 8
+// with AVX2) against its arithmetic one element at a time: lane i % SOFTMAX_LANES takes fmaf(a[i], b[i], lane),
+// then the lanes pairwise; bitwise, for n from 1 to past two blocks of 16 (tails of every length), rows
+// longer than n whose entries past n count for nothing
+#define DOT_ROW 40
+static void test_softmax_row_dot(void) {
+    float a[DOT_ROW], b[DOT_ROW];
+    uint64_t rng = 19;
+    for (int i = 0; i < DOT_ROW; i++) { a[i] = rand_uniform(&rng) - 0.5f; b[i] = 3.0f * rand_uniform(&rng) - 1.5f; }
+    int bad = 0;
+    for (int n = 1; n <= DOT_ROW; n++) {
+        float lane[SOFTMAX_LANES] = {0.0f};
+        for (int i = 0; i < n; i++) { lane[i % SOFTMAX_LANES] = fmaf(a[i], b[i], lane[i % SOFTMAX_LANES]); }
+        for (int w = SOFTMAX_LANES / 2; w >= 1; w /= 2) {
+            for (int k = 0; k < w; k++) { lane[k] += lane[k + w]; }
+        }
+        float got = softmax_row_dot(a, b, n, DOT_ROW);
+        bad += memcmp(&got, &lane[0], sizeof(float)) != 0;
+    }
+    check(bad == 0, "softmax_row_dot: bitwise the lanes' fmaf sums, then pairwise, for n = 1..40", "%d lengths differ", bad);
+}
+
 // the factored optimizers' sums (cpu/optimizers.h: OPT_ROWS rows side by side, by blocks of columns;
 // OPT_SIDE parts of the clip's sum side by side) against the same sums one row and one part at a time:
 // the second moment's and CAME's residual statistics, their column sums by parts (double), the first
@@ -2083,6 +2105,7 @@ int main(int argc, char** argv) {
     check_softmax_rows(3, 37, 48);      // two whole blocks of 16 and a tail of 5; padding after V
     check_softmax_rows(2, 16, 16);      // one whole block, no tail, no padding
     check_softmax_rows(2, 7, 8);        // only the tail
+    test_softmax_row_dot();
     check(OPT_PARTS % OPT_SIDE == 0, "optimizer sums: the clip's groups of OPT_SIDE parts cover OPT_PARTS", "%d %% %d != 0", OPT_PARTS, OPT_SIDE);
     check_factored_sums(301, 300);      // parts of 4 and 5 rows (a partial group of OPT_ROWS), a partial column block
     check_factored_sums(37, 5);         // parts of 0 and 1 rows: the clip's groups have no common row

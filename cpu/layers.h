@@ -316,6 +316,32 @@ static void softmax_row(float* p, const float* x, int n, int len, const float* n
     softmax_row_scale(p, 1.0f / softmax_exp_row(p, x, softmax_row_max(x, n, len), n, len, next), n, len);
 }
 
+// the sum over i < n (1 <= n <= len) of a[i] b[i], two rows of len floats (the softmax's backward: weights
+// times their gradients): lane i % SOFTMAX_LANES takes fmaf(a[i], b[i], lane) in the order of i, then
+// softmax_lane_sum; vectorized, the same on every machine (one chain of n adds would wait n adds' latency)
+static float softmax_row_dot(const float* a, const float* b, int n, int len) {
+    float lane[SOFTMAX_LANES] = {0.0f};
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i < n; i += VEC16) { acc = _mm512_mask3_fmadd_ps(softmax_load(a, i, len), softmax_load(b, i, len), acc, softmax_live(n - i)); }
+    _mm512_storeu_ps(lane, acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    (void)len;
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (; i + SOFTMAX_LANES <= n; i += SOFTMAX_LANES) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + VEC8), _mm256_loadu_ps(b + i + VEC8), hi);
+    }
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + VEC8, hi);
+#else
+    (void)len;
+#endif
+    for (; i < n; i++) { lane[i % SOFTMAX_LANES] = fmaf(a[i], b[i], lane[i % SOFTMAX_LANES]); }
+    return softmax_lane_sum(lane);
+}
+
 // ----------------------------------------------------------------------------
 // causal self-attention
 //
@@ -326,19 +352,20 @@ static void softmax_row(float* p, const float* x, int n, int len, const float* n
 // that a block of rows multiplies only the keys it sees (the causal triangle skipped but for a block's
 // own corner, whose weights are zero), with fused multiply-adds, each sum in the order of its k.
 
-#define ATT_HEAD_OPERANDS 4   // a head's scratch: up to 4 (T, hs) operands, packed
+#define ATT_HEAD_OPERANDS 4   // a head's scratch: up to 4 (T, hs) operands, packed, and its (T, T) scores' gradients
 #define CACHE_LINE_FLOATS 16  // 64 bytes: a packed row starts on a cache line (a vector load across two costs two)
 
 // a packed operand's row length: n floats rounded up to whole cache lines
 static int attention_packed_ld(int n) { return (n + CACHE_LINE_FLOATS - 1) / CACHE_LINE_FLOATS * CACHE_LINE_FLOATS; }
 
-// one thread's scratch for a head's packed operands: ATT_HEAD_OPERANDS of attention_operand_floats, 64-byte aligned
+// one thread's scratch for a head: ATT_HEAD_OPERANDS packed operands of attention_operand_floats, then the
+// (T, T) gradients of its scores (backward), 64-byte aligned
 static size_t attention_operand_floats(int T, int hs) {
     size_t a = (size_t)T * attention_packed_ld(hs), b = (size_t)hs * attention_packed_ld(T);  // (T, hs) or (hs, T)
     return a > b ? a : b;
 }
 static float* attention_scratch_alloc(int T, int hs) {
-    size_t bytes = ATT_HEAD_OPERANDS * attention_operand_floats(T, hs) * sizeof(float);
+    size_t bytes = (ATT_HEAD_OPERANDS * attention_operand_floats(T, hs) + (size_t)T * T) * sizeof(float);
     float* p = (float*)aligned_alloc(CACHE_LINE_FLOATS * sizeof(float), bytes);  // bytes: a multiple of the alignment
     if (p == NULL) { fail("attention: out of memory for a head's scratch (%zu bytes)", bytes); }
     return p;
@@ -398,13 +425,12 @@ static void attention_heads_forward(float* out, float* att, const float* qkv, in
     #pragma omp parallel
     {
         float* scratch = attention_scratch_alloc(T, hs);
-        #pragma omp for collapse(2)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                const float* q = qkv + (size_t)b * T * C3 + h * hs;
-                float* o = out != NULL ? out + (size_t)b * T * C + h * hs : NULL;
-                attention_head_forward(o, C, att + ((size_t)b * NH + h) * T * T, q, q + C, q + 2 * C, C3, T, hs, scratch);
-            }
+        #pragma omp for
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            const float* q = qkv + (size_t)b * T * C3 + h * hs;
+            float* o = out != NULL ? out + (size_t)b * T * C + h * hs : NULL;
+            attention_head_forward(o, C, att + (size_t)bh * T * T, q, q + C, q + 2 * C, C3, T, hs, scratch);
         }
         free(scratch);
     }
@@ -424,63 +450,64 @@ static void attention_forward(float* out, float* att, const float* qkv, int B, i
 }
 
 // one head's gradients dq, dk, dv += (rows at a stride of ldd) from dout (T, hs) (stride ldy), its q, k,
-// v (stride ld) and weights att (T,T); datt (T,T) writes the gradient of the scaled scores; scratch holds
-// ATT_HEAD_OPERANDS (T, hs) operands
-static void attention_head_backward(float* dq, float* dk, float* dv, int ldd, float* datt, const float* dout, int ldy,
+// v (stride ld) and weights att (T,T); scratch as attention_scratch_alloc's (the (T, T) gradients of the
+// scaled scores, ds, among it)
+static void attention_head_backward(float* dq, float* dk, float* dv, int ldd, const float* dout, int ldy,
                                     const float* q, const float* k, const float* v, int ld, const float* att,
                                     int T, int hs, float* scratch) {
     float scale = 1.0f / sqrtf((float)hs);
     size_t n = attention_operand_floats(T, hs);
     int ldh = attention_packed_ld(hs), ldt = attention_packed_ld(T);
     float *vt = scratch, *kp = scratch + n, *qp = scratch + 2 * n, *dy = scratch + 3 * n;  // v^T (hs, T); k, q, dout (T, hs): packed
+    float* ds = scratch + ATT_HEAD_OPERANDS * n;                                            // (T, T)
     smm_transpose(vt, ldt, v, ld, T, hs);
     smm_copy(kp, ldh, k, ld, T, hs);
     smm_copy(qp, ldh, q, ld, T, hs);
     smm_copy(dy, ldh, dout, ldy, T, hs);
     for (int t0 = 0; t0 < T; t0 += SMM_ROWS) {
         int rows = T - t0 < SMM_ROWS ? T - t0 : SMM_ROWS, seen = t0 + rows;
-        float* da = datt + (size_t)t0 * T;
+        float* g = ds + (size_t)t0 * T;
         // through the weighted sum of values: datt = dout v^T
-        smm(da, T, dy + (size_t)t0 * ldh, ldh, 1, vt, ldt, rows, attention_keys_scored(seen, T), 0, hs, 1.0f, SMM_WRITE);
+        smm(g, T, dy + (size_t)t0 * ldh, ldh, 1, vt, ldt, rows, attention_keys_scored(seen, T), 0, hs, 1.0f, SMM_WRITE);
         // through the softmax and the scale: ds[u] = att[u] (datt[u] - sum_j att[j] datt[j]) / sqrt(hs), u <= t; 0 after t
         for (int r = 0; r < rows; r++) {
             const float* a = att + (size_t)(t0 + r) * T;
-            float* g = da + (size_t)r * T;
+            float* gr = g + (size_t)r * T;
             int n_t = t0 + r + 1;
-            float dot = 0.0f;
-            for (int u = 0; u < n_t; u++) { dot += a[u] * g[u]; }
-            for (int u = 0; u < n_t; u++) { g[u] = a[u] * (g[u] - dot) * scale; }
-            for (int u = n_t; u < T; u++) { g[u] = 0.0f; }
+            float dot = softmax_row_dot(a, gr, n_t, T);
+            for (int u = 0; u < n_t; u++) { gr[u] = a[u] * (gr[u] - dot) * scale; }
+            for (int u = n_t; u < T; u++) { gr[u] = 0.0f; }
         }
         // through the scores: dq += ds k
-        smm(dq + (size_t)t0 * ldd, ldd, da, T, 1, kp, ldh, rows, hs, 0, seen, 1.0f, SMM_ADD);
+        smm(dq + (size_t)t0 * ldd, ldd, g, T, 1, kp, ldh, rows, hs, 0, seen, 1.0f, SMM_ADD);
     }
     // dv += att^T dout and dk += ds^T q: position u's rows from the rows t >= u (att and ds are zero above)
     for (int u0 = 0; u0 < T; u0 += SMM_ROWS) {
         int rows = T - u0 < SMM_ROWS ? T - u0 : SMM_ROWS;
         smm(dv + (size_t)u0 * ldd, ldd, att + u0, 1, T, dy, ldh, rows, hs, u0, T, 1.0f, SMM_ADD);
-        smm(dk + (size_t)u0 * ldd, ldd, datt + u0, 1, T, qp, ldh, rows, hs, u0, T, 1.0f, SMM_ADD);
+        smm(dk + (size_t)u0 * ldd, ldd, ds + u0, 1, T, qp, ldh, rows, hs, u0, T, 1.0f, SMM_ADD);
     }
 }
 
-// dqkv (B,T,3C) += from dout (B,T,C); datt (B,NH,T,T) is scratch (written: the gradient of the scaled
-// scores). Parallel over (b, h): a head owns its slices of dq, dk, dv.
+// dqkv (B,T,3C) += from dout (B,T,C). datt (B,NH,T,T), the scratch the layer's signature names (the CUDA
+// launcher's too), is not touched: a head's score gradients stay in its thread's scratch, in the cache.
+// Parallel over (b, h): a head owns its slices of dq, dk, dv.
 static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                const float* att, int B, int T, int C, int NH) {
     prof_mark(PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, sizeof(float)), "matmul");
+    (void)datt;
     int C3 = 3 * C, hs = C / NH;
     #pragma omp parallel
     {
         float* scratch = attention_scratch_alloc(T, hs);
-        #pragma omp for collapse(2)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                size_t head = (size_t)b * T * C3 + h * hs, w = ((size_t)b * NH + h) * T * T;
-                const float* q = qkv + head;
-                float* dq = dqkv + head;
-                attention_head_backward(dq, dq + C, dq + 2 * C, C3, datt + w, dout + (size_t)b * T * C + h * hs, C,
-                                        q, q + C, q + 2 * C, C3, att + w, T, hs, scratch);
-            }
+        #pragma omp for
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            size_t head = (size_t)b * T * C3 + h * hs;
+            const float* q = qkv + head;
+            float* dq = dqkv + head;
+            attention_head_backward(dq, dq + C, dq + 2 * C, C3, dout + (size_t)b * T * C + h * hs, C,
+                                    q, q + C, q + 2 * C, C3, att + (size_t)bh * T * T, T, hs, scratch);
         }
         free(scratch);
     }
