@@ -365,8 +365,9 @@ static size_t attention_operand_floats(int T, int hs) {
     return a > b ? a : b;
 }
 static float* attention_scratch_alloc(int T, int hs) {
-    size_t bytes = (ATT_HEAD_OPERANDS * attention_operand_floats(T, hs) + (size_t)T * T) * sizeof(float);
-    float* p = (float*)aligned_alloc(CACHE_LINE_FLOATS * sizeof(float), bytes);  // bytes: a multiple of the alignment
+    size_t line = CACHE_LINE_FLOATS * sizeof(float), floats = ATT_HEAD_OPERANDS * attention_operand_floats(T, hs) + (size_t)T * T;
+    size_t bytes = (floats * sizeof(float) + line - 1) / line * line;  // aligned_alloc takes whole multiples of the alignment
+    float* p = (float*)aligned_alloc(line, bytes);
     if (p == NULL) { fail("attention: out of memory for a head's scratch (%zu bytes)", bytes); }
     return p;
 }
