@@ -26,9 +26,7 @@ The results hold for any C >= 1; the rows need no alignment.
 #define CPU_LAYERNORM_SUMS_H
 
 #include <stddef.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "vecmath.h"   // transpose8_vec8
 
 #define LN_ROWS 8   // rows side by side: an AVX2 vector's lanes (scalar: 8 chains fill the adder's pipeline)
 
@@ -41,24 +39,10 @@ static void ln_row_group(const float* rows[LN_ROWS], const float* x, int r0, int
 #if defined(__AVX2__)
 #define LN_BLOCK 8   // columns a step of the vector path takes: with LN_ROWS rows, an 8 x 8 block
 
-// v[k] lane r = rows[r][c + k], r, k < 8: 8 loads, then the classic 8 x 8 transpose in 24 shuffles
+// v[k] lane r = rows[r][c + k], r, k < 8: 8 loads, then the 8 x 8 transpose (cpu/vecmath.h)
 static inline void ln_load_transposed(__m256 v[LN_BLOCK], const float* const rows[LN_ROWS], int c) {
-    __m256 t[8], u[8];
     for (int r = 0; r < LN_ROWS; r++) { v[r] = _mm256_loadu_ps(rows[r] + c); }
-    for (int i = 0; i < 8; i += 2) {  // interleave row pairs: t[i] = a0 b0 a1 b1 | a4 b4 a5 b5
-        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {  // then pairs of pairs: u[i] = a0 b0 c0 d0 | a4 b4 c4 d4
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-    for (int k = 0; k < 4; k++) {     // then the 128-bit halves: rows 0-3 beside rows 4-7
-        v[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
-        v[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
-    }
+    transpose8_vec8(v);
 }
 
 // the columns the vector path takes (whole blocks); the scalar loops do the rest

@@ -29,8 +29,9 @@ Conventions (as in llm.c):
 #include <stddef.h>
 #include "../llmc/model_config.h"  // LAYERNORM_EPS, GELU_SCALE, GELU_CUBIC: the model's, for every backend
 #include "matmul.h"
+#include "matmul_small.h"  // the attention's per-head products, one thread each
 #include "gelu.h"      // one element of the GELU and its derivative
-#include "vecmath.h"   // exp_vec: the softmax at memory speed
+#include "vecmath.h"   // exp_vec: the softmaxes at memory speed
 #include "layernorm_sums.h"  // LayerNorm's row sums, LN_ROWS rows side by side, each in llm.c's order
 #include "../llmc/profile.h"  // --profile: each layer marks its range (one line, its first), a branch when off
 
@@ -103,53 +104,68 @@ static void layernorm_forward(float* out, float* mean, float* rstd, const float*
     }
 }
 
-// dinp (B,T,C) +=, dweight (C) +=, dbias (C) += from dout (B,T,C)
+// dinp (B,T,C) +=, dweight (C) +=, dbias (C) += from dout (B,T,C). One pass over the rows: each row's two
+// means (LN_ROWS rows side by side, cpu/layernorm_sums.h), its input gradient, and its terms of the
+// parameter gradients added into its part's sums (a fixed partition of LN_PART_ROWS rows: a part is one
+// thread's, its rows in order); then the parts' sums added in part order. So x and dout are read from
+// memory once, and the result is the same for any thread count (llm.c adds a channel's rows in one chain;
+// here a part's, then the parts: another order, the same sums to float rounding).
+#define LN_PART_ROWS (4 * LN_ROWS)
+
+// one row's input gradient dx (C) += and its terms of the parameter gradients dw, db (C) +=, from its x,
+// dy (C), mean m, rstd s and the two means dm, dnm; the pointers restrict: six arrays that might overlap
+// are more run-time checks than gcc makes before it vectorizes a loop
+static inline void ln_row_grads(float* __restrict dx, float* __restrict dw, float* __restrict db, const float* __restrict x,
+                                const float* __restrict dy, const float* __restrict w, float m, float s, float dm, float dnm, int C) {
+    for (int c = 0; c < C; c++) {
+        float norm = (x[c] - m) * s;
+        float dnorm = w[c] * dy[c];
+        dx[c] += (dnorm - dm - norm * dnm) * s;
+        dw[c] += norm * dy[c];
+        db[c] += dy[c];
+    }
+}
 static void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int B, int T, int C) {
     prof_mark(PROF_LAYERNORM, prof_layernorm_backward((size_t)B * T, C, sizeof(float)), "backward");
-    int BT = B * T;
-    // input gradient: rows are independent (LN_ROWS of them side by side, cpu/layernorm_sums.h)
+    int BT = B * T, parts = (BT + LN_PART_ROWS - 1) / LN_PART_ROWS;
+    float* part_sums = (float*)calloc((size_t)parts * 2 * C, sizeof(float));  // part p: its dweight (C), then its dbias (C)
+    if (part_sums == NULL) { fail("layernorm_backward: out of memory for %d parts' sums", parts); }
     #pragma omp parallel for
-    for (int r0 = 0; r0 < BT; r0 += LN_ROWS) {
-        const float *x[LN_ROWS], *dy[LN_ROWS];
-        ln_row_group(x, inp, r0, BT, C);
-        ln_row_group(dy, dout, r0, BT, C);
-        float m[LN_ROWS], s[LN_ROWS];
-        for (int r = 0; r < LN_ROWS; r++) { int bt = r0 + r < BT ? r0 + r : BT - 1; m[r] = mean[bt]; s[r] = rstd[bt]; }
-        // the two means that the normalisation feeds back through
-        float dnorm_mean[LN_ROWS], dnorm_norm_mean[LN_ROWS];
-        ln_sums_backward(dnorm_mean, dnorm_norm_mean, x, dy, weight, m, s, C);
-        for (int r = 0; r < LN_ROWS && r0 + r < BT; r++) {
-            float* dx = dinp + (size_t)(r0 + r) * C;
-            float dm = dnorm_mean[r] / C, dnm = dnorm_norm_mean[r] / C;
-            for (int c = 0; c < C; c++) {
-                float norm = (x[r][c] - m[r]) * s[r];
-                float dnorm = weight[c] * dy[r][c];
-                dx[c] += (dnorm - dm - norm * dnm) * s[r];
+    for (int p = 0; p < parts; p++) {
+        float *dw = part_sums + (size_t)p * 2 * C, *db = dw + C;
+        int end = (p + 1) * LN_PART_ROWS < BT ? (p + 1) * LN_PART_ROWS : BT;
+        for (int r0 = p * LN_PART_ROWS; r0 < end; r0 += LN_ROWS) {
+            const float *x[LN_ROWS], *dy[LN_ROWS];
+            ln_row_group(x, inp, r0, BT, C);
+            ln_row_group(dy, dout, r0, BT, C);
+            float m[LN_ROWS], s[LN_ROWS];
+            for (int r = 0; r < LN_ROWS; r++) { int bt = r0 + r < BT ? r0 + r : BT - 1; m[r] = mean[bt]; s[r] = rstd[bt]; }
+            // the two means that the normalisation feeds back through
+            float dnorm_mean[LN_ROWS], dnorm_norm_mean[LN_ROWS];
+            ln_sums_backward(dnorm_mean, dnorm_norm_mean, x, dy, weight, m, s, C);
+            for (int r = 0; r < LN_ROWS && r0 + r < end; r++) {
+                ln_row_grads(dinp + (size_t)(r0 + r) * C, dw, db, x[r], dy[r], weight, m[r], s[r],
+                             dnorm_mean[r] / C, dnorm_norm_mean[r] / C, C);
             }
         }
     }
-    // parameter gradients: each thread owns a block of channels and sums over the rows in order,
-    // a row's block at a time (contiguous: it vectorizes; each channel's sum is in the same order)
+    // the parts' sums, in part order: parallel over blocks of channels (a block's sums vectorize)
     #pragma omp parallel for
     for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
         int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
         float dw[CHANNEL_BLOCK] = {0.0f}, db[CHANNEL_BLOCK] = {0.0f};
-        for (int bt = 0; bt < B * T; bt++) {
-            const float* x = inp + (size_t)bt * C + c0;
-            const float* dy = dout + (size_t)bt * C + c0;
-            float m = mean[bt], s = rstd[bt];
-            for (int c = 0; c < n; c++) {
-                dw[c] += (x[c] - m) * s * dy[c];
-                db[c] += dy[c];
-            }
+        for (int p = 0; p < parts; p++) {
+            const float* sums = part_sums + (size_t)p * 2 * C + c0;
+            for (int c = 0; c < n; c++) { dw[c] += sums[c]; db[c] += sums[C + c]; }
         }
         for (int c = 0; c < n; c++) {
             dweight[c0 + c] += dw[c];
             if (dbias != NULL) { dbias[c0 + c] += db[c]; }
         }
     }
+    free(part_sums);
 }
 
 // ----------------------------------------------------------------------------
@@ -187,172 +203,314 @@ static void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
 }
 
 // ----------------------------------------------------------------------------
+// a row's softmax: the attention's causal rows and the classifier's rows over the vocabulary
+
+#define SOFTMAX_LANES 16   // a row's sum in this many running ones (element i in lane i % 16): the same on every machine
+
+// the sum of the SOFTMAX_LANES lanes, pairwise: lane k + lane k + 8, then + 4, + 2, + 1 (a vector's halving
+// tree, 4 adds deep where one after another is 15)
+static float softmax_lane_sum(float lane[SOFTMAX_LANES]) {
+    for (int w = SOFTMAX_LANES / 2; w >= 1; w /= 2) {
+        for (int k = 0; k < w; k++) { lane[k] += lane[k + w]; }
+    }
+    return lane[0];
+}
+
+#if defined(__AVX512F__)
+// AVX-512 reads and writes a row of len floats by whole vectors, masked only where one would cross len:
+// a masked store makes the next load of its bytes wait for it to reach the cache (about 5x a plain one's
+// cost, measured on the AMD EPYC of doc/benchmarks.md), and a row is written, then read back, pass by pass
+static __mmask16 softmax_live(int left) { return left >= VEC16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1); }
+static inline __m512 softmax_load(const float* x, int i, int len) {
+    return i + VEC16 <= len ? _mm512_loadu_ps(x + i) : _mm512_maskz_loadu_ps(softmax_live(len - i), x + i);
+}
+static inline void softmax_store(float* p, int i, int len, __m512 v) {
+    if (i + VEC16 <= len) { _mm512_storeu_ps(p + i, v); } else { _mm512_mask_storeu_ps(p + i, softmax_live(len - i), v); }
+}
+#endif
+
+// exp(d) for d <= 0 as the softmaxes take it: exp_vec, 0 below EXP_VEC_MIN (where expf gives a denormal or 0)
+static inline float softmax_exp(float d) { return d < EXP_VEC_MIN ? 0.0f : exp_vec(clamp_vec(d, EXP_VEC_MIN, 0.0f)); }
+
+// the largest of x[0..n), 1 <= n <= len, in running maxima over vectors (any order gives the same max)
+static float softmax_row_max(const float* x, int n, int len) {
+#if defined(__AVX512F__)
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += VEC16) { m = _mm512_mask_max_ps(m, softmax_live(n - i), m, softmax_load(x, i, len)); }
+    return _mm512_reduce_max_ps(m);
+#else
+    (void)len;
+    float lane_max[SOFTMAX_LANES], maxv = -INFINITY;
+    for (int k = 0; k < SOFTMAX_LANES; k++) { lane_max[k] = -INFINITY; }
+    int i = 0;
+    for (; i + SOFTMAX_LANES <= n; i += SOFTMAX_LANES) {
+        for (int k = 0; k < SOFTMAX_LANES; k++) { lane_max[k] = x[i + k] > lane_max[k] ? x[i + k] : lane_max[k]; }
+    }
+    for (; i < n; i++) { maxv = x[i] > maxv ? x[i] : maxv; }
+    for (int k = 0; k < SOFTMAX_LANES; k++) { maxv = lane_max[k] > maxv ? lane_max[k] : maxv; }
+    return maxv;
+#endif
+}
+
+// p[i] = exp(x[i] - maxv) for i < n: exp_vec where it is a normal float, 0 below (expf gives a denormal or 0
+// there); returns their sum: lane[i % SOFTMAX_LANES] += p[i] in the order of i, then softmax_lane_sum. One
+// pass (the row is read once, not twice): AVX-512 takes 16 lanes a step (the lanes past n written 0, up to
+// len at most); AVX2 two vectors of 8, the elements past the last 16 one at a time (exp_vec16, exp_vec8:
+// bitwise exp_vec, so every machine sums the same values in the same lanes). While it computes it asks for
+// the cache lines of next (the row this thread takes next, or NULL), whose first pass, the max, would
+// otherwise wait on memory.
+static float softmax_exp_row(float* p, const float* x, float maxv, int n, int len, const float* next) {
+    float lane[SOFTMAX_LANES] = {0.0f};
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 m = _mm512_set1_ps(maxv), acc = _mm512_setzero_ps();
+    for (; i < n; i += VEC16) {
+        if (next != NULL) { _mm_prefetch((const char*)(next + i), _MM_HINT_T1); }  // 16 floats: one 64-byte line
+        __m512 d = _mm512_sub_ps(softmax_load(x, i, len), m);
+        // d < EXP_VEC_MIN ? 0 : exp: keep the live lanes not below (a NaN is kept, as the scalar test keeps it)
+        __mmask16 keep = _mm512_mask_cmp_ps_mask(softmax_live(n - i), d, _mm512_set1_ps(EXP_VEC_MIN), _CMP_NLT_UQ);
+        __m512 e = _mm512_maskz_mov_ps(keep, exp_vec16(clamp_vec16(d, EXP_VEC_MIN, 0.0f)));
+        softmax_store(p, i, len, e);
+        acc = _mm512_add_ps(acc, e);  // a dead lane adds +0: its sum (never -0) unchanged
+    }
+    _mm512_storeu_ps(lane, acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    (void)len;
+    __m256 m = _mm256_set1_ps(maxv), lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (; i + SOFTMAX_LANES <= n; i += SOFTMAX_LANES) {
+        if (next != NULL) { _mm_prefetch((const char*)(next + i), _MM_HINT_T1); }
+        __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + i), m), d1 = _mm256_sub_ps(_mm256_loadu_ps(x + i + VEC8), m);
+        __m256 e0 = _mm256_and_ps(_mm256_cmp_ps(d0, _mm256_set1_ps(EXP_VEC_MIN), _CMP_NLT_UQ), exp_vec8(clamp_vec8(d0, EXP_VEC_MIN, 0.0f)));
+        __m256 e1 = _mm256_and_ps(_mm256_cmp_ps(d1, _mm256_set1_ps(EXP_VEC_MIN), _CMP_NLT_UQ), exp_vec8(clamp_vec8(d1, EXP_VEC_MIN, 0.0f)));
+        _mm256_storeu_ps(p + i, e0);
+        _mm256_storeu_ps(p + i + VEC8, e1);
+        lo = _mm256_add_ps(lo, e0);
+        hi = _mm256_add_ps(hi, e1);
+    }
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + VEC8, hi);
+#else
+    (void)len, (void)next;  // the prefetch is the vector loops'
+#endif
+    for (; i < n; i++) {
+        p[i] = softmax_exp(x[i] - maxv);
+        lane[i % SOFTMAX_LANES] += p[i];
+    }
+    return softmax_lane_sum(lane);
+}
+
+// p[i] *= inv for i < n (1 <= n <= len), p[i] = 0 for n <= i < len: a row's normalisation
+static void softmax_row_scale(float* p, float inv, int n, int len) {
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 s = _mm512_set1_ps(inv);
+    for (; i < n; i += VEC16) { softmax_store(p, i, len, _mm512_mul_ps(s, softmax_load(p, i, len))); }  // past n: 0 times inv
+    for (; i < len; i += VEC16) { softmax_store(p, i, len, _mm512_setzero_ps()); }
+#endif
+    for (; i < n; i++) { p[i] *= inv; }
+    for (; i < len; i++) { p[i] = 0.0f; }
+}
+
+// p (len) writes the softmax of x's first n entries (1 <= n <= len), zero from n to len; p may equal x
+static void softmax_row(float* p, const float* x, int n, int len, const float* next) {
+    softmax_row_scale(p, 1.0f / softmax_exp_row(p, x, softmax_row_max(x, n, len), n, len, next), n, len);
+}
+
+// the sum over i < n (1 <= n <= len) of a[i] b[i], two rows of len floats (the softmax's backward: weights
+// times their gradients): lane i % SOFTMAX_LANES takes fmaf(a[i], b[i], lane) in the order of i, then
+// softmax_lane_sum; vectorized, the same on every machine (one chain of n adds would wait n adds' latency)
+static float softmax_row_dot(const float* a, const float* b, int n, int len) {
+    float lane[SOFTMAX_LANES] = {0.0f};
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i < n; i += VEC16) { acc = _mm512_mask3_fmadd_ps(softmax_load(a, i, len), softmax_load(b, i, len), acc, softmax_live(n - i)); }
+    _mm512_storeu_ps(lane, acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    (void)len;
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (; i + SOFTMAX_LANES <= n; i += SOFTMAX_LANES) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + VEC8), _mm256_loadu_ps(b + i + VEC8), hi);
+    }
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + VEC8, hi);
+#else
+    (void)len;
+#endif
+    for (; i < n; i++) { lane[i % SOFTMAX_LANES] = fmaf(a[i], b[i], lane[i % SOFTMAX_LANES]); }
+    return softmax_lane_sum(lane);
+}
+
+// ----------------------------------------------------------------------------
 // causal self-attention
+//
+// qkv (B,T,3C) holds q, k, v side by side, each split into NH heads of hs = C/NH; a head's rows are
+// (T, hs) slices of it, row t at a stride of 3C. Each head is one thread's: its operands are first made
+// contiguous (keys and values transposed or copied: rows 3C apart fall into few cache sets), then its
+// T x T products (64 x 64 x 64 at d12's T=64) go through cpu/matmul_small.h SMM_ROWS rows at a time, so
+// that a block of rows multiplies only the keys it sees (the causal triangle skipped but for a block's
+// own corner, whose weights are zero), with fused multiply-adds, each sum in the order of its k.
+
+#define ATT_HEAD_OPERANDS 4   // a head's scratch: up to 4 (T, hs) operands, packed, and its (T, T) scores' gradients
+#define CACHE_LINE_FLOATS 16  // 64 bytes: a packed row starts on a cache line (a vector load across two costs two)
+
+// a packed operand's row length: n floats rounded up to whole cache lines
+static int attention_packed_ld(int n) { return (n + CACHE_LINE_FLOATS - 1) / CACHE_LINE_FLOATS * CACHE_LINE_FLOATS; }
+
+// one thread's scratch for a head: ATT_HEAD_OPERANDS packed operands of attention_operand_floats, then the
+// (T, T) gradients of its scores (backward), 64-byte aligned
+static size_t attention_operand_floats(int T, int hs) {
+    size_t a = (size_t)T * attention_packed_ld(hs), b = (size_t)hs * attention_packed_ld(T);  // (T, hs) or (hs, T)
+    return a > b ? a : b;
+}
+static float* attention_scratch_alloc(int T, int hs) {
+    size_t line = CACHE_LINE_FLOATS * sizeof(float), floats = ATT_HEAD_OPERANDS * attention_operand_floats(T, hs) + (size_t)T * T;
+    size_t bytes = (floats * sizeof(float) + line - 1) / line * line;  // aligned_alloc takes whole multiples of the alignment
+    float* p = (float*)aligned_alloc(line, bytes);
+    if (p == NULL) { fail("attention: out of memory for a head's scratch (%zu bytes)", bytes); }
+    return p;
+}
+
+// keys a block of rows scores: those it sees (0..seen-1) up to whole vectors of SOFTMAX_LANES, at most T
+// (a score past its row's last key is computed, then zeroed by the softmax: whole vectors store plainly)
+static int attention_keys_scored(int seen, int T) {
+    int keys = (seen + SOFTMAX_LANES - 1) / SOFTMAX_LANES * SOFTMAX_LANES;
+    return keys < T ? keys : T;
+}
 
 // att (B,NH,T,T) writes: row t is the softmax of preatt's positions 0..t, zero after t.
 // att may equal preatt (in place).
 static void causal_softmax_forward(float* att, const float* preatt, int B, int NH, int T) {
     #pragma omp parallel for
     for (size_t row = 0; row < (size_t)B * NH * T; row++) {
-        int t = (int)(row % T);
-        const float* p = preatt + row * T;
-        float* a = att + row * T;
-        float maxv = -INFINITY;
-        for (int u = 0; u <= t; u++) { if (p[u] > maxv) { maxv = p[u]; } }
-        float sum = 0.0f;
-        for (int u = 0; u <= t; u++) { a[u] = expf(p[u] - maxv); sum += a[u]; }
-        float inv = 1.0f / sum;
-        for (int u = 0; u <= t; u++) { a[u] *= inv; }
-        for (int u = t + 1; u < T; u++) { a[u] = 0.0f; }
+        softmax_row(att + row * T, preatt + row * T, (int)(row % T) + 1, T, NULL);
     }
 }
 
-// A head's dot products s_u = sum_i x_i y_u[i] with each of its keys (or values) y_u run on the
-// keys transposed, yt[i*Tp + u] = y_u[i]: step i adds x_i yt[i*Tp + u] to ATT_KEYS running sums at
-// once (a vector over u, held in registers), in the order of i, so every s_u is bitwise the
-// one-key-at-a-time sum: vectorized without changing a bit.
-#define ATT_KEYS 16   // keys a step takes: two AVX2 vectors, one AVX-512 vector
-static int attention_padded_T(int T) { return (T + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS; }
-
-typedef enum { QKV_QUERY = 0, QKV_KEY = 1, QKV_VALUE = 2 } QkvPart;  // the thirds of a qkv row, in order
-
-// returns (hs, Tp) (free it): head h's keys or values (part) of sequence b in qkv (B,T,3C),
-// transposed; the Tp - T columns past the last position are zero
-static float* attention_head_transposed(const float* qkv, int b, int h, QkvPart part, int T, int C, int NH) {
-    int C3 = 3 * C, hs = C / NH, Tp = attention_padded_T(T);
-    float* yt = (float*)malloc_check((size_t)hs * Tp * sizeof(float));
-    for (int u = 0; u < T; u++) {
-        const float* y = qkv + ((size_t)b * T + u) * C3 + part * C + h * hs;
-        for (int i = 0; i < hs; i++) { yt[(size_t)i * Tp + u] = y[i]; }
-    }
-    for (int i = 0; i < hs; i++) {
-        for (int u = T; u < Tp; u++) { yt[(size_t)i * Tp + u] = 0.0f; }
-    }
-    return yt;
+// rows t0..t0+rows-1 (rows <= SMM_ROWS) of one head's scores a (T,T) (row t0 first) into their weights,
+// in place, each as softmax_row does it: row t over keys 0..t. Step by step over the rows (every max, then
+// every exponential, then every normalisation): each row's steps wait on one another, the rows' do not
+static void attention_softmax_rows(float* a, int T, int t0, int rows) {
+    float maxv[SMM_ROWS], sum[SMM_ROWS];
+    for (int r = 0; r < rows; r++) { maxv[r] = softmax_row_max(a + (size_t)r * T, t0 + r + 1, T); }
+    for (int r = 0; r < rows; r++) { sum[r] = softmax_exp_row(a + (size_t)r * T, a + (size_t)r * T, maxv[r], t0 + r + 1, T, NULL); }
+    for (int r = 0; r < rows; r++) { softmax_row_scale(a + (size_t)r * T, 1.0f / sum[r], t0 + r + 1, T); }
 }
 
-// s (n) writes s[u] = sum_i x[i] yt[i*Tp + u] for u < n <= Tp, each sum in the order of i
-static void attention_dots(float* s, const float* x, const float* yt, int n, int Tp, int hs) {
-    for (int u0 = 0; u0 < n; u0 += ATT_KEYS) {
-        float acc[ATT_KEYS] = {0.0f};
-        for (int i = 0; i < hs; i++) {
-            const float* y = yt + (size_t)i * Tp + u0;
-            float xi = x[i];
-            #pragma omp simd
-            for (int k = 0; k < ATT_KEYS; k++) { acc[k] += xi * y[k]; }
-        }
-        for (int k = 0; k < ATT_KEYS && u0 + k < n; k++) { s[u0 + k] = acc[k]; }
-    }
-}
-
-// o (hs) += sum_u a[u] v[u*ldv + i] over u < n, each term added in the order of u as one
-// o[i] += a[u] v[u][i] at a time would: ATT_KEYS outputs at a time keep their running sums in
-// registers over all of u (the last hs % ATT_KEYS one at a time)
-static void attention_weighted_sum(float* o, const float* a, const float* v, int n, int ldv, int hs) {
-    int i0 = 0;
-    for (; i0 + ATT_KEYS <= hs; i0 += ATT_KEYS) {
-        float acc[ATT_KEYS];
-        for (int k = 0; k < ATT_KEYS; k++) { acc[k] = o[i0 + k]; }
-        for (int u = 0; u < n; u++) {
-            const float* vu = v + (size_t)u * ldv + i0;
-            float au = a[u];
-            #pragma omp simd
-            for (int k = 0; k < ATT_KEYS; k++) { acc[k] += au * vu[k]; }
-        }
-        for (int k = 0; k < ATT_KEYS; k++) { o[i0 + k] = acc[k]; }
-    }
-    for (; i0 < hs; i0++) {
-        float sum = o[i0];
-        for (int u = 0; u < n; u++) { sum += a[u] * v[(size_t)u * ldv + i0]; }
-        o[i0] = sum;
-    }
-}
-
-// qkv (B,T,3C) holds q, k, v side by side, each split into NH heads of hs = C/NH.
-// att (B,NH,T,T) writes the attention weights softmax(q k^T / sqrt(hs), causal). On its
-// own it is what selective recompute (--recompute attn) runs again in backward.
-static void attention_weights_forward(float* att, const float* qkv, int B, int T, int C, int NH) {
-    int C3 = 3 * C, hs = C / NH;
+// one head's weights att (T,T) from its q and k (rows at a stride of ld), and with out (T, hs) (rows at
+// a stride of ldo; NULL: none) its output att v; scratch holds ATT_HEAD_OPERANDS (T, hs) operands
+static void attention_head_forward(float* out, int ldo, float* att, const float* q, const float* k, const float* v,
+                                   int ld, int T, int hs, float* scratch) {
     float scale = 1.0f / sqrtf((float)hs);
-    // scores into att (as the pre-softmax preatt), then softmax in place; parallel over (b, h):
-    // a head's keys are transposed once for all its rows
-    #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            float* kt = attention_head_transposed(qkv, b, h, QKV_KEY, T, C, NH);
-            for (int t = 0; t < T; t++) {
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                attention_dots(a, q, kt, t + 1, attention_padded_T(T), hs);
-                for (int u = 0; u <= t; u++) { a[u] *= scale; }
-            }
-            free(kt);
-        }
+    size_t n = attention_operand_floats(T, hs);
+    int ldh = attention_packed_ld(hs), ldt = attention_packed_ld(T);
+    float *kt = scratch, *vp = scratch + n;  // k^T (hs, T) and v (T, hs), packed
+    smm_transpose(kt, ldt, k, ld, T, hs);
+    if (out != NULL) { smm_copy(vp, ldh, v, ld, T, hs); }
+    for (int t0 = 0; t0 < T; t0 += SMM_ROWS) {
+        int rows = T - t0 < SMM_ROWS ? T - t0 : SMM_ROWS, seen = t0 + rows;  // the block's rows see keys 0..seen-1
+        float* a = att + (size_t)t0 * T;
+        // the scores q.k / sqrt(hs), then each row's softmax in place
+        smm(a, T, q + (size_t)t0 * ld, ld, 1, kt, ldt, rows, attention_keys_scored(seen, T), 0, hs, scale, SMM_WRITE);
+        attention_softmax_rows(a, T, t0, rows);
+        if (out != NULL) { smm(out + (size_t)t0 * ldo, ldo, a, T, 1, vp, ldh, rows, hs, 0, seen, 1.0f, SMM_WRITE); }
     }
-    causal_softmax_forward(att, att, B, NH, T);
+}
+
+// att (B,NH,T,T) writes the attention weights softmax(q k^T / sqrt(hs), causal), and out (B,T,C) (NULL:
+// not) their weighted sums of the values, heads concatenated. Parallel over (b, h): a head owns its
+// weights and its slice of out
+static void attention_heads_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int C3 = 3 * C, hs = C / NH;
+    #pragma omp parallel
+    {
+        float* scratch = attention_scratch_alloc(T, hs);
+        #pragma omp for
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            const float* q = qkv + (size_t)b * T * C3 + h * hs;
+            float* o = out != NULL ? out + (size_t)b * T * C + h * hs : NULL;
+            attention_head_forward(o, C, att + (size_t)bh * T * T, q, q + C, q + 2 * C, C3, T, hs, scratch);
+        }
+        free(scratch);
+    }
+}
+
+// att (B,NH,T,T) writes the attention weights from qkv (B,T,3C) alone. On its own it is what
+// selective recompute (--recompute attn) runs again in backward: the same function, the same bits
+static void attention_weights_forward(float* att, const float* qkv, int B, int T, int C, int NH) {
+    attention_heads_forward(NULL, att, qkv, B, T, C, NH);
 }
 
 // out (B,T,C) = att v, heads concatenated; att (B,NH,T,T) writes the attention weights,
 // which backward needs
 static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(float)), "matmul");
-    int C3 = 3 * C, hs = C / NH;
-    attention_weights_forward(att, qkv, B, T, C, NH);
-    // parallel over rows: a row owns its head's slice of out
-    #pragma omp parallel for collapse(3)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                const float* v = qkv + (size_t)b * T * C3 + 2 * C + h * hs;  // position u's values at v + u * C3
-                float* o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
-                attention_weighted_sum(o, a, v, t + 1, C3, hs);
-            }
+    attention_heads_forward(out, att, qkv, B, T, C, NH);
+}
+
+// one head's gradients dq, dk, dv += (rows at a stride of ldd) from dout (T, hs) (stride ldy), its q, k,
+// v (stride ld) and weights att (T,T); scratch as attention_scratch_alloc's (the (T, T) gradients of the
+// scaled scores, ds, among it)
+static void attention_head_backward(float* dq, float* dk, float* dv, int ldd, const float* dout, int ldy,
+                                    const float* q, const float* k, const float* v, int ld, const float* att,
+                                    int T, int hs, float* scratch) {
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t n = attention_operand_floats(T, hs);
+    int ldh = attention_packed_ld(hs), ldt = attention_packed_ld(T);
+    float *vt = scratch, *kp = scratch + n, *qp = scratch + 2 * n, *dy = scratch + 3 * n;  // v^T (hs, T); k, q, dout (T, hs): packed
+    float* ds = scratch + ATT_HEAD_OPERANDS * n;                                            // (T, T)
+    smm_transpose(vt, ldt, v, ld, T, hs);
+    smm_copy(kp, ldh, k, ld, T, hs);
+    smm_copy(qp, ldh, q, ld, T, hs);
+    smm_copy(dy, ldh, dout, ldy, T, hs);
+    for (int t0 = 0; t0 < T; t0 += SMM_ROWS) {
+        int rows = T - t0 < SMM_ROWS ? T - t0 : SMM_ROWS, seen = t0 + rows;
+        float* g = ds + (size_t)t0 * T;
+        // through the weighted sum of values: datt = dout v^T
+        smm(g, T, dy + (size_t)t0 * ldh, ldh, 1, vt, ldt, rows, attention_keys_scored(seen, T), 0, hs, 1.0f, SMM_WRITE);
+        // through the softmax and the scale: ds[u] = att[u] (datt[u] - sum_j att[j] datt[j]) / sqrt(hs), u <= t; 0 after t
+        for (int r = 0; r < rows; r++) {
+            const float* a = att + (size_t)(t0 + r) * T;
+            float* gr = g + (size_t)r * T;
+            int n_t = t0 + r + 1;
+            float dot = softmax_row_dot(a, gr, n_t, T);
+            for (int u = 0; u < n_t; u++) { gr[u] = a[u] * (gr[u] - dot) * scale; }
+            for (int u = n_t; u < T; u++) { gr[u] = 0.0f; }
         }
+        // through the scores: dq += ds k
+        smm(dq + (size_t)t0 * ldd, ldd, g, T, 1, kp, ldh, rows, hs, 0, seen, 1.0f, SMM_ADD);
+    }
+    // dv += att^T dout and dk += ds^T q: position u's rows from the rows t >= u (att and ds are zero above)
+    for (int u0 = 0; u0 < T; u0 += SMM_ROWS) {
+        int rows = T - u0 < SMM_ROWS ? T - u0 : SMM_ROWS;
+        smm(dv + (size_t)u0 * ldd, ldd, att + u0, 1, T, dy, ldh, rows, hs, u0, T, 1.0f, SMM_ADD);
+        smm(dk + (size_t)u0 * ldd, ldd, ds + u0, 1, T, qp, ldh, rows, hs, u0, T, 1.0f, SMM_ADD);
     }
 }
 
-// dqkv (B,T,3C) += from dout (B,T,C); datt (B,NH,T,T) is scratch (written, then overwritten
-// in place by the gradient of the pre-softmax scores). Parallel over (b, h): a head owns its
-// slices of dq, dk, dv.
+// dqkv (B,T,3C) += from dout (B,T,C). datt (B,NH,T,T), the scratch the layer's signature names (the CUDA
+// launcher's too), is not touched: a head's score gradients stay in its thread's scratch, in the cache.
+// Parallel over (b, h): a head owns its slices of dq, dk, dv.
 static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                const float* att, int B, int T, int C, int NH) {
     prof_mark(PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, sizeof(float)), "matmul");
+    (void)datt;
     int C3 = 3 * C, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            float* vt = attention_head_transposed(qkv, b, h, QKV_VALUE, T, C, NH);
-            float* g = (float*)malloc_check((size_t)T * sizeof(float));
-            for (int t = 0; t < T; t++) {
-                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float* da = datt + (((size_t)b * NH + h) * T + t) * T;
-                const float* dy = dout + ((size_t)b * T + t) * C + h * hs;
-                // through the weighted sum of values: datt = dy . v, dv += att * dy
-                attention_dots(da, dy, vt, t + 1, attention_padded_T(T), hs);
-                for (int u = 0; u <= t; u++) {
-                    float* dv = dqkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) { dv[i] += a[u] * dy[i]; }
-                }
-                // through the softmax: dpre[u] = att[u] * (datt[u] - sum_j att[j] datt[j])
-                float dot = 0.0f;
-                for (int u = 0; u <= t; u++) { dot += a[u] * da[u]; }
-                for (int u = 0; u <= t; u++) { da[u] = a[u] * (da[u] - dot); }
-                // through the scores q.k * scale: g[u] = da[u] * scale, dq += sum_u g[u] k_u, dk_u += g[u] q
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                for (int u = 0; u <= t; u++) {
-                    float* dk = dqkv + ((size_t)b * T + u) * C3 + C + h * hs;
-                    g[u] = da[u] * scale;
-                    for (int i = 0; i < hs; i++) { dk[i] += g[u] * q[i]; }
-                }
-                const float* k = qkv + (size_t)b * T * C3 + C + h * hs;  // position u's keys at k + u * C3
-                attention_weighted_sum(dqkv + ((size_t)b * T + t) * C3 + h * hs, g, k, t + 1, C3, hs);
-            }
-            free(vt);
-            free(g);
+    #pragma omp parallel
+    {
+        float* scratch = attention_scratch_alloc(T, hs);
+        #pragma omp for
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            size_t head = (size_t)b * T * C3 + h * hs;
+            const float* q = qkv + head;
+            float* dq = dqkv + head;
+            attention_head_backward(dq, dq + C, dq + 2 * C, C3, dout + (size_t)b * T * C + h * hs, C,
+                                    q, q + C, q + 2 * C, C3, att + (size_t)bh * T * T, T, hs, scratch);
         }
+        free(scratch);
     }
 }
 
@@ -383,14 +541,14 @@ static void attention_flash_forward(float* out, float* lse, const float* qkv, in
                     s[u] = d * scale;
                     if (s[u] > m) { m = s[u]; }
                 }
-                for (int u = 0; u <= t; u++) { sum += expf(s[u] - m); }
+                for (int u = 0; u <= t; u++) { sum += softmax_exp(s[u] - m); }
                 float row_lse = m + logf(sum);
                 lse[((size_t)b * NH + h) * T + t] = row_lse;
                 float* o = out + ((size_t)b * T + t) * C + h * hs;
                 for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
                 for (int u = 0; u <= t; u++) {
                     const float* v = qkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
-                    float p = expf(s[u] - row_lse);
+                    float p = softmax_exp(s[u] - row_lse);
                     for (int i = 0; i < hs; i++) { o[i] += p * v[i]; }
                 }
             }
@@ -423,7 +581,7 @@ static void attention_flash_backward(float* dqkv, const float* dout, const float
                     float* dv = dqkv + ((size_t)b * T + u) * C3 + 2 * C + h * hs;
                     float sc = 0.0f, dp = 0.0f;
                     for (int i = 0; i < hs; i++) { sc += q[i] * k[i]; dp += dy[i] * v[i]; }
-                    float p = expf(sc * scale - row_lse);
+                    float p = softmax_exp(sc * scale - row_lse);
                     float g = p * (dp - D) * scale;  // the gradient of the score q.k_u
                     for (int i = 0; i < hs; i++) { dv[i] += p * dy[i]; dq[i] += g * k[i]; dk[i] += g * q[i]; }
                 }
@@ -468,64 +626,15 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
 // ----------------------------------------------------------------------------
 // softmax and cross-entropy over the (unpadded) vocabulary
 
-#define SOFTMAX_LANES 16   // the row's max and sum in this many running ones: vectorized, the same order on every machine
-
-// p[i] = exp(x[i] - maxv) for i < V: exp_vec where it is a normal float, 0 below (expf gives a denormal or 0
-// there), and lane[i % SOFTMAX_LANES] += p[i] in the order of i, in one pass (the row is read once, not twice).
-// With AVX2, two vectors of 8 make the 16 lanes (exp_vec8: bitwise exp_vec; test_gpt checks the softmax
-// against this loop written one element at a time); the elements past the last 16 go one at a time.
-// This pass computes while the row's first (the max) waits on memory: it asks for the next row's
-// cache lines as it goes (next: that row, or NULL), so the two overlap.
-static void softmax_exp_row(float* p, const float* x, float maxv, int V, float lane[SOFTMAX_LANES], const float* next) {
-    int i = 0;
-#if !defined(__AVX2__)
-    (void)next;  // the prefetch is the AVX2 loop's
-#else
-    __m256 m = _mm256_set1_ps(maxv), lo = _mm256_loadu_ps(lane), hi = _mm256_loadu_ps(lane + VEC8);
-    for (; i + SOFTMAX_LANES <= V; i += SOFTMAX_LANES) {
-        if (next != NULL) { _mm_prefetch((const char*)(next + i), _MM_HINT_T1); }  // 16 floats: one 64-byte line
-        __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + i), m), d1 = _mm256_sub_ps(_mm256_loadu_ps(x + i + VEC8), m);
-        // d < EXP_VEC_MIN ? 0 : exp: keep the lanes not below (a NaN is kept, as the scalar test keeps it)
-        __m256 e0 = _mm256_and_ps(_mm256_cmp_ps(d0, _mm256_set1_ps(EXP_VEC_MIN), _CMP_NLT_UQ), exp_vec8(clamp_vec8(d0, EXP_VEC_MIN, 0.0f)));
-        __m256 e1 = _mm256_and_ps(_mm256_cmp_ps(d1, _mm256_set1_ps(EXP_VEC_MIN), _CMP_NLT_UQ), exp_vec8(clamp_vec8(d1, EXP_VEC_MIN, 0.0f)));
-        _mm256_storeu_ps(p + i, e0);
-        _mm256_storeu_ps(p + i + VEC8, e1);
-        lo = _mm256_add_ps(lo, e0);
-        hi = _mm256_add_ps(hi, e1);
-    }
-    _mm256_storeu_ps(lane, lo);
-    _mm256_storeu_ps(lane + VEC8, hi);
-#endif
-    for (; i < V; i++) {  // the clamp keeps the lanes that take the 0 in exp_vec's range
-        float d = x[i] - maxv;
-        p[i] = d < EXP_VEC_MIN ? 0.0f : exp_vec(clamp_vec(d, EXP_VEC_MIN, 0.0f));
-        lane[i % SOFTMAX_LANES] += p[i];
-    }
-}
-
 // probs (B,T,Vp) writes softmax over the first V entries of logits (B,T,Vp), zero after V.
-// probs may equal logits (in place). Each pass over the row vectorizes (exp_vec: cpu/vecmath.h).
+// probs may equal logits (in place). Each pass over the row vectorizes (softmax_row, above).
 static void softmax_forward(float* probs, const float* logits, int B, int T, int V, int Vp) {
     prof_mark(PROF_CLASSIFIER, prof_classifier((size_t)B * T, V, Vp, sizeof(float)), "forward (softmax, cross-entropy)");  // crossentropy_forward too
     #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
         const float* x = logits + (size_t)bt * Vp;
-        float* p = probs + (size_t)bt * Vp;
-        float lane_max[SOFTMAX_LANES], maxv = -INFINITY;  // the max in lanes too (any order gives the same max)
-        for (int k = 0; k < SOFTMAX_LANES; k++) { lane_max[k] = -INFINITY; }
-        int i = 0;
-        for (; i + SOFTMAX_LANES <= V; i += SOFTMAX_LANES) {
-            for (int k = 0; k < SOFTMAX_LANES; k++) { lane_max[k] = x[i + k] > lane_max[k] ? x[i + k] : lane_max[k]; }
-        }
-        for (; i < V; i++) { maxv = x[i] > maxv ? x[i] : maxv; }
-        for (int k = 0; k < SOFTMAX_LANES; k++) { maxv = lane_max[k] > maxv ? lane_max[k] : maxv; }
-        float lane[SOFTMAX_LANES] = {0.0f}, sum = 0.0f;  // the sum in lanes (element i in lane i % 16), then in order
         const float* next = bt + 1 < B * T ? x + Vp : NULL;  // the row this thread most likely takes next
-        softmax_exp_row(p, x, maxv, V, lane, next);          // the exponentials, summed in the same pass
-        for (int k = 0; k < SOFTMAX_LANES; k++) { sum += lane[k]; }
-        float inv = 1.0f / sum;
-        for (int i = 0; i < V; i++) { p[i] *= inv; }
-        for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
+        softmax_row(probs + (size_t)bt * Vp, x, V, Vp, next);
     }
 }
 

@@ -231,20 +231,10 @@ static void tp_softmax_forward(const TensorParallel* tp, float* probs, const flo
     float* stats = (float*)malloc_check(2 * (size_t)(n > 0 ? n : 1) * sizeof(float));
     float *row_max = stats, *row_sum = stats + n;
     #pragma omp parallel for
-    for (int r = 0; r < n; r++) {
-        const float* x = logits + (size_t)r * Vr;
-        float m = -INFINITY;
-        for (int i = 0; i < real; i++) { m = x[i] > m ? x[i] : m; }
-        row_max[r] = m;
-    }
+    for (int r = 0; r < n; r++) { row_max[r] = softmax_row_max(logits + (size_t)r * Vr, real, Vr); }
     tp->max(row_max, (size_t)n, tp->ctx);
     #pragma omp parallel for
-    for (int r = 0; r < n; r++) {
-        float lane[SOFTMAX_LANES] = {0.0f}, sum = 0.0f;
-        softmax_exp_row(probs + (size_t)r * Vr, logits + (size_t)r * Vr, row_max[r], real, lane, NULL);
-        for (int k = 0; k < SOFTMAX_LANES; k++) { sum += lane[k]; }
-        row_sum[r] = sum;
-    }
+    for (int r = 0; r < n; r++) { row_sum[r] = softmax_exp_row(probs + (size_t)r * Vr, logits + (size_t)r * Vr, row_max[r], real, Vr, NULL); }
     tp->sum(row_sum, (size_t)n, tp->ctx);
     #pragma omp parallel for
     for (int r = 0; r < n; r++) {

@@ -7,6 +7,12 @@ without the rest of the step around it.
 
     make build/bench_layers && ./build/bench_layers     # the trainer's flags (-std=c11: no FMA contraction)
     OMP_NUM_THREADS=1 ./build/bench_layers             # one core: steadier on a shared machine
+    BENCH_COLD=1 ./build/bench_layers                  # each call's inputs from memory, as in the step (below)
+
+The GELU runs on the MLP's (B,T,4C), as the step does. A kernel's inputs here stay in the caches from one
+call to the next (LayerNorm's 0.8 MB, the attention's 2.4 MB), where in the step they were written a layer
+or a pass earlier; BENCH_COLD=1 writes BENCH_FLUSH_BYTES (more than the last-level cache) before every call,
+outside its time.
 
 To compare two versions of cpu/layers.h in one run, build this file in each tree and run the two
 binaries one after the other (scripts/bench.sh does not: it times whole steps).
@@ -25,9 +31,11 @@ binaries one after the other (scripts/bench.sh does not: it times whole steps).
 #define BENCH_V 50257           // the vocabulary: the softmax's row
 #define BENCH_VP 50304          // wte's rows: the encoder gathers from all of them; the logits' row
 #define BENCH_REPEATS 50
+#define BENCH_FLUSH_BYTES ((size_t)64 << 20)   // BENCH_COLD: written before each call, twice the 32 MiB L3 of the AMD EPYC
 
 typedef struct {
     float *x, *y, *dy, *dx, *w, *b, *dw, *db, *mean, *rstd, *qkv, *dqkv, *att, *datt, *wte, *wpe, *dwte, *dwpe, *logits;
+    float *fch, *fch_gelu, *dfch, *dfch_gelu;  // the MLP's (B,T,4C): the GELU's input, output and their gradients
     int* tok;
 } BenchBufs;
 
@@ -45,7 +53,8 @@ static BenchBufs bench_alloc(void) {
         .mean = bench_floats(BT), .rstd = bench_floats(BT), .qkv = bench_floats(3 * BT * C), .dqkv = bench_floats(3 * BT * C),
         .att = bench_floats(att), .datt = bench_floats(att), .wte = bench_floats(BENCH_VP * C), .wpe = bench_floats(BENCH_T * C),
         .dwte = bench_floats(BENCH_VP * C), .dwpe = bench_floats(BENCH_T * C), .tok = (int*)malloc_check(BT * sizeof(int)),
-        .logits = bench_floats(BT * BENCH_VP),
+        .logits = bench_floats(BT * BENCH_VP), .fch = bench_floats(4 * BT * C), .fch_gelu = bench_floats(4 * BT * C),
+        .dfch = bench_floats(4 * BT * C), .dfch_gelu = bench_floats(4 * BT * C),
     };
     for (size_t i = 0; i < BT; i++) { u.tok[i] = (int)((i * 7919u) % BENCH_VP); }
     return u;
@@ -68,8 +77,8 @@ static ProfCost bench_run(BenchKernel k, BenchBufs* u) {
     case K_ENC_BWD: encoder_backward(u->dwte, u->dwpe, u->dy, u->tok, B, T, C); return prof_encoder_backward(BT, T, C, sizeof(float));
     case K_ATT_FWD: attention_forward(u->y, u->att, u->qkv, B, T, C, NH); return prof_attention_forward(B, T, C, sizeof(float));
     case K_ATT_BWD: attention_backward(u->dqkv, u->datt, u->dy, u->qkv, u->att, B, T, C, NH); return prof_attention_backward(B, T, C, sizeof(float));
-    case K_GELU_FWD: gelu_forward(u->y, u->x, BT * C); return prof_gelu_forward(BT * C, sizeof(float));
-    case K_GELU_BWD: gelu_backward(u->dx, u->x, u->dy, BT * C); return prof_gelu_backward(BT * C, sizeof(float));
+    case K_GELU_FWD: gelu_forward(u->fch_gelu, u->fch, 4 * BT * C); return prof_gelu_forward(4 * BT * C, sizeof(float));
+    case K_GELU_BWD: gelu_backward(u->dfch, u->fch, u->dfch_gelu, 4 * BT * C); return prof_gelu_backward(4 * BT * C, sizeof(float));
     case K_SOFTMAX: softmax_forward(u->logits, u->logits, B, T, BENCH_V, BENCH_VP); return prof_classifier(BT, BENCH_V, BENCH_VP, sizeof(float));
     default: return prof_bytes(0.0);
     }
@@ -83,16 +92,27 @@ static double bench_cpu_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// BENCH_COLD: every cache line of the last-level cache replaced, so the next call reads its inputs from memory
+static void bench_flush(unsigned char* flush) {
+    if (flush == NULL) { return; }
+    #pragma omp parallel for
+    for (size_t i = 0; i < BENCH_FLUSH_BYTES; i += 64) { flush[i] = (unsigned char)i; }
+}
+
 int main(void) {
     BenchBufs u = bench_alloc();
+    const char* cold = getenv("BENCH_COLD");
+    unsigned char* flush = cold != NULL && atoi(cold) != 0 ? (unsigned char*)malloc_check(BENCH_FLUSH_BYTES) : NULL;
     ProfRoofline roof = cpu_roofline_measure();
-    printf("%d thread(s); triad %.1f GB/s, GEMM %.1f GFLOP/s (cpu/roofline.h); d12 B=%d T=%d, best of %d calls\n\n",
-           omp_get_max_threads(), roof.gb_s, roof.gflop_s, BENCH_B, BENCH_T, BENCH_REPEATS);
+    printf("%d thread(s); triad %.1f GB/s, GEMM %.1f GFLOP/s (cpu/roofline.h); d12 B=%d T=%d, best of %d calls%s\n\n",
+           omp_get_max_threads(), roof.gb_s, roof.gflop_s, BENCH_B, BENCH_T, BENCH_REPEATS,
+           flush != NULL ? ", inputs from memory (BENCH_COLD)" : "");
     printf("| kernel | us | cpu us | MB | GB/s | GFLOP/s | roof |\n|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < K_COUNT; k++) {
         double best = 1e30, best_cpu = 1e30;
         ProfCost cost = bench_run((BenchKernel)k, &u);  // a warm-up call
         for (int rep = 0; rep < BENCH_REPEATS; rep++) {
+            bench_flush(flush);
             double t0 = prof_now(), c0 = bench_cpu_seconds();
             bench_run((BenchKernel)k, &u);
             double t = prof_now() - t0, c = bench_cpu_seconds() - c0;
