@@ -53,6 +53,9 @@ EMU_SRCS := $(addprefix $(EMU_DIR)/,emu_fiber.cpp emu_kernel.cpp emu_stream.cpp 
                                       emu_ptx.cpp emu_timeline.cpp)
 EMU_OBJS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_SRCS))
 EMU_HEADERS := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h)
+# the CPU headers the library includes (emu_blas.cpp: the CPU's GELU for the GELU epilogues, and what it
+# includes): a change there must rebuild the library, or its GELU differs from the tests' (seen: stale bits)
+EMU_HEADERS += $(EMU_DIR)/../../cpu/gelu.h $(EMU_DIR)/../../cpu/vecmath.h $(EMU_DIR)/../../llmc/model_config.h
 
 EMU_TEST_SRCS := $(wildcard $(EMU_DIR)/tests/*.cu)
 EMU_TESTS := $(patsubst %.cu,$(EMU_BUILD)/%,$(EMU_TEST_SRCS))
