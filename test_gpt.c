@@ -99,9 +99,12 @@ static ModelSetup test_setup(const GPT2Config* cfg, int B, int T, OptimizerKind 
     s.optimizer = opt;
     s.use_beta1 = beta1;
     s.act = *pol;
-    Dist one = {0, 1, DIST_WORLD}, no_tp = {0, 1, DIST_TENSOR};
-    s.dist = s.world = one;
-    s.tensor = no_tp;
+    Dist world = {0, 1, DIST_WORLD};
+    DistGrid one = dist_grid_of_one(world);
+    s.dist = s.world = one.world;
+    s.tensor = one.tensor;
+    s.pipeline = one.pipeline;
+    s.pair = one.pair;
     s.zero = ZERO_0;
     return s;
 }
@@ -257,16 +260,16 @@ static void test_against_pytorch(void) {
     float* want_probs = (float*)malloc_check((size_t)BT * V * sizeof(float));
     float* got_probs = (float*)malloc_check((size_t)BT * V * sizeof(float));
     reference_probs(want_probs, r.logits, BT, V);
-    for (int bt = 0; bt < BT; bt++) { memcpy(got_probs + (size_t)bt * V, m->acts.logits + (size_t)bt * Vp, V * sizeof(float)); }
+    for (int bt = 0; bt < BT; bt++) { memcpy(got_probs + (size_t)bt * V, m->acts->logits + (size_t)bt * Vp, V * sizeof(float)); }
     check_close("pytorch: probabilities (softmax of the logits)", got_probs, want_probs, (size_t)BT * V, 1e-7, 1e-5);
     // and the logits themselves, recomputed from the final LayerNorm output
     float* logits = (float*)malloc_check((size_t)BT * Vp * sizeof(float));
-    matmul_forward(logits, m->acts.lnf, m->params.wte, NULL, r.B, r.T, c->channels, Vp);
+    matmul_forward(logits, m->acts->lnf, m->params.wte, NULL, r.B, r.T, c->channels, Vp);
     float* got_logits = (float*)malloc_check((size_t)BT * V * sizeof(float));
     for (int bt = 0; bt < BT; bt++) { memcpy(got_logits + (size_t)bt * V, logits + (size_t)bt * Vp, V * sizeof(float)); }
     check_close("pytorch: logits", got_logits, r.logits, (size_t)BT * V, 1e-5, 1e-5);
     int pad_zero = 1;
-    for (int bt = 0; bt < BT; bt++) { for (int i = V; i < Vp; i++) { pad_zero &= logits[(size_t)bt * Vp + i] == 0.0f && m->acts.logits[(size_t)bt * Vp + i] == 0.0f; } }
+    for (int bt = 0; bt < BT; bt++) { for (int i = V; i < Vp; i++) { pad_zero &= logits[(size_t)bt * Vp + i] == 0.0f && m->acts->logits[(size_t)bt * Vp + i] == 0.0f; } }
     check(pad_zero, "pytorch: padded vocabulary columns stay zero", "nonzero logit or probability past V");
     check(fabsf(m->mean_loss - r.loss) <= 1e-5f * fabsf(r.loss), "pytorch: loss", "got %.8f want %.8f", m->mean_loss, r.loss);
 
@@ -645,7 +648,7 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
     dataloader_init(&dl, shard, B, T, last_rank.rank, world, cfg->vocab_size);
     int* gen = sample_buffer_alloc(T);
     PlanInputs in = {B, T, 1, opt, beta1, *pol, OPT_OFFLOAD_NONE, world, s.zero, gpt2_layout(cfg, B, T, PRECISION_FP32, pol),
-                     QSTATE_FP32};
+                     QSTATE_FP32, 0, 0};
     MemPlan p = plan_memory(cfg, in);
     int same = 1;
     char detail[256] = "", pn[64];
@@ -671,9 +674,9 @@ static void check_plan_equals_allocations(const GPT2Config* cfg, int B, int T, i
 
 static void test_memory_plan(const char* dir) {
     GPT2Config shapes[3] = {
-        {16, 101, 128, 2, 4, 48, 1},
-        {64, 50257, 50304, 3, 6, 96, 1},
-        {32, 300, 384, 1, 1, 8, 1},
+        {16, 101, 128, 2, 4, 48, 1, 1, 0, 0},
+        {64, 50257, 50304, 3, 6, 96, 1, 1, 0, 0},
+        {32, 300, 384, 1, 1, 8, 1, 1, 0, 0},
     };
     int BTs[3][2] = {{3, 11}, {2, 64}, {5, 1}};
     char shard[CHECKPOINT_PATH_LEN];
@@ -710,7 +713,7 @@ static void test_memory_plan(const char* dir) {
 
 #define POLICY_STEPS 3
 // L=5: uneven segments for k=2 (2,2,1) and k=3 (3,2)
-static const GPT2Config POLICY_MODEL = {16, 101, 128, 5, 4, 32, 1};
+static const GPT2Config POLICY_MODEL = {16, 101, 128, 5, 4, 32, 1, 1, 0, 0};
 
 // POLICY_STEPS AdamW steps of a random POLICY_MODEL on a fixed batch; fills the losses
 // (POLICY_STEPS), the last gradients and the final weights (P each)
@@ -1177,7 +1180,7 @@ static void test_usage_lists_every_flag(void) {
 // shape whose memory plan would not is stopped before planning
 
 static const GPT2Config LARGEST_MODEL = {MODEL_LIMIT_SEQ_LEN, MODEL_LIMIT_VOCAB, MODEL_LIMIT_VOCAB,
-                                         MODEL_LIMIT_LAYERS, MODEL_LIMIT_CHANNELS, MODEL_LIMIT_CHANNELS, 1};
+                                         MODEL_LIMIT_LAYERS, MODEL_LIMIT_CHANNELS, MODEL_LIMIT_CHANNELS, 1, 1, 0, 0};
 
 static void plan_size_of_largest(void* arg) {
     TrainOptions o = options_default();
@@ -1188,7 +1191,7 @@ static void plan_size_of_largest(void* arg) {
 }
 
 static void config_check_wrapping(void* arg) {
-    GPT2Config c = {984263313, 1, 984263312, 178956966, 1, 2147483647, 1};  // the header of issue 12
+    GPT2Config c = {984263313, 1, 984263312, 178956966, 1, 2147483647, 1, 1, 0, 0};  // the header of issue 12
     (void)arg;
     gpt2_config_check(&c, "wrapping.bin");
 }
@@ -1213,7 +1216,7 @@ static void free_space_for_too_much(void* dir) {
 }
 
 static void test_checkpoint_space(const char* dir) {
-    GPT2Config cfg = {32, 64, 128, 2, 4, 32, 1};
+    GPT2Config cfg = {32, 64, 128, 2, 4, 32, 1, 1, 0, 0};
     size_t P = gpt2_num_parameters(&cfg), opt_floats = optimizer_state_floats(&cfg, OPT_CAME, 0, 1);
     float* zeros = (float*)calloc_check(P > opt_floats ? P : opt_floats, sizeof(float));
     char path[CHECKPOINT_PATH_LEN];
@@ -1222,7 +1225,7 @@ static void test_checkpoint_space(const char* dir) {
     model_file_write(path, &cfg, zeros);
     stat(path, &model_st);
     TrainState st = {.num_processes = 1, .rank = 0, .step = 1, .rng = 1, .num_params = P, .opt_floats = opt_floats,
-                     .tp = 1, .run_id = 1, .model_hash = 1};
+                     .tp = 1, .pp = 1, .run_id = 1, .model_hash = 1};
     checkpoint_path(path, sizeof(path), dir, "state", 1, 0);
     state_file_write(path, &st, zeros);
     stat(path, &state_st);
@@ -1238,7 +1241,7 @@ static void test_checkpoint_space(const char* dir) {
 // a checkpoint is never written from non-finite weights (the run then stops, saying why)
 
 static void test_checkpoint_not_finite(const char* dir) {
-    GPT2Config cfg = {16, 101, 128, 1, 4, 32, 1};
+    GPT2Config cfg = {16, 101, 128, 1, 4, 32, 1, 1, 0, 0};
     ModelSetup setup = test_setup(&cfg, 2, 8, OPT_ADAMW, 0, &ACT_KEEP_ALL);
     GPT2* m = test_model(&setup, NULL, 3);
     DataLoader dl;
@@ -1317,7 +1320,7 @@ static void test_sampler(void) {
 // a model allocated for sampling holds the weights and forward's activations only, and its
 // probabilities are bitwise those of the same model allocated for training
 static void test_sampling_model(void) {
-    GPT2Config cfg = {32, 64, 128, 2, 4, 32, 1};  // maxT, V, Vp, L, NH, C: the fixture's shape
+    GPT2Config cfg = {32, 64, 128, 2, 4, 32, 1, 1, 0, 0};  // maxT, V, Vp, L, NH, C: the fixture's shape
     int T = 8, tokens[8] = {3, 1, 4, 1, 5, 9, 2, 6};
     ModelSetup train = test_setup(&cfg, 1, T, OPT_ADAMW, 0, &ACT_KEEP_ALL), sample = train;
     sample.use = MODEL_FOR_SAMPLING;
@@ -1412,7 +1415,7 @@ static void write_fuzz_corpus(const char* dir) {
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_MODEL_FILE);
     model_file_write(path, &cfg, params);
     TrainState st = {.num_processes = 1, .rank = 0, .step = FUZZ_STEP, .data_position = (uint64_t)FUZZ_STEP * FUZZ_B * FUZZ_T,
-                     .rng = 12345, .num_params = P, .opt_floats = opt_floats, .tp = 1, .run_id = FUZZ_RUN_ID,
+                     .rng = 12345, .num_params = P, .opt_floats = opt_floats, .tp = 1, .pp = 1, .run_id = FUZZ_RUN_ID,
                      .model_hash = params_hash(params, P)};
     snprintf(path, sizeof(path), "%s/%s", dir, FUZZ_STATE_FILE);
     state_file_write(path, &st, state);
@@ -1445,7 +1448,7 @@ static void write_fuzz_corpus(const char* dir) {
 static void write_fixtures(const char* dir) {
     mkdir(dir, 0755);
     // heads of hs = 16: the GPU's flash attention runs them (model_hs8.bin's it does not)
-    GPT2Config cfg = {32, FIXTURE_V, 128, 2, 2, 32, 1};  // maxT, V, Vp, L, NH, C
+    GPT2Config cfg = {32, FIXTURE_V, 128, 2, 2, 32, 1, 1, 0, 0};  // maxT, V, Vp, L, NH, C
     float* params = (float*)malloc_check(gpt2_num_parameters(&cfg) * sizeof(float));
     gpt2_init_params(params, &cfg, 42);
     write_model_variant(dir, "model.bin", &cfg, params, -1, 0, 0);

@@ -36,6 +36,7 @@ its config's tp sizes every tensor, and the block adds the group's partial sums 
 #include "cpu/activations.h"  // what forward keeps for backward; --recompute, --offload activations
 #include "cpu/zero.h"         // --zero 1, 2, 3
 #include "cpu/tensor_parallel.h"  // a block's matrices split over ranks (Megatron-LM): the hooks in block_forward, block_backward
+#include "cpu/pipeline.h"     // --pp: the whole model from the stages' parts, wte's pair
 #include "cpu/roofline.h"     // --profile's roof column: this machine's bandwidth and GEMM rate
 
 // ----------------------------------------------------------------------------
@@ -124,7 +125,10 @@ struct GPT2 {
     float* opt_memory;        // optimizer state, one block (layout: llmc/opt_layout.h)
     size_t opt_floats;
     QStateFormat state_format;  // its moments' format (--optimizer-state: cpu/optimizers_lowp.h)
-    Activations acts;         // what forward keeps, and where (cpu/activations.h: --recompute, --offload)
+    Activations* acts;        // what forward keeps, and where (cpu/activations.h: --recompute, --offload): of the
+                              // micro-batch in hand, one of `held`
+    Activations* held;        // [num_held] --pp: one set for each micro-batch a stage holds at once (1 without)
+    int num_held;
     BackwardBuffers bwd;
     float* bwd_memory;
     int batch_size, seq_len;  // the (B,T) the activations were sized for
@@ -135,6 +139,10 @@ struct GPT2 {
     TensorParallel tp;        // its sums (cpu/tensor_parallel.h); TP_NONE: this rank holds each block's matrices whole
     float* tp_staging;        // --tp: a split tensor's layer whole, as checkpoints move it (tp_staging_floats), else NULL
     float* tp_probs;          // --tp: (Vp) one position's probabilities gathered whole from the group (gpt2_probs), else NULL
+    GPT2Config whole;         // --pp: the model's config (config: this rank's stage's, cpu/pipeline.h)
+    Dist pipeline, pair;      // --pp: this process among the stages ({0, 1}: none), and wte's pair (the first and last stage)
+    float* pp_staging;        // --pp: the whole model's weights go through it, a piece at a time (checkpoints), else NULL
+    float* pp_probs;          // --pp: (Vp) one position's probabilities, from the last stage (gpt2_probs), else NULL
 };
 
 // ----------------------------------------------------------------------------
@@ -143,6 +151,7 @@ struct GPT2 {
 const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
 int gpt2_zero_max_stage(void) { return ZERO_3; }
 int gpt2_tp_max(void) { return INT_MAX; }  // any group whose ranks take whole heads (trainer.h checks)
+int gpt2_pp_max(void) { return INT_MAX; }  // any number of stages up to the layers (trainer.h checks)
 // no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
 void gpt2_select_device(const Dist* d) { (void)d; }
 // the CPU trainer's collectives go over MPI only (it has no NCCL)
@@ -219,7 +228,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
         .layer_att = (layer - act_layer_floats(B, T, C, NH, N, &attn)) * F,
         .residual = R * C * F,
         .sp_gathered = act_sp_gathered_floats(&all, (size_t)B * T, C) * F,
-        .head = act_head_floats(B, T, C, c->padded_vocab_size / N, K) * F,  // --tp: a rank's Vp/N columns of the logits
+        .head = act_has_head(c) ? act_head_floats(B, T, C, c->padded_vocab_size / N, K) * F : 0,  // --tp: a rank's Vp/N columns; --pp: the last stage's
         .backward = backward * F,
         .layer_formula = sp ? (flash ? "4(4BTC/N + 12BTC/N + 4BT/N + B NH T/N)" : "4(4BTC/N + 12BTC/N + 4BT/N + B NH T^2/N)")
                        : N > 1 ? (flash ? "4(4BTC + 12BTC/N + 4BT + B NH T/N)" : "4(4BTC + 12BTC/N + 4BT + B NH T^2/N)")
@@ -229,7 +238,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
                                   : (flash ? "4(13BTC)" : "4(13BTC + B NH T^2)"),
         .working_bytes = F,  // the CPU's kernels read the fp32 weights themselves
         .head_formula = N > 1 ? "4(3BT + K(C + Vp/N))" : "4(3BT + K(C + Vp))", .head_rows = K,
-        .backend_scratch = N > 1 ? (size_t)c->padded_vocab_size * F : 0,  // --tp: one row of probabilities whole (sampling)
+        .backend_scratch = (N > 1 || gpt2_pp(c) > 1) ? (size_t)c->padded_vocab_size * F : 0,  // --tp, --pp: one row of probabilities whole (sampling)
     };
     return l;
 }
@@ -239,6 +248,15 @@ static float* carve(float** p, size_t n) {
     float* t = *p;
     *p += n;
     return t;
+}
+
+// the activations of every micro-batch the stage holds at once (--pp: llmc/pipeline.h's
+// pp_max_in_flight; 1 without), the first in hand
+static void gpt2_alloc_held(GPT2* m, const ModelSetup* s) {
+    m->num_held = s->pp_held > 1 ? s->pp_held : 1;
+    m->held = (Activations*)malloc_check((size_t)m->num_held * sizeof(Activations));  // the sets' pointers: not counted
+    for (int i = 0; i < m->num_held; i++) { act_alloc(&m->held[i], &s->act, &m->config, s->B, s->T); }
+    m->acts = &m->held[0];
 }
 
 // gradients, optimizer state, activations and backward buffers for micro-batches of (B,T)
@@ -254,7 +272,7 @@ static void gpt2_alloc_training(GPT2* m, const ModelSetup* s) {
     m->state_format = s->state_format;
     m->opt_floats = optimizer_state_floats_as(c, s->optimizer, s->use_beta1, zero_shards_state(m->zero.stage) ? m->dist.world : 1, s->state_format);
     m->opt_memory = (float*)mem_calloc(MEM_OPTIMIZER, m->opt_floats * sizeof(float));
-    act_alloc(&m->acts, &s->act, c, s->B, s->T);
+    gpt2_alloc_held(m, s);
     size_t bsizes[NUM_BACKWARD_BUFFERS], btotal = 0;
     backward_buffer_elems(bsizes, s->B, s->T, C, NH, gpt2_tp(c), &s->act);
     float** bptrs[NUM_BACKWARD_BUFFERS] = {&m->bwd.dresidual, &m->bwd.dbtc, &m->bwd.dqkv, &m->bwd.dfch_gelu, &m->bwd.dfch, &m->bwd.datt};
@@ -269,13 +287,20 @@ static void gpt2_alloc_training(GPT2* m, const ModelSetup* s) {
 GPT2* gpt2_create(const ModelSetup* s) {
     GPT2* m = (GPT2*)malloc_check(sizeof(GPT2));
     memset(m, 0, sizeof(*m));
-    m->config = setup_rank_config(s);  // the whole model, or (--tp) this rank's slices of it
+    m->config = setup_rank_config(s);  // the whole model, or (--tp) this rank's slices of it, or (--pp) its stage's part
     m->num_parameters = gpt2_num_parameters(&m->config);
     m->dist = s->dist;
     m->tensor = s->tensor;
+    m->whole = s->config;
+    m->pipeline = s->pipeline;
+    m->pair = s->pair;
     if (s->tensor.world > 1) {
         m->tp_staging = (float*)mem_alloc(MEM_PARAMETERS, tp_staging_floats(&m->config) * sizeof(float));
         m->tp_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)m->config.padded_vocab_size * sizeof(float));
+    }
+    if (s->pipeline.world > 1) {
+        m->pp_staging = (float*)mem_alloc(MEM_PARAMETERS, pp_staging_floats(&m->config) * sizeof(float));
+        m->pp_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)m->config.padded_vocab_size * sizeof(float));
     }
     m->zero.stage = s->zero;
     m->zero.format = s->state_format;  // an 8-bit state's blocks decide ZeRO's cut
@@ -289,10 +314,10 @@ GPT2* gpt2_create(const ModelSetup* s) {
     if (s->use == MODEL_FOR_TRAINING) {
         gpt2_alloc_training(m, s);
     } else {
-        act_alloc(&m->acts, &s->act, &m->config, s->B, s->T);  // forward only: no gradients, optimizer state or backward buffers
+        gpt2_alloc_held(m, s);  // forward only: no gradients, optimizer state or backward buffers
     }
     size_t BTC = (size_t)s->B * s->T * m->config.channels;  // --sp's rows meet in the activations' gathered buffer
-    m->tp = s->tensor.world > 1 ? tp_of_group(&m->tensor, m->acts.sp_gathered, BTC) : TP_NONE;
+    m->tp = s->tensor.world > 1 ? tp_of_group(&m->tensor, m->acts->sp_gathered, BTC) : TP_NONE;
     return m;
 }
 
@@ -303,7 +328,10 @@ void gpt2_destroy(GPT2* m) {
     mem_free(m->bwd_memory);
     mem_free(m->tp_staging);
     mem_free(m->tp_probs);
-    act_free(&m->acts);
+    for (int i = 0; i < m->num_held; i++) { act_free(&m->held[i]); }
+    free(m->held);
+    mem_free(m->pp_staging);
+    mem_free(m->pp_probs);
     zero_free(&m->zero);
     free(m);
 }
@@ -312,7 +340,7 @@ void gpt2_destroy(GPT2* m) {
 static HostStep gpt2_host_step(GPT2* m) {
     HostStep h = {.config = &m->config, .dist = m->dist, .zero = m->zero.stage, .optimizer = m->optimizer,
                   .num_parameters = m->num_parameters, .params = m->params_memory, .grads = m->grads_memory,
-                  .state = m->opt_memory, .format = m->state_format, .pack = m->zero.pack};
+                  .state = m->opt_memory, .format = m->state_format, .pack = m->zero.pack, .pipeline = m->pipeline};
     return h;
 }
 
@@ -327,6 +355,11 @@ void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
 // the weights for checkpoints: in place, one chunk (ZeRO-3: slice by slice, cpu/zero.h); with --tp
 // the whole model's, through the group's slices (cpu/tensor_parallel.h's stream)
 void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    if (m->pipeline.world > 1) {  // --pp: the stages' parts in the whole model's order (cpu/pipeline.h; trainer.h refuses --tp and --zero 3 with it)
+        PpModel p = {.whole = &m->whole, .stage = &m->config, .params = m->params_memory, .pipeline = m->pipeline, .staging = m->pp_staging};
+        pp_params_stream(&p, how == PARAMS_WRITE, fn, ctx);
+        return;
+    }
     TpStream t;
     if (m->tp.size > 1) {
         tp_stream_begin(&t, &m->config, m->tensor, m->tp_staging, how == PARAMS_WRITE, fn, ctx);
@@ -444,9 +477,9 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
     int C = m->config.channels, NH = m->config.num_heads;
     for (int l = first; l <= last; l++) {
         LayerParams lp = layer_weights_ready(m, l);
-        LayerActs* la = act_layer(&m->acts, l);
-        block_forward(la, x, &lp, B, T, C, NH, &m->acts.pol, &m->tp);
-        if (store) { act_after_layer_forward(&m->acts, l, tp_rows(&m->tp, (size_t)B * T) * C); }
+        LayerActs* la = act_layer(m->acts, l);
+        block_forward(la, x, &lp, B, T, C, NH, &m->acts->pol, &m->tp);
+        if (store) { act_after_layer_forward(m->acts, l, tp_rows(&m->tp, (size_t)B * T) * C); }
         x = la->residual3;
     }
 }
@@ -454,8 +487,8 @@ static void forward_layers(GPT2* m, int first, int last, const float* x, int B, 
 // hook: before layer l's backward, its block and its input in the working set (cpu/activations.h);
 // a checkpointed segment runs forward again at its last layer
 static void layer_activations_ready(GPT2* m, int l, int B, int T) {
-    ActRecompute r = act_bring_back(&m->acts, l, tp_rows(&m->tp, (size_t)B * T) * m->config.channels);
-    if (r.segment >= 0) { forward_layers(m, r.first, r.last, act_segment_input(&m->acts, r.segment), B, T, 0); }
+    ActRecompute r = act_bring_back(m->acts, l, tp_rows(&m->tp, (size_t)B * T) * m->config.channels);
+    if (r.segment >= 0) { forward_layers(m, r.first, r.last, act_segment_input(m->acts, r.segment), B, T, 0); }
 }
 
 // the head forward of n tokens, from the last block's output x (n,C): the final LayerNorm into
@@ -472,7 +505,7 @@ static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float
     const GPT2Config* c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size / m->tp.size;  // --tp: a rank's columns
     const TensorParallel* tp = &m->tp;
-    Activations* a = &m->acts;
+    Activations* a = m->acts;
     float *logits = a->logits, *probs = a->logits, *dlogits = a->logits;  // one buffer, three meanings in turn
     layernorm_forward(a->lnf, mean, rstd, x, m->params.lnfw, m->params.lnfb, 1, n, C);
     matmul_forward(logits, a->lnf, m->params.wte, NULL, 1, n, C, Vp);
@@ -492,6 +525,12 @@ static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float
 // inputs (B,T) token ids; targets (B,T) or NULL. Leaves the probabilities of the head's last
 // K tokens (all of them without --loss-chunk) in acts.logits and, with targets, the per-position
 // losses; returns their mean (-1 without targets). loss_scale > 0: gpt2_forward_train's
+// --pp (cpu/pipeline.h): the first stage runs the embeddings, the last the head; between them a stage's
+// input comes from the previous stage (into a->encoded, where the trainer receives it) and its output
+// (the last layer's) goes to the next. Without --pp the one stage does both
+static int stage_has_embeddings(const GPT2* m) { return gpt2_holds_tensor(&m->config, 1); }                        // wpe
+static int stage_has_head(const GPT2* m) { return gpt2_holds_tensor(&m->config, NUM_PARAMETER_TENSORS - 1); }  // lnfw
+
 // --sp splits the B*T rows over the group: a sample's forward of 1..T tokens that do not split runs on
 // T padded up to a multiple of the group's size, token 0 after the text (causal attention: the text's
 // positions see none of them; their probabilities are never asked for); the trainer's checks keep that
@@ -516,16 +555,18 @@ static float forward(GPT2* m, const int* inputs, const int* targets, int B, int 
     int L = c->num_layers, C = c->channels;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
     if (m->tp.gathered != NULL && (size_t)B * T % (size_t)m->tp.size != 0 && targets == NULL) { return forward_padded(m, inputs, B, T); }
-    Activations* a = &m->acts;
+    Activations* a = m->acts;
     size_t BT = (size_t)B * T;
     HostStep h = gpt2_host_step(m);
     zero_outer_weights_ready(&m->zero, &h);  // hook: wte, wpe, lnf ready
-    if (m->tp.size > 1) {  // --tp: wte split over the vocabulary (cpu/tensor_parallel.h)
+    if (!stage_has_embeddings(m)) {  // --pp: a later stage: a->encoded holds the previous stage's output
+    } else if (m->tp.size > 1) {  // --tp: wte split over the vocabulary (cpu/tensor_parallel.h)
         tp_encoder_forward(&m->tp, a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C, c->padded_vocab_size / m->tp.size);
     } else {
         encoder_forward(a->encoded, inputs, m->params.wte, m->params.wpe, B, T, C);
     }
     forward_layers(m, 0, L - 1, a->encoded, B, T, 1);
+    if (!stage_has_head(m)) { prof_close(); return 0.0f; }  // --pp: the next stage goes on from the last layer's output
     // the head, K tokens at a time (one chunk of B*T without --loss-chunk), over every row (--sp: gathered)
     int K = a->head_rows < (int)BT ? a->head_rows : (int)BT;
     const float* x = tp_gather(&m->tp, act_layer_input(a, L), tp_rows(&m->tp, BT) * C);
@@ -547,22 +588,40 @@ static float forward(GPT2* m, const int* inputs, const int* targets, int B, int 
     return m->mean_loss;
 }
 
+// --pp: validation's and a sample's forward (no backward follows) runs the stages in turn: each its
+// layers, the activations passed on, the loss the last stage's (and to every stage)
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
-    return forward(m, inputs, targets, B, T, 0.0f);
+    if (m->pipeline.world <= 1) { return forward(m, inputs, targets, B, T, 0.0f); }
+    int stage = m->pipeline.rank, last = m->pipeline.world - 1;
+    size_t n = (size_t)B * T * m->config.channels;
+    gpt2_pp_slot(m, 0);
+    if (stage > 0) { dist_recv_floats(m->acts->encoded, n, stage - 1, m->pipeline); }
+    float loss = forward(m, inputs, targets, B, T, 0.0f);
+    if (stage < last) { dist_send_floats(act_layer_input(m->acts, m->config.num_layers), n, stage + 1, m->pipeline); }
+    dist_broadcast_floats_over(&loss, 1, last, m->pipeline);
+    m->mean_loss = loss;
+    return loss;
 }
 
 float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
-    return forward(m, inputs, targets, B, T, m->acts.pol.loss_chunk > 0 ? loss_scale : 0.0f);
+    return forward(m, inputs, targets, B, T, m->acts->pol.loss_chunk > 0 ? loss_scale : 0.0f);
 }
 
 // the (Vp) probabilities of one position of the last forward: one the head still holds (with
 // --loss-chunk, the last chunk's: sampling asks for the last position)
 const float* gpt2_probs(GPT2* m, int position) {
-    const Activations* a = &m->acts;
-    if (a->probs_first < 0 || position < a->probs_first || position >= a->probs_end) {
+    const Activations* a = m->acts;
+    int head_here = m->pipeline.rank == m->pipeline.world - 1;  // --pp: the last stage holds them
+    if (head_here && (a->probs_first < 0 || position < a->probs_first || position >= a->probs_end)) {
         fail("gpt2_probs(%d): the last forward's head holds the probabilities of positions %d..%d only (-1: none, after a backward)\n"
              "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
              position, a->probs_first, a->probs_end - 1);
+    }
+    if (m->pipeline.world > 1) {  // --pp: the last stage's, to every stage (every rank asks alike)
+        int Vp = m->config.padded_vocab_size, last = m->pipeline.world - 1;
+        if (head_here) { memcpy(m->pp_probs, a->logits + (size_t)(position - a->probs_first) * Vp, (size_t)Vp * sizeof(float)); }
+        dist_broadcast_floats_over(m->pp_probs, (size_t)Vp, last, m->pipeline);
+        return m->pp_probs;
     }
     if (m->tp.size == 1) { return a->logits + (size_t)(position - a->probs_first) * m->config.padded_vocab_size; }
     // --tp: the row's Vp/N columns of every rank of the group, gathered whole (every rank asks alike)
@@ -573,6 +632,19 @@ const float* gpt2_probs(GPT2* m, int position) {
     dist_allgather_floats(m->tp_probs, counts, m->tensor);
     free(counts);
     return m->tp_probs;
+}
+
+// --pp: the activations of held micro-batch `slot` in hand for the next forward or backward, and the
+// (B,T,C) buffer a message of the stage's list (llmc/pipeline.h) reads or fills: the stage input
+// (the embeddings' place), the stage output (the last layer's), the gradient of either (backward's)
+void gpt2_pp_slot(GPT2* m, int slot) {
+    if (slot < 0 || slot >= m->num_held) { fail("gpt2_pp_slot(%d): the stage holds %d micro-batches (a bug)", slot, m->num_held); }
+    m->acts = &m->held[slot];
+}
+float* gpt2_pp_buffer(GPT2* m, PpOp op) {
+    if (op == PP_RECV_ACT) { return m->acts->encoded; }
+    if (op == PP_SEND_ACT) { return (float*)act_layer_input(m->acts, m->config.num_layers); }
+    return m->bwd.dresidual;  // PP_RECV_GRAD, PP_SEND_GRAD
 }
 
 void gpt2_zero_grad(GPT2* m) {
@@ -588,7 +660,7 @@ static void head_backward(GPT2* m, float* dlnf, const int* targets, int B, int T
     const GPT2Config* c = &m->config;
     const TensorParallel* tp = &m->tp;
     int Vp = c->padded_vocab_size / tp->size;  // --tp: a rank's columns
-    Activations* a = &m->acts;
+    Activations* a = m->acts;
     float *probs = a->logits, *dlogits = a->logits;
     if (tp->size > 1) { tp_crossentropy_softmax_backward(tp, dlogits, probs, targets, loss_scale, B * T, c->vocab_size, Vp); }
     else { crossentropy_softmax_backward(dlogits, probs, targets, loss_scale, B, T, c->vocab_size, Vp); }  // in place
@@ -603,18 +675,20 @@ static void head_backward(GPT2* m, float* dlnf, const int* targets, int B, int T
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, NH = c->num_heads;
-    Activations* a = &m->acts;
+    Activations* a = m->acts;
     BackwardBuffers* bwd = &m->bwd;
     HostStep h = gpt2_host_step(m);
     float* dlnf = bwd->dbtc;  // (B,T,C): the head reads every row
-    if (a->pol.loss_chunk > 0) { act_take_head_grads(&a->head_grad_scale, loss_scale); }  // --loss-chunk: done in forward
-    else { head_backward(m, dlnf, targets, B, T, loss_scale); }
     size_t R = tp_rows(&m->tp, (size_t)B * T), first = tp_first_row(&m->tp, (size_t)B * T);  // --sp: this rank's rows
-    memset(bwd->dresidual, 0, R * C * sizeof(float));
-    TpNormGrads gn = tp_norm_grads(&m->tp, m->grads.lnfw, m->grads.lnfb, C);  // --sp: a part of them, from this rank's rows
-    layernorm_backward(bwd->dresidual, gn.w, gn.b, dlnf + first * C, act_layer_input(a, L), m->params.lnfw, a->lnf_mean + first,
-                       a->lnf_rstd + first, 1, (int)R, C);
-    tp_norm_grads_done(&m->tp, &gn, m->grads.lnfw, m->grads.lnfb, C);  // hook
+    if (stage_has_head(m)) {  // --pp: else bwd->dresidual holds the next stage's gradient of this stage's output
+        if (a->pol.loss_chunk > 0) { act_take_head_grads(&a->head_grad_scale, loss_scale); }  // --loss-chunk: done in forward
+        else { head_backward(m, dlnf, targets, B, T, loss_scale); }
+        memset(bwd->dresidual, 0, R * C * sizeof(float));
+        TpNormGrads gn = tp_norm_grads(&m->tp, m->grads.lnfw, m->grads.lnfb, C);  // --sp: a part of them, from this rank's rows
+        layernorm_backward(bwd->dresidual, gn.w, gn.b, dlnf + first * C, act_layer_input(a, L), m->params.lnfw, a->lnf_mean + first,
+                           a->lnf_rstd + first, 1, (int)R, C);
+        tp_norm_grads_done(&m->tp, &gn, m->grads.lnfw, m->grads.lnfb, C);  // hook
+    }
     for (int l = L - 1; l >= 0; l--) {
         layer_activations_ready(m, l, B, T);  // hook
         LayerParams lp = layer_weights_ready(m, l);  // hook
@@ -622,7 +696,8 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         block_backward(bwd, act_layer(a, l), act_layer_input(a, l), &lp, &lg, B, T, C, NH, &a->pol, &m->tp);
         zero_layer_grads_done(&m->zero, &h, l);  // hook
     }
-    if (m->tp.size > 1) {  // --tp: wte's rows of this rank, from d(embeddings) of every row (--sp: gathered)
+    if (!stage_has_embeddings(m)) {  // --pp: bwd->dresidual is d(stage input), for the previous stage
+    } else if (m->tp.size > 1) {  // --tp: wte's rows of this rank, from d(embeddings) of every row (--sp: gathered)
         tp_encoder_backward(&m->tp, m->grads.wte, m->grads.wpe, tp_gather(&m->tp, bwd->dresidual, R * C), inputs, B, T, C,
                             c->padded_vocab_size / m->tp.size);
     }
@@ -639,6 +714,12 @@ void gpt2_reduce_grads(GPT2* m) {
     HostStep h = gpt2_host_step(m);
     if (m->dist.world > 1 && !zero_shards_grads(m->zero.stage)) { prof_mark(PROF_COLLECTIVE, prof_bytes(m->num_parameters * sizeof(float)), "MPI gradient sums"); }
     host_reduce_grads(&h);
+    if (m->pair.world > 1) {  // --pp: wte's two parts, the embedding's (the first stage) and the classifier's (the last)
+        size_t n;
+        float* wte = host_slice_grads(&h, 0, &n);
+        prof_mark(PROF_COLLECTIVE, prof_bytes((double)n * sizeof(float)), "--pp: wte's pair");
+        pp_sum_pair(wte, n, m->pair);
+    }
     prof_close();
 }
 float gpt2_grad_norm(GPT2* m) {

@@ -1823,6 +1823,16 @@ const char* gpt2_profile_timing(void) { return prof_gpu_timing(); }
 // the GPU's limits are not measured (the timeline of the emulated device models them): no roof column
 ProfRoofline gpt2_profile_roofline(void) { ProfRoofline none = {.gb_s = 0.0, .gflop_s = 0.0, .how = ""}; return none; }
 
+// --pp: not on the GPU yet (ncclSend/ncclRecv between the stages, issue 37); the CPU trainer has it, and
+// check_pp_option stops before any stage's call below
+int gpt2_pp_max(void) { return 1; }
+void gpt2_pp_slot(GPT2* m, int slot) { (void)m; fail("gpt2_pp_slot(%d): the CUDA backend has no --pp (a bug: check_pp_option refuses it)", slot); }
+float* gpt2_pp_buffer(GPT2* m, PpOp op) {
+    (void)m;
+    fail("gpt2_pp_buffer(%s): the CUDA backend has no --pp (a bug: check_pp_option refuses it)", PP_OP_NAMES[op]);
+    return NULL;
+}
+
 int main(int argc, char** argv) {
     return train_main(argc, argv);
 }

@@ -102,6 +102,10 @@ static size_t act_layer_floats(int B, int T, int C, int NH, int tp, const ActPol
     return total;
 }
 
+// whether a model's activations hold the head (the final LayerNorm, the logits): every model's but a
+// pipeline stage's before the last (--pp: llmc/pipeline.h)
+static int act_has_head(const GPT2Config* c) { return gpt2_holds_tensor(c, NUM_PARAMETER_TENSORS - 1); }
+
 // --sp: the one buffer where the group's rows meet, (B,T,C), and 2C floats for a LayerNorm's parameter
 // gradients of a rank's rows (cpu/tensor_parallel.h); 0 without
 static size_t act_sp_gathered_floats(const ActPolicy* pol, size_t BT, int C) { return pol->sp ? BT * C + 2 * (size_t)C : 0; }
@@ -137,7 +141,7 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     size_t gelu = pol->gelu ? BTC * 4 / tp : 0, att = act_shared_att_elems(pol, B, T, NH / tp);
     size_t device_kept = pol->offload ? 0 : seg_kept * RC, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * RC : 0;
     int K = act_head_rows(pol, BT);
-    size_t head = act_head_floats(B, T, C, Vp, K), gathered = act_sp_gathered_floats(pol, BT, C);
+    size_t head = act_has_head(c) ? act_head_floats(B, T, C, Vp, K) : 0, gathered = act_sp_gathered_floats(pol, BT, C);
     size_t total = RC + slots * a->layer_floats + gelu + att + device_kept + staging + gathered + head;
     a->device_memory = (float*)mem_calloc(MEM_ACTIVATIONS, total * sizeof(float));
     a->slots = (LayerActs*)malloc_check(slots * sizeof(LayerActs));  // pointers only, not counted
@@ -159,11 +163,13 @@ static void act_alloc(Activations* a, const ActPolicy* pol, const GPT2Config* c,
     for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : act_carve(&p, RC); }
     for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { a->staging[i] = staging ? act_carve(&p, RC) : NULL; }
     a->sp_gathered = gathered ? act_carve(&p, gathered) : NULL;
-    a->lnf = act_carve(&p, (size_t)K * C);
-    a->lnf_mean = act_carve(&p, BT);
-    a->lnf_rstd = act_carve(&p, BT);
-    a->logits = act_carve(&p, (size_t)K * Vp);
-    a->losses = act_carve(&p, BT);
+    if (head) {  // --pp: the last stage's
+        a->lnf = act_carve(&p, (size_t)K * C);
+        a->lnf_mean = act_carve(&p, BT);
+        a->lnf_rstd = act_carve(&p, BT);
+        a->logits = act_carve(&p, (size_t)K * Vp);
+        a->losses = act_carve(&p, BT);
+    }
     a->head_rows = K;
     a->probs_first = -1;
     if (!pol->offload) { return; }

@@ -42,6 +42,7 @@ typedef struct {
     QStateFormat format;      // its moments' format (--optimizer-state); under ZeRO it also decides the cut
     float* pack;              // ZeRO-1/2: one layer's blocks rank by rank (opt_layout.h's ShardLayout.pack floats): the
                               // exchanges go a layer at a time through it; NULL: a slice at a time (GPU --offload optimizer)
+    Dist pipeline;            // --pp: this rank among the stages ({0, 1}: none); config is its stage's part
 } HostStep;
 
 // how the optimizer's slices are cut over the ranks (opt_layout.h): whole unless ZeRO-1, over the
@@ -163,13 +164,34 @@ static void host_reduce_grads(const HostStep* h) {
     else { dist_allreduce_floats_over(h->grads, h->num_parameters, h->dist); }
 }
 
+// this rank's part of slice k's gradients (whole, or ZeRO's block: in the gradient shard under ZeRO-2
+// and 3), and its floats in *n
+static float* host_slice_grads(const HostStep* h, int k, size_t* n) {
+    OptSharding z = host_sharding(h);
+    ParamSlice* s = param_slices_alloc(h->config);
+    size_t offset, at;
+    OptShard sh = slice_shard(&s[k], &z, &offset);
+    if (z.grads_compact) {
+        size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));
+        shard_block_offsets_as(h->config, z.world, h->format, goff);
+        at = goff[k];
+        free(goff);
+    } else {
+        at = s[k].offset + offset;
+    }
+    free(s);
+    *n = (size_t)sh.rows * sh.cols;
+    return h->grads + at;
+}
+
 // global L2 norm of all gradients, summed in double over a fixed partition. ZeRO-1: each
 // rank sums the squares of its blocks (the only reduced gradients it has), then the ranks add.
 // --tp: the squares of the split tensors' slices are added over the tensor-parallel group, those of
-// the tensors every rank of it holds whole are counted once
+// the tensors every rank of it holds whole are counted once. --pp: each stage's squares are added over
+// the pipeline group, wte's (which the first and the last stage both hold, summed) by the last stage only
 static float host_grad_norm(const HostStep* h) {
-    int tp = gpt2_tp(h->config) > 1;
-    if (!zero_shards_state(h->zero) && !tp) { return global_norm(h->grads, h->num_parameters); }
+    int tp = gpt2_tp(h->config) > 1, pp = h->pipeline.world > 1;
+    if (!zero_shards_state(h->zero) && !tp && !pp) { return global_norm(h->grads, h->num_parameters); }
     OptSharding z = host_sharding(h);  // ZeRO-2: the same blocks, in the gradient shard: the same sum
     ParamSlice* s = param_slices_alloc(h->config);
     size_t* goff = (size_t*)malloc_check((size_t)param_slice_count(h->config) * sizeof(size_t));
@@ -179,6 +201,7 @@ static float host_grad_norm(const HostStep* h) {
         size_t offset;
         OptShard sh = slice_shard(&s[k], &z, &offset);
         const float* g = z.grads_compact ? h->grads + goff[k] : h->grads + s[k].offset + offset;
+        if (pp && k == 0 && h->pipeline.rank == 0) { continue; }  // wte: the last stage's copy counts
         double sq = opt_sum_squares(g, (size_t)sh.rows * sh.cols);
         if (s[k].tp > 1) { split += sq; } else { total += sq; }
     }
@@ -189,6 +212,7 @@ static float host_grad_norm(const HostStep* h) {
         total += split;
     }
     if (zero_shards_state(h->zero)) { dist_allreduce_doubles_over(&total, 1, h->dist); }
+    dist_allreduce_doubles_over(&total, 1, h->pipeline);  // --pp: every stage's
     return (float)sqrt(total);
 }
 
@@ -233,6 +257,7 @@ static void optimizer_step(OptimizerKind kind, float* params, const float* grads
         float* p = z->params_compact ? params + goff[k] : params + s[k].offset + offset;
         const float* g = z->grads_compact ? grads + goff[k] : grads + s[k].offset + offset;
         if (layer != ALL_SLICES && s[k].layer != layer) {  // not asked for: its state is skipped
+        } else if (s[k].whole == 0) {  // a tensor this pipeline stage does not hold (--pp): no weights, no state
         } else if (sh.format != QSTATE_FP32) {  // --optimizer-state bf16, 8bit (cpu/optimizers_lowp.h)
             QStateStream stream = {.seed = (uint32_t)k, .index_base = offset};
             size_t refused = lowp_update_part(kind, p, g, st, &sh, h, PARAMETER_IS_MATRIX[s[k].tensor], t, stream);

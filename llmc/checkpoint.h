@@ -74,7 +74,8 @@ enum {
 #define MODEL_CHECKSUM_CRC32 0x32335243  // "CR32" in the file's bytes (fp32 files only)
 
 #define STATE_MAGIC 20261121   // this project's training state (not llm.c's layout)
-#define STATE_VERSION 6   // 6: --tp (the state is of a rank's slices)
+#define STATE_VERSION 7   // 7: --pp (the state is of a stage's tensors)
+#define STATE_VERSION_NO_PP 6        // 6: --tp (the state is of a rank's slices); no --pp (1); still read
 #define STATE_VERSION_NO_TP 5        // 5: the optimizer state's format; no --tp (1); still read
 #define STATE_VERSION_FP32_STATE 4   // 4: the file's checksum; fp32 state; still read
 #define STATE_VERSION_NO_CHECKSUM 3  // 3: the run identity and the hash of the checkpoint's weights; still read
@@ -93,6 +94,7 @@ enum {
     STATE_SLOT_CHECKSUM = 22,        // version 4: the CRC-32 of the whole file with this slot 0
     STATE_SLOT_OPT_FORMAT = 23,      // version 5: QStateFormat of the optimizer's moments (older: fp32)
     STATE_SLOT_TP = 24,              // version 6: --tp, the tensor-parallel ranks whose slices the state is of (older: 1)
+    STATE_SLOT_PP = 25,              // version 7: --pp, the pipeline stages whose tensors the state is of (older: 1)
 };
 
 // ----------------------------------------------------------------------------
@@ -229,7 +231,8 @@ static FILE* model_file_open(const char* path, GPT2Config* cfg, int* version) {
     cfg->num_heads = h[MODEL_SLOT_NUM_HEADS];
     cfg->channels = h[MODEL_SLOT_CHANNELS];
     cfg->padded_vocab_size = h[MODEL_SLOT_PADDED_VOCAB];
-    cfg->tp = 1;  // a file holds the whole model
+    cfg->tp = cfg->pp = 1;  // a file holds the whole model
+    cfg->stage = cfg->first_layer = 0;
     gpt2_config_check(cfg, path);
     size_t bytes_per = *version == MODEL_VERSION_FP32 ? sizeof(float) : sizeof(uint16_t);
     long expected = (long)sizeof(h) + (long)(gpt2_num_parameters(cfg) * bytes_per);
@@ -363,6 +366,7 @@ typedef struct {
     int opt_format;             // QStateFormat of its moments (--optimizer-state; 0 = fp32, all before version 5)
     int zero;                   // ZeroStage of the run that wrote it
     int tp;                     // --tp of the run that wrote it (1: none; every file before version 6)
+    int pp;                     // --pp of the run that wrote it (1: none; every file before version 7)
     uint64_t run_id;            // the run that wrote it: random, chosen when the run started (0: version 2, unknown)
     uint64_t model_hash;        // params_hash of the weights of the same checkpoint's model file (0: unknown)
     int has_checksum;           // version 4: the file records its checksum
@@ -379,7 +383,7 @@ static uint32_t state_header_crc(const int h[FILE_HEADER_INTS]) {
 }
 
 static void state_file_write(const char* path, const TrainState* s, const float* opt_state) {
-    if (s->tp < 1) { fail("state_file_write: --tp %d (a bug: 1 without --tp)", s->tp); }
+    if (s->tp < 1 || s->pp < 1) { fail("state_file_write: --tp %d, --pp %d (a bug: 1 without them)", s->tp, s->pp); }
     int h[FILE_HEADER_INTS] = {0};
     h[STATE_SLOT_MAGIC] = STATE_MAGIC;
     h[STATE_SLOT_VERSION] = STATE_VERSION;
@@ -397,6 +401,7 @@ static void state_file_write(const char* path, const TrainState* s, const float*
     header_set64(h, STATE_SLOT_MODEL_HASH, s->model_hash);
     h[STATE_SLOT_OPT_FORMAT] = s->opt_format;
     h[STATE_SLOT_TP] = s->tp;
+    h[STATE_SLOT_PP] = s->pp;
     h[STATE_SLOT_CHECKSUM] = (int)crc32_update(state_header_crc(h), opt_state, s->opt_floats * sizeof(float));
     AtomicFile a;
     atomic_open(&a, path);
@@ -412,7 +417,7 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     *size = file_header_read(f, path, "training-state file", STATE_MAGIC, STATE_REGEN_HINT, h);
     int version = h[STATE_SLOT_VERSION];
     if (version != STATE_VERSION_NO_IDENTITY && version != STATE_VERSION_NO_CHECKSUM && version != STATE_VERSION_FP32_STATE
-        && version != STATE_VERSION_NO_TP) {
+        && version != STATE_VERSION_NO_TP && version != STATE_VERSION_NO_PP) {
         file_header_check_version(h, path, "training-state file", STATE_VERSION, STATE_REGEN_HINT);
     }
     s->num_processes = h[STATE_SLOT_NUM_PROCESSES];
@@ -430,8 +435,11 @@ static FILE* state_file_open(const char* path, TrainState* s, long* size) {
     s->model_hash = identity ? header_get64(h, STATE_SLOT_MODEL_HASH) : 0;
     s->has_checksum = version >= STATE_VERSION_FP32_STATE;
     s->opt_format = version >= STATE_VERSION_NO_TP ? h[STATE_SLOT_OPT_FORMAT] : QSTATE_FP32;
-    s->tp = version >= STATE_VERSION ? h[STATE_SLOT_TP] : 1;
-    if (s->tp < 1) { fail("state file '%s': --tp %d in its header: corrupt\n  hint: %s", path, s->tp, STATE_REGEN_HINT); }
+    s->tp = version >= STATE_VERSION_NO_PP ? h[STATE_SLOT_TP] : 1;
+    s->pp = version >= STATE_VERSION ? h[STATE_SLOT_PP] : 1;
+    if (s->tp < 1 || s->pp < 1) {
+        fail("state file '%s': --tp %d, --pp %d in its header: corrupt\n  hint: %s", path, s->tp, s->pp, STATE_REGEN_HINT);
+    }
     if (s->opt_format < 0 || s->opt_format >= NUM_QSTATE_FORMATS) {
         fail("state file '%s': optimizer-state format %d in its header is none of fp32, bf16, 8bit (0..%d): corrupt\n  hint: %s",
              path, s->opt_format, NUM_QSTATE_FORMATS - 1, STATE_REGEN_HINT);
@@ -708,7 +716,7 @@ static int state_file_whole(const char* path, int rank, int step, const int* h0,
     long want = got == FILE_HEADER_INTS ? header + (long)(header_get64(h, STATE_SLOT_OPT_FLOATS) * sizeof(float)) : -1;
     int version = got == FILE_HEADER_INTS ? h[STATE_SLOT_VERSION] : 0;
     if (got != FILE_HEADER_INTS || h[STATE_SLOT_MAGIC] != STATE_MAGIC || st.st_size != want ||
-        (version != STATE_VERSION && version != STATE_VERSION_NO_TP && version != STATE_VERSION_FP32_STATE &&
+        (version != STATE_VERSION && version != STATE_VERSION_NO_PP && version != STATE_VERSION_NO_TP && version != STATE_VERSION_FP32_STATE &&
          version != STATE_VERSION_NO_CHECKSUM && version != STATE_VERSION_NO_IDENTITY)) {
         snprintf(why, n, "rank %d's state file '%s' (%lld bytes) is not a whole state file: truncated or corrupt", rank, path, (long long)st.st_size);
         return 0;

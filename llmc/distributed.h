@@ -10,15 +10,17 @@ so the trainer has a single code path.
     dist_allreduce_sum_floats(grads, n);         // every rank ends with the sum
     dist_reduce_scatter_floats(buf, counts, d);  // rank r ends with the sum of its part
     dist_allgather_floats(buf, counts, d);       // every rank ends with every part
-    DistGrid g = dist_grid(d, 2);                // tensor-parallel pairs of adjacent ranks, and the data-parallel groups across them
+    DistGrid g = dist_grid(d, 2, 1);             // tensor-parallel pairs of adjacent ranks, and the data-parallel groups across them
     dist_allreduce_floats_over(x, n, g.tensor);  // the sum over this rank's pair only
     dist_finalize();
 
 A Dist is a group and this process's place in it; the collectives that take one run over its
-ranks only. The world is DIST_WORLD; dist_grid splits it into a grid: tensor-parallel groups of tp
-adjacent ranks (as on one machine's NVLink: they exchange every layer) and data-parallel groups
-across them (the ranks at the same place of every tensor group: they hold the same part of the model
-and sum their gradients, and --zero shards over them). With tp = 1 the data group is the world.
+ranks only. The world is DIST_WORLD; dist_grid splits it into a grid: pipeline stages (--pp,
+outermost), each of tensor-parallel groups of tp adjacent ranks (as on one machine's NVLink: they
+exchange every layer) and data-parallel groups across them (the ranks of a stage at the same place of
+every tensor group: they hold the same part of the model and sum their gradients, and --zero shards
+over them); the pipeline groups join a rank of each stage, and pass messages between neighbours
+(dist_send_floats, dist_recv_floats, dist_sendrecv_floats). With tp = pp = 1 the data group is the world.
 
 Parts: buf holds the parts of all ranks in rank order, counts[r] floats for rank r;
 reduce-scatter and all-gather work in place on buf (rank r's part at the sum of
@@ -62,9 +64,12 @@ typedef enum {
     DIST_WORLD,   // every process
     DIST_DATA,    // the ranks that hold the same part of the model and read different data
     DIST_TENSOR,  // the ranks that split each layer's matrices (--tp), adjacent ranks
+    DIST_PIPELINE,  // the ranks that hold a model's stages (--pp), one each, at the same data and tensor place
+    DIST_PAIR,    // the first and the last stage of a pipeline group: both hold wte (--pp)
     DIST_NUM_GROUPS
 } DistGroup;
-static const char* const DIST_GROUP_NAMES[DIST_NUM_GROUPS] = {"world", "data-parallel", "tensor-parallel"};
+static const char* const DIST_GROUP_NAMES[DIST_NUM_GROUPS] = {"world", "data-parallel", "tensor-parallel", "pipeline",
+                                                              "embedding pair"};
 
 typedef struct {
     int rank;   // this process in the group, 0..world-1
@@ -72,11 +77,16 @@ typedef struct {
     DistGroup group;  // which group ({rank, world} alone: the world's)
 } Dist;
 
-// the world, and this process's two groups in it
-typedef struct { Dist world, data, tensor; } DistGrid;
+// the world, and this process's groups in it
+typedef struct { Dist world, data, tensor, pipeline, pair; } DistGrid;
 // the grid dist_grid made last (before one: the world, whose data group is the world and whose
-// tensor-parallel groups are each one rank), for the hooks that hold no Dist (the optimizer's sums)
-static DistGrid g_dist_grid = {{0, 1, DIST_WORLD}, {0, 1, DIST_WORLD}, {0, 1, DIST_TENSOR}};
+// tensor-parallel and pipeline groups are each one rank), for the hooks that hold no Dist (the optimizer's sums)
+static DistGrid g_dist_grid = {{0, 1, DIST_WORLD}, {0, 1, DIST_WORLD}, {0, 1, DIST_TENSOR}, {0, 1, DIST_PIPELINE}, {0, 1, DIST_PAIR}};
+// the grid of one process: every group this one rank
+static DistGrid dist_grid_of_one(Dist world) {
+    DistGrid g = {world, world, {0, 1, DIST_TENSOR}, {0, 1, DIST_PIPELINE}, {0, 1, DIST_PAIR}};
+    return g;
+}
 
 // what the last dist_init found besides rank and world
 static const char* g_dist_source = "one process";  // who said so: "MPI", "slurm (...)", "torchrun-style (...)"
@@ -338,8 +348,7 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
     }
     g_dist_world = d->world;
     g_dist_by_env = by_env;
-    DistGrid one = {*d, *d, {0, 1, DIST_TENSOR}};  // no grid yet: the data group is the world
-    g_dist_grid = one;
+    g_dist_grid = dist_grid_of_one(*d);  // no grid yet: the data group is the world
 }
 
 static void dist_finalize(void) {
@@ -382,31 +391,82 @@ static const DistCarrier* dist_carrier_over(Dist d, const char* call) {
     return dist_carrier(call);
 }
 
-// the world as a grid: tensor-parallel groups of tp adjacent ranks (rank r is place r % tp of group
-// r / tp) and data-parallel groups across them (place p of every tensor group). Every rank calls it
-// with the same tp; a rank's earlier grid is replaced
-static DistGrid dist_grid(Dist world, int tp) {
-    if (tp < 1 || world.world % tp != 0) {
-        fail("--tp %d: %d rank(s) do not split into tensor-parallel groups of %d\n"
-             "  hint: launch a multiple of %d ranks (mpirun -np %d), or give a --tp that divides %d", tp, world.world, tp,
-             tp < 1 ? 1 : tp, tp < 1 ? 1 : tp, world.world);
+// the world as a grid of pp pipeline stages (outermost), each of dp data-parallel places of tp tensor-
+// parallel ranks: rank = stage (dp tp) + data tp + tensor. Tensor-parallel groups are tp adjacent ranks
+// (one machine's: they exchange every layer); data-parallel groups the dp ranks of a stage at the same
+// tensor place (they hold the same part of the model, read different data, sum their gradients, and
+// --zero shards over them); pipeline groups the pp ranks at the same (data, tensor) place, a stride of
+// dp tp apart (they pass activations and gradients to their neighbours: they can sit on other machines);
+// and the pair of a pipeline group's first and last stage (both hold wte). With tp = pp = 1 the data
+// group is the world. Every rank calls it with the same tp and pp; a rank's earlier grid is replaced
+static DistGrid dist_grid(Dist world, int tp, int pp) {
+    if (tp < 1 || pp < 1 || world.world % (tp * pp) != 0) {
+        char stages[64] = "";
+        if (pp != 1) { snprintf(stages, sizeof(stages), " (--pp %d: %d stages of them)", pp, pp); }
+        fail("--tp %d: %d rank(s) do not split into tensor-parallel groups of %d%s\n"
+             "  hint: launch a multiple of tp x pp = %d ranks (mpirun -np %d), or give a --tp and --pp whose product divides %d", tp,
+             world.world, tp, stages, tp * pp, tp * pp, world.world);
     }
-    DistGrid g = {world, {world.rank / tp, world.world / tp, DIST_DATA}, {world.rank % tp, tp, DIST_TENSOR}};
-    if (tp == 1) { g.data = world; }  // the data group is the world: its collectives are the world's, as before
+    int block = world.world / pp, dp = block / tp;  // the ranks of a stage, and its data-parallel places
+    int stage = world.rank / block, local = world.rank % block;
+    DistGrid g = {world, {local / tp, dp, DIST_DATA}, {local % tp, tp, DIST_TENSOR}, {stage, pp, DIST_PIPELINE},
+                  {stage == 0 ? 0 : 1, pp > 1 && (stage == 0 || stage == pp - 1) ? 2 : 1, DIST_PAIR}};
+    if (g.pair.world == 1) { g.pair.rank = 0; }  // a middle stage's pair is itself
+    if (tp == 1 && pp == 1) { g.data = world; }  // the data group is the world: its collectives are the world's, as before
     g_dist_grid = g;
-    if (tp > 1 && dist_carried()) { dist_carrier_over(g.tensor, "dist_grid"); }  // stops, naming the launch
+    if ((tp > 1 || pp > 1) && dist_carried()) { dist_carrier_over(tp > 1 ? g.tensor : g.pipeline, "dist_grid"); }  // stops, naming the launch
 #ifdef USE_MPI
     dist_free_groups();
-    if (world.world > 1 && tp > 1) {
-        const int colors[DIST_NUM_GROUPS] = {0, world.rank % tp, world.rank / tp};  // ranks of one color form a group
-        for (int k = DIST_DATA; k <= DIST_TENSOR; k++) {
+    if (world.world > 1 && (tp > 1 || pp > 1)) {
+        int in_pair = pp > 1 && (stage == 0 || stage == pp - 1);
+        const int colors[DIST_NUM_GROUPS] = {0, stage * tp + local % tp, world.rank / tp, local, in_pair ? local : MPI_UNDEFINED};
+        for (int k = DIST_DATA; k < DIST_NUM_GROUPS; k++) {  // ranks of one color form a group
             mpi_check(MPI_Comm_split(MPI_COMM_WORLD, colors[k], world.rank, &g_dist_comms[k]));
+            if (g_dist_comms[k] == MPI_COMM_NULL) { continue; }  // a middle stage: in no pair
             mpi_check(MPI_Comm_set_errhandler(g_dist_comms[k], MPI_ERRORS_RETURN));
             g_dist_comm_made[k] = 1;
         }
     }
 #endif
     return g;
+}
+
+#ifndef USE_MPI
+// without MPI there are no point-to-point messages (a carrier makes collectives only): --pp stops
+// before any (trainer.h's check_pp_option), so reaching here is a bug
+static void dist_no_messages(Dist d, const char* call) {
+    if (d.world > 1) { fail("%s: a message between %d ranks without MPI (a bug: --pp needs an MPI build and launch)", call, d.world); }
+}
+#endif
+
+// --pp's messages between neighbouring stages: n floats to rank `to` of group d, from rank `from`, or
+// both at once (MPI_Sendrecv: two neighbours that each send first would wait on each other: llmc/pipeline.h)
+static void dist_send_floats(const float* buf, size_t n, int to, Dist d) {
+    if (n > (size_t)INT_MAX) { fail("dist_send_floats: %zu floats, beyond MPI's int counts\n  hint: lower -b or -t", n); }
+#ifdef USE_MPI
+    mpi_check(MPI_Send(buf, (int)n, MPI_FLOAT, to, 0, dist_comm(d)));
+#else
+    (void)buf; (void)to;
+    dist_no_messages(d, "dist_send_floats");
+#endif
+}
+static void dist_recv_floats(float* buf, size_t n, int from, Dist d) {
+    if (n > (size_t)INT_MAX) { fail("dist_recv_floats: %zu floats, beyond MPI's int counts\n  hint: lower -b or -t", n); }
+#ifdef USE_MPI
+    mpi_check(MPI_Recv(buf, (int)n, MPI_FLOAT, from, 0, dist_comm(d), MPI_STATUS_IGNORE));
+#else
+    (void)buf; (void)from;
+    dist_no_messages(d, "dist_recv_floats");
+#endif
+}
+static void dist_sendrecv_floats(const float* send, size_t sn, int to, float* recv, size_t rn, int from, Dist d) {
+    if (sn > (size_t)INT_MAX || rn > (size_t)INT_MAX) { fail("dist_sendrecv_floats: beyond MPI's int counts\n  hint: lower -b or -t"); }
+#ifdef USE_MPI
+    mpi_check(MPI_Sendrecv(send, (int)sn, MPI_FLOAT, to, 0, recv, (int)rn, MPI_FLOAT, from, 0, dist_comm(d), MPI_STATUS_IGNORE));
+#else
+    (void)send; (void)to; (void)recv; (void)from;
+    dist_no_messages(d, "dist_sendrecv_floats");
+#endif
 }
 
 // buf (n) := the sum of buf over the ranks of group d

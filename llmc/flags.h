@@ -61,6 +61,8 @@ typedef struct {
     int zero;                        // data parallel over MPI ranks: 0 = replicated optimizer, 1 = ZeRO-1 sharded, 2 = ZeRO-2 (gradients too)
     int tp;                          // tensor parallel: each layer's matrices split over this many adjacent ranks (1 = none)
     int sp;                          // sequence parallel (with tp > 1): the residual stream and LayerNorms split over the ranks' rows
+    int pp;                          // pipeline parallel: the layers split into this many stages, one a rank (1 = none)
+    char pp_schedule[PATH_MAX_LEN];  // 1f1b | gpipe: the order of a stage's micro-batches (llmc/pipeline.h)
     int check_replicas;              // 1: compare the ranks' parameters after every step
     int plan_ranks;                  // --plan for this many ranks; 0 = the ranks of this run
     char precision[PATH_MAX_LEN];    // fp32 | bf16 | "" = the backend's default (CPU: fp32, CUDA: bf16)
@@ -124,6 +126,8 @@ static TrainOptions options_default(void) {
     o.zero = 0;
     o.tp = 1;
     o.sp = 0;
+    o.pp = 1;
+    strcpy(o.pp_schedule, "1f1b");
     o.check_replicas = 0;
     o.plan_ranks = 0;
     strcpy(o.precision, "");
@@ -191,6 +195,8 @@ static const FlagSpec FLAGS[] = {
     {NULL, "--zero",          FLAG_INT,    OPT(zero),             "with mpirun -np N: 0 = all-reduce, full optimizer per rank; 1 = ZeRO-1 optimizer sharding; 2 = ZeRO-2: and gradients; 3 = ZeRO-3: and weights"},
     {NULL, "--tp",            FLAG_INT,    OPT(tp),               "tensor parallelism (Megatron-LM): each layer's matrices split over N adjacent ranks of mpirun -np (a multiple of N; heads divisible by N); --zero shards over the data-parallel ranks across them"},
     {NULL, "--sp",            FLAG_SWITCH, OPT(sp),               "with --tp: sequence parallelism: the residual stream, the LayerNorms and the activations kept between the split matmuls are each rank's B*T/N rows (all-gathers and reduce-scatters in place of --tp's all-reduces)"},
+    {NULL, "--pp",            FLAG_INT,    OPT(pp),               "pipeline parallelism: the layers in N stages of contiguous layers, one a rank (mpirun -np a multiple of N), the -d micro-steps flowing through them as micro-batches"},
+    {NULL, "--pp-schedule",   FLAG_STRING, OPT(pp_schedule),      "with --pp: 1f1b (PipeDream-Flush: a stage holds at most N - s micro-batches) | gpipe (all forwards, then all backwards: every stage holds all of them)"},
     {NULL, "--check-replicas", FLAG_SWITCH, OPT(check_replicas),   "check every step that all ranks hold the same weights (a hash pass; else at checkpoints; one rank: nothing to compare)"},
     {NULL, "--plan-ranks",    FLAG_INT,    OPT(plan_ranks),       "--plan for this many ranks (e.g. --zero 1 on a laptop); 0 = this run's"},
     {NULL, "--precision",     FLAG_STRING, OPT(precision),        "fp32 | bf16 (weights and activations; fp32 master weights, optimizer state and sums); \"\" = the backend's default: CPU fp32, CUDA bf16"},

@@ -38,10 +38,15 @@ typedef struct {
     int channels;           // C
     int tp;                 // --tp: the ranks each layer's matrices are split over (Megatron-LM); the tensors this
                             // config sizes are then one rank's slices of them (gpt2_tensor_shape). 0 or 1: whole
+    int pp, stage;          // --pp: the pipeline's stages; with pp > 1 this config is stage `stage`'s part of the
+    int first_layer;        // model: its num_layers layers from layer first_layer of the whole, and the outer
+                            // tensors it holds (gpt2_holds_tensor). 0 or 1: the whole model (llmc/pipeline.h)
 } GPT2Config;
 
 // the ranks a config's layers are split over: 1 for the whole model (a file's, a preset's)
 static int gpt2_tp(const GPT2Config* c) { return c->tp > 1 ? c->tp : 1; }
+// the pipeline stages a config's layers are split over: 1 for the whole model
+static int gpt2_pp(const GPT2Config* c) { return c->pp > 1 ? c->pp : 1; }
 
 static int gpt2_padded_vocab(int V) {
     return (V + VOCAB_PAD_MULTIPLE - 1) / VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE;
@@ -84,6 +89,8 @@ static int gpt2_config_preset(GPT2Config* cfg, const char* name) {
             cfg->channels = GPT2_PRESETS[i].channels;
             cfg->num_heads = GPT2_PRESETS[i].heads;
             cfg->tp = 1;
+            cfg->pp = 1;
+            cfg->stage = cfg->first_layer = 0;
             return 1;
         }
     }
@@ -154,8 +161,18 @@ static const TpSplit PARAMETER_TP_SPLIT[NUM_PARAMETER_TENSORS] = {
     TP_COLUMNS, TP_WHOLE, TP_WHOLE, TP_WHOLE, // fcprojw (C, 4C), fcprojb, lnfw, lnfb
 };
 
+// whether the config holds tensor i: every one but on a pipeline's stage (--pp), which holds its own
+// layers' tensors and of the outer ones (wte, wpe, lnfw, lnfb) what it computes with: wte the first
+// stage (the embedding) and the last (the classifier: tied), wpe the first, the final LayerNorm the last
+static int gpt2_holds_tensor(const GPT2Config* c, int i) {
+    if (PARAMETER_IS_PER_LAYER[i] || gpt2_pp(c) == 1) { return 1; }
+    int first = c->stage == 0, last = c->stage == c->pp - 1;
+    return i == 0 ? first || last : i == 1 ? first : last;  // wte, wpe; lnfw, lnfb
+}
+
 // tensor i of one layer (or an outer tensor) as (rows, cols): the whole model's, or (c->tp > 1) one
-// rank's slice of it. Vectors are (n, 1), so that a split by rows cuts them as it cuts their matrix
+// rank's slice of it. Vectors are (n, 1), so that a split by rows cuts them as it cuts their matrix.
+// A tensor a pipeline's stage does not hold has no rows
 static void gpt2_tensor_shape(int i, const GPT2Config* c, size_t* rows, size_t* cols) {
     size_t C = c->channels, N = (size_t)gpt2_tp(c);
     const size_t shape[NUM_PARAMETER_TENSORS][2] = {
@@ -167,6 +184,7 @@ static void gpt2_tensor_shape(int i, const GPT2Config* c, size_t* rows, size_t* 
     *cols = shape[i][1];
     if (PARAMETER_TP_SPLIT[i] == TP_COLUMNS) { *cols /= N; }
     else if (PARAMETER_TP_SPLIT[i] != TP_WHOLE) { *rows /= N; }
+    if (!gpt2_holds_tensor(c, i)) { *rows = 0; }
 }
 
 // the config of one rank's slices of the whole model c split over tp ranks (--tp; 1: the whole model)
@@ -226,7 +244,9 @@ typedef struct {
 } ParamInit;
 
 static ParamInit gpt2_param_init(const GPT2Config* cfg, uint64_t seed) {
-    if (gpt2_tp(cfg) > 1) { fail("gpt2_param_init: the initialisation walks the whole model; this config is one rank's slices (--tp %d)", cfg->tp); }
+    if (gpt2_tp(cfg) > 1 || gpt2_pp(cfg) > 1) {
+        fail("gpt2_param_init: the initialisation walks the whole model; this config is a rank's part of it (--tp %d, --pp %d)", cfg->tp, cfg->pp);
+    }
     ParamInit it = {*cfg, RNG_SEED_MIX ^ seed, 0, 0};
     return it;
 }

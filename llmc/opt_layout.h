@@ -271,7 +271,7 @@ static void param_slices(ParamSlice* s, const GPT2Config* c) {
         int tp = PARAMETER_TP_SPLIT[i] == TP_WHOLE ? 1 : gpt2_tp(c);
         int whole_rows = rows * (PARAMETER_TP_SPLIT[i] == TP_COLUMNS || cl == 1 ? 1 : tp);
         size_t whole = (size_t)rows * cols * tp;
-        if (i == 0) {  // wte: the V real rows (one process: its slice; --tp: what the statistics count)
+        if (i == 0 && gpt2_holds_tensor(c, 0)) {  // wte: the V real rows (one process: its slice; --tp: what the statistics count)
             whole_rows = c->vocab_size;
             whole = (size_t)c->vocab_size * cols;
             if (tp == 1) { rows = c->vocab_size; }
@@ -303,7 +303,8 @@ static ParamSlice* param_slices_alloc(const GPT2Config* c) {
 
 // the model's weights in order as runs: a slice (slice = its index) or a stretch no slice holds
 // (slice = -1: wte's padded rows, which stay zero). runs[] has room for param_slice_count(c) + 1;
-// returns how many there are. ZeRO-3's checkpoints walk the weights this way, a slice at a time
+// returns how many there are. ZeRO-3's checkpoints walk the weights this way, a slice at a time. A
+// slice of no weights (an outer tensor a pipeline's stage does not hold) is no run
 typedef struct { int slice; size_t offset, n; } WeightRun;
 
 static int weight_runs(const GPT2Config* c, const ParamSlice* s, WeightRun* runs) {
@@ -313,6 +314,7 @@ static int weight_runs(const GPT2Config* c, const ParamSlice* s, WeightRun* runs
         size_t next = k < slices ? s[k].offset : gpt2_num_parameters(c);
         if (next > at) { WeightRun gap = {-1, at, next - at}; runs[n++] = gap; }
         if (k == slices) { break; }
+        if ((size_t)s[k].rows * s[k].cols == 0) { continue; }
         WeightRun r = {k, s[k].offset, (size_t)s[k].rows * s[k].cols};
         runs[n++] = r;
         at = r.offset + r.n;

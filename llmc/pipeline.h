@@ -66,6 +66,7 @@ pp_schedule_parse stops on an unknown name, listing the known ones.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model_config.h"
 #include "utils.h"
 
 // ----------------------------------------------------------------------------
@@ -108,22 +109,40 @@ static PpStage pp_stage(int L, int N, int s) {
     return st;
 }
 
-// "0: layers 0-2 + embeddings, 1: 3-5, 2: 6-8, 3: 9-11 + final LayerNorm, classifier", one line for
-// the configuration table
+// the config of stage s of N's part of model c (c: the whole model, or a rank's --tp slices of it): its
+// layers, and the outer tensors it holds (model_config.h's gpt2_holds_tensor); N = 1: c itself
+static GPT2Config pp_stage_config(const GPT2Config* c, int N, int s) {
+    GPT2Config r = *c;
+    if (N <= 1) { return r; }
+    PpStage st = pp_stage(c->num_layers, N, s);
+    r.pp = N;
+    r.stage = s;
+    r.first_layer = st.first;
+    r.num_layers = st.layers;
+    return r;
+}
+
+#define PP_DESCRIBE_LEN 512      // pp_split_describe's and pp_schedule_describe's lines
+#define PP_STAGE_DESCRIBE_LEN 80 // pp_stage_describe's
+
+// stage st's part: "layers 0-2 + embeddings", "layer 5", "layers 9-11 + final LayerNorm, classifier"
+static void pp_stage_describe(PpStage st, char* out, size_t n) {
+    int last = st.first + st.layers - 1;
+    if (st.layers > 1) { snprintf(out, n, "layers %d-%d", st.first, last); }
+    else { snprintf(out, n, "layer %d", st.first); }
+    if (st.embeddings) { snprintf(out + strlen(out), n - strlen(out), " + embeddings"); }
+    if (st.head) { snprintf(out + strlen(out), n - strlen(out), " + final LayerNorm, classifier"); }
+}
+
+// "0: layers 0-2 + embeddings, 1: layers 3-5, 2: layers 6-8, 3: layers 9-11 + final LayerNorm,
+// classifier", one line for the configuration table
 static void pp_split_describe(int L, int N, char* out, size_t n) {
-    size_t used = 0;
     out[0] = '\0';
-    for (int s = 0; s < N && used < n; s++) {
-        PpStage st = pp_stage(L, N, s);
-        int last = st.first + st.layers - 1;
-        used += (size_t)snprintf(out + used, n - used, "%s%d: %s", s ? ", " : "", s, s ? "" : st.layers > 1 ? "layers " : "layer ");
-        if (used >= n) { break; }
-        if (st.layers > 1) { used += (size_t)snprintf(out + used, n - used, "%d-%d", st.first, last); }
-        else { used += (size_t)snprintf(out + used, n - used, "%d", st.first); }
-        if (used >= n) { break; }
-        if (st.embeddings) { used += (size_t)snprintf(out + used, n - used, " + embeddings"); }
-        if (used >= n) { break; }
-        if (st.head) { used += (size_t)snprintf(out + used, n - used, " + final LayerNorm, classifier"); }
+    for (int s = 0; s < N; s++) {
+        char part[PP_STAGE_DESCRIBE_LEN];
+        pp_stage_describe(pp_stage(L, N, s), part, sizeof(part));
+        size_t used = strlen(out);
+        snprintf(out + used, n - used, "%s%d: %s", s ? ", " : "", s, part);
     }
 }
 
@@ -252,6 +271,16 @@ static int pp_max_in_flight(const PpAction* a, int n) {
         most = held > most ? held : most;
     }
     return most;
+}
+
+// the micro-batches stage s of N holds at once over a step of m (pp_max_in_flight of its list): the
+// activation sets a stage allocates (1 without a pipeline)
+static int pp_stage_held(PpSchedule sch, int N, int s, int m) {
+    if (N <= 1) { return 1; }
+    PpAction* a = (PpAction*)malloc_check((size_t)PP_MAX_ACTIONS(m) * sizeof(PpAction));
+    int held = pp_max_in_flight(a, pp_schedule(sch, N, s, m, a));
+    free(a);
+    return held;
 }
 
 // the buffer slot of micro-batch i's activations on a stage that keeps `slots` sets of them

@@ -63,10 +63,12 @@ static const PlanDimension PLAN_DIMENSIONS[] = {
     {"--offload", {"0", "activations", "optimizer", "activations,optimizer", "optimizer,gradients", "activations,optimizer,gradients"}, 1, 0},
     {"--zero", {"0", "1", "2", "3"}, 2, 0},
     {"--tp", {"1", "2", "4", "8"}, 2, 0},  // a --tp that does not divide the ranks, the heads or Vp: refused, listed with why
+    {"--pp", {"1", "2", "4", "8"}, 2, 0},  // wte's two gradients summed in another order: to rounding (doc/pipeline_parallel.md)
+    {"--pp-schedule", {"1f1b", "gpipe"}, 2, 0},  // the same cost; gpipe holds more: it wins no tie, and with --pp 1 it is refused
     {"--loss-chunk", {"0", PLAN_LOSS_CHUNK}, 1, 0},
 };
 #define PLAN_NUM_DIMENSIONS ((int)(sizeof(PLAN_DIMENSIONS) / sizeof(PLAN_DIMENSIONS[0])))
-#define PLAN_MAX_CANDIDATES 16384  // 3 optimizers x 3 state formats x 8 x 6 x 4 x 4 x 2 = 13,824 with ranks
+// with ranks: 3 optimizers x 3 state formats x 8 x 6 x 4 x 4 x 4 x 2 x 2 = 110,592 combinations
 
 static int plan_dimension_size(const PlanDimension* d) {
     int n = 0;
@@ -93,7 +95,7 @@ typedef struct {
     int value[PLAN_NUM_DIMENSIONS];  // index into each dimension's values; -1: not searched
     int index;                       // in enumeration order
     int planned;                     // 0: the checks refused it (why)
-    char why[FAIL_MESSAGE_LEN];      // the checks' message up to its hint, on one line
+    int why;                         // then the checks' message: its index in the search's PlanReasons
     int changes;                     // dimensions whose value differs from the options given
     int model_changes;               // of which dimensions that train another model (changes_model)
     size_t need;                     // the bytes against the device budget: device (shared: device + host)
@@ -116,10 +118,29 @@ static void plan_candidate_options(const PlanSearch* s, const PlanCandidate* c, 
         if (f == NULL) { fail("plan_search.h: PLAN_DIMENSIONS names %s, which is not a flag", dim->flag); }
         set_flag(o, f, dim->values[c->value[d]]);
     }
-    // another --tp keeps the step's tokens: -d -1 means a micro-batch on every data-parallel rank, and
-    // --tp changes their number (world / tp), so the candidate says the base's total (B T world / its tp)
-    int64_t tokens = (int64_t)o->batch_size * o->seq_len * (s->world / (s->base->tp > 0 ? s->base->tp : 1));
-    if (o->tp != s->base->tp && o->total_batch_size == -1 && tokens <= INT_MAX) { o->total_batch_size = (int)tokens; }
+    // another --tp or --pp keeps the step's tokens: -d -1 means a micro-batch on every data-parallel rank,
+    // and --tp and --pp change their number (world / (tp pp)), so the candidate says the base's total
+    int base_split = (s->base->tp > 0 ? s->base->tp : 1) * (s->base->pp > 0 ? s->base->pp : 1);
+    int64_t tokens = (int64_t)o->batch_size * o->seq_len * (s->world / base_split);
+    if ((o->tp != s->base->tp || o->pp != s->base->pp) && o->total_batch_size == -1 && tokens <= INT_MAX) { o->total_batch_size = (int)tokens; }
+}
+
+// the checks' distinct messages (a few dozen: most refusals repeat one), which candidates name by index
+typedef struct {
+    char (*text)[FAIL_MESSAGE_LEN];
+    int n, cap;
+} PlanReasons;
+
+static int plan_reason_id(PlanReasons* r, const char* why) {
+    for (int i = 0; i < r->n; i++) {
+        if (strcmp(r->text[i], why) == 0) { return i; }
+    }
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->text = (char (*)[FAIL_MESSAGE_LEN])realloc_check(r->text, (size_t)r->cap * FAIL_MESSAGE_LEN);
+    }
+    snprintf(r->text[r->n], FAIL_MESSAGE_LEN, "%s", why);
+    return r->n++;
 }
 
 // a fail() message on one line, without its hint
@@ -139,13 +160,15 @@ static void plan_why(char* out, size_t n, const char* message) {
 
 // plans candidate c into it, or keeps why the checks refused it. The trap and the options are
 // the caller's: nothing this function changes after setjmp is read after a longjmp
-static void plan_candidate(const PlanSearch* s, PlanCandidate* c, FailTrap* trap, TrainOptions* o) {
+static void plan_candidate(const PlanSearch* s, PlanCandidate* c, FailTrap* trap, TrainOptions* o, PlanReasons* reasons) {
     MemPlan plan;
     int accum = 1;
     g_fail_trap = trap;
     if (setjmp(trap->jump) != 0) {
+        char why[FAIL_MESSAGE_LEN];
         c->planned = 0;
-        plan_why(c->why, sizeof(c->why), trap->message);
+        plan_why(why, sizeof(why), trap->message);
+        c->why = plan_reason_id(reasons, why);
         return;
     }
     plan_candidate_options(s, c, o);
@@ -169,7 +192,7 @@ static void plan_candidate(const PlanSearch* s, PlanCandidate* c, FailTrap* trap
 static int plan_enumerate(const PlanSearch* s, PlanCandidate* out, int max) {
     int n = 0, idx[PLAN_NUM_DIMENSIONS] = {0};
     for (;;) {
-        if (n == max) { fail("plan_search.h: more than %d combinations: raise PLAN_MAX_CANDIDATES", max); }
+        if (n == max) { fail("plan_search.h: more than %d combinations (a bug: plan_search_run counts them)", max); }
         PlanCandidate* c = &out[n];
         memset(c, 0, sizeof(*c));
         c->index = n;
@@ -187,18 +210,22 @@ static int plan_enumerate(const PlanSearch* s, PlanCandidate* out, int max) {
 
 static int plan_fits(const PlanCandidate* c) { return c->planned && c->fit.device_ok && c->fit.host_ok; }
 
-// marks each planned candidate that only repeats an earlier one (in enumeration order): the same
-// values but --recompute's, the same activation policy, memory and cost
-static void plan_mark_repeats(PlanCandidate* c, int n) {
+// marks each planned candidate that only repeats an earlier one (in enumeration order, c[j] the
+// j-th): the same values but --recompute's, the same activation policy, memory and cost. Those
+// differ from c[j] by a multiple of --recompute's stride in the odometer (plan_enumerate)
+static void plan_mark_repeats(const PlanSearch* s, PlanCandidate* c, int n) {
     int recompute = 0;  // PLAN_DIMENSIONS' --recompute
     while (strcmp(PLAN_DIMENSIONS[recompute].flag, "--recompute") != 0) { recompute++; }
+    if (!plan_dimension_active(s, recompute)) { return; }
+    int stride = 1;
+    for (int d = recompute + 1; d < PLAN_NUM_DIMENSIONS; d++) {
+        if (plan_dimension_active(s, d)) { stride *= plan_dimension_size(&PLAN_DIMENSIONS[d]); }
+    }
     for (int j = 0; j < n; j++) {
-        for (int i = 0; i < j && c[j].planned && !c[j].repeats; i++) {
-            int same = c[i].planned && !c[i].repeats && strcmp(c[i].policy, c[j].policy) == 0 &&
-                       c[i].fit.device == c[j].fit.device && c[i].fit.host == c[j].fit.host &&
-                       c[i].cost.relative == c[j].cost.relative;
-            for (int d = 0; d < PLAN_NUM_DIMENSIONS && same; d++) { same = d == recompute || c[i].value[d] == c[j].value[d]; }
-            c[j].repeats = same;
+        for (int k = 1; k <= c[j].value[recompute] && c[j].planned && !c[j].repeats; k++) {
+            const PlanCandidate* i = &c[j - k * stride];
+            c[j].repeats = i->planned && !i->repeats && strcmp(i->policy, c[j].policy) == 0 && i->fit.device == c[j].fit.device &&
+                           i->fit.host == c[j].fit.host && i->cost.relative == c[j].cost.relative;
         }
     }
 }
@@ -323,21 +350,20 @@ static void plan_print_table(const PlanSearch* s, const PlanCandidate* c, int n)
     }
 }
 
-// the refused combinations, one line per reason: how many, the reason, one example
-static void plan_print_refused(const PlanCandidate* c, int n) {
+// the refused combinations, one line per reason: how many, the reason, one example (the first in
+// the table's order)
+static void plan_print_refused(const PlanCandidate* c, int n, const PlanReasons* reasons) {
+    int* count = (int*)calloc_check((size_t)reasons->n + 1, sizeof(int));
+    for (int i = 0; i < n; i++) { count[c[i].planned ? reasons->n : c[i].why]++; }
     for (int i = 0; i < n; i++) {
-        if (c[i].planned) { continue; }
-        int first = 1, count = 0;
-        for (int j = 0; j < n; j++) {
-            if (c[j].planned || strcmp(c[j].why, c[i].why) != 0) { continue; }
-            if (j < i) { first = 0; break; }
-            count++;
-        }
-        if (!first) { continue; }
+        if (c[i].planned || count[c[i].why] == 0) { continue; }
         char flags[256];
         plan_candidate_flags(&c[i], flags, sizeof(flags));
-        printf("refused by the flag checks (%d combination%s, e.g. %s): %s\n", count, count == 1 ? "" : "s", flags, c[i].why);
+        printf("refused by the flag checks (%d combination%s, e.g. %s): %s\n", count[c[i].why], count[c[i].why] == 1 ? "" : "s", flags,
+               reasons->text[c[i].why]);
+        count[c[i].why] = 0;  // listed
     }
+    free(count);
 }
 
 // an argument for a shell: as it is when it is plain, else in single quotes
@@ -510,15 +536,18 @@ static void plan_print_json(const PlanSearch* s, const PlanCandidate* c, int n, 
 // ----------------------------------------------------------------------------
 // the search
 
-// every combination planned into c (static: PLAN_MAX_CANDIDATES of them), in the order of the
-// table (fitting first, by cost); returns how many
-static int plan_search_run(const PlanSearch* s, PlanCandidate** out) {
-    static PlanCandidate c[PLAN_MAX_CANDIDATES];
+// every combination planned into *out (malloc'd: free() it; the refusals' messages in *reasons, free()
+// its text), in the order of the table (fitting first, by cost); returns how many
+static int plan_search_run(const PlanSearch* s, PlanCandidate** out, PlanReasons* reasons) {
     static TrainOptions o;  // a candidate's options while it is planned
     FailTrap trap;
-    int n = plan_enumerate(s, c, PLAN_MAX_CANDIDATES);
-    for (int i = 0; i < n; i++) { plan_candidate(s, &c[i], &trap, &o); }
-    plan_mark_repeats(c, n);
+    int most = 1;
+    for (int d = 0; d < PLAN_NUM_DIMENSIONS; d++) { most *= plan_dimension_active(s, d) ? plan_dimension_size(&PLAN_DIMENSIONS[d]) : 1; }
+    PlanCandidate* c = (PlanCandidate*)malloc_check((size_t)most * sizeof(PlanCandidate));
+    memset(reasons, 0, sizeof(*reasons));
+    int n = plan_enumerate(s, c, most);
+    for (int i = 0; i < n; i++) { plan_candidate(s, &c[i], &trap, &o, reasons); }
+    plan_mark_repeats(s, c, n);
     qsort(c, (size_t)n, sizeof(c[0]), plan_candidate_order);
     *out = c;
     return n;
@@ -529,9 +558,11 @@ static int plan_search_run(const PlanSearch* s, PlanCandidate** out) {
 // nothing fits
 static int plan_search_fastest(const PlanSearch* s, char* out, size_t n) {
     PlanCandidate* c;
-    int count = plan_search_run(s, &c);
+    PlanReasons reasons;
+    int count = plan_search_run(s, &c, &reasons);
+    free(reasons.text);
     out[0] = '\0';
-    if (count == 0 || !plan_fits(&c[0])) { return 0; }
+    if (count == 0 || !plan_fits(&c[0])) { free(c); return 0; }
     static TrainOptions o;
     plan_candidate_options(s, &c[0], &o);
     size_t used = 0;
@@ -541,17 +572,19 @@ static int plan_search_fastest(const PlanSearch* s, char* out, size_t n) {
         used += snprintf(out + used, n - used, "%s%s %s", used ? " " : "", PLAN_DIMENSIONS[d].flag,
                          PLAN_DIMENSIONS[d].values[c[0].value[d]]);
     }
+    free(c);
     return 1;
 }
 
 static void plan_search(const PlanSearch* s) {
     PlanCandidate* c;
-    int n = plan_search_run(s, &c);
+    PlanReasons reasons;
+    int n = plan_search_run(s, &c, &reasons);
     plan_print_budgets(s);
     plan_print_cost_model(&s->cost);
     printf("\n");
     plan_print_table(s, c, n);
-    plan_print_refused(c, n);
+    plan_print_refused(c, n, &reasons);
     printf("\n");
     // the first fitting (the order puts them first), and the first that fits and trains the model
     // the flags given, when that is another
@@ -570,6 +603,8 @@ static void plan_search(const PlanSearch* s) {
         plan_print_nothing_fits(s, c, n, dev, host);
     }
     plan_print_json(s, c, n, best, same, dev, host);
+    free(c);
+    free(reasons.text);
 }
 
 #endif // LLMC_PLAN_SEARCH_H

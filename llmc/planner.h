@@ -77,6 +77,8 @@ typedef struct {
     int zero;              // ZeroStage (distributed.h): 1 = optimizer state sharded over the ranks, 2 = and the gradients, 3 = and the weights
     BackendLayout layout;  // the backend's bytes (train_gpt.c: gpt2_layout)
     int state_format;      // QStateFormat (--optimizer-state): the moments in fp32, bf16 or 8 bits
+    int pp_held;           // --pp: the micro-batches whose activations the stage holds at once (llmc/pipeline.h); 0 or 1: one
+    int pp_micro;          // --pp: the micro-batches of a step, whose tokens the trainer keeps; 0 without
 } PlanInputs;
 
 enum { PLAN_ADAMW = 0, PLAN_ADAFACTOR = 1, PLAN_CAME = 2 };  // = OptimizerKind (optimizers.h)
@@ -101,6 +103,7 @@ typedef struct {
     double exchange_bytes;   // bytes a rank sends in the gradient exchange per optimizer step (ranks > 1)
     double exchange_micro_bytes;  // ... and per micro-step (--zero 2 and 3 reduce-scatter every micro-step's gradients,
                                   // --zero 3 gathers every layer's weights for its forward and its backward)
+    double pp_bubble;        // --pp: the time a stage waits, over its compute: (N-1)/m (llmc/pipeline.h); 0 without
 } MemPlan;
 
 // appends printf-style text to a formula
@@ -173,10 +176,11 @@ static void plan_optimizer_state(MemPlan* p, const GPT2Config* cfg, const PlanIn
     }
     snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s", formula);
     if (in->state_format != QSTATE_FP32) { plan_lowp_state(p, cfg, in, N); }
-    else if (gpt2_tp(cfg) > 1) {  // --tp: a rank's slices, counted slice by slice from opt_layout.h's layout
+    else if (gpt2_tp(cfg) > 1 || gpt2_pp(cfg) > 1) {  // --tp, --pp: a rank's slices, counted slice by slice from opt_layout.h's layout
         p->bytes[MEM_OPTIMIZER] = optimizer_state_floats_as(cfg, (OptimizerKind)in->optimizer, in->use_beta1, (int)N, QSTATE_FP32) * F;
-        snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s of a rank's --tp slices (opt_layout.h's count)",
-                 in->optimizer == PLAN_ADAFACTOR ? "Adafactor" : in->optimizer == PLAN_CAME ? "CAME" : "AdamW m, v");
+        snprintf(p->formula[MEM_OPTIMIZER], PLAN_FORMULA_LEN, "%s of a rank's %s (opt_layout.h's count)",
+                 in->optimizer == PLAN_ADAFACTOR ? "Adafactor" : in->optimizer == PLAN_CAME ? "CAME" : "AdamW m, v",
+                 gpt2_tp(cfg) > 1 ? "--tp slices" : "stage's tensors");
     }
 }
 
@@ -206,9 +210,9 @@ static PlanShard plan_shard(const GPT2Config* cfg, size_t N, int state_format) {
     s.El = c3 * C + c1 * C + c4 * C + c1 * 4 * C + 6 * c1 + c3 + c4;
     s.E = (cV + cT) * C + 2 * c1 + L * s.El;
     s.working = Vp * C + maxT * C + 12 * C * C + 15 * C;
-    // 8-bit slices' parts cut on block boundaries, and --tp's slices (one layer of a rank's slices in the
-    // working buffer): opt_layout.h's own count
-    if ((state_format == QSTATE_8BIT && N > 1) || gpt2_tp(cfg) > 1) {
+    // 8-bit slices' parts cut on block boundaries, --tp's slices (one layer of a rank's slices in the
+    // working buffer) and --pp's stage (its outer tensors): opt_layout.h's own count
+    if ((state_format == QSTATE_8BIT && N > 1) || gpt2_tp(cfg) > 1 || gpt2_pp(cfg) > 1) {
         ShardLayout z = shard_layout_as(cfg, (int)N, (QStateFormat)state_format);
         s.E = z.shard;
         s.El = z.layer_part;
@@ -327,6 +331,10 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
         snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + 4C^2): a rank's --tp slices, a layer whole", lay->param_bytes);
     }
+    if (gpt2_pp(cfg) > 1) {  // --pp: the stage's tensors, and a 4C^2 piece of the whole model as checkpoints move it (cpu/pipeline.h)
+        p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
+        snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + 4C^2): the stage's tensors, a piece in transit", lay->param_bytes);
+    }
     p.bytes[MEM_GRADIENTS] = P * lay->grad_bytes;
     snprintf(p.formula[MEM_GRADIENTS], PLAN_FORMULA_LEN, "%zuP", lay->grad_bytes);
     int zero_pack = in.zero >= 2 || (in.zero == 1 && in.offload_optimizer == OPT_OFFLOAD_NONE);
@@ -346,16 +354,18 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     size_t kept = ap->segment > 0 ? segments - 1 : 0;
     size_t device_kept = ap->offload ? (kept > 0 ? ACT_STAGING_BUFFERS : 0) : kept;
     size_t offloaded = (size_t)act_offloaded_layers(ap, (int)L);
-    p.bytes[MEM_ACTIVATIONS] = R + slots * A + shared + device_kept * R + lay->sp_gathered + head;
+    size_t held = in.pp_held > 1 ? (size_t)in.pp_held : 1;  // --pp: a set of the below for each held micro-batch
+    p.bytes[MEM_ACTIVATIONS] = held * (R + slots * A + shared + device_kept * R + lay->sp_gathered + head);
     char* f = p.formula[MEM_ACTIVATIONS];
-    snprintf(f, PLAN_FORMULA_LEN, "R + %zu A", slots);
+    snprintf(f, PLAN_FORMULA_LEN, held > 1 ? "%zu x (R + %zu A" : "R + %zu A", held > 1 ? held : slots, slots);
     if (lay->sp_gathered) { plan_append(f, " + 4(BTC + 2C) gathered (--sp; R = 4BTC/N)"); }
     if (device_kept > 0 && ap->offload) { plan_append(f, " + %zu R staging", device_kept); }
     if (device_kept > 0 && !ap->offload) { plan_append(f, " + %zu R kept", kept); }
     if (ap->gelu) { plan_append(f, " + gelu"); }
     if (ap->attn && !ap->flash) { plan_append(f, " + attn"); }
-    plan_append(f, ap->loss_chunk > 0 ? " + head of K=%d tokens" : " + head", lay->head_rows);
-    p.bytes[MEM_OFFLOADED] = ap->offload ? (kept > 0 ? kept * R : offloaded * A) : 0;
+    if (head > 0) { plan_append(f, ap->loss_chunk > 0 ? " + head of K=%d tokens" : " + head", lay->head_rows); }
+    if (held > 1) { plan_append(f, "): --pp's held micro-batches"); }
+    p.bytes[MEM_OFFLOADED] = held * (ap->offload ? (kept > 0 ? kept * R : offloaded * A) : 0);
     if (!ap->offload) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "no --offload"); }
     else if (kept > 0) { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu R: segment inputs", kept); }
     else { snprintf(p.formula[MEM_OFFLOADED], PLAN_FORMULA_LEN, "%zu A: every layer's block but the last %d", offloaded, act_num_slots(ap, (int)L)); }
@@ -385,9 +395,9 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     // each loader: uint16 read buffer of BT+1 tokens, int inputs and targets (BT each);
     // sampling: one int per position of a generated sequence (T)
     p.bytes[MEM_SCRATCH] = in.num_loaders * ((BT + 1) * sizeof(uint16_t) + 2 * BT * sizeof(int)) + T * sizeof(int)
-                           + lay->backend_scratch;
-    snprintf(p.formula[MEM_SCRATCH], PLAN_FORMULA_LEN, "loaders x (2(BT+1) + 8BT) + 4T%s",
-             lay->backend_scratch ? " + backend scratch" : "");
+                           + lay->backend_scratch + (size_t)in.pp_micro * 2 * BT * sizeof(int);
+    snprintf(p.formula[MEM_SCRATCH], PLAN_FORMULA_LEN, "loaders x (2(BT+1) + 8BT) + 4T%s%s",
+             lay->backend_scratch ? " + backend scratch" : "", in.pp_micro ? " + 8mBT (--pp)" : "");
     size_t staging = plan_lowp_staging_floats(cfg, &in);
     if (staging > 0) {
         p.bytes[MEM_SCRATCH] += staging * sizeof(float);
@@ -433,6 +443,15 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         p.exchange_bytes = share * (double)plan_outer_weights(cfg);
         p.exchange_micro_bytes += share * (double)plan_layer_weights(cfg) * (2.0 * L + recomputed_layers);
     }
+    p.pp_bubble = 0.0;
+    if (gpt2_pp(cfg) > 1) {  // --pp: a (B,T,C) message to each neighbour every micro-step (activations on, gradients
+        // back), wte's gradient between the first and the last stage once a step, and the bubble (N-1)/m
+        int stage = cfg->stage, stages = cfg->pp, m = in.pp_micro > 0 ? in.pp_micro : 1;
+        double message = (double)BT * C * lay->working_bytes;
+        p.exchange_micro_bytes += message * ((stage > 0) + (stage < stages - 1));
+        if (stage == 0 || stage == stages - 1) { p.exchange_bytes += (double)cfg->padded_vocab_size * C * lay->grad_bytes; }  // a 2-rank all-reduce: 2(2-1)/2 of it
+        p.pp_bubble = (double)(stages - 1) / m;
+    }
     return p;
 }
 
@@ -471,6 +490,7 @@ typedef struct {
 // one optimizer step (accum micro-steps) in seconds, by part; nothing assumed to overlap
 typedef struct {
     double compute, recompute, memory, offload, host_update, exchange;  // FLOPs, recomputed FLOPs, traffic, copies, CPU update, exchange
+    double bubble;      // --pp: the stage's wait for its neighbours while the pipeline fills and drains
     double total;
     double relative;    // total over the plain step (compute alone): 1.0 = plain training
 } StepCost;
@@ -483,7 +503,8 @@ static StepCost plan_step_cost(const MemPlan* p, int accum, const CostModel* m) 
     c.offload = (accum * p->offload_bytes + p->step_offload_bytes) / m->host_bw;
     c.host_update = p->host_update_bytes / m->host_memory_bw;
     c.exchange = (p->exchange_bytes + accum * p->exchange_micro_bytes) / m->link_bw;
-    c.total = c.compute + c.recompute + c.memory + c.offload + c.host_update + c.exchange;
+    c.bubble = p->pp_bubble * (c.compute + c.recompute + c.memory + c.offload);  // the micro-steps' work, (N-1)/m of it again
+    c.total = c.compute + c.recompute + c.memory + c.offload + c.host_update + c.exchange + c.bubble;
     c.relative = c.total / c.compute;
     return c;
 }

@@ -52,6 +52,7 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 #include "distributed.h"
 #include "dist_settings.h"
 #include "profile.h"
+#include "pipeline.h"
 
 // ----------------------------------------------------------------------------
 // the backend: the only functions of the program with external linkage, one definition
@@ -83,12 +84,19 @@ typedef struct {
     Dist dist;                // this process among the data-parallel ranks (its data-parallel group: the world without --tp)
     Dist world;               // every process: the files each rank writes, rank 0's output
     Dist tensor;              // --tp: this process in its tensor-parallel group, which splits each layer ({0, 1}: none)
+    Dist pipeline, pair;      // --pp: this process among the stages (its rank: its stage; {0, 1}: none), and wte's pair
+    PpSchedule pp_schedule;   // --pp-schedule (llmc/pipeline.h)
+    int pp_held;              // --pp: the micro-batches whose activations this stage holds at once (1 without)
     ZeroStage zero;           // ZERO_1: this rank keeps its blocks of the optimizer state only
     ModelUse use;             // MODEL_FOR_SAMPLING: forward only (--sample)
 } ModelSetup;
 
-// the shapes of this rank's tensors: the model's, or with --tp its slices of them (model_config.h)
-static GPT2Config setup_rank_config(const ModelSetup* s) { return gpt2_rank_config(&s->config, s->tensor.world); }
+// the shapes of this rank's tensors: the model's, or with --tp its slices of them (model_config.h), or
+// with --pp its stage's part (llmc/pipeline.h)
+static GPT2Config setup_rank_config(const ModelSetup* s) {
+    GPT2Config tp = gpt2_rank_config(&s->config, s->tensor.world);
+    return pp_stage_config(&tp, s->pipeline.world, s->pipeline.rank);
+}
 
 // this rank's optimizer state, in host memory, as the state files hold it (the CPU backend's
 // own tensor; a GPU's copy). The weights go through gpt2_params_stream
@@ -112,8 +120,9 @@ typedef void (*ParamChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);
 // the backend's name for messages ("the CPU backend"), its default precision, and whether it
 // trains in p; a setup it cannot train (a flag it does not implement) stops here with a message
 const char* gpt2_backend_name(void);
-// the largest --tp the backend splits a layer over (1: none yet)
+// the largest --tp the backend splits a layer over (1: none yet), and --pp the stages it runs
 int gpt2_tp_max(void);
+int gpt2_pp_max(void);
 // the highest --zero stage the backend builds (ZeroStage); the trainer refuses the ones above
 int gpt2_zero_max_stage(void);
 Precision gpt2_default_precision(void);
@@ -162,6 +171,10 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T)
 // backward (the logits' gradient into wte's and the final LayerNorm output's, act_policy.h), which
 // must happen while each chunk's logits exist; the gpt2_backward after it takes the same loss_scale
 float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
+// --pp: the activations of the held micro-batch `slot` in hand for the next forward or backward, and
+// the (B,T,C) buffer a message of the stage's list (llmc/pipeline.h) reads (a send) or fills (a receive)
+void gpt2_pp_slot(GPT2* m, int slot);
+float* gpt2_pp_buffer(GPT2* m, PpOp op);
 // the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory (with
 // --loss-chunk only its last chunk's, sampling asks for the last position; none after gpt2_forward_train)
 const float* gpt2_probs(GPT2* m, int position);
@@ -372,7 +385,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     if (rank == 0) { atomic_commit(&model); }
     TrainState st = {.num_processes = s->world.world, .rank = rank, .step = step, .data_shard = (int)dl->shard,
                      .data_epoch = dl->epoch, .data_position = dl->position, .rng = rng, .num_params = P,
-                     .opt_floats = h.opt_floats, .opt_format = s->state_format, .zero = s->zero, .tp = s->tensor.world,
+                     .opt_floats = h.opt_floats, .opt_format = s->state_format, .zero = s->zero, .tp = s->tensor.world, .pp = s->pipeline.world,
                      .run_id = run_id, .model_hash = d.hash, .has_checksum = 0, .checksum = 0, .header_crc = 0};  // (state_file_write computes the checksum)
     checkpoint_path(path, sizeof(path), dir, "state", step, rank);
     state_file_write(path, &st, h.opt_state);
@@ -439,6 +452,11 @@ static void state_check_run(const char* path, const TrainState* st, const ModelS
         fail("state file '%s' holds a rank's optimizer state for its slices of --tp %d; this run has --tp %d\n"
              "  hint: resume with --tp %d (and the same ranks), or start a new run from the checkpoint's model file (-e), whose\n"
              "  optimizer state starts anew", path, st->tp, s->tensor.world, st->tp);
+    }
+    if (st->pp != s->pipeline.world) {
+        fail("state file '%s' holds a rank's optimizer state for its stage of --pp %d; this run has --pp %d\n"
+             "  hint: resume with --pp %d (and the same ranks), or start a new run from the checkpoint's model file (-e), whose\n"
+             "  optimizer state starts anew", path, st->pp, s->pipeline.world, st->pp);
     }
     if (st->num_params != P) {
         fail("state file '%s' was written for a model of %llu parameters; this model has %zu\n"
@@ -596,6 +614,11 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
         fail("checkpoint '%s/' of step %d was written with --tp %d; this run has --tp %d\n"
              "  hint: resume with --tp %d, or start a new run from its model file (-e %s), whose optimizer state starts anew",
              dir, step, st.tp, s->tensor.world, st.tp, model_path);
+    }
+    if (st.pp != s->pipeline.world) {  // each rank's state is of its stage's tensors
+        fail("checkpoint '%s/' of step %d was written with --pp %d; this run has --pp %d\n"
+             "  hint: resume with --pp %d, or start a new run from its model file (-e %s), whose optimizer state starts anew",
+             dir, step, st.pp, s->pipeline.world, st.pp, model_path);
     }
     if (zero_shards_state(st.zero) != zero_shards_state(s->zero)) {  // 1, 2 and 3: the same state files
         fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
@@ -891,6 +914,43 @@ static void check_tp_option(const TrainOptions* o, const GPT2Config* c, int worl
     if (why != NULL) { fail("%s\n  hint: a --tp that divides both NH = %d and Vp = %d", why, c->num_heads, c->padded_vocab_size); }
 }
 
+// --pp against the backend, the ranks (world: this run's, or --plan-ranks), the model's layers, and
+// what it does not compose with yet; --pp-schedule a schedule's name, and given only with --pp
+static void check_pp_option(const TrainOptions* o, const GPT2Config* c, int world) {
+    PpSchedule sch = pp_schedule_parse(o->pp_schedule);  // stops on an unknown name
+    if (o->pp < 1) { fail("--pp %d: the stages the layers are split into, at least 1 (1: none)", o->pp); }
+    if (o->pp == 1) {
+        if (flag_given(o, "--pp-schedule") || sch != PP_1F1B) {  // (--plan's search sets it without giving it)
+            fail("--pp-schedule %s orders the micro-batches of a pipeline's stages, but this run has --pp 1\n  hint: add --pp N, or drop --pp-schedule",
+                 o->pp_schedule);
+        }
+        return;
+    }
+    if (o->pp > gpt2_pp_max()) {
+        fail("--pp %d: %s does not split the layers into stages yet\n  hint: the CPU trainer (./train_gpt) has --pp; or use --zero over the ranks",
+             o->pp, gpt2_backend_name());
+    }
+    const char* why = pp_refusal(c->num_layers, o->pp, 1);
+    if (why != NULL) { fail("%s", why); }
+    if (!o->plan_only && world > 1 && dist_by_env()) {
+        fail("--pp %d: the stages pass their activations as MPI messages, but these ranks were started by %s without MPI\n"
+             "  hint: launch with mpirun -np %d (a train_gpt built with MPI: make, with mpicc installed)", o->pp, dist_source(), world);
+    }
+    if (world % (o->tp * o->pp) != 0) {
+        fail("--pp %d: %d rank(s) do not split into %d stages%s\n  hint: launch a multiple of %d ranks (mpirun -np %d)%s", o->pp, world, o->pp,
+             o->tp > 1 ? " of --tp's groups" : "", o->tp * o->pp, o->tp * o->pp,
+             o->plan_only ? ", or --plan --plan-ranks N with N a multiple of it" : "");
+    }
+    if (o->tp > 1) {
+        fail("--pp %d with --tp %d: a pipeline of tensor-parallel stages is not built yet (the checkpoint stream of a stage's\n"
+             "  slices)\n  hint: --pp with --zero over the data-parallel ranks, or --tp alone", o->pp, o->tp);
+    }
+    if (o->zero == ZERO_3) {
+        fail("--pp %d with --zero 3: a stage's weight shards are not built yet (the checkpoint stream gathers a stage's whole weights)\n"
+             "  hint: --zero 1 or 2 with --pp (they keep the optimizer state and the gradients sharded)", o->pp);
+    }
+}
+
 // checks the options against each other, the model and the number of data-parallel ranks (world:
 // with --tp, the ranks over --tp); returns the gradient accumulation steps of each rank
 static int check_options(const TrainOptions* o, const GPT2Config* c, int world) {
@@ -1104,6 +1164,11 @@ typedef struct {
     int complete;             // -y 1: the checkpoint is of the last step (-x): nothing to train
     int out_lock;             // rank 0: the output directory, locked while this run uses it; else -1
     size_t rss_at_start;      // the fixed overhead, before any tensor
+    PpAction* pp_actions;     // --pp: this stage's list for a step (llmc/pipeline.h), pp_num_actions of them; else NULL
+    int pp_num_actions;
+    int plan_stage;           // the pipeline stage r->plan is of: this rank's, or (--plan) the largest (0 without --pp)
+    int data_ranks;           // the data-parallel ranks planned for: the ranks over --tp and --pp
+    int* pp_tokens;           // --pp: (accum, 2, B*T) the step's micro-batches' inputs and targets, kept for their backward
 } Run;
 
 static void print_config(const Run* r) {
@@ -1119,6 +1184,13 @@ static void print_config(const Run* r) {
         GPT2Config rank_config = setup_rank_config(&r->setup);
         printf("| tensor parallel       | --tp %d: groups of %d adjacent ranks split each layer; a rank holds %zu parameters (%.1fM)\n",
                r->setup.tensor.world, r->setup.tensor.world, gpt2_num_parameters(&rank_config), gpt2_num_parameters(&rank_config) / 1e6);
+    }
+    if (r->setup.pipeline.world > 1) {
+        char split[PP_DESCRIBE_LEN], sched[PP_DESCRIBE_LEN];
+        pp_split_describe(c->num_layers, r->setup.pipeline.world, split, sizeof(split));
+        pp_schedule_describe(r->setup.pp_schedule, r->setup.pipeline.world, r->accum, sched, sizeof(sched));
+        printf("| pipeline stages       | --pp %d: %s\n", r->setup.pipeline.world, split);
+        printf("| pipeline schedule     | %s\n", sched);
     }
     printf("| data parallel         | %d rank(s) from %s, --zero %d%s\n", r->setup.dist.world, dist_source(),
            (int)r->setup.zero, r->setup.zero == ZERO_1 ? ": each rank keeps its blocks of the optimizer state"
@@ -1166,13 +1238,31 @@ static int attention_from_flag(const char* name, const GPT2Config* c) {
 
 // the shape, optimizer, activation policy and ranks of the run, and its memory plan; for
 // --plan, world is --plan-ranks (a laptop plans for a cluster)
+// the plan of pipeline stage `stage` of the setup (the whole model without --pp: stage 0 of 1), and
+// *held, the micro-batches whose activations it holds at once
+static MemPlan plan_stage(const Run* r, int stage, int* held) {
+    const TrainOptions* o = r->o;
+    const ModelSetup* s = &r->setup;
+    ModelSetup st = *s;
+    st.pipeline.rank = stage;
+    st.pipeline.world = o->pp;
+    *held = pp_stage_held(st.pp_schedule, o->pp, stage, r->accum);
+    GPT2Config rank_config = setup_rank_config(&st);  // --tp, --pp: what each rank holds and computes
+    PlanInputs in = {.B = s->B, .T = s->T, .num_loaders = 1 + r->has_val, .optimizer = s->optimizer, .use_beta1 = s->use_beta1,
+                     .act = s->act, .offload_optimizer = s->offload_optimizer, .world = r->data_ranks, .zero = o->zero,
+                     .layout = gpt2_layout(&rank_config, s->B, s->T, s->precision, &s->act),
+                     .state_format = s->state_format, .pp_held = *held, .pp_micro = o->pp > 1 ? r->accum : 0};
+    return plan_memory(&rank_config, in);
+}
+
 static void plan_run(Run* r, const DistGrid* grid, int world) {
     const TrainOptions* o = r->o;
     ModelSetup* s = &r->setup;
     resolve_model_config(o, &s->config);
     check_tp_option(o, &s->config, world);
-    int data_ranks = world / o->tp;  // --tp: the data-parallel ranks, across the tensor-parallel groups
-    r->accum = check_options(o, &s->config, data_ranks);
+    check_pp_option(o, &s->config, world);
+    r->data_ranks = world / (o->tp * o->pp);  // --tp, --pp: the data-parallel ranks, across the tensor groups of a stage
+    r->accum = check_options(o, &s->config, r->data_ranks);
     s->B = o->batch_size;
     s->T = o->seq_len;
     s->optimizer = (OptimizerKind)optimizer_from_name(o->optimizer);
@@ -1188,16 +1278,26 @@ static void plan_run(Run* r, const DistGrid* grid, int world) {
     s->world = grid->world;
     s->tensor = grid->tensor;
     s->tensor.world = o->tp;  // (--plan --plan-ranks: the layout planned, no group made)
+    s->pipeline = grid->pipeline;
+    s->pair = grid->pair;
+    s->pp_schedule = pp_schedule_parse(o->pp_schedule);
     s->zero = (ZeroStage)o->zero;
     gpt2_check_setup(s);
     r->has_val = o->val_data[0] != '\0' && o->val_steps > 0;
     r->has_out = o->out_dir[0] != '\0';
-    GPT2Config rank_config = setup_rank_config(s);  // --tp: what each rank holds and computes
-    PlanInputs in = {.B = s->B, .T = s->T, .num_loaders = 1 + r->has_val, .optimizer = s->optimizer, .use_beta1 = s->use_beta1,
-                     .act = s->act, .offload_optimizer = s->offload_optimizer, .world = data_ranks, .zero = o->zero,
-                     .layout = gpt2_layout(&rank_config, s->B, s->T, s->precision, &s->act),
-                     .state_format = s->state_format};
-    r->plan = plan_memory(&rank_config, in);
+    // the plan of this rank's stage, or planned for ranks not started (--plan) the largest stage's
+    int planned_here = grid->pipeline.world == o->pp;
+    for (int stage = 0; stage < o->pp; stage++) {
+        if (planned_here && stage != grid->pipeline.rank) { continue; }
+        int held;
+        MemPlan plan = plan_stage(r, stage, &held);
+        if (stage == 0 || planned_here || plan_total(&plan) > plan_total(&r->plan)) {
+            r->plan = plan;
+            s->pp_held = held;
+            r->plan_stage = stage;
+        }
+    }
+    if (!planned_here) { s->pipeline = grid->pipeline; }  // (--plan: no stage of its own)
 }
 
 // the sampling buffer: one int per position (the planner's scratch row counts it)
@@ -1428,7 +1528,7 @@ static void train_setup(Run* r) {
     check_input_files(o);
     gpt2_select_device(&s->world);
     check_memory_budget(&r->plan, o);
-    DistGrid grid = {s->world, s->dist, s->tensor};
+    DistGrid grid = {s->world, s->dist, s->tensor, s->pipeline, s->pair};
     check_memory_fits(&r->plan, &s->act, dist_local_ranks(), o, &grid);
     prepare_output_dir(r);
     // the fixed overhead, measured before any tensor exists: code, libraries, the OpenMP
@@ -1443,6 +1543,12 @@ static void train_setup(Run* r) {
     dataloader_init_rule(&r->train, o->train_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size, rule);
     if (r->has_val) { dataloader_init_rule(&r->val, o->val_data, s->B, s->T, s->dist.rank, s->dist.world, s->config.vocab_size, rule); }
     r->gen_tokens = sample_buffer_alloc(s->T);
+    if (s->pipeline.world > 1) {  // --pp: this stage's list of a step, and the step's tokens (planned: scratch)
+        r->pp_actions = (PpAction*)malloc_check((size_t)PP_MAX_ACTIONS(r->accum) * sizeof(PpAction));  // a few bytes an action: not counted
+        r->pp_num_actions = pp_schedule(s->pp_schedule, s->pipeline.world, s->pipeline.rank, r->accum, r->pp_actions);
+        pp_pair_exchanges(r->pp_actions, r->pp_num_actions);
+        r->pp_tokens = (int*)mem_alloc(MEM_SCRATCH, (size_t)r->accum * 2 * s->B * s->T * sizeof(int));
+    }
     r->max_steps = steps_to_train(r);
     r->sample_rng = sample_rng_seed(o->seed);
     r->run_id = o->resume ? 0 : new_run_id(s->world.rank);
@@ -1583,6 +1689,42 @@ static void stdout_check_open(const Run* r) {
             r->log ? "; log.jsonl in -o records every step" : "");
 }
 
+// --pp: the stages hold different layers, so each plans and measures its own memory (rank 0's
+// table is stage 0's): every stage's planned and measured totals gathered to rank 0, a line each,
+// and log.jsonl's "memory_stages" record (its categories, as "memory" has them, for each stage)
+static void log_stage_memory(Run* r, int step) {
+    const ModelSetup* s = &r->setup;
+    int stages = s->pipeline.world, n = 2 * (NUM_MEM_CATEGORIES + 1);
+    double* all = (double*)calloc_check((size_t)stages * n, sizeof(double));
+    double* mine = all + (size_t)s->pipeline.rank * n;
+    for (int k = 0; k < NUM_MEM_CATEGORIES; k++) {
+        mine[k] = (double)r->plan.bytes[k];
+        mine[NUM_MEM_CATEGORIES + 1 + k] = (double)g_mem.peak[k];
+    }
+    mine[NUM_MEM_CATEGORIES] = (double)plan_total(&r->plan);
+    mine[n - 1] = (double)g_mem.total_peak;
+    dist_allreduce_doubles_over(all, (size_t)stages * n, s->pipeline);  // each stage fills its own row
+    printf("memory of each pipeline stage (planned vs measured; the table above is stage 0's):\n");
+    if (r->log) { fprintf(r->log, "{\"step\": %d, \"memory_stages\": [", step + 1); }
+    for (int st = 0; st < stages; st++) {
+        const double* row = all + (size_t)st * n;
+        char part[PP_STAGE_DESCRIBE_LEN];
+        pp_stage_describe(pp_stage(s->config.num_layers, stages, st), part, sizeof(part));
+        printf("  stage %d (%s): planned %.2f MiB, measured %.2f MiB\n", st, part, row[NUM_MEM_CATEGORIES] / MIB, row[n - 1] / MIB);
+        if (r->log) {
+            size_t planned[NUM_MEM_CATEGORIES], measured[NUM_MEM_CATEGORIES];
+            for (int k = 0; k < NUM_MEM_CATEGORIES; k++) { planned[k] = (size_t)row[k]; measured[k] = (size_t)row[NUM_MEM_CATEGORIES + 1 + k]; }
+            fprintf(r->log, "%s{\"planned\": ", st ? ", " : "");
+            json_memory_object(r->log, planned, (size_t)row[NUM_MEM_CATEGORIES]);
+            fprintf(r->log, ", \"measured\": ");
+            json_memory_object(r->log, measured, (size_t)row[n - 1]);
+            fprintf(r->log, "}");
+        }
+    }
+    if (r->log) { fprintf(r->log, "]}\n"); fflush(r->log); }
+    free(all);
+}
+
 // the progress line and log.jsonl's record of one step; after the first, the measured memory
 static void log_step(Run* r, int step, double loss, float norm, float lr, double seconds) {
     const ModelSetup* s = &r->setup;
@@ -1613,7 +1755,54 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
                    "  + %.2f MiB of cuBLAS and allocation rounding\n", used / MIB, accounted / MIB, ((double)used - (double)accounted) / MIB);
         }
         if (r->log) { log_memory_json(r->log, step + 1, &r->plan, &g_mem); fflush(r->log); }
+        if (r->setup.pipeline.world > 1) { log_stage_memory(r, step); }
     }
+}
+
+// --pp: a step's micro-steps as this stage's list (llmc/pipeline.h) says: the step's micro-batches read
+// first (every stage reads them all, so that each sees micro-batch i as i), then each forward and
+// backward on its micro-batch's activations (the stage holds several), the activations and their
+// gradients passed to the neighbouring stages, a send and the receive after it from the same
+// neighbour as one exchange. Returns the sum of the micro-batches' losses (the last stage's; 0 on the
+// others). A stop signal is taken between steps only: a stage waiting in a message would not reach it
+static double pp_micro_steps(Run* r) {
+    const ModelSetup* s = &r->setup;
+    int B = s->B, T = s->T, stage = s->pipeline.rank;
+    size_t BT = (size_t)B * T, n = BT * s->config.channels;
+    DataLoader* dl = &r->train;
+    for (int micro = 0; micro < r->accum; micro++) {
+        dataloader_next_batch(dl);
+        memcpy(r->pp_tokens + (size_t)micro * 2 * BT, dl->inputs, BT * sizeof(int));
+        memcpy(r->pp_tokens + ((size_t)micro * 2 + 1) * BT, dl->targets, BT * sizeof(int));
+    }
+    float loss_scale = 1.0f / ((float)B * T * r->accum * s->dist.world);
+    double loss = 0.0;
+    for (int k = 0; k < r->pp_num_actions; k++) {
+        PpAction a = r->pp_actions[k];
+        const int* inputs = r->pp_tokens + (size_t)a.micro * 2 * BT;
+        const int* targets = inputs + BT;
+        gpt2_pp_slot(r->model, pp_act_slot(a.micro, s->pp_held));
+        if (a.op == PP_FORWARD) {
+            float l = gpt2_forward_train(r->model, inputs, targets, B, T, loss_scale);
+            if (stage == s->pipeline.world - 1) { loss += l; }
+        } else if (a.op == PP_BACKWARD) {
+            if (a.micro == r->accum - 1) { gpt2_reduce_during_backward(r->model); }  // the list's last backward (pipeline.h)
+            gpt2_backward(r->model, inputs, targets, B, T, loss_scale);
+        } else {
+            int peer = stage + pp_peer_offset(a.op);
+            float* buf = gpt2_pp_buffer(r->model, a.op);
+            if (pp_is_recv(a.op)) {
+                dist_recv_floats(buf, n, peer, s->pipeline);
+            } else if (!a.with_next) {
+                dist_send_floats(buf, n, peer, s->pipeline);
+            } else {  // a send and the receive after it from the same neighbour: one exchange
+                PpAction b = r->pp_actions[++k];
+                gpt2_pp_slot(r->model, pp_act_slot(b.micro, s->pp_held));
+                dist_sendrecv_floats(buf, n, peer, gpt2_pp_buffer(r->model, b.op), n, stage + pp_peer_offset(b.op), s->pipeline);
+            }
+        }
+    }
+    return loss;
 }
 
 // one optimizer step (0-based `step`): accum micro-steps on every rank, then the update.
@@ -1633,7 +1822,8 @@ static int train_step(Run* r, int step) {
     DataLoader* dl = &r->train;
     size_t shard = dl->shard, position = dl->position;
     int epoch = dl->epoch;
-    for (int micro = 0; micro < r->accum; micro++) {
+    if (s->pipeline.world > 1) { loss = pp_micro_steps(r); }  // --pp: the stage's list of the step's micro-batches
+    for (int micro = 0; micro < r->accum && s->pipeline.world == 1; micro++) {
         dataloader_next_batch(dl);
         float loss_scale = 1.0f / ((float)B * T * r->accum * world);
         loss += gpt2_forward_train(r->model, dl->inputs, dl->targets, B, T, loss_scale);
@@ -1647,6 +1837,7 @@ static int train_step(Run* r, int step) {
     }
     gpt2_reduce_grads(r->model);
     dist_allreduce_doubles_over(&loss, 1, s->dist);  // --tp: the ranks of a tensor group computed the same loss
+    dist_allreduce_doubles_over(&loss, 1, s->pipeline);  // --pp: the last stage's (the others add 0)
     loss /= r->accum * world;
     float norm = gpt2_grad_norm(r->model);
     float lr = learning_rate_at(r->o, step, r->max_steps);
@@ -1679,6 +1870,8 @@ static void train_teardown(Run* r, int step) {
     if (r->log) { fclose(r->log); }
     if (r->out_lock >= 0) { close(r->out_lock); }
     mem_free(r->gen_tokens);
+    mem_free(r->pp_tokens);
+    free(r->pp_actions);
     dataloader_free(&r->train);
     if (r->has_val) { dataloader_free(&r->val); }
     tokenizer_free(&r->tok);
@@ -1740,12 +1933,26 @@ static void print_plan(const Run* r, const DistGrid* grid, int world, const char
         plan_search(&s);
         return;
     }
-    char tp[48] = "";
-    if (o->tp > 1) { snprintf(tp, sizeof(tp), " (--tp %d: its slices)", o->tp); }
+    char part[64] = "";
+    if (o->tp > 1) { snprintf(part, sizeof(part), " (--tp %d: its slices)", o->tp); }
+    if (o->pp > 1) { snprintf(part, sizeof(part), " (--pp %d: stage %d's, the largest)", o->pp, r->plan_stage); }
     printf("memory plan for L=%d C=%d NH=%d Vp=%d, B=%d T=%d (%s, %s, %s), per rank of %d%s, --zero %d:\n", c->num_layers,
            c->channels, c->num_heads, c->padded_vocab_size, r->setup.B, r->setup.T, o->optimizer,
-           PRECISION_NAMES[r->setup.precision], gpt2_backend_name(), world, tp, o->zero);
+           PRECISION_NAMES[r->setup.precision], gpt2_backend_name(), world, part, o->zero);
     print_memory_table(&r->plan, NULL);
+    if (o->pp > 1) {  // every stage's total, and the schedule's bubble
+        char sched[PP_DESCRIBE_LEN];
+        pp_schedule_describe(r->setup.pp_schedule, o->pp, r->accum, sched, sizeof(sched));
+        printf("pipeline: %s\n", sched);
+        for (int stage = 0; stage < o->pp; stage++) {
+            int held;
+            MemPlan plan = plan_stage(r, stage, &held);
+            char what[PP_STAGE_DESCRIBE_LEN];
+            pp_stage_describe(pp_stage(c->num_layers, o->pp, stage), what, sizeof(what));
+            printf("  stage %d (%s): %.2f MiB, activations %.2f MiB (%d micro-batch%s)\n", stage, what, plan_total(&plan) / MIB,
+                   plan.bytes[MEM_ACTIVATIONS] / MIB, held, held == 1 ? "" : "es");
+        }
+    }
 }
 
 // plans, then (unless --plan) trains: the whole program after the flags
@@ -1754,17 +1961,15 @@ static int run_training(const TrainOptions* o, const Dist* dist, const char* pro
     memset(&r, 0, sizeof(r));
     r.o = o;
     int world = o->plan_only && o->plan_ranks > 0 ? o->plan_ranks : dist->world;
-    DistGrid grid = {*dist, *dist, {0, 1, DIST_TENSOR}};  // the world, before --tp splits it
-    plan_run(&r, &grid, world);  // checks --tp against the ranks and the model
+    DistGrid grid = dist_grid_of_one(*dist);  // the world, before --tp and --pp split it
+    plan_run(&r, &grid, world);  // checks --tp and --pp against the ranks and the model
     if (o->plan_only) {  // nothing allocated: any model can be planned on a laptop
         print_plan(&r, &grid, world, prog);
         return 0;
     }
-    if (o->tp > 1) {  // the tensor-parallel groups and the data-parallel groups across them
-        grid = dist_grid(*dist, o->tp);
-        r.setup.dist = grid.data;
-        r.setup.world = grid.world;
-        r.setup.tensor = grid.tensor;
+    if (o->tp > 1 || o->pp > 1) {  // the stages, their tensor-parallel groups and the data-parallel groups across them
+        grid = dist_grid(*dist, o->tp, o->pp);
+        plan_run(&r, &grid, world);  // this rank's part: its slices, its stage
     }
     train_setup(&r);
     int step = r.start_step, done = 1;
@@ -1915,9 +2120,12 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     s.act = ACT_KEEP_ALL;
     s.act.flash = attention_from_flag(o->attention, &s.config);
     act_policy_set_loss_chunk(&s.act, o->loss_chunk);
-    s.dist = *dist;
-    s.world = *dist;
-    s.tensor = (Dist){0, 1, DIST_TENSOR};  // sampling is one process's: no --tp
+    DistGrid one = dist_grid_of_one(*dist);  // sampling is one process's: no --tp, no --pp
+    s.dist = one.data;
+    s.world = one.world;
+    s.tensor = one.tensor;
+    s.pipeline = one.pipeline;
+    s.pair = one.pair;
     s.use = MODEL_FOR_SAMPLING;
     gpt2_check_setup(&s);
     int p;

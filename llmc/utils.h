@@ -124,6 +124,13 @@ static void* calloc_check_at(size_t n, size_t size, const char* file, int line) 
 }
 #define calloc_check(n, size) calloc_check_at(n, size, __FILE__, __LINE__)
 
+static void* realloc_check_at(void* old, size_t size, const char* file, int line) {
+    void* p = realloc(old, size);
+    if (p == NULL && size > 0) { fail_at(file, line, "out of host memory growing a block to %zu bytes", size); }
+    return p;
+}
+#define realloc_check(old, size) realloc_check_at(old, size, __FILE__, __LINE__)
+
 // size of an open file in bytes (leaves the position at the start)
 static long file_size(FILE* f) {
     fseek_check(f, 0, SEEK_END);

@@ -3,7 +3,8 @@
 # For every flag set: ms/step, tokens/s, the step time against the plain run, and the
 # measured high-water marks of the memory table (weights, gradients, optimizer state, device
 # activations, the host store, the device total) and the peak RSS; with MPI, 2 ranks at each
-# ZeRO stage. Writes a markdown table to stdout
+# ZeRO stage, --tp 2 and --pp 2 (with 8 micro-batches: compare its tok/s with the --zero 0 row
+# of the same tokens a step). Writes a markdown table to stdout
 # and to dev/bench_flags.md (override with BENCH_OUT).
 #   make bench-flags
 #   STEPS=6 MODEL=d6 bash scripts/bench_flags.sh
@@ -38,7 +39,9 @@ if command -v mpirun >/dev/null && ldd ./train_gpt | grep -q libmpi; then
               "2 ranks, --zero 1 + adafactor|$MPIRUN --zero 1 --optimizer adafactor"
               "2 ranks, --zero 2 (and the gradients)|$MPIRUN --zero 2"
               "2 ranks, --zero 3 (and the weights)|$MPIRUN --zero 3"
-              "2 ranks, --tp 2 (each layer's matrices split; one data-parallel rank)|$MPIRUN --tp 2")
+              "2 ranks, --tp 2 (each layer's matrices split; one data-parallel rank)|$MPIRUN --tp 2"
+              "2 ranks, --zero 0, 4 micro-steps a rank (-d 2048: the pipeline's tokens a step)|$MPIRUN --zero 0 -d 2048"
+              "2 ranks, --pp 2 (2 stages of 6 layers, 8 micro-batches; rank 0: stage 0)|$MPIRUN --pp 2 -d 2048")
 fi
 
 # the measured MiB of a memory-table row (the table printed after the first step)

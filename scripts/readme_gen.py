@@ -218,19 +218,25 @@ def zero8x80(a):
     return "\n".join(rows) + "\n"
 
 
-TP8_LAYOUTS = [(1, 0), (2, 0), (4, 0), (1, 3), (2, 1), (2, 3), (4, 1), (4, 3)]  # (--tp, --zero) on 8 ranks
+TP8_LAYOUTS = [(1, 1, 0), (2, 1, 0), (4, 1, 0), (1, 1, 3), (2, 1, 1), (2, 1, 3), (4, 1, 1), (4, 1, 3),
+               (1, 2, 1), (1, 2, 2), (1, 4, 1), (1, 4, 2), (1, 8, 0)]  # (--tp, --pp, --zero) on 8 ranks
+TP8_MICRO_PER_STAGE = 2  # --pp's micro-batches a step: 2 a stage (-d), so that 1F1B's first stage holds N of them
 
 
 def tp8x80(a):
-    """per layout of 8 ranks (--tp and --zero over the 8 / tp data-parallel ranks), the largest preset the CPU
-    trainer plans within 80 GB a rank (fp32, AdamW, ZERO8_COMMON), and d84's plan a rank; a preset whose
-    heads or padded vocabulary --tp does not divide is skipped, and d84's cell says why"""
-    rows = ["| `--tp` | `--zero` | data-parallel ranks | largest preset in 80 GB a rank | its memory a rank | d84 a rank |",
-            "|---|---|---|---|---|---|"]
-    for tp, zero in TP8_LAYOUTS:
+    """per layout of 8 ranks (--tp, --pp, and --zero over the 8 / (tp pp) data-parallel ranks), the largest preset
+    the CPU trainer plans within 80 GB a rank (fp32, AdamW, ZERO8_COMMON; --pp: its largest stage, with
+    TP8_MICRO_PER_STAGE micro-batches a stage), and d84's plan a rank; a preset whose heads or padded vocabulary
+    --tp does not divide is skipped, and d84's cell says why"""
+    rows = ["| `--tp` | `--pp` | `--zero` | data-parallel ranks | largest preset in 80 GB a rank | its memory a rank | d84 a rank |",
+            "|---|---|---|---|---|---|---|"]
+    for tp, pp, zero in TP8_LAYOUTS:
         fits, d84 = None, None
+        data = 8 // (tp * pp)
+        micro = ["-d", str(1024 * data * TP8_MICRO_PER_STAGE * pp)] if pp > 1 else []
         for model in ZERO8_PRESETS:
-            out = run(a.train, ["--plan", "-e", model, "--tp", str(tp), "--zero", str(zero)] + ZERO8_COMMON, refusal="do not split over")
+            out = run(a.train, ["--plan", "-e", model, "--tp", str(tp), "--pp", str(pp), "--zero", str(zero)] + micro + ZERO8_COMMON,
+                      refusal="do not split over")
             if out is None:
                 if model == "d84":
                     d84 = "refused: --tp divides neither its heads nor Vp"
@@ -240,7 +246,7 @@ def tp8x80(a):
                 fits = (model, b)
             if model == "d84":
                 d84 = f"{b / GIB:.1f} GiB"
-        rows.append(f"| {tp} | {zero} | {8 // tp} | {fits[0] if fits else 'none'} | {f'{fits[1] / GIB:.1f} GiB' if fits else '-'} | {d84} |")
+        rows.append(f"| {tp} | {pp} | {zero} | {data} | {fits[0] if fits else 'none'} | {f'{fits[1] / GIB:.1f} GiB' if fits else '-'} | {d84} |")
     return "\n".join(rows) + "\n"
 
 

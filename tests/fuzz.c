@@ -89,9 +89,12 @@ static void fuzz_state(const char* path) {
     s.B = FUZZ_B;
     s.T = FUZZ_T;
     s.optimizer = OPT_ADAMW;
-    Dist one = {0, 1, DIST_WORLD}, no_tp = {0, 1, DIST_TENSOR};
-    s.dist = s.world = one;
-    s.tensor = no_tp;
+    Dist world = {0, 1, DIST_WORLD};
+    DistGrid one = dist_grid_of_one(world);
+    s.dist = s.world = one.world;
+    s.tensor = one.tensor;
+    s.pipeline = one.pipeline;
+    s.pair = one.pair;
     float* params = (float*)malloc_check(P * sizeof(float));
     HostView h = {NULL, optimizer_state_floats(&cfg, OPT_ADAMW, 0, 1)};
     h.opt_state = (float*)malloc_check(h.opt_floats * sizeof(float));
@@ -287,7 +290,7 @@ static void fuzz_flags_args(int argc, char** argv) {
     Precision precision = precision_from_flag(o.precision);
     PlanInputs in = {o.batch_size, o.seq_len, 2, kind, kind == OPT_ADAFACTOR && o.adafactor_beta1 > 0.0f, act, offload_opt, world, o.zero,
                      gpt2_layout(&cfg, o.batch_size, o.seq_len, precision, &act),
-                     qstate_format_from_name(o.optimizer_state)};  // (check_options: a known format)
+                     qstate_format_from_name(o.optimizer_state), 0, 0};  // (check_options: a known format); no --pp
     MemPlan plan = plan_memory(&cfg, in);
     (void)plan;
     // --plan as the trainer runs it: with a budget, the search of every combination of the memory

@@ -25,7 +25,7 @@ shapes from here.
     "  {\"text\": \"\"}  \r\n"
 #define FUZZ_TEXT_FILE "fuzz_text.txt"     // prepare_tokens' text, blank-line documents
 #define FUZZ_TEXT_TEXT "First 'll para.\n\nSecond  para 42\n\n\n\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 \xe3\x80\x80tail\n"
-#define FUZZ_CONFIG {8, 16, 16, 1, 2, 8, 1}  // maxT, V, Vp, L, NH, C, tp: 1080 parameters
+#define FUZZ_CONFIG {8, 16, 16, 1, 2, 8, 1, 1, 0, 0}  // maxT, V, Vp, L, NH, C, tp, pp, stage, first layer: 1080 parameters
 #define FUZZ_SHARD_TOKENS 200             // ids < V
 #define FUZZ_B 1                          // the state's run: micro-batches of (1, 4), one rank, AdamW
 #define FUZZ_T 4

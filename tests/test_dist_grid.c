@@ -1,11 +1,12 @@
 /*
 test_dist_grid.c: the grid of llmc/distributed.h (dist_grid) under MPI: the world split into
 tensor-parallel groups of tp adjacent ranks and data-parallel groups across them, and each
-collective that takes a group running over that group's ranks only. Then --tp's block
+collective that takes a group running over that group's ranks only; with --pp, the stages' blocks,
+the pipeline groups and wte's pair, and a message along the pipeline. Then --tp's block
 (cpu/tensor_parallel.h) over each tensor-parallel group's processes, summed by MPI, against the
 whole block: as test_gpt.c checks it with threads (tests/tp_block.h), here with the real sum.
 
-    mpirun -np 4 ./build/test_dist_grid        # every tp that divides 4: 1, 2, 4
+    mpirun -np 4 ./build/test_dist_grid        # every tp that divides 4: 1, 2, 4; and --pp 2 (tp 1, 2) and 4
     mpirun -np 4 ./build/test_dist_grid 3      # a tp that does not divide the world: must stop
 
 Built without MPI (make MPI=0) it runs as one process, where only tp 1 divides the world.
@@ -38,7 +39,7 @@ static int member(DistGroup g, int r, int place, int tp) {
 
 static void test_grid(Dist world, int tp) {
     int r = world.rank;
-    DistGrid g = dist_grid(world, tp);
+    DistGrid g = dist_grid(world, tp, 1);
     check_all(g.tensor.world == tp && g.tensor.rank == r % tp && g.tensor.group == DIST_TENSOR,
               "the tensor group: tp adjacent ranks, this rank at place rank % tp", tp, r);
     check_all(g.data.world == world.world / tp && g.data.rank == r / tp,
@@ -91,10 +92,43 @@ static void test_grid(Dist world, int tp) {
     check_all(y == (float)world.world, "the world's all-reduce still sums every rank", tp, r);
 }
 
+// --pp: the grid of pp stages of dp x tp ranks (rank = stage (dp tp) + data tp + tensor); each group's
+// members, an all-reduce over the pipeline group and over wte's pair, and a message to the next stage
+// and back (dist_send_floats, dist_recv_floats, dist_sendrecv_floats)
+static void test_pipeline_grid(Dist world, int tp, int pp) {
+    int r = world.rank, block = world.world / pp, stage = r / block, local = r % block;
+    DistGrid g = dist_grid(world, tp, pp);
+    char what[160];
+    snprintf(what, sizeof(what), "pp %d: the groups: stage rank / (world / pp), tensor and data places within the stage's block", pp);
+    check_all(g.pipeline.world == pp && g.pipeline.rank == stage && g.tensor.rank == local % tp && g.data.rank == local / tp &&
+              g.data.world == block / tp && g.tensor.world == tp, what, tp, r);
+    int in_pair = pp > 1 && (stage == 0 || stage == pp - 1);
+    snprintf(what, sizeof(what), "pp %d: wte's pair: the first and the last stage at one place (%s)", pp, pp > 1 ? "2 ranks" : "none");
+    check_all(in_pair ? g.pair.world == 2 && g.pair.rank == (stage != 0) : g.pair.world == 1, what, tp, r);
+    // the pipeline group sums the ranks at this rank's place in every stage: local + s block
+    float x = (float)(r + 1), want = 0.0f;
+    for (int s = 0; s < pp; s++) { want += (float)(local + s * block + 1); }
+    dist_allreduce_floats_over(&x, 1, g.pipeline);
+    snprintf(what, sizeof(what), "pp %d: all-reduce over the pipeline group sums this place's rank in every stage only", pp);
+    check_all(x == want, what, tp, r);
+    float y = (float)(r + 1), pair_want = (float)(local + 1) + (float)(local + (pp - 1) * block + 1);
+    if (in_pair) { dist_allreduce_floats_over(&y, 1, g.pair); }  // (the middle stages are in no pair)
+    snprintf(what, sizeof(what), "pp %d: all-reduce over the pair sums the first and the last stage's", pp);
+    check_all(!in_pair || y == pair_want, what, tp, r);  // (check_all is a collective of the world)
+    // a message down the pipeline and one back: stage s sends its world rank to s+1, which answers with its own
+    float got = -1.0f, back = -1.0f, mine = (float)r;
+    if (stage > 0) { dist_recv_floats(&got, 1, stage - 1, g.pipeline); }
+    if (stage < pp - 1) { dist_sendrecv_floats(&mine, 1, stage + 1, &back, 1, stage + 1, g.pipeline); }
+    if (stage > 0) { dist_send_floats(&mine, 1, stage - 1, g.pipeline); }
+    int ok = (stage == 0 || got == (float)(r - block)) && (stage == pp - 1 || back == (float)(r + block));
+    snprintf(what, sizeof(what), "pp %d: a message to the next stage and its answer, between this place's ranks", pp);
+    check_all(ok, what, tp, r);
+}
+
 // the block on this rank's slices, its group's sums by MPI, against the whole block computed here
 static void test_block(Dist world, int tp) {
     int r = world.rank;
-    DistGrid g = dist_grid(world, tp);
+    DistGrid g = dist_grid(world, tp, 1);
     const GPT2Config* c = &TP_MODEL;
     size_t P = gpt2_num_parameters(c), BTC = (size_t)TP_B * TP_T * c->channels;
     float* whole = (float*)malloc_check(P * sizeof(float));
@@ -137,6 +171,11 @@ int main(int argc, char** argv) {
         for (int tp = 1; tp <= world.world; tp++) {
             if (world.world % tp == 0) { test_grid(world, tp); }
             if (world.world % tp == 0 && tp > 1 && !gpt2_tp_refusal(&TP_MODEL, tp)) { test_block(world, tp); }
+        }
+        for (int pp = 2; pp <= world.world; pp++) {
+            for (int tp = 1; world.world % pp == 0 && tp <= world.world / pp; tp++) {
+                if ((world.world / pp) % tp == 0) { test_pipeline_grid(world, tp, pp); }
+            }
         }
     }
     dist_finalize();

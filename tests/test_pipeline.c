@@ -80,10 +80,10 @@ static void test_split(void) {
     tally_report(&t);
     char line[512];
     pp_split_describe(12, 4, line, sizeof(line));
-    const char* want12 = "0: layers 0-2 + embeddings, 1: 3-5, 2: 6-8, 3: 9-11 + final LayerNorm, classifier";
+    const char* want12 = "0: layers 0-2 + embeddings, 1: layers 3-5, 2: layers 6-8, 3: layers 9-11 + final LayerNorm, classifier";
     check(strcmp(line, want12) == 0, "split: described in one line (L=12, N=4)", "'%s', not '%s'", line, want12);
     pp_split_describe(7, 3, line, sizeof(line));  // 2, 3, 2: the extra layer on the stage before the last
-    const char* want7 = "0: layers 0-1 + embeddings, 1: 2-4, 2: 5-6 + final LayerNorm, classifier";
+    const char* want7 = "0: layers 0-1 + embeddings, 1: layers 2-4, 2: layers 5-6 + final LayerNorm, classifier";
     check(strcmp(line, want7) == 0, "split: the extra layer before the last stage (L=7, N=3)", "'%s', not '%s'", line, want7);
     pp_split_describe(1, 1, line, sizeof(line));
     check(strcmp(line, "0: layer 0 + embeddings + final LayerNorm, classifier") == 0, "split: one stage of one layer", "'%s'", line);

@@ -195,7 +195,7 @@ if res is not None and s.check("2 ranks 620KiB: a recommendation", res["recommen
     # layer and of wte a rank) in 400.75 KiB at 1.40x: in a model this small the gradient exchange outweighs the compute
     s.check("2 ranks 620KiB: AdamW with --tp 2 (it keeps the model, in 400.75 KiB a rank, at 1.40x against --zero 1's 1.78x)",
             rec["flags"] == {"--optimizer": "adamw", "--optimizer-state": "fp32", "--recompute": "none", "--offload": "0", "--zero": "0",
-                             "--tp": "2", "--loss-chunk": "0"},
+                             "--tp": "2", "--pp": "1", "--pp-schedule": "1f1b", "--loss-chunk": "0"},
             rec["flags"])
     s.check("2 ranks 620KiB: the command keeps the step's tokens (-d 64: B*T on each of the 2 ranks, not on --tp's 1 data-parallel rank)",
             "-d" in rec["argv"] and rec["argv"][rec["argv"].index("-d") + 1] == "64", rec["argv"])

@@ -169,7 +169,7 @@ static void test_case(const Case& c, const Shape& s, const Dist& d, ncclComm_t c
 
 // the scratch the trainer keeps covers every slice of a model, whole and every ZeRO-1 part of 2..8 ranks
 static void test_model_scratch() {
-    GPT2Config c = {32, 64, 64, 2, 4, 32, 1};  // max_seq_len, vocab_size, padded_vocab_size, layers, heads, channels, tp
+    GPT2Config c = {32, 64, 64, 2, 4, 32, 1, 1, 0, 0};  // max_seq_len, vocab_size, padded_vocab_size, layers, heads, channels, tp, pp, stage, first layer
     ParamSlice* s = param_slices_alloc(&c);
     size_t most = factored_model_scratch_bytes(&c), offset;
     bool covers = true;
