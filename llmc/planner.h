@@ -323,7 +323,8 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     MemPlan p;
     p.bytes[MEM_PARAMETERS] = P * lay->param_bytes;
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
-    if (N_tp > 1) {  // --tp: a split tensor's layer whole (4C^2), through which checkpoints move the weights
+    int tp_staging_on_host = N_tp > 1 && lay->host_copy_bytes > 0;  // a GPU's: beside its host copies (at the end)
+    if (N_tp > 1 && !tp_staging_on_host) {  // --tp: a split tensor's layer whole (4C^2), through which checkpoints move the weights
         p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
         snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + 4C^2): a rank's --tp slices, a layer whole", lay->param_bytes);
     }
@@ -397,7 +398,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     if (in.zero == 3 && in.world > 1) {
         plan_zero3_weights(&p, cfg, &in);
-        if (N_tp > 1) {
+        if (N_tp > 1 && !tp_staging_on_host) {
             p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
             plan_append(p.formula[MEM_PARAMETERS], " + %zu(4C^2): --tp's layer whole", lay->param_bytes);
         }
@@ -432,6 +433,10 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         double share = (N - 1.0) / N * lay->working_bytes;
         p.exchange_bytes = share * (double)plan_outer_weights(cfg);
         p.exchange_micro_bytes += share * (double)plan_layer_weights(cfg) * (2.0 * L + recomputed_layers);
+    }
+    if (tp_staging_on_host) {  // --tp on a GPU: the staging of a split tensor's layer whole is host memory (train_gpt.cu)
+        p.bytes[MEM_HOST_COPIES] += 4 * C * C * lay->host_copy_bytes;
+        plan_append(p.formula[MEM_HOST_COPIES], " + %zu(4C^2): --tp's layer whole", lay->host_copy_bytes);
     }
     return p;
 }
