@@ -109,9 +109,9 @@ static double worst_rel(const std::vector<float>& got, const std::vector<float>&
 static void device_step(const Case& c, float* param, const float* grad, float* state, const OptShard* sh, int t,
                         void* scratch, ncclComm_t comm) {
     if (c.opt == ADAFACTOR) {
-        adafactor_update_cuda(param, grad, state, sh, &c.adafactor, t, scratch, comm, 0);
+        adafactor_update_cuda(param, grad, state, sh, &c.adafactor, t, scratch, OptComms{comm, NULL}, 0);
     } else {
-        came_update_cuda(param, grad, state, sh, &c.came, scratch, comm, 0);
+        came_update_cuda(param, grad, state, sh, &c.came, scratch, OptComms{comm, NULL}, 0);
     }
 }
 
@@ -205,8 +205,8 @@ static void bench_factored() {
     char name[2][64];
     snprintf(name[0], sizeof name[0], "adafactor_update (%d x %d)", rows, cols);
     snprintf(name[1], sizeof name[1], "came_update (%d x %d)", rows, cols);
-    bench(name[0], 4.0 * 6 * n, 30.0 * n, [&] { adafactor_update_cuda(d_p, d_g, d_state, &sh, &AF_RELATIVE, 2, scratch, NULL, 0); });
-    bench(name[1], 4.0 * 9 * n, 50.0 * n, [&] { came_update_cuda(d_p, d_g, d_state, &sh, &CAME_PLAIN, scratch, NULL, 0); });
+    bench(name[0], 4.0 * 6 * n, 30.0 * n, [&] { adafactor_update_cuda(d_p, d_g, d_state, &sh, &AF_RELATIVE, 2, scratch, OPT_NO_COMMS, 0); });
+    bench(name[1], 4.0 * 9 * n, 50.0 * n, [&] { came_update_cuda(d_p, d_g, d_state, &sh, &CAME_PLAIN, scratch, OPT_NO_COMMS, 0); });
     for (void* p : {(void*)d_p, (void*)d_g, (void*)d_state, scratch}) { CUDA_CHECK(cudaFree(p)); }
 }
 
@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
         OptSharding z = {0, 2, NULL, NULL, 0};
         size_t offset;
         OptShard sh = slice_shard(&s, &z, &offset);
-        adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, NULL, 0);
+        adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, OPT_NO_COMMS, 0);
         return 0;
     }
     Dist d;
