@@ -14,8 +14,8 @@ group over an NCCL communicator of its own, and train what one process trains:
     model with --loss-chunk, bitwise;
   - bf16: --tp 2 --sp ends within BF16_LOSS_RTOL of one process's bf16 losses;
   - the memory measured after the first step equals the plan in every run;
-  - a sample drawn during a --tp 2 --sp run (a forward of 1..T tokens, padded to the group) is one
-    process's, token for token;
+  - a sample drawn during a --tp 2 run and a --tp 2 --sp one (a forward of 1..T tokens, padded to the
+    group) is one process's, token for token;
   - a resume from step 3 gives the straight run's model and state files, bitwise; the checkpoint
     (the whole model, each rank's state of its slices) resumes on the CPU trainer;
   - refused: a --tp whose ranks cannot take whole heads, a resume into another --tp, and --tp launched
