@@ -1037,10 +1037,12 @@ static void column_parallel_backward(Model<floatX>* m, floatX* dinp, float* dwei
         matmul_backward_cuda(dinp, dweight, dbias, dout, inp, weight, B, T, C, OC, m->reduce_scratch, &m->matmul, s, MATMUL_DINP_SET);
         return;
     }
-    matmul_backward_dinp_cuda(dinp, dout, weight, B, T, C, OC, &m->matmul, s, MATMUL_DINP_SET);
     size_t BT = (size_t)B * T;
+    prof_kernel(s, PROF_MATMUL, prof_matmul_backward(BT, C, OC, sizeof(floatX)), PROF_MATMUL_BACKWARD " (--tp: dinp summed beside)",
+                BT, C, OC);
+    matmul_backward_dinp_cuda(dinp, dout, weight, B, T, C, OC, &m->matmul, s, MATMUL_DINP_SET);
     tp_reduce_begin_cuda(tp, dinp, tp_reduced_rows_cuda(tp, dinp, BT, C), BT * C, s);  // hook: the partial input gradients
-    matmul_backward_cuda((floatX*)NULL, dweight, dbias, dout, inp, weight, B, T, C, OC, m->reduce_scratch, &m->matmul, s);
+    matmul_backward_weights_cuda(dweight, dbias, dout, inp, B, T, C, OC, m->reduce_scratch, &m->matmul, s);
     tp_reduce_end_cuda(tp, s);
 }
 
