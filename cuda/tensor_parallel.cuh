@@ -51,7 +51,8 @@ typedef struct {
 
 static const TpCuda TP_CUDA_NONE = {0, 1, NULL, NULL, NULL, NULL, NULL, NULL};
 
-// the group of `tensor` (from dist_grid) over comm; gathered, norm_grads: --sp's buffers, NULL without
+// the group of `tensor` (from dist_grid) over comm, which it keeps (and tp_cuda_destroy frees); gathered,
+// norm_grads: --sp's buffers, NULL without
 static TpCuda tp_cuda_create(const Dist* tensor, ncclComm_t comm, void* gathered, float* norm_grads) {
     if (tensor->world <= 1) { return TP_CUDA_NONE; }
     TpCuda tp = {tensor->rank, tensor->world, comm, NULL, NULL, NULL, gathered, norm_grads};
@@ -61,6 +62,7 @@ static TpCuda tp_cuda_create(const Dist* tensor, ncclComm_t comm, void* gathered
     return tp;
 }
 
+// the group's stream, events and communicator (tp_cuda_create took it over)
 static void tp_cuda_destroy(TpCuda* tp) {
     if (tp->size == 1) { return; }
     CUDA_CHECK(cudaEventDestroy(tp->queued));
