@@ -13,6 +13,7 @@ so a run is deterministic: the same flags and seed give bitwise the same checkpo
 
     make train_gpt_cu && ./train_gpt_cu -e d12 -b 16 -t 1024           # bf16
     ./train_gpt_cu --precision fp32 -e tiny                              # compared with ./train_gpt
+    mpirun -np 2 ./train_gpt_cu -e d12 --tp 2 --sp                       # each layer split over 2 GPUs
     make build/emu/train_gpt && ./build/emu/train_gpt ...                # the same source, emulated on the CPU
 
 Optimizers: AdamW, Adafactor and CAME (cuda/adamw.cuh, adafactor.cuh, came.cuh), in the CPU's
@@ -23,6 +24,12 @@ are added across the ranks by NCCL inside the update), so sharded state files mo
 --zero 2 shards the gradients too, --zero 3 the weights as well (gathered layer by layer into two
 buffers, the next layer's gather overlapping this one's compute: see "ZeRO-3"); all exchange one
 collective per layer (see "ZeRO", cuda/zero.cuh).
+Tensor parallel: `mpirun -np N ./train_gpt_cu --tp T [--sp]`, groups of T adjacent ranks that split each
+layer's matrices, the embedding and the classifier over the vocabulary (Megatron-LM), each group over an
+NCCL communicator of its own (cuda/nccl.cuh's nccl_init_groups, cuda/tensor_parallel.cuh: its hooks in
+block_forward and block_backward), the data-parallel groups across them over another; --zero shards
+over the data-parallel group; the model is a rank's slices (the config's tp), the checkpoints the whole
+model (cpu/tensor_parallel.h's stream over the host copies).
 --offload activations moves kept activations to pinned host memory on a copy stream (see "offload");
 --offload optimizer[,gradients] keeps the fp32 master weights and optimizer state in pinned host
 memory and runs the step on the CPU with the CPU reference's code (see "optimizer offload").
@@ -57,7 +64,9 @@ T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the 
 #include "cuda/global_norm.cuh"
 #include "cuda/scale.cuh"
 #include "cuda/profile.cuh"
+#include "cuda/tensor_parallel.cuh"  // --tp, --sp: a block's matrices split over ranks (Megatron-LM): the hooks in block_forward, block_backward
 #include "cpu/host_step.h"
+#include "cpu/tensor_parallel.h"     // --tp: the checkpoints' stream of the whole model through the group's slices (TpStream)
 
 // ----------------------------------------------------------------------------
 // device memory: the accounting allocator's categories in device and pinned host memory
@@ -134,13 +143,18 @@ struct LayerParams {
     T *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 };
 
+// layer l's slice of each per-layer tensor of p (shapes: cfg's, a rank's slices with --tp)
 template <typename T>
-static LayerParams<T> layer_params(const Params<T>* p, int l, int C) {
-    size_t c = C;
+static LayerParams<T> layer_params(const Params<T>* p, int l, const GPT2Config* cfg) {
+    size_t at[NUM_PARAMETER_TENSORS];  // floats before layer l of each tensor
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t rows, cols;
+        gpt2_tensor_shape(i, cfg, &rows, &cols);
+        at[i] = (size_t)l * rows * cols;
+    }
     LayerParams<T> lp = {
-        p->ln1w + l * c, p->ln1b + l * c, p->qkvw + l * 3 * c * c, p->qkvb + l * 3 * c,
-        p->attprojw + l * c * c, p->attprojb + l * c, p->ln2w + l * c, p->ln2b + l * c,
-        p->fcw + l * 4 * c * c, p->fcb + l * 4 * c, p->fcprojw + l * 4 * c * c, p->fcprojb + l * c,
+        p->ln1w + at[2], p->ln1b + at[3], p->qkvw + at[4], p->qkvb + at[5], p->attprojw + at[6], p->attprojb + at[7],
+        p->ln2w + at[8], p->ln2b + at[9], p->fcw + at[10], p->fcb + at[11], p->fcprojw + at[12], p->fcprojb + at[13],
     };
     return lp;
 }
@@ -195,10 +209,11 @@ static T* carve_tensor(char** p, size_t bytes) {
 }
 
 // the bytes of each tensor of one layer's block (act_policy.h's table), each rounded to TENSOR_ALIGN:
-// floatX of elem bytes, the LayerNorm statistics fp32
+// floatX of elem bytes, the LayerNorm statistics fp32; tp: --tp's group (a rank's heads and hidden
+// units; with --sp, pol->sp, its rows of the residual stream)
 
-static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
-    layer_act_elems(s, B, T, C, NH, 1, pol);  // the whole block: no --tp on the GPU yet
+static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int NH, int tp, size_t elem, const ActPolicy* pol) {
+    layer_act_elems(s, B, T, C, NH, tp, pol);
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { s[i] = align_up(s[i] * (layer_act_is_stat(i, pol) ? sizeof(float) : elem)); }
 }
 
@@ -206,18 +221,18 @@ static void layer_act_bytes(size_t s[NUM_LAYER_ACTS], int B, int T, int C, int N
 template <typename floatX>
 static float* layer_lse(const LayerActs<floatX>* a) { return (float*)a->att; }
 
-static size_t layer_block_bytes(int B, int T, int C, int NH, size_t elem, const ActPolicy* pol) {
+static size_t layer_block_bytes(int B, int T, int C, int NH, int tp, size_t elem, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
-    layer_act_bytes(s, B, T, C, NH, elem, pol);
+    layer_act_bytes(s, B, T, C, NH, tp, elem, pol);
     for (int i = 0; i < NUM_LAYER_ACTS; i++) { total += s[i]; }
     return total;
 }
 
 // points a's tensors into memory (bytes); returns the block's bytes
 template <typename floatX>
-static size_t point_layer_acts(LayerActs<floatX>* a, char* memory, int B, int T, int C, int NH, const ActPolicy* pol) {
+static size_t point_layer_acts(LayerActs<floatX>* a, char* memory, int B, int T, int C, int NH, int tp, const ActPolicy* pol) {
     size_t s[NUM_LAYER_ACTS], total = 0;
-    layer_act_bytes(s, B, T, C, NH, sizeof(floatX), pol);
+    layer_act_bytes(s, B, T, C, NH, tp, sizeof(floatX), pol);
     void** ptrs[NUM_LAYER_ACTS] = {
         (void**)&a->ln1, (void**)&a->ln1_mean, (void**)&a->ln1_rstd, (void**)&a->qkv, (void**)&a->atty,
         (void**)&a->att, (void**)&a->residual2, (void**)&a->ln2, (void**)&a->ln2_mean, (void**)&a->ln2_rstd,
@@ -230,7 +245,8 @@ static size_t point_layer_acts(LayerActs<floatX>* a, char* memory, int B, int T,
 
 // the head, K tokens at a time (K = B*T, or a --loss-chunk: act_policy.h): the final LayerNorm's
 // output (K,C) floatX and its statistics (B,T) fp32, the logits (K,Vp) floatX (turned into their
-// gradient in place), the losses (B,T) and the softmax's row maximum and sum (K each), fp32
+// gradient in place; --tp: a rank's Vp/N columns), the losses (B,T) and the softmax's row maximum and
+// sum (K each), fp32
 #define NUM_HEAD_ACTS 7
 static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int K, int C, int Vp, size_t elem) {
     size_t BT = (size_t)B * T, F = sizeof(float), k = K;
@@ -238,12 +254,13 @@ static void head_act_bytes(size_t s[NUM_HEAD_ACTS], int B, int T, int K, int C, 
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { s[i] = align_up(sizes[i]); }
 }
 
-// backward's buffers, one layer's worth (act_policy.h's table, which the CPU shares), floatX; the GPU
-// has no dfch_gelu: the fc projection's dinp GEMM writes dfch directly (DGELU epilogue, cuda/matmul.cuh)
+// backward's buffers, one layer's worth (act_policy.h's table, which the CPU shares; --tp: a rank's),
+// floatX; the GPU has no dfch_gelu: the fc projection's dinp GEMM writes dfch directly (DGELU epilogue,
+// cuda/matmul.cuh)
 #define BWD_DFCH_GELU 3  // dfch_gelu's index in act_policy.h's table
-static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, size_t elem,
+static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, int C, int NH, int tp, size_t elem,
                                   const ActPolicy* pol) {
-    backward_buffer_elems(s, B, T, C, NH, 1, pol);  // no --tp on the GPU yet
+    backward_buffer_elems(s, B, T, C, NH, tp, pol);
     s[BWD_DFCH_GELU] = 0;
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { s[i] = align_up(s[i] * elem); }
 }
@@ -255,14 +272,16 @@ static void backward_buffer_bytes(size_t s[NUM_BACKWARD_BUFFERS], int B, int T, 
 // (doubles, and the result; ZeRO-1: one per slice), cuBLASLt's workspace, and Adafactor's and
 // CAME's (the largest slice's: factored_model_scratch_bytes).
 // gpt2_layout is not told the optimizer, so every run carves the last one (d12: 1.5 MiB, which AdamW
-// leaves unused), and the maps of --optimizer-state 8bit with the count of refused moments (4 KiB)
+// leaves unused), and the maps of --optimizer-state 8bit with the count of refused moments (4 KiB).
+// c: the whole model, or with --tp a rank's slices (its matmuls' and the attention's shapes; with --sp
+// its LayerNorms' rows); a row of probabilities is Vp whole (sampling gathers the group's columns)
 typedef struct { size_t batch, probs, reduce, attention, norm, norm_parts, matmul, optimizer, lowp; } ScratchBytes;
 
-static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem, int flash) {
-    int C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem, const ActPolicy* pol) {
+    int N = gpt2_tp(c), C = c->channels, Ct = C / N, NHt = c->num_heads / N, Vp = c->padded_vocab_size, flash = pol->flash;
     size_t BT = (size_t)B * T, F = sizeof(float);
-    size_t reduce = layernorm_backward_scratch_floats(B, T, C);
-    const int ocs[4] = {3 * C, C, 4 * C, Vp};  // every matmul's output channels
+    size_t reduce = layernorm_backward_scratch_floats(1, (int)act_residual_rows(pol, BT, N), C);
+    const int ocs[4] = {3 * Ct, C, 4 * Ct, Vp / N};  // every matmul's output channels
     for (int i = 0; i < 4; i++) {
         size_t r = matmul_backward_scratch_floats(B, T, ocs[i]);
         if (r > reduce) { reduce = r; }
@@ -272,7 +291,7 @@ static ScratchBytes scratch_bytes(const GPT2Config* c, int B, int T, size_t elem
         .batch = 2 * align_up(BT * sizeof(int)),
         .probs = align_up((size_t)Vp * F),
         .reduce = align_up(reduce * F),
-        .attention = align_up(flash ? flash_attention_scratch_floats(B, T, NH) * sizeof(float) : attention_scratch_floats(B, T, C, NH) * elem),
+        .attention = align_up(flash ? flash_attention_scratch_floats(B, T, NHt) * sizeof(float) : attention_scratch_floats(B, T, Ct, NHt) * elem),
         .norm = align_up((global_norm_scratch_doubles(gpt2_num_parameters(c)) + 1) * sizeof(double)),
         .norm_parts = align_up((size_t)param_slice_count(c) * sizeof(double)),
         .matmul = align_up(MATMUL_WORKSPACE_BYTES),
@@ -287,6 +306,12 @@ static size_t scratch_total(const ScratchBytes* s) {
 }
 
 static size_t precision_bytes(Precision p) { return p == PRECISION_BF16 ? sizeof(__nv_bfloat16) : sizeof(float); }
+
+// --sp: the (B,T,C) buffer where the tensor-parallel group's rows meet (floatX of elem bytes), and 2C
+// floats of a LayerNorm's parameter gradients of this rank's rows (cuda/tensor_parallel.cuh); 0 without
+static size_t sp_gathered_bytes(int B, int T, int C, size_t elem, const ActPolicy* pol) {
+    return pol->sp ? align_up((size_t)B * T * C * elem) + align_up(2 * (size_t)C * sizeof(float)) : 0;
+}
 
 // ----------------------------------------------------------------------------
 // NCCL: one process per GPU, the communicator bootstrapped over MPI (cuda/nccl.cuh)
@@ -416,7 +441,9 @@ struct Model {
     ParamSlice* slices;           // [param_slice_count] the optimizer's slices (opt_layout.h)
     ActPolicy act;
     // activations: the embeddings, the working set of layer blocks (act_policy.h), shared
-    // GELU / attention buffers, kept segment inputs, the head
+    // GELU / attention buffers, kept segment inputs, the head. With --tp the blocks are a rank's
+    // heads and hidden units (act_policy.h's table), with --sp the residual stream a rank's R = B T/N
+    // rows: (B,T,C) below then reads (R,C) where the residual stream is meant
     char* acts_memory;
     floatX* encoded;              // (B,T,C)
     LayerActs<floatX>* slots;     // [act_num_slots]
@@ -426,10 +453,13 @@ struct Model {
                                   // others in GPU memory, or with --offload in the pinned host store
     floatX* staging[ACT_STAGING_BUFFERS];  // (B,T,C) each, checkpointing + offload: segment s's input back
                                            // from the host in staging[s % 2]
+    floatX* sp_gathered;          // --sp: (B,T,C) where the group's rows meet (cuda/tensor_parallel.cuh), else NULL
+    float* sp_norm_grads;         // --sp: (2C) a LayerNorm's parameter gradients of this rank's rows, else NULL
     // the head, K = head_rows tokens at a time: K = B*T, or with --loss-chunk a chunk (act_policy.h)
     floatX* lnf;                  // (K,C)
     float *lnf_mean, *lnf_rstd;   // (B,T)
-    floatX* logits;               // (K,Vp) logits; backward (--loss-chunk: forward) turns them into their gradient in place
+    floatX* logits;               // (K,Vp) logits (--tp: (K,Vp/N), a rank's columns); backward (--loss-chunk: forward)
+                                  // turns them into their gradient in place
     float* losses;                // (B,T)
     float *row_max, *row_sum;     // (K)
     int head_rows;                // K
@@ -442,7 +472,7 @@ struct Model {
     // scratch
     char* scratch_memory;
     int *inputs, *targets;        // (B,T) the batch on the GPU
-    float* probs;                 // (Vp) one position's probabilities (sampling)
+    float* probs;                 // (Vp) one position's probabilities (sampling; --tp: gathered from the group)
     float* reduce_scratch;        // the deterministic reductions' partial sums (and the encoder's token buckets)
     floatX* attention_scratch;    // --attention matmul: the heads' copies
     float* flash_scratch;         // --attention flash: a float per row (backward's D)
@@ -464,6 +494,10 @@ struct Model {
     ZeroStage zero;               // --zero
     OptOffload offload_opt;       // --offload optimizer[,gradients]
     // the techniques' state
+    Dist tensor;                  // --tp: this process in its tensor-parallel group ({0, 1}: none)
+    TpCuda tp;                    // --tp: its communicator, stream and --sp's buffers (cuda/tensor_parallel.cuh)
+    float* tp_staging;            // --tp: host memory, a split tensor's layer whole, through which checkpoints move the
+                                  // weights (cpu/tensor_parallel.h's stream, tp_staging_floats), else NULL
     ActOffload offload;           // --offload activations
     GradExchange exchange;        // more than one rank
     ZeroShards shard;             // --zero 1, 2 (and 3's gradients)
@@ -538,25 +572,26 @@ static void alloc_host_store(Model<floatX>* m, int slots, int seg_kept, size_t R
 template <typename floatX>
 static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* pol) {
     const GPT2Config* c = &m->config;
-    int L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
-    size_t elem = sizeof(floatX), R = align_up((size_t)B * T * C * elem);
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, N = gpt2_tp(c), Vr = c->padded_vocab_size / N;
+    size_t elem = sizeof(floatX), BT = (size_t)B * T, R = align_up(act_residual_rows(pol, BT, N) * C * elem);
     int slots = act_num_slots(pol, L), segments = act_num_segments(pol, L);
     int seg_kept = pol->segment > 0 ? segments - 1 : 0;
-    size_t layer = layer_block_bytes(B, T, C, NH, elem, pol);
-    size_t gelu = pol->gelu ? align_up((size_t)B * T * 4 * C * elem) : 0;
-    size_t att = align_up(act_shared_att_elems(pol, B, T, NH) * elem);
+    size_t layer = layer_block_bytes(B, T, C, NH, N, elem, pol);
+    size_t gelu = pol->gelu ? align_up(BT * 4 * (C / N) * elem) : 0;
+    size_t att = align_up(act_shared_att_elems(pol, B, T, NH / N) * elem);
     size_t hs[NUM_HEAD_ACTS], head = 0;
-    int K = act_head_rows(pol, (size_t)B * T);
-    head_act_bytes(hs, B, T, K, C, Vp, elem);
+    int K = act_head_rows(pol, BT);
+    head_act_bytes(hs, B, T, K, C, Vr, elem);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
     size_t device_kept = pol->offload ? 0 : seg_kept * R, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * R : 0;
-    size_t total = R + slots * layer + gelu + att + device_kept + staging + head;
+    size_t gathered = sp_gathered_bytes(B, T, C, elem, pol);
+    size_t total = R + slots * layer + gelu + att + device_kept + staging + gathered + head;
     m->acts_memory = (char*)mem_alloc(MEM_ACTIVATIONS, total);
     m->slots = (LayerActs<floatX>*)malloc_check(slots * sizeof(LayerActs<floatX>));  // pointers only, not counted
     m->seg_inputs = (floatX**)malloc_check(segments * sizeof(floatX*));
     char* p = m->acts_memory;
     m->encoded = carve_tensor<floatX>(&p, R);
-    for (int i = 0; i < slots; i++) { p += point_layer_acts(&m->slots[i], p, B, T, C, NH, pol); }
+    for (int i = 0; i < slots; i++) { p += point_layer_acts(&m->slots[i], p, B, T, C, NH, N, pol); }
     m->gelu_shared = pol->gelu ? carve_tensor<floatX>(&p, gelu) : NULL;
     m->att_shared = att ? carve_tensor<floatX>(&p, att) : NULL;
     for (int i = 0; i < slots; i++) {
@@ -566,6 +601,8 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     m->seg_inputs[0] = m->encoded;
     for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = pol->offload ? NULL : carve_tensor<floatX>(&p, R); }
     for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { m->staging[i] = staging ? carve_tensor<floatX>(&p, R) : NULL; }
+    m->sp_gathered = gathered ? carve_tensor<floatX>(&p, align_up(BT * C * elem)) : NULL;
+    m->sp_norm_grads = gathered ? carve_tensor<float>(&p, align_up(2 * (size_t)C * sizeof(float))) : NULL;
     m->lnf = carve_tensor<floatX>(&p, hs[0]);
     m->lnf_mean = carve_tensor<float>(&p, hs[1]);
     m->lnf_rstd = carve_tensor<float>(&p, hs[2]);
@@ -584,7 +621,7 @@ template <typename floatX>
 static void alloc_backward(Model<floatX>* m, int B, int T) {
     const GPT2Config* c = &m->config;
     size_t bs[NUM_BACKWARD_BUFFERS], btotal = 0;
-    backward_buffer_bytes(bs, B, T, c->channels, c->num_heads, sizeof(floatX), &m->act);
+    backward_buffer_bytes(bs, B, T, c->channels, c->num_heads, gpt2_tp(c), sizeof(floatX), &m->act);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { btotal += bs[i]; }
     m->bwd_memory = (char*)mem_alloc(MEM_ACT_GRADIENTS, btotal);
     char* p = m->bwd_memory;
@@ -596,7 +633,7 @@ static void alloc_backward(Model<floatX>* m, int B, int T) {
 // device scratch: the batch's ids, a row of probabilities, reductions, the cuBLASLt workspace
 template <typename floatX>
 static void alloc_scratch(Model<floatX>* m, int B, int T) {
-    ScratchBytes sb = scratch_bytes(&m->config, B, T, sizeof(floatX), m->act.flash);
+    ScratchBytes sb = scratch_bytes(&m->config, B, T, sizeof(floatX), &m->act);
     m->scratch_memory = (char*)mem_alloc_from(MEM_SCRATCH, &MEM_DEVICE, scratch_total(&sb));
     char* p = m->scratch_memory;
     m->inputs = carve_tensor<int>(&p, sb.batch / 2);
@@ -654,15 +691,11 @@ static size_t outer_weights(const GPT2Config* c) { return gpt2_num_parameters(c)
 
 // checkpoints under ZeRO-3, and under ZeRO-2 with --offload optimizer: a pinned buffer of the largest
 // slice (or of wte's padded rows, which go by as zeros), through which gpt2_params_stream moves the
-// weights a slice at a time
+// weights a slice at a time; the planner's count of it (plan_largest_slice: the whole model's, which
+// holds a rank's --tp slices too)
 template <typename floatX>
 static void alloc_ckpt_staging(Model<floatX>* m) {
-    const GPT2Config* c = &m->config;
-    ParamSlice* s = param_slices_alloc(c);
-    size_t most = 0, gap = (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels;
-    for (int k = 0; k < param_slice_count(c); k++) { size_t n = (size_t)s[k].rows * s[k].cols; most = n > most ? n : most; }
-    free(s);
-    m->zero3.ckpt_staging_floats = gap > most ? gap : most;
+    m->zero3.ckpt_staging_floats = plan_largest_slice(&m->config);
     m->zero3.ckpt_staging = (float*)mem_alloc(MEM_HOST_COPIES, m->zero3.ckpt_staging_floats * sizeof(float));
 }
 
@@ -776,7 +809,7 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
     }
     if (m->offload_opt == OPT_OFFLOAD_GRADS) {
         m->grads.wte = m->grads_memory;  // the rest, in checkpoint order; the per-layer tensors stay NULL
-        m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size * C;
+        m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size / gpt2_tp(c) * C;  // --tp: a rank's rows of wte
         m->grads.lnfw = m->grads.wpe + (size_t)c->max_seq_len * C;
         m->grads.lnfb = m->grads.lnfw + C;
         m->opt_offload.grad_layers[0] = m->grads_memory + Pr;
@@ -811,9 +844,9 @@ template <typename floatX>
 static Model<floatX>* model_create(const ModelSetup* s) {
     Model<floatX>* m = (Model<floatX>*)malloc_check(sizeof(Model<floatX>));
     memset(m, 0, sizeof(*m));
-    const GPT2Config* c = &s->config;
+    m->config = setup_rank_config(s);  // the whole model, or (--tp) this rank's slices of it
+    const GPT2Config* c = &m->config;
     size_t P = gpt2_num_parameters(c), BT = (size_t)s->B * s->T;
-    m->config = *c;
     m->num_parameters = P;
     m->optimizer = s->optimizer;
     m->act = s->act;
@@ -838,13 +871,20 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     CUDA_CHECK(cudaMemset(m->lowp_refused, 0, sizeof(unsigned long long)));
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
+    if (s->tensor.world > 1) { m->tp_staging = (float*)mem_alloc(MEM_HOST_COPIES, tp_staging_floats(c) * sizeof(float)); }
     if (m->act.offload) {  // timed waits for copies (gpt2_copy_wait_ms)
         m->offload.wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
         for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->offload.wait_marks[i])); }
     }
     // with the optimizer on the host, MPI sums the gradients there (cpu/host_step.h): no NCCL
-    // (the offloaded shard: NCCL reduce-scatters and gathers on the GPU, MPI adds the norm's parts)
-    m->exchange.comm = s->dist.world > 1 && (!m->offload_opt || zero_shards_grads(m->zero)) ? nccl_init(&s->dist) : NULL;
+    // (the offloaded shard: NCCL reduce-scatters and gathers on the GPU, MPI adds the norm's parts).
+    // --tp: the tensor-parallel group's own communicator (cuda/nccl.cuh: one per group)
+    int exchange = s->dist.world > 1 && (!m->offload_opt || zero_shards_grads(m->zero));
+    NcclGroups groups = {NULL, NULL};
+    if (exchange || s->tensor.world > 1) { groups = nccl_init_groups(&s->world, &s->dist, s->tensor.world, exchange); }
+    m->exchange.comm = groups.data;
+    m->tensor = s->tensor;
+    m->tp = tp_cuda_create(&s->tensor, groups.tensor, m->sp_gathered, m->sp_norm_grads);
     if (m->exchange.comm != NULL) {
         CUDA_CHECK(cudaStreamCreate(&m->exchange.comm_stream));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->exchange.grads_final, cudaEventDisableTiming));
@@ -885,7 +925,7 @@ static void model_destroy(Model<floatX>* m) {
     void* zero[] = {m->grads_memory, m->shard.grad_working, m->shard.zero_pack, m->zero3.weight_working, m->zero3.layer_buf_memory, m->zero3.ckpt_staging, m->weight_shard};
     for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) { mem_free(zero[i]); }
     free(m->slices); free(m->shard.zero_groups); free(m->shard.shard_block_off);
-    void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->lowp_m_staging, m->host_probs, m->host_losses};
+    void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->lowp_m_staging, m->host_probs, m->host_losses, m->tp_staging};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
     free(m->slots);
     free(m->seg_inputs);
@@ -903,6 +943,7 @@ static void model_destroy(Model<floatX>* m) {
         mem_free(m->offload.host_store);
     }
     matmul_context_free(&m->matmul);
+    tp_cuda_destroy(&m->tp);
     if (m->exchange.comm != NULL) {
         nccl_comm_destroy(m->exchange.comm);
         CUDA_CHECK(cudaEventDestroy(m->exchange.grads_final));
@@ -928,57 +969,95 @@ static void model_destroy(Model<floatX>* m) {
 // ln1_done: a's ln1, ln1_mean and ln1_rstd hold ln1(x) already (the block before computed them with
 // its last residual). next, np: the next block's activations and weights, whose ln1 this block's
 // last residual computes in the same pass (NULL: none; the results are bitwise the same either way)
+//
+// With --tp N (cuda/tensor_parallel.cuh) this rank computes Ct = C/N channels of the attention (NHt =
+// NH/N heads) and 4Ct of the MLP's hidden units, as train_gpt.c's block does: its two row-parallel
+// matmuls give partial sums, which the hook tp_reduce_cuda adds over the group (forward), as it adds
+// the partial d(ln2) and d(ln1) (backward). With --sp the residual stream and the LayerNorms are this
+// rank's R = B T/N rows (R = B T without it): tp_gather_cuda meets the group's rows before each
+// column-parallel matmul, and tp_reduce_cuda hands each rank its rows of the sums
 
 template <typename floatX>
 static void block_forward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p, int B, int T,
                           int ln1_done = 0, LayerActs<floatX>* next = NULL, const LayerParams<floatX>* np = NULL) {
-    int C = m->config.channels, NH = m->config.num_heads;
-    size_t BTC = (size_t)B * T * C;
+    const TpCuda* tp = &m->tp;
+    int C = m->config.channels, Ct = C / tp->size, NHt = m->config.num_heads / tp->size;
+    size_t BTC = (size_t)B * T * C, R = tp_rows_cuda(tp, (size_t)B * T), RC = R * C;
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
-    if (!ln1_done) { layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, B, T, C, s); }
-    matmul_forward_cuda(a->qkv, a->ln1, p->qkvw, p->qkvb, B, T, C, 3 * C, mc, s);
-    if (m->act.flash) { flash_attention_forward_cuda(a->atty, layer_lse(a), a->qkv, B, T, C, NH, s); }
-    else { attention_forward_cuda(a->atty, a->att, a->qkv, B, T, C, NH, m->attention_scratch, mc, s); }
-    matmul_forward_cuda(a->residual2, a->atty, p->attprojw, p->attprojb, B, T, C, C, mc, s);
+    if (!ln1_done) { layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, 1, (int)R, C, s); }
+    const floatX* ln1 = tp_gather_cuda(tp, a->ln1, RC, s);  // hook: --sp's rows of every rank, (B,T,C)
+    matmul_forward_cuda(a->qkv, ln1, p->qkvw, p->qkvb, B, T, C, 3 * Ct, mc, s);  // (B,T,3Ct)
+    if (m->act.flash) { flash_attention_forward_cuda(a->atty, layer_lse(a), a->qkv, B, T, Ct, NHt, s); }  // (B,T,Ct)
+    else { attention_forward_cuda(a->atty, a->att, a->qkv, B, T, Ct, NHt, m->attention_scratch, mc, s); }
+    floatX* proj = tp_partial_cuda(tp, a->residual2);  // --sp: the partial projection of every row
+    matmul_forward_cuda(proj, a->atty, p->attprojw, tp_row_bias_cuda(tp, p->attprojb), B, T, Ct, C, mc, s);
+    tp_reduce_cuda(tp, proj, a->residual2, BTC, s);  // hook: --tp's partial projections added
     // in place: residual2 = x + projection, and its LayerNorm, in one pass over the residual stream
     residual_layernorm_forward_cuda(a->residual2, a->ln2, a->ln2_mean, a->ln2_rstd, x, a->residual2, p->ln2w, p->ln2b,
-                                    B, T, C, s);
-    matmul_forward_cuda(a->fch, a->ln2, p->fcw, p->fcb, B, T, C, 4 * C, mc, s);
-    gelu_forward_cuda(a->fch_gelu, a->fch, BTC * 4, s);
-    matmul_forward_cuda(a->residual3, a->fch_gelu, p->fcprojw, p->fcprojb, B, T, 4 * C, C, mc, s);
+                                    1, (int)R, C, s);
+    const floatX* ln2 = tp_gather_cuda(tp, a->ln2, RC, s);  // hook
+    matmul_forward_cuda(a->fch, ln2, p->fcw, p->fcb, B, T, C, 4 * Ct, mc, s);  // (B,T,4Ct)
+    gelu_forward_cuda(a->fch_gelu, a->fch, BTC / tp->size * 4, s);
+    proj = tp_partial_cuda(tp, a->residual3);
+    matmul_forward_cuda(proj, a->fch_gelu, p->fcprojw, tp_row_bias_cuda(tp, p->fcprojb), B, T, 4 * Ct, C, mc, s);
+    tp_reduce_cuda(tp, proj, a->residual3, BTC, s);  // hook
     if (next != NULL) {  // residual3 = residual2 + projection, and the next block's ln1 of it
         residual_layernorm_forward_cuda(a->residual3, next->ln1, next->ln1_mean, next->ln1_rstd, a->residual2, a->residual3,
-                                        np->ln1w, np->ln1b, B, T, C, s);
+                                        np->ln1w, np->ln1b, 1, (int)R, C, s);
         return;
     }
-    residual_forward_cuda(a->residual3, a->residual2, a->residual3, BTC, s);
+    residual_forward_cuda(a->residual3, a->residual2, a->residual3, RC, s);
 }
 
 // --recompute gelu, attn (selective recompute): what the layer's forward did not keep, again into the
 // shared buffers before its backward reads it (flash attention recomputes its weights in its kernels)
 template <typename floatX>
 static void recompute_dropped(Model<floatX>* m, LayerActs<floatX>* a, int B, int T) {
-    int C = m->config.channels, NH = m->config.num_heads;
+    int N = m->tp.size, Ct = m->config.channels / N, NHt = m->config.num_heads / N;
     prof_context("recompute");
-    if (m->act.gelu) { gelu_forward_cuda(a->fch_gelu, a->fch, (size_t)B * T * 4 * C, m->stream); }
+    if (m->act.gelu) { gelu_forward_cuda(a->fch_gelu, a->fch, (size_t)B * T * 4 * Ct, m->stream); }
     if (m->act.attn && !m->act.flash) {
-        prof_kernel(m->stream, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(floatX)), "weights");
-        attention_weights_forward_cuda(a->att, a->qkv, B, T, C, NH, m->attention_scratch, &m->matmul, m->stream);
+        prof_kernel(m->stream, PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, Ct, sizeof(floatX)), "weights");
+        attention_weights_forward_cuda(a->att, a->qkv, B, T, Ct, NHt, m->attention_scratch, &m->matmul, m->stream);
     }
     prof_context(NULL);
 }
 
-// on entry m->dresidual holds d(block output); on exit d(block input) (x). Weight gradients
+// a column-parallel matmul's backward (qkvw's, fcw's) under --tp: its input gradient dinp (B,T,C) is
+// this rank's part, which the group's sum (tp_reduce_cuda, on the group's stream) completes while the
+// compute stream computes the weight and bias gradients; on return the sum (--sp: this rank's rows of
+// it, at tp_reduced_rows_cuda) is in dinp, in stream order. Without --tp, matmul_backward_cuda
+template <typename floatX>
+static void column_parallel_backward(Model<floatX>* m, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                                     const floatX* inp, const floatX* weight, int B, int T, int C, int OC) {
+    const TpCuda* tp = &m->tp;
+    cudaStream_t s = m->stream;
+    if (tp->size == 1) {
+        matmul_backward_cuda(dinp, dweight, dbias, dout, inp, weight, B, T, C, OC, m->reduce_scratch, &m->matmul, s, MATMUL_DINP_SET);
+        return;
+    }
+    size_t BT = (size_t)B * T;
+    prof_kernel(s, PROF_MATMUL, prof_matmul_backward(BT, C, OC, sizeof(floatX)), PROF_MATMUL_BACKWARD " (--tp: dinp summed beside)",
+                BT, C, OC);
+    matmul_backward_dinp_cuda(dinp, dout, weight, B, T, C, OC, &m->matmul, s, MATMUL_DINP_SET);
+    tp_reduce_begin_cuda(tp, dinp, tp_reduced_rows_cuda(tp, dinp, BT, C), BT * C, s);  // hook: the partial input gradients
+    matmul_backward_weights_cuda(dweight, dbias, dout, inp, B, T, C, OC, m->reduce_scratch, &m->matmul, s);
+    tp_reduce_end_cuda(tp, s);
+}
+
+// on entry m->dresidual holds d(block output); on exit d(block input) (x), R rows each. Weight gradients
 // (fp32) accumulate into g. Selective recompute first runs the GELU and the attention softmax
 // again into their shared buffers (flash attention recomputes its weights inside its kernels). A
 // buffer with one contributor is written (MATMUL_DINP_SET), not cleared and added to; dqkv is
-// cleared for the stored-weights attention, whose backward adds into it.
+// cleared for the stored-weights attention, whose backward adds into it. With --sp the forward's
+// gathered rows are gathered again where a matmul's backward reads them, and d(block output) of every row too
 template <typename floatX>
 static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX* x, const LayerParams<floatX>* p,
                            const LayerParams<float>* g, int B, int T) {
-    int C = m->config.channels, NH = m->config.num_heads;
-    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
+    const TpCuda* tp = &m->tp;
+    int C = m->config.channels, Ct = C / tp->size, NHt = m->config.num_heads / tp->size;
+    size_t BT = (size_t)B * T, R = tp_rows_cuda(tp, BT), RC = R * C, X = sizeof(floatX);
     const MatmulContext* mc = &m->matmul;
     cudaStream_t s = m->stream;
     float* scratch = m->reduce_scratch;
@@ -986,21 +1065,29 @@ static void block_backward(Model<floatX>* m, LayerActs<floatX>* a, const floatX*
     if (m->act.gelu || (m->act.attn && !m->act.flash)) { recompute_dropped(m, a, B, T); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place. The fc
     // projection's dinp GEMM also takes the GELU backward: dfch = gelu'(fch) * (dresidual @ fcprojw)
-    matmul_backward_cuda(m->dfch, g->fcprojw, g->fcprojb, m->dresidual, a->fch_gelu, p->fcprojw, B, T, 4 * C, C, scratch,
+    const floatX* dout = tp_gather_cuda(tp, m->dresidual, RC, s);  // hook: --sp's d(block output) of every row
+    matmul_backward_cuda(m->dfch, g->fcprojw, g->fcprojb, dout, a->fch_gelu, p->fcprojw, B, T, 4 * Ct, C, scratch,
                          mc, s, MATMUL_DINP_SET_DGELU, a->fch);
-    matmul_backward_cuda(dln2, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, B, T, C, 4 * C, scratch, mc, s, MATMUL_DINP_SET);
-    layernorm_backward_cuda(m->dresidual, g->ln2w, g->ln2b, dln2, a->residual2, p->ln2w, a->ln2_mean, a->ln2_rstd, B, T, C, scratch, s);
+    column_parallel_backward(m, dln2, g->fcw, g->fcb, m->dfch, tp_gather_cuda(tp, a->ln2, RC, s), p->fcw, B, T, C, 4 * Ct);
+    TpNormGradsCuda gn = tp_norm_grads_cuda(tp, g->ln2w, g->ln2b, C, s);  // --sp: a part of them, from this rank's rows
+    layernorm_backward_cuda(m->dresidual, gn.w, gn.b, tp_reduced_rows_cuda(tp, dln2, BT, C), a->residual2, p->ln2w, a->ln2_mean,
+                            a->ln2_rstd, 1, (int)R, C, scratch, s);
+    tp_norm_grads_done_cuda(tp, g->ln2w, g->ln2b, C, s);  // hook
     // attention branch
-    matmul_backward_cuda(datty, g->attprojw, g->attprojb, m->dresidual, a->atty, p->attprojw, B, T, C, C, scratch, mc,
+    dout = tp_gather_cuda(tp, m->dresidual, RC, s);  // hook
+    matmul_backward_cuda(datty, g->attprojw, g->attprojb, dout, a->atty, p->attprojw, B, T, Ct, C, scratch, mc,
                          s, MATMUL_DINP_SET);
     if (m->act.flash) {  // writes all of dqkv
-        flash_attention_backward_cuda(m->dqkv, datty, a->qkv, a->atty, layer_lse(a), B, T, C, NH, m->flash_scratch, s);
+        flash_attention_backward_cuda(m->dqkv, datty, a->qkv, a->atty, layer_lse(a), B, T, Ct, NHt, m->flash_scratch, s);
     } else {  // adds into dqkv
-        CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BTC * 3 * X, s));
-        attention_backward_cuda(m->dqkv, m->datt, datty, a->qkv, a->att, B, T, C, NH, m->attention_scratch, mc, s);
+        CUDA_CHECK(cudaMemsetAsync(m->dqkv, 0, BT * 3 * Ct * X, s));
+        attention_backward_cuda(m->dqkv, m->datt, datty, a->qkv, a->att, B, T, Ct, NHt, m->attention_scratch, mc, s);
     }
-    matmul_backward_cuda(dln1, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, B, T, C, 3 * C, scratch, mc, s, MATMUL_DINP_SET);
-    layernorm_backward_cuda(m->dresidual, g->ln1w, g->ln1b, dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, B, T, C, scratch, s);
+    column_parallel_backward(m, dln1, g->qkvw, g->qkvb, m->dqkv, tp_gather_cuda(tp, a->ln1, RC, s), p->qkvw, B, T, C, 3 * Ct);
+    gn = tp_norm_grads_cuda(tp, g->ln1w, g->ln1b, C, s);
+    layernorm_backward_cuda(m->dresidual, gn.w, gn.b, tp_reduced_rows_cuda(tp, dln1, BT, C), x, p->ln1w, a->ln1_mean, a->ln1_rstd,
+                            1, (int)R, C, scratch, s);
+    tp_norm_grads_done_cuda(tp, g->ln1w, g->ln1b, C, s);  // hook
 }
 
 // ----------------------------------------------------------------------------
@@ -1043,7 +1130,7 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
         block_forward(m, la, x, &lp, B, T, ln1_done, next, next != NULL ? &np : (const LayerParams<floatX>*)NULL);
         zero3_release(m, l, l < last ? l + 1 : -1);
         ln1_done = next != NULL;
-        if (store) { store_after_forward(m, l, (size_t)B * T * C); }
+        if (store) { store_after_forward(m, l, tp_rows_cuda(&m->tp, (size_t)B * T) * C); }
         x = la->residual3;
     }
 }
@@ -1073,45 +1160,82 @@ static void clear_outer_grads(Model<floatX>* m) {
 // the head forward of n tokens from row `first` of the last block's output x (B*T,C), as
 // train_gpt.c's head_forward: the final LayerNorm (statistics at first), the logits, with targets the
 // losses (at first); loss_scale > 0 (--loss-chunk, training): the logits' gradient at once, its part
-// of d(lnf output) written into dbtc's rows and of wte's gradient += (fp32); else the row statistics
+// of d(lnf output) written into dbtc's rows and of wte's gradient += (fp32); else the row statistics.
+// With --tp the classifier is split over the vocabulary (cuda/tensor_parallel.cuh): a rank's logits
+// are its Vp/N columns, the softmax's row maximum and sum are the group's, and the partial d(lnf
+// output) of a rank's columns is summed over the group
 template <typename floatX>
 static void head_forward(Model<floatX>* m, const floatX* x, int first, int n, int has_targets, float loss_scale) {
     const GPT2Config* c = &m->config;
-    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    const TpCuda* tp = &m->tp;
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size / tp->size;  // --tp: a rank's columns
     size_t row = (size_t)first * C;
     cudaStream_t s = m->stream;
+    const int* targets = has_targets ? m->targets + first : (const int*)NULL;
     layernorm_forward_cuda(m->lnf, m->lnf_mean + first, m->lnf_rstd + first, x + row, m->weights.lnfw, m->weights.lnfb, 1, n, C, s);
     matmul_forward_cuda(m->logits, m->lnf, m->weights.wte, (const floatX*)NULL, 1, n, C, Vp, &m->matmul, s);
+    if (tp->size > 1) { tp_classifier_forward_cuda(tp, m->losses + first, m->row_max, m->row_sum, m->logits, targets, n, V, Vp, s); }
     if (loss_scale == 0.0f) {
-        classifier_forward_cuda(m->losses + first, m->row_max, m->row_sum, m->logits, has_targets ? m->targets + first : (const int*)NULL,
-                                1, n, V, Vp, s);
+        if (tp->size == 1) { classifier_forward_cuda(m->losses + first, m->row_max, m->row_sum, m->logits, targets, 1, n, V, Vp, s); }
         return;
     }
-    classifier_fused_cuda(m->losses + first, m->logits, m->targets + first, loss_scale, 1, n, V, Vp, s);  // in place: dlogits
+    if (tp->size > 1) {  // in place: dlogits
+        tp_classifier_backward_cuda(tp, m->logits, m->logits, m->row_max, m->row_sum, m->targets + first, loss_scale, n, V, Vp, s);
+    } else {
+        classifier_fused_cuda(m->losses + first, m->logits, m->targets + first, loss_scale, 1, n, V, Vp, s);  // in place: dlogits
+    }
     matmul_backward_cuda(m->dbtc + row, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, 1, n, C, Vp, m->reduce_scratch,
                          &m->matmul, s, MATMUL_DINP_SET);
+    tp_allreduce_cuda(tp, m->dbtc + row, (size_t)n * C, ncclSum, s);  // hook: --tp's partial d(lnf output) of a rank's columns added
+}
+
+// --sp splits the B*T rows over the group: a sample's forward of 1..T tokens that do not split runs on
+// T padded up to a multiple of the group's size, token 0 after the text (causal attention: the text's
+// positions see none of them; their probabilities are never asked for), as train_gpt.c's forward_padded;
+// the trainer's checks keep that within the allocated T (-t a multiple of --tp when training samples)
+template <typename floatX>
+static float model_forward(Model<floatX>* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
+template <typename floatX>
+static float model_forward_padded(Model<floatX>* m, const int* inputs, int B, int T) {
+    int N = m->tp.size, Tp = (T + N - 1) / N * N;
+    if (B != 1 || Tp > m->seq_len) {
+        fail("--sp: a forward of B=%d x T=%d tokens does not split over the %d ranks' rows, and T padded to %d passes the allocated T=%d\n"
+             "  hint: a -t that is a multiple of --tp %d", B, T, N, Tp, m->seq_len, N);
+    }
+    int* padded = (int*)calloc_check((size_t)Tp, sizeof(int));  // token 0 after the text
+    memcpy(padded, inputs, (size_t)T * sizeof(int));
+    float loss = model_forward(m, padded, (const int*)NULL, 1, Tp, 0.0f);
+    free(padded);
+    return loss;
 }
 
 // loss_scale > 0: gpt2_forward_train's with --loss-chunk (the head's gradients too)
 template <typename floatX>
 static float model_forward(Model<floatX>* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
+    const TpCuda* tp = &m->tp;
     int L = c->num_layers, C = c->channels;
     if (B > m->batch_size || T > m->seq_len) { fail("forward with (B,T)=(%d,%d) beyond the allocated (%d,%d)", B, T, m->batch_size, m->seq_len); }
+    if (tp->gathered != NULL && (size_t)B * T % (size_t)tp->size != 0 && targets == NULL) { return model_forward_padded(m, inputs, B, T); }
     size_t BT = (size_t)B * T;
     cudaStream_t s = m->stream;
     const int S = PROF_STREAM_COMPUTE;
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
     outer_weights_ready(m);                                 // hook: wte, wpe, lnf ready (ZeRO gathers them)
-    encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
+    if (tp->size > 1) {  // --tp: wte split over the vocabulary (cuda/tensor_parallel.cuh)
+        tp_encoder_forward_cuda(tp, m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, c->padded_vocab_size / tp->size, s);
+    } else {
+        encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
+    }
     forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
     if (loss_scale > 0.0f) { clear_outer_grads(m); }       // hook: --offload optimizer,gradients (--loss-chunk's head adds to them)
-    // the head, K tokens at a time (one chunk of B*T without --loss-chunk)
+    // the head, K tokens at a time (one chunk of B*T without --loss-chunk), over every row (--sp: gathered)
     int n_all = (int)BT, K = m->head_rows < n_all ? m->head_rows : n_all;
+    const floatX* x = tp_gather_cuda(tp, layer_input(m, L), tp_rows_cuda(tp, BT) * C, s);
     for (int first = 0; first < n_all; first += K) {
         int n = n_all - first < K ? n_all - first : K;
-        head_forward(m, layer_input(m, L), first, n, targets != NULL, loss_scale);
+        head_forward(m, x, first, n, targets != NULL, loss_scale);
         m->probs_first = first;
         m->probs_end = first + n;
     }
@@ -1136,7 +1260,7 @@ static int next_backward_layer(const Model<floatX>* m, int l) {
 template <typename floatX>
 static LayerParams<float> layer_grads_of(Model<floatX>* m, int l) {
     if (m->offload_opt == OPT_OFFLOAD_GRADS) { return layer_grads_on_device(m, l); }
-    return layer_params(&m->grads, zero_shards_grads(m->zero) ? 0 : l, m->config.channels);
+    return layer_params(&m->grads, zero_shards_grads(m->zero) ? 0 : l, &m->config);
 }
 
 // after layer l's backward: ZeRO-3 releases its weights (and prefetches the next layer the backward
@@ -1172,22 +1296,30 @@ static void outer_grads_done(Model<floatX>* m) {
 template <typename floatX>
 static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
-    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
-    size_t BT = (size_t)B * T, BTC = BT * C, X = sizeof(floatX);
+    const TpCuda* tp = &m->tp;
+    int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size / tp->size;  // --tp: a rank's columns
+    size_t BT = (size_t)B * T, R = tp_rows_cuda(tp, BT), first = tp_first_row_cuda(tp, BT), X = sizeof(floatX);
     cudaStream_t s = m->stream;
     const int S = PROF_STREAM_COMPUTE;
     if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
         act_take_head_grads(&m->head_grad_scale, loss_scale);
     } else {
         clear_outer_grads(m);
-        classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
+        if (tp->size > 1) {  // in place: dlogits
+            tp_classifier_backward_cuda(tp, m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, (int)BT, V, Vp, s);
+        } else {
+            classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
+        }
         m->probs_first = -1;
         matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
                              &m->matmul, s, MATMUL_DINP_SET);
+        tp_allreduce_cuda(tp, m->dbtc, BT * C, ncclSum, s);  // hook: --tp's partial d(lnf output) added
     }
-    CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, BTC * X, s));
-    layernorm_backward_cuda(m->dresidual, m->grads.lnfw, m->grads.lnfb, m->dbtc, layer_input(m, L), m->weights.lnfw,
-                            m->lnf_mean, m->lnf_rstd, B, T, C, m->reduce_scratch, s);
+    CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, R * C * X, s));  // --sp: this rank's rows
+    TpNormGradsCuda gn = tp_norm_grads_cuda(tp, m->grads.lnfw, m->grads.lnfb, C, s);  // --sp: a part of them, from this rank's rows
+    layernorm_backward_cuda(m->dresidual, gn.w, gn.b, m->dbtc + first * C, layer_input(m, L), m->weights.lnfw,
+                            m->lnf_mean + first, m->lnf_rstd + first, 1, (int)R, C, m->reduce_scratch, s);
+    tp_norm_grads_done_cuda(tp, m->grads.lnfw, m->grads.lnfb, C, s);  // hook
     for (int l = L - 1; l >= 0; l--) {
         prepare_backward(m, l, B, T);                     // hook: l's activations back (--offload, --recompute)
         LayerParams<floatX> lp = weights_of_layer(m, l);  // hook: l's weights (ZeRO-3 gathers them)
@@ -1195,7 +1327,12 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
         layer_grads_done(m, l);                           // hook: ZeRO's and NCCL's exchanges, the offloaded optimizer's copies
     }
-    encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
+    if (tp->size > 1) {  // --tp: wte's rows of this rank, from d(embeddings) of every row (--sp: gathered)
+        tp_encoder_backward_cuda(tp, m->grads.wte, m->grads.wpe, tp_gather_cuda(tp, (const floatX*)m->dresidual, R * C, s), inputs, B, T, C,
+                                 Vp, (int*)m->reduce_scratch, s);
+    } else {
+        encoder_backward_cuda(m->grads.wte, m->grads.wpe, m->dresidual, inputs, B, T, C, (int*)m->reduce_scratch, s);
+    }
     prof_gpu_close(s, S);
     outer_grads_done(m);                                  // hook: the same for wte, wpe, lnfw, lnfb
 }
@@ -1210,7 +1347,9 @@ static float* grad_block(Model<floatX>* m, int k, size_t offset) {
 }
 
 // global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1 and 2: each rank sums
-// the squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add
+// the squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add.
+// --tp: the squares of the split tensors' slices are added over the tensor-parallel group, those of the
+// tensors every rank of it holds whole counted once (as cpu/host_step.h's host_grad_norm)
 template <typename floatX>
 static float model_grad_norm(Model<floatX>* m) {
     lowp_check_refused(m);
@@ -1223,7 +1362,8 @@ static float model_grad_norm(Model<floatX>* m) {
     }
     double sum = 0.0;
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
-    if (!zero_shards_state(m->zero) || m->exchange.comm == NULL) {
+    int sharded = zero_shards_state(m->zero) && m->exchange.comm != NULL, tp = m->tp.size > 1;
+    if (!sharded && !tp) {
         double* result = m->norm_scratch;
         global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
         CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
@@ -1232,8 +1372,8 @@ static float model_grad_norm(Model<floatX>* m) {
         return (float)sqrt(sum);
     }
     int nslices = param_slice_count(&m->config);
-    OptSharding z = {.rank = m->dist.rank, .world = m->dist.world, .sum = NULL, .gather = NULL, .grads_compact = 0, .params_compact = 0,
-                     .format = m->state_format};
+    OptSharding z = {.rank = sharded ? m->dist.rank : 0, .world = sharded ? m->dist.world : 1, .sum = NULL, .gather = NULL,
+                     .grads_compact = 0, .params_compact = 0, .format = m->state_format, .tp_sum = NULL};
     for (int k = 0; k < nslices; k++) {
         size_t offset;
         OptShard sh = slice_shard(&m->slices[k], &z, &offset);
@@ -1243,10 +1383,25 @@ static float model_grad_norm(Model<floatX>* m) {
     CUDA_CHECK(cudaMemcpyAsync(parts, m->exchange.norm_parts, (size_t)nslices * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
-    for (int k = 0; k < nslices; k++) { sum += parts[k]; }
+    double split = 0.0;  // --tp: the split tensors' slices' squares
+    for (int k = 0; k < nslices; k++) {
+        if (m->slices[k].tp > 1) { split += parts[k]; } else { sum += parts[k]; }
+    }
     free(parts);
-    dist_allreduce_sum_doubles(&sum, 1);
+    if (tp) {  // the group's sum gives every rank of it the same bits, and the whole tensors' are the same there
+        dist_allreduce_doubles_over(&split, 1, m->tensor);
+        sum += split;
+    }
+    if (sharded) { dist_allreduce_doubles_over(&sum, 1, m->dist); }
     return (float)sqrt(sum);
+}
+
+// the communicators Adafactor's and CAME's sums cross (cuda/adafactor.cuh): ZeRO's data-parallel
+// ranks, --tp's group
+template <typename floatX>
+static OptComms opt_comms(const Model<floatX>* m) {
+    OptComms c = {m->exchange.comm, m->tp.comm};
+    return c;
 }
 
 // --optimizer-state bf16 or 8bit: slice k's part (p, g: n weights and gradients; st: its state, the
@@ -1262,12 +1417,12 @@ static void update_lowp_slice(Model<floatX>* m, int k, float* p, const float* g,
     FactoredLowp lp = {m->lowp_maps, m->lowp_refused, m->lowp_m_staging};
     if (m->optimizer == OPT_ADAFACTOR) {  // beta1 > 0 (the trainer refuses a low-precision format without M): R, Cc or V, then M
         QMoment M = qmoment_at(st + adafactor_state_floats(sh, 0), sh->format, units, qs);
-        adafactor_update_lowp_cuda(p, g, st, &M, sh, &h->adafactor, t, m->opt_scratch, m->exchange.comm, &lp, m->stream);
+        adafactor_update_lowp_cuda(p, g, st, &M, sh, &h->adafactor, t, m->opt_scratch, opt_comms(m), &lp, m->stream);
         return;
     }
     if (m->optimizer == OPT_CAME) {  // M, then R, Cc, Rr, Rc or V
         QMoment M = qmoment_at(st, sh->format, units, qs);
-        came_update_lowp_cuda(p, g, st + opt_moment_floats(sh), &M, sh, &h->came, t, m->opt_scratch, m->exchange.comm, &lp, m->stream);
+        came_update_lowp_cuda(p, g, st + opt_moment_floats(sh), &M, sh, &h->came, t, m->opt_scratch, opt_comms(m), &lp, m->stream);
         return;
     }
     if (n == 0) { return; }
@@ -1361,9 +1516,9 @@ static void model_update(Model<floatX>* m, const StepConfig* s, float grad_norm)
                                       (float)a->beta2, (float)a->eps, (float)wd, s->t, m->stream);
                 }
             } else if (m->optimizer == OPT_ADAFACTOR) {
-                adafactor_update_cuda(p, g, st, &sh, &h->adafactor, s->t, m->opt_scratch, m->exchange.comm, m->stream);
+                adafactor_update_cuda(p, g, st, &sh, &h->adafactor, s->t, m->opt_scratch, opt_comms(m), m->stream);
             } else {
-                came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, m->exchange.comm, m->stream);
+                came_update_cuda(p, g, st, &sh, &h->came, m->opt_scratch, opt_comms(m), m->stream);
             }
         }
         if (pass == 0) { zero_first_updated(m); made = zero3_first_updated(m); }  // hook: ZeRO (AdamW) gathers them at once
@@ -1444,8 +1599,13 @@ static const float* model_probs(Model<floatX>* m, int position) {
              "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
              position, m->probs_first, m->probs_end - 1);
     }
-    softmax_row_cuda(m->probs, m->logits, m->row_max, m->row_sum, position - m->probs_first, c->vocab_size, c->padded_vocab_size,
-                     m->stream);
+    if (m->tp.size > 1) {  // --tp: the row's Vp/N columns of every rank of the group, gathered whole (every rank asks alike)
+        tp_softmax_row_cuda(&m->tp, m->probs, m->logits, m->row_max, m->row_sum, position - m->probs_first, c->vocab_size,
+                            c->padded_vocab_size / m->tp.size, m->stream);
+    } else {
+        softmax_row_cuda(m->probs, m->logits, m->row_max, m->row_sum, position - m->probs_first, c->vocab_size, c->padded_vocab_size,
+                         m->stream);
+    }
     CUDA_CHECK(cudaMemcpyAsync(m->host_probs, m->probs, (size_t)c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     return m->host_probs;
@@ -1456,8 +1616,8 @@ static const float* model_probs(Model<floatX>* m, int position) {
 
 const char* gpt2_backend_name(void) { return "the CUDA backend (train_gpt_cu)"; }
 int gpt2_zero_max_stage(void) { return ZERO_3; }
-// --tp: not on the GPU yet (its NCCL communicators per group, issue 36); the CPU trainer has it
-int gpt2_tp_max(void) { return 1; }
+// --tp: any group whose ranks take whole heads (trainer.h checks), over an NCCL communicator per group
+int gpt2_tp_max(void) { return INT_MAX; }
 
 #ifdef CUDA_EMU
 int gpt2_device_is_modelled(void) { return !emu_device_executes(); }
@@ -1563,6 +1723,7 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 // and 3; every other setup the shared checks let through runs
 void gpt2_check_setup(const ModelSetup* s) {
     if (!s->offload_optimizer || zero_shards_grads(s->zero)) { nccl_check_built(&s->dist); }
+    nccl_check_built(&s->tensor);  // --tp: the group's sums in every layer are NCCL's
     if (s->offload_optimizer == OPT_OFFLOAD_GRADS && zero_shards_grads(s->zero)) {
         fail("--zero %d with --offload optimizer,gradients: under ZeRO-2 and 3 the GPU keeps only its 1/N shard of the reduced "
              "gradients (NCCL reduce-scatters every micro-step's into it) and the host takes that shard once a step; \",gradients\" "
@@ -1593,43 +1754,58 @@ void gpt2_select_device(const Dist* d) {
 const char* gpt2_flash_refusal(int head_size) { return flash_attention_refusal(head_size); }
 int gpt2_prefers_flash(void) { return 1; }
 
+// the GPU's tensors in bytes, for the memory planner; c: the whole model, or with --tp (c->tp = N > 1) a
+// rank's slices, whose blocks hold NH/N heads and 4C/N hidden units and whose logits are Vp/N columns;
+// with --sp (act->sp) the residual stream and the LayerNorms a rank's B T/N rows, and one (B,T,C) buffer
+// where they meet. The formulas are the whole model's (the table's bytes are a rank's)
 BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision, const ActPolicy* act) {
-    int C = c->channels, NH = c->num_heads, flash = act->flash, loss_chunk = act->loss_chunk;  // (no --sp on the GPU: --tp is refused)
-    size_t X = precision_bytes(precision), F = sizeof(float);
+    int C = c->channels, NH = c->num_heads, N = gpt2_tp(c), flash = act->flash, loss_chunk = act->loss_chunk, sp = act->sp;
+    size_t X = precision_bytes(precision), F = sizeof(float), BT = (size_t)B * T;
     // keeping everything, and what selective recompute of the GELU and (not with flash) the attention drops
-    const ActPolicy all = {.segment = 0, .gelu = 0, .attn = flash, .offload = 0, .flash = flash, .loss_chunk = loss_chunk};
-    const ActPolicy gelu = {.segment = 0, .gelu = 1, .attn = flash, .offload = 0, .flash = flash, .loss_chunk = 0};
-    const ActPolicy attn = {.segment = 0, .gelu = 0, .attn = 1, .offload = 0, .flash = flash, .loss_chunk = 0};
-    size_t layer = layer_block_bytes(B, T, C, NH, X, &all);
+    const ActPolicy all = {.segment = 0, .gelu = 0, .attn = flash, .offload = 0, .flash = flash, .loss_chunk = loss_chunk, .sp = sp};
+    const ActPolicy gelu = {.segment = 0, .gelu = 1, .attn = flash, .offload = 0, .flash = flash, .loss_chunk = 0, .sp = sp};
+    const ActPolicy attn = {.segment = 0, .gelu = 0, .attn = 1, .offload = 0, .flash = flash, .loss_chunk = 0, .sp = sp};
+    size_t layer = layer_block_bytes(B, T, C, NH, N, X, &all);
     size_t hs[NUM_HEAD_ACTS], head = 0, bs[NUM_BACKWARD_BUFFERS], backward = 0;
-    int K = act_head_rows(&all, (size_t)B * T);
-    head_act_bytes(hs, B, T, K, C, c->padded_vocab_size, X);
+    int K = act_head_rows(&all, BT);
+    head_act_bytes(hs, B, T, K, C, c->padded_vocab_size / N, X);
     for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
-    backward_buffer_bytes(bs, B, T, C, NH, X, &all);
+    backward_buffer_bytes(bs, B, T, C, NH, N, X, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bs[i]; }
-    ScratchBytes sb = scratch_bytes(c, B, T, X, flash);
-    size_t host_scratch = ((size_t)c->padded_vocab_size + (size_t)B * T) * F;  // host: a row of probabilities, the losses
-    const char* layer_formula = precision == PRECISION_BF16 ? (flash ? "2(13BTC) + 4(4BT + B NH T)" : "2(13BTC + B NH T^2) + 4(4BT)")
-                                                            : (flash ? "4(16BTC + 4BT + B NH T)" : "4(16BTC + 4BT + B NH T^2)");
-    // (no dfch_gelu: 9BTC where the CPU has 13)
-    const char* backward_formula = precision == PRECISION_BF16 ? (flash ? "2(9BTC)" : "2(9BTC + B NH T^2)")
-                                                               : (flash ? "4(9BTC)" : "4(9BTC + B NH T^2)");
+    ScratchBytes sb = scratch_bytes(c, B, T, X, &all);
+    size_t host_scratch = ((size_t)c->padded_vocab_size + BT) * F;  // host: a row of probabilities, the losses
+    // [--tp: 0 none, 1 --tp, 2 --tp --sp][bf16][flash]: a layer's block, and backward's buffers (no dfch_gelu:
+    // 9BTC where the CPU has 13)
+    static const char* const LAYER_FORMULA[3][2][2] = {
+        {{"4(16BTC + 4BT + B NH T^2)", "4(16BTC + 4BT + B NH T)"}, {"2(16BTC + B NH T^2) + 4(4BT)", "2(16BTC) + 4(4BT + B NH T)"}},
+        {{"4(4BTC + 12BTC/N + 4BT + B NH T^2/N)", "4(4BTC + 12BTC/N + 4BT + B NH T/N)"},
+         {"2(4BTC + 12BTC/N + B NH T^2/N) + 4(4BT)", "2(4BTC + 12BTC/N) + 4(4BT + B NH T/N)"}},
+        {{"4(16BTC + 4BT + B NH T^2)/N", "4(16BTC + 4BT + B NH T)/N"}, {"2(16BTC + B NH T^2)/N + 4(4BT/N)", "2(16BTC)/N + 4(4BT + B NH T)/N"}},
+    };
+    static const char* const BACKWARD_FORMULA[3][2][2] = {
+        {{"4(9BTC + B NH T^2)", "4(9BTC)"}, {"2(9BTC + B NH T^2)", "2(9BTC)"}},
+        {{"4(2BTC + 7BTC/N + B NH T^2/N)", "4(2BTC + 7BTC/N)"}, {"2(2BTC + 7BTC/N + B NH T^2/N)", "2(2BTC + 7BTC/N)"}},
+        {{"4(BTC + 8BTC/N + B NH T^2/N)", "4(BTC + 8BTC/N)"}, {"2(BTC + 8BTC/N + B NH T^2/N)", "2(BTC + 8BTC/N)"}},
+    };
+    int mode = N == 1 ? 0 : sp ? 2 : 1, bf16 = precision == PRECISION_BF16;
     BackendLayout l = {
         .param_bytes = precision == PRECISION_BF16 ? F + X : F,  // the fp32 master and the bf16 working copy
         .grad_bytes = F,
         .layer = layer,
-        .layer_gelu = layer - layer_block_bytes(B, T, C, NH, X, &gelu),
-        .layer_att = layer - layer_block_bytes(B, T, C, NH, X, &attn),
-        .residual = align_up((size_t)B * T * C * X),
+        .layer_gelu = layer - layer_block_bytes(B, T, C, NH, N, X, &gelu),
+        .layer_att = layer - layer_block_bytes(B, T, C, NH, N, X, &attn),
+        .residual = align_up(act_residual_rows(&all, BT, N) * C * X),
         .head = head,
         .backward = backward,
-        .layer_formula = layer_formula,
-        .backward_formula = backward_formula,
+        .layer_formula = LAYER_FORMULA[mode][bf16][flash],
+        .backward_formula = BACKWARD_FORMULA[mode][bf16][flash],
         .backend_scratch = scratch_total(&sb) + host_scratch,
+        .sp_gathered = sp_gathered_bytes(B, T, C, X, &all),
         .host_copy_bytes = F,
         .host_copies_opt = 1,
         .working_bytes = X,
-        .head_formula = precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)",
+        .head_formula = N > 1 ? (precision == PRECISION_BF16 ? "2K(C + Vp/N) + 4(3BT + 2K)" : "4(K(C + Vp/N) + 3BT + 2K)")
+                              : (precision == PRECISION_BF16 ? "2K(C + Vp) + 4(3BT + 2K)" : "4(K(C + Vp) + 3BT + 2K)"),
         .head_rows = K,
         .zero3_prefetch = 1,
         .lowp_staging = 1,
@@ -1727,7 +1903,7 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
 // no whole copy, ZeRO-3's or the offloaded shard's (its master shard is host memory: the CPU
 // backend's ZeRO-3 walk, gathered over the ranks on the host): a slice at a time
 template <typename floatX>
-static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+static void model_params_stream_rank(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
     offload_update_finish(m);
     if (offloads_shard(m)) {
         HostStep h = host_step_of(m);
@@ -1739,6 +1915,18 @@ static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn
     if (how == PARAMS_READ) { model_sync(m, SYNC_TO_HOST); }
     fn(ctx, 0, m->host_params, m->num_parameters);
     if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }
+}
+
+// the same with --tp: the whole model's weights through the group's slices (cpu/tensor_parallel.h's
+// stream over this rank's host copies: a split tensor's layer gathered whole into tp_staging, or each
+// rank's rows broadcast over the group, for a read; a write keeps this rank's part of each)
+template <typename floatX>
+static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
+    if (m->tp.size == 1) { model_params_stream_rank(m, how, fn, ctx); return; }
+    TpStream t;
+    tp_stream_begin(&t, &m->config, m->tensor, m->tp_staging, how == PARAMS_WRITE, fn, ctx);
+    model_params_stream_rank(m, how, tp_stream_chunk, &t);
+    tp_stream_end(&t);
 }
 
 void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {

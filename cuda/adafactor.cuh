@@ -4,8 +4,10 @@ and the factored second moment it shares with CAME (came.cuh), for a slice held 
 ZeRO-1, for this rank's part of it (OptShard of llmc/opt_layout.h), the ranks joined by NCCL.
 
     void* scratch;  // factored_model_scratch_bytes(&cfg) bytes (or factored_scratch_bytes(&sh), one slice)
-    adafactor_update_cuda(param, grad, state, &sh, &h, t, scratch, comm, stream);   // t = 1, 2, ...
-    // comm: the ranks' NCCL communicator when sh.world > 1 (NULL when the slice is whole)
+    OptComms comms = {zero_comm, tensor_comm};   // OPT_NO_COMMS when one process holds the slice whole
+    adafactor_update_cuda(param, grad, state, &sh, &h, t, scratch, comms, stream);   // t = 1, 2, ...
+    // comms.zero: the ranks' NCCL communicator when sh.world > 1; comms.tensor: --tp's group when the
+    // slice is a rank's part of a split tensor (sh.tp_rows or sh.tp_cols)
 
 Invariants: param, grad and state are fp32 (master weights, gradients, optimizer state in the
 layout of llmc/opt_layout.h: state is where the caller points, slice by slice, as on the CPU). The
@@ -34,6 +36,14 @@ ncclBroadcast per rank's block of columns in one NCCL group (the CPU gathers Cc 
 every rank: the same floats).
 The sharded sums add in another order than the whole slice's (per rank, then across), so --zero 1
 agrees with --zero 0 to double rounding before each float rounding (in practice bitwise).
+
+--tp (sh->tp_rows, sh->tp_cols: the slice is a rank's rows or columns of a tensor split over the
+tensor-parallel group, cpu/optimizers.h's OptShard.tp_sum): what spans the group's parts adds the
+group's partial sums, an ncclAllReduce of doubles over its communicator, after ZeRO's sum where both
+apply, as the CPU adds them: a column-parallel matrix's column sums and mean(R) (the group holds the
+other rows), a row-parallel matrix's row sums before the row statistic's EMA (the other columns:
+one more kernel adds the block columns' row sums first), and every RMS (U's, p's). The sums give every
+rank of the group the same bits, so the statistics of a row-parallel matrix's rows stay alike there.
 
 Launches per slice (a real GPU's cost is mostly their count: a d12 step has 50 matrix and 98 vector
 slices): Adafactor matrix 6 kernels, vector 4, each +2 with scale_parameter (RMS(p)); ZeRO-1 adds
@@ -84,6 +94,13 @@ __device__ inline float scaled_grad(const float* scale_row, int i, float scale_c
     float sr = scale_row != NULL ? scale_row[i] : 1.0f;
     return __fmul_rn(__fmul_rn(sr, scale_col_j), g);
 }
+
+// the NCCL communicators a slice part's sums cross (either NULL where it does not)
+typedef struct {
+    ncclComm_t zero;    // ZeRO-1's data-parallel ranks that share the slice (sh->world > 1)
+    ncclComm_t tensor;  // --tp's group that holds the tensor's other parts (sh->tp_rows or sh->tp_cols)
+} OptComms;
+static const OptComms OPT_NO_COMMS = {NULL, NULL};
 
 // ----------------------------------------------------------------------------
 // the scratch of one slice's update
@@ -233,17 +250,17 @@ __global__ void factored_sums_kernel(double* row_parts, double* col_parts, Facto
 
 // the row statistic's EMA and what the column statistic needs, as cpu opt_ema_grad_sq_factored and
 // opt_ema_col_means up to the sums across the ranks: S_row (rows) = ema(S_row, (row_parts summed over
-// the chunks) / cols); col_sums[0] = the sum of the new S_row (mean(R)'s, cpu opt_factored_scales:
+// the chunks) / total_cols (cols, or --tp's whole tensor's); col_sums[0] = the sum of the new S_row (mean(R)'s, cpu opt_factored_scales:
 // thread t adds rows t, t + blockDim, ..., the threads by a fixed tree), col_sums[1 + j] = col_parts
 // summed over the parts in order (the CPU's column sums, bitwise). One block: the row sum needs every row.
 // bytes: 8 (chunks rows + parts cols) + 8 rows + 8 cols; FLOPs: chunks rows + parts cols + 4 rows
 static __global__ void factored_row_ema_kernel(float* S_row, double* col_sums, const double* row_parts, int chunks,
-                                               const double* col_parts, int rows, int cols, OptEma e) {
+                                               const double* col_parts, int rows, int cols, int total_cols, OptEma e) {
     double sum_rows = 0.0;
     for (int i = threadIdx.x; i < rows; i += blockDim.x) {
         double s = 0.0;
         for (int c = 0; c < chunks; c++) { s += row_parts[(size_t)c * rows + i]; }
-        float r = opt_ema_device(S_row[i], (float)(s / cols), e);
+        float r = opt_ema_device(S_row[i], (float)(s / total_cols), e);
         S_row[i] = r;
         sum_rows += r;
     }
@@ -254,6 +271,18 @@ static __global__ void factored_row_ema_kernel(float* S_row, double* col_sums, c
     }
     double total = block_sum_double(sum_rows);
     if (threadIdx.x == 0) { col_sums[0] = total; }
+}
+
+// --tp, a row-parallel matrix: row_parts' first block column (rows) := each row's sum over the block
+// columns (chunks), in order, as factored_row_ema_kernel adds them, so that the group's sums of the
+// rows can be added before the EMA (which then reads one block column). A thread per row.
+// bytes: 8 (chunks + 1) rows; FLOPs: chunks rows
+static __global__ void factored_row_sums_kernel(double* row_parts, int chunks, int rows) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows) { return; }
+    double s = 0.0;
+    for (int c = 0; c < chunks; c++) { s += row_parts[(size_t)c * rows + i]; }
+    row_parts[i] = s;
 }
 
 // from the sums over the whole slice (col_sums, added across the ranks), as cpu opt_ema_col_means and
@@ -351,20 +380,30 @@ static __global__ void adafactor_apply_kernel(float* param, const float* grad, f
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-// a slice part shared by several ranks needs their communicator
-static void factored_check_comm(const OptShard* sh, ncclComm_t comm, const char* who) {
-    if (sh->world > 1 && comm == NULL) {
+// a slice part shared by several ranks needs their communicator, and a rank's part of a --tp split tensor its group's
+static void factored_check_comm(const OptShard* sh, OptComms comms, const char* who) {
+    if (sh->world > 1 && comms.zero == NULL) {
         fail("%s: a slice shared by %d processes (ZeRO-1) and no NCCL communicator to add their sums\n"
              "  hint: pass the ranks' communicator (train_gpt.cu: m->comm), or OPT_UNSHARDED for a slice held whole",
              who, sh->world);
+    }
+    if ((sh->tp_rows || sh->tp_cols) && comms.tensor == NULL) {
+        fail("%s: an optimizer step over a tensor split by --tp, without the tensor-parallel group's communicator to add its sums (a bug)", who);
     }
 }
 
 // x (n doubles, device) := the sum over the ranks that share the slice of their x, in place on
 // stream (the CPU's opt_sum_across); nothing when this process holds the slice whole
-static void opt_sum_across_cuda(double* x, size_t n, const OptShard* sh, ncclComm_t comm, cudaStream_t stream) {
+static void opt_sum_across_cuda(double* x, size_t n, const OptShard* sh, OptComms comms, cudaStream_t stream) {
     if (sh->world == 1) { return; }
-    NCCL_CHECK(ncclAllReduce(x, x, n, ncclDouble, ncclSum, comm, stream));
+    NCCL_CHECK(ncclAllReduce(x, x, n, ncclDouble, ncclSum, comms.zero, stream));
+}
+
+// --tp: x (n doubles, device) := the sum over the tensor-parallel group of x, in place on stream, when
+// the statistic spans the tensor's parts there (split: 1; the CPU's opt_sum_tp)
+static void opt_sum_tp_cuda(double* x, size_t n, int split, OptComms comms, cudaStream_t stream) {
+    if (!split) { return; }
+    NCCL_CHECK(ncclAllReduce(x, x, n, ncclDouble, ncclSum, comms.tensor, stream));
 }
 
 // scale_col (cols): every rank's block of columns (opt_layout.h's shard_range, the CPU's gather
@@ -398,34 +437,44 @@ static int opt_blocks(int n) { return n < 1 ? 1 : ceil_div(n, OPT_BLOCK); }
 // ema(S_row, row means of X), ema(S_col, column means of X) for this part (rows, cols) of a matrix,
 // the means over the whole slice, then the scales of the factored rsqrt: w->scale_row =
 // rsqrt(S_row / mean(S_row)), w->scale_col = rsqrt(S_col), every column (S_col: this part's block).
-// 3 kernels; ZeRO-1 adds an all-reduce of the sums and the gather of the column scales
+// 3 kernels; ZeRO-1 adds an all-reduce of the sums and the gather of the column scales; --tp adds
+// an all-reduce of the column sums and mean(R) (a column-parallel matrix), or a kernel and an
+// all-reduce of the row sums (a row-parallel one)
 template <int STAT>
 static void factored_stat_cuda(float* S_row, float* S_col, const FactoredArgs* a, const OptShard* sh, OptEma e,
-                               const FactoredScratch* w, ncclComm_t comm, cudaStream_t stream) {
+                               const FactoredScratch* w, OptComms comms, cudaStream_t stream) {
     int rows = sh->rows, cols = sh->cols, chunks = factored_col_chunks(cols);
     bool vector = factored_vector(a->g, a->M, a->scale_col, cols);
     dim3 grid(chunks, FACTORED_ROW_PARTS);
     factored_sums_kernel<STAT><<<grid, opt_threads(cols), 0, stream>>>(w->row_parts, w->col_parts, *a, rows, cols, vector);
     CUDA_CHECK_LAUNCH();
-    factored_row_ema_kernel<<<1, OPT_BLOCK, 0, stream>>>(S_row, w->col_sums, w->row_parts, chunks, w->col_parts, rows, cols, e);
+    if (sh->tp_cols) {  // --tp: the group's columns of a row-parallel matrix, added to each row's sum before its EMA
+        factored_row_sums_kernel<<<opt_blocks(rows), OPT_BLOCK, 0, stream>>>(w->row_parts, chunks, rows);
+        CUDA_CHECK_LAUNCH();
+        opt_sum_tp_cuda(w->row_parts, (size_t)rows, 1, comms, stream);
+        chunks = 1;
+    }
+    factored_row_ema_kernel<<<1, OPT_BLOCK, 0, stream>>>(S_row, w->col_sums, w->row_parts, chunks, w->col_parts, rows, cols,
+                                                         sh->total_cols, e);
     CUDA_CHECK_LAUNCH();
-    opt_sum_across_cuda(w->col_sums, 1 + (size_t)cols, sh, comm, stream);
+    opt_sum_across_cuda(w->col_sums, 1 + (size_t)cols, sh, comms, stream);
+    opt_sum_tp_cuda(w->col_sums, 1 + (size_t)cols, sh->tp_rows, comms, stream);  // --tp: the group's rows of a column-parallel matrix
     factored_scales_kernel<<<opt_blocks(rows + sh->col_count), OPT_BLOCK, 0, stream>>>(
         w->scale_row, w->scale_col, S_col, S_row, w->col_sums, rows, sh->total_rows, sh->col_begin, sh->col_count, e);
     CUDA_CHECK_LAUNCH();
-    opt_gather_cols_cuda(w->scale_col, sh, comm, stream);
+    opt_gather_cols_cuda(w->scale_col, sh, comms.zero, stream);
 }
 
 // the second moment shared by Adafactor and CAME (cpu opt_second_moment): updates v (factored: R then
 // this part's block of Cc; vector: V) with g and fills w's scales so that U_ij = (scale_row_i scale_col_j) g_ij
 static void second_moment_cuda(float* v, const float* g, const OptShard* sh, float eps1, OptEma e,
-                               const FactoredScratch* w, ncclComm_t comm, cudaStream_t stream) {
+                               const FactoredScratch* w, OptComms comms, cudaStream_t stream) {
     if (sh->factored) {
         FactoredArgs a;
         memset(&a, 0, sizeof(a));
         a.g = g;
         a.eps = eps1;
-        factored_stat_cuda<STAT_GRAD_SQ>(v, v + sh->state_units, &a, sh, e, w, comm, stream);
+        factored_stat_cuda<STAT_GRAD_SQ>(v, v + sh->state_units, &a, sh, e, w, comms, stream);
         return;
     }
     second_moment_vector_kernel<<<opt_blocks(sh->cols), OPT_BLOCK, 0, stream>>>(v, w->scale_col, g, sh->cols, eps1, e);
@@ -448,22 +497,24 @@ static void clip_sum_cuda(double* sum_u2, const float* g, const OptShard* sh, co
 // as cpu adafactor_update: param and grad (rows, cols), state in the layout of opt_layout.h (factored:
 // R, Cc [, M]; vector: V [, M]); t = 1, 2, ...; scratch: factored_scratch_bytes(sh) bytes; comm: the
 // ranks that share the slice (unused when sh->world is 1). The sums of p^2 (RMS(p), taken before the
-// step changes p) and of U^2 cross the ranks together, just before the update that reads them.
+// step changes p) and of U^2 cross the ranks together (ZeRO's, then --tp's group), just before the
+// update that reads them.
 // adafactor_update_m_cuda takes the first moment M (rows, cols) wherever the caller keeps it (NULL:
 // none) and `second` the rest of the state (R, Cc; V): cuda/factored_lowp.cuh passes an fp32 copy
 // of an 8-bit or bf16 M; adafactor_update_cuda finds M in the state, after the second moment
 static void adafactor_update_m_cuda(float* param, const float* grad, float* second, float* M, const OptShard* sh,
-                                    const AdafactorHyper* h, int t, void* scratch, ncclComm_t comm, cudaStream_t stream) {
-    factored_check_comm(sh, comm, "adafactor_update_cuda");
+                                    const AdafactorHyper* h, int t, void* scratch, OptComms comms, cudaStream_t stream) {
+    factored_check_comm(sh, comms, "adafactor_update_cuda");
     FactoredScratch w;
     factored_scratch_carve((char*)scratch, sh, &w);
     int rows = sh->rows, cols = sh->cols;
     size_t n = (size_t)rows * cols;
     if (h->scale_parameter) { global_norm_squared_cuda(w.sums, param, n, w.partials, stream); }  // p before the step
-    second_moment_cuda(second, grad, sh, (float)h->eps1, opt_ema_coeffs(adafactor_beta2(h, t)), &w, comm, stream);
+    second_moment_cuda(second, grad, sh, (float)h->eps1, opt_ema_coeffs(adafactor_beta2(h, t)), &w, comms, stream);
     clip_sum_cuda(w.sums + 1, grad, sh, &w, stream);
     int first = h->scale_parameter ? 0 : 1;  // sums[0]: p^2 (scale_parameter only), sums[1]: U^2
-    opt_sum_across_cuda(w.sums + first, 2 - first, sh, comm, stream);
+    opt_sum_across_cuda(w.sums + first, 2 - first, sh, comms, stream);
+    opt_sum_tp_cuda(w.sums + first, 2 - first, sh->tp_rows || sh->tp_cols, comms, stream);  // --tp: the group's parts
     AdafactorStep st = {(float)adafactor_step_size(h, t), (float)h->eps2, h->scale_parameter, (float)h->clip_threshold,
                         h->weight_decay, opt_ema_coeffs(h->beta1)};
     bool vector = factored_vector(param, grad, M, cols) && is_aligned16(w.scale_col);
@@ -473,9 +524,9 @@ static void adafactor_update_m_cuda(float* param, const float* grad, float* seco
 }
 
 static void adafactor_update_cuda(float* param, const float* grad, float* state, const OptShard* sh,
-                                  const AdafactorHyper* h, int t, void* scratch, ncclComm_t comm, cudaStream_t stream) {
+                                  const AdafactorHyper* h, int t, void* scratch, OptComms comms, cudaStream_t stream) {
     float* M = h->beta1 > 0.0 ? state + adafactor_state_floats(sh, 0) : NULL;
-    adafactor_update_m_cuda(param, grad, state, M, sh, h, t, scratch, comm, stream);
+    adafactor_update_m_cuda(param, grad, state, M, sh, h, t, scratch, comms, stream);
 }
 
 #endif // CUDA_ADAFACTOR_CUH

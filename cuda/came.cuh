@@ -6,7 +6,7 @@ second moment, the clip divisor, the sums across the ranks and the scratch are A
 scales replace U's.
 
     void* scratch;  // factored_model_scratch_bytes(&cfg) bytes (or factored_scratch_bytes(&sh), one slice)
-    came_update_cuda(param, grad, state, &sh, &h, scratch, comm, stream);   // no step count: no bias correction
+    came_update_cuda(param, grad, state, &sh, &h, scratch, comms, stream);   // no step count: no bias correction; comms: adafactor.cuh's
 
 Invariants: those of adafactor.cuh: fp32 parameters, gradients and state in opt_layout.h's layout
 (M, R, Cc, Rr, Rc for a matrix; M, V for a vector; under ZeRO-1 this rank's rows and its block of
@@ -81,20 +81,21 @@ static __global__ void came_apply_kernel(float* param, const float* grad, float*
 // (factored: R, Cc, Rr, Rc; vector: V): cuda/factored_lowp.cuh passes an fp32 copy of an 8-bit or
 // bf16 M; came_update_cuda finds both in the state, M first
 static void came_update_m_cuda(float* param, const float* grad, float* M, float* v, const OptShard* sh, const CAMEHyper* h,
-                               void* scratch, ncclComm_t comm, cudaStream_t stream) {
-    factored_check_comm(sh, comm, "came_update_cuda");
+                               void* scratch, OptComms comms, cudaStream_t stream) {
+    factored_check_comm(sh, comms, "came_update_cuda");
     FactoredScratch w;
     factored_scratch_carve((char*)scratch, sh, &w);
     int rows = sh->rows, cols = sh->cols;
-    second_moment_cuda(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w, comm, stream);
+    second_moment_cuda(v, grad, sh, (float)h->eps1, opt_ema_coeffs(h->beta2), &w, comms, stream);
     clip_sum_cuda(w.sums + 1, grad, sh, &w, stream);
-    opt_sum_across_cuda(w.sums + 1, 1, sh, comm, stream);
+    opt_sum_across_cuda(w.sums + 1, 1, sh, comms, stream);
+    opt_sum_tp_cuda(w.sums + 1, 1, sh->tp_rows || sh->tp_cols, comms, stream);  // --tp: the group's parts
     if (sh->factored) {
         float* Rr = v + sh->state_units + sh->col_units;
         float* Rc = Rr + sh->state_units;  // this part's block of columns
         FactoredArgs a = {grad, (float)h->eps2, M, w.scale_row, w.scale_col, w.sums + 1, (double)sh->total,
                           (float)h->clip_threshold, opt_ema_coeffs(h->beta1)};
-        factored_stat_cuda<STAT_CAME_RESIDUAL>(Rr, Rc, &a, sh, opt_ema_coeffs(h->beta3), &w, comm, stream);
+        factored_stat_cuda<STAT_CAME_RESIDUAL>(Rr, Rc, &a, sh, opt_ema_coeffs(h->beta3), &w, comms, stream);
     }
     CAMEStep st = {(float)h->lr, (float)(-h->weight_decay * h->lr), h->weight_decay != 0.0, (float)h->clip_threshold,
                    opt_ema_coeffs(h->beta1)};
@@ -105,8 +106,8 @@ static void came_update_m_cuda(float* param, const float* grad, float* M, float*
 }
 
 static void came_update_cuda(float* param, const float* grad, float* state, const OptShard* sh, const CAMEHyper* h,
-                             void* scratch, ncclComm_t comm, cudaStream_t stream) {
-    came_update_m_cuda(param, grad, state, state + sh->state_units * sh->width, sh, h, scratch, comm, stream);
+                             void* scratch, OptComms comms, cudaStream_t stream) {
+    came_update_m_cuda(param, grad, state, state + sh->state_units * sh->width, sh, h, scratch, comms, stream);
 }
 
 #endif // CUDA_CAME_CUH

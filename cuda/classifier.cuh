@@ -87,11 +87,12 @@ __global__ void classifier_forward_kernel(float* losses, float* row_max, float* 
     if (targets != NULL) { losses[blockIdx.x] = -(to_float(x[targets[blockIdx.x]]) - m - logf(s)); }
 }
 
-// dlogits (N,Vp) = (exp(logit - max) / sum - onehot(target)) * dloss, zero past V; one thread per
-// pack; may run in place. bytes: 2 N*Vp floatX + 2 N fp32 + N ints; FLOPs: about 4 N*V plus N*V exp
+// dlogits (N,Vp) = (exp(logit - max) / sum - onehot(target - v0)) * dloss, zero past V; one thread per
+// pack; may run in place. v0: the token of column 0 (0; --tp: this rank's first row of wte,
+// cuda/tensor_parallel.cuh). bytes: 2 N*Vp floatX + 2 N fp32 + N ints; FLOPs: about 4 N*V plus N*V exp
 template <typename floatX>
 __global__ void classifier_backward_kernel(floatX* dlogits, const floatX* logits, const float* row_max,
-                                           const float* row_sum, const int* targets, float dloss, int V, int Vp,
+                                           const float* row_sum, const int* targets, int v0, float dloss, int V, int Vp,
                                            bool vector) {
     const int VEC = Packed128<floatX>::size;
     int row = blockIdx.x;  // rows on x: B*T may pass gridDim.y's limit of 65535
@@ -99,7 +100,7 @@ __global__ void classifier_backward_kernel(floatX* dlogits, const floatX* logits
     if (i >= Vp) { return; }
     float m = row_max[row], inv = 1.0f / row_sum[row];
     Packed128<floatX> x = load_pack(logits + (size_t)row * Vp, i, Vp, vector);
-    store_pack(dlogits + (size_t)row * Vp, i, Vp, vector, classifier_grad_pack(x, i, m, inv, targets[row], dloss, V));
+    store_pack(dlogits + (size_t)row * Vp, i, Vp, vector, classifier_grad_pack(x, i, m, inv, targets[row] - v0, dloss, V));
 }
 
 // the two above in one pass per row, in place: losses (N) and logits (N,Vp) -> their gradient.
@@ -171,7 +172,7 @@ void classifier_backward_cuda(floatX* dlogits, const floatX* logits, const float
     bool vector = Vp % VEC == 0 && is_aligned16(logits) && is_aligned16(dlogits);
     dim3 grid(B * T, ceil_div(ceil_div(Vp, VEC), CLASSIFIER_BACKWARD_BLOCK));
     classifier_backward_kernel<floatX><<<grid, CLASSIFIER_BACKWARD_BLOCK, 0, stream>>>(dlogits, logits, row_max, row_sum,
-                                                                                      targets, dloss, V, Vp, vector);
+                                                                                      targets, 0, dloss, V, Vp, vector);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -138,29 +138,54 @@ static int encoder_buckets(const int* inp, int BT, int* out) {
     return nb;
 }
 
+// the buckets (n, 3) of the tokens in [v0, v0 + rows), in order, as rows of wte's slice (token - v0);
+// returns their number
+static int encoder_buckets_of_rows(int* buckets, int n, int v0, int rows) {
+    int kept = 0;
+    for (int b = 0; b < n; b++) {
+        int* from = buckets + 3 * b;
+        if (from[0] < v0 || from[0] - v0 >= rows) { continue; }
+        int* to = buckets + 3 * kept++;
+        to[0] = from[0] - v0; to[1] = from[1]; to[2] = from[2];
+    }
+    return kept;
+}
+
+// dwte (rows,C) += scatter of dout (B,T,C) by token, the tokens v0 .. v0 + rows - 1 into rows 0 ..
+// rows - 1 (the whole of wte: 0, Vp; --tp: a rank's slice, cuda/tensor_parallel.cuh); dwpe (maxT,C) +=
+// sum over b (both fp32). inp (B,T) is on the host; scratch: encoder_backward_scratch_ints(B, T) ints of
+// device memory
+template <typename floatX>
+void encoder_backward_rows_cuda(float* dwte, float* dwpe, const floatX* dout, const int* inp, int B, int T, int C, int v0,
+                                int rows, int* scratch, cudaStream_t stream) {
+    int BT = B * T;
+    if (BT == 0 || C == 0) { return; }
+    const int VEC = Packed128<floatX>::size;
+    bool vector = C % VEC == 0 && is_aligned16(dout);
+    int* host = (int*)malloc_check(encoder_backward_scratch_ints(B, T) * sizeof(int));
+    int nb = encoder_buckets_of_rows(host + BT, encoder_buckets(inp, BT, host), v0, rows);
+    // from pageable memory: staged at once, so the host buffer may go (the copy runs in stream order)
+    CUDA_CHECK(cudaMemcpyAsync(scratch, host, ((size_t)BT + 3 * (size_t)nb) * sizeof(int), cudaMemcpyHostToDevice, stream));
+    free(host);
+    size_t threads = (size_t)nb * ceil_div(C, VEC);
+    if (threads > 0) {  // none: --tp's rank holds none of the batch's tokens
+        encoder_backward_wte_kernel<floatX><<<(unsigned)ceil_div(threads, (size_t)ENCODER_BLOCK), ENCODER_BLOCK, 0, stream>>>(
+            dwte, dout, scratch, scratch + BT, nb, C, vector);
+        CUDA_CHECK_LAUNCH();
+    }
+    threads = (size_t)T * ceil_div(C, VEC);
+    encoder_backward_wpe_kernel<floatX><<<(unsigned)ceil_div(threads, (size_t)ENCODER_BLOCK), ENCODER_BLOCK, 0, stream>>>(
+        dwpe, dout, B, T, C, vector);
+    CUDA_CHECK_LAUNCH();
+}
+
 // dwte (Vp,C) += scatter of dout (B,T,C) by token; dwpe (maxT,C) += sum over b (both fp32). inp (B,T)
 // is on the host (as cpu/layers.h's); scratch: encoder_backward_scratch_ints(B, T) ints of device memory
 template <typename floatX>
 void encoder_backward_cuda(float* dwte, float* dwpe, const floatX* dout, const int* inp, int B, int T, int C,
                            int* scratch, cudaStream_t stream) {
     prof_kernel(stream, PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(floatX)), "backward");
-    int BT = B * T;
-    if (BT == 0 || C == 0) { return; }
-    const int VEC = Packed128<floatX>::size;
-    bool vector = C % VEC == 0 && is_aligned16(dout);
-    int* host = (int*)malloc_check(encoder_backward_scratch_ints(B, T) * sizeof(int));
-    int nb = encoder_buckets(inp, BT, host);
-    // from pageable memory: staged at once, so the host buffer may go (the copy runs in stream order)
-    CUDA_CHECK(cudaMemcpyAsync(scratch, host, ((size_t)BT + 3 * (size_t)nb) * sizeof(int), cudaMemcpyHostToDevice, stream));
-    free(host);
-    size_t threads = (size_t)nb * ceil_div(C, VEC);
-    encoder_backward_wte_kernel<floatX><<<(unsigned)ceil_div(threads, (size_t)ENCODER_BLOCK), ENCODER_BLOCK, 0, stream>>>(
-        dwte, dout, scratch, scratch + BT, nb, C, vector);
-    CUDA_CHECK_LAUNCH();
-    threads = (size_t)T * ceil_div(C, VEC);
-    encoder_backward_wpe_kernel<floatX><<<(unsigned)ceil_div(threads, (size_t)ENCODER_BLOCK), ENCODER_BLOCK, 0, stream>>>(
-        dwpe, dout, B, T, C, vector);
-    CUDA_CHECK_LAUNCH();
+    encoder_backward_rows_cuda(dwte, dwpe, dout, inp, B, T, C, 0, INT_MAX, scratch, stream);
 }
 
 #endif // CUDA_ENCODER_CUH

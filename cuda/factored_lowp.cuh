@@ -4,8 +4,8 @@ bf16 (llmc/quant_state.h's QMoment, device pointers), their second moments fp32:
 adafactor_update_lowp and came_update_lowp of cpu/optimizers_lowp.h.
 
     FactoredLowp lp = {d_maps, d_bad, m_staging};   // m_staging: the largest slice part's n floats
-    adafactor_update_lowp_cuda(param, grad, second, &M, &sh, &h, t, scratch, comm, &lp, stream);
-    came_update_lowp_cuda(param, grad, second, &M, &sh, &h, t, scratch, comm, &lp, stream);
+    adafactor_update_lowp_cuda(param, grad, second, &M, &sh, &h, t, scratch, comms, &lp, stream);
+    came_update_lowp_cuda(param, grad, second, &M, &sh, &h, t, scratch, comms, &lp, stream);
 
 Staged, not fused: M is read into an fp32 copy (m_staging), the fp32 update of adafactor.cuh or
 came.cuh runs on it (adafactor_update_m_cuda, came_update_m_cuda: the same kernels, the same
@@ -56,22 +56,22 @@ static void qmoment_store_cuda(QMoment* M, size_t n, int t, const FactoredLowp* 
 
 // one Adafactor step (beta1 > 0) on slice part sh, as adafactor_update_cuda, with M in 8 bits or bf16
 static void adafactor_update_lowp_cuda(float* param, const float* grad, float* second, QMoment* M, const OptShard* sh,
-                                       const AdafactorHyper* h, int t, void* scratch, ncclComm_t comm,
+                                       const AdafactorHyper* h, int t, void* scratch, OptComms comms,
                                        const FactoredLowp* lp, cudaStream_t stream) {
     size_t n = (size_t)sh->rows * sh->cols;
     qmoment_load_cuda(M, n, lp, stream);
-    adafactor_update_m_cuda(param, grad, second, lp->m_staging, sh, h, t, scratch, comm, stream);
+    adafactor_update_m_cuda(param, grad, second, lp->m_staging, sh, h, t, scratch, comms, stream);
     qmoment_store_cuda(M, n, t, lp, stream);
 }
 
 // one CAME step on slice part sh, as came_update_cuda, with M in 8 bits or bf16; t = 1, 2, ... draws
 // bf16's rounding bits only (CAME has no step count)
 static void came_update_lowp_cuda(float* param, const float* grad, float* second, QMoment* M, const OptShard* sh,
-                                  const CAMEHyper* h, int t, void* scratch, ncclComm_t comm, const FactoredLowp* lp,
+                                  const CAMEHyper* h, int t, void* scratch, OptComms comms, const FactoredLowp* lp,
                                   cudaStream_t stream) {
     size_t n = (size_t)sh->rows * sh->cols;
     qmoment_load_cuda(M, n, lp, stream);
-    came_update_m_cuda(param, grad, lp->m_staging, second, sh, h, scratch, comm, stream);
+    came_update_m_cuda(param, grad, lp->m_staging, second, sh, h, scratch, comms, stream);
     qmoment_store_cuda(M, n, t, lp, stream);
 }
 

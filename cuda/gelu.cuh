@@ -18,7 +18,7 @@ the fc-projection GEMM's fallback (cuda/matmul.cuh) where cuBLASLt refuses its D
 #include "profile.cuh"  // --profile: a launcher marks its range on the compute stream (prof_kernel)
 #include "../llmc/model_config.h"  // GELU_SCALE, GELU_CUBIC: the model's, one set for both backends
 
-#define GELU_BLOCK 256
+#define GELU_THREADS 256
 
 // ----------------------------------------------------------------------------
 // CUDA kernels
@@ -81,8 +81,8 @@ void gelu_forward_cuda(floatX* out, const floatX* inp, size_t N, cudaStream_t st
     if (N == 0) { return; }
     const size_t VEC = Packed128<floatX>::size;
     bool vector = is_aligned16(out) && is_aligned16(inp);
-    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_BLOCK);
-    gelu_forward_kernel<floatX><<<(unsigned)blocks, GELU_BLOCK, 0, stream>>>(out, inp, N, vector);
+    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_THREADS);
+    gelu_forward_kernel<floatX><<<(unsigned)blocks, GELU_THREADS, 0, stream>>>(out, inp, N, vector);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -93,8 +93,8 @@ void gelu_backward_cuda(floatX* dinp, const floatX* inp, const floatX* dout, siz
     if (N == 0) { return; }
     const size_t VEC = Packed128<floatX>::size;
     bool vector = is_aligned16(dinp) && is_aligned16(inp) && is_aligned16(dout);
-    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_BLOCK);
-    gelu_backward_kernel<floatX><<<(unsigned)blocks, GELU_BLOCK, 0, stream>>>(dinp, inp, dout, N, vector);
+    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_THREADS);
+    gelu_backward_kernel<floatX><<<(unsigned)blocks, GELU_THREADS, 0, stream>>>(dinp, inp, dout, N, vector);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -104,8 +104,8 @@ void gelu_backward_inplace_cuda(floatX* d, const floatX* inp, size_t N, cudaStre
     if (N == 0) { return; }
     const size_t VEC = Packed128<floatX>::size;
     bool vector = is_aligned16(d) && is_aligned16(inp);
-    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_BLOCK);
-    gelu_backward_inplace_kernel<floatX><<<(unsigned)blocks, GELU_BLOCK, 0, stream>>>(d, inp, N, vector);
+    size_t blocks = ceil_div(ceil_div(N, VEC), (size_t)GELU_THREADS);
+    gelu_backward_inplace_kernel<floatX><<<(unsigned)blocks, GELU_THREADS, 0, stream>>>(d, inp, N, vector);
     CUDA_CHECK_LAUNCH();
 }
 

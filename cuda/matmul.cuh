@@ -334,30 +334,35 @@ static bool matmul_dinp_dgelu(floatX* dinp, const floatX* dout, const floatX* we
     return false;
 }
 
-// dinp (B,T,C) += dout @ weight (or =, or = gelu'(gelu_inp (B,T,C)) * (dout @ weight): dinp_mode);
-// dweight (OC,C) += dout^T @ inp; dbias (OC) += sum of dout; dweight and dbias fp32; dinp may be
-// NULL (nothing upstream needs it), dbias may be NULL (no bias), gelu_inp is read by
-// MATMUL_DINP_SET_DGELU only; scratch: matmul_backward_scratch_floats(B, T, OC) floats (unused when
-// dbias is NULL)
+// dinp (B,T,C) += dout (B,T,OC) @ weight (OC,C) (or =, or = gelu'(gelu_inp (B,T,C)) * (dout @ weight):
+// dinp_mode): the input-gradient half of matmul_backward_cuda, alone for a caller that starts
+// something on dinp before the weight gradient's GEMM (--tp's sum over the group: cuda/tensor_parallel.cuh,
+// whose caller marks the --profile range of both halves)
 template <typename floatX>
-void matmul_backward_cuda(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
-                          const floatX* weight, int B, int T, int C, int OC, float* scratch, const MatmulContext* ctx,
-                          cudaStream_t stream, MatmulDinp dinp_mode = MATMUL_DINP_ADD, const floatX* gelu_inp = NULL) {
-    prof_kernel(stream, PROF_MATMUL, prof_matmul_backward((size_t)B * T, C, OC, sizeof(floatX)), PROF_MATMUL_BACKWARD "%s", (size_t)B * T, C, OC,
-                dinp_mode == MATMUL_DINP_SET_DGELU ? " (with gelu backward)" : "");
+void matmul_backward_dinp_cuda(floatX* dinp, const floatX* dout, const floatX* weight, int B, int T, int C, int OC,
+                               const MatmulContext* ctx, cudaStream_t stream, MatmulDinp dinp_mode = MATMUL_DINP_ADD,
+                               const floatX* gelu_inp = NULL) {
     int BT = B * T;
     cudaDataType type = cuda_data_type<floatX>();
     // column-major: dinp^T (C,BT) (+)= weight^T (C,OC) @ dout^T (OC,BT)
-    if (dinp != NULL) {
-        bool dgelu = dinp_mode == MATMUL_DINP_SET_DGELU;
-        bool fused = dgelu && matmul_dinp_dgelu(dinp, dout, weight, gelu_inp, BT, C, OC, ctx, stream);
-        if (!fused) {
-            float beta = dinp_mode == MATMUL_DINP_ADD ? 1.0f : 0.0f;
-            matmul_lt(ctx, false, false, C, BT, OC, 1.0f, weight, C, 0, dout, OC, 0, beta, dinp, C, 0, 1, type, type,
-                      NULL, stream);
-        }
-        if (dgelu && !fused) { gelu_backward_inplace_cuda(dinp, gelu_inp, (size_t)BT * C, stream); }  // DGELU refused
+    bool dgelu = dinp_mode == MATMUL_DINP_SET_DGELU;
+    bool fused = dgelu && matmul_dinp_dgelu(dinp, dout, weight, gelu_inp, BT, C, OC, ctx, stream);
+    if (!fused) {
+        float beta = dinp_mode == MATMUL_DINP_ADD ? 1.0f : 0.0f;
+        matmul_lt(ctx, false, false, C, BT, OC, 1.0f, weight, C, 0, dout, OC, 0, beta, dinp, C, 0, 1, type, type,
+                  NULL, stream);
     }
+    if (dgelu && !fused) { gelu_backward_inplace_cuda(dinp, gelu_inp, (size_t)BT * C, stream); }  // DGELU refused
+}
+
+// dweight (OC,C) += dout^T @ inp (fp32); dbias (OC) += sum of dout (fp32, may be NULL): the weight half
+// of matmul_backward_cuda, alone for a caller that runs something beside it (--tp's sum of dinp over the
+// group: cuda/tensor_parallel.cuh); scratch: matmul_backward_scratch_floats(B, T, OC) floats
+template <typename floatX>
+void matmul_backward_weights_cuda(float* dweight, float* dbias, const floatX* dout, const floatX* inp, int B, int T, int C,
+                                  int OC, float* scratch, const MatmulContext* ctx, cudaStream_t stream) {
+    int BT = B * T;
+    cudaDataType type = cuda_data_type<floatX>();
     // column-major: dweight^T (C,OC) += inp^T (C,BT) @ dout (BT,OC), into fp32
     matmul_lt(ctx, false, true, C, OC, BT, 1.0f, inp, C, 0, dout, OC, 0, 1.0f, dweight, C, 0, 1, type, CUDA_R_32F, NULL,
               stream);
@@ -369,6 +374,21 @@ void matmul_backward_cuda(floatX* dinp, float* dweight, float* dbias, const floa
     matmul_bias_partials_kernel<floatX><<<grid, block, 0, stream>>>(scratch, dout, BT, OC, vector);
     CUDA_CHECK_LAUNCH();
     add_partial_sums_cuda(dbias, scratch, row_blocks, OC, OC, stream);
+}
+
+// dinp (B,T,C) += dout @ weight (or =, or = gelu'(gelu_inp (B,T,C)) * (dout @ weight): dinp_mode);
+// dweight (OC,C) += dout^T @ inp; dbias (OC) += sum of dout; dweight and dbias fp32; dinp may be
+// NULL (nothing upstream needs it), dbias may be NULL (no bias), gelu_inp is read by
+// MATMUL_DINP_SET_DGELU only; scratch: matmul_backward_scratch_floats(B, T, OC) floats (unused when
+// dbias is NULL)
+template <typename floatX>
+void matmul_backward_cuda(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
+                          const floatX* weight, int B, int T, int C, int OC, float* scratch, const MatmulContext* ctx,
+                          cudaStream_t stream, MatmulDinp dinp_mode = MATMUL_DINP_ADD, const floatX* gelu_inp = NULL) {
+    prof_kernel(stream, PROF_MATMUL, prof_matmul_backward((size_t)B * T, C, OC, sizeof(floatX)), PROF_MATMUL_BACKWARD "%s", (size_t)B * T, C, OC,
+                dinp_mode == MATMUL_DINP_SET_DGELU ? " (with gelu backward)" : "");
+    if (dinp != NULL) { matmul_backward_dinp_cuda(dinp, dout, weight, B, T, C, OC, ctx, stream, dinp_mode, gelu_inp); }
+    matmul_backward_weights_cuda(dweight, dbias, dout, inp, B, T, C, OC, scratch, ctx, stream);
 }
 
 #endif // CUDA_MATMUL_CUH

@@ -47,11 +47,12 @@ static int nccl_built_with(void) { return 0; }
 // the part of nccl.h the backend uses, each call stopping (see the top of this file)
 typedef struct ncclComm* ncclComm_t;
 typedef enum { ncclSuccess = 0, ncclInvalidUsage = 5, ncclInProgress = 7 } ncclResult_t;
-typedef enum { ncclInt8 = 0, ncclInt32 = 2, ncclUint64 = 5, ncclFloat = 7, ncclDouble = 8 } ncclDataType_t;
+typedef enum { ncclInt8 = 0, ncclInt32 = 2, ncclUint64 = 5, ncclFloat = 7, ncclDouble = 8, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef struct { int blocking; } ncclConfig_t;
 #define NCCL_CONFIG_INITIALIZER {1}
+#define NCCL_SPLIT_NOCOLOR -1
 static ncclResult_t nccl_missing(const char* call) {
     fail("%s: this program was built without NCCL, which exchanging gradients between GPUs needs\n  hint: %s",
          call, NCCL_REBUILD_HINT);
@@ -62,6 +63,7 @@ static ncclResult_t ncclGetUniqueId(ncclUniqueId*) { return nccl_missing("ncclGe
 static ncclResult_t ncclCommInitRankConfig(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) {
     return nccl_missing("ncclCommInitRankConfig");
 }
+static ncclResult_t ncclCommSplit(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) { return nccl_missing("ncclCommSplit"); }
 static ncclResult_t ncclCommFinalize(ncclComm_t) { return nccl_missing("ncclCommFinalize"); }
 static ncclResult_t ncclCommDestroy(ncclComm_t) { return nccl_missing("ncclCommDestroy"); }
 static ncclResult_t ncclCommAbort(ncclComm_t) { return nccl_missing("ncclCommAbort"); }
@@ -437,6 +439,49 @@ static ncclComm_t nccl_init(const Dist* d) {
     if (d->rank == 0) { NCCL_CHECK(ncclGetUniqueId(&id)); }
     dist_broadcast_bytes(&id, sizeof(id), 0);
     return nccl_comm_create(d->world, id, d->rank, dist_source());
+}
+
+// the communicator of the ranks of parent that pass the same color (ordered by key), non-blocking and
+// watched as nccl_comm_create's; NULL for NCCL_SPLIT_NOCOLOR. Every rank of parent calls it (ncclCommSplit,
+// NCCL 2.18 on). what: the group, for the messages
+static ncclComm_t nccl_comm_split(ncclComm_t parent, int color, int key, const char* what) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = NULL;
+    static char says[2][160];  // static: the watchdog may read it while this returns
+    char* text = says[color == NCCL_SPLIT_NOCOLOR ? 0 : 1];
+    snprintf(text, sizeof(says[0]), "NCCL's communicator of the %s group (ncclCommSplit)", what);
+    nccl_wait_begin(text);
+    ncclResult_t r = ncclCommSplit(parent, color, key, &comm, &config);
+    nccl_wait_end();
+    if (r != ncclSuccess && r != ncclInProgress) { nccl_fail_at(r, text, __FILE__, __LINE__); }
+    const char* hint = "every rank must split the world's communicator alike (the same --tp on every rank): NCCL_DEBUG=WARN says more";
+    nccl_settle(parent, text, hint, __FILE__, __LINE__);
+    if (comm == NULL) { return NULL; }
+    nccl_settle(comm, text, hint, __FILE__, __LINE__);
+    nccl_watch(comm);
+    return comm;
+}
+
+// the NCCL communicators of this rank's groups (llmc/distributed.h's grid: tensor-parallel groups of tp
+// adjacent ranks, data-parallel groups across them): data (NULL unless want_data: the gradients'
+// exchange, ZeRO's) and tensor (NULL without --tp: a block's sums). Without --tp the data group is the
+// world and its communicator is made as it always was; with --tp the world's is made and split in two,
+// by the colors dist_grid gives MPI (data: the place in the tensor group, rank % tp; tensor: the group,
+// rank / tp), then freed. Every rank of the world calls it with the same tp and want_data
+typedef struct { ncclComm_t data, tensor; } NcclGroups;
+
+static NcclGroups nccl_init_groups(const Dist* world, const Dist* data, int tp, int want_data) {
+    NcclGroups g = {NULL, NULL};
+    if (tp <= 1) {
+        if (want_data) { g.data = nccl_init(data); }
+        return g;
+    }
+    ncclComm_t all = nccl_init(world);
+    g.data = nccl_comm_split(all, want_data ? world->rank % tp : NCCL_SPLIT_NOCOLOR, world->rank, "data-parallel");
+    g.tensor = nccl_comm_split(all, world->rank / tp, world->rank, "tensor-parallel");
+    nccl_comm_destroy(all);
+    return g;
 }
 
 #endif // CUDA_NCCL_CUH

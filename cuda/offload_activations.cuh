@@ -139,7 +139,7 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
     int L = m->config.num_layers;
     ActBackwardPlan bp = act_before_backward(&m->act, L, l);
     if (bp.restore_segment >= 0) {
-        size_t bytes = (size_t)B * T * m->config.channels * sizeof(floatX);
+        size_t bytes = tp_rows_cuda(&m->tp, (size_t)B * T) * m->config.channels * sizeof(floatX);  // --sp: a rank's rows
         fetch_segment_input(m, bp.restore_segment, bytes);
         if (bp.prefetch_segment >= 0) { fetch_segment_input(m, bp.prefetch_segment, bytes); }
         compute_waits_for_copy(m, m->offload.staging_loaded[bp.restore_segment % ACT_STAGING_BUFFERS]);

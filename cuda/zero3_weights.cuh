@@ -77,16 +77,15 @@ static void zero3_gather_layer(Model<floatX>* m, int l) {
 // them is done), or (ZeRO-3) buffer l % 2, gathered (or its prefetch) awaited by the compute stream
 template <typename floatX>
 static LayerParams<floatX> weights_of_layer(Model<floatX>* m, int l) {
-    int C = m->config.channels;
     if (m->zero != ZERO_3) {
         zero_wait_gathered(m, l);  // ZeRO-1, 2: the update's gather of l (cuda/zero_gather.cuh)
-        return layer_params(&m->weights, l, C);
+        return layer_params(&m->weights, l, &m->config);
     }
     zero3_gather_layer(m, l);
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_COLLECTIVE, prof_bytes(0.0), "compute waits for layer %d's gather", l);
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->zero3.gathered[l % 2], 0));
     prof_gpu_close(m->stream, PROF_STREAM_COMPUTE);
-    return layer_params(&m->zero3.layer_buf[l % 2], 0, C);
+    return layer_params(&m->zero3.layer_buf[l % 2], 0, &m->config);
 }
 
 // ZeRO-3: the kernels queued so far are layer l's buffer's last readers; then the gather of layer

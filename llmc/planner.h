@@ -327,7 +327,8 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     MemPlan p;
     p.bytes[MEM_PARAMETERS] = P * lay->param_bytes;
     snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zuP", lay->param_bytes);
-    if (N_tp > 1) {  // --tp: a split tensor's layer whole (4C^2), through which checkpoints move the weights
+    int tp_staging_on_host = N_tp > 1 && lay->host_copy_bytes > 0;  // a GPU's: beside its host copies (at the end)
+    if (N_tp > 1 && !tp_staging_on_host) {  // --tp: a split tensor's layer whole (4C^2), through which checkpoints move the weights
         p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
         snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + 4C^2): a rank's --tp slices, a layer whole", lay->param_bytes);
     }
@@ -407,7 +408,7 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     snprintf(p.formula[MEM_HOST_COPIES], PLAN_FORMULA_LEN, "%s", lay->host_copy_bytes ? "4P weights + optimizer state" : "none: the weights are host memory");
     if (in.zero == 3 && in.world > 1) {
         plan_zero3_weights(&p, cfg, &in);
-        if (N_tp > 1) {
+        if (N_tp > 1 && !tp_staging_on_host) {
             p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
             plan_append(p.formula[MEM_PARAMETERS], " + %zu(4C^2): --tp's layer whole", lay->param_bytes);
         }
@@ -451,6 +452,10 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         p.exchange_micro_bytes += message * ((stage > 0) + (stage < stages - 1));
         if (stage == 0 || stage == stages - 1) { p.exchange_bytes += (double)cfg->padded_vocab_size * C * lay->grad_bytes; }  // a 2-rank all-reduce: 2(2-1)/2 of it
         p.pp_bubble = (double)(stages - 1) / m;
+    }
+    if (tp_staging_on_host) {  // --tp on a GPU: the staging of a split tensor's layer whole is host memory (train_gpt.cu)
+        p.bytes[MEM_HOST_COPIES] += 4 * C * C * lay->host_copy_bytes;
+        plan_append(p.formula[MEM_HOST_COPIES], " + %zu(4C^2): --tp's layer whole", lay->host_copy_bytes);
     }
     return p;
 }

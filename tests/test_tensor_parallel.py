@@ -3,7 +3,7 @@ trainer: N ranks that split each layer's matrices train as one process does, alo
 and inside data parallelism (--tp 2 on 4 ranks: two data-parallel ranks, --zero 1 and 3), for every
 optimizer and with the memory flags on top; measured memory equals the plan; the model file is the
 whole model (it opens in one process); a resume is bitwise and a resume into another --tp stops; and
-the layouts that cannot be (heads or ranks that do not divide, a backend without --tp) stop before
+the layouts that cannot be (heads or ranks that do not divide, on either backend) stop before
 any work, naming the fix.
 
     python3 tests/test_tensor_parallel.py ./train_gpt ./test_gpt [./build/emu/train_gpt]
@@ -92,11 +92,11 @@ s.expect_fail("--tp 3 on a model of 4 heads", "the model's 4 heads do not split 
               [TRAIN, "--plan", "-e", "tiny", "--tp", "3", "--plan-ranks", "3"])
 s.expect_fail("--tp 5 on d36: its 20 heads split, its padded vocabulary of 50304 does not",
               "the model's padded vocabulary Vp = 50304 does not split over 5 ranks", [TRAIN, "--plan", "-e", "d36", "--tp", "5", "--plan-ranks", "5"])
-if EMU:
-    s.expect_fail("the CUDA trainer (emulated device) refuses --tp", "does not split layers over ranks yet",
+if EMU:  # the CUDA trainer's --tp itself: tests/test_tensor_parallel_cuda.py
+    s.expect_fail("the CUDA trainer (emulated device) takes the same layout checks", "1 rank(s) do not split into tensor-parallel groups of 2",
                   [EMU] + FLAGS + ["--tp", "2", "-o", ""])
 else:
-    s.skip("the CUDA trainer's refusal of --tp", "no build/emu/train_gpt given")
+    s.skip("the CUDA trainer's layout checks", "no build/emu/train_gpt given")
 # d12 on 4 ranks of --tp 2 (two data-parallel ranks, --zero 1): a rank's weights are its slices,
 # (12C^2 + 7C)/2 + 6C a layer, half of wte's rows, wpe and lnf whole, and a split tensor's layer whole (4C^2)
 C, L, Vp, maxT = 768, 12, 50304, 1024

@@ -19,7 +19,15 @@ dist_allgather_floats_world). With 3 ranks the parts are uneven, and the 2 x 5 m
 
     make -f dev/cuda_emu/emu.mk build/emu/dev/cuda/test_factored && ./build/emu/dev/cuda/test_factored
     mpirun -np 3 ./build/emu/dev/cuda/test_factored   # ZeRO-1 parts, one emulated device per rank
+    mpirun -np 2 ./build/emu/dev/cuda/test_factored tp   # --tp parts: the group's sums (OptComms.tensor)
     ./build/emu/dev/cuda/test_factored sharded        # a sharded slice without a communicator stops with a message
+
+With `tp` the ranks are one tensor-parallel group (--tp, cpu/tensor_parallel.h) and each holds its part
+of a tensor split over them as llmc/model_config.h splits it: fcw's rows (a column-parallel matrix:
+the column statistics and mean(R) add the group's rows), fcprojw's columns (row-parallel: the row
+statistics add the group's columns before their EMA), fcb's elements (a vector: its RMS). Each rank
+updates its part on its device, the group's sums added by NCCL, against the CPU's update of the same
+part with the group's sums added by MPI (OptShard.tp_sum).
 */
 #include "dev/cuda/kernel_test.h"
 #include "cpu/optimizers.h"
@@ -105,31 +113,40 @@ static double worst_rel(const std::vector<float>& got, const std::vector<float>&
     return worst;
 }
 
-// one update on the device; comm: the ranks' communicator (NULL: one process)
+// one update on the device; comms: the ranks' communicators (OPT_NO_COMMS: one process)
 static void device_step(const Case& c, float* param, const float* grad, float* state, const OptShard* sh, int t,
-                        void* scratch, ncclComm_t comm) {
+                        void* scratch, OptComms comms) {
     if (c.opt == ADAFACTOR) {
-        adafactor_update_cuda(param, grad, state, sh, &c.adafactor, t, scratch, comm, 0);
+        adafactor_update_cuda(param, grad, state, sh, &c.adafactor, t, scratch, comms, 0);
     } else {
-        came_update_cuda(param, grad, state, sh, &c.came, scratch, comm, 0);
+        came_update_cuda(param, grad, state, sh, &c.came, scratch, comms, 0);
+    }
+}
+
+// one update on the CPU (the reference)
+static void cpu_step(const Case& c, float* param, const float* grad, float* state, const OptShard* sh, int t) {
+    if (c.opt == ADAFACTOR) {
+        adafactor_update(param, grad, state, sh, &c.adafactor, t);
+    } else {
+        came_update(param, grad, state, sh, &c.came);
     }
 }
 
 struct DeviceRun { std::vector<float> param, state; };
 
-// STEPS steps on the device from param0 (the part sh, `offset` floats into the slice) and a zero
-// state, buffers s.offset floats off alignment
-static DeviceRun run_device(const Case& c, const Shape& s, const OptShard* sh, size_t offset,
-                            const std::vector<float>& param0, ncclComm_t comm) {
+// STEPS steps on the device from param0 (the part sh) and a zero state, grads[t - 1] step t's
+// gradient of the part, buffers `misalign` floats off alignment
+static DeviceRun run_device(const Case& c, int misalign, const OptShard* sh, const std::vector<std::vector<float>>& grads,
+                            const std::vector<float>& param0, OptComms comms) {
     size_t n = param0.size(), ns = state_floats(c, sh);
     float *bp = device_alloc<float>(n + 4), *bg = device_alloc<float>(n + 4), *bs = device_alloc<float>(ns + 4);
-    float *d_param = bp + s.offset, *d_grad = bg + s.offset, *d_state = bs + s.offset;
+    float *d_param = bp + misalign, *d_grad = bg + misalign, *d_state = bs + misalign;
     void* scratch = device_alloc<char>(factored_scratch_bytes(sh));
     upload_into(d_param, param0);
     CUDA_CHECK(cudaMemset(d_state, 0, ns * sizeof(float)));
     for (int t = 1; t <= STEPS; t++) {
-        upload_into(d_grad, gradient(s.rows, s.cols, t, offset, n));
-        device_step(c, d_param, d_grad, d_state, sh, t, scratch, comm);
+        upload_into(d_grad, grads[t - 1]);
+        device_step(c, d_param, d_grad, d_state, sh, t, scratch, comms);
     }
     DeviceRun r = {download(d_param, n), download(d_state, ns)};
     for (void* p : {(void*)bp, (void*)bg, (void*)bs, scratch}) { CUDA_CHECK(cudaFree(p)); }
@@ -144,15 +161,13 @@ static void test_case(const Case& c, const Shape& s, const Dist& d, ncclComm_t c
     std::vector<float> whole0 = random_vector((size_t)s.rows * s.cols, 7);
     std::vector<float> param0(whole0.begin() + offset, whole0.begin() + offset + n), param = param0;
     std::vector<float> state(state_floats(c, &sh), 0.0f);
+    std::vector<std::vector<float>> grads;
     for (int t = 1; t <= STEPS; t++) {
-        std::vector<float> g = gradient(s.rows, s.cols, t, offset, n);
-        if (c.opt == ADAFACTOR) {
-            adafactor_update(param.data(), g.data(), state.data(), &sh, &c.adafactor, t);
-        } else {
-            came_update(param.data(), g.data(), state.data(), &sh, &c.came);
-        }
+        grads.push_back(gradient(s.rows, s.cols, t, offset, n));
+        cpu_step(c, param.data(), grads.back().data(), state.data(), &sh, t);
     }
-    DeviceRun a = run_device(c, s, &sh, offset, param0, comm), b = run_device(c, s, &sh, offset, param0, comm);
+    OptComms comms = {comm, NULL};
+    DeviceRun a = run_device(c, s.offset, &sh, grads, param0, comms), b = run_device(c, s.offset, &sh, grads, param0, comms);
     double ep = worst_rel(a.param, param), es = worst_rel(a.state, state);
     char shape[96], name[320];
     snprintf(shape, sizeof shape, "%d x %d%s%s", s.rows, s.cols, sh.factored ? "" : ", a vector", s.offset ? ", unaligned" : "");
@@ -164,6 +179,66 @@ static void test_case(const Case& c, const Shape& s, const Dist& d, ncclComm_t c
              STEPS, ep, es, TOLERANCE);
     check(ep <= TOLERANCE && es <= TOLERANCE, name, "%s", "over the tolerance");
     snprintf(name, sizeof name, "%s (%s): the same run twice, bitwise", c.name, shape);
+    check(a.param == b.param && a.state == b.state, name, "%s", "the two runs differ");
+}
+
+// ----------------------------------------------------------------------------
+// --tp (the `tp` argument under mpirun): the world is one tensor-parallel group
+
+struct TpShape { int tensor, rows, cols; };  // the whole tensor; model_config.h's split of `tensor` cuts it
+static const TpShape TP_SHAPES[] = {
+    {10, 72, 45},    // fcw's rows (column-parallel): column sums and mean(R) over the group
+    {10, 66, 1030},  // rows past the 64 row parts on 1 rank, columns past one block
+    {12, 37, 1032},  // fcprojw's columns (row-parallel): each row's sum over the group's columns
+    {12, 64, 48},    // whole packs
+    {11, 1, 1032},   // fcb's elements (a vector): the RMS over the group
+};
+
+// rank's part of a whole (rows, cols) tensor split over n ranks as PARAMETER_TP_SPLIT[tensor] says: a
+// block of rows (or of a vector's elements), or every row's block of columns
+static std::vector<float> tp_part(const std::vector<float>& whole, const TpShape& t, int rank, int n, int* rows, int* cols) {
+    int by_cols = PARAMETER_TP_SPLIT[t.tensor] == TP_COLUMNS || t.rows == 1;
+    *rows = by_cols ? t.rows : t.rows / n;
+    *cols = by_cols ? t.cols / n : t.cols;
+    std::vector<float> part((size_t)*rows * *cols);
+    for (int i = 0; i < *rows; i++) {
+        for (int j = 0; j < *cols; j++) {
+            size_t from = by_cols ? (size_t)i * t.cols + (size_t)rank * *cols + j : ((size_t)rank * *rows + i) * t.cols + j;
+            part[(size_t)i * *cols + j] = whole[from];
+        }
+    }
+    return part;
+}
+
+// this rank's part of the split tensor t, its sums over the group by MPI (the CPU's) and NCCL (the
+// device's), against each other
+static void test_tp_case(const Case& c, const TpShape& t, const Dist& d, ncclComm_t comm) {
+    int rows, cols;
+    std::vector<float> param0 = tp_part(random_vector((size_t)t.rows * t.cols, 7), t, d.rank, d.world, &rows, &cols);
+    ParamSlice s = param_slice_alone(t.tensor, rows, cols);
+    s.tp = d.world;  // the group holds the tensor's other parts
+    s.whole_rows = t.rows;
+    s.whole = (size_t)t.rows * t.cols;
+    OptSharding z = OPT_UNSHARDED;
+    z.tp_sum = dist_allreduce_sum_doubles;  // the world is the group
+    size_t offset;
+    OptShard sh = slice_shard(&s, &z, &offset);
+    std::vector<float> param = param0, state(state_floats(c, &sh), 0.0f);
+    std::vector<std::vector<float>> grads;
+    for (int step = 1; step <= STEPS; step++) {
+        int r, k;
+        grads.push_back(tp_part(gradient(t.rows, t.cols, step, 0, (size_t)t.rows * t.cols), t, d.rank, d.world, &r, &k));
+        cpu_step(c, param.data(), grads.back().data(), state.data(), &sh, step);
+    }
+    OptComms comms = {NULL, comm};
+    DeviceRun a = run_device(c, 0, &sh, grads, param0, comms), b = run_device(c, 0, &sh, grads, param0, comms);
+    double ep = worst_rel(a.param, param), es = worst_rel(a.state, state);
+    char name[320];
+    snprintf(name, sizeof name, "%s (--tp %d, %s %d x %d, rank %d's part %d x %d): %d steps vs cpu/optimizers.h: params %.1e, "
+             "state %.1e <= %.0e", c.name, d.world, t.rows == 1 ? "a vector" : PARAMETER_TP_SPLIT[t.tensor] == TP_COLUMNS ?
+             "row-parallel" : "column-parallel", t.rows, t.cols, d.rank, rows, cols, STEPS, ep, es, TOLERANCE);
+    check(ep <= TOLERANCE && es <= TOLERANCE, name, "%s", "over the tolerance");
+    snprintf(name, sizeof name, "%s (--tp %d, %d x %d): the same run twice, bitwise", c.name, d.world, t.rows, t.cols);
     check(a.param == b.param && a.state == b.state, name, "%s", "the two runs differ");
 }
 
@@ -205,8 +280,8 @@ static void bench_factored() {
     char name[2][64];
     snprintf(name[0], sizeof name[0], "adafactor_update (%d x %d)", rows, cols);
     snprintf(name[1], sizeof name[1], "came_update (%d x %d)", rows, cols);
-    bench(name[0], 4.0 * 6 * n, 30.0 * n, [&] { adafactor_update_cuda(d_p, d_g, d_state, &sh, &AF_RELATIVE, 2, scratch, NULL, 0); });
-    bench(name[1], 4.0 * 9 * n, 50.0 * n, [&] { came_update_cuda(d_p, d_g, d_state, &sh, &CAME_PLAIN, scratch, NULL, 0); });
+    bench(name[0], 4.0 * 6 * n, 30.0 * n, [&] { adafactor_update_cuda(d_p, d_g, d_state, &sh, &AF_RELATIVE, 2, scratch, OPT_NO_COMMS, 0); });
+    bench(name[1], 4.0 * 9 * n, 50.0 * n, [&] { came_update_cuda(d_p, d_g, d_state, &sh, &CAME_PLAIN, scratch, OPT_NO_COMMS, 0); });
     for (void* p : {(void*)d_p, (void*)d_g, (void*)d_state, scratch}) { CUDA_CHECK(cudaFree(p)); }
 }
 
@@ -216,7 +291,7 @@ int main(int argc, char** argv) {
         OptSharding z = {0, 2, NULL, NULL, 0};
         size_t offset;
         OptShard sh = slice_shard(&s, &z, &offset);
-        adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, NULL, 0);
+        adafactor_update_cuda(NULL, NULL, NULL, &sh, &AF_RELATIVE, 1, NULL, OPT_NO_COMMS, 0);
         return 0;
     }
     Dist d;
@@ -225,11 +300,16 @@ int main(int argc, char** argv) {
     ncclComm_t comm = d.world > 1 ? nccl_init(&d) : NULL;
     // one report per run: rank 0's lines, and at the end the totals of all ranks
     if (d.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { return EXIT_FAILURE; }
+    int tp = argc > 1 && strcmp(argv[1], "tp") == 0;
     for (const Case& c : CASES) {
-        for (const Shape& s : SHAPES) { test_case(c, s, d, comm); }
+        if (tp) {
+            for (const TpShape& t : TP_SHAPES) { test_tp_case(c, t, d, comm); }
+        } else {
+            for (const Shape& s : SHAPES) { test_case(c, s, d, comm); }
+        }
     }
     test_model_scratch();
-    if (d.world == 1) { bench_factored(); }
+    if (d.world == 1 && !tp) { bench_factored(); }
     if (comm != NULL) { NCCL_CHECK(ncclCommDestroy(comm)); }
     if (d.rank != 0 && g_checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", d.rank, g_checks_failed); }
     double counts[2] = {(double)g_checks_passed, (double)g_checks_failed};

@@ -228,11 +228,11 @@ static void test_factored(int came, int rows, int cols, QStateFormat f, const QS
     QMoment M = {f, {d_codes, d_absmax}, d_h, {99, 4000}};
     FactoredLowp lp = {d_maps, d_bad, d_staging};
     if (came) {
-        came_update_m_cuda(d_pref, d_g, d_mref, d_vref, &sh, &ch, scratch, NULL, 0);
-        came_update_lowp_cuda(d_p, d_g, d_v, &M, &sh, &ch, t, scratch, NULL, &lp, 0);
+        came_update_m_cuda(d_pref, d_g, d_mref, d_vref, &sh, &ch, scratch, OPT_NO_COMMS, 0);
+        came_update_lowp_cuda(d_p, d_g, d_v, &M, &sh, &ch, t, scratch, OPT_NO_COMMS, &lp, 0);
     } else {
-        adafactor_update_m_cuda(d_pref, d_g, d_vref, d_mref, &sh, &af, t, scratch, NULL, 0);
-        adafactor_update_lowp_cuda(d_p, d_g, d_v, &M, &sh, &af, t, scratch, NULL, &lp, 0);
+        adafactor_update_m_cuda(d_pref, d_g, d_vref, d_mref, &sh, &af, t, scratch, OPT_NO_COMMS, 0);
+        adafactor_update_lowp_cuda(d_p, d_g, d_v, &M, &sh, &af, t, scratch, OPT_NO_COMMS, &lp, 0);
     }
     // the fp32 update's new M, stored as the CPU stores it
     std::vector<float> mnew = download(d_mref, n);

@@ -29,6 +29,12 @@ issue order; and forced before the program's MPI calls, emu_mpi.cpp), which catc
 ncclGroupStart/End need nothing: the collectives of a group run in the order they were issued, the
 same on every rank.
 
+ncclCommSplit (the trainer's communicator of each group of ranks under --tp: cuda/nccl.cuh): over MPI
+the new communicator's bytes travel on an MPI_Comm_split of the parent's, its ranks ordered by key as
+real NCCL orders them; a rank passing NCCL_SPLIT_NOCOLOR gets none. Over sockets a split is not
+emulated (it stops, naming mpirun): the trainer splits only under MPI (llmc/distributed.h's dist_grid
+refuses --tp without it).
+
 Invariant: ncclCommInitRank checks that every rank passed the same ncclUniqueId and (over MPI) that
 the ranks are the MPI processes, so a forgotten broadcast of the id is an error, not a hang.
 
@@ -419,6 +425,65 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 // NCCL_CONFIG_INITIALIZER leaves blocking unset (NCCL_CONFIG_UNDEF_INT): NCCL's default, blocking
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
     return comm_init(comm, nranks, id, rank, config == nullptr || config->blocking != 0);
+}
+
+// the ranks of comm that pass one color form a communicator, ordered by key (ties by rank in comm);
+// NCCL_SPLIT_NOCOLOR: this rank joins none (*newcomm = NULL). Every rank of comm calls it. Over MPI:
+// an MPI_Comm_split of comm's own communicator (the bytes of the new one travel there), its ranks'
+// devices checked as ncclCommInitRank checks them. Over sockets it is not emulated (a split would
+// need rank 0 of each group to listen anew): the emulator stops, naming the launch that has it.
+// Non-blocking (config.blocking = 0) as ncclCommInitRankConfig: ncclInProgress, then the state at
+// the first ncclCommGetAsyncError
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+    bool blocking = config == nullptr || config->blocking != 0;
+    *newcomm = nullptr;
+    if (comm->nranks > 1 && !comm->over_mpi) {
+        emu_fail("ncclCommSplit: the emulated NCCL splits communicators over MPI only (these ranks joined over sockets: "
+                 "started without MPI)\n  hint: launch with mpirun");
+    }
+    emu_before_host_wait();  // late-nccl: a collective the others may be waiting for runs first (as before an MPI call)
+    std::vector<char> all;
+    int mine[2] = {color, key};
+    exchange(comm, mine, sizeof(mine), &all, "ncclCommSplit");  // the colors and keys of every rank
+    const int* ck = (const int*)all.data();
+    if (color == NCCL_SPLIT_NOCOLOR) {
+#ifdef CUDA_EMU_MPI
+        if (comm->nranks > 1) { MPI_Comm none; PMPI_Comm_split(comm->mpi, MPI_UNDEFINED, key, &none); }
+#endif
+        return ncclSuccess;
+    }
+    if (color < 0) { return ncclInvalidArgument; }
+    ncclComm_t c = new ncclComm();
+    c->device = emu_current_device();
+    c->rank = 0;
+    c->nranks = 0;
+    for (int r = 0; r < comm->nranks; r++) {  // the same order as MPI_Comm_split's: by key, then by rank in comm
+        if (ck[2 * r] != color) { continue; }
+        c->nranks++;
+        if (ck[2 * r + 1] < key || (ck[2 * r + 1] == key && r < comm->rank)) { c->rank++; }
+    }
+#ifdef CUDA_EMU_MPI
+    if (comm->nranks > 1) {
+        PMPI_Comm_split(comm->mpi, color, key, &c->mpi);
+        int rank = -1, nranks = 0;
+        PMPI_Comm_rank(c->mpi, &rank);
+        PMPI_Comm_size(c->mpi, &nranks);
+        if (rank != c->rank || nranks != c->nranks) {
+            emu_fail("ncclCommSplit: MPI made rank %d of %d where the colors and keys say %d of %d (the emulator's bug)",
+                     rank, nranks, c->rank, c->nranks);
+        }
+        if (c->nranks == 1) { PMPI_Comm_free(&c->mpi); }  // one rank: its collectives are copies (exchange)
+    }
+#endif
+    c->over_mpi = c->nranks > 1;
+    *newcomm = c;
+    ncclResult_t state = one_rank_per_device(c) ? ncclSuccess : ncclInvalidUsage;
+    if (blocking) {
+        if (state != ncclSuccess) { ncclCommDestroy(c); *newcomm = nullptr; }
+        return state;
+    }
+    c->async_error = state;
+    return ncclInProgress;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {

@@ -175,6 +175,10 @@ if [ -n "$KERNEL_TESTS" ]; then
             run "test_factored, 3 ranks (uneven parts), late streams" -- "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late $KBIN/test_factored
             run "test_factored, 3 ranks (uneven parts), late-nccl streams" \
                 -- timeout 300 "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late-nccl $KBIN/test_factored
+            # --tp parts (fcw's rows, fcprojw's columns, fcb's elements): the group's sums by NCCL against the CPU's by MPI
+            run "test_factored tp, 2 ranks: --tp parts vs cpu/optimizers.h" -- "${MPIRUN_NP2[@]}" $KBIN/test_factored tp
+            run "test_factored tp, 3 ranks, late-nccl streams" \
+                -- timeout 300 "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late-nccl $KBIN/test_factored tp
         else
             echo "skipped: test_factored with 2 and 3 ranks (mpirun not found)"
         fi

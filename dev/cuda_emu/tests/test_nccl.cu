@@ -24,6 +24,10 @@ Two checks are about when collectives run (CUDA_EMU_STREAMS=late-nccl keeps them
                                                      program: run_tests.sh expects them; a GPU
                                                      races, so gpu_check.sh does not run it)
 
+Communicators split from the world (ncclCommSplit, as the trainer's --tp makes its groups: cuda/nccl.cuh):
+the ranks of each color form one, ordered by key; a rank that passes NCCL_SPLIT_NOCOLOR gets none; a
+split's all-reduce adds its own ranks only.
+
 (built with -DUSE_MPI for more than one rank.) Rank r contributes x_r[i] = (r + 1) * (i + 1) / 8,
 exact in bf16 for the sizes used, so the expected sums and averages are exact in every type.
 fp64 has one more check: an all-reduce of values whose sum is exact in double but not in float (a
@@ -208,6 +212,39 @@ static void test_host_wait_between(ncclComm_t comm, int rank, int nranks, cudaSt
     CUDA_CHECK(cudaFree(b.ptr));
 }
 
+// ncclCommSplit: the even and the odd ranks, each group in decreasing rank order (key -rank): its
+// ranks, its size and an all-reduce over it; then a split the odd ranks stay out of (NCCL_SPLIT_NOCOLOR)
+static void test_split(ncclComm_t comm, int rank, int nranks, cudaStream_t stream) {
+    ncclComm_t half = nullptr;
+    NCCL_CHECK(ncclCommSplit(comm, rank % 2, -rank, &half, nullptr));
+    int members = 0, above = 0;  // ranks of this color, and those of them above this one (before it by key)
+    for (int r = rank % 2; r < nranks; r += 2) { members++; above += r > rank; }
+    int got_rank = -1, got_count = -1;
+    NCCL_CHECK(ncclCommUserRank(half, &got_rank));
+    NCCL_CHECK(ncclCommCount(half, &got_count));
+    char name[128], detail[128] = "";
+    snprintf(name, sizeof name, "ncclCommSplit by parity, key -rank: the group's ranks in key order, %d ranks", nranks);
+    check(got_rank == above && got_count == members, name, "rank %d: rank %d of %d, want %d of %d", rank, got_rank, got_count,
+          above, members);
+    std::vector<double> mine(COUNT), want(COUNT);
+    for (int i = 0; i < COUNT; i++) {
+        mine[i] = contribution(rank, i);
+        for (int r = rank % 2; r < nranks; r += 2) { want[i] += contribution(r, i); }
+    }
+    buffer b = make_buffer(COUNT, ncclFloat, &mine);
+    NCCL_CHECK(ncclAllReduce(b.ptr, b.ptr, COUNT, ncclFloat, ncclSum, half, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    snprintf(name, sizeof name, "ncclCommSplit by parity: an all-reduce adds the group's ranks only, %d ranks", nranks);
+    check(equal(read_buffer(b), want, detail, sizeof detail), name, "%s", detail);
+    CUDA_CHECK(cudaFree(b.ptr));
+    NCCL_CHECK(ncclCommDestroy(half));
+    ncclComm_t evens = nullptr;
+    NCCL_CHECK(ncclCommSplit(comm, rank % 2 == 0 ? 0 : NCCL_SPLIT_NOCOLOR, rank, &evens, nullptr));
+    snprintf(name, sizeof name, "ncclCommSplit with NCCL_SPLIT_NOCOLOR: no communicator for the odd ranks, %d ranks", nranks);
+    check((evens == nullptr) == (rank % 2 == 1), name, "rank %d got %s", rank, evens == nullptr ? "none" : "one");
+    if (evens != nullptr) { NCCL_CHECK(ncclCommDestroy(evens)); }
+}
+
 // ----------------------------------------------------------------------------
 // devices
 
@@ -247,6 +284,7 @@ static void run_collectives(int rank, int nranks, int local_rank) {
     test_collectives(comm, rank, nranks, ncclDouble, stream);
     test_double_sum(comm, rank, nranks, stream);
     test_host_wait_between(comm, rank, nranks, stream);
+    test_split(comm, rank, nranks, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
     NCCL_CHECK(ncclCommDestroy(comm));
 }
