@@ -238,7 +238,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
                                   : (flash ? "4(13BTC)" : "4(13BTC + B NH T^2)"),
         .working_bytes = F,  // the CPU's kernels read the fp32 weights themselves
         .head_formula = N > 1 ? "4(3BT + K(C + Vp/N))" : "4(3BT + K(C + Vp))", .head_rows = K,
-        .backend_scratch = (N > 1 || gpt2_pp(c) > 1) ? (size_t)c->padded_vocab_size * F : 0,  // --tp, --pp: one row of probabilities whole (sampling)
+        .backend_scratch = (size_t)((N > 1) + (gpt2_pp(c) > 1)) * c->padded_vocab_size * F,  // --tp, --pp: a row of probabilities whole each (sampling)
     };
     return l;
 }
@@ -355,8 +355,9 @@ void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
 // the weights for checkpoints: in place, one chunk (ZeRO-3: slice by slice, cpu/zero.h); with --tp
 // the whole model's, through the group's slices (cpu/tensor_parallel.h's stream)
 void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
-    if (m->pipeline.world > 1) {  // --pp: the stages' parts in the whole model's order (cpu/pipeline.h; trainer.h refuses --tp and --zero 3 with it)
-        PpModel p = {.whole = &m->whole, .stage = &m->config, .params = m->params_memory, .pipeline = m->pipeline, .staging = m->pp_staging};
+    if (m->pipeline.world > 1) {  // --pp: the stages' parts in the whole model's order (cpu/pipeline.h; with --tp through the groups' slices)
+        PpModel p = {.whole = &m->whole, .stage = &m->config, .params = m->params_memory, .pipeline = m->pipeline, .tensor = m->tensor,
+                     .staging = m->pp_staging, .tp_staging = m->tp_staging};
         pp_params_stream(&p, how == PARAMS_WRITE, fn, ctx);
         return;
     }
@@ -609,22 +610,11 @@ float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, 
 
 // the (Vp) probabilities of one position of the last forward: one the head still holds (with
 // --loss-chunk, the last chunk's: sampling asks for the last position)
-const float* gpt2_probs(GPT2* m, int position) {
+// the row of probabilities this stage's head holds: its own (Vp), or (--tp) the group's Vp/N columns
+// gathered whole (every rank of the group asks alike)
+static const float* probs_row(GPT2* m, int position) {
     const Activations* a = m->acts;
-    int head_here = m->pipeline.rank == m->pipeline.world - 1;  // --pp: the last stage holds them
-    if (head_here && (a->probs_first < 0 || position < a->probs_first || position >= a->probs_end)) {
-        fail("gpt2_probs(%d): the last forward's head holds the probabilities of positions %d..%d only (-1: none, after a backward)\n"
-             "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
-             position, a->probs_first, a->probs_end - 1);
-    }
-    if (m->pipeline.world > 1) {  // --pp: the last stage's, to every stage (every rank asks alike)
-        int Vp = m->config.padded_vocab_size, last = m->pipeline.world - 1;
-        if (head_here) { memcpy(m->pp_probs, a->logits + (size_t)(position - a->probs_first) * Vp, (size_t)Vp * sizeof(float)); }
-        dist_broadcast_floats_over(m->pp_probs, (size_t)Vp, last, m->pipeline);
-        return m->pp_probs;
-    }
     if (m->tp.size == 1) { return a->logits + (size_t)(position - a->probs_first) * m->config.padded_vocab_size; }
-    // --tp: the row's Vp/N columns of every rank of the group, gathered whole (every rank asks alike)
     int Vr = m->config.padded_vocab_size / m->tp.size;
     int* counts = (int*)malloc_check((size_t)m->tp.size * sizeof(int));
     for (int q = 0; q < m->tp.size; q++) { counts[q] = Vr; }
@@ -632,6 +622,22 @@ const float* gpt2_probs(GPT2* m, int position) {
     dist_allgather_floats(m->tp_probs, counts, m->tensor);
     free(counts);
     return m->tp_probs;
+}
+
+const float* gpt2_probs(GPT2* m, int position) {
+    const Activations* a = m->acts;
+    int last = m->pipeline.world - 1, head_here = m->pipeline.rank == last;  // --pp: the last stage holds them
+    if (head_here && (a->probs_first < 0 || position < a->probs_first || position >= a->probs_end)) {
+        fail("gpt2_probs(%d): the last forward's head holds the probabilities of positions %d..%d only (-1: none, after a backward)\n"
+             "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
+             position, a->probs_first, a->probs_end - 1);
+    }
+    if (m->pipeline.world == 1) { return probs_row(m, position); }
+    // --pp: the last stage's row, to every stage (every rank asks alike)
+    size_t Vp = (size_t)m->config.padded_vocab_size;
+    if (head_here) { memcpy(m->pp_probs, probs_row(m, position), Vp * sizeof(float)); }
+    dist_broadcast_floats_over(m->pp_probs, Vp, last, m->pipeline);
+    return m->pp_probs;
 }
 
 // --pp: the activations of held micro-batch `slot` in hand for the next forward or backward, and the

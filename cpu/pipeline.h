@@ -21,6 +21,7 @@ the final LayerNorm on the last. The model file stays the whole model whatever -
 #include "../llmc/model_config.h"
 #include "../llmc/pipeline.h"
 #include "../llmc/utils.h"
+#include "tensor_parallel.h"
 
 typedef void (*PpChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);  // as trainer.h's ParamChunkFn
 
@@ -29,10 +30,12 @@ static size_t pp_staging_floats(const GPT2Config* c) { return 4 * (size_t)c->cha
 
 typedef struct {
     const GPT2Config* whole;  // the model's config
-    const GPT2Config* stage;  // this rank's stage's config (pp_stage_config)
+    const GPT2Config* stage;  // this rank's stage's config (pp_stage_config; with --tp its slices)
     float* params;            // its weights, whole (not ZeRO-3's shard)
     Dist pipeline;            // the pipeline group: rank s is stage s
+    Dist tensor;              // --tp: the stage's tensor-parallel group ({0, 1}: none)
     float* staging;           // (pp_staging_floats)
+    float* tp_staging;        // --tp: cpu/tensor_parallel.h's stream's (tp_staging_floats), else NULL
 } PpModel;
 
 // the stage that sends tensor i's part of layer range (the outer tensors: wte and wpe the first stage,
@@ -46,25 +49,90 @@ static size_t pp_layer_offset(int i, const GPT2Config* c, int layer) {
     return PARAMETER_IS_PER_LAYER[i] ? (size_t)layer * rows * cols : 0;
 }
 
-// n floats of the whole model at `at`: read, stage `from`'s (mine there) broadcast over the group a
-// staging buffer at a time and handed to fn; write, fn fills them and the stages that hold them keep
-// them (mine: NULL where this stage does not)
-static void pp_stream_piece(const PpModel* p, int write, int from, float* mine, size_t n, size_t at, PpChunkFn fn, void* ctx) {
+// One piece of the whole model, [at, at + n): tensor i's layers on one stage, or an outer tensor. Read,
+// the stage that holds it ("from") pushes its floats in order (pp_relay_push: from its weights, or with
+// --tp from the group's stream of its slices) and every stage gets them a staging buffer at a time, cut
+// at the same places on every stage (pp_relay_take); write, fn fills them, and the stages that hold the
+// piece keep their part. A stage that holds a copy it does not send (wte on the last stage) compares
+// its part, `window` floats at `mine` from whole-model offset `window_at`, with what arrives.
+typedef struct {
+    const PpModel* p;
+    int from;                 // the stage that sends the piece
+    size_t at, n;             // the piece
+    size_t pushed, filled;    // floats of the piece into the staging buffer (the sender), and through it (read)
+    size_t base;              // --tp: a whole-model offset less the stage's stream's offset of the same float
+    const float* mine;        // a held copy to compare (read, not the sender), else NULL
+    size_t window_at, window;
+    int write;
+    PpChunkFn fn;             // the caller's, over the whole model
+    void* ctx;
+} PpRelay;
+
+// the staging buffer's floats to every stage and to fn (read)
+static void pp_relay_take(PpRelay* r, size_t len) {
+    const PpModel* p = r->p;
+    size_t at = r->at + r->filled;
+    dist_broadcast_floats_over(p->staging, len, r->from, p->pipeline);
+    size_t lo = at > r->window_at ? at : r->window_at, hi = at + len < r->window_at + r->window ? at + len : r->window_at + r->window;
+    if (r->mine != NULL && lo < hi && memcmp(r->mine + (lo - r->window_at), p->staging + (lo - at), (hi - lo) * sizeof(float)) != 0) {
+        fail("--pp: the last stage's copy of wte differs from the first stage's (floats %zu..%zu)\n"
+             "  hint: a bug: the pair's gradient sums must give both copies the same bits", lo, hi);
+    }
+    r->fn(r->ctx, at, p->staging, len);
+    r->filled += len;
+}
+
+// the sender's next n floats of the piece, at whole-model offset `at` (they come in order)
+static void pp_relay_push(PpRelay* r, size_t at, const float* chunk, size_t n) {
+    size_t piece = pp_staging_floats(r->p->stage);
+    if (at != r->at + r->pushed) { fail("pp_relay_push: floats at %zu, not at %zu where the last ended (a bug)", at, r->at + r->pushed); }
+    for (size_t done = 0; done < n; ) {
+        size_t in_staging = r->pushed - r->filled;
+        size_t len = n - done < piece - in_staging ? n - done : piece - in_staging;
+        memcpy(r->p->staging + in_staging, chunk + done, len * sizeof(float));
+        done += len;
+        r->pushed += len;
+        if (r->pushed - r->filled == piece) { pp_relay_take(r, piece); }
+    }
+}
+
+// --tp's stream hands the relay its chunks at the stage's own offsets (write: to fill, read: to send)
+static void pp_relay_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
+    PpRelay* r = (PpRelay*)ctx;
+    if (r->write) { r->fn(r->ctx, offset + r->base, chunk, n); }
+    else { pp_relay_push(r, offset + r->base, chunk, n); }
+}
+
+// the piece through the relay: the sender (or, write, every stage that holds it) streams `mine` (n
+// floats; with --tp, the stage's runs of tensor i from run *next on), the others wait for it
+static void pp_stream_piece(PpRelay* r, int holds, float* mine, TpStream* t, int i, int* next) {
+    const PpModel* p = r->p;
     size_t piece = pp_staging_floats(p->stage);
-    for (size_t done = 0; done < n; done += piece) {
-        size_t len = n - done < piece ? n - done : piece;
-        if (write) {
-            fn(ctx, at + done, p->staging, len);
-            if (mine != NULL) { memcpy(mine + done, p->staging, len * sizeof(float)); }
-            continue;
+    int streams = r->write ? holds : p->pipeline.rank == r->from;
+    if (streams && t != NULL) {  // --tp: the stage's slices of tensor i, run by run, through the group's stream
+        r->base = r->at - t->whole_at[i];  // the stage's first layer of tensor i is the piece's start
+        while (*next < t->nruns && t->slices[t->runs[*next].slice].tensor == i) {
+            WeightRun run = t->runs[*next];
+            tp_stream_run(t, run, p->params + run.offset);
+            (*next)++;
         }
-        if (p->pipeline.rank == from) { memcpy(p->staging, mine + done, len * sizeof(float)); }
-        dist_broadcast_floats_over(p->staging, len, from, p->pipeline);
-        if (mine != NULL && p->pipeline.rank != from && memcmp(mine + done, p->staging, len * sizeof(float)) != 0) {
-            fail("--pp: the last stage's copy of wte differs from the first stage's (floats %zu..%zu)\n"
-                 "  hint: a bug: the pair's gradient sums must give both copies the same bits", at + done, at + done + len);
+    } else if (streams && r->write) {
+        for (size_t done = 0; done < r->n; done += piece) {
+            size_t len = r->n - done < piece ? r->n - done : piece;
+            r->fn(r->ctx, r->at + done, p->staging, len);
+            memcpy(mine + done, p->staging, len * sizeof(float));
         }
-        fn(ctx, at + done, p->staging, len);
+    } else if (streams) {
+        pp_relay_push(r, r->at, mine, r->n);
+    } else if (r->write) {  // not held here: the caller's floats go by
+        for (size_t done = 0; done < r->n; done += piece) { r->fn(r->ctx, r->at + done, p->staging, r->n - done < piece ? r->n - done : piece); }
+        return;
+    }
+    if (r->write) { return; }
+    while (holds && !streams && t != NULL && *next < t->nruns && t->slices[t->runs[*next].slice].tensor == i) { (*next)++; }  // a copy not sent
+    while (r->filled < r->n) {  // the last piece (the sender's staging holds it), or every piece (the others)
+        size_t len = r->n - r->filled < piece ? r->n - r->filled : piece;
+        pp_relay_take(r, len);
     }
 }
 
@@ -72,27 +140,44 @@ static void pp_stream_piece(const PpModel* p, int write, int from, float* mine, 
 // pipeline group calls it alike): tensor by tensor, a per-layer tensor's layers stage after stage, an
 // outer tensor from the stage that holds it. Read (a checkpoint, the replicas' hash): each part is
 // broadcast from its stage (the last stage checks its copy of wte against the first's); write (the
-// model file, the seeded initialisation: every rank reads all of it), each stage keeps its parts
+// model file, the seeded initialisation: every rank reads all of it), each stage keeps its parts. With
+// --tp a stage's part comes from (and goes to) its tensor group's slices through cpu/tensor_parallel.h's
+// stream, and each tensor place's pipeline group carries the same whole pieces
 static void pp_params_stream(const PpModel* p, int write, PpChunkFn fn, void* ctx) {
     const GPT2Config *me = p->stage, *whole = p->whole;
-    int N = p->pipeline.world;
+    int N = p->pipeline.world, next = 0;
+    TpStream t, *tp = NULL;
+    if (p->tensor.world > 1) {
+        tp = &t;
+        tp_stream_begin(tp, me, p->tensor, p->tp_staging, write, pp_relay_chunk, NULL);
+    }
     size_t whole_sizes[NUM_PARAMETER_TENSORS], mine_sizes[NUM_PARAMETER_TENSORS], at = 0, mine_at = 0;
     gpt2_parameter_sizes(whole_sizes, whole);
     gpt2_parameter_sizes(mine_sizes, me);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         float* mine = p->params + mine_at;
-        if (!PARAMETER_IS_PER_LAYER[i]) {
-            int from = pp_outer_owner(i, N);
-            pp_stream_piece(p, write, from, gpt2_holds_tensor(me, i) ? mine : NULL, whole_sizes[i], at, fn, ctx);
-        } else {
-            for (int s = 0; s < N; s++) {
-                PpStage st = pp_stage(whole->num_layers, N, s);
-                size_t n = pp_layer_offset(i, whole, st.layers), off = at + pp_layer_offset(i, whole, st.first);
-                pp_stream_piece(p, write, s, s == me->stage ? mine : NULL, n, off, fn, ctx);
+        int parts = PARAMETER_IS_PER_LAYER[i] ? N : 1;
+        for (int s = 0; s < parts; s++) {
+            PpStage st = pp_stage(whole->num_layers, N, s);
+            int from = PARAMETER_IS_PER_LAYER[i] ? s : pp_outer_owner(i, N);
+            int holds = PARAMETER_IS_PER_LAYER[i] ? s == me->stage : gpt2_holds_tensor(me, i);
+            PpRelay r = {.p = p, .from = from, .write = write, .fn = fn, .ctx = ctx, .pushed = 0, .filled = 0, .base = 0, .mine = NULL, .window_at = 0, .window = 0,
+                         .at = at + pp_layer_offset(i, whole, PARAMETER_IS_PER_LAYER[i] ? st.first : 0),
+                         .n = PARAMETER_IS_PER_LAYER[i] ? pp_layer_offset(i, whole, st.layers) : whole_sizes[i]};
+            if (!write && holds && p->pipeline.rank != from) {  // a copy to compare: this tensor place's slice of it
+                r.mine = mine;
+                r.window = mine_sizes[i];
+                r.window_at = r.at + (tp != NULL && PARAMETER_TP_SPLIT[i] == TP_ROWS ? (size_t)p->tensor.rank * mine_sizes[i] : 0);
             }
+            if (tp != NULL) { tp->ctx = &r; }
+            pp_stream_piece(&r, holds, mine, tp, i, &next);
         }
         at += whole_sizes[i];
         mine_at += mine_sizes[i];
+    }
+    if (tp != NULL) {
+        tp->next = next;
+        tp_stream_end(tp);
     }
 }
 

@@ -941,9 +941,9 @@ static void check_pp_option(const TrainOptions* o, const GPT2Config* c, int worl
              o->tp > 1 ? " of --tp's groups" : "", o->tp * o->pp, o->tp * o->pp,
              o->plan_only ? ", or --plan --plan-ranks N with N a multiple of it" : "");
     }
-    if (o->tp > 1) {
-        fail("--pp %d with --tp %d: a pipeline of tensor-parallel stages is not built yet (the checkpoint stream of a stage's\n"
-             "  slices)\n  hint: --pp with --zero over the data-parallel ranks, or --tp alone", o->pp, o->tp);
+    if (o->sp) {
+        fail("--pp %d with --sp: a stage's messages of its group's rows are not built yet (each rank would send its B*T/tp rows)\n"
+             "  hint: --pp with --tp (each tensor-parallel rank sends its whole copy of the residual stream), or --sp without --pp", o->pp);
     }
     if (o->zero == ZERO_3) {
         fail("--pp %d with --zero 3: a stage's weight shards are not built yet (the checkpoint stream gathers a stage's whole weights)\n"

@@ -219,7 +219,7 @@ def zero8x80(a):
 
 
 TP8_LAYOUTS = [(1, 1, 0), (2, 1, 0), (4, 1, 0), (1, 1, 3), (2, 1, 1), (2, 1, 3), (4, 1, 1), (4, 1, 3),
-               (1, 2, 1), (1, 2, 2), (1, 4, 1), (1, 4, 2), (1, 8, 0)]  # (--tp, --pp, --zero) on 8 ranks
+               (1, 2, 1), (1, 2, 2), (1, 4, 1), (1, 4, 2), (1, 8, 0), (2, 2, 1), (4, 2, 0)]  # (--tp, --pp, --zero) on 8 ranks
 TP8_MICRO_PER_STAGE = 2  # --pp's micro-batches a step: 2 a stage (-d), so that 1F1B's first stage holds N of them
 
 

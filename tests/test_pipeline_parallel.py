@@ -131,9 +131,11 @@ def stage_memory(name, run_dir, stages):
     return recs[0]
 
 
-def planned_line(out, what):
-    m = re.search(rf"^  stage (\d+) \([^)]*\): ([0-9.]+) MiB, activations ([0-9.]+) MiB \((\d+) micro-batch", out, re.M)
-    return m
+def val_and_sample(out):
+    """the validation lines ("step N | val loss x") and each sample's text, as printed"""
+    lines = out.splitlines()
+    vals = [x for x in lines if "| val loss " in x]
+    return vals + [lines[i + 1] for i, x in enumerate(lines) if x.startswith("---- sample") and i + 1 < len(lines)]
 
 
 # ----------------------------------------------------------------------------
@@ -147,8 +149,8 @@ s.expect_fail("--plan --pp 2 for 3 ranks", "--pp 2: 3 rank(s) do not split into 
               [TRAIN, "--plan", "-e", f"{FIX}/model_deep.bin", "--pp", "2", "--plan-ranks", "3"])
 s.expect_fail("--pp-schedule without --pp", "but this run has --pp 1", BASE + ["--pp-schedule", "gpipe", "-o", ""])
 s.expect_fail("--pp-schedule of another name", "--pp-schedule", BASE + ["--pp", "2", "--pp-schedule", "interleaved", "-o", ""])
-s.expect_fail("--pp with --tp", "a pipeline of tensor-parallel stages is not built yet",
-              [TRAIN, "--plan", "-e", "tiny", "--pp", "2", "--tp", "2", "--plan-ranks", "4"])
+s.expect_fail("--pp with --sp", "--pp 2 with --sp: a stage's messages of its group's rows are not built yet",
+              [TRAIN, "--plan", "-e", "tiny", "--pp", "2", "--tp", "2", "--sp", "--plan-ranks", "4"])
 s.expect_fail("--pp with --zero 3", "--pp 2 with --zero 3", [TRAIN, "--plan", "-e", f"{FIX}/model_deep.bin", "--pp", "2", "--zero", "3",
                                                             "--plan-ranks", "4"])
 if EMU:
@@ -280,10 +282,48 @@ VS = ["-v", "5", "-m", "2", "-j", f"{FIX}/val.bin", "-s", "10", "-g", "8", "-n",
 r1 = s.expect_ok("one process: validation and a sample", BASE + batch() + VS + ["-o", f"{W}/vs_one"])
 r2 = pp_run("--pp 3: validation and a sample", 3, ["--pp", "3"] + batch() + VS, f"{W}/vs_pp3")
 if r1 and r2:
-    def val_and_sample(out):
-        return [line for line in out.splitlines() if line.startswith("val loss") or line.startswith("----")] + \
-               [out.splitlines()[i + 1] for i, line in enumerate(out.splitlines()) if line.startswith("---- sample")]
-    s.check("--pp 3: the validation losses and the sample are one process's", val_and_sample(r1.out) == val_and_sample(r2.out),
+    s.check("--pp 3: the validation losses and the sample are one process's",
+            len(val_and_sample(r1.out)) >= 3 and val_and_sample(r1.out) == val_and_sample(r2.out),
+            f"{val_and_sample(r1.out)} vs {val_and_sample(r2.out)}")
+
+# --tp 2 inside each stage (4 ranks: 2 stages of a tensor-parallel pair; 8 with two data-parallel ranks),
+# test_gpt's fixture of 4 heads: one step bitwise (but wte) the --tp 2 run's of the same micro-batches,
+# ten steps against one process, a sample one process's, every stage's memory = plan, a resume bitwise
+HS8 = ["-e", f"{FIX}/model_hs8.bin"]
+TP1, TPP1 = f"{W}/tp2_step", f"{W}/tp2_pp2_step"
+if pp_run("--tp 2 (2 ranks), one step, --grad-clip 0", 2, HS8 + ["--tp", "2"] + batch() + ONE_STEP, TP1) and \
+        pp_run("--tp 2 --pp 2 (4 ranks), one step, --grad-clip 0", 4, HS8 + ["--tp", "2", "--pp", "2"] + batch() + ONE_STEP, TPP1):
+    one_step_bitwise("--tp 2 --pp 2 against --tp 2", TP1, TPP1)
+ONE_HS8, TPP = f"{W}/hs8_one", f"{W}/tp2_pp2"
+if s.expect_ok("one process, the 4-head fixture", BASE + HS8 + batch() + ["-o", ONE_HS8]) and \
+        pp_run("--tp 2 --pp 2 (4 ranks)", 4, HS8 + ["--tp", "2", "--pp", "2"] + batch(), TPP):
+    losses_close("--tp 2 --pp 2 vs one process", ONE_HS8, TPP)
+    models_close("--tp 2 --pp 2 vs one process", ONE_HS8, TPP)
+    stage_memory("--tp 2 --pp 2", TPP, 2)
+    if os.path.isfile(ckpt(TPP, "DONE", 5)):
+        R = f"{W}/tp2_pp2_resume"
+        os.makedirs(R)
+        for f in [ckpt(TPP, "model", 5, ".bin"), ckpt(TPP, "DONE", 5)] + [ckpt(TPP, "state", 5, f"_{k:05d}.bin") for k in range(4)]:
+            shutil.copy(f, R)
+        if pp_run("--tp 2 --pp 2 resumes from step 5", 4, HS8 + ["--tp", "2", "--pp", "2", "-y", "1"] + batch(), R):
+            s.check(f"--tp 2 --pp 2 resumed: the model at step {STEPS} bitwise the straight run's",
+                    same_bytes(ckpt(TPP, "model", STEPS, ".bin"), ckpt(R, "model", STEPS, ".bin")), "cmp differs")
+TPZ = f"{W}/tp2_pp2_dp2_z1"
+ONE_HS8_2 = f"{W}/hs8_one_d2"
+r = pp_run("--tp 2 --pp 2 --zero 1 on 8 ranks (2 data-parallel ranks) --check-replicas", 8,
+           HS8 + ["--tp", "2", "--pp", "2", "--zero", "1", "--check-replicas"] + batch(2), TPZ)
+if r and s.expect_ok("one process, the 4-head fixture, 2 x 4 micro-steps", BASE + HS8 + batch(2) + ["-o", ONE_HS8_2]):
+    losses_close("--tp 2 --pp 2 --zero 1 (8 ranks) vs one process", ONE_HS8_2, TPZ)
+    models_close("--tp 2 --pp 2 --zero 1 (8 ranks) vs one process", ONE_HS8_2, TPZ)
+    s.check("--tp 2 --pp 2 --zero 1: the whole model the same on all 8 ranks every step",
+            re.search(rf"^replicas: parameters identical on 8 ranks after step {STEPS} ", r.out, re.M), r.out[-300:])
+    stage_memory("--tp 2 --pp 2 --zero 1", TPZ, 2)
+VS_TP = ["-v", "5", "-m", "2", "-j", f"{FIX}/val.bin", "-s", "10", "-g", "8", "-n", "0"]
+r1 = s.expect_ok("one process, the 4-head fixture: validation and a sample", BASE + HS8 + batch() + VS_TP + ["-o", f"{W}/vs_hs8_one"])
+r2 = pp_run("--tp 2 --pp 2: validation and a sample", 4, HS8 + ["--tp", "2", "--pp", "2"] + batch() + VS_TP, f"{W}/vs_tp2_pp2")
+if r1 and r2:
+    s.check("--tp 2 --pp 2: the validation losses and the sample are one process's",
+            len(val_and_sample(r1.out)) >= 3 and val_and_sample(r1.out) == val_and_sample(r2.out),
             f"{val_and_sample(r1.out)} vs {val_and_sample(r2.out)}")
 
 # ----------------------------------------------------------------------------
