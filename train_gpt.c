@@ -640,17 +640,34 @@ const float* gpt2_probs(GPT2* m, int position) {
     return m->pp_probs;
 }
 
-// --pp: the activations of held micro-batch `slot` in hand for the next forward or backward, and the
-// (B,T,C) buffer a message of the stage's list (llmc/pipeline.h) reads or fills: the stage input
-// (the embeddings' place), the stage output (the last layer's), the gradient of either (backward's)
+// --pp: the activations of held micro-batch `slot` in hand for the next forward or backward
 void gpt2_pp_slot(GPT2* m, int slot) {
     if (slot < 0 || slot >= m->num_held) { fail("gpt2_pp_slot(%d): the stage holds %d micro-batches (a bug)", slot, m->num_held); }
     m->acts = &m->held[slot];
 }
-float* gpt2_pp_buffer(GPT2* m, PpOp op) {
+
+// the (B,T,C) buffer a message reads or fills: the stage input (the embeddings' place), the stage
+// output (the last layer's), the gradient of either (the backward's)
+static float* pp_buffer(GPT2* m, PpOp op) {
     if (op == PP_RECV_ACT) { return m->acts->encoded; }
     if (op == PP_SEND_ACT) { return (float*)act_layer_input(m->acts, m->config.num_layers); }
     return m->bwd.dresidual;  // PP_RECV_GRAD, PP_SEND_GRAD
+}
+
+// a message of the stage's list over MPI, each in its micro-batch's slot
+void gpt2_pp_message(GPT2* m, PpAction a, const PpAction* next, int slots) {
+    int stage = m->pipeline.rank;
+    size_t n = (size_t)m->batch_size * m->seq_len * m->config.channels;
+    gpt2_pp_slot(m, pp_act_slot(a.micro, slots));
+    float* buf = pp_buffer(m, a.op);
+    if (pp_is_recv(a.op)) {
+        dist_recv_floats(buf, n, stage + pp_peer_offset(a.op), m->pipeline);
+    } else if (next == NULL) {
+        dist_send_floats(buf, n, stage + pp_peer_offset(a.op), m->pipeline);
+    } else {
+        gpt2_pp_slot(m, pp_act_slot(next->micro, slots));
+        dist_sendrecv_floats(buf, n, stage + pp_peer_offset(a.op), pp_buffer(m, next->op), n, stage + pp_peer_offset(next->op), m->pipeline);
+    }
 }
 
 void gpt2_zero_grad(GPT2* m) {

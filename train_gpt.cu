@@ -2015,10 +2015,9 @@ ProfRoofline gpt2_profile_roofline(void) { ProfRoofline none = {.gb_s = 0.0, .gf
 // check_pp_option stops before any stage's call below
 int gpt2_pp_max(void) { return 1; }
 void gpt2_pp_slot(GPT2* m, int slot) { (void)m; fail("gpt2_pp_slot(%d): the CUDA backend has no --pp (a bug: check_pp_option refuses it)", slot); }
-float* gpt2_pp_buffer(GPT2* m, PpOp op) {
-    (void)m;
-    fail("gpt2_pp_buffer(%s): the CUDA backend has no --pp (a bug: check_pp_option refuses it)", PP_OP_NAMES[op]);
-    return NULL;
+void gpt2_pp_message(GPT2* m, PpAction a, const PpAction* next, int slots) {
+    (void)m; (void)next; (void)slots;
+    fail("gpt2_pp_message(%s): the CUDA backend has no --pp (a bug: check_pp_option refuses it)", PP_OP_NAMES[a.op]);
 }
 
 int main(int argc, char** argv) {

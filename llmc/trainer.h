@@ -171,10 +171,13 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T)
 // backward (the logits' gradient into wte's and the final LayerNorm output's, act_policy.h), which
 // must happen while each chunk's logits exist; the gpt2_backward after it takes the same loss_scale
 float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale);
-// --pp: the activations of the held micro-batch `slot` in hand for the next forward or backward, and
-// the (B,T,C) buffer a message of the stage's list (llmc/pipeline.h) reads (a send) or fills (a receive)
+// --pp: the activations of the held micro-batch `slot` (of `slots`) in hand for the next forward or
+// backward; and a message of the stage's list (llmc/pipeline.h) over the pipeline group: a receive
+// (its micro-batch's slot in hand first), a send, or with `next` (a.with_next) the send and the
+// receive after it as one exchange. The backend's buffers: the stage input, the stage output, and
+// the gradient of either (B*T*C each); MPI on the CPU, the GPU's own collectives there
 void gpt2_pp_slot(GPT2* m, int slot);
-float* gpt2_pp_buffer(GPT2* m, PpOp op);
+void gpt2_pp_message(GPT2* m, PpAction a, const PpAction* next, int slots);
 // the (Vp) next-token probabilities at position b*T + t of the last forward, in host memory (with
 // --loss-chunk only its last chunk's, sampling asks for the last position; none after gpt2_forward_train)
 const float* gpt2_probs(GPT2* m, int position);
@@ -1768,7 +1771,7 @@ static void log_step(Run* r, int step, double loss, float norm, float lr, double
 static double pp_micro_steps(Run* r) {
     const ModelSetup* s = &r->setup;
     int B = s->B, T = s->T, stage = s->pipeline.rank;
-    size_t BT = (size_t)B * T, n = BT * s->config.channels;
+    size_t BT = (size_t)B * T;
     DataLoader* dl = &r->train;
     for (int micro = 0; micro < r->accum; micro++) {
         dataloader_next_batch(dl);
@@ -1781,25 +1784,15 @@ static double pp_micro_steps(Run* r) {
         PpAction a = r->pp_actions[k];
         const int* inputs = r->pp_tokens + (size_t)a.micro * 2 * BT;
         const int* targets = inputs + BT;
-        gpt2_pp_slot(r->model, pp_act_slot(a.micro, s->pp_held));
+        if (a.op == PP_FORWARD || a.op == PP_BACKWARD) { gpt2_pp_slot(r->model, pp_act_slot(a.micro, s->pp_held)); }
         if (a.op == PP_FORWARD) {
             float l = gpt2_forward_train(r->model, inputs, targets, B, T, loss_scale);
             if (stage == s->pipeline.world - 1) { loss += l; }
         } else if (a.op == PP_BACKWARD) {
             if (a.micro == r->accum - 1) { gpt2_reduce_during_backward(r->model); }  // the list's last backward (pipeline.h)
             gpt2_backward(r->model, inputs, targets, B, T, loss_scale);
-        } else {
-            int peer = stage + pp_peer_offset(a.op);
-            float* buf = gpt2_pp_buffer(r->model, a.op);
-            if (pp_is_recv(a.op)) {
-                dist_recv_floats(buf, n, peer, s->pipeline);
-            } else if (!a.with_next) {
-                dist_send_floats(buf, n, peer, s->pipeline);
-            } else {  // a send and the receive after it from the same neighbour: one exchange
-                PpAction b = r->pp_actions[++k];
-                gpt2_pp_slot(r->model, pp_act_slot(b.micro, s->pp_held));
-                dist_sendrecv_floats(buf, n, peer, gpt2_pp_buffer(r->model, b.op), n, stage + pp_peer_offset(b.op), s->pipeline);
-            }
+        } else {  // a send followed by a receive from the same neighbour: one exchange
+            gpt2_pp_message(r->model, a, a.with_next ? &r->pp_actions[++k] : NULL, s->pp_held);
         }
     }
     return loss;
