@@ -161,9 +161,9 @@ static void pp_params_stream(const PpModel* p, int write, PpChunkFn fn, void* ct
             PpStage st = pp_stage(whole->num_layers, N, s);
             int from = PARAMETER_IS_PER_LAYER[i] ? s : pp_outer_owner(i, N);
             int holds = PARAMETER_IS_PER_LAYER[i] ? s == me->stage : gpt2_holds_tensor(me, i);
-            PpRelay r = {.p = p, .from = from, .write = write, .fn = fn, .ctx = ctx, .pushed = 0, .filled = 0, .base = 0, .mine = NULL, .window_at = 0, .window = 0,
-                         .at = at + pp_layer_offset(i, whole, PARAMETER_IS_PER_LAYER[i] ? st.first : 0),
-                         .n = PARAMETER_IS_PER_LAYER[i] ? pp_layer_offset(i, whole, st.layers) : whole_sizes[i]};
+            PpRelay r = {.p = p, .from = from, .at = at + pp_layer_offset(i, whole, PARAMETER_IS_PER_LAYER[i] ? st.first : 0),
+                         .n = PARAMETER_IS_PER_LAYER[i] ? pp_layer_offset(i, whole, st.layers) : whole_sizes[i],
+                         .pushed = 0, .filled = 0, .base = 0, .mine = NULL, .window_at = 0, .window = 0, .write = write, .fn = fn, .ctx = ctx};
             if (!write && holds && p->pipeline.rank != from) {  // a copy to compare: this tensor place's slice of it
                 r.mine = mine;
                 r.window = mine_sizes[i];
