@@ -25,6 +25,7 @@ Conventions (as in llm.c):
 #ifndef CPU_LAYERS_H
 #define CPU_LAYERS_H
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include "../llmc/model_config.h"  // LAYERNORM_EPS, GELU_SCALE, GELU_CUBIC: the model's, for every backend
@@ -58,24 +59,34 @@ static void encoder_forward(float* out, const int* inp, const float* wte, const 
     }
 }
 
-// dwte (Vp,C) += scatter of dout (B,T,C) by token; dwpe (maxT,C) += sum over b
-// parallel over blocks of channels: each thread owns those columns of dwte and dwpe and adds the rows
-// in (b, t) order, a row's block at a time (contiguous: it vectorizes; every element's sum in that order)
-static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
-                             int B, int T, int C) {
-    prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), "backward");
+// dwte += scatter of dout (B,T,C) by token, over the rows v0 .. v0 + rows - 1 of the vocabulary that
+// dwte (rows, C) holds (the whole (Vp,C): v0 = 0, rows = Vp; --tp: a rank's rows, the other tokens'
+// gradients are other ranks'); dwpe (maxT,C) += sum over b, of every token. Parallel over blocks of
+// channels: each thread owns those columns of dwte and dwpe and adds the rows in (b, t) order, a row's
+// block at a time (contiguous: it vectorizes; every element's sum in that order)
+static void encoder_backward_rows(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C, int v0, int rows,
+                                  const char* what) {
+    prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), what);
     #pragma omp parallel for
     for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
         int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
         for (int b = 0; b < B; b++) {
             for (int t = 0; t < T; t++) {
                 const float* d = dout + ((size_t)b * T + t) * C + c0;
-                float* dte = dwte + (size_t)inp[b * T + t] * C + c0;
                 float* dpe = dwpe + (size_t)t * C + c0;
-                for (int c = 0; c < n; c++) { dte[c] += d[c]; dpe[c] += d[c]; }
+                int row = inp[b * T + t] - v0;
+                for (int c = 0; c < n; c++) { dpe[c] += d[c]; }
+                if (row < 0 || row >= rows) { continue; }
+                float* dte = dwte + (size_t)row * C + c0;
+                for (int c = 0; c < n; c++) { dte[c] += d[c]; }
             }
         }
     }
+}
+
+// dwte (Vp,C) += scatter of dout (B,T,C) by token; dwpe (maxT,C) += sum over b (every token id < Vp)
+static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
+    encoder_backward_rows(dwte, dwpe, dout, inp, B, T, C, 0, INT_MAX, "backward");
 }
 
 // ----------------------------------------------------------------------------

@@ -197,27 +197,10 @@ static void tp_encoder_forward(const TensorParallel* tp, float* out, const int* 
 }
 
 // dwte (Vr, C) += dout (B,T,C) of the tokens this rank holds; dwpe (maxT, C) += the sum over b (every
-// rank the same: dout is every row's, with --sp gathered first). As encoder_backward: each thread owns
-// a block of channels, the rows in (b, t) order
+// rank the same: dout is every row's, with --sp gathered first)
 static void tp_encoder_backward(const TensorParallel* tp, float* dwte, float* dwpe, const float* dout, const int* inp,
                                 int B, int T, int C, int Vr) {
-    prof_mark(PROF_ENCODER, prof_encoder_backward((size_t)B * T, T, C, sizeof(float)), "backward (vocabulary-parallel)");
-    int v0 = tp->rank * Vr;
-    #pragma omp parallel for
-    for (int c0 = 0; c0 < C; c0 += CHANNEL_BLOCK) {
-        int n = C - c0 < CHANNEL_BLOCK ? C - c0 : CHANNEL_BLOCK;
-        for (int b = 0; b < B; b++) {
-            for (int t = 0; t < T; t++) {
-                const float* d = dout + ((size_t)b * T + t) * C + c0;
-                float* dpe = dwpe + (size_t)t * C + c0;
-                int row = inp[b * T + t] - v0;
-                for (int c = 0; c < n; c++) { dpe[c] += d[c]; }
-                if (row < 0 || row >= Vr) { continue; }
-                float* dte = dwte + (size_t)row * C + c0;
-                for (int c = 0; c < n; c++) { dte[c] += d[c]; }
-            }
-        }
-    }
+    encoder_backward_rows(dwte, dwpe, dout, inp, B, T, C, tp->rank * Vr, Vr, "backward (vocabulary-parallel)");
     prof_close();
 }
 
