@@ -409,8 +409,7 @@ static OptSharding state_sharding(const ModelSetup* s, QStateFormat f) {
 }
 
 // stops if the optimizer state read from path (in format f) holds a NaN or infinity, naming the
-// slice (tensor and layer, opt_layout.h) whose state holds it: an fp32 value, a bf16 one, or an
-// 8-bit block's absmax (NaN: a block the quantizer refused)
+// slice (tensor and layer, opt_layout.h) whose state holds it (slice_state_check_finite)
 static void state_check_finite(const char* path, const ModelSetup* s, QStateFormat f, const float* state) {
     GPT2Config rank_config = setup_rank_config(s);
     ParamSlice* slices = param_slices_alloc(&rank_config);
@@ -418,24 +417,8 @@ static void state_check_finite(const char* path, const ModelSetup* s, QStateForm
     size_t offset;
     for (int k = 0; k < param_slice_count(&rank_config); k++) {
         OptShard sh = slice_shard(&slices[k], &z, &offset);
-        StatePiece pieces[MAX_STATE_PIECES];
-        int n = slice_state_pieces(s->optimizer, &sh, s->use_beta1, pieces);
-        size_t before = 0, total = slice_state_floats(s->optimizer, &sh, s->use_beta1), units;
-        for (int i = 0; i < n; i++) {
-            const char* what;
-            float value;
-            size_t bad = state_piece_non_finite(&pieces[i], &sh, state, &units, &what, &value);
-            int floats = strcmp(what, "float") == 0;  // then counted over the slice's state, as the layout lays it
-            if (bad < units) {
-                char name[SLICE_NAME_LEN];
-                slice_name(&slices[k], name, sizeof(name));
-                fail("state file '%s': the optimizer state of %s, %s %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
-                     "  hint: it was written after its run diverged; resume from an earlier checkpoint", path, name, what,
-                     floats ? before + bad : bad, floats ? total : units, value);
-            }
-            before += pieces[i].floats;
-            state += pieces[i].floats;
-        }
+        slice_state_check_finite(path, &slices[k], &sh, s->optimizer, s->use_beta1, state);
+        state += slice_state_floats(s->optimizer, &sh, s->use_beta1);
     }
     free(slices);
 }
