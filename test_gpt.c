@@ -24,6 +24,8 @@ its main) and checks it against an independent implementation:
     ./test_gpt --compare-models A B RTOL   # relative L2 distance of two model files
     ./test_gpt --bpe-encode DIR            # llmc/bpe.h on texts from stdin (tests/test_bpe.py)
     ./test_gpt --probs MODEL               # next-token probabilities after ids from stdin (--sample's tests)
+    ./test_gpt --relayout-state SRC STEP OUT TP PP RANKS ZERO OPTIMIZER BETA1 FORMAT
+                                           # a checkpoint's optimizer state on another layout (tests/test_relayout.py)
 */
 #define TESTING
 #include "train_gpt.c"
@@ -1537,6 +1539,149 @@ static int compare_models(const char* path_a, const char* path_b, double rtol) {
 }
 
 // ----------------------------------------------------------------------------
+// a checkpoint's optimizer state on another layout (llmc/relayout.h), for tests/test_relayout.py
+
+// the places of whole tensor i of layer `layer` that one field of kind k stands for: its elements, rows or columns
+static size_t whole_places(const GPT2Config* model, int i, StateFieldKind k) {
+    size_t rows, cols;
+    gpt2_tensor_shape(i, model, &rows, &cols);
+    return k == FIELD_ROWS ? rows : k == FIELD_COLS ? cols : rows * cols;
+}
+
+// counts into count[] (whole_places of it) how often the parts of the ranks of layout L that relayout_gather
+// reads hold each place of field f of tensor i of `layer` (the data-parallel ranks' blocks, or without ZeRO the
+// first's whole state; of a field the --tp group holds whole, its first rank's); returns the entries whose
+// place does not map back to them (0: every one does)
+static size_t count_places(const StateLayout* L, int i, int layer, int f, int* count) {
+    size_t wrong = 0;
+    int stage = layout_stage_of(L, i, layer), datas = L->sharded ? L->dp : 1, tensors = PARAMETER_TP_SPLIT[i] != TP_WHOLE ? L->tp : 1;
+    for (int d = 0; d < datas; d++) {
+        for (int t = 0; t < tensors; t++) {
+            RankPlace at = {.stage = stage, .data = d, .tensor = t};
+            LayoutRank r = layout_rank_open(L, at);
+            int k = layout_slice_index(&r, i, layer);
+            PartPlace p = part_place(&r, k);
+            StateField fields[MAX_STATE_FIELDS];
+            slice_state_fields(L->kind, &r.parts[k], L->use_beta1, fields);
+            if (field_cut_by_group(&p, fields[f].kind) || p.tp_rank == 0) {
+                for (size_t e = 0; e < state_field_used(&fields[f], &r.parts[k]); e++) {
+                    int row, col;
+                    part_entry_place(&p, fields[f].kind, e, &row, &col);
+                    size_t cols = whole_places(&L->model, i, FIELD_COLS), at_place = fields[f].kind == FIELD_ROWS ? (size_t)row
+                                  : fields[f].kind == FIELD_COLS ? (size_t)col : (size_t)row * cols + col;
+                    count[at_place]++;
+                    wrong += part_place_entry(&p, fields[f].kind, row, col) != (long)e;
+                }
+            }
+            layout_rank_close(&r);
+        }
+    }
+    return wrong;
+}
+
+// llmc/relayout.h's places, on every layout of a small model (--tp 1, 2, 4; --pp 1, 3; 1 or 3 data-parallel
+// ranks, ZeRO's cut or not; CAME, whose state has every kind of field): every entry of every rank's part maps
+// to a place of its whole tensor and back to itself, and the ranks' parts hold every place once (but wte's
+// padded rows on --tp 1, which holds none of them)
+static void test_relayout_places(void) {
+    GPT2Config model = {16, 64, 80, 3, 4, 32, 1, 1, 0, 0};  // maxT, V, Vp, L, NH, C: Vp/4 = 20 rows a rank, 16 of them padded
+    const int tps[] = {1, 2, 4}, pps[] = {1, 3}, dps[] = {1, 3};
+    for (int a = 0; a < 3; a++) {
+        for (int b = 0; b < 2; b++) {
+            for (int c = 0; c < 2; c++) {
+                for (int sharded = 0; sharded < 2; sharded++) {
+                    StateLayout L = {.model = model, .kind = OPT_CAME, .use_beta1 = 0, .format = QSTATE_FP32, .tp = tps[a], .pp = pps[b],
+                                     .dp = dps[c], .sharded = sharded};
+                    size_t wrong = 0, missed = 0, twice = 0;
+                    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+                        int layers = PARAMETER_IS_PER_LAYER[i] ? model.num_layers : 1;
+                        for (int l = 0; l < layers; l++) {
+                            int layer = PARAMETER_IS_PER_LAYER[i] ? l : OUTER_GROUP;
+                            LayoutRank r0 = layout_rank_open(&L, (RankPlace){layout_stage_of(&L, i, layer), 0, 0});
+                            StateField fields[MAX_STATE_FIELDS];
+                            int n = slice_state_fields(L.kind, &r0.parts[layout_slice_index(&r0, i, layer)], 0, fields);
+                            layout_rank_close(&r0);
+                            for (int f = 0; f < n; f++) {
+                                size_t places = whole_places(&model, i, fields[f].kind);
+                                int* count = (int*)calloc_check(places, sizeof(int));
+                                wrong += count_places(&L, i, layer, f, count);
+                                size_t cols = whole_places(&model, i, FIELD_COLS);
+                                for (size_t x = 0; x < places; x++) {
+                                    int padded = i == 0 && L.tp == 1 && fields[f].kind != FIELD_COLS &&
+                                                 (fields[f].kind == FIELD_ROWS ? x : x / cols) >= (size_t)model.vocab_size;
+                                    missed += count[x] == 0 && !padded;
+                                    twice += count[x] > 1 || (padded && count[x] != 0);
+                                }
+                                free(count);
+                            }
+                        }
+                    }
+                    char name[160];
+                    snprintf(name, sizeof(name), "relayout places: --tp %d --pp %d, %d data-parallel rank(s)%s: every entry at one place of "
+                             "its tensor, every place held once", L.tp, L.pp, L.dp, sharded ? ", ZeRO" : "");
+                    check(wrong == 0 && missed == 0 && twice == 0, name, "%zu entries that do not map back, %zu places held by none, %zu by "
+                          "more than one", wrong, missed, twice);
+                }
+            }
+        }
+    }
+}
+
+// --relayout-state SRC STEP OUT TP PP RANKS ZERO OPTIMIZER BETA1 FORMAT: the optimizer state of the checkpoint of
+// STEP in SRC moved onto RANKS ranks of --tp TP --pp PP --zero ZERO (--optimizer OPTIMIZER, --adafactor-beta1 BETA1,
+// --optimizer-state FORMAT) as -y 1 moves it (relayout_rank_state), written as OUT/state_STEP_r.bin for every rank r
+// with the header that -y 1 then reads: layout B's checkpoint of layout A's state (beside A's model file and DONE
+// marker, which the test copies), and with 1 1 1 0 ... fp32 the whole model's state in one file, the same for the
+// checkpoints of any two layouts that hold the same state
+static int relayout_state_tool(char** argv) {
+    const char *src = argv[2], *out = argv[4];
+    int step = atoi(argv[3]), kind = optimizer_from_name(argv[9]), format = qstate_format_from_name(argv[11]);
+    if (kind < 0 || format < 0) { fail("--relayout-state: optimizer '%s' or state format '%s' unknown", argv[9], argv[11]); }
+    char path[CHECKPOINT_PATH_LEN];
+    checkpoint_path(path, sizeof(path), src, "model", step, -1);
+    GPT2Config cfg;
+    int version;
+    fclose(model_file_open(path, &cfg, &version));
+    TrainState head;
+    checkpoint_path(path, sizeof(path), src, "state", step, 0);
+    state_file_read_header(path, &head);
+    int use_beta1 = kind == OPT_ADAFACTOR && atof(argv[10]) > 0.0;
+    StateLayout from = {.model = cfg, .kind = (OptimizerKind)kind, .use_beta1 = use_beta1, .format = (QStateFormat)head.opt_format,
+                        .tp = head.tp, .pp = head.pp, .dp = head.num_processes / (head.tp * head.pp), .sharded = zero_shards_state(head.zero)};
+    int zero = atoi(argv[8]), ranks = atoi(argv[7]);
+    StateLayout to = from;
+    to.format = (QStateFormat)format;
+    to.tp = atoi(argv[5]);
+    to.pp = atoi(argv[6]);
+    to.dp = ranks / (to.tp * to.pp);
+    to.sharded = zero_shards_state(zero);
+    if (to.dp < 1 || layout_world(&to) != ranks) { fail("--relayout-state: %d ranks do not split into --tp %d --pp %d", ranks, to.tp, to.pp); }
+    mkdir(out, 0755);
+    for (int r = 0; r < ranks; r++) {
+        RankPlace at = {.stage = r / (to.tp * to.dp), .data = r / to.tp % to.dp, .tensor = r % to.tp};
+        size_t floats = layout_state_floats(&to, at);
+        float* state = (float*)malloc_check((floats > 0 ? floats : 1) * sizeof(float));
+        RelayoutCounts n;
+        TrainState st = relayout_rank_state(src, step, &from, &to, at, state, &n);
+        GPT2Config rank_config = layout_rank_config(&to, at);
+        st.num_processes = ranks;
+        st.rank = r;
+        st.tp = to.tp;
+        st.pp = to.pp;
+        st.zero = zero;
+        st.opt_format = format;
+        st.opt_floats = floats;
+        st.num_params = gpt2_num_parameters(&rank_config);
+        checkpoint_path(path, sizeof(path), out, "state", step, r);
+        state_file_write(path, &st, state);
+        printf("rank %d: %d slices copied, %d cut anew (%d requantized), %zu entries without an old place\n", r, n.copied, n.recut,
+               n.requantized, n.no_place);
+        free(state);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // the encoder and the probabilities for the end-to-end tests of --sample (tests/test_bpe.py,
 // tests/test_cli.py)
 
@@ -2101,6 +2246,7 @@ int main(int argc, char** argv) {
     if (argc == 5 && strcmp(argv[1], "--compare-models") == 0) { return compare_models(argv[2], argv[3], atof(argv[4])); }
     if (argc == 3 && strcmp(argv[1], "--bpe-encode") == 0) { return bpe_encode_stdin(argv[2]); }
     if (argc == 3 && strcmp(argv[1], "--probs") == 0) { return probs_stdin(argv[2]); }
+    if (argc == 12 && strcmp(argv[1], "--relayout-state") == 0) { return relayout_state_tool(argv); }
     char dir[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();
@@ -2124,6 +2270,7 @@ int main(int argc, char** argv) {
     test_memory_plan(dir);
     test_recompute_offload_bitwise();
     test_tensor_parallel_block();
+    test_relayout_places();
     test_loss_chunk();
     const char* files[] = {"tiny_adafactor.bin", "tiny_adafactor_beta1.bin", "tiny_came.bin", "tiny_came_wd.bin"};
     for (int i = 0; i < (int)(sizeof(files) / sizeof(files[0])); i++) { test_optimizer_reference(files[i]); }

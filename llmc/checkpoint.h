@@ -858,6 +858,27 @@ static void checkpoint_unmark_done(const char* dir, int step) {
     else if (errno != ENOENT) { fail("cannot remove '%s' before rewriting checkpoint %d: %s", path, step, strerror(errno)); }
 }
 
+// removes the state files of checkpoint `step` in dir of ranks `ranks` and up (its DONE marker gone
+// first: checkpoint_unmark_done), before `ranks` ranks write that step again: what an earlier write of
+// it by more ranks left (a checkpoint that -y 1 skipped as damaged and then resumed on fewer ranks, llmc/
+// relayout.h, rewrites), which no reader of the new write would read (checkpoint_damage reads as many as
+// its rank 0 says) and no one should take for part of it
+static void checkpoint_remove_states_from(const char* dir, int step, int ranks) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { fail("cannot read output directory '%s': %s", dir, strerror(errno)); }
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        CheckpointFileKind kind;
+        int rank = -1, file_step = checkpoint_file_step(e->d_name, &kind);
+        if (file_step != step || kind != CKPT_FILE_STATE || sscanf(e->d_name, "state_%*8d_%5d", &rank) != 1 || rank < ranks) { continue; }
+        char path[CHECKPOINT_PATH_LEN];
+        checkpoint_path(path, sizeof(path), dir, "state", step, rank);  // (the name read: checkpoint_file_step takes the exact one only)
+        if (remove(path) != 0) { fail("cannot remove '%s' before rewriting checkpoint %d with %d rank(s): %s", path, step, ranks, strerror(errno)); }
+        fsync_dir_of(path);
+    }
+    closedir(d);
+}
+
 // the step of the checkpoint file in dir that is one of the run's inputs (the same file: device and
 // inode, as output_dir_spare_inputs matches), or -1: --keep-checkpoints never removes the model
 // that -e started from, wherever in dir it sits

@@ -491,23 +491,59 @@ static size_t state_piece_non_finite(const StatePiece* p, const OptShard* sh, co
     return *units;
 }
 
+// stops if part sh of slice s's state (at `state`, read from the file at path) holds a NaN or infinity,
+// naming the slice and what holds it: an fp32 value, a bf16 one, or an 8-bit block's absmax (NaN: a
+// block the quantizer refused)
+static void slice_state_check_finite(const char* path, const ParamSlice* s, const OptShard* sh, OptimizerKind kind, int use_beta1,
+                                     const float* state) {
+    StatePiece pieces[MAX_STATE_PIECES];
+    int n = slice_state_pieces(kind, sh, use_beta1, pieces);
+    size_t before = 0, total = slice_state_floats(kind, sh, use_beta1), units;
+    for (int i = 0; i < n; i++) {
+        const char* what;
+        float value;
+        size_t bad = state_piece_non_finite(&pieces[i], sh, state, &units, &what, &value);
+        int floats = strcmp(what, "float") == 0;  // then counted over the slice's state, as the layout lays it
+        if (bad < units) {
+            char name[SLICE_NAME_LEN];
+            slice_name(s, name, sizeof(name));
+            fail("state file '%s': the optimizer state of %s, %s %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
+                 "  hint: it was written after its run diverged; resume from an earlier checkpoint", path, name, what,
+                 floats ? before + bad : bad, floats ? total : units, value);
+        }
+        before += pieces[i].floats;
+        state += pieces[i].floats;
+    }
+}
+
+// a moment of a part (n_units elements in format f, at src) read as fp32 into x (n_units)
+static void state_moment_decode(QMapKind map, size_t n_units, QStateFormat f, const float* src, float* x) {
+    QMoment in = qmoment_at((float*)src, f, n_units, (QStateStream){0, 0});
+    if (f == QSTATE_FP32) { memcpy(x, src, n_units * sizeof(float)); }
+    else if (f == QSTATE_BF16) { for (size_t i = 0; i < n_units; i++) { x[i] = qstate_bf16_to_float(in.bf16[i]); } }
+    else { qstate_dequantize(&qstate_maps()->map[map], in.q.codes, in.q.absmax, n_units, x); }
+}
+
+// x (its first n elements) into a moment of a part laid out for n_units elements in format f (at dst):
+// copied, rounded (bf16: the bits of step 0 of `stream`, which no training step draws) or quantized.
+// A bf16 value read as fp32 rounds back to its own bits (the bits below it are zero), so a bf16 moment
+// decoded and encoded again is the same; an 8-bit one is requantized (its blocks' absmax may move)
+static void state_moment_encode(QMapKind map, const float* x, size_t n, size_t n_units, QStateFormat f, float* dst, QStateStream stream) {
+    QMoment out = qmoment_at(dst, f, n_units, stream);
+    if (f == QSTATE_FP32) { memcpy(dst, x, n * sizeof(float)); }
+    else if (f == QSTATE_8BIT) { qstate_quantize(&qstate_maps()->map[map], x, n, out.q.codes, out.q.absmax); }
+    else {
+        QStateStreamId id = map == QMAP_SIGNED ? QSTATE_STREAM_M : QSTATE_STREAM_V;
+        for (size_t i = 0; i < n; i++) { out.bf16[i] = qstate_bf16_round(x[i], qstate_random16(stream.seed, 0, id, stream.index_base + i)); }
+    }
+}
+
 // moment piece p of a part of n_units elements, from format `from` (at src) into format `to` (at dst):
-// read as fp32, then rounded (bf16: the bits of step 0, which no training step draws) or quantized
+// read as fp32, then rounded or quantized (state_moment_encode)
 static void state_moment_convert(const StatePiece* p, size_t n_units, QStateFormat from, const float* src, QStateFormat to,
                                  float* dst, QStateStream stream, float* scratch) {
-    const QStateMap* map = &qstate_maps()->map[p->map];
-    QMoment in = qmoment_at((float*)src, from, n_units, stream), out = qmoment_at(dst, to, n_units, stream);
-    if (from == QSTATE_FP32) { memcpy(scratch, src, n_units * sizeof(float)); }
-    else if (from == QSTATE_BF16) { for (size_t i = 0; i < n_units; i++) { scratch[i] = qstate_bf16_to_float(in.bf16[i]); } }
-    else { qstate_dequantize(map, in.q.codes, in.q.absmax, n_units, scratch); }
-    QStateStreamId id = p->map == QMAP_SIGNED ? QSTATE_STREAM_M : QSTATE_STREAM_V;
-    if (to == QSTATE_FP32) { memcpy(dst, scratch, n_units * sizeof(float)); }
-    else if (to == QSTATE_8BIT) { qstate_quantize(map, scratch, n_units, out.q.codes, out.q.absmax); }
-    else {
-        for (size_t i = 0; i < n_units; i++) {
-            out.bf16[i] = qstate_bf16_round(scratch[i], qstate_random16(stream.seed, 0, id, stream.index_base + i));
-        }
-    }
+    state_moment_decode(p->map, n_units, from, src, scratch);
+    state_moment_encode(p->map, scratch, n_units, n_units, to, dst, stream);
 }
 
 // this rank's state (src, in z_from's format) converted into z_to's format (dst), slice by slice;
@@ -536,6 +572,56 @@ static int opt_state_convert(const GPT2Config* c, OptimizerKind kind, int use_be
     }
     free(s);
     return bad_slice;
+}
+
+// ----------------------------------------------------------------------------
+// a slice part's state field by field, finer than its pieces, for what moves it entry by entry into
+// another layout (llmc/relayout.h): each moment, and each second-moment statistic by what its
+// entries stand for (an element, a row, a column of the slice)
+
+typedef enum {
+    FIELD_MOMENT,    // m, v, M: an entry an element of the part (state_units * width), in the part's format
+    FIELD_ELEMENTS,  // a vector's V: an entry an element of the part, fp32
+    FIELD_ROWS,      // a matrix's R, Rr: an entry a row of the part (state_units), fp32
+    FIELD_COLS,      // a matrix's Cc, Rc: an entry a column of the part's column block (col_units), fp32
+} StateFieldKind;
+
+typedef struct {
+    StateFieldKind kind;
+    QMapKind map;    // a moment's: QMAP_SIGNED for m and M, QMAP_UNSIGNED for v
+    size_t entries;  // its entries, the padding of a rank's part included
+    size_t floats;   // floats of the block it takes
+} StateField;
+
+#define MAX_STATE_FIELDS 5
+
+// fills fields[] for part sh of a slice in the layout's order (the top of this file); returns how many.
+// They take the floats its pieces take (slice_state_pieces), in the same order
+static int slice_state_fields(OptimizerKind kind, const OptShard* sh, int use_beta1, StateField* fields) {
+    size_t n = sh->state_units * sh->width;
+    StateField m = {FIELD_MOMENT, QMAP_SIGNED, n, opt_moment_floats(sh)}, v = {FIELD_MOMENT, QMAP_UNSIGNED, n, opt_moment_floats(sh)};
+    StateField rows = {FIELD_ROWS, QMAP_SIGNED, sh->state_units, sh->state_units}, cols = {FIELD_COLS, QMAP_SIGNED, sh->col_units, sh->col_units};
+    StateField elements = {FIELD_ELEMENTS, QMAP_SIGNED, n, n};
+    int k = 0;
+    if (kind == OPT_ADAMW) { fields[k++] = m; fields[k++] = v; return k; }
+    if (kind == OPT_CAME) { fields[k++] = m; }
+    if (sh->factored) {
+        fields[k++] = rows;  // R
+        fields[k++] = cols;  // Cc
+        if (kind == OPT_CAME) { fields[k++] = rows; fields[k++] = cols; }  // Rr, Rc
+    } else {
+        fields[k++] = elements;  // V
+    }
+    if (kind == OPT_ADAFACTOR && use_beta1) { fields[k++] = m; }
+    return k;
+}
+
+// the entries of field f of part sh that hold state: its elements, rows or columns (the rest pad the
+// part to its rank's size)
+static size_t state_field_used(const StateField* f, const OptShard* sh) {
+    if (f->kind == FIELD_ROWS) { return (size_t)sh->rows; }
+    if (f->kind == FIELD_COLS) { return (size_t)sh->col_count; }
+    return (size_t)sh->rows * sh->cols;
 }
 
 // The world-only forms below (optimizer_state_floats, slice_block_floats, shard_block_offsets,

@@ -53,6 +53,7 @@ parts (set-up, one step, what happens between steps, teardown), --sample, and tr
 #include "dist_settings.h"
 #include "profile.h"
 #include "pipeline.h"
+#include "relayout.h"
 
 // ----------------------------------------------------------------------------
 // the backend: the only functions of the program with external linkage, one definition
@@ -375,7 +376,7 @@ static float save_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     size_t P = gpt2_num_parameters(&rank_config);  // --tp: the rank's slices, which its state is of
     if (!isfinite(d.max_abs)) { return d.max_abs; }
     int rank = s->world.rank;
-    if (rank == 0) { checkpoint_mark_writing(dir, step); checkpoint_unmark_done(dir, step); }
+    if (rank == 0) { checkpoint_mark_writing(dir, step); checkpoint_unmark_done(dir, step); checkpoint_remove_states_from(dir, step, s->world.world); }
     dist_barrier();  // no rank writes a file of this step before its WRITING record, or while an old DONE marker stands
     checkpoint_begin(dir, step, rank);
     char path[CHECKPOINT_PATH_LEN];
@@ -409,8 +410,7 @@ static OptSharding state_sharding(const ModelSetup* s, QStateFormat f) {
 }
 
 // stops if the optimizer state read from path (in format f) holds a NaN or infinity, naming the
-// slice (tensor and layer, opt_layout.h) whose state holds it: an fp32 value, a bf16 one, or an
-// 8-bit block's absmax (NaN: a block the quantizer refused)
+// slice (tensor and layer, opt_layout.h) whose state holds it (slice_state_check_finite)
 static void state_check_finite(const char* path, const ModelSetup* s, QStateFormat f, const float* state) {
     GPT2Config rank_config = setup_rank_config(s);
     ParamSlice* slices = param_slices_alloc(&rank_config);
@@ -418,31 +418,24 @@ static void state_check_finite(const char* path, const ModelSetup* s, QStateForm
     size_t offset;
     for (int k = 0; k < param_slice_count(&rank_config); k++) {
         OptShard sh = slice_shard(&slices[k], &z, &offset);
-        StatePiece pieces[MAX_STATE_PIECES];
-        int n = slice_state_pieces(s->optimizer, &sh, s->use_beta1, pieces);
-        size_t before = 0, total = slice_state_floats(s->optimizer, &sh, s->use_beta1), units;
-        for (int i = 0; i < n; i++) {
-            const char* what;
-            float value;
-            size_t bad = state_piece_non_finite(&pieces[i], &sh, state, &units, &what, &value);
-            int floats = strcmp(what, "float") == 0;  // then counted over the slice's state, as the layout lays it
-            if (bad < units) {
-                char name[SLICE_NAME_LEN];
-                slice_name(&slices[k], name, sizeof(name));
-                fail("state file '%s': the optimizer state of %s, %s %zu of its %zu, is %g: non-finite optimizer state cannot train\n"
-                     "  hint: it was written after its run diverged; resume from an earlier checkpoint", path, name, what,
-                     floats ? before + bad : bad, floats ? total : units, value);
-            }
-            before += pieces[i].floats;
-            state += pieces[i].floats;
-        }
+        slice_state_check_finite(path, &slices[k], &sh, s->optimizer, s->use_beta1, state);
+        state += slice_state_floats(s->optimizer, &sh, s->use_beta1);
     }
     free(slices);
 }
 
-// the training state read from path against this run: the rank that wrote it, its step, the
-// model's parameter count, the ranks, --tp and ZeRO stage, and its sampling RNG (xorshift never
-// reaches 0); its data position is checked by state_check_data once the loader is there
+// stops if the header of the state file at path holds what no run writes: a sampling RNG of 0 (xorshift
+// never reaches it), a negative data epoch or shard
+static void state_check_values(const char* path, const TrainState* st) {
+    if (st->rng == 0 || st->data_epoch < 0 || st->data_shard < 0) {
+        fail("state file '%s' is corrupt: sampling RNG 0x%016llx, data epoch %d, shard %d (none can be 0, negative, negative)",
+             path, (unsigned long long)st->rng, st->data_epoch, st->data_shard);
+    }
+}
+
+// the training state read from path against this run (of the same layout: resume_checkpoint): the rank
+// that wrote it, its step, the model's parameter count, the ranks, --tp, --pp and ZeRO stage, and its
+// values; its data position is checked by state_check_data once the loader is there
 static void state_check_run(const char* path, const TrainState* st, const ModelSetup* s, int step) {
     GPT2Config rank_config = setup_rank_config(s);
     size_t P = gpt2_num_parameters(&rank_config);  // --tp: the rank's slices
@@ -471,10 +464,7 @@ static void state_check_run(const char* path, const TrainState* st, const ModelS
              "  hint: resume with mpirun -np %d and --zero %d", path, st->num_processes, st->zero, s->world.world,
              (int)s->zero, st->num_processes, st->zero);
     }
-    if (st->rng == 0 || st->data_epoch < 0 || st->data_shard < 0) {
-        fail("state file '%s' is corrupt: sampling RNG 0x%016llx, data epoch %d, shard %d (none can be 0, negative, negative)",
-             path, (unsigned long long)st->rng, st->data_epoch, st->data_shard);
-    }
+    state_check_values(path, st);
 }
 
 // the data position of a state file against the loader, already at the state's shard: a
@@ -543,6 +533,16 @@ static void state_read_as(const char* path, TrainState* st, const ModelSetup* s,
     }
 }
 
+// moves the data loader to the data position of the state file at path (st: its header)
+static void state_seek_data(const char* path, const TrainState* st, DataLoader* dl) {
+    if ((size_t)st->data_shard >= dl->num_shards) {
+        fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
+             path, st->data_shard, dl->num_shards);
+    }
+    dataloader_seek(dl, (size_t)st->data_shard, st->data_position, st->data_epoch);
+    state_check_data(path, st, dl);
+}
+
 // reads this rank's state file of checkpoint `step` (path) into st and h.opt_state, whose
 // weights (read from model_path) hash to model_hash, checks it against the run (run_id: rank 0's)
 // and moves the data loader to its position
@@ -551,12 +551,89 @@ static void state_load(const char* path, TrainState* st, const ModelSetup* s, in
     state_read_as(path, st, s, h);
     state_check_run(path, st, s, step);
     state_check_identity(path, st, run_id, model_path, model_hash);
-    if ((size_t)st->data_shard >= dl->num_shards) {
-        fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
-             path, st->data_shard, dl->num_shards);
+    state_seek_data(path, st, dl);
+}
+
+// ----------------------------------------------------------------------------
+// -y 1 on another layout (llmc/relayout.h): each rank's optimizer state assembled from the checkpoint's
+
+// this run's layout and this rank's place in it
+static StateLayout run_layout(const ModelSetup* s) {
+    StateLayout L = {.model = s->config, .kind = s->optimizer, .use_beta1 = s->use_beta1, .format = s->state_format,
+                     .tp = s->tensor.world, .pp = s->pipeline.world, .dp = s->dist.world, .sharded = zero_shards_state(s->zero)};
+    return L;
+}
+static RankPlace run_place(const ModelSetup* s) {
+    RankPlace p = {.stage = s->pipeline.rank, .data = s->dist.rank, .tensor = s->tensor.rank};
+    return p;
+}
+
+// the layout of the checkpoint whose rank 0 wrote st (path): its ranks, --tp, --pp, ZeRO and state format,
+// with this run's model and optimizer (the state files' sizes are checked against them as they are read)
+static StateLayout checkpoint_layout(const char* path, const TrainState* st, const ModelSetup* s) {
+    StateLayout L = run_layout(s);
+    L.format = (QStateFormat)st->opt_format;
+    L.tp = st->tp;
+    L.pp = st->pp;
+    L.sharded = zero_shards_state(st->zero);
+    long long group = (long long)st->tp * st->pp;
+    if (st->num_processes % group != 0 || gpt2_tp_refusal(&s->config, st->tp) != NULL || pp_refusal(s->config.num_layers, st->pp, 1) != NULL) {
+        fail("state file '%s' says %d rank(s) of --tp %d --pp %d wrote it, which cannot split this model (L=%d NH=%d): corrupt\n  hint: %s",
+             path, st->num_processes, st->tp, st->pp, s->config.num_layers, s->config.num_heads, STATE_REGEN_HINT);
     }
-    dataloader_seek(dl, (size_t)st->data_shard, st->data_position, st->data_epoch);
-    state_check_data(path, st, dl);
+    L.dp = (int)(st->num_processes / group);
+    return L;
+}
+
+// whether the checkpoint whose rank 0 wrote st is of this run's layout: the same ranks, --tp, --pp, and
+// ZeRO's cut of the state (--zero 1, 2 and 3 keep the same state files)
+static int state_same_layout(const TrainState* st, const ModelSetup* s) {
+    return st->num_processes == s->world.world && st->tp == s->tensor.world && st->pp == s->pipeline.world &&
+           zero_shards_state(st->zero) == zero_shards_state(s->zero);
+}
+
+// "--tp 2 --pp 1, 2 data-parallel ranks, --zero 1, fp32 state" of a layout
+static void layout_describe(const StateLayout* L, int zero, char* out, size_t n) {
+    snprintf(out, n, "--tp %d --pp %d, %d data-parallel rank%s, --zero %d, %s state", L->tp, L->pp, L->dp, L->dp > 1 ? "s" : "", zero,
+             QSTATE_FORMAT_NAMES[L->format]);
+}
+
+// this rank's optimizer state (h) from the checkpoint of `step` in dir, written in another layout, whose
+// rank 0 wrote st (path0); st becomes the header of this rank's data place there (relayout_rank_state), whose
+// data position the loader moves to. The data-parallel ranks must be as many as the checkpoint's: each goes
+// on with its own order of batches (llmc/dataloader.h), which another count of them would interleave anew
+static void state_load_relayout(const char* dir, int step, const char* path0, TrainState* st, const ModelSetup* s,
+                                const char* model_path, uint64_t model_hash, HostView h, DataLoader* dl) {
+    StateLayout from = checkpoint_layout(path0, st, s), to = run_layout(s);
+    char was[128], now[128];
+    layout_describe(&from, st->zero, was, sizeof(was));
+    layout_describe(&to, (int)s->zero, now, sizeof(now));
+    if (from.dp != to.dp) {
+        fail("checkpoint '%s/' of step %d was written by %d rank(s) (%s);\n"
+             "  this run has %d (%s): %d data-parallel rank(s) where it had %d.\n"
+             "  Each data-parallel rank goes on with its own order of batches, which another count would change\n"
+             "  hint: resume with mpirun -np %d (%d data-parallel rank(s) of this run's --tp %d --pp %d), or start a new run from its model\n"
+             "  file (-e %s), whose optimizer state and order of batches start anew", dir, step, st->num_processes, was, s->world.world,
+             now, to.dp, from.dp, from.dp * to.tp * to.pp, from.dp, to.tp, to.pp, model_path);
+    }
+    RankPlace at = run_place(s);
+    if (h.opt_floats != layout_state_floats(&to, at)) {
+        fail("relayout: the backend's optimizer state is %zu floats, this rank's layout %zu (a bug)", h.opt_floats, layout_state_floats(&to, at));
+    }
+    RelayoutCounts n;
+    uint64_t run_id = st->run_id;
+    *st = relayout_rank_state(dir, step, &from, &to, at, h.opt_state, &n);
+    RankPlace data = {.stage = 0, .data = at.data, .tensor = 0};
+    char path[CHECKPOINT_PATH_LEN];
+    checkpoint_path(path, sizeof(path), dir, "state", step, layout_rank(&from, data));
+    state_check_values(path, st);
+    state_check_identity(path, st, run_id, model_path, model_hash);
+    state_seek_data(path, st, dl);
+    if (s->world.rank == 0) {
+        printf("-y 1: the checkpoint of step %d was written with %s; this run has %s: each rank's optimizer state\n"
+               "  assembled from the checkpoint's state files (rank 0's slices: %d copied as they were, %d cut anew, %d of these\n"
+               "  requantized in 8 bits)\n", step, was, now, n.copied, n.recut, n.requantized);
+    }
 }
 
 // the step of the newest complete checkpoint of dir (with its DONE marker) whose files are all
@@ -604,32 +681,18 @@ static int resume_checkpoint(GPT2* m, const ModelSetup* s, const char* dir, int 
     FILE* f = model_file_open(model_path, &cfg, &version);
     if (memcmp(&cfg, &s->config, sizeof(cfg)) != 0) { fail("checkpoint '%s' has another model shape than -e\n  hint: resume with the same -e", model_path); }
     uint64_t model_hash = load_model_file(m, f, model_path, &cfg, version);
-    // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint
+    // rank 0's state file exists for any number of ranks: it says how many wrote the checkpoint, and how
     TrainState st;
-    checkpoint_path(path, sizeof(path), dir, "state", step, 0);
-    state_file_read_header(path, &st);
-    if (st.num_processes != s->world.world) {
-        fail("checkpoint '%s/' of step %d was written by %d rank(s); this run has %d\n"
-             "  hint: resume with mpirun -np %d (each rank reads its own state file)",
-             dir, step, st.num_processes, s->world.world, st.num_processes);
-    }
-    if (st.tp != s->tensor.world) {  // each rank's state is of its slices
-        fail("checkpoint '%s/' of step %d was written with --tp %d; this run has --tp %d\n"
-             "  hint: resume with --tp %d, or start a new run from its model file (-e %s), whose optimizer state starts anew",
-             dir, step, st.tp, s->tensor.world, st.tp, model_path);
-    }
-    if (st.pp != s->pipeline.world) {  // each rank's state is of its stage's tensors
-        fail("checkpoint '%s/' of step %d was written with --pp %d; this run has --pp %d\n"
-             "  hint: resume with --pp %d, or start a new run from its model file (-e %s), whose optimizer state starts anew",
-             dir, step, st.pp, s->pipeline.world, st.pp, model_path);
-    }
-    if (zero_shards_state(st.zero) != zero_shards_state(s->zero)) {  // 1, 2 and 3: the same state files
-        fail("checkpoint '%s/' of step %d was written with --zero %d; this run has --zero %d\n"
-             "  hint: resume with --zero %d", dir, step, st.zero, (int)s->zero, st.zero);
-    }
+    char path0[CHECKPOINT_PATH_LEN];
+    checkpoint_path(path0, sizeof(path0), dir, "state", step, 0);
+    state_file_read_header(path0, &st);
     *run_id = st.run_id;
-    checkpoint_path(path, sizeof(path), dir, "state", step, s->world.rank);
-    state_load(path, &st, s, step, *run_id, model_path, model_hash, h, dl);
+    if (state_same_layout(&st, s)) {  // each rank reads its own file
+        checkpoint_path(path, sizeof(path), dir, "state", step, s->world.rank);
+        state_load(path, &st, s, step, *run_id, model_path, model_hash, h, dl);
+    } else {
+        state_load_relayout(dir, step, path0, &st, s, model_path, model_hash, h, dl);
+    }
     gpt2_sync(m, SYNC_FROM_HOST);
     *rng = st.rng;
     printf("resumed from %s/ at step %d\n", dir, step);

@@ -136,6 +136,26 @@ def restamp_state(path):
         f.write(struct.pack("<I", zlib.crc32(data)))
 
 
+def write_model(path, L=4, C=32, NH=2, V=64, Vp=80, maxT=32, seed=36):
+    """writes an llm.c model file (fp32, version 3) of the given shape: LayerNorm weights 1, biases 0, the rest N(0, 0.02), wte's padded rows zero"""
+    rng = random.Random(seed)
+    header = [20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248
+    shapes = [("wte", Vp * C), ("wpe", maxT * C), ("ln1w", L * C), ("ln1b", L * C), ("qkvw", L * 3 * C * C),
+              ("qkvb", L * 3 * C), ("attprojw", L * C * C), ("attprojb", L * C), ("ln2w", L * C), ("ln2b", L * C),
+              ("fcw", L * 4 * C * C), ("fcb", L * 4 * C), ("fcprojw", L * 4 * C * C), ("fcprojb", L * C), ("lnfw", C), ("lnfb", C)]
+    params = []
+    for name, n in shapes:
+        if name.startswith("ln") and name.endswith("w"):
+            params += [1.0] * n
+        elif name.endswith("b"):
+            params += [0.0] * n
+        else:
+            params += [rng.gauss(0.0, 0.02) if name != "wte" or i < V * C else 0.0 for i in range(n)]
+    with open(path, "wb") as f:
+        f.write(struct.pack(f"<{len(header)}i", *header))
+        f.write(struct.pack(f"<{len(params)}f", *params))
+
+
 def same_state(a, b):
     """two state files are the same but for their runs' identities (two separate runs draw two)"""
     try:

@@ -36,6 +36,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
      [PY, "tests/test_tensor_parallel.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),
     ("pipeline parallelism (MPI, --pp)",
      [PY, "tests/test_pipeline_parallel.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),
+    ("resume onto another layout (MPI, -y 1 across --tp, --pp and --zero)",
+     [PY, "tests/test_relayout.py", "./train_gpt", "./test_gpt", "./build/emu/train_gpt"], None),
     ("checkpoints of several ranks: kill -9 mid-write, damaged files (MPI)",
      [PY, "tests/test_checkpoint_ranks.py", "./train_gpt", "./test_gpt", "./build/fault_inject.so", "./build/emu/train_gpt"], None),
     ("memory flags, every combination", [PY, "tests/test_matrix.py", "./train_gpt", "./test_gpt"], None),
@@ -85,7 +87,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
 # emulated NCCL's ranks 136 s in 172 s) run one after another in a second lane beside the others,
 # their output shown whole when each ends; every other suite runs alone, in order
 BESIDE = ("the rendezvous of --dist-init", "launching without MPI", "checkpoints of several ranks", "data parallel (MPI",
-          "CUDA ZeRO-1, 2 and 3", "tensor parallelism (MPI", "CUDA tensor parallelism", "pipeline parallelism (MPI")
+          "CUDA ZeRO-1, 2 and 3", "tensor parallelism (MPI", "CUDA tensor parallelism", "pipeline parallelism (MPI",
+          "resume onto another layout (MPI")
 
 
 def run_suite(name, cmd, show=None):

@@ -253,7 +253,7 @@ for i, (ranks, zero, what, damage, reason) in enumerate(DAMAGE):
     s.check(f"{name} and no other: ... and the fix", fix in r.err, r.err[-400:])
 
 # another number of ranks than wrote the checkpoint: stops before reading a state file, naming both
-r = s.expect_fail("a 3-rank checkpoint resumed on 2 ranks: stops, naming both counts", "was written by 3 rank(s); this run has 2",
+r = s.expect_fail("a 3-rank checkpoint resumed on 2 ranks: stops, naming both counts", "2 data-parallel rank(s) where it had 3",
                   launch(2, 1) + ["-o", REF[3, 1], "-y", "1", "-x", "8"])
 s.check("... and the fix", "hint: resume with mpirun -np 3" in r.err, r.err[-300:])
 

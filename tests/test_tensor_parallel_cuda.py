@@ -18,8 +18,9 @@ group over an NCCL communicator of its own, and train what one process trains:
     group) is one process's, token for token;
   - a resume from step 3 gives the straight run's model and state files, bitwise; the checkpoint
     (the whole model, each rank's state of its slices) resumes on the CPU trainer;
-  - refused: a --tp whose ranks cannot take whole heads, a resume into another --tp, and --tp launched
-    without MPI (torchrun-style variables; with the emulated build without MPI), each naming the fix.
+  - refused: a --tp whose ranks cannot take whole heads, a resume onto another count of data-parallel
+    ranks (another --tp resumes: tests/test_relayout.py), and --tp launched without MPI (torchrun-style
+    variables; with the emulated build without MPI), each naming the fix.
 
     python3 tests/test_tensor_parallel_cuda.py ./build/emu/train_gpt ./train_gpt ./test_gpt [./build/emu_nompi/train_gpt]
 
@@ -37,14 +38,12 @@ name: detail" per check and, last, "N passed, N failed" (", N skipped" without m
 """
 
 import os
-import random
 import re
 import shutil
-import struct
 import sys
 
 import e2e
-from e2e import ckpt, memory_record, same_bytes, same_state, train_rows
+from e2e import ckpt, memory_record, same_bytes, same_state, train_rows, write_model
 
 CUDA, TRAIN, TESTER, NOMPI = e2e.usage(sys.argv, ["./build/emu/train_gpt", "./train_gpt", "./test_gpt", "./build/emu_nompi/train_gpt"],
                                        optional=1)
@@ -57,26 +56,6 @@ CPU_RTOL = "1e-4"
 BF16_LOSS_RTOL = 2e-2     # tests/test_cuda.py's: weights and activations rounded to 8 bits of mantissa
 BT = 32
 LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "launch_local.sh")
-
-
-def write_model(path, L=4, C=32, NH=2, V=64, Vp=80, maxT=32, seed=36):
-    """an llm.c model file: LayerNorm weights 1, biases 0, the rest N(0, 0.02), wte's padded rows zero"""
-    rng = random.Random(seed)
-    header = [20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248
-    shapes = [("wte", Vp * C), ("wpe", maxT * C), ("ln1w", L * C), ("ln1b", L * C), ("qkvw", L * 3 * C * C),
-              ("qkvb", L * 3 * C), ("attprojw", L * C * C), ("attprojb", L * C), ("ln2w", L * C), ("ln2b", L * C),
-              ("fcw", L * 4 * C * C), ("fcb", L * 4 * C), ("fcprojw", L * 4 * C * C), ("fcprojb", L * C), ("lnfw", C), ("lnfb", C)]
-    params = []
-    for name, n in shapes:
-        if name.startswith("ln") and name.endswith("w"):
-            params += [1.0] * n
-        elif name.endswith("b"):
-            params += [0.0] * n
-        else:
-            params += [rng.gauss(0.0, 0.02) if name != "wte" or i < V * C else 0.0 for i in range(n)]
-    with open(path, "wb") as f:
-        f.write(struct.pack(f"<{len(header)}i", *header))
-        f.write(struct.pack(f"<{len(params)}f", *params))
 
 
 MODEL = f"{FIX}/model_tp.bin"
@@ -235,7 +214,7 @@ for label, run_dir in (("--tp 2", f"{W}/tp2"), ("--tp 2 --sp with recompute and 
 
 
 # ----------------------------------------------------------------------------
-# 6. files: a resume is bitwise; the checkpoint resumes on the CPU; a resume into another --tp stops
+# 6. files: a resume is bitwise; the checkpoint resumes on the CPU; one onto another count of data-parallel ranks stops
 
 if os.path.isfile(ckpt(SP, "DONE", 3)):
     R = f"{W}/sp2_resume"
@@ -252,7 +231,7 @@ if os.path.isfile(ckpt(SP, "DONE", 3)):
     if ranks("the CPU trainer resumes the CUDA --tp 2 --sp checkpoint of step 3", 2, X, ["--tp", "2", "--sp", "-y", "1"] + batch(1),
              trainer=TRAIN):
         models_close("the CPU trainer's resume of the CUDA checkpoint against the CUDA run", X, SP, CPU_RTOL)
-    s.expect_fail("a --tp 2 checkpoint resumed with --tp 1 on 2 ranks", "was written with --tp 2; this run has --tp 1",
+    s.expect_fail("a --tp 2 checkpoint resumed with --tp 1 on 2 ranks", "2 data-parallel rank(s) where it had 1",
                   MPIRUN + ["2", CUDA] + FLAGS + FP32 + batch(2) + ["-x", str(STEPS + 2), "-o", SP, "-y", "1"])
 else:
     s.fail("--tp 2 --sp checkpoints", f"no checkpoint 3 in {SP}")
