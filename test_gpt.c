@@ -24,7 +24,7 @@ its main) and checks it against an independent implementation:
     ./test_gpt --compare-models A B RTOL   # relative L2 distance of two model files
     ./test_gpt --bpe-encode DIR            # llmc/bpe.h on texts from stdin (tests/test_bpe.py)
     ./test_gpt --probs MODEL               # next-token probabilities after ids from stdin (--sample's tests)
-    ./test_gpt --relayout-state SRC STEP OUT TP PP RANKS ZERO OPTIMIZER BETA1 FORMAT
+    ./test_gpt --relayout-state SRC STEP OUT TP PP RANKS ZERO OPTIMIZER BETA1 FORMAT BT
                                            # a checkpoint's optimizer state on another layout (tests/test_relayout.py)
 */
 #define TESTING
@@ -1627,10 +1627,10 @@ static void test_relayout_places(void) {
     }
 }
 
-// --relayout-state SRC STEP OUT TP PP RANKS ZERO OPTIMIZER BETA1 FORMAT: the optimizer state of the checkpoint of
+// --relayout-state SRC STEP OUT TP PP RANKS ZERO OPTIMIZER BETA1 FORMAT BT: the optimizer state of the checkpoint of
 // STEP in SRC moved onto RANKS ranks of --tp TP --pp PP --zero ZERO (--optimizer OPTIMIZER, --adafactor-beta1 BETA1,
 // --optimizer-state FORMAT) as -y 1 moves it (relayout_rank_state), written as OUT/state_STEP_r.bin for every rank r
-// with the header that -y 1 then reads: layout B's checkpoint of layout A's state (beside A's model file and DONE
+// with the header that -y 1 then reads (data rank d's position d windows of BT tokens after the old rank 0's): layout B's checkpoint of layout A's state (beside A's model file and DONE
 // marker, which the test copies), and with 1 1 1 0 ... fp32 the whole model's state in one file, the same for the
 // checkpoints of any two layouts that hold the same state
 static int relayout_state_tool(char** argv) {
@@ -1663,6 +1663,7 @@ static int relayout_state_tool(char** argv) {
         float* state = (float*)malloc_check((floats > 0 ? floats : 1) * sizeof(float));
         RelayoutCounts n;
         TrainState st = relayout_rank_state(src, step, &from, &to, at, state, &n);
+        st.data_position += (size_t)at.data * (size_t)atol(argv[12]);
         GPT2Config rank_config = layout_rank_config(&to, at);
         st.num_processes = ranks;
         st.rank = r;
@@ -2246,7 +2247,7 @@ int main(int argc, char** argv) {
     if (argc == 5 && strcmp(argv[1], "--compare-models") == 0) { return compare_models(argv[2], argv[3], atof(argv[4])); }
     if (argc == 3 && strcmp(argv[1], "--bpe-encode") == 0) { return bpe_encode_stdin(argv[2]); }
     if (argc == 3 && strcmp(argv[1], "--probs") == 0) { return probs_stdin(argv[2]); }
-    if (argc == 12 && strcmp(argv[1], "--relayout-state") == 0) { return relayout_state_tool(argv); }
+    if (argc == 13 && strcmp(argv[1], "--relayout-state") == 0) { return relayout_state_tool(argv); }
     char dir[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(dir) == NULL) { fail("mkdtemp: %s", strerror(errno)); }
     test_against_pytorch();

@@ -11,8 +11,10 @@ Shard format (written by dev/data/tinyshakespeare.py):
 Walk order: shards in sorted name order; within a shard, process `rank` reads the
 (B*T+1)-token windows starting at rank*B*T, then every num_processes*B*T tokens, so
 over all processes each token position is an input exactly once per epoch (the tail
-of a shard that does not fill a whole step across processes is skipped). After the
-last shard the loader starts epoch + 1 at the first shard.
+of a shard that does not fill a whole round across processes is skipped). After the
+last shard the loader starts epoch + 1 at the first shard. A run resumed on another count of
+processes (llmc/relayout.h) goes on from the old round's start, which need not be a multiple of
+its own rounds: a round is read while all of its windows fit in the shard.
 
 Failure: a missing, foreign, truncated or too-small shard, or a token >= V anywhere in
 a shard, stops at init (each shard is read once there). Each message names the file and
@@ -292,9 +294,8 @@ static void dataloader_reset(DataLoader* dl) {
 // if this rank's window would run past the last whole step of the shard
 static void dataloader_next_batch(DataLoader* dl) {
     size_t BT = (size_t)dl->B * dl->T, step = dataloader_step_tokens(dl);
-    size_t usable_steps = (dl->shard_tokens - 1) / step;  // whole steps in this shard
-    size_t step_start = dl->position - (size_t)dl->rank * BT;
-    if (step_start / step >= usable_steps) {
+    size_t step_start = dl->position - (size_t)dl->rank * BT;  // where this round of every rank's windows starts
+    if (step_start + step > dl->shard_tokens - 1) {  // its last window's last target would be past the shard's end
         size_t next = dl->shard + 1;
         if (next == dl->num_shards) { next = 0; dl->epoch++; }
         dataloader_open_shard(dl, next);

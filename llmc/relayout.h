@@ -44,6 +44,11 @@ real rows, opt_layout.h) but are rows of a --tp rank's slice. Coming from --tp 1
 run: the update they get is zero either way, and the statistics over the whole tensor change by their
 eps1 terms only.
 
+The data. Any count of data-parallel ranks resumes any other: the header returned is the old rank 0's,
+whose sampling RNG every rank shares and whose data position is where the round of every data-parallel
+rank's next windows starts (the checkpoint is written between steps); trainer.h's state_load_relayout
+puts new data rank d d windows after it, as llmc/dataloader.h's rounds do.
+
 Refused: a slice that is a matrix in one layout and a vector in the other (a --tp that leaves one row
 or one column of it) under Adafactor or CAME: their factored and their full second moments are not
 each other's. Stops naming the slice and the fix.
@@ -504,9 +509,9 @@ static void relayout_slice(CheckpointFiles* F, const LayoutRank* dst, int k, flo
 
 // the optimizer state of the rank at place `at` of layout `to` (state: its floats in that layout) from the
 // checkpoint of `step` in dir, written in layout `from` (the same model, optimizer and, but for a
-// conversion, format); *counts says how its slices came. Returns the header of the old state file of its
-// data place (stage 0, its data-parallel rank, tensor rank 0), whose data position and sampling RNG it goes
-// on from (every old rank of one data place holds the same; a new data rank past the old ones: rank 0's)
+// conversion, format); *counts says how its slices came. Returns the header of the old rank 0's state file:
+// its sampling RNG is every rank's, its data position the start of the round of windows every data-parallel
+// rank goes on from (rank d d windows after it: trainer.h's state_load_relayout)
 static TrainState relayout_rank_state(const char* dir, int step, const StateLayout* from, const StateLayout* to, RankPlace at,
                                       float* state, RelayoutCounts* counts) {
     CheckpointFiles F = checkpoint_files_open(dir, step, from);
@@ -518,12 +523,7 @@ static TrainState relayout_rank_state(const char* dir, int step, const StateLayo
         if ((size_t)dst.slices[k].rows * dst.slices[k].cols == 0) { continue; }  // a tensor this stage does not hold: no state
         relayout_slice(&F, &dst, k, state + dst.state_at[k], counts);
     }
-    RankPlace data = {0, at.data < from->dp ? at.data : 0, 0};
-    checkpoint_rank(&F, data);  // its file checked
-    char path[CHECKPOINT_PATH_LEN];
-    checkpoint_path(path, sizeof(path), dir, "state", step, layout_rank(from, data));
-    TrainState st;
-    state_file_read_header(path, &st);
+    TrainState st = F.head0;  // (its file checked when F opened)
     layout_rank_close(&dst);
     checkpoint_files_close(&F);
     return st;

@@ -467,15 +467,16 @@ static void state_check_run(const char* path, const TrainState* st, const ModelS
     state_check_values(path, st);
 }
 
-// the data position of a state file against the loader, already at the state's shard: a
-// window start of this rank (B*T of every rank per step), at most one past the shard's last step
-static void state_check_data(const char* path, const TrainState* st, const DataLoader* dl) {
-    size_t BT = (size_t)dl->B * dl->T, step = BT * dl->num_processes, first = (size_t)dl->rank * BT;
-    size_t pos = st->data_position, usable = (dl->shard_tokens - 1) / step;
-    if (pos < first || (pos - first) % step != 0 || (pos - first) / step > usable) {
-        fail("state file '%s': data position %zu in shard %d ('%s', %zu tokens) is not a window start of rank %d with B*T = %zu and %d rank(s)\n"
-             "  hint: resume with the -b, -t, -i and number of ranks that wrote it", path, pos, st->data_shard,
-             dl->glob.gl_pathv[dl->shard], dl->shard_tokens, dl->rank, BT, dl->num_processes);
+// the data position of a state file against the loader, already at the state's shard: a window start of
+// this rank in a round of the windows of the `written_by` data-parallel ranks that wrote the checkpoint
+// (B*T each; this run's ranks, but on another layout, llmc/relayout.h), the round starting in the shard
+static void state_check_data(const char* path, const TrainState* st, const DataLoader* dl, int written_by) {
+    size_t BT = (size_t)dl->B * dl->T, round = BT * written_by, first = (size_t)dl->rank * BT;
+    size_t pos = st->data_position;
+    if (pos < first || (pos - first) % round != 0 || pos - first > dl->shard_tokens - 1) {
+        fail("state file '%s': data position %zu in shard %d ('%s', %zu tokens) is not a window start of rank %d with B*T = %zu and %d\n"
+             "  data-parallel rank(s)\n  hint: resume with the -b, -t and -i that wrote it", path, pos, st->data_shard,
+             dl->glob.gl_pathv[dl->shard], dl->shard_tokens, dl->rank, BT, written_by);
     }
 }
 
@@ -533,14 +534,15 @@ static void state_read_as(const char* path, TrainState* st, const ModelSetup* s,
     }
 }
 
-// moves the data loader to the data position of the state file at path (st: its header)
-static void state_seek_data(const char* path, const TrainState* st, DataLoader* dl) {
+// moves the data loader to the data position of the state file at path (st: its header), written by
+// `written_by` data-parallel ranks
+static void state_seek_data(const char* path, const TrainState* st, DataLoader* dl, int written_by) {
     if ((size_t)st->data_shard >= dl->num_shards) {
         fail("state file '%s': data position in shard %d, but only %zu shard(s) match -i\n  hint: resume with the same -i",
              path, st->data_shard, dl->num_shards);
     }
     dataloader_seek(dl, (size_t)st->data_shard, st->data_position, st->data_epoch);
-    state_check_data(path, st, dl);
+    state_check_data(path, st, dl, written_by);
 }
 
 // reads this rank's state file of checkpoint `step` (path) into st and h.opt_state, whose
@@ -551,7 +553,7 @@ static void state_load(const char* path, TrainState* st, const ModelSetup* s, in
     state_read_as(path, st, s, h);
     state_check_run(path, st, s, step);
     state_check_identity(path, st, run_id, model_path, model_hash);
-    state_seek_data(path, st, dl);
+    state_seek_data(path, st, dl, s->dist.world);
 }
 
 // ----------------------------------------------------------------------------
@@ -599,23 +601,17 @@ static void layout_describe(const StateLayout* L, int zero, char* out, size_t n)
 }
 
 // this rank's optimizer state (h) from the checkpoint of `step` in dir, written in another layout, whose
-// rank 0 wrote st (path0); st becomes the header of this rank's data place there (relayout_rank_state), whose
-// data position the loader moves to. The data-parallel ranks must be as many as the checkpoint's: each goes
-// on with its own order of batches (llmc/dataloader.h), which another count of them would interleave anew
+// rank 0 wrote st (path0); st becomes rank 0's header there with this rank's data position, which the loader
+// moves to. The data-parallel ranks may be another count: a checkpoint is written between steps, where every
+// data-parallel rank's next window is in one round (llmc/dataloader.h: rank d's is d windows after rank 0's),
+// so rank d of the new layout goes on d windows after the old rank 0, and each step of the same -d reads the
+// same windows as before, each new rank every new count's window (but at a shard's end: llmc/dataloader.h)
 static void state_load_relayout(const char* dir, int step, const char* path0, TrainState* st, const ModelSetup* s,
                                 const char* model_path, uint64_t model_hash, HostView h, DataLoader* dl) {
     StateLayout from = checkpoint_layout(path0, st, s), to = run_layout(s);
     char was[128], now[128];
     layout_describe(&from, st->zero, was, sizeof(was));
     layout_describe(&to, (int)s->zero, now, sizeof(now));
-    if (from.dp != to.dp) {
-        fail("checkpoint '%s/' of step %d was written by %d rank(s) (%s);\n"
-             "  this run has %d (%s): %d data-parallel rank(s) where it had %d.\n"
-             "  Each data-parallel rank goes on with its own order of batches, which another count would change\n"
-             "  hint: resume with mpirun -np %d (%d data-parallel rank(s) of this run's --tp %d --pp %d), or start a new run from its model\n"
-             "  file (-e %s), whose optimizer state and order of batches start anew", dir, step, st->num_processes, was, s->world.world,
-             now, to.dp, from.dp, from.dp * to.tp * to.pp, from.dp, to.tp, to.pp, model_path);
-    }
     RankPlace at = run_place(s);
     if (h.opt_floats != layout_state_floats(&to, at)) {
         fail("relayout: the backend's optimizer state is %zu floats, this rank's layout %zu (a bug)", h.opt_floats, layout_state_floats(&to, at));
@@ -623,12 +619,10 @@ static void state_load_relayout(const char* dir, int step, const char* path0, Tr
     RelayoutCounts n;
     uint64_t run_id = st->run_id;
     *st = relayout_rank_state(dir, step, &from, &to, at, h.opt_state, &n);
-    RankPlace data = {.stage = 0, .data = at.data, .tensor = 0};
-    char path[CHECKPOINT_PATH_LEN];
-    checkpoint_path(path, sizeof(path), dir, "state", step, layout_rank(&from, data));
-    state_check_values(path, st);
-    state_check_identity(path, st, run_id, model_path, model_hash);
-    state_seek_data(path, st, dl);
+    st->data_position += (size_t)at.data * s->B * s->T;
+    state_check_values(path0, st);
+    state_check_identity(path0, st, run_id, model_path, model_hash);
+    state_seek_data(path0, st, dl, from.dp);
     if (s->world.rank == 0) {
         printf("-y 1: the checkpoint of step %d was written with %s; this run has %s: each rank's optimizer state\n"
                "  assembled from the checkpoint's state files (rank 0's slices: %d copied as they were, %d cut anew, %d of these\n"
