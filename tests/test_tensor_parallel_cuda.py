@@ -7,7 +7,8 @@ group over an NCCL communicator of its own, and train what one process trains:
     another order: LOSS_RTOL, MODEL_RTOL) and against the CPU trainer's run of the same layout
     (CPU_RTOL, tests/test_cuda.py's tolerance of the two backends);
   - CAME (--sp) and Adafactor (--zero 1 on 4 ranks): their statistics add the group's parts
-    (cuda/adafactor.cuh's --tp sums), against one process;
+    (cuda/adafactor.cuh's --tp sums), against one process; AdamW, Adafactor and CAME on --tp 4 (a
+    model of 4 heads), Adafactor and CAME on --tp 2 x 2 with --zero 3, against one process;
   - the memory flags on top of --sp (recompute, activation offload) train to the bitwise same model, in
     the emulator's late-nccl stream order (a stream that does not wait for a collective reads stale
     memory there); --zero 3 with --offload optimizer and --loss-chunk under --tp gives --zero 1's
@@ -171,6 +172,24 @@ for label, opt, n, flags, data_ranks in (("CAME, --tp 2 --sp", ["--optimizer", "
     if one(f"{label.split(',')[0]}: one process", ref, FP32 + opt + batch(data_ranks)) and ranks(label, n, out, FP32 + opt + flags + batch(data_ranks)):
         losses_close(f"{label} against one process", out, ref, LOSS_RTOL)
         models_close(f"{label} against one process", out, ref, MODEL_RTOL)
+
+# every optimizer on --tp 4 (a model of 4 heads: 20 of the padded vocabulary's 80 rows a rank, the last
+# rank's 4 real ones among them), and Adafactor and CAME on --tp 2 x 2 data-parallel ranks with --zero 3
+MODEL4 = f"{FIX}/model_tp4.bin"
+write_model(MODEL4, L=2, C=32, NH=4)
+OPTIMIZERS = {"AdamW": [], "Adafactor": ["--optimizer", "adafactor"] + EPS1, "CAME": ["--optimizer", "came"] + EPS1}
+for name, opt in OPTIMIZERS.items():
+    ref, out = f"{W}/tp4_{name}_one", f"{W}/tp4_{name}"
+    if one(f"{name}: one process, the 4-head model", ref, ["-e", MODEL4] + FP32 + opt + batch(1)) and \
+            ranks(f"{name}: --tp 4", 4, out, ["-e", MODEL4] + FP32 + opt + ["--tp", "4"] + batch(1)):
+        losses_close(f"{name}: --tp 4 against one process", out, ref, LOSS_RTOL)
+        models_close(f"{name}: --tp 4 against one process", out, ref, MODEL_RTOL)
+for name in ("Adafactor", "CAME"):
+    ref, out = f"{W}/z3_{name}_one", f"{W}/z3_{name}"
+    if one(f"{name}: one process, two micro-batches", ref, FP32 + OPTIMIZERS[name] + batch(2)) and \
+            ranks(f"{name}: --tp 2 x 2 data-parallel ranks, --zero 3", 4, out, FP32 + OPTIMIZERS[name] + ["--tp", "2", "--zero", "3"] + batch(2)):
+        losses_close(f"{name}: --tp 2 x 2, --zero 3 against one process", out, ref, LOSS_RTOL)
+        models_close(f"{name}: --tp 2 x 2, --zero 3 against one process", out, ref, MODEL_RTOL)
 
 # ----------------------------------------------------------------------------
 # 4. the memory flags: bitwise the same model, in the late-nccl stream order
