@@ -532,6 +532,10 @@ static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float
 static int stage_has_embeddings(const GPT2* m) { return gpt2_holds_tensor(&m->config, 1); }                        // wpe
 static int stage_has_head(const GPT2* m) { return gpt2_holds_tensor(&m->config, NUM_PARAMETER_TENSORS - 1); }  // lnfw
 
+// the floats of a message between stages for a forward of (B,T): the residual stream's (B,T,C), with --sp
+// this rank's R = B T / N rows of it (each tensor place's pipeline group passes its own rows)
+static size_t pp_message_floats(const GPT2* m, int B, int T) { return tp_rows(&m->tp, (size_t)B * T) * m->config.channels; }
+
 // --sp splits the B*T rows over the group: a sample's forward of 1..T tokens that do not split runs on
 // T padded up to a multiple of the group's size, token 0 after the text (causal attention: the text's
 // positions see none of them; their probabilities are never asked for); the trainer's checks keep that
@@ -594,7 +598,8 @@ static float forward(GPT2* m, const int* inputs, const int* targets, int B, int 
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
     if (m->pipeline.world <= 1) { return forward(m, inputs, targets, B, T, 0.0f); }
     int stage = m->pipeline.rank, last = m->pipeline.world - 1;
-    size_t n = (size_t)B * T * m->config.channels;
+    int N = m->tp.size, Tsplit = m->tp.gathered != NULL && (size_t)B * T % (size_t)N != 0 && targets == NULL ? (T + N - 1) / N * N : T;
+    size_t n = pp_message_floats(m, B, Tsplit);  // --sp: forward_padded's T
     gpt2_pp_slot(m, 0);
     if (stage > 0) { dist_recv_floats(m->acts->encoded, n, stage - 1, m->pipeline); }
     float loss = forward(m, inputs, targets, B, T, 0.0f);
@@ -657,7 +662,7 @@ static float* pp_buffer(GPT2* m, PpOp op) {
 // a message of the stage's list over MPI, each in its micro-batch's slot
 void gpt2_pp_message(GPT2* m, PpAction a, const PpAction* next, int slots) {
     int stage = m->pipeline.rank;
-    size_t n = (size_t)m->batch_size * m->seq_len * m->config.channels;
+    size_t n = pp_message_floats(m, m->batch_size, m->seq_len);
     gpt2_pp_slot(m, pp_act_slot(a.micro, slots));
     float* buf = pp_buffer(m, a.op);
     if (pp_is_recv(a.op)) {

@@ -149,8 +149,6 @@ s.expect_fail("--plan --pp 2 for 3 ranks", "--pp 2: 3 rank(s) do not split into 
               [TRAIN, "--plan", "-e", f"{FIX}/model_deep.bin", "--pp", "2", "--plan-ranks", "3"])
 s.expect_fail("--pp-schedule without --pp", "but this run has --pp 1", BASE + ["--pp-schedule", "gpipe", "-o", ""])
 s.expect_fail("--pp-schedule of another name", "--pp-schedule", BASE + ["--pp", "2", "--pp-schedule", "interleaved", "-o", ""])
-s.expect_fail("--pp with --sp", "--pp 2 with --sp: a stage's messages of its group's rows are not built yet",
-              [TRAIN, "--plan", "-e", "tiny", "--pp", "2", "--tp", "2", "--sp", "--plan-ranks", "4"])
 s.expect_fail("--pp with --zero 3", "--pp 2 with --zero 3", [TRAIN, "--plan", "-e", f"{FIX}/model_deep.bin", "--pp", "2", "--zero", "3",
                                                             "--plan-ranks", "4"])
 if EMU:
@@ -318,6 +316,21 @@ if r and s.expect_ok("one process, the 4-head fixture, 2 x 4 micro-steps", BASE 
     s.check("--tp 2 --pp 2 --zero 1: the whole model the same on all 8 ranks every step",
             re.search(rf"^replicas: parameters identical on 8 ranks after step {STEPS} ", r.out, re.M), r.out[-300:])
     stage_memory("--tp 2 --pp 2 --zero 1", TPZ, 2)
+# --sp too: each tensor rank's stage passes its B*T/2 rows of the residual stream (and of its gradient) to its
+# place in the next stage: one step bitwise (but wte) --tp 2 --sp's, ten steps against one process, memory = plan
+SP1, SPP1, SPP = f"{W}/tp2_sp_step", f"{W}/tp2_sp_pp2_step", f"{W}/tp2_sp_pp2"
+if pp_run("--tp 2 --sp (2 ranks), one step, --grad-clip 0", 2, HS8 + ["--tp", "2", "--sp"] + batch() + ONE_STEP, SP1) and \
+        pp_run("--tp 2 --sp --pp 2 (4 ranks), one step, --grad-clip 0", 4, HS8 + ["--tp", "2", "--sp", "--pp", "2"] + batch() + ONE_STEP, SPP1):
+    one_step_bitwise("--tp 2 --sp --pp 2 against --tp 2 --sp", SP1, SPP1)
+if pp_run("--tp 2 --sp --pp 2 (4 ranks)", 4, HS8 + ["--tp", "2", "--sp", "--pp", "2"] + batch(), SPP) and os.path.isdir(ONE_HS8):
+    losses_close("--tp 2 --sp --pp 2 vs one process", ONE_HS8, SPP)
+    models_close("--tp 2 --sp --pp 2 vs one process", ONE_HS8, SPP)
+    rec = stage_memory("--tp 2 --sp --pp 2", SPP, 2)
+    tpp = [r["memory_stages"] for r in read_log(TPP) if "memory_stages" in r] if os.path.isdir(TPP) else []
+    if rec and tpp:
+        a_sp, a_tp = rec[0]["measured"]["activations"], tpp[0][0]["measured"]["activations"]
+        s.check(f"--tp 2 --sp --pp 2: stage 0's activations {a_sp} bytes, less than --tp 2 --pp 2's {a_tp} (the residual stream's rows halved)",
+                a_sp < a_tp, "not less")
 VS_TP = ["-v", "5", "-m", "2", "-j", f"{FIX}/val.bin", "-s", "10", "-g", "8", "-n", "0"]
 r1 = s.expect_ok("one process, the 4-head fixture: validation and a sample", BASE + HS8 + batch() + VS_TP + ["-o", f"{W}/vs_hs8_one"])
 r2 = pp_run("--tp 2 --pp 2: validation and a sample", 4, HS8 + ["--tp", "2", "--pp", "2"] + batch() + VS_TP, f"{W}/vs_tp2_pp2")
@@ -325,6 +338,12 @@ if r1 and r2:
     s.check("--tp 2 --pp 2: the validation losses and the sample are one process's",
             len(val_and_sample(r1.out)) >= 3 and val_and_sample(r1.out) == val_and_sample(r2.out),
             f"{val_and_sample(r1.out)} vs {val_and_sample(r2.out)}")
+# --sp: a sample's forward of 1..T tokens padded to the group's multiple, its rows passed between the stages
+r3 = pp_run("--tp 2 --sp --pp 2: validation and a sample", 4, HS8 + ["--tp", "2", "--sp", "--pp", "2"] + batch() + VS_TP, f"{W}/vs_tp2_sp_pp2")
+if r1 and r3:
+    s.check("--tp 2 --sp --pp 2: the validation losses and the sample are one process's",
+            len(val_and_sample(r1.out)) >= 3 and val_and_sample(r1.out) == val_and_sample(r3.out),
+            f"{val_and_sample(r1.out)} vs {val_and_sample(r3.out)}")
 
 # ----------------------------------------------------------------------------
 # 5. files: a resume is bitwise; the model file opens in one process
