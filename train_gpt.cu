@@ -67,6 +67,8 @@ T x T weights, each row's log-sum-exp kept), or matmul (cuda/attention.cuh: the 
 #include "cuda/tensor_parallel.cuh"  // --tp, --sp: a block's matrices split over ranks (Megatron-LM): the hooks in block_forward, block_backward
 #include "cpu/host_step.h"
 #include "cpu/tensor_parallel.h"     // --tp: the checkpoints' stream of the whole model through the group's slices (TpStream)
+#include "cuda/pipeline.cuh"         // --pp: the messages between stages on a stream of their own, wte's pair
+#include "cpu/pipeline.h"            // --pp: the checkpoints' stream of the whole model through the stages' parts
 
 // ----------------------------------------------------------------------------
 // device memory: the accounting allocator's categories in device and pinned host memory
@@ -243,6 +245,11 @@ static size_t point_layer_acts(LayerActs<floatX>* a, char* memory, int B, int T,
     return total;
 }
 
+// --pp (llmc/pipeline.h): the first stage runs the embeddings, the last the head (the final LayerNorm, the
+// classifier); without --pp the one stage does both (train_gpt.c's stage_has_embeddings, stage_has_head)
+static int stage_has_embeddings(const GPT2Config* c) { return gpt2_holds_tensor(c, 1); }                        // wpe
+static int stage_has_head(const GPT2Config* c) { return gpt2_holds_tensor(c, NUM_PARAMETER_TENSORS - 1); }  // lnfw
+
 // the head, K tokens at a time (K = B*T, or a --loss-chunk: act_policy.h): the final LayerNorm's
 // output (K,C) floatX and its statistics (B,T) fp32, the logits (K,Vp) floatX (turned into their
 // gradient in place; --tp: a rank's Vp/N columns), the losses (B,T) and the softmax's row maximum and
@@ -331,21 +338,60 @@ static void for_each_slice(const GPT2Config* c, int layer, F call) {
 // ----------------------------------------------------------------------------
 // the model
 
-// --offload activations (see "offload"): the host store and the copy stream that moves blocks to it and back
+// --offload activations (see "offload"): the copy stream that moves blocks to an activation set's host
+// store and back (each set's store and the state of its slots: ActOffloadSet)
 struct ActOffload {
-    char* host_store;             // pinned: every layer's block (L, layer_bytes), or the segment inputs
     size_t layer_bytes;           // one layer's block
-    int* slot_layer;              // [slots] the layer each slot holds now, -1 none
     cudaStream_t copy_stream;
+    cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
+    cudaEvent_t* wait_marks;      // [2 * OFFLOAD_MAX_WAITS] compute stream: before and after each wait for a copy
+    int waits;                    // waits marked since the step began
+};
+
+// --offload activations, one activation set's part: its pinned host store, and where its slots' and
+// staging buffers' copies stand
+struct ActOffloadSet {
+    char* host_store;             // pinned: every layer's block (L, layer_bytes), or the segment inputs
+    int* slot_layer;              // [slots] the layer each slot holds now, -1 none
     cudaEvent_t* slot_saved;      // [slots] copy stream: the slot's block (or segment input) is in the host store
     int* slot_saving;             // [slots] a copy out of the slot is queued that the compute stream has not waited for
     cudaEvent_t* slot_loaded;     // [slots] copy stream: the slot's block is back from the host store
     int staging_segment[ACT_STAGING_BUFFERS];          // the segment input each staging buffer holds or
                                                        // is being filled with, -1 none
     cudaEvent_t staging_loaded[ACT_STAGING_BUFFERS];   // copy stream: staging[i] holds staging_segment[i]
-    cudaEvent_t compute_done;     // compute stream: what the copy stream must wait for (recorded when needed)
-    cudaEvent_t* wait_marks;      // [2 * OFFLOAD_MAX_WAITS] compute stream: before and after each wait for a copy
-    int waits;                    // waits marked since the step began
+};
+
+// what forward keeps for backward, of one micro-batch (train_gpt.c's Activations): the embeddings, the
+// working set of layer blocks (act_policy.h), shared GELU / attention buffers, kept segment inputs, the
+// head. With --tp the blocks are a rank's heads and hidden units (act_policy.h's table), with --sp the
+// residual stream a rank's R = B T/N rows: (B,T,C) below then reads (R,C) where the residual stream is
+// meant. With --pp a stage has one set for each micro-batch it holds at once (gpt2_pp_slot puts one in hand)
+template <typename floatX>
+struct Acts {
+    char* memory;                 // everything below but the host store: one allocation
+    floatX* encoded;              // (B,T,C) the embeddings, or (--pp, a later stage) the stage input received
+    LayerActs<floatX>* slots;     // [act_num_slots]
+    floatX* gelu_shared;          // (B,T,4C) --recompute gelu, else NULL
+    floatX* att_shared;           // (B,NH,T,T) --recompute attn, else NULL
+    floatX** seg_inputs;          // [segments] checkpointing: each segment's input; [0] = encoded; the
+                                  // others in GPU memory, or with --offload in the pinned host store
+    floatX* staging[ACT_STAGING_BUFFERS];  // (B,T,C) each, checkpointing + offload: segment s's input back
+                                           // from the host in staging[s % 2]
+    floatX* sp_gathered;          // --sp: (B,T,C) where the group's rows meet (cuda/tensor_parallel.cuh), else NULL
+    float* sp_norm_grads;         // --sp: (2C) a LayerNorm's parameter gradients of this rank's rows, else NULL
+    // the head (--pp: the last stage's), K = head_rows tokens at a time: K = B*T, or with --loss-chunk a
+    // chunk (act_policy.h); NULL where the stage has no head
+    floatX* lnf;                  // (K,C)
+    float *lnf_mean, *lnf_rstd;   // (B,T)
+    floatX* logits;               // (K,Vp) logits (--tp: (K,Vp/N), a rank's columns); backward (--loss-chunk: forward)
+                                  // turns them into their gradient in place
+    float* losses;                // (B,T)
+    float *row_max, *row_sum;     // (K)
+    int head_rows;                // K
+    int probs_first, probs_end;   // the positions whose logits and row statistics the head holds (first..end-1); -1: none
+    float head_grad_scale;        // --loss-chunk: the loss_scale of the head's gradients the last forward computed, 0 none
+    ActOffloadSet offload;        // --offload activations: its host store
+    PpSent sent;                  // --pp: the last send of its stage output (the last layer's) to the next stage
 };
 
 // data parallelism (one process per GPU): the gradients' exchange over NCCL among the ranks
@@ -440,31 +486,9 @@ struct Model {
     OptimizerKind optimizer;
     ParamSlice* slices;           // [param_slice_count] the optimizer's slices (opt_layout.h)
     ActPolicy act;
-    // activations: the embeddings, the working set of layer blocks (act_policy.h), shared
-    // GELU / attention buffers, kept segment inputs, the head. With --tp the blocks are a rank's
-    // heads and hidden units (act_policy.h's table), with --sp the residual stream a rank's R = B T/N
-    // rows: (B,T,C) below then reads (R,C) where the residual stream is meant
-    char* acts_memory;
-    floatX* encoded;              // (B,T,C)
-    LayerActs<floatX>* slots;     // [act_num_slots]
-    floatX* gelu_shared;          // (B,T,4C) --recompute gelu, else NULL
-    floatX* att_shared;           // (B,NH,T,T) --recompute attn, else NULL
-    floatX** seg_inputs;          // [segments] checkpointing: each segment's input; [0] = encoded; the
-                                  // others in GPU memory, or with --offload in the pinned host store
-    floatX* staging[ACT_STAGING_BUFFERS];  // (B,T,C) each, checkpointing + offload: segment s's input back
-                                           // from the host in staging[s % 2]
-    floatX* sp_gathered;          // --sp: (B,T,C) where the group's rows meet (cuda/tensor_parallel.cuh), else NULL
-    float* sp_norm_grads;         // --sp: (2C) a LayerNorm's parameter gradients of this rank's rows, else NULL
-    // the head, K = head_rows tokens at a time: K = B*T, or with --loss-chunk a chunk (act_policy.h)
-    floatX* lnf;                  // (K,C)
-    float *lnf_mean, *lnf_rstd;   // (B,T)
-    floatX* logits;               // (K,Vp) logits (--tp: (K,Vp/N), a rank's columns); backward (--loss-chunk: forward)
-                                  // turns them into their gradient in place
-    float* losses;                // (B,T)
-    float *row_max, *row_sum;     // (K)
-    int head_rows;                // K
-    int probs_first, probs_end;   // the positions whose logits and row statistics the head holds (first..end-1); -1: none
-    float head_grad_scale;        // --loss-chunk: the loss_scale of the head's gradients the last forward computed, 0 none
+    Acts<floatX>* acts;           // what forward keeps for backward: the micro-batch in hand's, one of `held`
+    Acts<floatX>* held;           // [num_held] --pp: a set for each micro-batch the stage holds at once (1 without)
+    int num_held;
     // backward's buffers
     char* bwd_memory;
     floatX *dresidual, *dbtc, *dqkv, *dfch, *datt;  // (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) (B,NH,T,T); dbtc: one
@@ -503,6 +527,12 @@ struct Model {
     ZeroShards shard;             // --zero 1, 2 (and 3's gradients)
     Zero3Weights<floatX> zero3;   // --zero 3
     OptOffloadState opt_offload;  // --offload optimizer
+    // --pp (cuda/pipeline.cuh): config is this rank's stage's part of the model
+    GPT2Config whole;             // the model's config
+    Dist pipeline, pair;          // this process among the stages ({0, 1}: none), and wte's pair (the first and the last stage)
+    PpCuda pp;                    // the messages' communicator and stream, the pair's communicator
+    PpSent grad_sent;             // the last send of dresidual (the gradient of the stage input) to the stage before
+    float* pp_staging;            // host: the whole model's weights go through it a piece at a time (checkpoints), else NULL
 };
 
 // ZeRO's cut of the slices over the ranks (llmc/opt_layout.h): with 8-bit state each part starts on a
@@ -519,20 +549,20 @@ struct GPT2 {
 // the working-set buffer layer l computes into
 template <typename floatX>
 static LayerActs<floatX>* act_layer(Model<floatX>* m, int l) {
-    return &m->slots[act_slot_of(&m->act, m->config.num_layers, l)];
+    return &m->acts->slots[act_slot_of(&m->act, m->config.num_layers, l)];
 }
 
 // segment s's input in GPU memory: the embeddings, the kept tensor, or (offload) the staging buffer
 template <typename floatX>
 static const floatX* segment_input(Model<floatX>* m, int s) {
-    if (s == 0) { return m->encoded; }
-    return m->act.offload ? m->staging[s % ACT_STAGING_BUFFERS] : m->seg_inputs[s];
+    if (s == 0) { return m->acts->encoded; }
+    return m->act.offload ? m->acts->staging[s % ACT_STAGING_BUFFERS] : m->acts->seg_inputs[s];
 }
 
 // layer l's input, while l's block is in the working set; l == L: the last block's output
 template <typename floatX>
 static const floatX* layer_input(Model<floatX>* m, int l) {
-    if (l == 0) { return m->encoded; }
+    if (l == 0) { return m->acts->encoded; }
     int k = m->act.segment;
     if (k > 0 && l % k == 0 && l < m->config.num_layers) { return segment_input(m, l / k); }
     return act_layer(m, l - 1)->residual3;
@@ -543,34 +573,34 @@ static const floatX* layer_input(Model<floatX>* m, int l) {
 
 #define OFFLOAD_MAX_WAITS 4096  // timed waits for copies per step: a few per layer and micro-step
 
-// --offload: the pinned host store (every layer's block but the last three, or with checkpointing the segment
-// inputs but the first), the copy stream and its events
+// --offload: an activation set's pinned host store (every layer's block but the last three, or with
+// checkpointing the segment inputs but the first) and its slots' and staging buffers' events
 template <typename floatX>
-static void alloc_host_store(Model<floatX>* m, int slots, int seg_kept, size_t R) {
+static void alloc_host_store(Model<floatX>* m, Acts<floatX>* a, int slots, int seg_kept, size_t R) {
     int L = m->config.num_layers;
+    ActOffloadSet* o = &a->offload;
     size_t bytes = seg_kept ? seg_kept * R : (size_t)act_offloaded_layers(&m->act, L) * m->offload.layer_bytes;
-    m->offload.host_store = (char*)mem_alloc(MEM_OFFLOADED, bytes);
-    char* p = m->offload.host_store;
-    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = carve<floatX>(&p, R); }
-    m->offload.slot_layer = (int*)malloc_check(slots * sizeof(int));
-    m->offload.slot_saved = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
-    m->offload.slot_saving = (int*)calloc_check(slots, sizeof(int));
-    m->offload.slot_loaded = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
-    CUDA_CHECK(cudaStreamCreate(&m->offload.copy_stream));
-    CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.compute_done, cudaEventDisableTiming));
+    o->host_store = (char*)mem_alloc(MEM_OFFLOADED, bytes);
+    char* p = o->host_store;
+    for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = carve<floatX>(&p, R); }
+    o->slot_layer = (int*)malloc_check(slots * sizeof(int));
+    o->slot_saved = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
+    o->slot_saving = (int*)calloc_check(slots, sizeof(int));
+    o->slot_loaded = (cudaEvent_t*)malloc_check(slots * sizeof(cudaEvent_t));
     for (int i = 0; i < ACT_STAGING_BUFFERS; i++) {
-        m->offload.staging_segment[i] = -1;
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.staging_loaded[i], cudaEventDisableTiming));
+        o->staging_segment[i] = -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&o->staging_loaded[i], cudaEventDisableTiming));
     }
     for (int i = 0; i < slots; i++) {
-        m->offload.slot_layer[i] = -1;
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.slot_saved[i], cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.slot_loaded[i], cudaEventDisableTiming));
+        o->slot_layer[i] = -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&o->slot_saved[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&o->slot_loaded[i], cudaEventDisableTiming));
     }
 }
 
+// one activation set for micro-batches of (B,T) (the head only where the stage has it: --pp)
 template <typename floatX>
-static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* pol) {
+static void alloc_activation_set(Model<floatX>* m, Acts<floatX>* a, int B, int T, const ActPolicy* pol) {
     const GPT2Config* c = &m->config;
     int L = c->num_layers, C = c->channels, NH = c->num_heads, N = gpt2_tp(c), Vr = c->padded_vocab_size / N;
     size_t elem = sizeof(floatX), BT = (size_t)B * T, R = align_up(act_residual_rows(pol, BT, N) * C * elem);
@@ -582,38 +612,75 @@ static void alloc_activations(Model<floatX>* m, int B, int T, const ActPolicy* p
     size_t hs[NUM_HEAD_ACTS], head = 0;
     int K = act_head_rows(pol, BT);
     head_act_bytes(hs, B, T, K, C, Vr, elem);
-    for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
+    for (int i = 0; i < NUM_HEAD_ACTS && stage_has_head(c); i++) { head += hs[i]; }
     size_t device_kept = pol->offload ? 0 : seg_kept * R, staging = pol->offload && seg_kept ? ACT_STAGING_BUFFERS * R : 0;
     size_t gathered = sp_gathered_bytes(B, T, C, elem, pol);
     size_t total = R + slots * layer + gelu + att + device_kept + staging + gathered + head;
-    m->acts_memory = (char*)mem_alloc(MEM_ACTIVATIONS, total);
-    m->slots = (LayerActs<floatX>*)malloc_check(slots * sizeof(LayerActs<floatX>));  // pointers only, not counted
-    m->seg_inputs = (floatX**)malloc_check(segments * sizeof(floatX*));
-    char* p = m->acts_memory;
-    m->encoded = carve_tensor<floatX>(&p, R);
-    for (int i = 0; i < slots; i++) { p += point_layer_acts(&m->slots[i], p, B, T, C, NH, N, pol); }
-    m->gelu_shared = pol->gelu ? carve_tensor<floatX>(&p, gelu) : NULL;
-    m->att_shared = att ? carve_tensor<floatX>(&p, att) : NULL;
+    memset(a, 0, sizeof(*a));
+    a->memory = (char*)mem_alloc(MEM_ACTIVATIONS, total);
+    a->slots = (LayerActs<floatX>*)malloc_check(slots * sizeof(LayerActs<floatX>));  // pointers only, not counted
+    a->seg_inputs = (floatX**)malloc_check(segments * sizeof(floatX*));
+    char* p = a->memory;
+    a->encoded = carve_tensor<floatX>(&p, R);
+    for (int i = 0; i < slots; i++) { p += point_layer_acts(&a->slots[i], p, B, T, C, NH, N, pol); }
+    a->gelu_shared = pol->gelu ? carve_tensor<floatX>(&p, gelu) : NULL;
+    a->att_shared = att ? carve_tensor<floatX>(&p, att) : NULL;
     for (int i = 0; i < slots; i++) {
-        if (pol->gelu) { m->slots[i].fch_gelu = m->gelu_shared; }
-        if (att) { m->slots[i].att = m->att_shared; }
+        if (pol->gelu) { a->slots[i].fch_gelu = a->gelu_shared; }
+        if (att) { a->slots[i].att = a->att_shared; }
     }
-    m->seg_inputs[0] = m->encoded;
-    for (int s = 1; s <= seg_kept; s++) { m->seg_inputs[s] = pol->offload ? NULL : carve_tensor<floatX>(&p, R); }
-    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { m->staging[i] = staging ? carve_tensor<floatX>(&p, R) : NULL; }
-    m->sp_gathered = gathered ? carve_tensor<floatX>(&p, align_up(BT * C * elem)) : NULL;
-    m->sp_norm_grads = gathered ? carve_tensor<float>(&p, align_up(2 * (size_t)C * sizeof(float))) : NULL;
-    m->lnf = carve_tensor<floatX>(&p, hs[0]);
-    m->lnf_mean = carve_tensor<float>(&p, hs[1]);
-    m->lnf_rstd = carve_tensor<float>(&p, hs[2]);
-    m->logits = carve_tensor<floatX>(&p, hs[3]);
-    m->losses = carve_tensor<float>(&p, hs[4]);
-    m->row_max = carve_tensor<float>(&p, hs[5]);
-    m->row_sum = carve_tensor<float>(&p, hs[6]);
-    m->head_rows = K;
-    m->probs_first = -1;
-    m->offload.layer_bytes = layer;
-    if (pol->offload) { alloc_host_store(m, slots, seg_kept, R); }
+    a->seg_inputs[0] = a->encoded;
+    for (int s = 1; s <= seg_kept; s++) { a->seg_inputs[s] = pol->offload ? NULL : carve_tensor<floatX>(&p, R); }
+    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { a->staging[i] = staging ? carve_tensor<floatX>(&p, R) : NULL; }
+    a->sp_gathered = gathered ? carve_tensor<floatX>(&p, align_up(BT * C * elem)) : NULL;
+    a->sp_norm_grads = gathered ? carve_tensor<float>(&p, align_up(2 * (size_t)C * sizeof(float))) : NULL;
+    if (head > 0) {
+        a->lnf = carve_tensor<floatX>(&p, hs[0]);
+        a->lnf_mean = carve_tensor<float>(&p, hs[1]);
+        a->lnf_rstd = carve_tensor<float>(&p, hs[2]);
+        a->logits = carve_tensor<floatX>(&p, hs[3]);
+        a->losses = carve_tensor<float>(&p, hs[4]);
+        a->row_max = carve_tensor<float>(&p, hs[5]);
+        a->row_sum = carve_tensor<float>(&p, hs[6]);
+    }
+    a->head_rows = K;
+    a->probs_first = -1;
+    if (pol->offload) { alloc_host_store(m, a, slots, seg_kept, R); }
+}
+
+// the activations of every micro-batch the stage holds at once (--pp: llmc/pipeline.h's pp_max_in_flight;
+// 1 without), each a whole set, the first in hand; with --offload the copy stream they share
+template <typename floatX>
+static void alloc_activations(Model<floatX>* m, const ModelSetup* s) {
+    const GPT2Config* c = &m->config;
+    m->offload.layer_bytes = layer_block_bytes(s->B, s->T, c->channels, c->num_heads, gpt2_tp(c), sizeof(floatX), &s->act);
+    if (s->act.offload) {
+        CUDA_CHECK(cudaStreamCreate(&m->offload.copy_stream));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->offload.compute_done, cudaEventDisableTiming));
+    }
+    m->num_held = s->pp_held > 1 ? s->pp_held : 1;
+    m->held = (Acts<floatX>*)malloc_check((size_t)m->num_held * sizeof(Acts<floatX>));  // the sets' pointers: not counted
+    for (int i = 0; i < m->num_held; i++) {
+        alloc_activation_set(m, &m->held[i], s->B, s->T, &s->act);
+        if (s->pipeline.world > 1) { pp_sent_create(&m->held[i].sent); }
+    }
+    m->acts = &m->held[0];
+}
+
+// an activation set's memory, its host store and its events
+template <typename floatX>
+static void free_activation_set(Model<floatX>* m, Acts<floatX>* a) {
+    mem_free(a->memory);
+    free(a->slots);
+    free(a->seg_inputs);
+    if (m->pipeline.world > 1) { pp_sent_destroy(&a->sent); }
+    if (!m->act.offload) { return; }
+    ActOffloadSet* o = &a->offload;
+    int slots = act_num_slots(&m->act, m->config.num_layers);
+    for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(o->slot_saved[i])); CUDA_CHECK(cudaEventDestroy(o->slot_loaded[i])); }
+    for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { CUDA_CHECK(cudaEventDestroy(o->staging_loaded[i])); }
+    free(o->slot_layer); free(o->slot_saved); free(o->slot_loaded); free(o->slot_saving);
+    mem_free(o->host_store);
 }
 
 // backward's working buffers, one layer's worth (training only)
@@ -785,7 +852,7 @@ static void alloc_optimizer_on_device(Model<floatX>* m, int training) {
 template <typename floatX>
 static void alloc_offloaded_optimizer(Model<floatX>* m) {
     const GPT2Config* c = &m->config;
-    size_t P = m->num_parameters, Pl = layer_weights(c), Pr = outer_weights(c), C = c->channels;
+    size_t P = m->num_parameters, Pl = layer_weights(c), Pr = outer_weights(c);
     int shard = zero_shards_grads(m->zero);
     size_t host = shard ? model_shard_layout(m).shard : P;  // floats of the master weights and gradients on the host
     if (m->zero == ZERO_3) {
@@ -808,10 +875,12 @@ static void alloc_offloaded_optimizer(Model<floatX>* m) {
         CUDA_CHECK(cudaMemset(m->grads_memory, 0, m->grad_floats * sizeof(float)));
     }
     if (m->offload_opt == OPT_OFFLOAD_GRADS) {
+        size_t sizes[NUM_PARAMETER_TENSORS];  // --tp: a rank's rows of wte; --pp: the stage's outer tensors (some absent)
+        gpt2_parameter_sizes(sizes, c);
         m->grads.wte = m->grads_memory;  // the rest, in checkpoint order; the per-layer tensors stay NULL
-        m->grads.wpe = m->grads.wte + (size_t)c->padded_vocab_size / gpt2_tp(c) * C;  // --tp: a rank's rows of wte
-        m->grads.lnfw = m->grads.wpe + (size_t)c->max_seq_len * C;
-        m->grads.lnfb = m->grads.lnfw + C;
+        m->grads.wpe = m->grads.wte + sizes[0];
+        m->grads.lnfw = m->grads.wpe + sizes[1];
+        m->grads.lnfb = m->grads.lnfw + sizes[NUM_PARAMETER_TENSORS - 2];
         m->opt_offload.grad_layers[0] = m->grads_memory + Pr;
         m->opt_offload.grad_layers[1] = m->opt_offload.grad_layers[0] + Pl;
     } else if (!shard) {
@@ -862,7 +931,7 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->opt_floats = training ? optimizer_state_floats_as(c, s->optimizer, s->use_beta1, zero_shards_state(s->zero) ? s->dist.world : 1,
                                                          s->state_format) : 0;
     if (m->offload_opt) { alloc_offloaded_optimizer(m); } else { alloc_optimizer_on_device(m, training); }
-    alloc_activations(m, s->B, s->T, &s->act);
+    alloc_activations(m, s);
     if (training) { alloc_backward(m, s->B, s->T); }
     alloc_scratch(m, s->B, s->T);
     if (training && m->state_format == QSTATE_8BIT && !m->offload_opt) {  // the update's maps (cuda/adamw_lowp.cuh, factored_lowp.cuh)
@@ -872,19 +941,27 @@ static Model<floatX>* model_create(const ModelSetup* s) {
     m->host_probs = (float*)mem_alloc(MEM_SCRATCH, (size_t)c->padded_vocab_size * sizeof(float));
     m->host_losses = (float*)mem_alloc(MEM_SCRATCH, BT * sizeof(float));
     if (s->tensor.world > 1) { m->tp_staging = (float*)mem_alloc(MEM_HOST_COPIES, tp_staging_floats(c) * sizeof(float)); }
+    if (s->pipeline.world > 1) { m->pp_staging = (float*)mem_alloc(MEM_HOST_COPIES, pp_staging_floats(c) * sizeof(float)); }
     if (m->act.offload) {  // timed waits for copies (gpt2_copy_wait_ms)
         m->offload.wait_marks = (cudaEvent_t*)malloc_check(2 * OFFLOAD_MAX_WAITS * sizeof(cudaEvent_t));
         for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventCreate(&m->offload.wait_marks[i])); }
     }
     // with the optimizer on the host, MPI sums the gradients there (cpu/host_step.h): no NCCL
     // (the offloaded shard: NCCL reduce-scatters and gathers on the GPU, MPI adds the norm's parts).
-    // --tp: the tensor-parallel group's own communicator (cuda/nccl.cuh: one per group)
+    // --tp, --pp: each group's own communicator (cuda/nccl.cuh: one per group)
     int exchange = s->dist.world > 1 && (!m->offload_opt || zero_shards_grads(m->zero));
-    NcclGroups groups = {NULL, NULL};
-    if (exchange || s->tensor.world > 1) { groups = nccl_init_groups(&s->world, &s->dist, s->tensor.world, exchange); }
+    NcclGroups groups = {NULL, NULL, NULL, NULL};
+    if (exchange || s->tensor.world > 1 || s->pipeline.world > 1) {
+        groups = nccl_init_groups(&s->world, &s->dist, s->tensor.world, s->pipeline.world, exchange);
+    }
     m->exchange.comm = groups.data;
     m->tensor = s->tensor;
-    m->tp = tp_cuda_create(&s->tensor, groups.tensor, m->sp_gathered, m->sp_norm_grads);
+    m->tp = tp_cuda_create(&s->tensor, groups.tensor, m->acts->sp_gathered, m->acts->sp_norm_grads);
+    m->whole = s->config;
+    m->pipeline = s->pipeline;
+    m->pair = s->pair;
+    m->pp = pp_cuda_create(&s->pipeline, groups.pipeline, groups.pair);
+    if (s->pipeline.world > 1) { pp_sent_create(&m->grad_sent); }
     if (m->exchange.comm != NULL) {
         CUDA_CHECK(cudaStreamCreate(&m->exchange.comm_stream));
         CUDA_CHECK(cudaEventCreateWithFlags(&m->exchange.grads_final, cudaEventDisableTiming));
@@ -925,23 +1002,21 @@ static void model_destroy(Model<floatX>* m) {
     void* zero[] = {m->grads_memory, m->shard.grad_working, m->shard.zero_pack, m->zero3.weight_working, m->zero3.layer_buf_memory, m->zero3.ckpt_staging, m->weight_shard};
     for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) { mem_free(zero[i]); }
     free(m->slices); free(m->shard.zero_groups); free(m->shard.shard_block_off);
-    void* blocks[] = {m->acts_memory, m->bwd_memory, m->scratch_memory, m->lowp_m_staging, m->host_probs, m->host_losses, m->tp_staging};
+    void* blocks[] = {m->bwd_memory, m->scratch_memory, m->lowp_m_staging, m->host_probs, m->host_losses, m->tp_staging};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) { mem_free(blocks[i]); }
-    free(m->slots);
-    free(m->seg_inputs);
     if (m->offload.wait_marks != NULL) {
         for (int i = 0; i < 2 * OFFLOAD_MAX_WAITS; i++) { CUDA_CHECK(cudaEventDestroy(m->offload.wait_marks[i])); }
         free(m->offload.wait_marks);
     }
     if (m->act.offload) {
-        int slots = act_num_slots(&m->act, m->config.num_layers);
-        for (int i = 0; i < slots; i++) { CUDA_CHECK(cudaEventDestroy(m->offload.slot_saved[i])); CUDA_CHECK(cudaEventDestroy(m->offload.slot_loaded[i])); }
-        for (int i = 0; i < ACT_STAGING_BUFFERS; i++) { CUDA_CHECK(cudaEventDestroy(m->offload.staging_loaded[i])); }
         CUDA_CHECK(cudaEventDestroy(m->offload.compute_done));
-        CUDA_CHECK(cudaStreamDestroy(m->offload.copy_stream));
-        free(m->offload.slot_layer); free(m->offload.slot_saved); free(m->offload.slot_loaded); free(m->offload.slot_saving);
-        mem_free(m->offload.host_store);
+        CUDA_CHECK(cudaStreamDestroy(m->offload.copy_stream));  // its copies to and from the sets' host stores finish first
     }
+    pp_cuda_destroy(&m->pp);  // its messages from the sets' buffers finish first
+    if (m->pipeline.world > 1) { pp_sent_destroy(&m->grad_sent); }
+    for (int i = 0; i < m->num_held; i++) { free_activation_set(m, &m->held[i]); }
+    free(m->held);
+    mem_free(m->pp_staging);
     matmul_context_free(&m->matmul);
     tp_cuda_destroy(&m->tp);
     if (m->exchange.comm != NULL) {
@@ -1108,6 +1183,15 @@ static void outer_weights_ready(Model<floatX>* m) {
 
 #include "cuda/offload_activations.cuh"  // --offload activations, --recompute: the copy stream (store_after_forward, prepare_backward)
 
+// hook: --pp: before a forward or backward writes them again, the sends that read the held set's stage output
+// and dresidual are done (within a step they are: the receive the list puts before it came after them)
+template <typename floatX>
+static void pp_sends_done(Model<floatX>* m) {
+    if (m->pipeline.world == 1) { return; }
+    pp_wait_sent_cuda(&m->acts->sent, m->stream);
+    pp_wait_sent_cuda(&m->grad_sent, m->stream);
+}
+
 // layers first..last forward from x into the working set; with store, what the schedule keeps.
 // Each block but the last computes the next one's ln1 with its last residual (one pass over the
 // residual stream), except under offload, where the next block's slot may still be on its way to
@@ -1140,7 +1224,7 @@ static void forward_layers(Model<floatX>* m, int first, int last, const floatX* 
 template <typename floatX>
 static float mean_loss(Model<floatX>* m, int B, int T) {
     size_t BT = (size_t)B * T;
-    CUDA_CHECK(cudaMemcpyAsync(m->host_losses, m->losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(m->host_losses, m->acts->losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) { sum += m->host_losses[i]; }
@@ -1172,19 +1256,19 @@ static void head_forward(Model<floatX>* m, const floatX* x, int first, int n, in
     size_t row = (size_t)first * C;
     cudaStream_t s = m->stream;
     const int* targets = has_targets ? m->targets + first : (const int*)NULL;
-    layernorm_forward_cuda(m->lnf, m->lnf_mean + first, m->lnf_rstd + first, x + row, m->weights.lnfw, m->weights.lnfb, 1, n, C, s);
-    matmul_forward_cuda(m->logits, m->lnf, m->weights.wte, (const floatX*)NULL, 1, n, C, Vp, &m->matmul, s);
-    if (tp->size > 1) { tp_classifier_forward_cuda(tp, m->losses + first, m->row_max, m->row_sum, m->logits, targets, n, V, Vp, s); }
+    layernorm_forward_cuda(m->acts->lnf, m->acts->lnf_mean + first, m->acts->lnf_rstd + first, x + row, m->weights.lnfw, m->weights.lnfb, 1, n, C, s);
+    matmul_forward_cuda(m->acts->logits, m->acts->lnf, m->weights.wte, (const floatX*)NULL, 1, n, C, Vp, &m->matmul, s);
+    if (tp->size > 1) { tp_classifier_forward_cuda(tp, m->acts->losses + first, m->acts->row_max, m->acts->row_sum, m->acts->logits, targets, n, V, Vp, s); }
     if (loss_scale == 0.0f) {
-        if (tp->size == 1) { classifier_forward_cuda(m->losses + first, m->row_max, m->row_sum, m->logits, targets, 1, n, V, Vp, s); }
+        if (tp->size == 1) { classifier_forward_cuda(m->acts->losses + first, m->acts->row_max, m->acts->row_sum, m->acts->logits, targets, 1, n, V, Vp, s); }
         return;
     }
     if (tp->size > 1) {  // in place: dlogits
-        tp_classifier_backward_cuda(tp, m->logits, m->logits, m->row_max, m->row_sum, m->targets + first, loss_scale, n, V, Vp, s);
+        tp_classifier_backward_cuda(tp, m->acts->logits, m->acts->logits, m->acts->row_max, m->acts->row_sum, m->targets + first, loss_scale, n, V, Vp, s);
     } else {
-        classifier_fused_cuda(m->losses + first, m->logits, m->targets + first, loss_scale, 1, n, V, Vp, s);  // in place: dlogits
+        classifier_fused_cuda(m->acts->losses + first, m->acts->logits, m->targets + first, loss_scale, 1, n, V, Vp, s);  // in place: dlogits
     }
-    matmul_backward_cuda(m->dbtc + row, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, 1, n, C, Vp, m->reduce_scratch,
+    matmul_backward_cuda(m->dbtc + row, m->grads.wte, (float*)NULL, m->acts->logits, m->acts->lnf, m->weights.wte, 1, n, C, Vp, m->reduce_scratch,
                          &m->matmul, s, MATMUL_DINP_SET);
     tp_allreduce_cuda(tp, m->dbtc + row, (size_t)n * C, ncclSum, s);  // hook: --tp's partial d(lnf output) of a rank's columns added
 }
@@ -1222,26 +1306,29 @@ static float model_forward(Model<floatX>* m, const int* inputs, const int* targe
     const int S = PROF_STREAM_COMPUTE;
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, s));
     if (targets != NULL) { CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s)); }
+    pp_sends_done(m);                                       // hook: --pp: the sends from the buffers it writes are done
     outer_weights_ready(m);                                 // hook: wte, wpe, lnf ready (ZeRO gathers them)
-    if (tp->size > 1) {  // --tp: wte split over the vocabulary (cuda/tensor_parallel.cuh)
-        tp_encoder_forward_cuda(tp, m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, c->padded_vocab_size / tp->size, s);
+    if (!stage_has_embeddings(c)) {  // --pp: a later stage: encoded holds the previous stage's output (received)
+    } else if (tp->size > 1) {  // --tp: wte split over the vocabulary (cuda/tensor_parallel.cuh)
+        tp_encoder_forward_cuda(tp, m->acts->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, c->padded_vocab_size / tp->size, s);
     } else {
-        encoder_forward_cuda(m->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
+        encoder_forward_cuda(m->acts->encoded, m->inputs, m->weights.wte, m->weights.wpe, B, T, C, s);
     }
-    forward_layers(m, 0, L - 1, m->encoded, B, T, 1);
+    forward_layers(m, 0, L - 1, m->acts->encoded, B, T, 1);
+    if (!stage_has_head(c)) { prof_gpu_close(s, S); return 0.0f; }  // --pp: the next stage goes on from the last layer's output
     if (loss_scale > 0.0f) { clear_outer_grads(m); }       // hook: --offload optimizer,gradients (--loss-chunk's head adds to them)
     // the head, K tokens at a time (one chunk of B*T without --loss-chunk), over every row (--sp: gathered)
-    int n_all = (int)BT, K = m->head_rows < n_all ? m->head_rows : n_all;
+    int n_all = (int)BT, K = m->acts->head_rows < n_all ? m->acts->head_rows : n_all;
     const floatX* x = tp_gather_cuda(tp, layer_input(m, L), tp_rows_cuda(tp, BT) * C, s);
     for (int first = 0; first < n_all; first += K) {
         int n = n_all - first < K ? n_all - first : K;
         head_forward(m, x, first, n, targets != NULL, loss_scale);
-        m->probs_first = first;
-        m->probs_end = first + n;
+        m->acts->probs_first = first;
+        m->acts->probs_end = first + n;
     }
     prof_gpu_close(s, S);
-    if (loss_scale > 0.0f) { m->probs_first = -1; }  // the last chunk's logits are their gradient now
-    m->head_grad_scale = loss_scale;
+    if (loss_scale > 0.0f) { m->acts->probs_first = -1; }  // the last chunk's logits are their gradient now
+    m->acts->head_grad_scale = loss_scale;
     return targets != NULL ? mean_loss(m, B, T) : -1.0f;
 }
 
@@ -1293,33 +1380,54 @@ static void outer_grads_done(Model<floatX>* m) {
     }
 }
 
+// the head's backward (the last stage's with --pp): the classifier's (or, with --loss-chunk, what the forward
+// left of it: d(lnf output) in dbtc), then the final LayerNorm's into dresidual, d(the last block's output)
 template <typename floatX>
-static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, float loss_scale) {
+static void head_backward(Model<floatX>* m, const int* targets, int B, int T, float loss_scale) {
     const GPT2Config* c = &m->config;
     const TpCuda* tp = &m->tp;
     int L = c->num_layers, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size / tp->size;  // --tp: a rank's columns
     size_t BT = (size_t)B * T, R = tp_rows_cuda(tp, BT), first = tp_first_row_cuda(tp, BT), X = sizeof(floatX);
     cudaStream_t s = m->stream;
-    const int S = PROF_STREAM_COMPUTE;
+    Acts<floatX>* a = m->acts;
     if (m->act.loss_chunk > 0) {  // the forward did the head's backward, chunk by chunk: d(lnf output) is in dbtc
-        act_take_head_grads(&m->head_grad_scale, loss_scale);
+        act_take_head_grads(&a->head_grad_scale, loss_scale);
     } else {
         clear_outer_grads(m);
-        if (tp->size > 1) {  // in place: dlogits
-            tp_classifier_backward_cuda(tp, m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, (int)BT, V, Vp, s);
-        } else {
-            classifier_backward_cuda(m->logits, m->logits, m->row_max, m->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
+        if (m->num_held > 1) {  // --pp: this micro-batch's targets again (the forwards of the others held since replaced them)
+            CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, s));
         }
-        m->probs_first = -1;
-        matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, m->logits, m->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
+        if (tp->size > 1) {  // in place: dlogits
+            tp_classifier_backward_cuda(tp, a->logits, a->logits, a->row_max, a->row_sum, m->targets, loss_scale, (int)BT, V, Vp, s);
+        } else {
+            classifier_backward_cuda(a->logits, a->logits, a->row_max, a->row_sum, m->targets, loss_scale, B, T, V, Vp, s);  // in place: dlogits
+        }
+        a->probs_first = -1;
+        matmul_backward_cuda(m->dbtc, m->grads.wte, (float*)NULL, a->logits, a->lnf, m->weights.wte, B, T, C, Vp, m->reduce_scratch,
                              &m->matmul, s, MATMUL_DINP_SET);
         tp_allreduce_cuda(tp, m->dbtc, BT * C, ncclSum, s);  // hook: --tp's partial d(lnf output) added
     }
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, R * C * X, s));  // --sp: this rank's rows
     TpNormGradsCuda gn = tp_norm_grads_cuda(tp, m->grads.lnfw, m->grads.lnfb, C, s);  // --sp: a part of them, from this rank's rows
     layernorm_backward_cuda(m->dresidual, gn.w, gn.b, m->dbtc + first * C, layer_input(m, L), m->weights.lnfw,
-                            m->lnf_mean + first, m->lnf_rstd + first, 1, (int)R, C, m->reduce_scratch, s);
+                            a->lnf_mean + first, a->lnf_rstd + first, 1, (int)R, C, m->reduce_scratch, s);
     tp_norm_grads_done_cuda(tp, m->grads.lnfw, m->grads.lnfb, C, s);  // hook
+}
+
+template <typename floatX>
+static void model_backward(Model<floatX>* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    const GPT2Config* c = &m->config;
+    const TpCuda* tp = &m->tp;
+    int L = c->num_layers, C = c->channels, Vp = c->padded_vocab_size / tp->size;  // --tp: a rank's columns
+    size_t R = tp_rows_cuda(tp, (size_t)B * T);
+    cudaStream_t s = m->stream;
+    const int S = PROF_STREAM_COMPUTE;
+    pp_sends_done(m);                                     // hook: --pp: the sends from the buffers it writes are done
+    if (stage_has_head(c)) {
+        head_backward(m, targets, B, T, loss_scale);
+    } else {  // --pp: dresidual holds the next stage's gradient of this stage's output (received)
+        clear_outer_grads(m);                             // hook: --offload optimizer,gradients (the embeddings' add to them)
+    }
     for (int l = L - 1; l >= 0; l--) {
         prepare_backward(m, l, B, T);                     // hook: l's activations back (--offload, --recompute)
         LayerParams<floatX> lp = weights_of_layer(m, l);  // hook: l's weights (ZeRO-3 gathers them)
@@ -1327,7 +1435,8 @@ static void model_backward(Model<floatX>* m, const int* inputs, int B, int T, fl
         block_backward(m, act_layer(m, l), layer_input(m, l), &lp, &lg, B, T);
         layer_grads_done(m, l);                           // hook: ZeRO's and NCCL's exchanges, the offloaded optimizer's copies
     }
-    if (tp->size > 1) {  // --tp: wte's rows of this rank, from d(embeddings) of every row (--sp: gathered)
+    if (!stage_has_embeddings(c)) {  // --pp: dresidual is d(stage input), for the stage before
+    } else if (tp->size > 1) {  // --tp: wte's rows of this rank, from d(embeddings) of every row (--sp: gathered)
         tp_encoder_backward_cuda(tp, m->grads.wte, m->grads.wpe, tp_gather_cuda(tp, (const floatX*)m->dresidual, R * C, s), inputs, B, T, C,
                                  Vp, (int*)m->reduce_scratch, s);
     } else {
@@ -1346,10 +1455,34 @@ static float* grad_block(Model<floatX>* m, int k, size_t offset) {
     return zero_shards_grads(m->zero) ? m->grads_memory + m->shard.shard_block_off[k] : m->grads_memory + m->slices[k].offset + offset;
 }
 
+// --pp, after the data group's sums: wte's two parts, the embedding's (the first stage) and the classifier's
+// (the last), added over the pair (cuda/pipeline.cuh; on the host with --offload optimizer, cpu/pipeline.h),
+// this rank's block of them (whole, or ZeRO's: the same block on both stages)
+template <typename floatX>
+static void pp_reduce_pair(Model<floatX>* m) {
+    if (m->pair.world <= 1) { return; }
+    size_t n, offset;
+    if (m->offload_opt) {
+        HostStep h = host_step_of(m);
+        float* wte = host_slice_grads(&h, 0, &n);
+        prof_mark(PROF_COLLECTIVE, prof_bytes((double)n * sizeof(float)), "--pp: wte's pair, on the host");
+        pp_sum_pair(wte, n, m->pair);
+        prof_close();
+        return;
+    }
+    OptSharding z = OPT_UNSHARDED;
+    if (zero_shards_state(m->zero)) { z.rank = m->dist.rank; z.world = m->dist.world; }
+    z.format = m->state_format;
+    OptShard sh = slice_shard(&m->slices[0], &z, &offset);  // slice 0: wte
+    pp_sum_pair_cuda(&m->pp, grad_block(m, 0, offset), (size_t)sh.rows * sh.cols, m->stream);
+}
+
 // global L2 norm of the fp32 gradients (a fixed-order sum in double). ZeRO-1 and 2: each rank sums
 // the squares of its blocks (the only reduced gradients it has), in slice order, then the ranks add.
 // --tp: the squares of the split tensors' slices are added over the tensor-parallel group, those of the
-// tensors every rank of it holds whole counted once (as cpu/host_step.h's host_grad_norm)
+// tensors every rank of it holds whole counted once; --pp: each stage's squares are added over the
+// pipeline group, wte's (which the first and the last stage both hold, summed) the last stage's only (as
+// cpu/host_step.h's host_grad_norm)
 template <typename floatX>
 static float model_grad_norm(Model<floatX>* m) {
     lowp_check_refused(m);
@@ -1362,8 +1495,8 @@ static float model_grad_norm(Model<floatX>* m) {
     }
     double sum = 0.0;
     prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_GRAD_NORM, prof_grad_norm(m->num_parameters), "all gradients");
-    int sharded = zero_shards_state(m->zero) && m->exchange.comm != NULL, tp = m->tp.size > 1;
-    if (!sharded && !tp) {
+    int sharded = zero_shards_state(m->zero) && m->exchange.comm != NULL, tp = m->tp.size > 1, pp = m->pipeline.world > 1;
+    if (!sharded && !tp && !pp) {
         double* result = m->norm_scratch;
         global_norm_squared_cuda(result, m->grads_memory, m->num_parameters, m->norm_scratch + 1, m->stream);
         CUDA_CHECK(cudaMemcpyAsync(&sum, result, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
@@ -1385,6 +1518,7 @@ static float model_grad_norm(Model<floatX>* m) {
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     double split = 0.0;  // --tp: the split tensors' slices' squares
     for (int k = 0; k < nslices; k++) {
+        if (pp && k == 0 && m->pipeline.rank == 0) { continue; }  // wte: the last stage's copy counts
         if (m->slices[k].tp > 1) { split += parts[k]; } else { sum += parts[k]; }
     }
     free(parts);
@@ -1393,6 +1527,7 @@ static float model_grad_norm(Model<floatX>* m) {
         sum += split;
     }
     if (sharded) { dist_allreduce_doubles_over(&sum, 1, m->dist); }
+    dist_allreduce_doubles_over(&sum, 1, m->pipeline);  // --pp: every stage's
     return (float)sqrt(sum);
 }
 
@@ -1592,23 +1727,126 @@ static void model_sync(Model<floatX>* m, SyncDirection dir) {
 
 // the (Vp) probabilities of a position the head still holds (with --loss-chunk, the last chunk's)
 template <typename floatX>
-static const float* model_probs(Model<floatX>* m, int position) {
+static const float* head_probs(Model<floatX>* m, int position) {
     const GPT2Config* c = &m->config;
-    if (m->probs_first < 0 || position < m->probs_first || position >= m->probs_end) {
+    if (m->acts->probs_first < 0 || position < m->acts->probs_first || position >= m->acts->probs_end) {
         fail("gpt2_probs(%d): the last forward's head holds the probabilities of positions %d..%d only (-1: none, after a backward)\n"
              "  hint: with --loss-chunk, ask for a position of the last chunk (sampling: the last position)",
-             position, m->probs_first, m->probs_end - 1);
+             position, m->acts->probs_first, m->acts->probs_end - 1);
     }
     if (m->tp.size > 1) {  // --tp: the row's Vp/N columns of every rank of the group, gathered whole (every rank asks alike)
-        tp_softmax_row_cuda(&m->tp, m->probs, m->logits, m->row_max, m->row_sum, position - m->probs_first, c->vocab_size,
+        tp_softmax_row_cuda(&m->tp, m->probs, m->acts->logits, m->acts->row_max, m->acts->row_sum, position - m->acts->probs_first, c->vocab_size,
                             c->padded_vocab_size / m->tp.size, m->stream);
     } else {
-        softmax_row_cuda(m->probs, m->logits, m->row_max, m->row_sum, position - m->probs_first, c->vocab_size, c->padded_vocab_size,
+        softmax_row_cuda(m->probs, m->acts->logits, m->acts->row_max, m->acts->row_sum, position - m->acts->probs_first, c->vocab_size, c->padded_vocab_size,
                          m->stream);
     }
     CUDA_CHECK(cudaMemcpyAsync(m->host_probs, m->probs, (size_t)c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     WATCHED_WAIT(cudaStreamSynchronize(m->stream), "the model's stream");
     return m->host_probs;
+}
+
+// the same on every stage (--pp): the last stage's row, broadcast over the pipeline group (every rank asks alike)
+template <typename floatX>
+static const float* model_probs(Model<floatX>* m, int position) {
+    if (m->pipeline.world == 1) { return head_probs(m, position); }
+    int last = m->pipeline.world - 1;
+    if (m->pipeline.rank == last) { head_probs(m, position); }
+    dist_broadcast_floats_over(m->host_probs, (size_t)m->config.padded_vocab_size, last, m->pipeline);
+    return m->host_probs;
+}
+
+// ----------------------------------------------------------------------------
+// pipeline parallelism (--pp, cuda/pipeline.cuh): a stage's held micro-batches and its messages, as train_gpt.c's
+
+// what --pp does not compose with on the GPU, before anything is allocated (the trainer refuses --sp and
+// --zero 3 on both backends)
+static void pp_check_setup(const ModelSetup* s) {
+    if (s->pipeline.world <= 1) { return; }
+    nccl_check_built(&s->pipeline);  // the messages are NCCL's
+    if (s->pp_schedule == PP_GPIPE && s->act.loss_chunk > 0) {
+        fail("--pp %d --pp-schedule gpipe with --loss-chunk %d: the head's part of the backward, which --loss-chunk makes in the "
+             "forward, leaves d(final LayerNorm output) in one buffer until the micro-batch's backward, and GPipe runs the last "
+             "stage's other forwards in between (they would replace it)\n"
+             "  hint: --pp-schedule 1f1b (the default: its last stage runs each backward right after its forward), or no --loss-chunk",
+             s->pipeline.world, s->act.loss_chunk);
+    }
+    if (s->offload_optimizer != OPT_OFFLOAD_NONE && zero_shards_grads(s->zero)) {
+        fail("--pp %d with --zero %d --offload optimizer: the offloaded shard's weights reach checkpoints a slice at a time from the "
+             "data group's hosts, which the stages' stream of the whole model (cpu/pipeline.h) does not take yet\n"
+             "  hint: --zero 1 --offload optimizer (the host holds the stage's whole master weights), or --zero %d without --offload optimizer",
+             s->pipeline.world, (int)s->zero, (int)s->zero);
+    }
+}
+
+// the activations of held micro-batch `slot` in hand for the next forward, backward or message
+template <typename floatX>
+static void model_pp_slot(Model<floatX>* m, int slot) {
+    if (slot < 0 || slot >= m->num_held) { fail("gpt2_pp_slot(%d): the stage holds %d micro-batches (a bug)", slot, m->num_held); }
+    m->acts = &m->held[slot];
+}
+
+// the (B,T,C) buffer a message reads or fills: the stage input (the embeddings' place), the stage output
+// (the last layer's), the gradient of either (the backward's); and where a send from it records its end
+template <typename floatX>
+static floatX* pp_buffer(Model<floatX>* m, PpOp op) {
+    if (op == PP_RECV_ACT) { return m->acts->encoded; }
+    if (op == PP_SEND_ACT) { return (floatX*)layer_input(m, m->config.num_layers); }
+    return m->dresidual;  // PP_RECV_GRAD, PP_SEND_GRAD
+}
+template <typename floatX>
+static PpSent* pp_sent_of(Model<floatX>* m, PpOp op) { return op == PP_SEND_ACT ? &m->acts->sent : &m->grad_sent; }
+
+// the elements of a message between stages for a forward of (B,T): the residual stream's (B,T,C), with --sp
+// this rank's R = B T / N rows of it (each tensor place's pipeline group passes its own rows; train_gpt.c's)
+template <typename floatX>
+static size_t pp_message_elems(const Model<floatX>* m, int B, int T) { return tp_rows_cuda(&m->tp, (size_t)B * T) * m->config.channels; }
+
+// a message of the stage's list over the pipeline's communicator, each in its micro-batch's slot: a receive,
+// a send, or (next) a send and the receive after it as one exchange
+template <typename floatX>
+static void model_pp_message(Model<floatX>* m, PpAction a, const PpAction* next, int slots) {
+    int stage = m->pipeline.rank, to = -1, from = -1;
+    size_t n = pp_message_elems(m, m->batch_size, m->seq_len);
+    const floatX* out = NULL;
+    floatX* in = NULL;
+    PpSent* sent = NULL;
+    model_pp_slot(m, pp_act_slot(a.micro, slots));
+    if (pp_is_send(a.op)) {
+        out = pp_buffer(m, a.op);
+        to = stage + pp_peer_offset(a.op);
+        sent = pp_sent_of(m, a.op);
+    }
+    const PpAction* r = pp_is_recv(a.op) ? &a : next;
+    if (r != NULL) {
+        model_pp_slot(m, pp_act_slot(r->micro, slots));
+        in = pp_buffer(m, r->op);
+        from = stage + pp_peer_offset(r->op);
+    }
+    char what[PROF_NAME_LEN];
+    snprintf(what, sizeof(what), "%s%s%s", PP_OP_NAMES[a.op], next != NULL ? ", " : "", next != NULL ? PP_OP_NAMES[next->op] : "");
+    pp_message_cuda(&m->pp, out, to, sent, in, from, n, nccl_type<floatX>(), m->stream, what);
+}
+
+// --pp: validation's and a sample's forward (no backward follows) through the stages in turn: each its
+// layers in held set 0, the activations passed on; the loss the last stage's, to every stage
+template <typename floatX>
+static float model_forward_stages(Model<floatX>* m, const int* inputs, const int* targets, int B, int T) {
+    if (m->pipeline.world == 1) { return model_forward(m, inputs, targets, B, T, 0.0f); }
+    int stage = m->pipeline.rank, last = m->pipeline.world - 1;
+    int N = m->tp.size, Tsplit = m->tp.gathered != NULL && (size_t)B * T % (size_t)N != 0 && targets == NULL ? (T + N - 1) / N * N : T;
+    size_t n = pp_message_elems(m, B, Tsplit);  // --sp: model_forward_padded's T
+    model_pp_slot(m, 0);
+    if (stage > 0) {
+        pp_message_cuda(&m->pp, NULL, -1, NULL, m->acts->encoded, stage - 1, n, nccl_type<floatX>(), m->stream, PP_OP_NAMES[PP_RECV_ACT]);
+    }
+    float loss = model_forward(m, inputs, targets, B, T, 0.0f);
+    if (stage < last) {
+        pp_message_cuda(&m->pp, layer_input(m, m->config.num_layers), stage + 1, &m->acts->sent, NULL, -1, n, nccl_type<floatX>(), m->stream,
+                        PP_OP_NAMES[PP_SEND_ACT]);
+    }
+    dist_broadcast_floats_over(&loss, 1, last, m->pipeline);
+    return loss;
 }
 
 // ----------------------------------------------------------------------------
@@ -1724,6 +1962,7 @@ Precision gpt2_default_precision(void) { return PRECISION_BF16; }
 void gpt2_check_setup(const ModelSetup* s) {
     if (!s->offload_optimizer || zero_shards_grads(s->zero)) { nccl_check_built(&s->dist); }
     nccl_check_built(&s->tensor);  // --tp: the group's sums in every layer are NCCL's
+    pp_check_setup(s);
     if (s->offload_optimizer == OPT_OFFLOAD_GRADS && zero_shards_grads(s->zero)) {
         fail("--zero %d with --offload optimizer,gradients: under ZeRO-2 and 3 the GPU keeps only its 1/N shard of the reduced "
              "gradients (NCCL reduce-scatters every micro-step's into it) and the host takes that shard once a step; \",gradients\" "
@@ -1769,7 +2008,7 @@ BackendLayout gpt2_layout(const GPT2Config* c, int B, int T, Precision precision
     size_t hs[NUM_HEAD_ACTS], head = 0, bs[NUM_BACKWARD_BUFFERS], backward = 0;
     int K = act_head_rows(&all, BT);
     head_act_bytes(hs, B, T, K, C, c->padded_vocab_size / N, X);
-    for (int i = 0; i < NUM_HEAD_ACTS; i++) { head += hs[i]; }
+    for (int i = 0; i < NUM_HEAD_ACTS && stage_has_head(c); i++) { head += hs[i]; }  // --pp: the last stage's
     backward_buffer_bytes(bs, B, T, C, NH, N, X, &all);
     for (int i = 0; i < NUM_BACKWARD_BUFFERS; i++) { backward += bs[i]; }
     ScratchBytes sb = scratch_bytes(c, B, T, X, &all);
@@ -1898,10 +2137,10 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
 }
 
 // the weights through their whole host copy (host_params): one chunk, brought up to date before a
-// read, sent up after a write (with the optimizer state's host copy, as gpt2_sync does); ZeRO-3 has
-// no whole copy: a slice at a time
-// no whole copy, ZeRO-3's or the offloaded shard's (its master shard is host memory: the CPU
-// backend's ZeRO-3 walk, gathered over the ranks on the host): a slice at a time
+// read, sent up after a write (with the optimizer state's host copy, as gpt2_sync does); with --pp the
+// stage's host copy through cpu/pipeline.h's stream of the whole model. ZeRO-3 and the offloaded shard
+// have no whole copy (the shard's master is host memory: the CPU backend's ZeRO-3 walk, gathered over
+// the ranks on the host): a slice at a time
 template <typename floatX>
 static void model_params_stream_rank(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
     offload_update_finish(m);
@@ -1913,7 +2152,13 @@ static void model_params_stream_rank(Model<floatX>* m, ParamsAccess how, ParamCh
     }
     if (m->zero == ZERO_3 && m->host_params == NULL) { model_zero3_stream(m, how, fn, ctx); return; }
     if (how == PARAMS_READ) { model_sync(m, SYNC_TO_HOST); }
-    fn(ctx, 0, m->host_params, m->num_parameters);
+    if (m->pipeline.world > 1) {  // --pp: the stages' parts in the whole model's order (cpu/pipeline.h; with --tp through the groups' slices)
+        PpModel p = {.whole = &m->whole, .stage = &m->config, .params = m->host_params, .pipeline = m->pipeline, .tensor = m->tensor,
+                     .staging = m->pp_staging, .tp_staging = m->tp_staging};
+        pp_params_stream(&p, how == PARAMS_WRITE, fn, ctx);
+    } else {
+        fn(ctx, 0, m->host_params, m->num_parameters);
+    }
     if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }
 }
 
@@ -1922,7 +2167,7 @@ static void model_params_stream_rank(Model<floatX>* m, ParamsAccess how, ParamCh
 // rank's rows broadcast over the group, for a read; a write keeps this rank's part of each)
 template <typename floatX>
 static void model_params_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
-    if (m->tp.size == 1) { model_params_stream_rank(m, how, fn, ctx); return; }
+    if (m->tp.size == 1 || m->pipeline.world > 1) { model_params_stream_rank(m, how, fn, ctx); return; }  // --pp: its stream has --tp's
     TpStream t;
     tp_stream_begin(&t, &m->config, m->tensor, m->tp_staging, how == PARAMS_WRITE, fn, ctx);
     model_params_stream_rank(m, how, tp_stream_chunk, &t);
@@ -1938,7 +2183,7 @@ void gpt2_sync(GPT2* m, SyncDirection dir) {
 }
 
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T) {
-    return m->bf16 ? model_forward(m->bf16, inputs, targets, B, T, 0.0f) : model_forward(m->f32, inputs, targets, B, T, 0.0f);
+    return m->bf16 ? model_forward_stages(m->bf16, inputs, targets, B, T) : model_forward_stages(m->f32, inputs, targets, B, T);
 }
 
 float gpt2_forward_train(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
@@ -1965,8 +2210,9 @@ void gpt2_zero_grad(GPT2* m) {
 }
 
 void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T, float loss_scale) {
-    (void)targets;  // on the GPU since the forward; the inputs group dwte's positions by token (encoder.cuh)
-    if (m->bf16) { model_backward(m->bf16, inputs, B, T, loss_scale); } else { model_backward(m->f32, inputs, B, T, loss_scale); }
+    // targets: on the GPU since the forward (--pp: again if a stage's later forward replaced them); the
+    // inputs group dwte's positions by token (encoder.cuh)
+    if (m->bf16) { model_backward(m->bf16, inputs, targets, B, T, loss_scale); } else { model_backward(m->f32, inputs, targets, B, T, loss_scale); }
 }
 
 double gpt2_copy_wait_ms(GPT2* m) {
@@ -1987,7 +2233,7 @@ void gpt2_reduce_during_backward(GPT2* m) {
 }
 
 void gpt2_reduce_grads(GPT2* m) {
-    if (m->bf16) { model_reduce_grads(m->bf16); } else { model_reduce_grads(m->f32); }
+    if (m->bf16) { model_reduce_grads(m->bf16); pp_reduce_pair(m->bf16); } else { model_reduce_grads(m->f32); pp_reduce_pair(m->f32); }
 }
 
 float gpt2_grad_norm(GPT2* m) { return m->bf16 ? model_grad_norm(m->bf16) : model_grad_norm(m->f32); }
@@ -2011,13 +2257,11 @@ const char* gpt2_profile_timing(void) { return prof_gpu_timing(); }
 // the GPU's limits are not measured (the timeline of the emulated device models them): no roof column
 ProfRoofline gpt2_profile_roofline(void) { ProfRoofline none = {.gb_s = 0.0, .gflop_s = 0.0, .how = ""}; return none; }
 
-// --pp: not on the GPU yet (ncclSend/ncclRecv between the stages, issue 37); the CPU trainer has it, and
-// check_pp_option stops before any stage's call below
-int gpt2_pp_max(void) { return 1; }
-void gpt2_pp_slot(GPT2* m, int slot) { (void)m; fail("gpt2_pp_slot(%d): the CUDA backend has no --pp (a bug: check_pp_option refuses it)", slot); }
+// --pp: any number of stages up to the layers (trainer.h checks), over an NCCL communicator per pipeline group
+int gpt2_pp_max(void) { return INT_MAX; }
+void gpt2_pp_slot(GPT2* m, int slot) { if (m->bf16) { model_pp_slot(m->bf16, slot); } else { model_pp_slot(m->f32, slot); } }
 void gpt2_pp_message(GPT2* m, PpAction a, const PpAction* next, int slots) {
-    (void)m; (void)next; (void)slots;
-    fail("gpt2_pp_message(%s): the CUDA backend has no --pp (a bug: check_pp_option refuses it)", PP_OP_NAMES[a.op]);
+    if (m->bf16) { model_pp_message(m->bf16, a, next, slots); } else { model_pp_message(m->f32, a, next, slots); }
 }
 
 int main(int argc, char** argv) {

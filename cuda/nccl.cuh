@@ -85,6 +85,8 @@ static ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t
 static ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) {
     return nccl_missing("ncclAllGather");
 }
+static ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return nccl_missing("ncclSend"); }
+static ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return nccl_missing("ncclRecv"); }
 #endif
 
 // NCCL's error as a message (a non-blocking communicator's ncclInProgress is not one: see nccl_settle)
@@ -113,7 +115,7 @@ static void nccl_check_built(const Dist* d) {
 
 #define NCCL_WATCH_POLL_US 200000   // the watchdog's look at the communicators and the main thread's wait
 #define NCCL_SETTLE_POLL_US 1000    // the main thread's look at a call still in progress
-#define NCCL_WATCH_MAX 4
+#define NCCL_WATCH_MAX 6            // the world's while it is split, and a rank's groups: data, tensor, pipeline, pair
 #define NCCL_ABORT_GRACE_S 10       // should ncclCommAbort itself hang, SIGALRM ends the process after this
 
 static struct {
@@ -464,22 +466,31 @@ static ncclComm_t nccl_comm_split(ncclComm_t parent, int color, int key, const c
 }
 
 // the NCCL communicators of this rank's groups (llmc/distributed.h's grid: tensor-parallel groups of tp
-// adjacent ranks, data-parallel groups across them): data (NULL unless want_data: the gradients'
-// exchange, ZeRO's) and tensor (NULL without --tp: a block's sums). Without --tp the data group is the
-// world and its communicator is made as it always was; with --tp the world's is made and split in two,
-// by the colors dist_grid gives MPI (data: the place in the tensor group, rank % tp; tensor: the group,
-// rank / tp), then freed. Every rank of the world calls it with the same tp and want_data
-typedef struct { ncclComm_t data, tensor; } NcclGroups;
+// adjacent ranks, data-parallel groups across them within a stage, pipeline groups of pp stages across
+// the stages' blocks, and each pipeline group's pair of its first and last stage): data (NULL unless
+// want_data: the gradients' exchange, ZeRO's), tensor (NULL without --tp: a block's sums), pipeline (NULL
+// without --pp: the stages' messages) and pair (NULL but on a first or last stage with --pp: wte's gradient
+// sum). Without --tp and --pp the data group is the world and its communicator is made as it always was;
+// else the world's is made and split by the colors dist_grid gives MPI (a stage's block of dp tp ranks:
+// data, stage tp + the place in the tensor group; tensor, rank / tp; pipeline, the place in the block;
+// pair, that place on the first and last stage), key the world rank (so a group's ranks are dist_grid's),
+// then freed. Every rank of the world calls it with the same tp, pp and want_data
+typedef struct { ncclComm_t data, tensor, pipeline, pair; } NcclGroups;
 
-static NcclGroups nccl_init_groups(const Dist* world, const Dist* data, int tp, int want_data) {
-    NcclGroups g = {NULL, NULL};
-    if (tp <= 1) {
+static NcclGroups nccl_init_groups(const Dist* world, const Dist* data, int tp, int pp, int want_data) {
+    NcclGroups g = {NULL, NULL, NULL, NULL};
+    if (tp <= 1 && pp <= 1) {
         if (want_data) { g.data = nccl_init(data); }
         return g;
     }
+    int block = world->world / pp, stage = world->rank / block, local = world->rank % block, in_pair = stage == 0 || stage == pp - 1;
     ncclComm_t all = nccl_init(world);
-    g.data = nccl_comm_split(all, want_data ? world->rank % tp : NCCL_SPLIT_NOCOLOR, world->rank, "data-parallel");
-    g.tensor = nccl_comm_split(all, world->rank / tp, world->rank, "tensor-parallel");
+    g.data = nccl_comm_split(all, want_data ? stage * tp + local % tp : NCCL_SPLIT_NOCOLOR, world->rank, "data-parallel");
+    if (tp > 1) { g.tensor = nccl_comm_split(all, world->rank / tp, world->rank, "tensor-parallel"); }
+    if (pp > 1) {
+        g.pipeline = nccl_comm_split(all, local, world->rank, "pipeline");
+        g.pair = nccl_comm_split(all, in_pair ? local : NCCL_SPLIT_NOCOLOR, world->rank, "embedding pair (--pp)");
+    }
     nccl_comm_destroy(all);
     return g;
 }

@@ -58,13 +58,13 @@ static void copy_after_compute(Model<floatX>* m) {
 template <typename floatX>
 static void fetch_segment_input(Model<floatX>* m, int s, size_t bytes) {
     int b = s % ACT_STAGING_BUFFERS;
-    if (m->offload.staging_segment[b] == s) { return; }
+    if (m->acts->offload.staging_segment[b] == s) { return; }
     copy_after_compute(m);
     prof_gpu_mark(m->offload.copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)bytes), "from the host");
-    CUDA_CHECK(cudaMemcpyAsync(m->staging[b], m->seg_inputs[s], bytes, cudaMemcpyHostToDevice, m->offload.copy_stream));
+    CUDA_CHECK(cudaMemcpyAsync(m->acts->staging[b], m->acts->seg_inputs[s], bytes, cudaMemcpyHostToDevice, m->offload.copy_stream));
     prof_gpu_close(m->offload.copy_stream, PROF_STREAM_COPY);
-    CUDA_CHECK(cudaEventRecord(m->offload.staging_loaded[b], m->offload.copy_stream));
-    m->offload.staging_segment[b] = s;
+    CUDA_CHECK(cudaEventRecord(m->acts->offload.staging_loaded[b], m->offload.copy_stream));
+    m->acts->offload.staging_segment[b] = s;
 }
 
 // after layer l's forward, what the schedule (act_policy.h) keeps: the next segment's input in
@@ -74,11 +74,11 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
     int L = m->config.num_layers, slot = act_slot_of(&m->act, L, l);
     ActStore st = act_after_forward(&m->act, L, l);
     LayerActs<floatX>* la = act_layer(m, l);
-    if (m->act.offload && m->act.segment == 0) { m->offload.slot_layer[slot] = l; }  // stored or not (the last layers)
+    if (m->act.offload && m->act.segment == 0) { m->acts->offload.slot_layer[slot] = l; }  // stored or not (the last layers)
     size_t bytes = BTC * sizeof(floatX);
     if (st.segment_input >= 0 && !m->act.offload) {
         prof_gpu_mark(m->stream, PROF_STREAM_COMPUTE, PROF_OFFLOAD_COPY, prof_bytes(2.0 * bytes), "segment input, on the GPU");
-        CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToDevice, m->stream));
+        CUDA_CHECK(cudaMemcpyAsync(m->acts->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToDevice, m->stream));
         return;
     }
     if (st.segment_input < 0 && st.offload_layer < 0) { return; }
@@ -86,16 +86,16 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
     prof_gpu_mark(m->offload.copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY,
                   prof_bytes(st.segment_input >= 0 ? (double)bytes : (double)m->offload.layer_bytes), "to the host");
     if (st.segment_input >= 0) {
-        int* held = &m->offload.staging_segment[st.segment_input % ACT_STAGING_BUFFERS];
+        int* held = &m->acts->offload.staging_segment[st.segment_input % ACT_STAGING_BUFFERS];
         if (*held == st.segment_input) { *held = -1; }  // last step's copy of it is stale
-        CUDA_CHECK(cudaMemcpyAsync(m->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToHost, m->offload.copy_stream));
+        CUDA_CHECK(cudaMemcpyAsync(m->acts->seg_inputs[st.segment_input], la->residual3, bytes, cudaMemcpyDeviceToHost, m->offload.copy_stream));
     } else {
-        CUDA_CHECK(cudaMemcpyAsync(m->offload.host_store + (size_t)l * m->offload.layer_bytes, la->ln1, m->offload.layer_bytes, cudaMemcpyDeviceToHost,
+        CUDA_CHECK(cudaMemcpyAsync(m->acts->offload.host_store + (size_t)l * m->offload.layer_bytes, la->ln1, m->offload.layer_bytes, cudaMemcpyDeviceToHost,
                                    m->offload.copy_stream));
     }
     prof_gpu_close(m->offload.copy_stream, PROF_STREAM_COPY);
-    CUDA_CHECK(cudaEventRecord(m->offload.slot_saved[slot], m->offload.copy_stream));
-    m->offload.slot_saving[slot] = 1;
+    CUDA_CHECK(cudaEventRecord(m->acts->offload.slot_saved[slot], m->offload.copy_stream));
+    m->acts->offload.slot_saving[slot] = 1;
     if (st.segment_input == act_num_segments(&m->act, L) - 1) {  // the backward reads it first: it comes
         fetch_segment_input(m, st.segment_input, bytes);         // back at once, behind the last segment's forward
     }
@@ -107,9 +107,9 @@ static void store_after_forward(Model<floatX>* m, int l, size_t BTC) {
 template <typename floatX>
 static void wait_slot_saved(Model<floatX>* m, int l) {
     int slot = act_slot_of(&m->act, m->config.num_layers, l);
-    if (!m->offload.slot_saving[slot]) { return; }
-    compute_waits_for_copy(m, m->offload.slot_saved[slot]);
-    m->offload.slot_saving[slot] = 0;
+    if (!m->acts->offload.slot_saving[slot]) { return; }
+    compute_waits_for_copy(m, m->acts->offload.slot_saved[slot]);
+    m->acts->offload.slot_saving[slot] = 0;
 }
 
 // offload: queues the copy of layer l's block from the host store into its slot, unless the slot
@@ -118,14 +118,14 @@ static void wait_slot_saved(Model<floatX>* m, int l) {
 template <typename floatX>
 static void fetch_layer(Model<floatX>* m, int l) {
     int slot = act_slot_of(&m->act, m->config.num_layers, l);
-    if (m->offload.slot_layer[slot] == l) { return; }
+    if (m->acts->offload.slot_layer[slot] == l) { return; }
     copy_after_compute(m);
     prof_gpu_mark(m->offload.copy_stream, PROF_STREAM_COPY, PROF_OFFLOAD_COPY, prof_bytes((double)m->offload.layer_bytes), "from the host");
-    CUDA_CHECK(cudaMemcpyAsync(m->slots[slot].ln1, m->offload.host_store + (size_t)l * m->offload.layer_bytes, m->offload.layer_bytes,
+    CUDA_CHECK(cudaMemcpyAsync(m->acts->slots[slot].ln1, m->acts->offload.host_store + (size_t)l * m->offload.layer_bytes, m->offload.layer_bytes,
                                cudaMemcpyHostToDevice, m->offload.copy_stream));
     prof_gpu_close(m->offload.copy_stream, PROF_STREAM_COPY);
-    CUDA_CHECK(cudaEventRecord(m->offload.slot_loaded[slot], m->offload.copy_stream));
-    m->offload.slot_layer[slot] = l;
+    CUDA_CHECK(cudaEventRecord(m->acts->offload.slot_loaded[slot], m->offload.copy_stream));
+    m->acts->offload.slot_layer[slot] = l;
 }
 
 // before layer l's backward, as the schedule (act_policy.h) says: a segment input back from the
@@ -142,7 +142,7 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
         size_t bytes = tp_rows_cuda(&m->tp, (size_t)B * T) * m->config.channels * sizeof(floatX);  // --sp: a rank's rows
         fetch_segment_input(m, bp.restore_segment, bytes);
         if (bp.prefetch_segment >= 0) { fetch_segment_input(m, bp.prefetch_segment, bytes); }
-        compute_waits_for_copy(m, m->offload.staging_loaded[bp.restore_segment % ACT_STAGING_BUFFERS]);
+        compute_waits_for_copy(m, m->acts->offload.staging_loaded[bp.restore_segment % ACT_STAGING_BUFFERS]);
     }
     if (bp.recompute_segment >= 0) {
         forward_layers(m, bp.recompute_first, bp.recompute_last, segment_input(m, bp.recompute_segment), B, T, 0);
@@ -152,7 +152,7 @@ static void prepare_backward(Model<floatX>* m, int l, int B, int T) {
     }
     if (bp.prefetch >= 0) { fetch_layer(m, bp.prefetch); }  // into the slot l+1's backward, queued, is done with
     for (int i = 0; i < 2; i++) {  // l's block and l-1's output (l's input) must be back before l's backward
-        if (bp.fetch[i] >= 0) { compute_waits_for_copy(m, m->offload.slot_loaded[act_slot_of(&m->act, L, bp.fetch[i])]); }
+        if (bp.fetch[i] >= 0) { compute_waits_for_copy(m, m->acts->offload.slot_loaded[act_slot_of(&m->act, L, bp.fetch[i])]); }
     }
 }
 

@@ -187,7 +187,8 @@ template <typename floatX>
 static HostStep host_step_of(Model<floatX>* m) {
     HostStep h = {.config = &m->config, .dist = m->dist, .zero = offloads_shard(m) ? ZERO_3 : m->zero, .optimizer = m->optimizer,
                   .num_parameters = m->num_parameters, .params = m->master_memory, .grads = m->opt_offload.host_grads,
-                  .state = m->opt_memory, .format = m->state_format, .pack = NULL};  // the exchange a slice at a time: no pack in host memory
+                  .state = m->opt_memory, .format = m->state_format, .pack = NULL,  // the exchange a slice at a time: no pack in host memory
+                  .pipeline = m->pipeline};
     return h;
 }
 

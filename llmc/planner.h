@@ -332,7 +332,8 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
         p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
         snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + 4C^2): a rank's --tp slices, a layer whole", lay->param_bytes);
     }
-    if (gpt2_pp(cfg) > 1) {  // --pp: the stage's tensors, and a 4C^2 piece of the whole model as checkpoints move it (cpu/pipeline.h)
+    int pp_staging_on_host = gpt2_pp(cfg) > 1 && lay->host_copy_bytes > 0;  // a GPU's: beside its host copies (at the end)
+    if (gpt2_pp(cfg) > 1 && !pp_staging_on_host) {  // --pp: the stage's tensors, and a 4C^2 piece of the whole model as checkpoints move it (cpu/pipeline.h)
         p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
         snprintf(p.formula[MEM_PARAMETERS], PLAN_FORMULA_LEN, "%zu(P + 4C^2): the stage's tensors, a piece in transit", lay->param_bytes);
     }
@@ -456,6 +457,10 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
     if (tp_staging_on_host) {  // --tp on a GPU: the staging of a split tensor's layer whole is host memory (train_gpt.cu)
         p.bytes[MEM_HOST_COPIES] += 4 * C * C * lay->host_copy_bytes;
         plan_append(p.formula[MEM_HOST_COPIES], " + %zu(4C^2): --tp's layer whole", lay->host_copy_bytes);
+    }
+    if (pp_staging_on_host) {  // --pp on a GPU: the whole model's piece in transit is host memory (train_gpt.cu: the stream runs over the host copies)
+        p.bytes[MEM_HOST_COPIES] += 4 * C * C * lay->host_copy_bytes;
+        plan_append(p.formula[MEM_HOST_COPIES], " + %zu(4C^2): --pp's piece in transit", lay->host_copy_bytes);
     }
     return p;
 }

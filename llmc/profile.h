@@ -48,9 +48,10 @@ static const char* const PROF_KIND_NAMES[NUM_PROF_KINDS] = {
 #define PROF_MAX_ENTRIES 128  // distinct (kind, name, stream) rows; more are added to the last
 #define PROF_NAME_LEN 64
 // the streams of the table: ranges on all but the compute stream overlap it. The CPU backend has the
-// compute stream only; host: the host's own work while the GPU computes (the offloaded optimizer's update)
-enum { PROF_STREAM_COMPUTE, PROF_STREAM_COPY, PROF_STREAM_GRADS, PROF_STREAM_NCCL, PROF_STREAM_HOST, PROF_MAX_STREAMS };
-static const char* const PROF_STREAM_NAMES[PROF_MAX_STREAMS] = {"compute", "copy", "gradients", "nccl", "host"};
+// compute stream only; host: the host's own work while the GPU computes (the offloaded optimizer's update);
+// pipeline: --pp's messages between stages (a GPU's stream of them: cuda/pipeline.cuh)
+enum { PROF_STREAM_COMPUTE, PROF_STREAM_COPY, PROF_STREAM_GRADS, PROF_STREAM_NCCL, PROF_STREAM_HOST, PROF_STREAM_PIPELINE, PROF_MAX_STREAMS };
+static const char* const PROF_STREAM_NAMES[PROF_MAX_STREAMS] = {"compute", "copy", "gradients", "nccl", "host", "pipeline"};
 
 typedef struct { double bytes, flops; } ProfCost;
 

@@ -76,6 +76,8 @@ SUITES = [  # name, command, and for an optional suite the file without which it
      [PY, "tests/test_zero_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt", "./build/emu_nompi/train_gpt"], None),
     ("CUDA tensor parallelism (--tp, --sp): the group's NCCL communicator, against one process and the CPU (emulated NCCL)",
      [PY, "tests/test_tensor_parallel_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt", "./build/emu_nompi/train_gpt"], None),
+    ("CUDA pipeline parallelism (--pp): the stages' messages over NCCL, against one process (emulated NCCL)",
+     [PY, "tests/test_pipeline_parallel_cuda.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
     ("CUDA memory flags, every combination (emulated device)",
      [PY, "tests/test_cuda_matrix.py", "./build/emu/train_gpt", "./train_gpt", "./test_gpt"], None),
 ]
@@ -88,7 +90,7 @@ SUITES = [  # name, command, and for an optional suite the file without which it
 # their output shown whole when each ends; every other suite runs alone, in order
 BESIDE = ("the rendezvous of --dist-init", "launching without MPI", "checkpoints of several ranks", "data parallel (MPI",
           "CUDA ZeRO-1, 2 and 3", "tensor parallelism (MPI", "CUDA tensor parallelism", "pipeline parallelism (MPI",
-          "resume onto another layout (MPI")
+          "resume onto another layout (MPI", "CUDA pipeline parallelism")
 
 
 def run_suite(name, cmd, show=None):

@@ -151,11 +151,11 @@ s.expect_fail("--pp-schedule without --pp", "but this run has --pp 1", BASE + ["
 s.expect_fail("--pp-schedule of another name", "--pp-schedule", BASE + ["--pp", "2", "--pp-schedule", "interleaved", "-o", ""])
 s.expect_fail("--pp with --zero 3", "--pp 2 with --zero 3", [TRAIN, "--plan", "-e", f"{FIX}/model_deep.bin", "--pp", "2", "--zero", "3",
                                                             "--plan-ranks", "4"])
-if EMU:
-    s.expect_fail("the CUDA trainer (emulated device) refuses --pp", "does not split the layers into stages yet",
+if EMU:  # the CUDA trainer has --pp (tests/test_pipeline_parallel_cuda.py): the shared checks reach it
+    s.expect_fail("the CUDA trainer (emulated device): --pp 2 with one process", "--pp 2: 1 rank(s) do not split into 2 stages",
                   [EMU] + FLAGS + ["--pp", "2", "-o", ""])
 else:
-    s.skip("the CUDA trainer's refusal of --pp", "no build/emu/train_gpt given")
+    s.skip("the CUDA trainer's shared --pp checks", "no build/emu/train_gpt given")
 
 # d12 on 4 stages of B=4 T=1024, m = 32: the split, the bubble, and each stage's plan; under 1F1B stage s
 # holds N - s micro-batches' activations, under GPipe all m (the first stage's: N/m of GPipe's)

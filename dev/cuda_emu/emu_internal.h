@@ -59,12 +59,13 @@ const emu_settings& emu_config();
 // what one piece of device work costs the timeline (emu_timeline.cpp prices it)
 enum emu_work_kind { EMU_WORK_MARKER, EMU_WORK_KERNEL, EMU_WORK_GEMM, EMU_WORK_COPY, EMU_WORK_MEMSET, EMU_WORK_COLLECTIVE };
 enum emu_copy_dir { EMU_COPY_H2D, EMU_COPY_D2H, EMU_COPY_D2D, EMU_COPY_H2H };
-enum emu_collective_kind { EMU_ALL_REDUCE, EMU_REDUCE_SCATTER, EMU_ALL_GATHER, EMU_BROADCAST, EMU_REDUCE };
+enum emu_collective_kind { EMU_ALL_REDUCE, EMU_REDUCE_SCATTER, EMU_ALL_GATHER, EMU_BROADCAST, EMU_REDUCE, EMU_SEND_RECV };
 enum emu_peak { EMU_PEAK_FP32, EMU_PEAK_TF32, EMU_PEAK_BF16 };   // which peak a GEMM's types run at
 struct emu_work {
     emu_work_kind kind = EMU_WORK_MARKER;     // a marker (event record, wait, host function) takes no time
     double flops = 0.0, bytes = 0.0;          // GEMM: 2mnk a matrix and its operands; copy, memset: bytes;
-                                              // collective: the whole buffer (all-gather's output, reduce-scatter's input)
+                                              // collective: the whole buffer (all-gather's output, reduce-scatter's input;
+                                              // point to point: the larger direction's)
     size_t threads = 0;                       // kernel: grid x block
     int m = 0, n = 0, k = 0, batch = 1;       // GEMM
     emu_peak peak = EMU_PEAK_FP32;            // GEMM

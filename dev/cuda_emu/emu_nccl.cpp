@@ -26,8 +26,20 @@ waits in its own MPI calls; but a stream that forgot to wait for the collective,
 before it on its stream, finds it done anyway. Under CUDA_EMU_STREAMS=late-nccl it stays queued
 like any work (emu_stream.cpp: after the collective issued before it, so every rank runs them in
 issue order; and forced before the program's MPI calls, emu_mpi.cpp), which catches those.
-ncclGroupStart/End need nothing: the collectives of a group run in the order they were issued, the
-same on every rank.
+A group's collectives (ncclGroupStart/End) run in the order they were issued, the same on every rank.
+
+Point to point (ncclSend, ncclRecv: the trainer's --pp messages between pipeline stages, cuda/pipeline.cuh)
+goes over MPI's own point-to-point calls on the communicator's MPI communicator: the n-th send from rank a
+to rank b meets b's n-th receive from a, as NCCL matches them (in order, no tags; MPI's messages between
+two ranks of one communicator and tag do not overtake each other). A call outside a group is a group of
+its own; inside one the calls wait for the outermost ncclGroupEnd, which queues them all on their stream
+as one operation (ordered after the collective before it, as a collective is) that posts every send and
+receive at once (MPI_Issend, MPI_Irecv, MPI_Waitall). A send completes only when its receive has met it
+(a synchronous send, however small), as NCCL's does. So two ranks that each send to the other first and
+then receive (an exchange) do not wait for each other when the pair is one group, as with real NCCL, and
+do (a hang, as on a GPU) when it is not. A send to this rank itself meets a receive from itself in the
+same group. Over sockets point to point is not emulated (it stops, naming mpirun), nor a group that mixes
+it with collectives or with another stream.
 
 ncclCommSplit (the trainer's communicator of each group of ranks under --tp: cuda/nccl.cuh): over MPI
 the new communicator's bytes travel on an MPI_Comm_split of the parent's, its ranks ordered by key as
@@ -512,8 +524,23 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { *count = comm->n
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) { *rank = comm->rank; return ncclSuccess; }
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) { *device = comm->device; return ncclSuccess; }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) { *error = (ncclResult_t)comm->async_error.load(); return ncclSuccess; }
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+// ncclGroupStart/End: the groups' point-to-point calls (below) wait for the outermost ncclGroupEnd
+static int g_group_depth = 0;
+struct p2p_call {
+    bool send;
+    void* buf;          // the send's buffer (read) or the receive's (written)
+    size_t bytes;
+    int peer;
+    ncclComm_t comm;
+};
+static std::vector<p2p_call> g_group_p2p;   // the current group's calls, in order
+static cudaStream_t g_group_stream;          // their stream (one for the group)
+static ncclResult_t group_end_p2p();
+ncclResult_t ncclGroupStart() { g_group_depth++; return ncclSuccess; }
+ncclResult_t ncclGroupEnd() {
+    if (g_group_depth == 0) { return ncclInvalidUsage; }
+    return --g_group_depth == 0 ? group_end_p2p() : ncclSuccess;
+}
 
 // ----------------------------------------------------------------------------
 // elements and reductions
@@ -649,6 +676,10 @@ static emu_work collective_cost(ncclComm_t comm, emu_collective_kind kind, doubl
 // modelled, not run (no rank waits for another; the others get zeros where they read)
 static ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, const char* what, const emu_work& cost,
                                    std::function<void()> work) {
+    if (!g_group_p2p.empty()) {
+        emu_fail("%s in a group after ncclSend or ncclRecv: a group that mixes point to point with collectives is not emulated\n"
+                 "  hint: end the group of sends and receives first (ncclGroupEnd)", what);
+    }
     if (!emu_config().execute) {
         emu_enqueue_collective(stream, what, [] {}, cost);
         return ncclSuccess;
@@ -720,4 +751,85 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
         exchange(comm, sendbuff, count * element_bytes(type), &all, "ncclReduce");
         if (comm->rank == root) { reduce_ranks(all, count, 0, count, type, op, comm->nranks, recvbuff); }
     });
+}
+
+// ----------------------------------------------------------------------------
+// point to point (see the top of this file)
+
+static const int P2P_TAG = 0;                // NCCL has no tags: every message between two ranks is in order
+
+// one send or receive, queued for the outermost ncclGroupEnd (outside a group: a group of its own)
+static ncclResult_t p2p(bool send, const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream,
+                        const char* what) {
+    if (element_bytes(type) == 0 || comm == nullptr || peer < 0 || peer >= comm->nranks) { return ncclInvalidArgument; }
+    if (peer != comm->rank && !comm->over_mpi) {
+        emu_fail("%s: the emulated NCCL sends point to point over MPI only (these ranks joined over sockets: started without MPI)\n"
+                 "  hint: launch with mpirun", what);
+    }
+    if (!g_group_p2p.empty() && g_group_stream != stream) {
+        emu_fail("%s: a group of point-to-point calls on two streams is not emulated\n  hint: issue a group's calls on one stream", what);
+    }
+    g_group_p2p.push_back({send, const_cast<void*>(buf), count * element_bytes(type), peer, comm});
+    g_group_stream = stream;
+    return g_group_depth == 0 ? group_end_p2p() : ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return p2p(true, sendbuff, count, datatype, peer, comm, stream, "ncclSend");
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return p2p(false, recvbuff, count, datatype, peer, comm, stream, "ncclRecv");
+}
+
+// this rank's sends to itself, each into the receive from itself of the same place in the group's order
+static void p2p_to_self(const std::vector<p2p_call>& calls) {
+    std::vector<const p2p_call*> sends, recvs;
+    for (const p2p_call& c : calls) {
+        if (c.peer == c.comm->rank) { (c.send ? sends : recvs).push_back(&c); }
+    }
+    if (sends.size() != recvs.size()) {
+        emu_fail("a group of point-to-point calls with %zu send(s) to this rank itself and %zu receive(s) from it: each needs its pair "
+                 "in the same group (real NCCL hangs)", sends.size(), recvs.size());
+    }
+    for (size_t i = 0; i < sends.size(); i++) {
+        if (sends[i]->bytes != recvs[i]->bytes) {
+            emu_fail("ncclSend of %zu bytes to this rank itself meets an ncclRecv of %zu bytes", sends[i]->bytes, recvs[i]->bytes);
+        }
+        memmove(recvs[i]->buf, sends[i]->buf, sends[i]->bytes);
+    }
+}
+
+// every send and receive of the group posted at once, then waited for
+static void p2p_run(const std::vector<p2p_call>& calls) {
+    p2p_to_self(calls);
+#ifdef CUDA_EMU_MPI
+    std::vector<MPI_Request> requests;
+    for (const p2p_call& c : calls) {
+        if (c.peer == c.comm->rank || c.comm->aborted) { continue; }
+        if (c.bytes > (size_t)INT32_MAX) { emu_fail("NCCL emulation: %zu bytes in one message is too many for MPI", c.bytes); }
+        MPI_Request r;
+        // PMPI_: the emulator's own messages, not the program's MPI calls (emu_mpi.cpp)
+        // a synchronous send (Issend): it completes when the peer's receive has met it, however small the message,
+        // as NCCL's blocks until the peer posts its receive (MPI_Isend's eager messages would hide a missing group)
+        if (c.send) { PMPI_Issend(c.buf, (int)c.bytes, MPI_BYTE, c.peer, P2P_TAG, c.comm->mpi, &r); }
+        else { PMPI_Irecv(c.buf, (int)c.bytes, MPI_BYTE, c.peer, P2P_TAG, c.comm->mpi, &r); }
+        requests.push_back(r);
+    }
+    if (!requests.empty()) { PMPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE); }
+#endif
+}
+
+// the group's calls as one operation on their stream: the timeline prices the larger direction over one
+// link of the communicator's ranks (a point-to-point transfer: its alpha and its bytes at the link's rate)
+static ncclResult_t group_end_p2p() {
+    if (g_group_p2p.empty()) { return ncclSuccess; }
+    std::vector<p2p_call> calls;
+    calls.swap(g_group_p2p);
+    double sent = 0.0, received = 0.0;
+    for (const p2p_call& c : calls) { (c.send ? sent : received) += (double)c.bytes; }
+    emu_work cost = collective_cost(calls[0].comm, EMU_SEND_RECV, sent > received ? sent : received);
+    const char* what = calls.size() == 1 ? (calls[0].send ? "ncclSend" : "ncclRecv") : "ncclGroupEnd (ncclSend, ncclRecv)";
+    ncclComm_t comm = calls[0].comm;
+    return run_collective(comm, g_group_stream, what, cost, [calls] { p2p_run(calls); });
 }

@@ -42,7 +42,8 @@ What an operation costs (the constants: TL_CONSTANTS below, one table, each with
   copy      bytes at the copy engine's rate (above)
   NCCL      ring: all-reduce 2(n-1) alpha + 2 (n-1)/n S / busbw; reduce-scatter and all-gather
             (n-1) alpha + (n-1)/n S / busbw (S the whole buffer); broadcast and reduce
-            (n-1) alpha + S / busbw; busbw and alpha of NVLink when the n ranks fit in one node
+            (n-1) alpha + S / busbw; a group of ncclSend and ncclRecv (point to point) alpha + S / busbw,
+            S its larger direction's bytes; busbw and alpha of NVLink when the n ranks fit in one node
             (gpus_per_node), of InfiniBand otherwise; one rank: the launch only
 
 Each process models its own GPU: ranks of a data-parallel job run the same program, so a collective
@@ -402,6 +403,7 @@ static double collective_seconds(const emu_work& w) {
         case EMU_ALL_REDUCE: return 2.0 * (n - 1) * alpha + 2.0 * share * w.bytes / busbw;
         case EMU_REDUCE_SCATTER:
         case EMU_ALL_GATHER: return (n - 1) * alpha + share * w.bytes / busbw;
+        case EMU_SEND_RECV: return alpha + w.bytes / busbw;   // one link, each direction at its rate
         default: return (n - 1) * alpha + w.bytes / busbw;   // broadcast, reduce: pipelined along the ring
     }
 }

@@ -51,6 +51,7 @@ expect_error() {
     fi
 }
 
-# mpirun -np 2 on this host, as this user may run it (root needs --allow-run-as-root)
+# mpirun -np 2 (and 3) on this host, as this user may run it (root needs --allow-run-as-root)
 MPIRUN_NP2=(mpirun --oversubscribe -np 2)
 [ "$(id -u)" -eq 0 ] && MPIRUN_NP2=(mpirun --allow-run-as-root --oversubscribe -np 2)
+MPIRUN_NP3=("${MPIRUN_NP2[@]:0:${#MPIRUN_NP2[@]}-1}" 3)  # the same launcher, 3 ranks

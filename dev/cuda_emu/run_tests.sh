@@ -13,6 +13,7 @@ make -s -f dev/cuda_emu/emu.mk -j"$(nproc)" emu-build-tests || { echo "0 passed,
 
 BIN=build/emu/dev/cuda_emu/tests
 SMALL_DEVICE=$((64 * 1024 * 1024))   # 64 MiB: out-of-memory tests stay cheap
+P2P_HANG_S=5   # a hang that a program must show lasts at least this
 source dev/cuda_emu/run_lib.sh   # run, expect_error, MPIRUN_NP2 and the passed/failed counts
 
 run "device: execution model" -- $BIN/test_device
@@ -121,6 +122,14 @@ if command -v mpirun > /dev/null; then
     # emulator's (emu_mpi.cpp), so it is stopped and counted as failed
     run "nccl, 2 ranks, late-nccl streams (collectives queued; one rank in MPI_Barrier while the other syncs)" \
         -- timeout 120 "${MPIRUN[@]}" -x CUDA_EMU_STREAMS=late-nccl $BIN/test_nccl
+    run "nccl, 3 ranks, late-nccl streams (a ring of ncclSend and ncclRecv over 3)" \
+        -- timeout 120 "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late-nccl $BIN/test_nccl
+    # point to point: two ranks that each send to the other first, outside a group, wait for each other as on a GPU
+    label="nccl: an exchange of 2 ranks outside a group hangs, as on a GPU (stopped after $P2P_HANG_S s)"
+    echo "== $label"
+    timeout $P2P_HANG_S "${MPIRUN[@]}" $BIN/test_nccl p2p-no-group > /dev/null 2>&1
+    status=$?
+    if [ $status -eq 124 ]; then echo "ok   $label"; passed=$((passed + 1)); else echo "FAIL $label: exit $status"; failed=$((failed + 1)); fi
     run "nccl, 2 ranks on one device: ncclInvalidUsage" -- "${MPIRUN[@]}" $BIN/test_nccl same-device
     run "nccl, 2 ranks on a node of 1 GPU: the second rank's cudaSetDevice(1) is refused" \
         -- "${MPIRUN[@]}" -x CUDA_EMU_DEVICES=1 $BIN/test_nccl more-ranks-than-devices
@@ -171,7 +180,6 @@ if [ -n "$KERNEL_TESTS" ]; then
         # uneven ones (3 ranks, one of them with no rows of some slices) under the late stream order
         if command -v mpirun > /dev/null; then
             run "test_factored, 2 ranks (mpirun -np 2): ZeRO-1 parts vs cpu/optimizers.h" -- "${MPIRUN_NP2[@]}" $KBIN/test_factored
-            MPIRUN_NP3=("${MPIRUN_NP2[@]:0:${#MPIRUN_NP2[@]}-1}" 3)  # the same launcher, 3 ranks
             run "test_factored, 3 ranks (uneven parts), late streams" -- "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late $KBIN/test_factored
             run "test_factored, 3 ranks (uneven parts), late-nccl streams" \
                 -- timeout 300 "${MPIRUN_NP3[@]}" -x CUDA_EMU_STREAMS=late-nccl $KBIN/test_factored

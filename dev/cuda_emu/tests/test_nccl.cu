@@ -28,6 +28,17 @@ Communicators split from the world (ncclCommSplit, as the trainer's --tp makes i
 the ranks of each color form one, ordered by key; a rank that passes NCCL_SPLIT_NOCOLOR gets none; a
 split's all-reduce adds its own ranks only.
 
+Point to point (ncclSend, ncclRecv, as the trainer's --pp passes activations between stages:
+cuda/pipeline.cuh), in fp32 and bf16: a ring in one group (each rank sends to the next and receives from
+the one before: every rank sends first, which only a group lets finish), an exchange with a partner in
+one group (a send and the receive after it), two messages on one link matched in order (outside groups;
+one rank: to itself in one group), and a rank's receive read by the next work on its stream. One more
+mode is a wrong program that must hang, as on a GPU:
+
+    mpirun -np 2 test_nccl p2p-no-group              both ranks send to each other first, outside a
+                                                     group: each send waits for a receive the other
+                                                     never reaches (run_tests.sh expects the timeout)
+
 (built with -DUSE_MPI for more than one rank.) Rank r contributes x_r[i] = (r + 1) * (i + 1) / 8,
 exact in bf16 for the sizes used, so the expected sums and averages are exact in every type.
 fp64 has one more check: an all-reduce of values whose sum is exact in double but not in float (a
@@ -245,10 +256,70 @@ static void test_split(ncclComm_t comm, int rank, int nranks, cudaStream_t strea
     if (evens != nullptr) { NCCL_CHECK(ncclCommDestroy(evens)); }
 }
 
+// point to point: rank r's message i is r * 100 + i + 1 (exact in bf16 for the sizes used)
+static std::vector<double> message_of(int rank, int salt) {
+    std::vector<double> v(COUNT);
+    for (int i = 0; i < COUNT; i++) { v[i] = rank * 100 + salt * 20 + i + 1; }
+    return v;
+}
+
+static void test_p2p(ncclComm_t comm, int rank, int nranks, ncclDataType_t type, cudaStream_t stream) {
+    const char* type_name = type_name_of(type);
+    char name[128], detail[128] = "";
+    // a ring in one group: every rank sends to the next first (one rank: to itself)
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    std::vector<double> mine = message_of(rank, 0);
+    buffer send = make_buffer(COUNT, type, &mine), recv = make_buffer(COUNT, type, nullptr);
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclSend(send.ptr, COUNT, type, next, comm, stream));
+    NCCL_CHECK(ncclRecv(recv.ptr, COUNT, type, prev, comm, stream));
+    NCCL_CHECK(ncclGroupEnd());
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    snprintf(name, sizeof name, "ncclSend to the next rank, ncclRecv from the one before, one group (a ring) %s, %d ranks", type_name, nranks);
+    check(equal(read_buffer(recv), message_of(prev, 0), detail, sizeof detail), name, "%s", detail);
+    // an exchange with a partner (rank ^ 1, or itself): a send, then the receive after it, one group
+    int partner = (rank ^ 1) < nranks ? rank ^ 1 : rank;
+    std::vector<double> out = message_of(rank, 1);
+    buffer a = make_buffer(COUNT, type, &out), b = make_buffer(COUNT, type, nullptr);
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclSend(a.ptr, COUNT, type, partner, comm, stream));
+    NCCL_CHECK(ncclRecv(b.ptr, COUNT, type, partner, comm, stream));
+    NCCL_CHECK(ncclGroupEnd());
+    // the next work on the stream reads the receive's output (a copy: late-nccl keeps both queued)
+    buffer copy = make_buffer(COUNT, type, nullptr);
+    CUDA_CHECK(cudaMemcpyAsync(copy.ptr, b.ptr, COUNT * element_bytes(type), cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    snprintf(name, sizeof name, "an exchange with rank %d (a send, the receive after it, one group), read on the stream %s, %d ranks",
+             partner, type_name, nranks);
+    check(equal(read_buffer(copy), message_of(partner, 1), detail, sizeof detail), name, "rank %d: %s", rank, detail);
+    // two messages on one link meet their receives in order: rank 0 to rank 1 outside groups (one rank: to itself, in one group)
+    int from = 0, to = nranks > 1 ? 1 : 0;
+    std::vector<double> m0 = message_of(rank, 2), m1 = message_of(rank, 3);
+    buffer s0 = make_buffer(COUNT, type, &m0), s1 = make_buffer(COUNT, type, &m1);
+    buffer r0 = make_buffer(COUNT, type, nullptr), r1 = make_buffer(COUNT, type, nullptr);
+    if (nranks == 1) { NCCL_CHECK(ncclGroupStart()); }
+    if (rank == from) {
+        NCCL_CHECK(ncclSend(s0.ptr, COUNT, type, to, comm, stream));
+        NCCL_CHECK(ncclSend(s1.ptr, COUNT, type, to, comm, stream));
+    }
+    if (rank == to) {
+        NCCL_CHECK(ncclRecv(r0.ptr, COUNT, type, from, comm, stream));
+        NCCL_CHECK(ncclRecv(r1.ptr, COUNT, type, from, comm, stream));
+    }
+    if (nranks == 1) { NCCL_CHECK(ncclGroupEnd()); }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (rank == to) {
+        snprintf(name, sizeof name, "two messages from rank %d to rank %d meet the two receives in order %s", from, to, type_name);
+        bool first = equal(read_buffer(r0), message_of(from, 2), detail, sizeof detail);
+        check(first && equal(read_buffer(r1), message_of(from, 3), detail, sizeof detail), name, "%s", detail);
+    }
+    for (buffer* x : {&send, &recv, &a, &b, &copy, &s0, &s1, &r0, &r1}) { CUDA_CHECK(cudaFree(x->ptr)); }
+}
+
 // ----------------------------------------------------------------------------
 // devices
 
-enum test_mode { COLLECTIVES, SAME_DEVICE, MORE_RANKS_THAN_DEVICES, MISSING_WAITS };
+enum test_mode { COLLECTIVES, SAME_DEVICE, MORE_RANKS_THAN_DEVICES, MISSING_WAITS, P2P_NO_GROUP };
 
 // rank 0 makes the id, every rank gets it
 static ncclUniqueId shared_unique_id(int rank) {
@@ -285,6 +356,8 @@ static void run_collectives(int rank, int nranks, int local_rank) {
     test_double_sum(comm, rank, nranks, stream);
     test_host_wait_between(comm, rank, nranks, stream);
     test_split(comm, rank, nranks, stream);
+    test_p2p(comm, rank, nranks, ncclFloat, stream);
+    test_p2p(comm, rank, nranks, ncclBfloat16, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
     NCCL_CHECK(ncclCommDestroy(comm));
 }
@@ -324,6 +397,27 @@ static void run_missing_waits(int rank, int nranks, int local_rank) {
     CUDA_CHECK(cudaStreamDestroy(compute));
     CUDA_CHECK(cudaStreamDestroy(comm_stream));
     NCCL_CHECK(ncclCommDestroy(comm));
+}
+
+// a wrong program: two ranks each send to the other first and then receive, outside a group. Each
+// send waits for the other's receive, which comes after the other's send: a GPU hangs, and so must
+// the emulator (run_tests.sh runs it under a timeout)
+static void run_p2p_no_group(int rank, int nranks, int local_rank) {
+    CUDA_CHECK(cudaSetDevice(local_rank));
+    ncclUniqueId id = shared_unique_id(rank);
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    int partner = rank ^ 1;
+    std::vector<double> mine = message_of(rank, 0);
+    buffer send = make_buffer(COUNT, ncclFloat, &mine), recv = make_buffer(COUNT, ncclFloat, nullptr);
+    if (partner < nranks) {
+        NCCL_CHECK(ncclSend(send.ptr, COUNT, ncclFloat, partner, comm, stream));
+        NCCL_CHECK(ncclRecv(recv.ptr, COUNT, ncclFloat, partner, comm, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    check(false, "an exchange outside a group finished: it must hang, as on a GPU", "rank %d", rank);
 }
 
 // every rank on device 0: refused on every rank (one check per rank)
@@ -370,8 +464,10 @@ int main(int argc, char** argv) {
         mode = MORE_RANKS_THAN_DEVICES;
     } else if (argc > 1 && strcmp(argv[1], "missing-waits") == 0) {
         mode = MISSING_WAITS;
+    } else if (argc > 1 && strcmp(argv[1], "p2p-no-group") == 0) {
+        mode = P2P_NO_GROUP;
     } else if (argc > 1) {
-        fprintf(stderr, "usage: %s [same-device | more-ranks-than-devices | missing-waits]\n", argv[0]);
+        fprintf(stderr, "usage: %s [same-device | more-ranks-than-devices | missing-waits | p2p-no-group]\n", argv[0]);
         return EXIT_FAILURE;
     }
     int rank = 0, nranks = 1, local_rank = 0, local_ranks = 1;
@@ -392,6 +488,7 @@ int main(int argc, char** argv) {
         case SAME_DEVICE: run_same_device(rank, nranks, local_ranks); break;
         case MORE_RANKS_THAN_DEVICES: run_more_ranks_than_devices(rank, local_rank, local_ranks); break;
         case MISSING_WAITS: run_missing_waits(rank, nranks, local_rank); break;
+        case P2P_NO_GROUP: run_p2p_no_group(rank, nranks, local_rank); break;
     }
 #ifdef USE_MPI
     if (rank != 0 && g_checks_failed > 0) { fprintf(stderr, "rank %d: %d check(s) failed\n", rank, g_checks_failed); }
