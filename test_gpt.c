@@ -1583,6 +1583,34 @@ static size_t count_places(const StateLayout* L, int i, int layer, int f, int* c
 // ranks, ZeRO's cut or not; CAME, whose state has every kind of field): every entry of every rank's part maps
 // to a place of its whole tensor and back to itself, and the ranks' parts hold every place once (but wte's
 // padded rows on --tp 1, which holds none of them)
+// opt_layout.h's weight_runs: the runs of a model's weights (a slice each, or a gap no slice holds: wte's
+// padded rows) cover [0, P) in order, each float once, for one process, --tp 2 and every stage of --pp 3
+// (whose absent tensors are slices of no weights: a gap before one is still one run)
+static void test_weight_runs(void) {
+    GPT2Config model = {16, 64, 80, 5, 4, 32, 1, 1, 0, 0};  // maxT, V, Vp, L, NH, C: Vp > V, wte's padded rows a gap
+    for (int tp = 1; tp <= 2; tp++) {
+        for (int stages = 1; stages <= 3; stages += 2) {
+            for (int st = 0; st < stages; st++) {
+                GPT2Config rank = gpt2_rank_config(&model, tp), c = pp_stage_config(&rank, stages, st);
+                ParamSlice* s = param_slices_alloc(&c);
+                WeightRun* runs = (WeightRun*)malloc_check((size_t)(param_slice_count(&c) + 1) * sizeof(WeightRun));
+                int n = weight_runs(&c, s, runs);
+                size_t at = 0, bad = 0;
+                for (int k = 0; k < n; k++) {
+                    bad += runs[k].offset != at || runs[k].n == 0;
+                    at = runs[k].offset + runs[k].n;
+                }
+                char name[128];
+                snprintf(name, sizeof(name), "weight runs: --tp %d, stage %d of %d: the weights in order, each float once", tp, st, stages);
+                check(bad == 0 && at == gpt2_num_parameters(&c), name, "%zu runs out of place, %zu of %zu floats covered", bad, at,
+                      gpt2_num_parameters(&c));
+                free(runs);
+                free(s);
+            }
+        }
+    }
+}
+
 static void test_relayout_places(void) {
     GPT2Config model = {16, 64, 80, 3, 4, 32, 1, 1, 0, 0};  // maxT, V, Vp, L, NH, C: Vp/4 = 20 rows a rank, 16 of them padded
     const int tps[] = {1, 2, 4}, pps[] = {1, 3}, dps[] = {1, 3};
@@ -2271,6 +2299,7 @@ int main(int argc, char** argv) {
     test_memory_plan(dir);
     test_recompute_offload_bitwise();
     test_tensor_parallel_block();
+    test_weight_runs();
     test_relayout_places();
     test_loss_chunk();
     const char* files[] = {"tiny_adafactor.bin", "tiny_adafactor_beta1.bin", "tiny_came.bin", "tiny_came_wd.bin"};

@@ -355,10 +355,15 @@ void gpt2_sync(GPT2* m, SyncDirection dir) { (void)m; (void)dir; }
 // the weights for checkpoints: in place, one chunk (ZeRO-3: slice by slice, cpu/zero.h); with --tp
 // the whole model's, through the group's slices (cpu/tensor_parallel.h's stream)
 void gpt2_params_stream(GPT2* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
-    if (m->pipeline.world > 1) {  // --pp: the stages' parts in the whole model's order (cpu/pipeline.h; with --tp through the groups' slices)
-        PpModel p = {.whole = &m->whole, .stage = &m->config, .params = m->params_memory, .pipeline = m->pipeline, .tensor = m->tensor,
-                     .staging = m->pp_staging, .tp_staging = m->tp_staging};
+    if (m->pipeline.world > 1) {  // --pp: the stages' parts in the whole model's order (cpu/pipeline.h; with --tp through the groups'
+                                  // slices, with --zero 3 each slice gathered from the data group's blocks)
+        HostStep h = gpt2_host_step(m);
+        int z3 = m->zero.stage == ZERO_3;
+        PpModel p = {.whole = &m->whole, .stage = &m->config, .params = z3 ? NULL : m->params_memory, .pipeline = m->pipeline,
+                     .tensor = m->tensor, .staging = m->pp_staging, .tp_staging = m->tp_staging, .zero3 = z3 ? &h : NULL,
+                     .zero3_staging = z3 ? m->zero.weight_working : NULL};
         pp_params_stream(&p, how == PARAMS_WRITE, fn, ctx);
+        if (z3) { zero3_working_stale(&m->zero); }
         return;
     }
     TpStream t;

@@ -1771,6 +1771,11 @@ static void pp_check_setup(const ModelSetup* s) {
              "  hint: --pp-schedule 1f1b (the default: its last stage runs each backward right after its forward), or no --loss-chunk",
              s->pipeline.world, s->act.loss_chunk);
     }
+    if (s->zero == ZERO_3 && s->offload_optimizer == OPT_OFFLOAD_NONE) {
+        fail("--pp %d with --zero 3: the GPU's weight shards reach checkpoints a slice at a time from the data group's devices\n"
+             "  (model_zero3_stream), which the stages' stream of the whole model (cpu/pipeline.h) does not take yet (the CPU trainer's does)\n"
+             "  hint: --zero 2 with --pp (the optimizer state and the gradients sharded), or --pp on the CPU trainer", s->pipeline.world);
+    }
     if (s->offload_optimizer != OPT_OFFLOAD_NONE && zero_shards_grads(s->zero)) {
         fail("--pp %d with --zero %d --offload optimizer: the offloaded shard's weights reach checkpoints a slice at a time from the "
              "data group's hosts, which the stages' stream of the whole model (cpu/pipeline.h) does not take yet\n"
@@ -2154,7 +2159,7 @@ static void model_params_stream_rank(Model<floatX>* m, ParamsAccess how, ParamCh
     if (how == PARAMS_READ) { model_sync(m, SYNC_TO_HOST); }
     if (m->pipeline.world > 1) {  // --pp: the stages' parts in the whole model's order (cpu/pipeline.h; with --tp through the groups' slices)
         PpModel p = {.whole = &m->whole, .stage = &m->config, .params = m->host_params, .pipeline = m->pipeline, .tensor = m->tensor,
-                     .staging = m->pp_staging, .tp_staging = m->tp_staging};
+                     .staging = m->pp_staging, .tp_staging = m->tp_staging, .zero3 = NULL, .zero3_staging = NULL};
         pp_params_stream(&p, how == PARAMS_WRITE, fn, ctx);
     } else {
         fn(ctx, 0, m->host_params, m->num_parameters);

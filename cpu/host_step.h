@@ -408,36 +408,58 @@ static void host_zero3_gather_outer(const HostStep* h, float* working) {
     shard_map_free(&m);
 }
 
+// ZeRO-3's weights a run at a time (opt_layout.h's weight_runs: a slice whole, or wte's padded rows, which
+// no slice holds and stay zero): the stage's runs, its shard's map and the gathers' counts
+typedef struct {
+    const HostStep* h;
+    ShardMap map;
+    WeightRun* runs;
+    int nruns;
+    int* counts;     // (h->dist.world)
+} Zero3Runs;
+
+static Zero3Runs zero3_runs_begin(const HostStep* h) {
+    Zero3Runs z = {h, shard_map(h->config, h->dist.world, h->format), NULL, 0, NULL};
+    z.runs = (WeightRun*)malloc_check((size_t)(param_slice_count(h->config) + 1) * sizeof(WeightRun));
+    z.nruns = weight_runs(h->config, z.map.slices, z.runs);
+    z.counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
+    return z;
+}
+
+static void zero3_runs_end(Zero3Runs* z) {
+    free(z->counts);
+    free(z->runs);
+    shard_map_free(&z->map);
+}
+
+// run r's floats whole into buf from every rank's blocks (a read: a collective over the data group)
+static void zero3_run_gather(Zero3Runs* z, WeightRun r, float* buf) {
+    if (r.slice < 0) { memset(buf, 0, r.n * sizeof(float)); return; }  // wte's padded rows
+    zero3_gather_slice(z->h, &z->map.slices[r.slice], z->h->params + z->map.at[r.slice], buf, z->counts);
+}
+
+// run r's floats (buf, whole, as a write's caller filled them): this rank's block of them kept
+static void zero3_run_keep(Zero3Runs* z, WeightRun r, const float* buf) {
+    if (r.slice < 0) { return; }
+    const HostStep* h = z->h;
+    slice_part_counts(&z->map.slices[r.slice], h->dist.world, h->format, z->counts);
+    memcpy(h->params + z->map.at[r.slice], buf + dist_part_offset(z->counts, h->dist.rank), (size_t)z->counts[h->dist.rank] * sizeof(float));
+}
+
 // the whole model's weights a slice at a time through staging (room for the largest slice), in
 // model_config.h's order, as fn(ctx, offset, chunk, n) sees them: each slice gathered from every
 // rank's blocks for fn to read, or (write) filled by fn and this rank's block kept. wte's padded
 // rows, which no slice holds, go by as zeros
 static void host_zero3_stream(const HostStep* h, int write, float* staging, void (*fn)(void*, size_t, float*, size_t), void* ctx) {
-    ShardMap m = shard_map(h->config, h->dist.world, h->format);
-    WeightRun* runs = (WeightRun*)malloc_check((size_t)(param_slice_count(h->config) + 1) * sizeof(WeightRun));
-    int n = weight_runs(h->config, m.slices, runs);
-    int* counts = (int*)malloc_check((size_t)h->dist.world * sizeof(int));
-    for (int i = 0; i < n; i++) {
-        WeightRun r = runs[i];
-        if (r.slice < 0) {  // wte's padded rows
-            memset(staging, 0, r.n * sizeof(float));
-            fn(ctx, r.offset, staging, r.n);
-            continue;
-        }
-        const ParamSlice* sl = &m.slices[r.slice];
-        float* mine = h->params + m.at[r.slice];
-        if (write) {
-            fn(ctx, r.offset, staging, r.n);
-            slice_part_counts(sl, h->dist.world, h->format, counts);
-            memcpy(mine, staging + dist_part_offset(counts, h->dist.rank), (size_t)counts[h->dist.rank] * sizeof(float));
-        } else {
-            zero3_gather_slice(h, sl, mine, staging, counts);
-            fn(ctx, r.offset, staging, r.n);
-        }
+    Zero3Runs z = zero3_runs_begin(h);
+    for (int i = 0; i < z.nruns; i++) {
+        WeightRun r = z.runs[i];
+        if (!write) { zero3_run_gather(&z, r, staging); }
+        else if (r.slice < 0) { memset(staging, 0, r.n * sizeof(float)); }
+        fn(ctx, r.offset, staging, r.n);
+        if (write) { zero3_run_keep(&z, r, staging); }
     }
-    free(counts);
-    free(runs);
-    shard_map_free(&m);
+    zero3_runs_end(&z);
 }
 
 #endif // CPU_HOST_STEP_H

@@ -21,6 +21,7 @@ the final LayerNorm on the last. The model file stays the whole model whatever -
 #include "../llmc/model_config.h"
 #include "../llmc/pipeline.h"
 #include "../llmc/utils.h"
+#include "host_step.h"
 #include "tensor_parallel.h"
 
 typedef void (*PpChunkFn)(void* ctx, size_t offset, float* chunk, size_t n);  // as trainer.h's ParamChunkFn
@@ -31,11 +32,14 @@ static size_t pp_staging_floats(const GPT2Config* c) { return 4 * (size_t)c->cha
 typedef struct {
     const GPT2Config* whole;  // the model's config
     const GPT2Config* stage;  // this rank's stage's config (pp_stage_config; with --tp its slices)
-    float* params;            // its weights, whole (not ZeRO-3's shard)
+    float* params;            // its weights, whole (without --zero 3)
     Dist pipeline;            // the pipeline group: rank s is stage s
     Dist tensor;              // --tp: the stage's tensor-parallel group ({0, 1}: none)
     float* staging;           // (pp_staging_floats)
     float* tp_staging;        // --tp: cpu/tensor_parallel.h's stream's (tp_staging_floats), else NULL
+    const HostStep* zero3;    // --zero 3: the stage's weights are this rank's blocks (zero3->params), a run at a time
+                              // gathered whole into zero3_staging (room for the largest slice); NULL: params holds them
+    float* zero3_staging;
 } PpModel;
 
 // the stage that sends tensor i's part of layer range (the outer tensors: wte and wpe the first stage,
@@ -103,17 +107,38 @@ static void pp_relay_chunk(void* ctx, size_t offset, float* chunk, size_t n) {
     else { pp_relay_push(r, offset + r->base, chunk, n); }
 }
 
+// whether one of the stage's runs of its weights lies in tensor i, whose mine_n floats in the stage's weights
+// begin at mine_at (a padding run, wte's padded rows, lies in wte)
+static int pp_run_in_tensor(const WeightRun* run, size_t mine_at, size_t mine_n) {
+    return run->offset >= mine_at && run->offset < mine_at + mine_n;
+}
+
+// one of the stage's runs of its weights, the sender's (read) or a holder's (write): with --zero 3 gathered
+// whole from the data group's blocks first (read) or its block kept after (write); with --tp through the
+// group's stream, else straight through the relay (read) or from the caller (write)
+static void pp_stream_run(PpRelay* r, TpStream* t, Zero3Runs* z, WeightRun run, size_t mine_at) {
+    const PpModel* p = r->p;
+    float* buf = z != NULL ? p->zero3_staging : p->params + run.offset;
+    if (z != NULL && !r->write) { zero3_run_gather(z, run, buf); }
+    if (t != NULL) { tp_stream_run(t, run, buf); }
+    else if (r->write) { r->fn(r->ctx, r->at + (run.offset - mine_at), buf, run.n); }
+    else { pp_relay_push(r, r->at + (run.offset - mine_at), buf, run.n); }
+    if (z != NULL && r->write) { zero3_run_keep(z, run, buf); }
+}
+
 // the piece through the relay: the sender (or, write, every stage that holds it) streams `mine` (n
-// floats; with --tp, the stage's runs of tensor i from run *next on), the others wait for it
-static void pp_stream_piece(PpRelay* r, int holds, float* mine, TpStream* t, int i, int* next) {
+// floats at mine_at in its weights; with --tp or --zero 3, the stage's runs of tensor i from run *next on),
+// the others wait for it
+static void pp_stream_piece(PpRelay* r, int holds, float* mine, size_t mine_at, size_t mine_n, TpStream* t, Zero3Runs* z, int i, int* next) {
     const PpModel* p = r->p;
     size_t piece = pp_staging_floats(p->stage);
     int streams = r->write ? holds : p->pipeline.rank == r->from;
-    if (streams && t != NULL) {  // --tp: the stage's slices of tensor i, run by run, through the group's stream
-        r->base = r->at - t->whole_at[i];  // the stage's first layer of tensor i is the piece's start
-        while (*next < t->nruns && t->slices[t->runs[*next].slice].tensor == i) {
-            WeightRun run = t->runs[*next];
-            tp_stream_run(t, run, p->params + run.offset);
+    const WeightRun* runs = t != NULL ? t->runs : z != NULL ? z->runs : NULL;
+    int nruns = t != NULL ? t->nruns : z != NULL ? z->nruns : 0;
+    if (streams && runs != NULL) {  // --tp or --zero 3: the stage's runs of tensor i, one at a time
+        if (t != NULL) { r->base = r->at - t->whole_at[i]; }  // the stage's first layer of tensor i is the piece's start
+        while (*next < nruns && pp_run_in_tensor(&runs[*next], mine_at, mine_n)) {
+            pp_stream_run(r, t, z, runs[*next], mine_at);
             (*next)++;
         }
     } else if (streams && r->write) {
@@ -129,7 +154,7 @@ static void pp_stream_piece(PpRelay* r, int holds, float* mine, TpStream* t, int
         return;
     }
     if (r->write) { return; }
-    while (holds && !streams && t != NULL && *next < t->nruns && t->slices[t->runs[*next].slice].tensor == i) { (*next)++; }  // a copy not sent
+    while (holds && !streams && runs != NULL && *next < nruns && pp_run_in_tensor(&runs[*next], mine_at, mine_n)) { (*next)++; }  // a copy not sent
     while (r->filled < r->n) {  // the last piece (the sender's staging holds it), or every piece (the others)
         size_t len = r->n - r->filled < piece ? r->n - r->filled : piece;
         pp_relay_take(r, len);
@@ -151,11 +176,16 @@ static void pp_params_stream(const PpModel* p, int write, PpChunkFn fn, void* ct
         tp = &t;
         tp_stream_begin(tp, me, p->tensor, p->tp_staging, write, pp_relay_chunk, NULL);
     }
+    Zero3Runs z3, *z = NULL;
+    if (p->zero3 != NULL) {
+        z = &z3;
+        z3 = zero3_runs_begin(p->zero3);
+    }
     size_t whole_sizes[NUM_PARAMETER_TENSORS], mine_sizes[NUM_PARAMETER_TENSORS], at = 0, mine_at = 0;
     gpt2_parameter_sizes(whole_sizes, whole);
     gpt2_parameter_sizes(mine_sizes, me);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        float* mine = p->params + mine_at;
+        float* mine = p->params != NULL ? p->params + mine_at : NULL;
         int parts = PARAMETER_IS_PER_LAYER[i] ? N : 1;
         for (int s = 0; s < parts; s++) {
             PpStage st = pp_stage(whole->num_layers, N, s);
@@ -164,13 +194,14 @@ static void pp_params_stream(const PpModel* p, int write, PpChunkFn fn, void* ct
             PpRelay r = {.p = p, .from = from, .at = at + pp_layer_offset(i, whole, PARAMETER_IS_PER_LAYER[i] ? st.first : 0),
                          .n = PARAMETER_IS_PER_LAYER[i] ? pp_layer_offset(i, whole, st.layers) : whole_sizes[i],
                          .pushed = 0, .filled = 0, .base = 0, .mine = NULL, .window_at = 0, .window = 0, .write = write, .fn = fn, .ctx = ctx};
-            if (!write && holds && p->pipeline.rank != from) {  // a copy to compare: this tensor place's slice of it
+            if (!write && holds && p->pipeline.rank != from && z == NULL) {  // a copy to compare: this tensor place's slice of it
+                                                                             // (--zero 3: the data group's blocks, not compared)
                 r.mine = mine;
                 r.window = mine_sizes[i];
                 r.window_at = r.at + (tp != NULL && PARAMETER_TP_SPLIT[i] == TP_ROWS ? (size_t)p->tensor.rank * mine_sizes[i] : 0);
             }
             if (tp != NULL) { tp->ctx = &r; }
-            pp_stream_piece(&r, holds, mine, tp, i, &next);
+            pp_stream_piece(&r, holds, mine, mine_at, mine_sizes[i], tp, z, i, &next);
         }
         at += whole_sizes[i];
         mine_at += mine_sizes[i];
@@ -178,6 +209,10 @@ static void pp_params_stream(const PpModel* p, int write, PpChunkFn fn, void* ct
     if (tp != NULL) {
         tp->next = next;
         tp_stream_end(tp);
+    }
+    if (z != NULL) {
+        if (tp == NULL && next != z->nruns) { fail("pp_params_stream: %d of the %d runs of the weights went by (a bug)", next, z->nruns); }
+        zero3_runs_end(z);
     }
 }
 

@@ -197,6 +197,13 @@ static void zero_step_begin(CpuZero* z) {
     z->gathers = 0;
 }
 
+// ZeRO-3's working copy was the staging of a stream of the weights (zero3_params_stream, --pp's
+// cpu/pipeline.h): the next forward gathers anew
+static void zero3_working_stale(CpuZero* z) {
+    z->outer_gathered = 0;
+    z->gathered_layer = -1;
+}
+
 // the weights for checkpoints under ZeRO-3, which has no whole copy: a slice at a time through the
 // working copy (which the next forward gathers anew), gathered from every rank's blocks for a
 // read; for a write every rank keeps its blocks (each reads the whole file)
@@ -204,8 +211,7 @@ static void zero3_params_stream(CpuZero* z, const HostStep* h, int write, void (
     prof_mark(PROF_COLLECTIVE, prof_bytes(h->num_parameters * sizeof(float)), "ZeRO-3: the weights slice by slice, %s",
               write ? "each rank's blocks kept" : "gathered");
     host_zero3_stream(h, write, z->weight_working, fn, ctx);
-    z->outer_gathered = 0;
-    z->gathered_layer = -1;
+    zero3_working_stale(z);
     prof_close();
 }
 

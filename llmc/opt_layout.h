@@ -312,7 +312,11 @@ static int weight_runs(const GPT2Config* c, const ParamSlice* s, WeightRun* runs
     size_t at = 0;
     for (int k = 0; k <= slices; k++) {
         size_t next = k < slices ? s[k].offset : gpt2_num_parameters(c);
-        if (next > at) { WeightRun gap = {-1, at, next - at}; runs[n++] = gap; }
+        if (next > at) {
+            WeightRun gap = {-1, at, next - at};
+            runs[n++] = gap;
+            at = next;  // (a slice of no weights next: its offset is where the gap ends, not another gap)
+        }
         if (k == slices) { break; }
         if ((size_t)s[k].rows * s[k].cols == 0) { continue; }
         WeightRun r = {k, s[k].offset, (size_t)s[k].rows * s[k].cols};

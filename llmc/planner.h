@@ -413,6 +413,10 @@ static MemPlan plan_memory(const GPT2Config* cfg, PlanInputs in) {
             p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
             plan_append(p.formula[MEM_PARAMETERS], " + %zu(4C^2): --tp's layer whole", lay->param_bytes);
         }
+        if (gpt2_pp(cfg) > 1 && !pp_staging_on_host) {  // (the slices go through the working copy; the pieces through this)
+            p.bytes[MEM_PARAMETERS] += 4 * C * C * lay->param_bytes;
+            plan_append(p.formula[MEM_PARAMETERS], " + %zu(4C^2): --pp's piece in transit", lay->param_bytes);
+        }
     }
     p.bytes[MEM_OPT_HOST] = 0;
     snprintf(p.formula[MEM_OPT_HOST], PLAN_FORMULA_LEN, "no --offload optimizer");

@@ -1001,10 +1001,6 @@ static void check_pp_option(const TrainOptions* o, const GPT2Config* c, int worl
              o->tp > 1 ? " of --tp's groups" : "", o->tp * o->pp, o->tp * o->pp,
              o->plan_only ? ", or --plan --plan-ranks N with N a multiple of it" : "");
     }
-    if (o->zero == ZERO_3) {
-        fail("--pp %d with --zero 3: a stage's weight shards are not built yet (the checkpoint stream gathers a stage's whole weights)\n"
-             "  hint: --zero 1 or 2 with --pp (they keep the optimizer state and the gradients sharded)", o->pp);
-    }
 }
 
 // checks the options against each other, the model and the number of data-parallel ranks (world:

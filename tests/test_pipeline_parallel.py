@@ -2,7 +2,7 @@
 CPU trainer: N ranks that each hold a stage of contiguous layers, the step's micro-batches flowing through
 them in 1F1B's or GPipe's order, train as one process that accumulates the same micro-batches does: for
 every optimizer on 2, 3 and 4 stages, with the memory flags, and inside two data-parallel ranks (--zero
-0, 1, 2); every stage's measured memory equals its plan, and the first stage's activations under 1F1B
+0, 1, 2, 3); every stage's measured memory equals its plan, and the first stage's activations under 1F1B
 are N/m of GPipe's; a resume is bitwise (onto another layout: tests/test_relayout.py); a rank killed mid-run ends
 the others, and the resume from the last checkpoint ends where the run never stopped would; and the
 layouts that cannot be stop before any work, naming the fix.
@@ -149,8 +149,6 @@ s.expect_fail("--plan --pp 2 for 3 ranks", "--pp 2: 3 rank(s) do not split into 
               [TRAIN, "--plan", "-e", f"{FIX}/model_deep.bin", "--pp", "2", "--plan-ranks", "3"])
 s.expect_fail("--pp-schedule without --pp", "but this run has --pp 1", BASE + ["--pp-schedule", "gpipe", "-o", ""])
 s.expect_fail("--pp-schedule of another name", "--pp-schedule", BASE + ["--pp", "2", "--pp-schedule", "interleaved", "-o", ""])
-s.expect_fail("--pp with --zero 3", "--pp 2 with --zero 3", [TRAIN, "--plan", "-e", f"{FIX}/model_deep.bin", "--pp", "2", "--zero", "3",
-                                                            "--plan-ranks", "4"])
 if EMU:  # the CUDA trainer has --pp (tests/test_pipeline_parallel_cuda.py): the shared checks reach it
     s.expect_fail("the CUDA trainer (emulated device): --pp 2 with one process", "--pp 2: 1 rank(s) do not split into 2 stages",
                   [EMU] + FLAGS + ["--pp", "2", "-o", ""])
@@ -258,7 +256,7 @@ for label, flags, lowp in (("flash attention, --loss-chunk 8", ["--attention", "
         stage_memory(f"{label}: --pp 3", pp, 3)
 
 # ----------------------------------------------------------------------------
-# 4. inside data parallelism: --pp 2 on 4 ranks (two data-parallel ranks a stage), --zero 0, 1 and 2,
+# 4. inside data parallelism: --pp 2 on 4 ranks (two data-parallel ranks a stage), --zero 0, 1, 2 and 3,
 # against one process that accumulates both ranks' micro-batches; ZeRO-1 bitwise plain; replicas checked
 # (wte's two copies, on the first and the last stage, among them)
 ONE2 = f"{W}/adamw_one_d2"
@@ -274,6 +272,22 @@ if s.expect_ok("adamw: one process, 2 x 4 micro-steps", BASE + batch(2) + ["-o",
             stage_memory(f"adamw: --pp 2 --zero {zero}", out, 2)
     s.check("adamw: --pp 2 x 2 data-parallel ranks: --zero 1's model bitwise --zero 0's",
             same_bytes(ckpt(f"{W}/adamw_pp2_dp2_z0", "model", STEPS, ".bin"), ckpt(f"{W}/adamw_pp2_dp2_z1", "model", STEPS, ".bin")), "cmp differs")
+    # --zero 3: each stage's weights its data-parallel ranks' blocks, gathered a layer at a time; checkpoints
+    # move them a slice at a time through the stages' stream (cpu/pipeline.h): ZeRO-2's model bitwise, and a
+    # resume (the stages' blocks read from the whole model file) bitwise the straight run
+    Z3 = f"{W}/adamw_pp2_dp2_z3"
+    if pp_run("adamw: mpirun -np 4 --pp 2 --zero 3", 4, ["--pp", "2", "--zero", "3"] + batch(2), Z3):
+        s.check("adamw: --pp 2 x 2 data-parallel ranks: --zero 3's model bitwise --zero 2's (the same gradient sums)",
+                same_bytes(ckpt(f"{W}/adamw_pp2_dp2_z2", "model", STEPS, ".bin"), ckpt(Z3, "model", STEPS, ".bin")), "cmp differs")
+        stage_memory("adamw: --pp 2 --zero 3", Z3, 2)
+        if os.path.isfile(ckpt(Z3, "DONE", 5)):
+            R = f"{W}/adamw_pp2_dp2_z3_resume"
+            os.makedirs(R)
+            for f in [ckpt(Z3, "model", 5, ".bin"), ckpt(Z3, "DONE", 5)] + [ckpt(Z3, "state", 5, f"_{k:05d}.bin") for k in range(4)]:
+                shutil.copy(f, R)
+            if pp_run("adamw: --pp 2 --zero 3 resumes from step 5", 4, ["--pp", "2", "--zero", "3", "-y", "1"] + batch(2), R):
+                s.check(f"adamw: --pp 2 --zero 3 resumed: the model at step {STEPS} bitwise the straight run's",
+                        same_bytes(ckpt(Z3, "model", STEPS, ".bin"), ckpt(R, "model", STEPS, ".bin")), "cmp differs")
 
 # validation and a sample: the last stage's loss and probabilities, reported on rank 0 as one process's
 VS = ["-v", "5", "-m", "2", "-j", f"{FIX}/val.bin", "-s", "10", "-g", "8", "-n", "0"]
@@ -316,6 +330,11 @@ if r and s.expect_ok("one process, the 4-head fixture, 2 x 4 micro-steps", BASE 
     s.check("--tp 2 --pp 2 --zero 1: the whole model the same on all 8 ranks every step",
             re.search(rf"^replicas: parameters identical on 8 ranks after step {STEPS} ", r.out, re.M), r.out[-300:])
     stage_memory("--tp 2 --pp 2 --zero 1", TPZ, 2)
+TPZ3 = f"{W}/tp2_pp2_dp2_z3"
+if pp_run("--tp 2 --pp 2 --zero 3 on 8 ranks", 8, HS8 + ["--tp", "2", "--pp", "2", "--zero", "3"] + batch(2), TPZ3) and os.path.isdir(ONE_HS8_2):
+    losses_close("--tp 2 --pp 2 --zero 3 (8 ranks) vs one process", ONE_HS8_2, TPZ3)
+    models_close("--tp 2 --pp 2 --zero 3 (8 ranks) vs one process", ONE_HS8_2, TPZ3)
+    stage_memory("--tp 2 --pp 2 --zero 3", TPZ3, 2)
 # --sp too: each tensor rank's stage passes its B*T/2 rows of the residual stream (and of its gradient) to its
 # place in the next stage: one step bitwise (but wte) --tp 2 --sp's, ten steps against one process, memory = plan
 SP1, SPP1, SPP = f"{W}/tp2_sp_step", f"{W}/tp2_sp_pp2_step", f"{W}/tp2_sp_pp2"
