@@ -152,6 +152,10 @@ const char* gpt2_backend_name(void) { return "the CPU backend (train_gpt)"; }
 int gpt2_zero_max_stage(void) { return ZERO_3; }
 int gpt2_tp_max(void) { return INT_MAX; }  // any group whose ranks take whole heads (trainer.h checks)
 int gpt2_pp_max(void) { return INT_MAX; }  // any number of stages up to the layers (trainer.h checks)
+const char* gpt2_pp_refusal(PpSchedule schedule, ZeroStage zero, int offload_optimizer, int loss_chunk) {
+    (void)schedule; (void)zero; (void)offload_optimizer; (void)loss_chunk;
+    return NULL;  // every schedule, ZeRO stage and --loss-chunk (--offload optimizer: refused for the CPU itself)
+}
 // no device: the "device" categories are host memory, and no table of peak FLOP/s (--peak-tflops)
 void gpt2_select_device(const Dist* d) { (void)d; }
 // the CPU trainer's collectives go over MPI only (it has no NCCL)

@@ -1764,24 +1764,27 @@ static const float* model_probs(Model<floatX>* m, int position) {
 static void pp_check_setup(const ModelSetup* s) {
     if (s->pipeline.world <= 1) { return; }
     nccl_check_built(&s->pipeline);  // the messages are NCCL's
-    if (s->pp_schedule == PP_GPIPE && s->act.loss_chunk > 0) {
-        fail("--pp %d --pp-schedule gpipe with --loss-chunk %d: the head's part of the backward, which --loss-chunk makes in the "
-             "forward, leaves d(final LayerNorm output) in one buffer until the micro-batch's backward, and GPipe runs the last "
-             "stage's other forwards in between (they would replace it)\n"
-             "  hint: --pp-schedule 1f1b (the default: its last stage runs each backward right after its forward), or no --loss-chunk",
-             s->pipeline.world, s->act.loss_chunk);
+}
+
+// what the GPU's --pp does not take yet (trainer.h asks before any work, and --plan's search leaves it out)
+const char* gpt2_pp_refusal(PpSchedule schedule, ZeroStage zero, int offload_optimizer, int loss_chunk) {
+    if (schedule == PP_GPIPE && loss_chunk > 0) {
+        return "--pp-schedule gpipe with --loss-chunk: the head's part of the backward, which --loss-chunk makes in the forward, leaves "
+               "d(final LayerNorm output) in one buffer until the micro-batch's backward, and GPipe runs the last stage's other forwards in "
+               "between (they would replace it)\n"
+               "  hint: --pp-schedule 1f1b (the default: its last stage runs each backward right after its forward), or no --loss-chunk";
     }
-    if (s->zero == ZERO_3 && s->offload_optimizer == OPT_OFFLOAD_NONE) {
-        fail("--pp %d with --zero 3: the GPU's weight shards reach checkpoints a slice at a time from the data group's devices\n"
-             "  (model_zero3_stream), which the stages' stream of the whole model (cpu/pipeline.h) does not take yet (the CPU trainer's does)\n"
-             "  hint: --zero 2 with --pp (the optimizer state and the gradients sharded), or --pp on the CPU trainer", s->pipeline.world);
+    if (zero == ZERO_3 && !offload_optimizer) {
+        return "--zero 3: the GPU's weight shards reach checkpoints a slice at a time from the data group's devices (model_zero3_stream), "
+               "which the stages' stream of the whole model (cpu/pipeline.h) does not take yet (the CPU trainer's does)\n"
+               "  hint: --zero 2 with --pp (the optimizer state and the gradients sharded), or --pp on the CPU trainer";
     }
-    if (s->offload_optimizer != OPT_OFFLOAD_NONE && zero_shards_grads(s->zero)) {
-        fail("--pp %d with --zero %d --offload optimizer: the offloaded shard's weights reach checkpoints a slice at a time from the "
-             "data group's hosts, which the stages' stream of the whole model (cpu/pipeline.h) does not take yet\n"
-             "  hint: --zero 1 --offload optimizer (the host holds the stage's whole master weights), or --zero %d without --offload optimizer",
-             s->pipeline.world, (int)s->zero, (int)s->zero);
+    if (offload_optimizer && zero_shards_grads(zero)) {
+        return "--zero 2 or 3 with --offload optimizer: the offloaded shard's weights reach checkpoints a slice at a time from the data "
+               "group's hosts, which the stages' stream of the whole model (cpu/pipeline.h) does not take yet\n"
+               "  hint: --zero 1 --offload optimizer (the host holds the stage's whole master weights), or --zero 2 without --offload optimizer";
     }
+    return NULL;
 }
 
 // the activations of held micro-batch `slot` in hand for the next forward, backward or message

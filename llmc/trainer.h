@@ -124,6 +124,10 @@ const char* gpt2_backend_name(void);
 // the largest --tp the backend splits a layer over (1: none yet), and --pp the stages it runs
 int gpt2_tp_max(void);
 int gpt2_pp_max(void);
+// why the backend cannot run --pp with this schedule, ZeRO stage, --offload optimizer (0 or 1) and --loss-chunk
+// (a message and its hint line), or NULL: the trainer stops with it before any work, and --plan's search
+// leaves the combination out
+const char* gpt2_pp_refusal(PpSchedule schedule, ZeroStage zero, int offload_optimizer, int loss_chunk);
 // the highest --zero stage the backend builds (ZeroStage); the trainer refuses the ones above
 int gpt2_zero_max_stage(void);
 Precision gpt2_default_precision(void);
@@ -992,6 +996,11 @@ static void check_pp_option(const TrainOptions* o, const GPT2Config* c, int worl
     }
     const char* why = pp_refusal(c->num_layers, o->pp, 1);
     if (why != NULL) { fail("%s", why); }
+    int offload_acts;
+    OptOffload offload_opt;
+    offload_parse(o->offload, &offload_acts, &offload_opt);
+    why = gpt2_pp_refusal(sch, (ZeroStage)o->zero, offload_opt != OPT_OFFLOAD_NONE, o->loss_chunk);
+    if (why != NULL) { fail("--pp %d on %s: %s", o->pp, gpt2_backend_name(), why); }
     if (!o->plan_only && world > 1 && dist_by_env()) {
         fail("--pp %d: the stages pass their activations as MPI messages, but these ranks were started by %s without MPI\n"
              "  hint: launch with mpirun -np %d (a train_gpt built with MPI: make, with mpicc installed)", o->pp, dist_source(), world);

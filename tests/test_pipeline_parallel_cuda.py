@@ -186,6 +186,14 @@ def ranks(name, n, out, flags, trainer=None, env=()):
 # 1. refused before any work, naming the fix (the trainer's shared checks, and the CUDA backend's own)
 
 s.expect_fail("--pp 2 on one process", "--pp 2: 1 rank(s) do not split into 2 stages", [CUDA] + FLAGS + ["--pp", "2", "-o", ""])
+# the GPU's own refusals (gpt2_pp_refusal) reach --plan too: its search leaves them out
+s.expect_fail("--plan --pp 2 --zero 3 (the GPU's refusal, in the plan)", "hint: --zero 2 with --pp",
+              [CUDA, "--plan", "-e", "d12", "--pp", "2", "--zero", "3", "--plan-ranks", "4"])
+r = s.expect_ok("--plan --max-memory on 8 ranks (the search over --pp, --zero, --pp-schedule, --loss-chunk)",
+                [CUDA, "--plan", "-e", "d12", "--max-memory", "20", "--plan-ranks", "8"])
+if r:
+    s.check("... its search leaves out the GPU's --pp refusals (GPipe with --loss-chunk, --zero 3), naming them",
+            "--pp-schedule gpipe with --loss-chunk" in r.out and "--zero 3: the GPU's weight shards" in r.out, r.out[-1500:])
 
 if MPIRUN is None:
     s.skip("the CUDA trainer's --pp on 2, 3 and 4 ranks", why_not)
