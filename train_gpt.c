@@ -444,11 +444,11 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
     if (pol->gelu || (pol->attn && !pol->flash)) { recompute_dropped(a, B, T, C, NH, pol, tp); }
     // MLP branch; the residual passes dresidual through unchanged, so it stays in place
     const float* dout = tp_gather(tp, bwd->dresidual, RC);  // hook: --sp's d(block output) of every row
-    memset(bwd->dfch_gelu, 0, BTCt * 4 * sizeof(float));
+    zero_floats(bwd->dfch_gelu, BTCt * 4, "backward's scratch");
     matmul_backward(bwd->dfch_gelu, g->fcprojw, g->fcprojb, dout, a->fch_gelu, p->fcprojw, B, T, 4 * Ct, C);
-    memset(bwd->dfch, 0, BTCt * 4 * sizeof(float));
+    zero_floats(bwd->dfch, BTCt * 4, "backward's scratch");
     gelu_backward(bwd->dfch, a->fch, bwd->dfch_gelu, BTCt * 4);
-    memset(dln2, 0, BTC * sizeof(float));
+    zero_floats(dln2, BTC, "backward's scratch");
     matmul_backward(dln2, g->fcw, g->fcb, bwd->dfch, tp_gather(tp, a->ln2, RC), p->fcw, B, T, C, 4 * Ct);
     tp_reduce(tp, dln2, dln2, BTC);  // hook: --tp's partial input gradients added (--sp: this rank's rows)
     TpNormGrads gn = tp_norm_grads(tp, g->ln2w, g->ln2b, C);  // --sp: a part of them, from this rank's rows
@@ -456,12 +456,12 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
     tp_norm_grads_done(tp, &gn, g->ln2w, g->ln2b, C);  // hook
     // attention branch
     dout = tp_gather(tp, bwd->dresidual, RC);  // hook
-    memset(datty, 0, BTCt * sizeof(float));
+    zero_floats(datty, BTCt, "backward's scratch");
     matmul_backward(datty, g->attprojw, g->attprojb, dout, a->atty, p->attprojw, B, T, Ct, C);
-    memset(bwd->dqkv, 0, BTCt * 3 * sizeof(float));
+    zero_floats(bwd->dqkv, BTCt * 3, "backward's scratch");
     if (pol->flash) { attention_flash_backward(bwd->dqkv, datty, a->qkv, a->atty, a->lse, B, T, Ct, NHt); }
     else { attention_backward(bwd->dqkv, bwd->datt, datty, a->qkv, a->att, B, T, Ct, NHt); }
-    memset(dln1, 0, BTC * sizeof(float));
+    zero_floats(dln1, BTC, "backward's scratch");
     matmul_backward(dln1, g->qkvw, g->qkvb, bwd->dqkv, tp_gather(tp, a->ln1, RC), p->qkvw, B, T, C, 3 * Ct);
     tp_reduce(tp, dln1, dln1, BTC);  // hook
     gn = tp_norm_grads(tp, g->ln1w, g->ln1b, C);
@@ -527,7 +527,7 @@ static void head_forward(GPT2* m, float* losses, float* mean, float* rstd, float
     if (loss_scale == 0.0f) { return; }
     if (tp->size > 1) { tp_crossentropy_softmax_backward(tp, dlogits, probs, targets, loss_scale, n, V, Vp); }
     else { crossentropy_softmax_backward(dlogits, probs, targets, loss_scale, 1, n, V, Vp); }  // in place
-    memset(dlnf, 0, (size_t)n * C * sizeof(float));
+    zero_floats(dlnf, (size_t)n * C, "backward's scratch");
     matmul_backward(dlnf, m->grads.wte, NULL, dlogits, a->lnf, m->params.wte, 1, n, C, Vp);
     tp_sum(tp, dlnf, (size_t)n * C);  // hook: --tp's partial d(lnf output) of a rank's columns added
 }
@@ -686,8 +686,7 @@ void gpt2_pp_message(GPT2* m, PpAction a, const PpAction* next, int slots) {
 
 void gpt2_zero_grad(GPT2* m) {
     zero_step_begin(&m->zero);
-    prof_mark(PROF_ZEROING, prof_bytes(m->grad_floats * sizeof(float)), "gradients");
-    memset(m->grads_memory, 0, m->grad_floats * sizeof(float));  // ZeRO-2: the working buffer is zero already
+    zero_floats(m->grads_memory, m->grad_floats, "gradients");  // ZeRO-2: the working buffer is zero already
     prof_close();
 }
 
@@ -702,7 +701,7 @@ static void head_backward(GPT2* m, float* dlnf, const int* targets, int B, int T
     if (tp->size > 1) { tp_crossentropy_softmax_backward(tp, dlogits, probs, targets, loss_scale, B * T, c->vocab_size, Vp); }
     else { crossentropy_softmax_backward(dlogits, probs, targets, loss_scale, B, T, c->vocab_size, Vp); }  // in place
     a->probs_first = -1;
-    memset(dlnf, 0, (size_t)B * T * c->channels * sizeof(float));
+    zero_floats(dlnf, (size_t)B * T * c->channels, "backward's scratch");
     matmul_backward(dlnf, m->grads.wte, NULL, dlogits, a->lnf, m->params.wte, B, T, c->channels, Vp);
     tp_sum(tp, dlnf, (size_t)B * T * c->channels);  // hook: --tp's partial d(lnf output) added
 }
@@ -720,7 +719,7 @@ void gpt2_backward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     if (stage_has_head(m)) {  // --pp: else bwd->dresidual holds the next stage's gradient of this stage's output
         if (a->pol.loss_chunk > 0) { act_take_head_grads(&a->head_grad_scale, loss_scale); }  // --loss-chunk: done in forward
         else { head_backward(m, dlnf, targets, B, T, loss_scale); }
-        memset(bwd->dresidual, 0, R * C * sizeof(float));
+        zero_floats(bwd->dresidual, R * C, "backward's scratch");
         TpNormGrads gn = tp_norm_grads(&m->tp, m->grads.lnfw, m->grads.lnfb, C);  // --sp: a part of them, from this rank's rows
         layernorm_backward(bwd->dresidual, gn.w, gn.b, dlnf + first * C, act_layer_input(a, L), m->params.lnfw, a->lnf_mean + first,
                            a->lnf_rstd + first, 1, (int)R, C);
