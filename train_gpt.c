@@ -426,7 +426,8 @@ static void recompute_dropped(const LayerActs* a, int B, int T, int C, int NH, c
     prof_context("recompute");
     if (pol->gelu) { gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * 4 * Ct); }
     if (pol->attn && !pol->flash) {
-        prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, Ct, sizeof(float)), "weights");
+        prof_mark(PROF_ATTENTION_FORWARD, prof_attention_weights(prof_attention_forward(B, T, Ct, sizeof(float)), B, NHt, T, sizeof(float)),
+                  "weights");
         attention_weights_forward(a->att, a->qkv, B, T, Ct, NHt);
     }
     prof_context(NULL);

@@ -457,7 +457,7 @@ static void attention_weights_forward(float* att, const float* qkv, int B, int T
 // out (B,T,C) = att v, heads concatenated; att (B,NH,T,T) writes the attention weights,
 // which backward needs
 static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-    prof_mark(PROF_ATTENTION_FORWARD, prof_attention_forward(B, T, C, sizeof(float)), "matmul");
+    prof_mark(PROF_ATTENTION_FORWARD, prof_attention_weights(prof_attention_forward(B, T, C, sizeof(float)), B, NH, T, sizeof(float)), "matmul");
     attention_heads_forward(out, att, qkv, B, T, C, NH);
 }
 
@@ -506,7 +506,8 @@ static void attention_head_backward(float* dq, float* dk, float* dv, int ldd, co
 // Parallel over (b, h): a head owns its slices of dq, dk, dv.
 static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                const float* att, int B, int T, int C, int NH) {
-    prof_mark(PROF_ATTENTION_BACKWARD, prof_attention_backward(B, T, C, sizeof(float)), "matmul");
+    prof_mark(PROF_ATTENTION_BACKWARD, prof_attention_weights(prof_attention_backward(B, T, C, sizeof(float)), B, NH, T, sizeof(float)),
+              "matmul");
     (void)datt;
     int C3 = 3 * C, hs = C / NH;
     #pragma omp parallel

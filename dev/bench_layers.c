@@ -75,8 +75,8 @@ static ProfCost bench_run(BenchKernel k, BenchBufs* u) {
     case K_LN_BWD: layernorm_backward(u->dx, u->dw, u->db, u->dy, u->x, u->w, u->mean, u->rstd, B, T, C); return prof_layernorm_backward(BT, C, sizeof(float));
     case K_ENC_FWD: encoder_forward(u->y, u->tok, u->wte, u->wpe, B, T, C); return prof_encoder_forward(BT, C, sizeof(float));
     case K_ENC_BWD: encoder_backward(u->dwte, u->dwpe, u->dy, u->tok, B, T, C); return prof_encoder_backward(BT, T, C, sizeof(float));
-    case K_ATT_FWD: attention_forward(u->y, u->att, u->qkv, B, T, C, NH); return prof_attention_forward(B, T, C, sizeof(float));
-    case K_ATT_BWD: attention_backward(u->dqkv, u->datt, u->dy, u->qkv, u->att, B, T, C, NH); return prof_attention_backward(B, T, C, sizeof(float));
+    case K_ATT_FWD: attention_forward(u->y, u->att, u->qkv, B, T, C, NH); return prof_attention_weights(prof_attention_forward(B, T, C, sizeof(float)), B, NH, T, sizeof(float));
+    case K_ATT_BWD: attention_backward(u->dqkv, u->datt, u->dy, u->qkv, u->att, B, T, C, NH); return prof_attention_weights(prof_attention_backward(B, T, C, sizeof(float)), B, NH, T, sizeof(float));
     case K_GELU_FWD: gelu_forward(u->fch_gelu, u->fch, 4 * BT * C); return prof_gelu_forward(4 * BT * C, sizeof(float));
     case K_GELU_BWD: gelu_backward(u->dfch, u->fch, u->dfch_gelu, 4 * BT * C); return prof_gelu_backward(4 * BT * C, sizeof(float));
     case K_SOFTMAX: softmax_forward(u->logits, u->logits, B, T, BENCH_V, BENCH_VP); return prof_classifier(BT, BENCH_V, BENCH_VP, sizeof(float));

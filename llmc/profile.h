@@ -140,6 +140,12 @@ static ProfCost prof_attention_backward(int B, int T, int C, size_t elem) {
     ProfCost c = {9.0 * B * T * C * elem + 4.0 * B * T, 5.0 * B * (double)T * T * C};
     return c;
 }
+// the attention that keeps its (B,NH,T,T) weights for the backward (the CPU's matmul attention, not flash):
+// the forward writes them and the backward reads them, on top of c
+static ProfCost prof_attention_weights(ProfCost c, int B, int NH, int T, size_t elem) {
+    c.bytes += (double)B * NH * T * T * elem;
+    return c;
+}
 // out (N,C) from inp (N,C), w, b (C); mean, rstd (N) fp32
 static ProfCost prof_layernorm_forward(size_t N, int C, size_t elem) {
     ProfCost c = {(2.0 * N * C + 2.0 * C) * elem + 8.0 * N, 7.0 * N * C};
