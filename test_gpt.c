@@ -1941,7 +1941,8 @@ static void llmc_attention_backward(float* dqkv, float* datt, const float* dout,
     }
 }
 
-// the attention (forward: the weights, zero after t, and the output; backward: dqkv +=) against llm.c's loops,
+// the attention (forward: the weights, zero after t, and the output; backward: dqkv =, over what it held) against
+// llm.c's loops (which add into zeros),
 // within the float sums' rounding; and the weights alone (--recompute attn) bitwise the forward's
 #define ATT_ATOL 5e-7
 #define ATT_RTOL 5e-6
@@ -1951,7 +1952,7 @@ static void check_attention_against_llmc(int B, int T, int C, int NH) {
     float *qkv = buf, *dqkv = qkv + nq, *want_dqkv = dqkv + nq, *out = want_dqkv + nq, *want_out = out + no, *dout = want_out + no;
     float *att = dout + no, *want_att = att + na, *datt = want_att + na, *want_datt = datt + na, *att_alone = want_datt + na;
     uint64_t rng = 7;
-    for (size_t i = 0; i < nq; i++) { qkv[i] = 2.0f * rand_uniform(&rng) - 1.0f; dqkv[i] = want_dqkv[i] = rand_uniform(&rng) - 0.5f; }
+    for (size_t i = 0; i < nq; i++) { qkv[i] = 2.0f * rand_uniform(&rng) - 1.0f; dqkv[i] = rand_uniform(&rng) - 0.5f; want_dqkv[i] = 0.0f; }
     for (size_t i = 0; i < no; i++) { dout[i] = rand_uniform(&rng) - 0.5f; }
     for (size_t i = 0; i < na; i++) { att[i] = datt[i] = att_alone[i] = 1.0f; }  // every weight written, zeros after t included
     attention_forward(out, att, qkv, B, T, C, NH);
@@ -1964,7 +1965,7 @@ static void check_attention_against_llmc(int B, int T, int C, int NH) {
     check_close(name, att, want_att, na, ATT_ATOL, ATT_RTOL);
     snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): the output as llm.c's loops", B, T, C, NH);
     check_close(name, out, want_out, no, ATT_ATOL, ATT_RTOL);
-    snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): dqkv += as llm.c's loops", B, T, C, NH);
+    snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): dqkv = as llm.c's loops", B, T, C, NH);
     check_close(name, dqkv, want_dqkv, nq, ATT_ATOL, ATT_RTOL);
     snprintf(name, sizeof(name), "attention (B=%d, T=%d, C=%d, NH=%d): attention_weights_forward bitwise the forward's weights", B, T, C, NH);
     check(memcmp(att, att_alone, na * sizeof(float)) == 0, name, "differs");

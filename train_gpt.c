@@ -459,8 +459,10 @@ static void block_backward(BackwardBuffers* bwd, const LayerActs* a, const float
     dout = tp_gather(tp, bwd->dresidual, RC);  // hook
     zero_floats(datty, BTCt, "backward's scratch");
     matmul_backward(datty, g->attprojw, g->attprojb, dout, a->atty, p->attprojw, B, T, Ct, C);
-    zero_floats(bwd->dqkv, BTCt * 3, "backward's scratch");
-    if (pol->flash) { attention_flash_backward(bwd->dqkv, datty, a->qkv, a->atty, a->lse, B, T, Ct, NHt); }
+    if (pol->flash) {  // (adds into dqkv; the matmul attention's backward writes it)
+        zero_floats(bwd->dqkv, BTCt * 3, "backward's scratch");
+        attention_flash_backward(bwd->dqkv, datty, a->qkv, a->atty, a->lse, B, T, Ct, NHt);
+    }
     else { attention_backward(bwd->dqkv, bwd->datt, datty, a->qkv, a->att, B, T, Ct, NHt); }
     zero_floats(dln1, BTC, "backward's scratch");
     matmul_backward(dln1, g->qkvw, g->qkvb, bwd->dqkv, tp_gather(tp, a->ln1, RC), p->qkvw, B, T, C, 3 * Ct);

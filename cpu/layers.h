@@ -461,7 +461,8 @@ static void attention_forward(float* out, float* att, const float* qkv, int B, i
     attention_heads_forward(out, att, qkv, B, T, C, NH);
 }
 
-// one head's gradients dq, dk, dv += (rows at a stride of ldd) from dout (T, hs) (stride ldy), its q, k,
+// one head's gradients dq, dk, dv = (rows at a stride of ldd: each written once, by one product, so the
+// layer's dqkv need not be cleared first) from dout (T, hs) (stride ldy), its q, k,
 // v (stride ld) and weights att (T,T); scratch as attention_scratch_alloc's (the (T, T) gradients of the
 // scaled scores, ds, among it)
 static void attention_head_backward(float* dq, float* dk, float* dv, int ldd, const float* dout, int ldy,
@@ -490,18 +491,19 @@ static void attention_head_backward(float* dq, float* dk, float* dv, int ldd, co
             for (int u = 0; u < n_t; u++) { gr[u] = a[u] * (gr[u] - dot) * scale; }
             for (int u = n_t; u < T; u++) { gr[u] = 0.0f; }
         }
-        // through the scores: dq += ds k
-        smm(dq + (size_t)t0 * ldd, ldd, g, T, 1, kp, ldh, rows, hs, 0, seen, 1.0f, SMM_ADD);
+        // through the scores: dq = ds k
+        smm(dq + (size_t)t0 * ldd, ldd, g, T, 1, kp, ldh, rows, hs, 0, seen, 1.0f, SMM_WRITE);
     }
-    // dv += att^T dout and dk += ds^T q: position u's rows from the rows t >= u (att and ds are zero above)
+    // dv = att^T dout and dk = ds^T q: position u's rows from the rows t >= u (att and ds are zero above)
     for (int u0 = 0; u0 < T; u0 += SMM_ROWS) {
         int rows = T - u0 < SMM_ROWS ? T - u0 : SMM_ROWS;
-        smm(dv + (size_t)u0 * ldd, ldd, att + u0, 1, T, dy, ldh, rows, hs, u0, T, 1.0f, SMM_ADD);
-        smm(dk + (size_t)u0 * ldd, ldd, ds + u0, 1, T, qp, ldh, rows, hs, u0, T, 1.0f, SMM_ADD);
+        smm(dv + (size_t)u0 * ldd, ldd, att + u0, 1, T, dy, ldh, rows, hs, u0, T, 1.0f, SMM_WRITE);
+        smm(dk + (size_t)u0 * ldd, ldd, ds + u0, 1, T, qp, ldh, rows, hs, u0, T, 1.0f, SMM_WRITE);
     }
 }
 
-// dqkv (B,T,3C) += from dout (B,T,C). datt (B,NH,T,T), the scratch the layer's signature names (the CUDA
+// dqkv (B,T,3C) = from dout (B,T,C): written, not added to (its one contributor; the CUDA trainer's writes
+// too), so the backward clears no scratch for it. datt (B,NH,T,T), the scratch the layer's signature names (the CUDA
 // launcher's too), is not touched: a head's score gradients stay in its thread's scratch, in the cache.
 // Parallel over (b, h): a head owns its slices of dq, dk, dv.
 static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
