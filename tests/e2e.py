@@ -23,6 +23,7 @@ adds, no *.tmp file is left anywhere, and every file that existed before the run
 after it (log.jsonl aside: a resumed run first drops its lines after the checkpoint's step).
 """
 
+import array
 import atexit
 import glob
 import hashlib
@@ -154,6 +155,51 @@ def write_model(path, L=4, C=32, NH=2, V=64, Vp=80, maxT=32, seed=36):
     with open(path, "wb") as f:
         f.write(struct.pack(f"<{len(header)}i", *header))
         f.write(struct.pack(f"<{len(params)}f", *params))
+
+
+TENSOR_NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+                "fcprojb", "lnfw", "lnfb"]  # llm.c's order
+
+
+def model_tensors(path):
+    """an fp32 model file's 16 tensors (llm.c's order) as arrays, by name (TENSOR_NAMES)"""
+    with open(path, "rb") as f:
+        header = array.array("i")
+        header.fromfile(f, 256)
+        maxT, V, L, _, C, Vp = header[2], header[3], header[4], header[5], header[6], header[7]
+        sizes = [Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C, L * 4 * C * C,
+                 L * 4 * C, L * C * 4 * C, L * C, C, C]
+        out = {}
+        for name, n in zip(TENSOR_NAMES, sizes):
+            a = array.array("f")
+            a.fromfile(f, n)
+            out[name] = a
+        return out
+
+
+def rel_l2(a, b):
+    """the relative L2 distance of two sequences of numbers, |a - b| / |b| (|a - b| when b is 0)"""
+    num = sum((x - y) ** 2 for x, y in zip(a, b))
+    den = sum(y * y for y in b)
+    return (num / den) ** 0.5 if den > 0 else num ** 0.5
+
+
+def model_differences(a, b, step):
+    """the models of step `step` of run directories a and b (fp32 files): the tensors but wte whose bits differ,
+    and wte's relative L2 distance (--pp's test: wte's two stages' gradients are added as two sums); OSError
+    if a file is missing"""
+    ta, tb = model_tensors(ckpt(a, "model", step, ".bin")), model_tensors(ckpt(b, "model", step, ".bin"))
+    return [n for n in TENSOR_NAMES[1:] if ta[n].tobytes() != tb[n].tobytes()], rel_l2(ta["wte"], tb["wte"])
+
+
+def copy_checkpoint(src, dst, step):
+    """checkpoint `step` of run directory src (its model file, DONE marker and every rank's state file) into a
+    new directory dst, which a run then resumes with -y 1; returns dst"""
+    os.makedirs(dst)
+    names = [f"model_{step:08d}.bin", f"DONE_{step:08d}"] + sorted(f for f in os.listdir(src) if f.startswith(f"state_{step:08d}_"))
+    for f in names:
+        shutil.copy(os.path.join(src, f), dst)
+    return dst
 
 
 def same_state(a, b):

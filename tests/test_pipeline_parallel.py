@@ -29,17 +29,15 @@ state in 8 bits is held to LOWP_LOSS_RTOL and LOWP_MODEL_RTOL (a stage's blocks 
 model's do, but wte's rounding moves a block's absmax).
 """
 
-import array
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import e2e
-from e2e import ckpt, memory_record, read_log, same_bytes, same_state, train_rows
+from e2e import ckpt, copy_checkpoint, read_log, same_bytes, same_state, train_rows, model_differences
 
 TRAIN, TESTER, EMU = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt", "./build/emu/train_gpt"], optional=1)
 s = e2e.Suite("test_pipeline_parallel", tester=TESTER, run_limit=120)
@@ -60,46 +58,19 @@ FLAGS = ["-e", f"{FIX}/model_deep.bin", "-i", f"{FIX}/train.bin", "-j", "", "-k"
 BASE = [TRAIN] + FLAGS
 EPS1 = ["--eps1", "1e-12"]
 OPTIMIZERS = {"adamw": ["adamw"], "adafactor": ["adafactor"] + EPS1, "came": ["came"] + EPS1}
-NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
-         "fcprojb", "lnfw", "lnfb"]
-
 
 def batch(data_ranks=1, m=M):
     """-d of m micro-batches on each of data_ranks data-parallel ranks"""
     return ["-d", str(BT * m * data_ranks)]
 
 
-def tensors(path):
-    """an fp32 model file's 16 tensors (llm.c's order) as arrays, by name"""
-    with open(path, "rb") as f:
-        header = array.array("i")
-        header.fromfile(f, 256)
-        maxT, V, L, _, C, Vp = header[2], header[3], header[4], header[5], header[6], header[7]
-        sizes = [Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C, L * 4 * C * C,
-                 L * 4 * C, L * C * 4 * C, L * C, C, C]
-        out = {}
-        for name, n in zip(NAMES, sizes):
-            a = array.array("f")
-            a.fromfile(f, n)
-            out[name] = a
-        return out
-
-
-def rel_l2(a, b):
-    num = sum((x - y) ** 2 for x, y in zip(a, b))
-    den = sum(y * y for y in b)
-    return (num / den) ** 0.5 if den > 0 else num ** 0.5
-
-
 def one_step_bitwise(name, one, pp):
     """after one step with --grad-clip 0: every tensor but wte bitwise, wte within WTE_RTOL"""
     try:
-        a, b = tensors(ckpt(one, "model", 1, ".bin")), tensors(ckpt(pp, "model", 1, ".bin"))
+        differ, r = model_differences(one, pp, 1)
     except OSError as e:
         return s.fail(f"{name}: the models after one step", repr(e))
-    differ = [n for n in NAMES[1:] if a[n].tobytes() != b[n].tobytes()]
     s.check(f"{name}: after one step every tensor but wte bitwise one process's", not differ, f"differ: {differ}")
-    r = rel_l2(a["wte"], b["wte"])
     s.check(f"{name}: ... and wte within {WTE_RTOL} ({r:.1e}: its two stages' gradients added as two sums)", r <= WTE_RTOL,
             f"{r:.3e}")
 
@@ -281,10 +252,7 @@ if s.expect_ok("adamw: one process, 2 x 4 micro-steps", BASE + batch(2) + ["-o",
                 same_bytes(ckpt(f"{W}/adamw_pp2_dp2_z2", "model", STEPS, ".bin"), ckpt(Z3, "model", STEPS, ".bin")), "cmp differs")
         stage_memory("adamw: --pp 2 --zero 3", Z3, 2)
         if os.path.isfile(ckpt(Z3, "DONE", 5)):
-            R = f"{W}/adamw_pp2_dp2_z3_resume"
-            os.makedirs(R)
-            for f in [ckpt(Z3, "model", 5, ".bin"), ckpt(Z3, "DONE", 5)] + [ckpt(Z3, "state", 5, f"_{k:05d}.bin") for k in range(4)]:
-                shutil.copy(f, R)
+            R = copy_checkpoint(Z3, f"{W}/adamw_pp2_dp2_z3_resume", 5)
             if pp_run("adamw: --pp 2 --zero 3 resumes from step 5", 4, ["--pp", "2", "--zero", "3", "-y", "1"] + batch(2), R):
                 s.check(f"adamw: --pp 2 --zero 3 resumed: the model at step {STEPS} bitwise the straight run's",
                         same_bytes(ckpt(Z3, "model", STEPS, ".bin"), ckpt(R, "model", STEPS, ".bin")), "cmp differs")
@@ -313,10 +281,7 @@ if s.expect_ok("one process, the 4-head fixture", BASE + HS8 + batch() + ["-o", 
     models_close("--tp 2 --pp 2 vs one process", ONE_HS8, TPP)
     stage_memory("--tp 2 --pp 2", TPP, 2)
     if os.path.isfile(ckpt(TPP, "DONE", 5)):
-        R = f"{W}/tp2_pp2_resume"
-        os.makedirs(R)
-        for f in [ckpt(TPP, "model", 5, ".bin"), ckpt(TPP, "DONE", 5)] + [ckpt(TPP, "state", 5, f"_{k:05d}.bin") for k in range(4)]:
-            shutil.copy(f, R)
+        R = copy_checkpoint(TPP, f"{W}/tp2_pp2_resume", 5)
         if pp_run("--tp 2 --pp 2 resumes from step 5", 4, HS8 + ["--tp", "2", "--pp", "2", "-y", "1"] + batch(), R):
             s.check(f"--tp 2 --pp 2 resumed: the model at step {STEPS} bitwise the straight run's",
                     same_bytes(ckpt(TPP, "model", STEPS, ".bin"), ckpt(R, "model", STEPS, ".bin")), "cmp differs")
@@ -368,10 +333,7 @@ if r1 and r3:
 # 5. files: a resume is bitwise; the model file opens in one process
 
 if os.path.isfile(ckpt(P3, "DONE", 5)):
-    R = f"{W}/adamw_pp3_resume"
-    os.makedirs(R)
-    for f in [ckpt(P3, "model", 5, ".bin"), ckpt(P3, "DONE", 5)] + [ckpt(P3, "state", 5, f"_{k:05d}.bin") for k in range(3)]:
-        shutil.copy(f, R)
+    R = copy_checkpoint(P3, f"{W}/adamw_pp3_resume", 5)
     if pp_run("adamw: --pp 3 resumes from step 5", 3, ["--pp", "3", "-y", "1"] + batch(), R):
         s.check(f"adamw: --pp 3 resumed: the model at step {STEPS} bitwise the straight run's",
                 same_bytes(ckpt(P3, "model", STEPS, ".bin"), ckpt(R, "model", STEPS, ".bin")), "cmp differs")

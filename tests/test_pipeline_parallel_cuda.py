@@ -51,14 +51,13 @@ summed (39: --check-replicas' wte copies, then every comparison), and the gradie
 both stages (20: the clipped steps).
 """
 
-import array
 import os
 import re
 import shutil
 import sys
 
 import e2e
-from e2e import ckpt, read_log, same_bytes, same_state, train_rows
+from e2e import ckpt, read_log, same_bytes, same_state, train_rows, model_differences
 
 CUDA, TRAIN, TESTER = e2e.usage(sys.argv, ["./build/emu/train_gpt", "./train_gpt", "./test_gpt"])
 s = e2e.Suite("test_pipeline_parallel_cuda", tester=TESTER, run_limit=300)
@@ -79,45 +78,18 @@ ONE_STEP = ["-x", "1", "-n", "1", "--grad-clip", "0"]
 EPS1 = ["--eps1", "1e-12"]
 OPTIMIZERS = {"adamw": ["adamw"], "adafactor": ["adafactor"] + EPS1, "came": ["came"] + EPS1}
 HS8 = ["-e", f"{FIX}/model_hs8.bin"]
-NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
-         "fcprojb", "lnfw", "lnfb"]
-
 
 def batch(data_ranks=1, m=M):
     """-d of m micro-batches on each of data_ranks data-parallel ranks"""
     return ["-d", str(BT * m * data_ranks)]
 
 
-def tensors(path):
-    """an fp32 model file's 16 tensors (llm.c's order) as arrays, by name"""
-    with open(path, "rb") as f:
-        header = array.array("i")
-        header.fromfile(f, 256)
-        maxT, V, L, _, C, Vp = header[2], header[3], header[4], header[5], header[6], header[7]
-        sizes = [Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C, L * 4 * C * C,
-                 L * 4 * C, L * C * 4 * C, L * C, C, C]
-        out = {}
-        for name, n in zip(NAMES, sizes):
-            a = array.array("f")
-            a.fromfile(f, n)
-            out[name] = a
-        return out
-
-
-def rel_l2(a, b):
-    num = sum((x - y) ** 2 for x, y in zip(a, b))
-    den = sum(y * y for y in b)
-    return (num / den) ** 0.5 if den > 0 else num ** 0.5
-
-
 def one_step_bitwise(name, ref, pp):
     """after one step with --grad-clip 0: every tensor but wte bitwise, wte within WTE_RTOL"""
     try:
-        a, b = tensors(ckpt(ref, "model", 1, ".bin")), tensors(ckpt(pp, "model", 1, ".bin"))
+        differ, r = model_differences(ref, pp, 1)
     except OSError as e:
         return s.fail(f"{name}: the models after one step", repr(e))
-    differ = [n for n in NAMES[1:] if a[n].tobytes() != b[n].tobytes()]
-    r = rel_l2(a["wte"], b["wte"])
     s.check(f"{name}: after one step every tensor but wte bitwise, wte within {WTE_RTOL} ({r:.1e})", not differ and r <= WTE_RTOL,
             f"differ: {differ}; wte {r:.3e}")
 

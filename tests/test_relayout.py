@@ -36,7 +36,7 @@ import shutil
 import sys
 
 import e2e
-from e2e import ckpt, same_bytes, same_state, train_rows, write_model
+from e2e import ckpt, copy_checkpoint, same_bytes, same_state, train_rows, write_model
 
 TRAIN, TESTER, EMU = e2e.usage(sys.argv, ["./train_gpt", "./test_gpt", "./build/emu/train_gpt"], optional=1)
 s = e2e.Suite("test_relayout", tester=TESTER, run_limit=120)
@@ -93,15 +93,6 @@ def model_distance(a, b, rtol):
 def models_close(name, a, b, rtol):
     ok, detail = model_distance(a, b, rtol)
     return s.check(f"{name}: weights at step {STEPS} agree to {rtol} ({detail})", ok, detail)
-
-
-def copy_checkpoint(src, dst, step=AT):
-    """the model file, DONE marker and every state file of checkpoint `step` of src into a new dst"""
-    os.makedirs(dst)
-    names = [f"model_{step:08d}.bin", f"DONE_{step:08d}"] + sorted(f for f in os.listdir(src) if f.startswith(f"state_{step:08d}_"))
-    for f in names:
-        shutil.copy(os.path.join(src, f), dst)
-    return dst
 
 
 def state_files(d, step=AT):
@@ -180,7 +171,7 @@ if os.path.isdir(PP_DP):
 
 def resume(name, src, ranks, flags, straight=None, loss_rtol=LOSS_RTOL, model_rtol=MODEL_RTOL, trainer=TRAIN, bitwise=False):
     """src's checkpoint of step AT resumed by `ranks` ranks of flags, against the straight run"""
-    d = copy_checkpoint(src, f"{W}/resume_{len(os.listdir(W))}")
+    d = copy_checkpoint(src, f"{W}/resume_{len(os.listdir(W))}", AT)
     r = s.expect_ok(f"{name}: resumes from step {AT}", launch(ranks, trainer) + flags + ["-o", d, "-y", "1"])
     if not r:
         return None
@@ -235,8 +226,8 @@ elif not EMU:
 if "adamw" in SRC:
     A = SRC["adamw"]
     s.expect_fail("the adamw checkpoint resumed with --optimizer adafactor on another layout", "the optimizer flags that wrote it",
-                  launch(1) + ["--optimizer", "adafactor"] + layout() + batch(1) + ["-o", copy_checkpoint(A, f"{W}/refuse_opt"), "-y", "1"])
-    D = copy_checkpoint(A, f"{W}/refuse_damaged")
+                  launch(1) + ["--optimizer", "adafactor"] + layout() + batch(1) + ["-o", copy_checkpoint(A, f"{W}/refuse_opt", AT), "-y", "1"])
+    D = copy_checkpoint(A, f"{W}/refuse_damaged", AT)
     with open(ckpt(D, "state", AT, "_00001.bin"), "r+b") as f:
         f.truncate(os.path.getsize(ckpt(D, "state", AT, "_00001.bin")) - 4)
     s.expect_fail("a checkpoint whose rank 1 state file is cut short, resumed by one process", ckpt(D, "state", AT, "_00001.bin"),

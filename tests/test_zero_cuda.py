@@ -39,10 +39,8 @@ N failed" (", N skipped" without mpirun).
 
 import glob
 import os
-import random
 import re
 import shutil
-import struct
 import sys
 
 import e2e
@@ -71,30 +69,10 @@ ZERO_LINE = re.compile(r"^ZeRO-(\d): step 1: (\d+) gradient reduce-scatters, (\d
 ZERO3_LINE = re.compile(r"^ZeRO-3: weights per rank: shard (\d+) of (\d+) floats \(.*\), working copy (\d+)$", re.M)
 
 
-def write_vocab_model(path, L=2, C=32, NH=2, V=500, Vp=512, maxT=32, seed=5):
-    """an llm.c model file whose outer blocks (wte's V rows) outweigh a layer's, so that its outer slices
-    go in several rounds through the pack; LayerNorm weights 1, biases 0, the rest N(0, 0.02),
-    wte's padded rows zero"""
-    rng = random.Random(seed)
-    header = [20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248
-    shapes = [("wte", Vp * C), ("wpe", maxT * C), ("ln1w", L * C), ("ln1b", L * C), ("qkvw", L * 3 * C * C),
-              ("qkvb", L * 3 * C), ("attprojw", L * C * C), ("attprojb", L * C), ("ln2w", L * C), ("ln2b", L * C),
-              ("fcw", L * 4 * C * C), ("fcb", L * 4 * C), ("fcprojw", L * 4 * C * C), ("fcprojb", L * C), ("lnfw", C), ("lnfb", C)]
-    params = []
-    for name, n in shapes:
-        if name.endswith("w") and name.startswith("ln"):
-            params += [1.0] * n
-        elif name.endswith("b"):
-            params += [0.0] * n
-        else:
-            params += [rng.gauss(0.0, 0.02) if name != "wte" or i < V * C else 0.0 for i in range(n)]
-    with open(path, "wb") as f:
-        f.write(struct.pack(f"<{len(header)}i", *header))
-        f.write(struct.pack(f"<{len(params)}f", *params))
-
-
+# a model whose outer blocks (wte's V rows) outweigh a layer's, so that its outer slices go in several rounds
+# through the pack
 VOCAB = dict(L=2, C=32, V=500, maxT=32)
-write_vocab_model(f"{FIX}/model_vocab.bin", L=VOCAB["L"], C=VOCAB["C"], V=VOCAB["V"], maxT=VOCAB["maxT"])
+e2e.write_model(f"{FIX}/model_vocab.bin", L=VOCAB["L"], C=VOCAB["C"], NH=2, V=VOCAB["V"], Vp=512, maxT=VOCAB["maxT"], seed=5)
 
 
 def ceil_div(a, b):
