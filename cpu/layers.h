@@ -502,8 +502,8 @@ static void attention_head_backward(float* dq, float* dk, float* dv, int ldd, co
     }
 }
 
-// dqkv (B,T,3C) = from dout (B,T,C): written, not added to (its one contributor; the CUDA trainer's writes
-// too), so the backward clears no scratch for it. datt (B,NH,T,T), the scratch the layer's signature names (the CUDA
+// dqkv (B,T,3C) = from dout (B,T,C): written, not added to (the layer is its one contributor), so the
+// backward clears no scratch for it (cuda/attention.cuh's adds: dev/cuda/test_attention.cu adds this onto its values). datt (B,NH,T,T), the scratch the layer's signature names (the CUDA
 // launcher's too), is not touched: a head's score gradients stay in its thread's scratch, in the cache.
 // Parallel over (b, h): a head owns its slices of dq, dk, dv.
 static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,

@@ -211,7 +211,7 @@ static const FlagSpec FLAGS[] = {
     {"-g", "--gen-tokens",    FLAG_INT,    OPT(gen_tokens),       "tokens per sample (the model sees the last -t of the text)"},
     {"-n", "--checkpoint-every", FLAG_INT, OPT(checkpoint_every), "checkpoint every N steps, 0 = only at the end"},
     {NULL, "--keep-checkpoints", FLAG_INT, OPT(keep_checkpoints), "keep only the newest K checkpoints in -o, removing older ones; 0 = keep all"},
-    {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory (also onto another --tp, --pp or --zero: doc/files.md)"},
+    {"-y", "--resume",        FLAG_SWITCH, OPT(resume),           "resume from the latest checkpoint in the output directory (also onto another --tp, --pp, --zero or number of ranks: doc/files.md)"},
     {NULL, "--overwrite",     FLAG_SWITCH, OPT(overwrite),        "start over in an output directory that holds an earlier run (removes its checkpoints and log)"},
     {NULL, "--recompute",     FLAG_STRING, OPT(recompute),        "none | sqrt | K (layers per checkpointed segment) | gelu | attn, e.g. sqrt,attn"},
     {NULL, "--dist-init",     FLAG_STRING, OPT(dist_init),        "CUDA, started by srun or torchrun-style variables without MPI: how rank 0 hands NCCL's id to the others: file:DIR (a folder all ranks see) | tcp:HOST:PORT (rank 0's host; needs the job's secret LLMC_DIST_SECRET); \"\" = none (MPI)"},

@@ -44,8 +44,9 @@ static void test_shape(const Shape& s, const MatmulContext* mm) {
     check(same_bits(d_att, d_att2, natt), test_name<floatX>("attention", what), "%s", "they differ");
 
     // backward from the (rounded) CPU weights on both sides, twice
-    std::vector<float> att_in = rounded<floatX>(att), dqkv = dqkv0, datt(natt);
-    attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att_in.data(), B, T, C, NH);
+    std::vector<float> att_in = rounded<floatX>(att), dqkv(nqkv), datt(natt);
+    attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att_in.data(), B, T, C, NH);  // (writes dqkv)
+    for (size_t i = 0; i < nqkv; i++) { dqkv[i] += dqkv0[i]; }  // the CUDA launcher adds onto what is there
     upload_into(d_att, att_in);
     floatX *d_dout = upload<floatX>(dout), *d_datt = device_alloc<floatX>(natt), *d_dqkv[2];
     for (int run = 0; run < 2; run++) {
