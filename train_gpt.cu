@@ -1776,13 +1776,9 @@ const char* gpt2_pp_refusal(PpSchedule schedule, ZeroStage zero, int offload_opt
     }
     if (zero == ZERO_3 && !offload_optimizer) {
         return "--zero 3: the GPU's weight shards reach checkpoints a slice at a time from the data group's devices (model_zero3_stream), "
-               "which the stages' stream of the whole model (cpu/pipeline.h) does not take yet (the CPU trainer's does)\n"
-               "  hint: --zero 2 with --pp (the optimizer state and the gradients sharded), or --pp on the CPU trainer";
-    }
-    if (offload_optimizer && zero_shards_grads(zero)) {
-        return "--zero 2 or 3 with --offload optimizer: the offloaded shard's weights reach checkpoints a slice at a time from the data "
-               "group's hosts, which the stages' stream of the whole model (cpu/pipeline.h) does not take yet\n"
-               "  hint: --zero 1 --offload optimizer (the host holds the stage's whole master weights), or --zero 2 without --offload optimizer";
+               "which the stages' stream of the whole model (cpu/pipeline.h) does not take yet (the CPU trainer's does, and the GPU's "
+               "with --offload optimizer, whose shards are on the hosts)\n"
+               "  hint: --zero 2 with --pp (the optimizer state and the gradients sharded), --zero 3 --offload optimizer, or --pp on the CPU trainer";
     }
     return NULL;
 }
@@ -2152,9 +2148,15 @@ static void model_zero3_stream(Model<floatX>* m, ParamsAccess how, ParamChunkFn 
 template <typename floatX>
 static void model_params_stream_rank(Model<floatX>* m, ParamsAccess how, ParamChunkFn fn, void* ctx) {
     offload_update_finish(m);
-    if (offloads_shard(m)) {
+    if (offloads_shard(m)) {  // the host's master shard, a slice at a time (cpu/host_step.h; --pp: through the stages' stream)
         HostStep h = host_step_of(m);
-        host_zero3_stream(&h, how == PARAMS_WRITE, m->zero3.ckpt_staging, fn, ctx);
+        if (m->pipeline.world > 1) {
+            PpModel p = {.whole = &m->whole, .stage = &m->config, .params = NULL, .pipeline = m->pipeline, .tensor = m->tensor,
+                         .staging = m->pp_staging, .tp_staging = m->tp_staging, .zero3 = &h, .zero3_staging = m->zero3.ckpt_staging};
+            pp_params_stream(&p, how == PARAMS_WRITE, fn, ctx);
+        } else {
+            host_zero3_stream(&h, how == PARAMS_WRITE, m->zero3.ckpt_staging, fn, ctx);
+        }
         if (how == PARAMS_WRITE) { model_sync(m, SYNC_FROM_HOST); }
         return;
     }

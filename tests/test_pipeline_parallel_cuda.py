@@ -23,8 +23,10 @@ micro-batches trains:
   - validation losses and a sample through the stages are one process's; a resume from step 3 is
     bitwise; the CPU trainer resumes the CUDA --pp checkpoint;
   - refused before any work, naming the fix: GPipe with --loss-chunk (the GPU keeps one d(final
-    LayerNorm output) buffer), --zero 2 --offload optimizer, --zero 3 (the CPU trainer's --pp takes
-    it), and the trainer's shared refusals (--pp on one process) reach the CUDA trainer;
+    LayerNorm output) buffer), --zero 3 without --offload optimizer (the CPU trainer's --pp takes it),
+    and the trainer's shared refusals (--pp on one process) reach the CUDA trainer;
+  - --zero 2 and 3 with --offload optimizer (each rank's master shard on its host, the checkpoints'
+    weights through the stages' stream a slice at a time): bitwise --zero 2, and a bitwise resume;
   - --tp 2 --sp --pp 2: each tensor rank's stage passes its rows, one step bitwise (but wte) --tp 2
     --sp's, validation and a sample --tp 2 --sp's (late-nccl order).
 
@@ -57,7 +59,7 @@ import shutil
 import sys
 
 import e2e
-from e2e import ckpt, read_log, same_bytes, same_state, train_rows, model_differences
+from e2e import ckpt, copy_checkpoint, read_log, same_bytes, same_state, train_rows, model_differences
 
 CUDA, TRAIN, TESTER = e2e.usage(sys.argv, ["./build/emu/train_gpt", "./train_gpt", "./test_gpt"])
 s = e2e.Suite("test_pipeline_parallel_cuda", tester=TESTER, run_limit=300)
@@ -175,9 +177,6 @@ s.expect_fail("--pp 2 --pp-schedule gpipe with --loss-chunk (one d(final LayerNo
               "hint: --pp-schedule 1f1b", MPIRUN + ["2", CUDA] + FLAGS + ["--pp", "2", "--pp-schedule", "gpipe", "--loss-chunk", "8", "-o", ""])
 s.expect_fail("--pp 2 --zero 3 (the GPU's weight shards reach checkpoints a slice at a time; the CPU trainer's do through the stages)",
               "hint: --zero 2 with --pp", MPIRUN + ["4", CUDA] + FLAGS + batch(2) + ["--pp", "2", "--zero", "3", "-o", ""])
-s.expect_fail("--pp 2 --zero 2 --offload optimizer (the offloaded shard's weights reach checkpoints a slice at a time)",
-              "hint: --zero 1 --offload optimizer", MPIRUN + ["4", CUDA] + FLAGS + batch(2) + ["--pp", "2", "--zero", "2", "--offload",
-                                                                                               "optimizer", "-o", ""])
 
 # ----------------------------------------------------------------------------
 # 2. each optimizer on 2, 3 and 4 stages: one step bitwise (but wte), six steps to rounding; GPipe
@@ -245,6 +244,18 @@ same_model("adamw: --pp 2 x 2 data-parallel ranks: --zero 1 against --zero 0", f
 Z1OO = f"{W}/pp2_dp2_z1_offload_opt"
 if ranks("adamw: --pp 2 x 2, --zero 1 --offload optimizer", 4, Z1OO, FP32 + ["--pp", "2", "--zero", "1", "--offload", "optimizer"] + batch(2)):
     same_model("adamw: --pp 2 x 2: --zero 1 --offload optimizer against --zero 1", Z1OO, f"{W}/pp2_dp2_z1")
+# ZeRO-2 and 3 with --offload optimizer: each rank's master shard on its host, the checkpoints' weights a slice
+# at a time from the data group's hosts through the stages' stream (cpu/pipeline.h's Zero3Runs): --zero 2's
+# model bitwise, and a resume from step 3 (the stages' blocks read from the model file) bitwise the straight run
+for zero in ("2", "3"):
+    oo = f"{W}/pp2_dp2_z{zero}_offload_opt"
+    if ranks(f"adamw: --pp 2 x 2, --zero {zero} --offload optimizer", 4, oo, FP32 + ["--pp", "2", "--zero", zero, "--offload", "optimizer"] + batch(2)):
+        same_model(f"adamw: --pp 2 x 2: --zero {zero} --offload optimizer against --zero 2", oo, f"{W}/pp2_dp2_z2")
+        if zero == "2" and os.path.isfile(ckpt(oo, "DONE", 3)):
+            R = copy_checkpoint(oo, f"{W}/pp2_dp2_z2_offload_opt_resume", 3)
+            if ranks("adamw: --pp 2 x 2, --zero 2 --offload optimizer resumes from step 3", 4, R,
+                     FP32 + ["--pp", "2", "--zero", "2", "--offload", "optimizer", "-y", "1"] + batch(2)):
+                same_model("adamw: --pp 2 x 2, --zero 2 --offload optimizer resumed from step 3 against the straight run", R, oo)
 TP1, TPP1 = f"{W}/tp2_step", f"{W}/tp2_pp2_step"
 if ranks("--tp 2 (2 ranks), one step", 2, TP1, FP32 + HS8 + ["--tp", "2"] + batch() + ONE_STEP) and \
         ranks("--tp 2 --pp 2 (4 ranks), one step", 4, TPP1, FP32 + HS8 + ["--tp", "2", "--pp", "2"] + batch() + ONE_STEP):
