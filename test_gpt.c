@@ -102,11 +102,7 @@ static ModelSetup test_setup(const GPT2Config* cfg, int B, int T, OptimizerKind 
     s.use_beta1 = beta1;
     s.act = *pol;
     Dist world = {0, 1, DIST_WORLD};
-    DistGrid one = dist_grid_of_one(world);
-    s.dist = s.world = one.world;
-    s.tensor = one.tensor;
-    s.pipeline = one.pipeline;
-    s.pair = one.pair;
+    setup_groups_of_one(&s, world);
     s.zero = ZERO_0;
     return s;
 }

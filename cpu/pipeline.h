@@ -164,10 +164,12 @@ static void pp_stream_piece(PpRelay* r, int holds, float* mine, size_t mine_at, 
 // the whole model's weights in model_config.h's order from the stages' parts (every rank of the
 // pipeline group calls it alike): tensor by tensor, a per-layer tensor's layers stage after stage, an
 // outer tensor from the stage that holds it. Read (a checkpoint, the replicas' hash): each part is
-// broadcast from its stage (the last stage checks its copy of wte against the first's); write (the
-// model file, the seeded initialisation: every rank reads all of it), each stage keeps its parts. With
-// --tp a stage's part comes from (and goes to) its tensor group's slices through cpu/tensor_parallel.h's
-// stream, and each tensor place's pipeline group carries the same whole pieces
+// broadcast from its stage (the last stage checks its copy of wte against the first's, but under
+// --zero 3); write (the model file, the seeded initialisation: every rank reads all of it), each stage
+// keeps its parts. With --tp a stage's part comes from (and goes to) its tensor group's slices through
+// cpu/tensor_parallel.h's stream, and each tensor place's pipeline group carries the same whole pieces;
+// with --zero 3 (p->zero3) each of the stage's slices is gathered whole from its data group's blocks
+// first, or its block kept after (pp_stream_run)
 static void pp_params_stream(const PpModel* p, int write, PpChunkFn fn, void* ctx) {
     const GPT2Config *me = p->stage, *whole = p->whole;
     int N = p->pipeline.world, next = 0;

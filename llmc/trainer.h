@@ -92,6 +92,17 @@ typedef struct {
     ModelUse use;             // MODEL_FOR_SAMPLING: forward only (--sample)
 } ModelSetup;
 
+// the setup's groups of one process in `world` (dist_grid_of_one: no --tp, no --pp, the data group the
+// world): a sample's model, and a model a test or tool builds without the trainer's options
+static void setup_groups_of_one(ModelSetup* s, Dist world) {
+    DistGrid one = dist_grid_of_one(world);
+    s->dist = one.data;
+    s->world = one.world;
+    s->tensor = one.tensor;
+    s->pipeline = one.pipeline;
+    s->pair = one.pair;
+}
+
 // the shapes of this rank's tensors: the model's, or with --tp its slices of them (model_config.h), or
 // with --pp its stage's part (llmc/pipeline.h)
 static GPT2Config setup_rank_config(const ModelSetup* s) {
@@ -2171,12 +2182,7 @@ static int run_sampling(const TrainOptions* o, const Dist* dist) {
     s.act = ACT_KEEP_ALL;
     s.act.flash = attention_from_flag(o->attention, &s.config);
     act_policy_set_loss_chunk(&s.act, o->loss_chunk);
-    DistGrid one = dist_grid_of_one(*dist);  // sampling is one process's: no --tp, no --pp
-    s.dist = one.data;
-    s.world = one.world;
-    s.tensor = one.tensor;
-    s.pipeline = one.pipeline;
-    s.pair = one.pair;
+    setup_groups_of_one(&s, *dist);  // sampling is one process's: no --tp, no --pp
     s.use = MODEL_FOR_SAMPLING;
     gpt2_check_setup(&s);
     int p;

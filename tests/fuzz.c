@@ -90,11 +90,7 @@ static void fuzz_state(const char* path) {
     s.T = FUZZ_T;
     s.optimizer = OPT_ADAMW;
     Dist world = {0, 1, DIST_WORLD};
-    DistGrid one = dist_grid_of_one(world);
-    s.dist = s.world = one.world;
-    s.tensor = one.tensor;
-    s.pipeline = one.pipeline;
-    s.pair = one.pair;
+    setup_groups_of_one(&s, world);
     float* params = (float*)malloc_check(P * sizeof(float));
     HostView h = {NULL, optimizer_state_floats(&cfg, OPT_ADAMW, 0, 1)};
     h.opt_state = (float*)malloc_check(h.opt_floats * sizeof(float));
